@@ -1,0 +1,167 @@
+"""DDP gradient buckets: size-based layout and a single-channel queue model.
+
+All times are seconds, all sizes bytes.
+
+DistributedDataParallel groups gradients into buckets and launches one
+all-reduce per bucket as soon as every gradient in it is ready. Buckets are
+all-reduced in launch order on one communication stream, so a bucket can
+wait twice: for its last gradient (``ready``) and for the previous bucket's
+all-reduce to finish (queueing). :func:`simulate_queue` models exactly that,
+and :func:`predict_step` turns it into a step time and the exposed
+(non-overlapped) communication.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: DDP's default cap for the first bucket (torch's _DEFAULT_FIRST_BUCKET_BYTES).
+DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
+
+
+def mb_to_bytes(bucket_mb: float) -> int:
+    """Convert DDP's ``bucket_cap_mb`` to bytes.
+
+    DDP treats the "MB" as MiB: bytes = int(bucket_mb * 1024 * 1024).
+    """
+    if not np.isfinite(bucket_mb) or bucket_mb <= 0:
+        raise ValueError(f"bucket_mb must be a finite number > 0 (MiB), got {bucket_mb!r}")
+    return int(bucket_mb * 1024 * 1024)
+
+
+def bucket_layout(param_nbytes_in_ready_order, bucket_cap_bytes,
+                  first_bucket_cap_bytes=DEFAULT_FIRST_BUCKET_BYTES) -> list[list[int]]:
+    """Assign tensors to buckets by size, the way DDP does.
+
+    param_nbytes_in_ready_order: gradient sizes in bytes, in the order the
+    gradients become ready (for DDP, roughly reverse registration order).
+    Returns a list of buckets, each a list of *indices* into that sequence.
+
+    Tensors are appended to the current bucket; the bucket is closed as soon
+    as its size reaches its cap (>=). The first bucket uses
+    ``first_bucket_cap_bytes`` (small, so the first all-reduce starts early),
+    later ones ``bucket_cap_bytes``. A tensor larger than the cap therefore
+    closes its bucket immediately: in effect it gets a bucket of its own
+    (unless it joins a partially filled one). The last bucket may be under
+    its cap. Simplification: real DDP also splits buckets by dtype and
+    device; here all tensors are assumed to share both.
+    """
+    sizes = [int(s) for s in param_nbytes_in_ready_order]
+    if any(s < 0 for s in sizes):
+        raise ValueError("param_nbytes_in_ready_order must contain sizes >= 0 (bytes)")
+    for name, cap in (("bucket_cap_bytes", bucket_cap_bytes),
+                      ("first_bucket_cap_bytes", first_bucket_cap_bytes)):
+        if cap <= 0:
+            raise ValueError(f"{name} must be > 0 (bytes), got {cap!r}")
+
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    cap = first_bucket_cap_bytes
+    for i, s in enumerate(sizes):
+        current.append(i)
+        filled += s
+        if filled >= cap:
+            buckets.append(current)
+            current, filled, cap = [], 0, bucket_cap_bytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def bucket_sizes(param_nbytes_in_ready_order, layout) -> np.ndarray:
+    """Total bytes of each bucket of ``layout`` (from :func:`bucket_layout`)."""
+    sizes = np.asarray(param_nbytes_in_ready_order, dtype=np.int64)
+    return np.array([int(sizes[idx].sum()) for idx in layout], dtype=np.int64)
+
+
+def _as_1d(name: str, x) -> np.ndarray:
+    a = np.atleast_1d(np.asarray(x, dtype=float))
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional (one entry per bucket), got shape {a.shape}")
+    if np.any(~np.isfinite(a)):
+        raise ValueError(f"{name} must be finite (seconds)")
+    return a
+
+
+def simulate_queue(ready, durations) -> tuple[np.ndarray, np.ndarray]:
+    """Simulate buckets sharing one communication channel, in the order given.
+
+    ready[i]: seconds at which bucket i's last gradient is ready;
+    durations[i]: seconds its all-reduce takes once started. Bucket i starts
+    at max(ready[i], end[i-1]) and ends at start[i] + durations[i]; order is
+    launch order, so a bucket never overtakes an earlier one even if it is
+    ready first. Returns (start, end) arrays in seconds.
+    """
+    r = _as_1d("ready", ready)
+    d = _as_1d("durations", durations)
+    if r.shape != d.shape:
+        raise ValueError(f"ready and durations must have the same length, got {r.size} and {d.size}")
+    if np.any(d < 0):
+        raise ValueError("durations must be >= 0 (seconds)")
+    start = np.empty_like(r)
+    end = np.empty_like(r)
+    prev_end = -np.inf
+    for i in range(r.size):
+        start[i] = max(r[i], prev_end)
+        end[i] = start[i] + d[i]
+        prev_end = end[i]
+    return start, end
+
+
+def predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations) -> dict:
+    """Predict one DDP step from compute times and bucket communication.
+
+    t_fwd, t_bwd_comp, t_opt: seconds of forward, backward compute and
+    optimizer. ready: seconds from *step start* at which each bucket is
+    ready (typically between t_fwd and t_fwd + t_bwd_comp); durations:
+    all-reduce seconds per bucket. The optimizer waits for both backward
+    compute (ends at t_fwd + t_bwd_comp) and the last all-reduce.
+
+    Returns a dict (seconds unless noted):
+      t_comm      sum of durations
+      t_comm_end  end of the last all-reduce (0.0 when there are no buckets)
+      exposed     max(0, t_comm_end - (t_fwd + t_bwd_comp)), communication
+                  not hidden behind backward compute
+      t_step      t_fwd + max(t_bwd_comp, t_comm_end - t_fwd) + t_opt
+      t_comp      t_fwd + t_bwd_comp + t_opt
+      overlap     1 - exposed / t_comm (fraction hidden, dimensionless); NaN
+                  when t_comm == 0, because a fraction of nothing is
+                  undefined and NaN keeps such points out of plots/means
+      start, end  arrays from :func:`simulate_queue`
+    """
+    for name, v in (("t_fwd", t_fwd), ("t_bwd_comp", t_bwd_comp), ("t_opt", t_opt)):
+        if not np.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be finite and >= 0 (seconds), got {v!r}")
+    start, end = simulate_queue(ready, durations)
+    t_comm = float(np.sum(end - start))
+    t_comm_end = float(end[-1]) if end.size else 0.0
+    bwd_end = t_fwd + t_bwd_comp
+    exposed = max(0.0, t_comm_end - bwd_end)
+    return {
+        "t_comm": t_comm,
+        "t_comm_end": t_comm_end,
+        "exposed": exposed,
+        "t_step": float(t_fwd + max(t_bwd_comp, t_comm_end - t_fwd) + t_opt),
+        "t_comp": float(t_fwd + t_bwd_comp + t_opt),
+        "overlap": 1.0 - exposed / t_comm if t_comm > 0 else float("nan"),
+        "start": start,
+        "end": end,
+    }
+
+
+def whatif_ready_times(t_fwd, t_bwd_comp, bucket_nbytes) -> np.ndarray:
+    """Bucket ready times (seconds from step start) if backward compute is
+    spread over the buckets in proportion to their bytes.
+
+    Bucket i is ready at t_fwd + t_bwd_comp * cumsum(bytes)[i] / sum(bytes),
+    so the last bucket is ready exactly when backward compute ends. This is
+    a "what if" assumption (compute per byte is uniform), not a measurement.
+    """
+    b = _as_1d("bucket_nbytes", bucket_nbytes)
+    if np.any(b < 0):
+        raise ValueError("bucket_nbytes must be >= 0 (bytes)")
+    total = b.sum()
+    if total <= 0:
+        raise ValueError("bucket_nbytes must have a positive sum (bytes) to spread backward compute over")
+    return t_fwd + t_bwd_comp * np.cumsum(b) / total

@@ -1,0 +1,102 @@
+"""Strategy 'ddp': DistributedDataParallel with a recording comm hook, one rank per process."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .config import RunConfig
+
+
+def make_batches(cfg: RunConfig, tokenizer, sentences, labels, rank: int, world: int, device):
+    """Tokenise this rank's share once, padded/truncated to exactly seq_len so every step has one shape."""
+    import torch
+
+    mine_s, mine_l = sentences[rank::world], labels[rank::world]
+    enc = tokenizer(mine_s, padding="max_length", truncation=True, max_length=cfg.seq_len, return_tensors="pt")
+    y = torch.tensor(mine_l, dtype=torch.long)
+    out = []
+    for i in range(0, len(mine_s) - cfg.batch_size + 1, cfg.batch_size):
+        sl = slice(i, i + cfg.batch_size)
+        out.append({"input_ids": enc["input_ids"][sl].to(device),
+                    "attention_mask": enc["attention_mask"][sl].to(device), "labels": y[sl].to(device)})
+    return out
+
+
+def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
+    """Process group, model, tokenizer and batches, shared by the DDP and ZeRO-3 paths."""
+    import torch
+
+    from .modeling import build_model, load_sentences
+    from .worker import setup_distributed
+
+    device, backend = setup_distributed(cfg, rank, world)
+    torch.manual_seed(cfg.seed)
+    built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
+    total_steps = cfg.steps + cfg.baseline_steps
+    sentences, labels, data_src = load_sentences(cfg.data, total_steps * cfg.batch_size * world, cfg.seed)
+    batches = make_batches(cfg, built.tokenizer, sentences, labels, rank, world, device)
+    nparams = sum(p.numel() for p in built.model.parameters())
+    sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
+               "data_source": data_src, "num_parameters": nparams,
+               "grad_bytes": sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad)}
+    return device, backend, built, batches, sources
+
+
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, tensor_bytes
+    from .worker import maybe_inject_fault, record_resolved
+
+    device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
+    model = built.model.to(device)
+    model.train()
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_mb)
+    recorder = BucketRecorder(world, device)
+    ddp.register_comm_hook(None, recorder.hook)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
+    if rank == 0:
+        record_resolved(run_dir, cfg, backend, device, sources, world)
+    writer.write("ready", rank=rank, time=time.time(), **sources)
+
+    clock = StepClock(device)
+    for step in range(cfg.steps + cfg.baseline_steps):
+        maybe_inject_fault(rank, step)
+        baseline = step >= cfg.steps
+        recorder.mode = "noop" if baseline else "allreduce"
+        batch = batches[step % len(batches)]
+        clock.mark("start")
+        recorder.begin_step(clock.start)
+        out = ddp(**batch)
+        clock.mark("fwd")
+        out.loss.backward()  # DDP's hook fires per bucket here; backward returns once all buckets are reduced
+        clock.mark("bwd")
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        clock.mark("opt")
+        t = clock.read()  # the step's one sync point on GPU
+        rec = {"rank": rank, "step": step, "t_fwd": t["fwd"], "t_bwd": t["bwd"] - t["fwd"],
+               "t_opt": t["opt"] - t["bwd"], "t_step": t["opt"], "loss": float(out.loss.detach()),
+               "time": time.time()}
+        writer.write("baseline_step" if baseline else "step", **rec)
+        if not baseline:
+            for b in recorder.collect():
+                writer.write("bucket", rank=rank, step=step, **b)
+        if step == 0:
+            writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
+                         grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
+                         optim_bytes=optimizer_state_bytes(opt), peak_bytes=None, peak_kind=None)
+
+    peak, kind = peak_memory(device)
+    writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
+                 grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
+                 optim_bytes=optimizer_state_bytes(opt), peak_bytes=peak, peak_kind=kind)
+    try:  # DDP's own view (bucket sizes, comm hook, ...), a free cross-check
+        data = ddp._get_ddp_logging_data()
+        writer.write("ddp_logging", rank=rank, data={k: (v if isinstance(v, (int, float, str)) else str(v))
+                                                     for k, v in data.items()})
+    except Exception as e:  # noqa: BLE001 - private API, may change between torch versions
+        writer.write("ddp_logging", rank=rank, data={"error": repr(e)})
+    os.sync() if hasattr(os, "sync") else None

