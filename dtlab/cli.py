@@ -9,7 +9,7 @@ import sys
 def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="launch a training run and print its T_comp / T_comm breakdown")
     p.add_argument("--strategy", default="ddp", help="ddp or zero3 (default ddp)")
-    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: one per GPU, or 2 on CPU)")
     p.add_argument("--backend", default="auto", help="auto, nccl or gloo (default auto)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap in MiB (default 25)")
     p.add_argument("--steps", type=int, default=8, help="timed steps (default 8)")
@@ -53,8 +53,10 @@ def _cmd_run(args) -> int:
     from .report import write_report
     from .results import RunFailed
 
+    from .config import device_count
+    nproc = args.nproc if args.nproc is not None else (device_count() or 2)
     baseline = args.baseline_steps if args.baseline_steps is not None else (3 if args.strategy == "ddp" else 0)
-    cfg = RunConfig(strategy=args.strategy, nproc=args.nproc, backend=args.backend, bucket_mb=args.bucket_mb,
+    cfg = RunConfig(strategy=args.strategy, nproc=nproc, backend=args.backend, bucket_mb=args.bucket_mb,
                     steps=args.steps, warmup=args.warmup, baseline_steps=baseline, batch_size=args.batch_size,
                     seq_len=args.seq_len, model=args.model, model_source=args.model_source,
                     model_path=args.model_path, data=args.data, seed=args.seed, timeout_s=args.timeout,

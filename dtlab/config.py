@@ -76,6 +76,9 @@ class RunConfig:
     data: str = "auto"
     """'auto' (GLUE SST-2 via datasets if reachable, else the offline set), 'glue', 'offline',
     or a path to a local .csv/.tsv/.json/.jsonl/.parquet file with columns `sentence` and `label`."""
+    record: bool = True
+    """Record every bucket with the comm hook; False runs plain DDP (its built-in all-reduce, no hook), which
+    the overhead benchmark compares against."""
     lr: float = 2e-5
     """AdamW learning rate."""
     seed: int = 0
@@ -125,6 +128,8 @@ class RunConfig:
                                  f"(.csv, .tsv, .json, .jsonl, .parquet), got {self.data!r} (not found)")
             if not self.data.endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet")):
                 raise ValueError(f"data file must end in .csv, .tsv, .json, .jsonl or .parquet, got {self.data!r}")
+        if not isinstance(self.record, bool):
+            raise ValueError(f"record must be true or false, got {self.record!r}")
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
             raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

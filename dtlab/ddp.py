@@ -55,7 +55,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     model.train()
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_mb)
     recorder = BucketRecorder(world, device)
-    ddp.register_comm_hook(None, recorder.hook)
+    if cfg.record or cfg.baseline_steps:  # the baseline needs the hook to switch to no-op
+        ddp.register_comm_hook(None, recorder.hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
     if rank == 0:
         record_resolved(run_dir, cfg, backend, device, sources, world)
@@ -81,7 +82,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
                "t_opt": t["opt"] - t["bwd"], "t_step": t["opt"], "loss": float(out.loss.detach()),
                "time": time.time()}
         writer.write("baseline_step" if baseline else "step", **rec)
-        if not baseline:
+        if not baseline and cfg.record:
             for b in recorder.collect():
                 writer.write("bucket", rank=rank, step=step, **b)
         if step == 0:
