@@ -35,12 +35,26 @@ def main(argv: list[str] | None = None) -> int:
     _run_parser(sub)
     s = sub.add_parser("show", help="print the breakdown of a finished (or partial) run")
     s.add_argument("dir")
+    c = sub.add_parser("calibrate", help="time collectives, fit alpha and beta, write a machine profile")
+    c.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    c.add_argument("--ops", default="all_reduce", help="comma list of all_reduce, reduce_scatter, all_gather")
+    c.add_argument("--sizes", default=None, help="comma list of message sizes in bytes (suffixes K, M: KiB, MiB); "
+                   "default 4K,16K,...,64M")
+    c.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
+    c.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
+    c.add_argument("--backend", default="auto")
+    c.add_argument("--form", default="ring", help="alpha-beta form to fit: ring or textbook (default ring)")
+    c.add_argument("--fit-min-bytes", default=None, help="fit only sizes >= this (e.g. 1M)")
+    c.add_argument("--out", default=None, help="profile directory (default profiles/calib-...)")
+    c.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "run":
             return _cmd_run(args)
         if args.cmd == "show":
             return _cmd_show(args)
+        if args.cmd == "calibrate":
+            return _cmd_calibrate(args)
     except ValueError as e:  # bad input: one line, exit 2, nothing started
         print(f"dtlab: error: {e}", file=sys.stderr)
         return 2
@@ -81,6 +95,49 @@ def _cmd_show(args) -> int:
         raise ValueError(f"dir: {args.dir!r} is not a dtlab run directory (no config.json)")
     print(load_run(args.dir).breakdown_table())
     return 0
+
+
+def parse_bytes(text: str, field: str) -> int:
+    """'4096', '64K', '16M', '1G' -> bytes (binary units); ValueError naming the field otherwise."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise ValueError(f"{field}: {text!r} is not a size in bytes (examples: 4096, 64K, 16M)") from None
+
+
+def _cmd_calibrate(args) -> int:
+    from .calibrate import DEFAULT_SIZES, CalibConfig, launch_calibration
+    from .results import RunFailed
+    sizes = tuple(parse_bytes(s, "--sizes") for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
+    cfg = CalibConfig(nproc=args.nproc, ops=args.ops, sizes=sizes, iters=args.iters, warmup=args.warmup,
+                      backend=args.backend, form=args.form, out=args.out,
+                      fit_min_bytes=parse_bytes(args.fit_min_bytes, "--fit-min-bytes") if args.fit_min_bytes else None)
+    try:
+        profile = launch_calibration(cfg).wait(progress=not args.no_progress)
+    except RunFailed as e:
+        print(f"dtlab: calibration failed: {e}", file=sys.stderr)
+        return 1
+    print(profile_table(profile))
+    return 0
+
+
+def profile_table(profile) -> str:
+    """The fitted alpha (microseconds) and beta (as GB/s) per op with 95% intervals, and the caveats."""
+    m = profile.meta
+    lines = [f"profile {m.get('calibration', {}).get('out', '')}: {m.get('backend')} | {m.get('world_size')} ranks | "
+             f"host {m.get('host')} | torch {m.get('versions', {}).get('torch')}"]
+    for op, f in sorted(profile.fits.items()):
+        lo, hi = f.alpha_ci
+        blo, bhi = f.beta_ci
+        bw = lambda b: f"{1 / b / 1e9:.3g}" if b > 0 else "inf"  # noqa: E731
+        lines.append(f"  {op:<15} {f.form:<8} alpha {f.alpha * 1e6:8.1f} us [{lo * 1e6:.1f}, {hi * 1e6:.1f}]   "
+                     f"1/beta {bw(f.beta)} GB/s [{bw(bhi)}, {bw(blo)}]   rel. RMS error {f.rel_rms:.1%}   "
+                     f"sizes {f.min_bytes:,}..{f.max_bytes:,} B")
+    for c in profile.caveats:
+        lines.append(f"  note: {c}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

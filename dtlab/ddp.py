@@ -39,7 +39,9 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
     nparams = sum(p.numel() for p in built.model.parameters())
     sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
                "data_source": data_src, "num_parameters": nparams,
-               "grad_bytes": sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad)}
+               "grad_bytes": sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad),
+               # per-parameter gradient bytes in registration order: what-if bucket layouts are built from it
+               "param_nbytes": [p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad]}
     return device, backend, built, batches, sources
 
 

@@ -178,6 +178,45 @@ def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes
     )
 
 
+def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segments: int = 3, min_points: int = 3,
+                  min_bytes=None, max_bytes=None, confidence: float = 0.95) -> list[AlphaBetaFit]:
+    """Alpha-beta fits per size regime: real collectives switch algorithm or protocol with message size
+    (gloo between 256 KiB and 1 MiB on this project's CI machine), so one straight line cannot fit them all.
+
+    Every split of the sorted sizes into 1..max_segments contiguous regimes of at least `min_points` sizes is
+    fitted (relative-error least squares per regime, as fit_alpha_beta), and the split with the lowest BIC on
+    the relative residuals, N ln(SSR/N) + 2k ln N for k regimes, is kept: a regime is added only when it
+    explains the data better than its two extra parameters cost. Returns the regimes' fits, ascending."""
+    import itertools
+
+    _check_samples(samples)
+    sub = samples[samples["op"] == op]
+    sizes = np.sort(sub["nbytes"].unique())
+    if min_bytes is not None:
+        sizes = sizes[sizes >= min_bytes]
+    if max_bytes is not None:
+        sizes = sizes[sizes <= max_bytes]
+    n_total = len(sizes)
+    best, best_bic = None, np.inf
+    for k in range(1, max_segments + 1):
+        for cuts in itertools.combinations(range(min_points, n_total - min_points + 1), k - 1):
+            edges = [0, *cuts, n_total]
+            if any(b - a < min_points for a, b in zip(edges, edges[1:])):
+                continue
+            try:
+                segs = [fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence)
+                        for a, b in zip(edges, edges[1:])]
+            except ValueError:
+                continue
+            ssr = sum(r["rel_error"] ** 2 for sg in segs for r in sg.residuals)
+            bic = n_total * np.log(max(ssr, 1e-300) / n_total) + 2 * k * np.log(n_total)
+            if bic < best_bic:
+                best, best_bic = segs, bic
+    if best is None:
+        raise ValueError(f"op {op!r}: need at least {min_points} sizes in range to fit (min_bytes/max_bytes)")
+    return best
+
+
 @dataclass(kw_only=True)
 class Profile:
     """A calibrated machine profile: raw samples, per-op fits and caveats.
@@ -192,12 +231,25 @@ class Profile:
     samples: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(REQUIRED_COLUMNS)))
     fits: dict[str, AlphaBetaFit] = field(default_factory=dict)
     caveats: list[str] = field(default_factory=list)
+    segments: dict[str, list[AlphaBetaFit]] = field(default_factory=dict)
+    """op -> alpha-beta fits per size regime (protocol switches), ascending; see fit_piecewise."""
 
-    def predict(self, op: str, nbytes, nproc):
-        """Predicted seconds of `op` for nbytes (bytes) on nproc processes."""
+    def predict(self, op: str, nbytes, nproc, piecewise: bool = True):
+        """Predicted seconds of `op` for nbytes (bytes) on nproc processes.
+
+        With piecewise=True (default) and regimes fitted, each size is priced by the regime it falls in
+        (boundaries at the geometric midpoint between neighbouring regimes); otherwise the single
+        full-range fit is used."""
         if op not in self.fits:
             raise ValueError(f"op {op!r} has no fit in this profile; fitted ops: {sorted(self.fits)}")
-        return self.fits[op].predict(nbytes, nproc)
+        segs = self.segments.get(op) or []
+        if not piecewise or len(segs) < 2:
+            return self.fits[op].predict(nbytes, nproc)
+        n = np.asarray(nbytes, dtype=float)
+        bounds = [np.sqrt(a.max_bytes * b.min_bytes) for a, b in zip(segs, segs[1:])]
+        idx = np.searchsorted(bounds, n, side="right")
+        out = np.choose(idx, [np.asarray(sg.predict(n, nproc), dtype=float) * np.ones_like(n) for sg in segs])
+        return float(out) if np.ndim(out) == 0 else out
 
     def fit_all(self, form: str = "ring", min_bytes=None, max_bytes=None,
                 confidence: float = 0.95) -> "Profile":
@@ -207,10 +259,12 @@ class Profile:
         caveat says why, so one thin op does not lose the whole profile.
         """
         _check_samples(self.samples)
-        self.fits = {}
+        self.fits, self.segments = {}, {}
         for op in sorted(self.samples["op"].unique()):
             try:
                 self.fits[op] = fit_alpha_beta(self.samples, op, form, min_bytes, max_bytes, confidence)
+                self.segments[op] = fit_piecewise(self.samples, op, form, min_bytes=min_bytes, max_bytes=max_bytes,
+                                                  confidence=confidence)
             except ValueError as err:
                 note = f"{op} not fitted: {err}"
                 if note not in self.caveats:
@@ -235,6 +289,7 @@ class Profile:
             "meta": self.meta,
             "fits": {op: f.to_dict() for op, f in self.fits.items()},
             "caveats": list(self.caveats),
+            "segments": {op: [f.to_dict() for f in segs] for op, segs in self.segments.items()},
             # to_json handles numpy scalars and NaN (-> null) for us
             "samples": json.loads(self.samples.to_json(orient="records")),
         }
@@ -260,4 +315,5 @@ def load_profile(path) -> Profile:
         samples=samples,
         fits={op: AlphaBetaFit.from_dict(d) for op, d in doc.get("fits", {}).items()},
         caveats=list(doc.get("caveats", [])),
+        segments={op: [AlphaBetaFit.from_dict(d) for d in segs] for op, segs in doc.get("segments", {}).items()},
     )

@@ -115,10 +115,13 @@ class Handle:
 
     def result(self):
         """The loaded run; raises RunFailed (with the partial run attached) unless it finished cleanly."""
-        run = self._loader(self.run_dir)
         if self._state == "finished":
-            return run
-        raise _failure(self._state, self.run_dir, run)
+            return self._loader(self.run_dir)
+        try:
+            partial = self._loader(self.run_dir)
+        except Exception:  # noqa: BLE001 - a failed job may not load; the events still name the cause
+            partial = None
+        raise _failure(self._state, self.run_dir, partial)
 
     def _follow(self, bar) -> None:
         """Read the new complete lines of rank 0's events to drive the progress bar."""
@@ -140,15 +143,19 @@ class Handle:
             kind = ev.get("kind")
             if kind in ("step", "baseline_step", "calib"):
                 bar.update(1)
-                if "t_step" in ev:
-                    bar.set_postfix_str(f"{'baseline ' if kind == 'baseline_step' else ''}"
-                                        f"step {ev['t_step'] * 1e3:.0f} ms")
+            if kind in ("step", "baseline_step"):
+                bar.set_postfix_str(f"{'baseline ' if kind == 'baseline_step' else ''}"
+                                    f"step {ev['t_step'] * 1e3:.0f} ms")
+            elif kind == "calib":
+                bar.set_postfix_str(f"{ev['op']} {ev['nbytes'] / 2**20:.3g} MiB: {ev['median_s'] * 1e3:.3g} ms")
             elif kind == "ready":
                 bar.set_postfix_str("model built, training")
 
 
 def _failure(state: str, run_dir: str, run) -> RunFailed:
-    errors = sorted(getattr(run, "errors", None) or [], key=lambda e: e.get("time", 0))
+    import glob
+    errors = sorted((e for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))
+                     for e in read_events(p) if e.get("kind") == "error"), key=lambda e: e.get("time", 0))
     if errors:  # the earliest error is the cause; later ones are peers losing their connection
         e = errors[0]
         tail = "\n".join(e.get("traceback", "").strip().splitlines()[-12:])

@@ -138,3 +138,48 @@ def test_profile_missing_op_and_unfittable_op():
 def test_load_profile_bad_path(tmp_path):
     with pytest.raises(ValueError, match="path"):
         load_profile(tmp_path / "nope")
+
+
+def _two_regime_samples(seed=0, noise=0.02):
+    # below 1 MiB: alpha 50 us, 4 GB/s; from 1 MiB: alpha 2 ms, 1 GB/s (a protocol switch), ring form, p=2
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(12, 27):
+        n = 2 ** k
+        a, b = (50e-6, 1 / 4e9) if n < 2 ** 20 else (2e-3, 1 / 1e9)
+        t = a * 2 * (2 - 1) + b * 2 * (2 - 1) / 2 * n
+        for it in range(7):
+            rows.append({"op": "all_reduce", "nbytes": n, "nproc": 2, "seconds": t * rng.lognormal(0, noise)})
+    return pd.DataFrame(rows)
+
+
+def test_piecewise_finds_the_protocol_switch():
+    from dtlab.fit import fit_piecewise
+    segs = fit_piecewise(_two_regime_samples(), "all_reduce")
+    assert len(segs) == 2
+    assert segs[0].max_bytes == 2 ** 19 and segs[1].min_bytes == 2 ** 20
+    assert segs[0].alpha_ci[0] <= 50e-6 <= segs[0].alpha_ci[1]
+    assert segs[1].beta_ci[0] <= 1e-9 <= segs[1].beta_ci[1]
+
+
+def test_piecewise_keeps_one_regime_when_one_fits():
+    from dtlab.fit import fit_piecewise
+    rng = np.random.default_rng(1)
+    rows = [{"op": "all_reduce", "nbytes": 2 ** k, "nproc": 2,
+             "seconds": (2 * 30e-6 + 2 ** k / 5e9) * rng.lognormal(0, 0.02)} for k in range(12, 27) for _ in range(7)]
+    assert len(fit_piecewise(pd.DataFrame(rows), "all_reduce")) == 1
+
+
+def test_profile_predicts_by_regime_and_round_trips(tmp_path):
+    from dtlab.fit import Profile, load_profile
+    prof = Profile.from_samples(_two_regime_samples(), meta={"backend": "synthetic"})
+    true_big = 2e-3 * 2 + 1e-9 * 3 * 2 ** 20  # 3 MiB, second regime, ring p=2
+    true_small = 50e-6 * 2 + 3 * 2 ** 16 / 4e9  # 192 KiB, first regime
+    assert prof.predict("all_reduce", 3 * 2 ** 20, 2) == pytest.approx(true_big, rel=0.05)
+    assert prof.predict("all_reduce", 3 * 2 ** 16, 2) == pytest.approx(true_small, rel=0.05)
+    # the single straight line cannot do both
+    single = [prof.predict("all_reduce", n, 2, piecewise=False) for n in (3 * 2 ** 20, 3 * 2 ** 16)]
+    assert max(abs(single[0] / true_big - 1), abs(single[1] / true_small - 1)) > 0.1
+    again = load_profile(prof.save(str(tmp_path)))
+    assert len(again.segments["all_reduce"]) == 2
+    assert again.predict("all_reduce", 3 * 2 ** 20, 2) == pytest.approx(prof.predict("all_reduce", 3 * 2 ** 20, 2))

@@ -1,0 +1,251 @@
+"""Collective sweeps that calibrate alpha and beta on this machine.
+
+`calibrate(nproc=2, ops=("all_reduce",), sizes=...)` launches ranks through the same launcher as training
+runs. Each rank, per op and size: `warmup` untimed iterations, then `iters` timed ones. Every timed iteration
+starts after a barrier (so ranks start together; the barrier is not timed) and ends when the collective
+has completed on this rank: wall clock around a blocking call on gloo, CUDA events around it on NCCL
+(synchronised per iteration: here the collective is the thing measured). The slowest rank per iteration is
+the sample that goes into the fit. The result is a machine profile (`profile.json`): host, devices,
+backend, versions, the raw samples, and the alpha-beta fit per op.
+
+Run this module as a rank entry point: `torchrun ... -m dtlab.calibrate RUN_DIR`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
+# Powers of 2 from 4 KiB to 64 MiB: 15 sizes spanning the latency- and bandwidth-bound regimes, dense
+# enough that each protocol regime gets several points (see dtlab.fit.fit_piecewise).
+DEFAULT_SIZES = tuple(2 ** k for k in range(12, 27))
+
+
+@dataclass(kw_only=True)
+class CalibConfig:
+    """What to measure. Sizes are full message bytes (nccl-tests convention), rounded up to a multiple of
+    4 * nproc so every rank's share is a whole number of fp32 elements."""
+
+    nproc: int = 2
+    ops: tuple = ("all_reduce",)
+    sizes: tuple = DEFAULT_SIZES
+    warmup: int = 5
+    """Untimed iterations per size (the first sizes also pay for connection and buffer set-up)."""
+    iters: int = 10
+    """Timed iterations per size."""
+    backend: str = "auto"
+    form: str = "ring"
+    """Which alpha-beta form the profile fits: 'ring' or 'textbook' (see dtlab.costmodel)."""
+    fit_min_bytes: int | None = None
+    """Fit only sizes >= this (collectives switch protocol between small and large messages)."""
+    fit_max_bytes: int | None = None
+    """Fit only sizes <= this."""
+    out: str | None = None
+    timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ops, str):
+            self.ops = tuple(o.strip() for o in self.ops.split(",") if o.strip())
+        self.ops, self.sizes = tuple(self.ops), tuple(self.sizes)
+
+    def validate(self, cuda_device_count: int | None = None) -> "CalibConfig":
+        """Refuse bad fields by name, before anything starts."""
+        from .config import BACKENDS, device_count
+        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or self.nproc < 2:
+            raise ValueError(f"nproc must be an integer >= 2 (a collective needs peers), got {self.nproc!r}")
+        if not self.ops or any(o not in OPS for o in self.ops):
+            raise ValueError(f"ops must be a non-empty subset of {', '.join(OPS)}, got {list(self.ops)!r}")
+        if not self.sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 4 for s in self.sizes):
+            raise ValueError(f"sizes must be a non-empty list of integers >= 4 (bytes), got {list(self.sizes)!r}")
+        for name in ("warmup", "iters"):
+            v = getattr(self, name)
+            low = 0 if name == "warmup" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.form not in ("ring", "textbook"):
+            raise ValueError(f"form must be 'ring' or 'textbook', got {self.form!r}")
+        ngpu = cuda_device_count if cuda_device_count is not None else device_count()
+        if self.backend == "nccl" and self.nproc > ngpu:
+            raise ValueError(f"nproc must be <= {ngpu} (GPUs on this machine) under backend 'nccl', got {self.nproc}")
+        return self
+
+    def resolved_backend(self) -> str:
+        from .config import RunConfig
+        return RunConfig(nproc=self.nproc, backend=self.backend).resolved_backend()
+
+    def rounded_sizes(self) -> list[int]:
+        unit = 4 * self.nproc
+        return sorted({-(-s // unit) * unit for s in self.sizes})
+
+
+def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmup: int = 5, iters: int = 10,
+              backend: str = "auto", form: str = "ring", fit_min_bytes: int | None = None,
+              fit_max_bytes: int | None = None, out: str | None = None, timeout_s: float = 1800.0,
+              progress: bool = True):
+    """Measure the collectives, fit alpha and beta, save and return the machine `Profile` (see dtlab.fit).
+
+    sizes are full message bytes; the fit can be limited to [fit_min_bytes, fit_max_bytes]; the profile is
+    written to OUT/profile.json and read back with `dtlab.load_profile(OUT)`."""
+    return launch_calibration(CalibConfig(nproc=nproc, ops=ops, sizes=tuple(sizes), warmup=warmup, iters=iters,
+                                          backend=backend, form=form, fit_min_bytes=fit_min_bytes,
+                                          fit_max_bytes=fit_max_bytes, out=out, timeout_s=timeout_s)
+                              ).wait(progress=progress)
+
+
+def launch_calibration(cfg: CalibConfig):
+    """Start a calibration sweep; returns a launcher Handle whose wait() gives the Profile."""
+    from .config import dump_json
+    from .launch import Handle, _write_status, prepare_dir, start_torchrun
+
+    cfg.validate()
+    out = prepare_dir(cfg.out or os.path.join("profiles", time.strftime(f"calib-p{cfg.nproc}-%Y%m%d-%H%M%S")))
+    cfg = dataclasses.replace(cfg, out=out)
+    backend = cfg.resolved_backend()
+    dump_json({"calibration": dataclasses.asdict(cfg), "launch": {"time": time.time(), "backend": backend}},
+              os.path.join(out, "config.json"))
+    proc = start_torchrun(out, cfg.nproc, "dtlab.calibrate", gloo_threads=backend == "gloo")
+    _write_status(out, "running", pid=proc.pid, started=time.time())
+    total = len(cfg.ops) * len(cfg.rounded_sizes())
+    return Handle(out, proc, cfg.nproc, total, cfg.timeout_s, f"calibrate {','.join(cfg.ops)} x{cfg.nproc} ({backend})",
+                  loader=load_calibration)
+
+
+def samples_frame(run_dir: str):
+    """The raw samples of a calibration directory: one row per rank and timed iteration, plus the slowest
+    rank per iteration as `seconds` (columns op, nbytes, nproc, iter, seconds, rank_spread)."""
+    import glob
+
+    import pandas as pd
+
+    from .results import read_events
+    rows = [e for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))
+            for e in read_events(p) if e.get("kind") == "sample"]
+    raw = pd.DataFrame(rows, columns=["rank", "op", "nbytes", "nproc", "iter", "seconds"])
+    if raw.empty:
+        return raw, raw
+    g = raw.groupby(["op", "nbytes", "nproc", "iter"])["seconds"]
+    slow = g.max().rename("seconds").to_frame()
+    slow["rank_spread"] = g.max() - g.min()
+    return raw, slow.reset_index()
+
+
+def load_calibration(run_dir: str):
+    """Fit (or re-fit) the samples of a calibration directory, write profile.json, return the Profile.
+    Raises RunFailed when the sweep did not finish, with whatever samples were recorded attached."""
+    from .fit import Profile
+    from .results import RunFailed
+
+    with open(os.path.join(run_dir, "config.json")) as f:
+        doc = json.load(f)
+    cal = doc["calibration"]
+    raw, samples = samples_frame(run_dir)
+    status = {}
+    if os.path.exists(os.path.join(run_dir, "status.json")):
+        with open(os.path.join(run_dir, "status.json")) as f:
+            status = json.load(f)
+    if status.get("state") not in (None, "finished"):
+        raise RunFailed(f"calibration {status.get('state')}: see {run_dir}/logs", error=status.get("state"),
+                        run_dir=run_dir, run=samples)
+    meta = {**doc.get("resolved", {}), "calibration": cal, "rank_samples": len(raw),
+            "timing": "slowest rank per iteration; barrier before each iteration (not timed)"}
+    caveats = []
+    if meta.get("backend") == "gloo":
+        caveats.append("gloo over loopback TCP on shared CPU cores: alpha and beta describe this host's memory "
+                       "and loopback, not a network; collectives compete with compute for the cores.")
+        if "reduce_scatter" in cal["ops"]:
+            caveats.append("gloo's reduce_scatter_tensor is an all-reduce followed by taking a chunk: it moves "
+                           "about twice the data of a real reduce-scatter, so it will not follow the "
+                           "reduce-scatter formula; compare its fit with the all-reduce fit.")
+    if meta.get("oversubscribed"):
+        caveats.append(f"{meta.get('world_size')} ranks on {meta.get('cpu_cores')} cores: oversubscribed.")
+    profile = Profile.from_samples(samples, meta=meta, form=cal.get("form", "ring"), caveats=caveats,
+                                   min_bytes=cal.get("fit_min_bytes"), max_bytes=cal.get("fit_max_bytes"))
+    profile.save(run_dir)
+    return profile
+
+
+# ---- the rank side ----------------------------------------------------------------------------------------
+
+def _rank_main(run_dir: str) -> int:
+    from .recorder import EventWriter
+    from .worker import _die_with_parent, _redirect_output, _teardown
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _die_with_parent()
+    _redirect_output(os.path.join(run_dir, "logs", f"rank{rank}.log"))
+    writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"))
+    writer.write("start", rank=rank, world_size=world, pid=os.getpid(), time=time.time())
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            cfg = CalibConfig(**{k: v for k, v in json.load(f)["calibration"].items()})
+        _sweep(cfg, run_dir, rank, world, writer)
+        writer.write("done", rank=rank, time=time.time())
+        return 0
+    except BaseException as e:  # noqa: BLE001
+        import traceback
+        writer.write("error", rank=rank, time=time.time(), error=f"{type(e).__name__}: {e}",
+                     traceback=traceback.format_exc())
+        return 1
+    finally:
+        _teardown()
+        writer.close()
+
+
+def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from .config import RunConfig
+    from .worker import record_resolved, setup_distributed
+
+    rc = RunConfig(nproc=cfg.nproc, backend=cfg.backend)
+    device, backend = setup_distributed(rc, rank, world)
+    if rank == 0:
+        record_resolved(run_dir, rc, backend, device, {"what": "collective calibration"}, world)
+    cuda = device.type == "cuda"
+    warm = torch.ones(1 << 20, device=device)
+    for _ in range(3):  # connections and buffers are set up lazily: pay for that before any timed size
+        dist.all_reduce(warm)
+    for op in cfg.ops:
+        for nbytes in cfg.rounded_sizes():
+            n = nbytes // 4
+            if op == "all_reduce":
+                x = torch.ones(n, device=device)
+                call = lambda: dist.all_reduce(x)  # noqa: E731
+            elif op == "reduce_scatter":
+                x, y = torch.ones(n, device=device), torch.empty(n // world, device=device)
+                call = lambda: dist.reduce_scatter_tensor(y, x)  # noqa: E731
+            else:
+                x, y = torch.ones(n // world, device=device), torch.empty(n, device=device)
+                call = lambda: dist.all_gather_into_tensor(y, x)  # noqa: E731
+            for _ in range(cfg.warmup):
+                call()
+            times = []
+            for it in range(cfg.iters):
+                dist.barrier()
+                if cuda:
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    call()
+                    b.record()
+                    b.synchronize()
+                    t = a.elapsed_time(b) / 1e3
+                else:
+                    t0 = time.perf_counter()
+                    call()  # blocking on gloo: returns when the collective has completed on this rank
+                    t = time.perf_counter() - t0
+                times.append(t)
+                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=it, seconds=t)
+            times.sort()
+            writer.write("calib", rank=rank, op=op, nbytes=nbytes, median_s=times[len(times) // 2])
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[1]))

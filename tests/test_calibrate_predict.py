@@ -1,0 +1,76 @@
+"""A real 2-process calibration sweep, DDP prediction from its profile, and sweeps with reuse and skips."""
+
+import pytest
+
+import dtlab
+from dtlab.calibrate import CalibConfig
+from dtlab.cli import main as cli_main
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calib") / "p"
+    # small sizes only: fast on 2 cores, still 5 distinct sizes per op
+    return dtlab.calibrate(nproc=2, ops=("all_reduce", "reduce_scatter", "all_gather"),
+                           sizes=[2 ** k for k in range(12, 21, 2)], iters=4, warmup=2, out=str(out), progress=False)
+
+
+def test_real_calibration_profile(profile):
+    assert set(profile.fits) == {"all_reduce", "reduce_scatter", "all_gather"}
+    s = profile.samples
+    assert set(s["nbytes"]) == {2 ** k for k in range(12, 21, 2)}
+    assert (s.groupby(["op", "nbytes"]).size() == 4).all()  # slowest rank per timed iteration
+    assert (s["seconds"] > 0).all()
+    for f in profile.fits.values():
+        assert f.n_points == 5 and f.form == "ring"
+    assert profile.meta["backend"] == "gloo" and profile.meta["world_size"] == 2
+    assert profile.meta["versions"]["torch"]
+    assert any("reduce_scatter" in c for c in profile.caveats)  # gloo honesty note
+    # predictions are positive seconds and grow with size in the bandwidth-bound range
+    assert 0 < profile.predict("all_reduce", 2 ** 12, 2) < profile.predict("all_reduce", 2 ** 30, 2)
+
+
+def test_profile_reloads_from_disk(profile):
+    again = dtlab.load_profile(profile.meta["calibration"]["out"])
+    assert again.predict("all_reduce", 123456, 2) == pytest.approx(profile.predict("all_reduce", 123456, 2))
+
+
+def test_predict_ddp_run(profile, tiny_run):
+    pred = dtlab.predict(tiny_run, profile)
+    cols = {"measured_t_step", "predicted_t_step", "measured_t_comm", "predicted_t_comm",
+            "measured_exposed", "predicted_exposed"}
+    assert cols <= set(pred.columns)
+    assert len(pred) == tiny_run.config["steps"] - tiny_run.config["warmup"]
+    assert (pred["predicted_t_step"] > 0).all() and (pred["predicted_t_comm"] > 0).all()
+    # predicted step is never shorter than its compute: fwd + bwd-until-last-ready + opt
+    assert (pred["predicted_t_step"] >= pred["measured_t_step"] - pred["measured_exposed"] - 1e-12).all()
+
+
+def test_sweep_reuses_and_skips(tmp_path, capsys):
+    base = dtlab.tiny(steps=2, baseline_steps=0, bucket_mb=0.05)
+    root = str(tmp_path / "sw")
+    df = dtlab.sweep(base, nproc=[2], bucket_mb=[0.05, 1.0], out=root, progress=False)
+    assert list(df["status"]) == ["ran", "ran"]
+    assert (df["t_step"] > 0).all() and (df["t_comm"] > 0).all()
+    again = dtlab.sweep(base, nproc=[2], bucket_mb=[0.05], out=root, progress=False)
+    assert list(again["status"]) == ["reused"]
+    assert again["t_step"].iloc[0] == df["t_step"].iloc[0]
+    skipped = dtlab.sweep(base.replace(backend="nccl"), nproc=[2], bucket_mb=[1.0], out=root, progress=False)
+    assert skipped["status"].iloc[0] == "skipped" and "nccl" in skipped["reason"].iloc[0]
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(nproc=1), "nproc must be an integer >= 2"), (dict(ops=("all_to_all",)), "ops must be"),
+    (dict(sizes=()), "sizes must be"), (dict(sizes=(0, 8, 16)), "sizes must be"),
+    (dict(iters=0), "iters must be"), (dict(form="tree"), "form must be"),
+])
+def test_calibration_config_validation(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        CalibConfig(**kwargs).validate(cuda_device_count=0)
+
+
+def test_cli_calibrate_bad_input(capsys, tmp_path):
+    assert cli_main(["calibrate", "--ops", "all_to_all", "--out", str(tmp_path / "c")]) == 2
+    assert "ops must be" in capsys.readouterr().err
+    assert cli_main(["calibrate", "--sizes", "4K,lots", "--out", str(tmp_path / "d")]) == 2
+    assert "--sizes" in capsys.readouterr().err
