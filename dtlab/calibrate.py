@@ -1,7 +1,8 @@
 """Collective sweeps that calibrate alpha and beta on this machine.
 
 `calibrate(nproc=2, ops=("all_reduce",), sizes=...)` launches ranks through the same launcher as training
-runs. Each rank, per op and size: `warmup` untimed iterations, then `iters` timed ones. Every timed iteration
+runs. Each rank, per op and size: `warmup` untimed iterations; then `iters` rounds, each timing every (op, size)
+once in a shuffled order, so drift in the machine's load is shared by all sizes. Every timed iteration
 starts after a barrier (so ranks start together; the barrier is not timed) and ends when the collective
 has completed on this rank: wall clock around a blocking call on gloo, CUDA events around it on NCCL
 (synchronised per iteration: here the collective is the thing measured). The slowest rank per iteration is
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -102,19 +104,19 @@ def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmu
 def launch_calibration(cfg: CalibConfig):
     """Start a calibration sweep; returns a launcher Handle whose wait() gives the Profile."""
     from .config import dump_json
-    from .launch import Handle, _write_status, prepare_dir, start_torchrun
+    from .launch import Handle, _write_status, prepare_dir, start_torchrun, unique_dir
 
     cfg.validate()
-    out = prepare_dir(cfg.out or os.path.join("profiles", time.strftime(f"calib-p{cfg.nproc}-%Y%m%d-%H%M%S")))
+    out = prepare_dir(cfg.out or unique_dir("profiles", f"calib-p{cfg.nproc}"))
     cfg = dataclasses.replace(cfg, out=out)
     backend = cfg.resolved_backend()
     dump_json({"calibration": dataclasses.asdict(cfg), "launch": {"time": time.time(), "backend": backend}},
               os.path.join(out, "config.json"))
     proc = start_torchrun(out, cfg.nproc, "dtlab.calibrate", gloo_threads=backend == "gloo")
     _write_status(out, "running", pid=proc.pid, started=time.time())
-    total = len(cfg.ops) * len(cfg.rounded_sizes())
+    total = cfg.iters  # progress counts rounds; each round times every (op, size) once
     return Handle(out, proc, cfg.nproc, total, cfg.timeout_s, f"calibrate {','.join(cfg.ops)} x{cfg.nproc} ({backend})",
-                  loader=load_calibration)
+                  loader=load_calibration, unit="round")
 
 
 def samples_frame(run_dir: str):
@@ -213,38 +215,49 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     warm = torch.ones(1 << 20, device=device)
     for _ in range(3):  # connections and buffers are set up lazily: pay for that before any timed size
         dist.all_reduce(warm)
+    calls = {}
     for op in cfg.ops:
         for nbytes in cfg.rounded_sizes():
-            n = nbytes // 4
-            if op == "all_reduce":
-                x = torch.ones(n, device=device)
-                call = lambda: dist.all_reduce(x)  # noqa: E731
-            elif op == "reduce_scatter":
-                x, y = torch.ones(n, device=device), torch.empty(n // world, device=device)
-                call = lambda: dist.reduce_scatter_tensor(y, x)  # noqa: E731
-            else:
-                x, y = torch.ones(n // world, device=device), torch.empty(n, device=device)
-                call = lambda: dist.all_gather_into_tensor(y, x)  # noqa: E731
+            calls[(op, nbytes)] = _collective(op, nbytes, world, device)
             for _ in range(cfg.warmup):
+                calls[(op, nbytes)]()
+    # Interleaved rounds: every round times every (op, size) once, in an order shuffled per round (same on
+    # all ranks), so a change in the machine's load spreads over all sizes instead of biasing a block of them.
+    order = list(calls)
+    rng = random.Random(0)
+    for it in range(cfg.iters):
+        rng.shuffle(order)
+        for op, nbytes in order:
+            call = calls[(op, nbytes)]
+            dist.barrier()
+            if cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
                 call()
-            times = []
-            for it in range(cfg.iters):
-                dist.barrier()
-                if cuda:
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    call()
-                    b.record()
-                    b.synchronize()
-                    t = a.elapsed_time(b) / 1e3
-                else:
-                    t0 = time.perf_counter()
-                    call()  # blocking on gloo: returns when the collective has completed on this rank
-                    t = time.perf_counter() - t0
-                times.append(t)
-                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=it, seconds=t)
-            times.sort()
-            writer.write("calib", rank=rank, op=op, nbytes=nbytes, median_s=times[len(times) // 2])
+                b.record()
+                b.synchronize()
+                t = a.elapsed_time(b) / 1e3
+            else:
+                t0 = time.perf_counter()
+                call()  # blocking on gloo: returns when the collective has completed on this rank
+                t = time.perf_counter() - t0
+            writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=it, seconds=t)
+        writer.write("calib", rank=rank, round=it, rounds=cfg.iters)
+
+
+def _collective(op: str, nbytes: int, world: int, device):
+    """A zero-argument blocking call of `op` on preallocated fp32 buffers of `nbytes` (full message)."""
+    import torch
+    import torch.distributed as dist
+    n = nbytes // 4
+    if op == "all_reduce":
+        x = torch.ones(n, device=device)
+        return lambda: dist.all_reduce(x)
+    if op == "reduce_scatter":
+        x, y = torch.ones(n, device=device), torch.empty(n // world, device=device)
+        return lambda: dist.reduce_scatter_tensor(y, x)
+    x, y = torch.ones(n // world, device=device), torch.empty(n, device=device)
+    return lambda: dist.all_gather_into_tensor(y, x)
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes
     )
 
 
-def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segments: int = 3, min_points: int = 3,
+def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segments: int = 3, min_points: int = 4,
                   min_bytes=None, max_bytes=None, confidence: float = 0.95) -> list[AlphaBetaFit]:
     """Alpha-beta fits per size regime: real collectives switch algorithm or protocol with message size
     (gloo between 256 KiB and 1 MiB on this project's CI machine), so one straight line cannot fit them all.
@@ -186,7 +186,9 @@ def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segmen
     Every split of the sorted sizes into 1..max_segments contiguous regimes of at least `min_points` sizes is
     fitted (relative-error least squares per regime, as fit_alpha_beta), and the split with the lowest BIC on
     the relative residuals, N ln(SSR/N) + 2k ln N for k regimes, is kept: a regime is added only when it
-    explains the data better than its two extra parameters cost. Returns the regimes' fits, ascending."""
+    explains the data better than its two extra parameters cost. A split is considered only if every regime is
+    physical (alpha >= 0, beta > 0): noise in a few points must not invent a regime with negative latency or
+    infinite bandwidth. One regime (the full-range fit) is always a candidate. Returns the fits, ascending."""
     import itertools
 
     _check_samples(samples)
@@ -207,6 +209,8 @@ def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segmen
                 segs = [fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence)
                         for a, b in zip(edges, edges[1:])]
             except ValueError:
+                continue
+            if k > 1 and any(sg.alpha < 0 or sg.beta <= 0 for sg in segs):
                 continue
             ssr = sum(r["rel_error"] ** 2 for sg in segs for r in sg.residuals)
             bic = n_total * np.log(max(ssr, 1e-300) / n_total) + 2 * k * np.log(n_total)

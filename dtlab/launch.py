@@ -31,20 +31,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def unique_dir(parent: str, name: str) -> str:
+    """parent/name-<timestamp>, with -2, -3, ... appended if two jobs start within the same second."""
+    base = os.path.join(parent, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path, k = base, 1
+    while os.path.exists(path):
+        k += 1
+        path = f"{base}-{k}"
+    return path
+
+
 def default_out(cfg: RunConfig) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{cfg.strategy}-{cfg.model}-p{cfg.nproc}-b{cfg.bucket_mb:g}-{stamp}")
+    return unique_dir("runs", f"{cfg.strategy}-{cfg.model}-p{cfg.nproc}-b{cfg.bucket_mb:g}")
 
 
 class Handle:
     """A launched job: `status()`, `wait()`, `stop()`. Returned by `launch()`; `run()` waits on one."""
 
     def __init__(self, run_dir: str, proc: subprocess.Popen, nproc: int, total_steps: int, timeout_s: float,
-                 desc: str, loader=load_run):
+                 desc: str, loader=load_run, unit: str = "step"):
         self.run_dir, self.proc, self.nproc = run_dir, proc, nproc
         self.total_steps, self.timeout_s, self.desc = total_steps, timeout_s, desc
         self.started = time.time()
         self._loader = loader
+        self.unit = unit
         self._state = "running"
         self._offset, self._partial = 0, b""
         _LIVE.add(self)
@@ -94,7 +104,7 @@ class Handle:
 
         Raises RunFailed if a rank failed, the timeout passed, or the wait was interrupted (the job is
         stopped first in each case; KeyboardInterrupt is re-raised after stopping)."""
-        bar = _bar(self.total_steps, self.desc) if progress else None
+        bar = _bar(self.total_steps, self.desc, self.unit) if progress else None
         try:
             while self.status() == "running":
                 self._follow(bar)
@@ -147,7 +157,7 @@ class Handle:
                 bar.set_postfix_str(f"{'baseline ' if kind == 'baseline_step' else ''}"
                                     f"step {ev['t_step'] * 1e3:.0f} ms")
             elif kind == "calib":
-                bar.set_postfix_str(f"{ev['op']} {ev['nbytes'] / 2**20:.3g} MiB: {ev['median_s'] * 1e3:.3g} ms")
+                bar.set_postfix_str(f"round {ev['round'] + 1} of {ev['rounds']} done")
             elif kind == "ready":
                 bar.set_postfix_str("model built, training")
 
@@ -228,9 +238,9 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _bar(total: int, desc: str):
+def _bar(total: int, desc: str, unit: str = "step"):
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, unit="step")
+    return tqdm(total=total, desc=desc, unit=unit)
 
 
 @atexit.register

@@ -9,8 +9,9 @@ import os
 import pandas as pd
 
 from .config import RunConfig
+from .model_figures import config_label
 
-SWEEP_COLUMNS = ["nproc", "bucket_mb", "status", "reason", "t_step", "t_comp", "t_comm", "exposed", "overlap",
+SWEEP_COLUMNS = ["label", "nproc", "bucket_mb", "status", "reason", "t_step", "t_comp", "t_comm", "exposed", "overlap",
                  "t_comp_how", "oversubscribed", "path"]
 
 
@@ -49,7 +50,7 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
     bar = tqdm(grid, desc="sweep", unit="run", disable=not progress)
     for p, b in bar:
         bar.set_postfix_str(f"p={p}, bucket {b:g} MiB")
-        row = {"nproc": p, "bucket_mb": b, "status": "", "reason": ""}
+        row = {"label": config_label(p, b), "nproc": p, "bucket_mb": b, "status": "", "reason": ""}
         try:
             cfg = base.replace(nproc=p, bucket_mb=float(b))
             cfg = cfg.replace(out=run_dir_for(out, cfg))

@@ -33,6 +33,20 @@ def test_lab01_runs_headless(tmp_path, monkeypatch):
     assert any((tmp_path / "runs").iterdir())  # the run directory was written where the notebook ran
 
 
+def test_lab02_runs_headless(tmp_path, monkeypatch):
+    nb = run_notebook("02_collectives_alpha_beta.ipynb", tmp_path, monkeypatch)
+    text = outputs_text(nb)
+    assert "alpha" in text and "prediction error" in text and "ratios textbook/ring" in text
+    assert list((tmp_path / "profiles").glob("*/profile.json"))
+
+
+def test_lab03_runs_headless(tmp_path, monkeypatch):
+    nb = run_notebook("03_buckets_and_gpu_count.ipynb", tmp_path, monkeypatch)
+    text = outputs_text(nb)
+    assert "replay_t_step_ms" in text and "whatif_t_step_ms" in text
+    assert len(list((tmp_path / "runs" / "lab03-sweep").iterdir())) == 2
+
+
 def test_notebooks_are_committed_without_outputs():
     for path in LABS.glob("*.ipynb"):
         nb = nbformat.read(path, as_version=4)

@@ -1,0 +1,239 @@
+"""The explorer's pure model and figures (dtlab.model_figures) and its widget wiring (dtlab.dashboard).
+
+No torch, no runs: synthetic profiles and sweeps only. Redraw times are recorded, never asserted."""
+
+import re
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from dtlab import costmodel as cm
+from dtlab import model_figures as mf
+from dtlab.fit import Profile
+
+ALPHA, BETA = 2e-5, 1e-10  # s, s/B (10 GB/s)
+UNIT = re.compile(r"\((ms|µs|%|bytes|MiB|GB/s)[^)]*\)|\b(ms|bytes|MiB|GB/s|processes)\b")
+COMPUTE = {"t_fwd": 0.010, "t_bwd_comp": 0.020, "t_opt": 0.003}
+
+
+def synth_profile(caveats=None, nprocs=(1, 2, 4)) -> Profile:
+    rng = np.random.default_rng(0)
+    rows = []
+    for op in ("all_reduce", "all_gather"):
+        for p in nprocs:
+            for n in [2 ** k for k in range(10, 27, 2)]:
+                t = cm.collective_time(op, "ring", ALPHA, BETA, n, p) if p > 1 else 5e-6
+                rows += [{"op": op, "nbytes": n, "nproc": p, "seconds": t * (1 + 0.03 * abs(rng.standard_normal()))}
+                         for _ in range(5)]
+    return Profile.from_samples(pd.DataFrame(rows), meta={"backend": "gloo"}, max_bytes=2 ** 22,
+                                caveats=caveats or [])
+
+
+def axis_titles(fig: go.Figure) -> dict:
+    """axis name -> title text, for every axis with a title."""
+    lay = fig.layout.to_plotly_json()
+    return {k: v.get("title", {}).get("text") for k, v in lay.items()
+            if re.fullmatch(r"[xy]axis\d*", k) and v.get("title", {}).get("text")}
+
+
+def assert_units(fig: go.Figure):
+    titles = axis_titles(fig)
+    assert titles, "figure has no axis titles"
+    for name, text in titles.items():
+        assert UNIT.search(text) or "GPU count" in text or "configuration" in text, f"{name}: {text!r} has no unit"
+
+
+# ------------------------------------------------------------------ pure model
+
+def test_distilbert_param_nbytes():
+    sizes = mf.distilbert_param_nbytes()
+    assert sum(sizes) == 267_820_040 == 66_955_010 * 4
+    assert len(sizes) == 104
+    assert sizes[:4] == [30522 * 768 * 4, 512 * 768 * 4, 768 * 4, 768 * 4]
+    assert sizes[-2:] == [768 * 2 * 4, 2 * 4]  # classifier weight, bias
+    assert sum(mf.distilbert_param_nbytes(num_labels=3)) == sum(sizes) + (768 + 1) * 4
+
+
+def test_whatif_single_process_has_no_comm():
+    sizes = mf.distilbert_param_nbytes()[::-1]
+    r = mf.whatif(0.01, 0.02, 0.003, sizes, 25, 1, ALPHA, BETA)
+    assert r["t_comm"] == 0 and r["exposed"] == 0
+    assert r["t_step"] == pytest.approx(0.033)
+    assert np.isnan(r["overlap"])
+    assert r["n_buckets"] == len(r["bucket_nbytes"]) and int(np.sum(r["bucket_nbytes"])) == 267_820_040
+
+
+def test_whatif_monotonic():
+    sizes = mf.distilbert_param_nbytes()[::-1]
+    base = mf.whatif(0.01, 0.02, 0.003, sizes, 25, 8, ALPHA, BETA)
+    slower = mf.whatif(0.01, 0.02, 0.003, sizes, 25, 8, ALPHA, BETA * 4)  # a quarter of the bandwidth
+    bigger = mf.whatif(0.01, 0.02, 0.003, [2 * s for s in sizes], 25, 8, ALPHA, BETA)  # twice the bytes
+    assert slower["t_comm"] > base["t_comm"] and slower["t_step"] >= base["t_step"]
+    assert bigger["t_comm"] > base["t_comm"] and bigger["exposed"] >= base["exposed"]
+    # ring all-reduce bytes per rank grow with p (2(p-1)/p): more GPUs never means less comm here
+    comm = [mf.whatif(0.01, 0.02, 0.003, sizes, 25, p, ALPHA, BETA)["t_comm"] for p in (2, 4, 8, 64)]
+    assert comm == sorted(comm)
+    # the step never beats compute, and compute does not depend on p (weak scaling)
+    assert base["t_step"] >= base["t_comp"] == pytest.approx(0.033)
+
+
+def test_whatif_sweep_rows():
+    sizes = mf.distilbert_param_nbytes()[::-1]
+    df = mf.whatif_sweep(0.01, 0.02, 0.003, sizes, [(1, 25), (4, 25), (4, 1024)], ALPHA, BETA)
+    assert df["label"].tolist() == ["p=1, 25 MiB", "p=4, 25 MiB", "p=4, 1024 MiB"]
+    assert np.allclose(df["t_step"], df["t_comp"] + df["exposed"])
+
+
+# ------------------------------------------------------------------ figures
+
+def test_calibration_figure():
+    prof = synth_profile(caveats=["gloo on CPU: wall-clock timings, shared cores"])
+    fig = mf.calibration_figure(prof)
+    names = [t.name for t in fig.data]
+    assert any(n.startswith("measured p=2") for n in names)
+    assert "model p=2 (fitted range)" in names and "model p=2 (extrapolated)" in names
+    assert any(t.name == "model p=2 (extrapolated)" and t.line.dash == "dash" for t in fig.data)
+    assert all(t.error_y.array is not None for t in fig.data if t.name.startswith("measured"))
+    assert_units(fig)
+    assert {"time per call (ms, log)", "model error (%)", "busbw (GB/s)"} <= set(axis_titles(fig).values())
+    texts = " ".join(a.text for a in fig.layout.annotations)
+    assert "gloo on CPU" in texts and "ring fit" in texts and "µs" in texts and "GB/s" in texts
+
+    one = mf.calibration_figure(prof, op="all_reduce")
+    assert "all_reduce" in one.layout.title.text and "ring fit" in one.layout.title.text
+    assert not any("all_gather" in (a.text or "") for a in one.layout.annotations)
+    with pytest.raises(ValueError, match="not in this profile"):
+        mf.calibration_figure(prof, op="broadcast")
+
+
+def test_forms_figure():
+    fig = mf.forms_figure(ALPHA, BETA, 25 * 2 ** 20, [1, 2, 4, 8, 64])
+    names = [t.name for t in fig.data]
+    assert {"textbook total", "ring total", "ring bandwidth term", "textbook latency term"} <= set(names)
+    ring = next(t for t in fig.data if t.name == "ring total")
+    assert ring.y[0] == 0 and ring.y[-1] == pytest.approx(cm.ring_allreduce(ALPHA, BETA, 25 * 2 ** 20, 64) * 1e3)
+    assert_units(fig)
+
+
+def test_predicted_breakdown_figure():
+    df = pd.DataFrame({"label": ["p=2, 25 MiB", "p=4, 25 MiB"], "t_comp": [0.03, 0.03],
+                       "t_comm": [0.02, 0.04], "exposed": [0.0, 0.012]})
+    fig = mf.predicted_breakdown_figure(df)
+    assert [t.type for t in fig.data] == ["bar", "bar", "scatter"]
+    assert list(fig.data[1].y) == pytest.approx([0.0, 12.0])  # ms
+    assert fig.layout.barmode == "stack"
+    assert_units(fig)
+    meas = pd.DataFrame({"label": ["p=4, 25 MiB"], "t_step": [0.05], "t_comm": [0.035]})
+    fig = mf.predicted_breakdown_figure(df, meas, highlight="p=4, 25 MiB")
+    assert [t.name for t in fig.data[3:]] == ["measured T_step", "measured T_comm"]
+    assert list(fig.data[3].y) == pytest.approx([50.0])
+    with pytest.raises(ValueError, match="missing columns"):
+        mf.predicted_breakdown_figure(df.drop(columns="exposed"))
+
+
+def test_whatif_timeline_figure():
+    r = mf.whatif(0.01, 0.02, 0.003, mf.distilbert_param_nbytes()[::-1], 25, 8, ALPHA, BETA)
+    fig = mf.whatif_timeline_figure(r)
+    allreduce = next(t for t in fig.data if t.name == "all-reduce (predicted)")
+    assert len(allreduce.y) == r["n_buckets"]
+    assert "ready" in [t.name for t in fig.data]
+    assert_units(fig)
+
+
+# ------------------------------------------------------------------ the explorer widget
+
+def test_explorer_defaults_and_slider_updates():
+    from dtlab.dashboard import explorer
+
+    ex = explorer()
+    assert set(ex.sliders) >= {"nproc", "bucket_mb", "alpha_us", "bandwidth_gbs", "form", "sweep"}
+    assert set(ex.figures) == {"breakdown", "timeline"}
+    assert isinstance(ex.figures["breakdown"], go.FigureWidget)
+    assert "default, not calibrated" in ex.children[0].value
+    assert "placeholder" in ex.children[0].value
+    assert ex.sliders["alpha_us"].value == pytest.approx(20.0)
+    assert ex.sliders["bandwidth_gbs"].value == pytest.approx(10.0)
+
+    n_redraws = len(ex.redraw_times)
+    before = list(ex.figures["breakdown"].data[1].y)  # exposed comm per configuration (ms)
+    ex.sliders["bandwidth_gbs"].value = 1.0
+    after = list(ex.figures["breakdown"].data[1].y)
+    assert after != before and sum(after) > sum(before)
+    assert len(ex.redraw_times) == n_redraws + 1 and ex.last_redraw_s > 0
+    assert ex.redraw_label.value.startswith("redraw ")
+
+    tl_before = len(ex.figures["timeline"].data[4].y)  # one bar per bucket
+    ex.sliders["bucket_mb"].value = 1024.0
+    assert len(ex.figures["timeline"].data[4].y) == ex.result["n_buckets"] < tl_before
+
+    ex.sliders["nproc"].value = 1
+    assert ex.result["t_comm"] == 0
+    ex.sliders["sweep"].value = "bucket_mb"
+    assert all(lab.startswith("p=1,") for lab in ex.figures["breakdown"].data[0].x)
+    print(f"redraw ms: {[round(t * 1e3, 1) for t in ex.redraw_times]}")  # recorded, not asserted
+
+
+def test_explorer_with_profile_and_measured():
+    from dtlab.dashboard import explorer
+
+    prof = synth_profile(caveats=["gloo on CPU: wall-clock timings"])
+    measured = pd.DataFrame({"nproc": [2, 4, 4, 8], "bucket_mb": [25.0, 25.0, 100.0, 25.0],
+                             "status": ["ran", "ran", "ran", "skipped"],
+                             "t_step": [0.04, 0.05, 0.045, np.nan], "t_comm": [0.01, 0.02, 0.02, np.nan],
+                             "t_comp": [0.033, 0.033, 0.033, np.nan], "exposed": [0.007, 0.017, 0.012, np.nan]})
+    ex = explorer(profile=prof, compute=dict(COMPUTE, source="test compute"), measured=measured)
+    fit = prof.fits["all_reduce"]
+    assert ex.sliders["alpha_us"].value == pytest.approx(fit.alpha * 1e6)
+    assert ex.sliders["bandwidth_gbs"].value == pytest.approx(1 / fit.beta / 1e9)
+    assert ex.sliders["nproc"].value == 4  # the largest p the profile measured
+    header = ex.children[0].value
+    assert "profile fit (ring)" in header and "gloo on CPU" in header and "test compute" in header
+
+    names = [t.name for t in ex.figures["breakdown"].data]
+    assert names[3:] == ["measured T_step", "measured T_comm", "measured T_comp"]
+    step = ex.figures["breakdown"].data[3]
+    assert list(step.x) == ["p=2, 25 MiB", "p=4, 25 MiB"]  # bucket 25 MiB matches; the skipped row is dropped
+    assert set(step.x) <= set(ex.figures["breakdown"].data[0].x)
+
+    ex.sliders["sweep"].value = "bucket_mb"
+    ex.sliders["nproc"].value = 4
+    assert list(ex.figures["breakdown"].data[3].x) == ["p=4, 25 MiB", "p=4, 100 MiB"]
+    ex.sliders["nproc"].value = 16  # nothing measured there: the traces stay, empty
+    assert len(ex.figures["breakdown"].data[3].x or ()) == 0
+
+    alpha_ring = ex.sliders["alpha_us"].value
+    ex.sliders["form"].value = "textbook"  # loads the textbook fit of the same samples
+    assert ex.sliders["alpha_us"].value != pytest.approx(alpha_ring)
+    assert "profile fit (textbook)" in ex.children[0].value
+    assert ex.result["form"] == "textbook"
+
+
+def test_explorer_custom_sizes_and_bad_inputs():
+    from dtlab.dashboard import explorer
+
+    ex = explorer(compute=COMPUTE, param_nbytes=[4 * 2 ** 20] * 10)
+    assert ex.result["n_buckets"] >= 2
+    with pytest.raises(ValueError, match="t_opt"):
+        explorer(compute={"t_fwd": 0.01, "t_bwd_comp": 0.02})
+    with pytest.raises(ValueError, match="measured is missing"):
+        explorer(measured=pd.DataFrame({"nproc": [2]}))
+
+
+def test_compute_from_run():
+    from dtlab.results import BUCKET_COLUMNS, STEP_COLUMNS, Run
+
+    steps = pd.DataFrame([[r, s, 0.010 + r * 0.001, 0.030, 0.003, 0.045 + r * 0.001, 1.0]
+                          for s in range(3) for r in range(2)], columns=STEP_COLUMNS)
+    buckets = pd.DataFrame([[r, s, b, 1000, 1, 0.010 + r * 0.001 + 0.01 * (b + 1), 0.0, 0.0]
+                            for s in range(3) for r in range(2) for b in range(2)], columns=BUCKET_COLUMNS)
+    empty = pd.DataFrame(columns=STEP_COLUMNS)
+    run = Run(path="fake", config={"warmup": 1}, resolved={}, status={}, steps=steps, baseline_steps=empty,
+              buckets=buckets, collectives=pd.DataFrame(), memory=pd.DataFrame())
+    est = mf.compute_from_run(run)  # no baseline: backward until the last bucket was ready (slowest rank 1)
+    assert est["t_fwd"] == pytest.approx(0.011) and est["t_bwd_comp"] == pytest.approx(0.020)
+    assert est["t_opt"] == pytest.approx(0.003) and "estimated" in est["source"]
+    run.baseline_steps = steps.assign(step=steps["step"] + 10)
+    meas = mf.compute_from_run(run)
+    assert meas["t_bwd_comp"] == pytest.approx(0.030) and "baseline" in meas["source"]
