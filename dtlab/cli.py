@@ -27,6 +27,14 @@ def _run_parser(sub) -> None:
     p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
     p.add_argument("--report", default=None, help="HTML report path (default OUT/report.html)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    z = p.add_argument_group("ZeRO-3 (strategy zero3; DeepSpeed's defaults)")
+    z.add_argument("--zero-reduce-bucket-size", type=int, default=None, help="elements per reduce-scatter bucket")
+    z.add_argument("--zero-prefetch-bucket-size", type=int, default=None, help="elements prefetched ahead")
+    z.add_argument("--zero-persistence-threshold", type=int, default=None,
+                   help="parameters with at most this many elements stay whole on every rank")
+    z.add_argument("--zero-max-reuse-distance", type=int, default=None,
+                   help="elements; 0 (with prefetch 0) re-gathers parameters in backward")
+    z.add_argument("--zero-overlap-comm", choices=["true", "false"], default=None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +78,13 @@ def _cmd_run(args) -> int:
     from .config import device_count
     nproc = args.nproc if args.nproc is not None else (device_count() or 2)
     baseline = args.baseline_steps if args.baseline_steps is not None else (3 if args.strategy == "ddp" else 0)
-    cfg = RunConfig(strategy=args.strategy, nproc=nproc, backend=args.backend, bucket_mb=args.bucket_mb,
+    zero = {k: v for k, v in {
+        "reduce_bucket_size": args.zero_reduce_bucket_size, "stage3_prefetch_bucket_size": args.zero_prefetch_bucket_size,
+        "stage3_param_persistence_threshold": args.zero_persistence_threshold,
+        "stage3_max_reuse_distance": args.zero_max_reuse_distance,
+        "overlap_comm": None if args.zero_overlap_comm is None else args.zero_overlap_comm == "true"}.items()
+        if v is not None}
+    cfg = RunConfig(zero=zero, strategy=args.strategy, nproc=nproc, backend=args.backend, bucket_mb=args.bucket_mb,
                     steps=args.steps, warmup=args.warmup, baseline_steps=baseline, batch_size=args.batch_size,
                     seq_len=args.seq_len, model=args.model, model_source=args.model_source,
                     model_path=args.model_path, data=args.data, seed=args.seed, timeout_s=args.timeout,

@@ -27,20 +27,23 @@ class ZeroConfig:
     reduce_bucket_size: int = 500_000_000
     """Elements per reduce-scatter bucket of gradients."""
     stage3_prefetch_bucket_size: int = 50_000_000
-    """Elements of parameters prefetched (all-gathered) ahead of use."""
+    """Elements of parameters prefetched (all-gathered) ahead of use; 0 turns prefetching off."""
     stage3_param_persistence_threshold: int = 100_000
-    """Parameters with fewer elements than this stay whole on every rank and are never gathered."""
+    """Parameters with at most this many elements stay whole on every rank: never gathered in forward or
+    backward, re-gathered once per step after the optimizer update."""
+    stage3_max_reuse_distance: int = 1_000_000_000
+    """Elements. A parameter gathered in forward is kept for backward if it is used again within this
+    distance; the default keeps every parameter of a model under 5e8 parameters, so backward gathers
+    nothing. 0 (with prefetch 0) gives the textbook pattern: gather in forward and again in backward."""
     overlap_comm: bool = True
     """Overlap gradient reduce-scatter with backward compute."""
 
     def validate(self) -> None:
-        for name in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+        for name, low in (("reduce_bucket_size", 1), ("stage3_prefetch_bucket_size", 0),
+                          ("stage3_param_persistence_threshold", 0), ("stage3_max_reuse_distance", 0)):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"zero.{name} must be an integer >= 1 (elements), got {v!r}")
-        v = self.stage3_param_persistence_threshold
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"zero.stage3_param_persistence_threshold must be an integer >= 0 (elements), got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"zero.{name} must be an integer >= {low} (elements), got {v!r}")
         if not isinstance(self.overlap_comm, bool):
             raise ValueError(f"zero.overlap_comm must be true or false, got {self.overlap_comm!r}")
 

@@ -39,6 +39,8 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
         step = int(st["step"].max())
     row = st[st["step"] == step].iloc[0]
     b = run.buckets[(run.buckets["rank"] == rank) & (run.buckets["step"] == step)].sort_values("t_ready")
+    c = (run.collectives[(run.collectives["rank"] == rank) & (run.collectives["step"] == step)]
+         if not run.collectives.empty else run.collectives)
     fig = go.Figure()
     phases = [("forward", 0.0, row["t_fwd"], COLORS["fwd"]),
               ("backward", row["t_fwd"], row["t_bwd"], COLORS["bwd"]),
@@ -53,8 +55,17 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
                              hovertemplate="%{y}: %{x:.1f} ms<extra></extra>"))
         fig.add_trace(go.Scatter(y=labels, x=b["t_ready"] * 1e3, mode="markers", name="ready",
                                  marker=dict(symbol="line-ns-open", size=14, color=COLORS["ready"])))
-    fig.update_layout(title=f"Rank {rank}, step {step}: all-reduces against backward compute",
-                      xaxis_title="time from step start (ms)", barmode="overlay", height=220 + 22 * len(b),
+    rows = len(b)
+    if not c.empty:  # ZeRO-3: one row per op and phase, one bar per collective (start = issue time)
+        for (op, phase), g in c.groupby(["op", "phase"], sort=False):
+            label = f"{op} ({phase})"
+            fig.add_trace(go.Bar(y=[label] * len(g), x=(g["t_end"] - g["t_start"]) * 1e3, base=g["t_start"] * 1e3,
+                                 orientation="h", name=label, customdata=g["nbytes"] / 2**20,
+                                 hovertemplate=label + ": %{x:.1f} ms, %{customdata:.2f} MiB<extra></extra>"))
+            rows += 1
+    what = "collectives" if not c.empty else "all-reduces"
+    fig.update_layout(title=f"Rank {rank}, step {step}: {what} against compute",
+                      xaxis_title="time from step start (ms)", barmode="overlay", height=220 + 22 * rows,
                       yaxis=dict(autorange="reversed"))
     return fig
 
@@ -71,3 +82,48 @@ def per_step_lines(run) -> go.Figure:
 
 def _nan_to_none(values) -> list:
     return [None if (v is None or (isinstance(v, float) and np.isnan(v))) else v for v in values]
+
+
+def memory_bars(runs: dict) -> go.Figure:
+    """Grouped bars of the bytes a rank holds (GB = 1e9 bytes) for several runs: {label: Run}.
+
+    Parameters, gradients and optimizer state are summed from the tensors themselves; the peak is CUDA max
+    allocated on GPU or the process's peak RSS on CPU (named in the legend)."""
+    fig = go.Figure()
+    parts = [("params_bytes", "parameters"), ("grads_bytes", "gradients"), ("optim_bytes", "optimizer state"),
+             ("peak_bytes", "peak")]
+    for col, name in parts:
+        ys, kinds = [], set()
+        for run in runs.values():
+            m = run.memory
+            ys.append(float(m[col].max()) / 1e9 if not m.empty and m[col].notna().any() else None)
+            if col == "peak_bytes" and not m.empty:
+                kinds |= set(m["peak_kind"].dropna())
+        label = f"{name} ({', '.join(sorted(kinds))})" if kinds else name
+        fig.add_trace(go.Bar(x=list(runs), y=ys, name=label, hovertemplate="%{y:.3f} GB<extra>" + label + "</extra>"))
+    fig.update_layout(barmode="group", yaxis_title="bytes per rank (GB)", title="Memory per rank (largest rank)",
+                      height=380)
+    return fig
+
+
+def bytes_by_op(run, step: int | None = None, rank: int = 0) -> go.Figure:
+    """Bytes moved in one step on one rank, per collective op and phase (MB = 1e6 bytes, nccl-tests sizes).
+    DDP buckets count as all_reduce in the backward phase."""
+    if not run.collectives.empty:
+        c = run.collectives[run.collectives["rank"] == rank]
+        if step is None:
+            step = int(c["step"].max())
+        d = c[c["step"] == step].groupby(["op", "phase"], as_index=False)["nbytes"].sum()
+    else:
+        b = run.buckets[run.buckets["rank"] == rank]
+        if step is None:
+            step = int(b["step"].max())
+        d = pd.DataFrame({"op": ["all_reduce"], "phase": ["backward"],
+                          "nbytes": [int(b[b["step"] == step]["nbytes"].sum())]})
+    fig = go.Figure()
+    for phase, g in d.groupby("phase"):
+        fig.add_trace(go.Bar(x=g["op"], y=g["nbytes"] / 1e6, name=phase, text=[f"{v / 1e6:,.1f} MB" for v in g["nbytes"]],
+                             textposition="auto"))
+    fig.update_layout(barmode="stack", yaxis_title="bytes moved per step (MB)",
+                      title=f"{run.config.get('strategy')}: rank {rank}, step {step}", height=360)
+    return fig

@@ -10,11 +10,11 @@ def write_report(run, path: str | None = None) -> str:
     """Write the breakdown bar, the bucket timeline and the summary table to one HTML file; return its path.
 
     plotly.js is inlined once so the file opens offline."""
-    from .figures import breakdown_bar, bucket_timeline
+    from .figures import breakdown_bar, bucket_timeline, bytes_by_op, memory_bars
 
     path = path or os.path.join(run.path, "report.html")
     figs = [breakdown_bar(run.summary(), title=f"{run.config.get('strategy')} x{run.nproc}"),
-            bucket_timeline(run)]
+            bucket_timeline(run), bytes_by_op(run), memory_bars({run.config.get("strategy", "run"): run})]
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = run.summary().to_html(index=False, float_format=lambda v: f"{v:.4g}")
     body = (f"<h1>dtlab run</h1><pre>{html.escape(run.breakdown_table())}</pre>{table}" + "".join(parts))

@@ -118,21 +118,27 @@ class Run:
         ps = self.per_step()
         t_step = float(ps["t_step"].median()) if not ps.empty else np.nan
         t_comm = float(ps["t_comm"].median()) if not ps.empty else np.nan
+        how_exposed, how_overlap = "T_step - T_comp", "1 - exposed / T_comm"
         if not self.baseline_steps.empty:
             t_comp = float(self.baseline_steps.groupby("step")["t_step"].max().median())
             how_comp = f"measured: median of {self.baseline_steps['step'].nunique()} no-op comm hook steps"
+        elif not self.collectives.empty and self.buckets.empty:
+            # ZeRO-3 has no no-op baseline: its collectives are part of the forward/backward code path.
+            t_comp = float((ps["t_step"] - ps["t_comm"]).median()) if not ps.empty else np.nan
+            how_comp = "estimated: T_step - T_comm (ZeRO-3 has no no-op baseline; assumes no overlap)"
+            how_exposed, how_overlap = "assumed = T_comm (no baseline to measure it against)", "not measured"
         else:
             t_comp = float(ps["t_comp_est"].median()) if not ps.empty else np.nan
             how_comp = "estimated: fwd + bwd until the last bucket was ready + opt (no baseline run)"
         exposed = t_step - t_comp
-        overlap = 1.0 - exposed / t_comm if t_comm > 0 else np.nan
+        overlap = 1.0 - exposed / t_comm if t_comm > 0 and how_overlap != "not measured" else np.nan
         n = len(ps)
         return pd.DataFrame([
             ("T_step", t_step, "s", f"median over {n} steps of the slowest rank's step time"),
             ("T_comp", t_comp, "s", how_comp),
             ("T_comm", t_comm, "s", "median of the time collectives were in flight per step"),
-            ("exposed", exposed, "s", "T_step - T_comp"),
-            ("overlap", overlap, "fraction", "1 - exposed / T_comm"),
+            ("exposed", exposed, "s", how_exposed),
+            ("overlap", overlap, "fraction", how_overlap),
         ], columns=["quantity", "value", "unit", "how"])
 
     def breakdown_table(self) -> str:
@@ -140,7 +146,8 @@ class Run:
         s = self.summary()
         lines = [f"run {self.path}",
                  f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks | "
-                 f"bucket {self.config.get('bucket_mb')} MiB | batch {self.config.get('batch_size')}/rank | "
+                 + (f"bucket {self.config.get('bucket_mb')} MiB | " if self.config.get("strategy") == "ddp" else "")
+                 + f"batch {self.config.get('batch_size')}/rank | "
                  f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
                  f"  model: {self.resolved.get('model_source', '?')}",
                  f"  data:  {self.resolved.get('data_source', '?')}"]
@@ -148,7 +155,10 @@ class Run:
             lines.append(f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
                          "(oversubscribed: compute is slowed by sharing cores)")
         for r in s.itertuples():
-            val = f"{r.value * 1e3:10.1f} ms" if r.unit == "s" else f"{r.value:10.2f}   "
+            if r.value != r.value:  # NaN: not measured
+                val = f"{'n/a':>10}   "
+            else:
+                val = f"{r.value * 1e3:10.1f} ms" if r.unit == "s" else f"{r.value:10.2f}   "
             lines.append(f"  {r.quantity:<8}{val}   {r.how}")
         return "\n".join(lines)
 
@@ -189,7 +199,7 @@ def load_run(path: str) -> Run:
                 rows[kind].append(ev)
             elif kind == "ddp_logging":
                 ddp_logging[ev.get("rank")] = ev.get("data", {})
-    mem = pd.DataFrame(rows["memory"], columns=MEMORY_COLUMNS)
+    mem = _frame(rows["memory"], MEMORY_COLUMNS, sort=["rank"])
     if not mem.empty:  # the last memory record per rank is the final one (with the peak)
         mem = mem.groupby("rank", as_index=False).last()
     return Run(

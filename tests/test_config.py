@@ -88,6 +88,8 @@ def test_launch_refuses_before_starting_anything(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--nproc", "0"], "nproc"), (["--bucket-mb", "0"], "bucket_mb"), (["--steps", "0"], "steps"),
     (["--strategy", "x"], "strategy"), (["--model", "x"], "model"), (["--seq-len", "0"], "seq_len"),
+    (["--strategy", "zero3", "--zero-reduce-bucket-size", "0"], "zero.reduce_bucket_size"),
+    (["--strategy", "zero3", "--zero-max-reuse-distance", "-1"], "zero.stage3_max_reuse_distance"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, needle, capsys, tmp_path):
     rc = cli_main(["run", "--out", str(tmp_path / "x"), *args])

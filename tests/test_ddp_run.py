@@ -97,3 +97,29 @@ def test_stop_and_timeout_leave_no_process(tmp_path):
     time.sleep(0.5)
     assert handle.proc.poll() is not None
     assert not [p for p in handle.rank_pids() if _alive(p)]
+
+
+def test_interrupt_stops_every_rank(tmp_path):
+    """What a notebook's 'interrupt kernel' does: SIGINT to the process waiting in dtlab.run."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "interrupted"
+    code = ("import dtlab; dtlab.run(dtlab.tiny(out=%r, steps=10000, timeout_s=600), progress=False)" % str(out))
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    ev = out / "events" / "rank1.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (ev.exists() and '"kind": "step"' in ev.read_text()):
+        time.sleep(0.2)  # wait until the ranks are training
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    pids = [json.loads(line)["pid"] for r in (0, 1)
+            for line in (out / "events" / f"rank{r}.jsonl").read_text().splitlines() if '"start"' in line]
+    assert len(pids) == 2
+    time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)]
+    assert json.loads((out / "status.json").read_text())["state"] == "interrupted"
+    assert not load_run(str(out)).steps.empty  # what was recorded before the interrupt loads

@@ -47,6 +47,12 @@ def test_lab03_runs_headless(tmp_path, monkeypatch):
     assert len(list((tmp_path / "runs" / "lab03-sweep").iterdir())) == 2
 
 
+def test_lab04_runs_headless(tmp_path, monkeypatch):
+    nb = run_notebook("04_zero3_vs_ddp.ipynb", tmp_path, monkeypatch)
+    text = outputs_text(nb)
+    assert "ZeRO-3 / DDP per rank" in text and "reduce-scatter expected" in text and "ZeRO-3 step communication" in text
+
+
 def test_notebooks_are_committed_without_outputs():
     for path in LABS.glob("*.ipynb"):
         nb = nbformat.read(path, as_version=4)

@@ -1,0 +1,437 @@
+"""Strategy 'zero3': DeepSpeed ZeRO stage 3, one rank per process, every collective recorded.
+
+What a rank writes (times in seconds from the step's start, on the step's clock; sizes in bytes):
+
+- `ready`, then per step a `step` event (forward = `engine(**batch)`, backward = `engine.backward(loss)`,
+  optimizer = `engine.step()`), followed by the step's `collective` events; collectives issued inside
+  `deepspeed.initialize` are written once with step -1 and phase "init" (times from the start of initialize).
+  Step events also carry `allgather_expected_{fwd,bwd,opt}_bytes`: what the engine had to gather in that
+  phase, read from the parameters' ZeRO status when the phase began (no communication, no sync), so the
+  recorded all-gather bytes can be checked whatever the ZeRO settings.
+- `memory` after step 0 (no peak) and after the last step, from the tensors the rank holds.
+
+How collectives are recorded: every ZeRO-3 collective goes through `deepspeed.comm`, and each of its public
+functions ends in exactly one method of the live backend object `deepspeed.comm.comm.cdb`. Those methods
+are wrapped on the instance (an instance attribute shadows the class method, and DeepSpeed looks the method
+up at call time). Module-level patches would miss calls: `deepspeed.comm.X` is a star-import copy, and the
+backend caches `torch.distributed.all_gather_into_tensor` / `reduce_scatter_tensor` when it is built.
+Start is taken when the collective is issued, end in the completion callback of its Work's future (or when
+a blocking call returns); nothing waits, so the overlap being measured is left alone. On gloo the start of
+an async op is its enqueue time, and queued ops can show overlapping intervals.
+
+Byte counts follow the nccl-tests convention: all_gather = output (gathered) bytes, reduce_scatter = input
+(unreduced) bytes, all_reduce / broadcast = tensor bytes.
+
+CPU path (tested): DS_ACCELERATOR=cpu before deepspeed is imported, gloo, and DeepSpeed's shared-memory comm
+op build patched out. GPU path (nccl, cuda:LOCAL_RANK, CUDA events): written to the same contract but NOT
+run in the session that wrote it (no GPU was available); treat its first run as a test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+
+from .config import RunConfig
+
+COLLECTIVE_RECORDING = ("wrapped deepspeed.comm backend methods; start = issue time, end = completion callback; "
+                        "no added synchronisation")
+
+# DeepSpeed backend method -> (plain op name, (index, name) of the tensor(s) that give nccl-tests bytes,
+# (index, name) of async_op). Indices are positional, after self, as in deepspeed/comm/torch.py (0.19.8).
+_METHODS = {
+    "all_gather_into_tensor": ("all_gather", (0, "output_tensor"), (3, "async_op")),
+    "all_gather_base": ("all_gather", (0, "output_tensor"), (3, "async_op")),
+    "all_gather": ("all_gather", (0, "tensor_list"), (3, "async_op")),
+    "all_gather_coalesced": ("all_gather", (0, "output_tensors"), (3, "async_op")),
+    "reduce_scatter_tensor": ("reduce_scatter", (1, "input_tensor"), (4, "async_op")),
+    "reduce_scatter": ("reduce_scatter", (1, "input_list"), (4, "async_op")),
+    "all_reduce": ("all_reduce", (0, "tensor"), (3, "async_op")),
+    "all_reduce_coalesced": ("all_reduce", (0, "tensors"), (3, "async_op")),
+    "inference_all_reduce": ("all_reduce", (0, "tensor"), None),
+    "broadcast": ("broadcast", (0, "tensor"), (3, "async_op")),
+    # Not used by ZeRO-3 training; wrapped so an unexpected one shows up under its own plain name.
+    "reduce": ("reduce", (0, "tensor"), (4, "async_op")),
+    "all_to_all_single": ("all_to_all", (1, "input"), (6, "async_op")),
+}
+
+# Frames skipped when naming the DeepSpeed function that asked for a collective.
+_COMM_LAYERS = tuple(s.replace("/", os.sep) for s in (
+    "deepspeed/comm/", "deepspeed/runtime/comm/", "deepspeed/utils/nvtx.py", "torch/distributed/",
+    "torch/_dynamo/", "torch/utils/_contextlib.py", "torch/compiler/")) + (os.path.abspath(__file__),)
+
+# ---- DeepSpeed import ------------------------------------------------------------------------------------
+
+def import_deepspeed(backend: str):
+    """Import deepspeed for this backend ('gloo' -> CPU accelerator, 'nccl' -> CUDA) and return it.
+
+    The accelerator is chosen once, at import, from DS_ACCELERATOR; auto-detection would pick CUDA for a
+    gloo run on a GPU machine, whose tensors then live on the wrong device.
+    """
+    want = "cuda" if backend == "nccl" else "cpu"
+    if "deepspeed" in sys.modules and os.environ.get("DS_ACCELERATOR") not in (None, want):
+        raise RuntimeError(f"deepspeed was already imported with DS_ACCELERATOR={os.environ['DS_ACCELERATOR']}, "
+                           f"backend {backend!r} needs {want!r}")
+    os.environ["DS_ACCELERATOR"] = want
+    # torch 2.13 deprecates the two collectives ZeRO-3 issues for every bucket (in favour of *_single), and
+    # the warning otherwise repeats through each rank's log.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+                                    r"is deprecated")
+    import deepspeed
+
+    # The CPU accelerator JIT-compiles a shared-memory comm op (about 30 s of g++ on first use) that only
+    # inference_all_reduce uses; training never needs it on either accelerator. importlib, not
+    # `import deepspeed.comm.torch`: deepspeed.comm re-exports the name `torch`, so that statement binds the
+    # real torch module and the patch would land there.
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    return deepspeed
+
+
+def ds_config(cfg: RunConfig, world: int) -> dict:
+    """The DeepSpeed config for `cfg`: ZeRO stage 3 with cfg.zero's knobs, fp32, no gradient clipping.
+
+    The optimizer is passed to `deepspeed.initialize` as a client torch.optim.AdamW (same math as the DDP
+    path); DeepSpeed's FusedAdam / CPUAdam would JIT-compile C++ ops.
+    """
+    z = cfg.zero
+    zero = {"stage": 3, "reduce_bucket_size": z.reduce_bucket_size,
+            "stage3_prefetch_bucket_size": z.stage3_prefetch_bucket_size,
+            "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold,
+            "stage3_max_reuse_distance": z.stage3_max_reuse_distance, "overlap_comm": z.overlap_comm}
+    conf = {"train_micro_batch_size_per_gpu": cfg.batch_size, "gradient_accumulation_steps": 1,
+            "train_batch_size": cfg.batch_size * world, "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False, "zero_allow_untested_optimizer": True, "zero_optimization": zero}
+    return conf
+
+
+# ---- collective recording ----------------------------------------------------------------------------------
+
+class CollectiveRecorder:
+    """Wraps the DeepSpeed comm backend's methods and records each collective it issues.
+
+    The training loop sets `step`, `phase` and the step's time reference with `begin()` / `phase`; records
+    are buffered (completion callbacks run on the backend's threads, hence the lock) and handed out by
+    `collect()` after the step. On GPU both ends are CUDA events: start on the issuing stream, end on the
+    stream the Work's future hands its callback (one that waits for the collective), so no host sync is added.
+    """
+
+    def __init__(self, device):
+        import torch
+        self._torch = torch
+        self.cuda = device.type == "cuda"
+        self.step, self.phase, self._ref = -1, "init", None
+        self._recs: list[dict] = []
+        self._lock = threading.Lock()
+        self.wrapped: list[str] = []
+
+    def install(self) -> list[str]:
+        """Wrap the live backend's methods (after deepspeed.init_distributed); returns the names wrapped."""
+        import deepspeed.comm.comm as dscomm
+        cdb = dscomm.cdb
+        if cdb is None:
+            raise RuntimeError("deepspeed.init_distributed() must run before the recorder is installed")
+        for name, spec in _METHODS.items():
+            fn = getattr(cdb, name, None)
+            if fn is None or getattr(fn, "_dtlab_wrapped", False):
+                continue
+            setattr(cdb, name, self._wrap(name, fn, spec))
+            self.wrapped.append(name)
+        return self.wrapped
+
+    def begin(self, step: int, phase: str, ref) -> None:
+        """Start attributing to `step`; `ref` is the time zero (perf_counter float, or a CUDA event)."""
+        self.step, self.phase, self._ref = step, phase, ref
+
+    def now(self):
+        """A time mark on this recorder's clock (CUDA event on the current stream on GPU)."""
+        if self.cuda:
+            ev = self._torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def _wrap(self, method: str, fn, spec):
+        op, (b_idx, b_name), async_spec = spec
+
+        def wrapper(*args, **kwargs):
+            async_op = bool(_arg(args, kwargs, *async_spec, default=False)) if async_spec else False
+            rec = {"step": self.step, "op": op, "method": method, "phase": self.phase,
+                   "nbytes": _nbytes(_arg(args, kwargs, b_idx, b_name)), "async_op": async_op,
+                   "fn": _caller(), "_ref": self._ref, "_end": None, "_done": threading.Event()}
+            rec["_start"] = self.now()
+            with self._lock:
+                self._recs.append(rec)
+            try:
+                work = fn(*args, **kwargs)
+            except BaseException:
+                rec["_done"].set()  # t_end stays None: the collective never completed
+                raise
+            fut = None
+            if async_op and work is not None and hasattr(work, "get_future"):
+                try:
+                    fut = work.get_future()
+                except Exception:  # noqa: BLE001 - e.g. a coalesced Work without a future
+                    fut = None
+            if fut is not None:
+                def done(_f, rec=rec):
+                    rec["_end"] = self.now()
+                    rec["_done"].set()
+                fut.add_done_callback(done)
+            else:  # blocking call (gloo waits inside; NCCL makes the current stream wait) or no future
+                rec["_end"] = self.now()
+                rec["_done"].set()
+            return work
+
+        wrapper._dtlab_wrapped = True
+        wrapper.__wrapped__ = fn
+        return wrapper
+
+    def collect(self, wait_s: float = 10.0) -> list[dict]:
+        """Every record issued since the last call, times in seconds from its step's reference.
+
+        Called after the step's clock was read: DeepSpeed has waited on every collective of the step by
+        then, so completion callbacks are due at once; `wait_s` only guards against a lost callback
+        (its t_end is then None).
+        """
+        with self._lock:
+            recs, self._recs = self._recs, []
+        out = []
+        for r in recs:
+            r["_done"].wait(wait_s)
+            ref, start, end = r.pop("_ref"), r.pop("_start"), r.pop("_end")
+            r.pop("_done")
+            if self.cuda:
+                for ev in (start, end):  # after the step: already complete, so this stalls nothing
+                    if ev is not None:
+                        ev.synchronize()
+                r["t_start"] = ref.elapsed_time(start) / 1e3 if ref is not None else None
+                r["t_end"] = ref.elapsed_time(end) / 1e3 if (ref is not None and end is not None) else None
+            else:
+                r["t_start"] = start - ref if ref is not None else None
+                r["t_end"] = end - ref if (ref is not None and end is not None) else None
+            out.append(r)
+        return out
+
+
+def _arg(args, kwargs, idx, name, default=None):
+    if name in kwargs:
+        return kwargs[name]
+    return args[idx] if len(args) > idx else default
+
+
+def _nbytes(t) -> int:
+    if t is None:
+        return 0
+    if isinstance(t, (list, tuple)):
+        return sum(_nbytes(x) for x in t)
+    return int(t.numel() * t.element_size())
+
+
+def _caller() -> str:
+    """'path/in/site-packages.py:line:function' of the first frame outside the comm layers."""
+    f = sys._getframe(2)
+    while f is not None and any(s in f.f_code.co_filename for s in _COMM_LAYERS):
+        f = f.f_back
+    if f is None:
+        return "?"
+    path = f.f_code.co_filename.split("site-packages" + os.sep)[-1]
+    return f"{path}:{f.f_lineno}:{f.f_code.co_name}"
+
+
+# ---- what the engine says about traffic and memory -----------------------------------------------------------
+
+def _padded_bytes(p, world: int) -> int:
+    """Bytes of `p` as ZeRO-3 communicates it: its partition (ceil(numel/world) elements) times world."""
+    return int(p.ds_tensor.ds_numel * world * p.ds_tensor.element_size())
+
+
+def nonresident_bytes(params, world: int) -> int:
+    """Padded bytes of the parameters that are not materialised on this rank right now (neither available
+    nor in flight): what ZeRO-3 must all-gather before the next pass can use them."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    return sum(_padded_bytes(p, world) for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE)
+
+
+def zero_facts(engine, world: int) -> dict:
+    """Traffic expectations and layout facts read from the initialised engine (bytes, elements)."""
+    params = list(engine.module.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    persist = [p for p in params if p.ds_persist]
+    nonpersist = [p for p in params if not p.ds_persist]
+    grad_bytes = sum(p.ds_numel * p.ds_tensor.element_size() for p in trainable)
+    padded = sum(_padded_bytes(p, world) for p in trainable)
+    np_padded = sum(_padded_bytes(p, world) for p in nonpersist)
+    pp_padded = sum(_padded_bytes(p, world) for p in persist)
+    total_numel = sum(p.ds_numel for p in params)
+    reuse, prefetch = engine.zero_max_reuse_distance(), engine.zero_prefetch_bucket_size()
+    # Backward re-gathers what forward released. Forward keeps a parameter when it recurs within
+    # max_reuse_distance elements of the parameter trace (or when prefetch has claimed its next use). The trace
+    # of one step holds each module's parameters at most twice (forward and backward), hence the bound.
+    if reuse >= 2 * total_numel:
+        bwd, rule = 0, (f"stage3_max_reuse_distance {reuse:,} >= 2 x {total_numel:,} parameters: every parameter "
+                        "gathered in forward is kept until its backward use, so backward gathers nothing")
+    elif reuse == 0 and prefetch == 0:
+        bwd, rule = np_padded, ("stage3_max_reuse_distance 0 and no prefetch: forward releases every gathered "
+                                "parameter, backward gathers each again")
+    else:
+        bwd, rule = None, (f"stage3_max_reuse_distance {reuse:,} with prefetch {prefetch:,}: depends on the trace; "
+                           "see the per-step allgather_expected_bwd_bytes in step events")
+    return {
+        "grad_bytes_unpadded": grad_bytes,
+        "padded_grad_bytes": padded,
+        "padding_bytes": padded - grad_bytes,
+        "persistent_params": len(persist),
+        "persistent_bytes": sum(p.ds_numel * p.ds_tensor.element_size() for p in persist),
+        "persistent_padded_bytes": pp_padded,
+        "nonpersistent_params": len(nonpersist),
+        "nonpersistent_padded_bytes": np_padded,
+        "expected_reduce_scatter_bytes_per_step": padded if engine.zero_reduce_scatter() else 0,
+        "expected_allgather_bytes_forward": np_padded,
+        "expected_allgather_bytes_backward": bwd,
+        "expected_allgather_bytes_optimizer": pp_padded,
+        "allgather_backward_rule": rule,
+        "allgather_note": ("steady steps (trace recorded): forward gathers the non-persistent parameters; "
+                           "persistent ones are re-gathered once per step in the optimizer phase (_post_step). "
+                           "Step 0 records the trace and releases after every use, so it gathers every "
+                           "parameter in forward and again in backward."),
+        "zero_effective": {
+            "stage": engine.zero_optimization_stage(), "reduce_bucket_size": engine.zero_reduce_bucket_size(),
+            "stage3_prefetch_bucket_size": prefetch,
+            "stage3_param_persistence_threshold": engine.zero_param_persistence_threshold(),
+            "stage3_max_reuse_distance": reuse, "stage3_max_live_parameters": engine.zero_max_live_parameters(),
+            "overlap_comm": engine.zero_overlap_comm(), "reduce_scatter": engine.zero_reduce_scatter(),
+            "contiguous_gradients": engine.zero_contiguous_gradients()},
+    }
+
+
+class _Storage:
+    """Counts bytes of tensor storage once, however many views or categories reach it."""
+
+    def __init__(self):
+        self._covered: dict[int, list[tuple[int, int]]] = {}
+
+    def add(self, tensors) -> int:
+        """Bytes of these tensors not counted before (by storage and byte range)."""
+        total = 0
+        for t in tensors:
+            if t is None or t.numel() == 0:
+                continue
+            key = t.untyped_storage().data_ptr()
+            a = t.storage_offset() * t.element_size()
+            b = a + t.numel() * t.element_size()
+            ivs = self._covered.setdefault(key, [])
+            covered = sum(max(0, min(b, y) - max(a, x)) for x, y in ivs)  # ivs are kept disjoint
+            total += (b - a) - covered
+            merged = [(x, y) for x, y in ivs if y < a or x > b]
+            lo = min([a] + [x for x, y in ivs if not (y < a or x > b)])
+            hi = max([b] + [y for x, y in ivs if not (y < a or x > b)])
+            self._covered[key] = merged + [(lo, hi)]
+        return int(total)
+
+
+def memory_record(engine) -> dict:
+    """What this rank holds, in bytes, counted from the tensors (each storage byte once):
+
+    - params_bytes: the rank's parameter partitions (`p.ds_tensor`, padding included) + every parameter
+      materialised whole (persistent ones always; others only between gather and release).
+    - grads_bytes: the gradient partition buffer (+ any `p.grad` still set).
+    - optim_bytes: the fp32 master partition + the AdamW state (exp_avg, exp_avg_sq, step). In fp32 training
+      DeepSpeed 0.19.8 keeps the master partition as a separate copy (its "same device" test compares a
+      torch.device with a string, which is False), so it is counted here; if it ever shares storage with
+      the parameter partitions, it adds 0.
+    Also returned, for the record: fp32_master_bytes, adam_state_bytes and ipg_bucket_bytes (the reduce
+    bucket, `reduce_bucket_size` elements allocated with torch.empty: virtual memory on CPU, mostly untouched;
+    real device memory on GPU), none of which is part of the three totals above except as stated.
+    """
+    import torch
+
+    zopt = engine.optimizer
+    params = list(engine.module.parameters())
+    seen = _Storage()
+    params_bytes = seen.add(p.ds_tensor for p in params) + seen.add(p.data for p in params)
+    grads_bytes = seen.add([getattr(zopt, "grad_partitions_flat_buffer", None)]) + seen.add(p.grad for p in params)
+    master = seen.add(getattr(zopt, "fp32_partitioned_groups_flat", []) or [])
+    inner = getattr(zopt, "optimizer", None)
+    state = [v for st in getattr(inner, "state", {}).values() for v in st.values() if torch.is_tensor(v)]
+    adam = seen.add(state)
+    ipg = sum(b.buffer.numel() * b.buffer.element_size()
+              for b in getattr(zopt, "ipg_buckets", {}).values() if getattr(b, "buffer", None) is not None)
+    return {"params_bytes": params_bytes, "grads_bytes": grads_bytes, "optim_bytes": master + adam,
+            "fp32_master_bytes": master, "adam_state_bytes": adam, "ipg_bucket_bytes": int(ipg)}
+
+
+# ---- the rank's training loop ------------------------------------------------------------------------------
+
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    backend = cfg.resolved_backend()
+    deepspeed = import_deepspeed(backend)
+    import torch
+
+    from .ddp import build_everything
+    from .recorder import StepClock, peak_memory
+    from .worker import maybe_inject_fault, record_resolved
+
+    # build_everything's process group suits DeepSpeed: init_distributed finds torch.distributed initialised
+    # and only builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).
+    device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
+    deepspeed.init_distributed(dist_backend=backend)
+    recorder = CollectiveRecorder(device)
+    wrapped = recorder.install()
+
+    conf = ds_config(cfg, world)
+    model = built.model
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    recorder.begin(-1, "init", recorder.now())
+    t0 = time.perf_counter()
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf)
+    t_initialize = time.perf_counter() - t0
+    for r in recorder.collect():
+        writer.write("collective", rank=rank, **r)
+
+    sources = {**sources, **zero_facts(engine, world), "ds_config": conf,
+               "ds_accelerator": os.environ.get("DS_ACCELERATOR"), "deepspeed_initialize_s": t_initialize,
+               "collective_recording": COLLECTIVE_RECORDING, "wrapped_methods": wrapped}
+    if device.type == "cuda":
+        sources["zero3_note"] = "the ZeRO-3 GPU path (nccl, CUDA events) was written without a GPU to test it"
+    if rank == 0:
+        record_resolved(run_dir, cfg, backend, device, sources, world)
+    writer.write("ready", rank=rank, time=time.time(), **sources)
+
+    params = list(engine.module.parameters())
+    expect_opt = sources["expected_allgather_bytes_optimizer"]
+    clock = StepClock(device)
+    for step in range(cfg.steps):
+        maybe_inject_fault(rank, step)
+        batch = batches[step % len(batches)]
+        expect_fwd = nonresident_bytes(params, world)
+        clock.mark("start")
+        recorder.begin(step, "forward", clock.start)
+        out = engine(**batch)
+        clock.mark("fwd")
+        expect_bwd = nonresident_bytes(params, world)  # forward's leftovers decide backward's gathers
+        recorder.phase = "backward"
+        engine.backward(out.loss)
+        clock.mark("bwd")
+        recorder.phase = "optimizer"
+        engine.step()
+        clock.mark("opt")
+        recorder.phase = "between_steps"
+        t = clock.read()  # the step's one sync point on GPU
+        writer.write("step", rank=rank, step=step, t_fwd=t["fwd"], t_bwd=t["bwd"] - t["fwd"],
+                     t_opt=t["opt"] - t["bwd"], t_step=t["opt"], loss=float(out.loss.detach()), time=time.time(),
+                     allgather_expected_fwd_bytes=expect_fwd, allgather_expected_bwd_bytes=expect_bwd,
+                     allgather_expected_opt_bytes=expect_opt)
+        for r in recorder.collect():
+            writer.write("collective", rank=rank, **r)
+        if step == 0:
+            writer.write("memory", rank=rank, **memory_record(engine), peak_bytes=None, peak_kind=None)
+
+    peak, kind = peak_memory(device)
+    writer.write("memory", rank=rank, **memory_record(engine), peak_bytes=peak, peak_kind=kind)
