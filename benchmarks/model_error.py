@@ -1,8 +1,8 @@
 """The alpha-beta model's prediction error on this machine, to compare later changes against.
 
 Part 1 (collectives): calibrate all_reduce at the default sizes (powers of 2, 4 KiB..64 MiB), then time
-plain torch.distributed all-reduce independently (benchmarks/plain_allreduce.py) at held-out sizes that are
-not in the sweep (3 x 2^k), and report predicted vs measured for the single full-range fit and for the
+plain torch.distributed all-reduce independently (benchmarks/plain_allreduce.py, 3 separate launches, so the
+repeatability of the measurement itself is shown) at held-out sizes not in the sweep (3 x 2^k), and report predicted vs measured for the single full-range fit and for the
 piecewise (per-regime) fit the profile uses by default (gloo switches algorithm between 256 KiB and 1 MiB).
 Part 2 (DDP steps): real DDP runs over a grid of bucket sizes; `dtlab.predict(run, profile)` median absolute
 T_step and T_comm errors per bucket size.
@@ -17,31 +17,38 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 import dtlab
-from dtlab.fit import Profile
-from dtlab.launch import free_port
-from dtlab.predict import prediction_summary
+from dtlab.launcher import free_port
+from dtlab.prediction import prediction_summary
 
 # 3 x 2^k: between the calibration sizes (powers of 2), never equal to one
+REPEATS = 3
 HELD_OUT = [3 << 13, 3 << 16, 3 << 19, 3 << 21, 3 << 23, 3 << 24]
 
 
 def held_out_check(root: str, nproc: int) -> dict:
     prof = dtlab.calibrate(nproc=nproc, ops=("all_reduce",), out=os.path.join(root, "profile"), progress=False)
 
-    out = os.path.join(root, "plain.json")
     here = os.path.dirname(os.path.abspath(__file__))
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                    "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-                    os.path.join(here, "plain_allreduce.py"), out, *map(str, HELD_OUT)], check=True,
-                   capture_output=True)
-    with open(out) as f:
-        measured = {int(k): v for k, v in json.load(f)["median_s"].items()}
+    repeats = {n: [] for n in HELD_OUT}
+    for rep in range(REPEATS):  # separate launches: how repeatable is the independent measurement itself?
+        out = os.path.join(root, f"plain{rep}.json")
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+                        "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+                        os.path.join(here, "plain_allreduce.py"), out, *map(str, HELD_OUT)], check=True,
+                       capture_output=True)
+        with open(out) as f:
+            for k, v in json.load(f)["median_s"].items():
+                repeats[int(k)].append(v)
+    measured = {n: float(np.median(v)) for n, v in repeats.items()}
     rows = []
     for n in HELD_OUT:
         single = float(prof.predict("all_reduce", n, nproc, piecewise=False))
         piece = float(prof.predict("all_reduce", n, nproc))
-        rows.append({"nbytes": n, "measured_s": measured[n], "pred_single_s": single,
+        rows.append({"nbytes": n, "measured_s": measured[n], "repeat_spread": max(repeats[n]) / min(repeats[n]),
+                     "repeats_s": repeats[n], "pred_single_s": single,
                      "err_single": single / measured[n] - 1, "pred_piecewise_s": piece,
                      "err_piecewise": piece / measured[n] - 1})
     regimes = [(sg.min_bytes, sg.max_bytes) for sg in prof.segments.get("all_reduce", [])]
@@ -73,10 +80,13 @@ def main():
     part1 = held_out_check(root, a.nproc)
     print("held-out all-reduce sizes (not in the calibration sweep), plain torch.distributed, medians:")
     print("regimes fitted (bytes):", ", ".join(f"{a:,}..{b:,}" for a, b in part1["regimes"]))
-    print(f"{'bytes':>12} {'measured ms':>12} {'one-line ms':>12} {'error':>8} {'piecewise ms':>13} {'error':>8}")
+    print(f"{'bytes':>12} {'measured ms':>12} {'max/min of':>11} {'one-line ms':>12} {'error':>8} "
+          f"{'piecewise ms':>13} {'error':>8}")
+    print(f"{'':>12} {f'(median of {REPEATS})':>12} {'repeats':>11}")
     for r in part1["rows"]:
-        print(f"{r['nbytes']:>12,} {r['measured_s'] * 1e3:12.3f} {r['pred_single_s'] * 1e3:12.3f} "
-              f"{r['err_single']:+8.1%} {r['pred_piecewise_s'] * 1e3:13.3f} {r['err_piecewise']:+8.1%}")
+        print(f"{r['nbytes']:>12,} {r['measured_s'] * 1e3:12.3f} {r['repeat_spread']:11.2f} "
+              f"{r['pred_single_s'] * 1e3:12.3f} {r['err_single']:+8.1%} {r['pred_piecewise_s'] * 1e3:13.3f} "
+              f"{r['err_piecewise']:+8.1%}")
     part2 = ddp_grid(root, part1["profile"], a.model, [float(x) for x in a.buckets.split(",")], a.steps, a.nproc)
     print(f"\nDDP {a.model}, {a.nproc} ranks: dtlab.predict median |error| per bucket size")
     for r in part2:

@@ -2,17 +2,32 @@
 
 The data path runs one way: RunConfig -> launch (torchrun) -> ranks record into a run directory ->
 load_run -> DataFrames -> cost model and figures. See README.md for the definitions every lab uses.
+
+Names are imported on first use: a rank started as `python -m dtlab.worker` must not pay for pandas, scipy
+and plotly before it has even set up its parent-death signal.
 """
 
-from .config import RunConfig, ZeroConfig, tiny
-from .launch import Handle, launch, run
-from .results import Run, RunFailed, load_run
-from .calibrate import calibrate
-from .fit import Profile, load_profile
-from .predict import predict
-from .sweep import sweep
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["RunConfig", "ZeroConfig", "tiny", "launch", "run", "Handle", "Run", "RunFailed", "load_run",
-           "calibrate", "Profile", "load_profile", "predict", "sweep"]
+_WHERE = {
+    "RunConfig": "config", "ZeroConfig": "config", "tiny": "config",
+    "launch": "launcher", "run": "launcher", "Handle": "launcher",
+    "Run": "results", "RunFailed": "results", "load_run": "results",
+    "calibrate": "calibration", "Profile": "fit", "load_profile": "fit", "predict": "prediction", "sweep": "sweeps",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dtlab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -13,7 +13,7 @@ def _run_parser(sub) -> None:
     p.add_argument("--backend", default="auto", help="auto, nccl or gloo (default auto)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap in MiB (default 25)")
     p.add_argument("--steps", type=int, default=8, help="timed steps (default 8)")
-    p.add_argument("--warmup", type=int, default=1, help="leading steps left out of medians (default 1)")
+    p.add_argument("--warmup", type=int, default=2, help="leading steps left out of medians (default 2)")
     p.add_argument("--baseline-steps", type=int, default=None,
                    help="no-op comm hook steps that measure T_comp (default 3 for ddp, 0 for zero3)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per rank per step (default 8)")
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cmd_run(args) -> int:
     from .config import RunConfig
-    from .launch import launch
+    from .launcher import launch
     from .report import write_report
     from .results import RunFailed
 
@@ -122,7 +122,7 @@ def parse_bytes(text: str, field: str) -> int:
 
 
 def _cmd_calibrate(args) -> int:
-    from .calibrate import DEFAULT_SIZES, CalibConfig, launch_calibration
+    from .calibration import DEFAULT_SIZES, CalibConfig, launch_calibration
     from .results import RunFailed
     sizes = tuple(parse_bytes(s, "--sizes") for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
     cfg = CalibConfig(nproc=args.nproc, ops=args.ops, sizes=sizes, iters=args.iters, warmup=args.warmup,

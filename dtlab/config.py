@@ -62,8 +62,9 @@ class RunConfig:
     """DDP gradient bucket cap in MiB (DDP's bucket_cap_mb; 1 MiB = 1,048,576 bytes)."""
     steps: int = 8
     """Timed optimizer steps (the first `warmup` of them are excluded from summaries)."""
-    warmup: int = 1
-    """Leading steps excluded from medians (allocation, DDP bucket rebuild)."""
+    warmup: int = 2
+    """Leading steps excluded from medians: step 0 allocates and runs DDP's single first-iteration bucket,
+    step 1 rebuilds the buckets in gradient-ready order."""
     baseline_steps: int = 0
     """Extra steps run after the timed ones with DDP's no-op comm hook: they measure T_comp."""
     batch_size: int = 8

@@ -96,13 +96,17 @@ def _check_samples(samples) -> None:
 
 
 def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes=None,
-                   max_bytes=None, confidence: float = 0.95) -> AlphaBetaFit:
+                   max_bytes=None, confidence: float = 0.95, nonneg: bool = False) -> AlphaBetaFit:
     """Fit alpha (seconds) and beta (seconds/byte) for `op` by weighted least squares.
 
     samples: one row per timed iteration with columns op, nbytes (bytes),
     nproc, seconds; other columns are ignored. Only rows of `op` with
     min_bytes <= nbytes <= max_bytes (inclusive; None = unbounded) and
     nproc > 1 are used. See the module docstring for the method.
+
+    nonneg=True constrains alpha and beta to >= 0 (non-negative least squares on the same weighted system)
+    when the free fit would make one negative: a latency-bound range, where time barely grows with size,
+    then gets beta = 0 and a warning that says so. Intervals stay those of the free fit.
     """
     _check_samples(samples)
     costmodel.coefficients(op, form, 2)  # validates op and form with clear messages
@@ -144,6 +148,11 @@ def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes
             f"the points for op {op!r} cannot separate alpha from beta (design matrix rank {rank}); "
             "widen min_bytes/max_bytes or measure more message sizes")
     coef = cs / scale
+    constrained = nonneg and bool(np.any(coef < 0))
+    if constrained:
+        from scipy.optimize import nnls
+        cs, _ = nnls(Xs, np.ones_like(t))
+        coef = cs / scale
     alpha, beta = float(coef[0]), float(coef[1])
 
     pred = X @ coef
@@ -155,6 +164,11 @@ def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes
     q = float(stats.t.ppf(0.5 + confidence / 2, dof))
 
     warnings = []
+    if constrained:
+        which = "beta" if beta == 0 else "alpha" if alpha == 0 else "alpha, beta"
+        warnings.append(f"{which} held at 0 by the non-negative fit: in {int(n.min()):,}..{int(n.max()):,} B the "
+                        "time barely changes with size (latency-bound), so bandwidth is not visible here"
+                        if beta == 0 else f"{which} held at 0 by the non-negative fit")
     if alpha < 0:
         warnings.append(f"fitted alpha is negative ({alpha:.3g} s): the size range may not "
                         "constrain latency; try including smaller messages")
@@ -186,8 +200,8 @@ def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segmen
     Every split of the sorted sizes into 1..max_segments contiguous regimes of at least `min_points` sizes is
     fitted (relative-error least squares per regime, as fit_alpha_beta), and the split with the lowest BIC on
     the relative residuals, N ln(SSR/N) + 2k ln N for k regimes, is kept: a regime is added only when it
-    explains the data better than its two extra parameters cost. A split is considered only if every regime is
-    physical (alpha >= 0, beta > 0): noise in a few points must not invent a regime with negative latency or
+    explains the data better than its two extra parameters cost. Regimes of a split are fitted with alpha,
+    beta >= 0 (see fit_alpha_beta's nonneg): noise in a few points must not invent negative latency or
     infinite bandwidth. One regime (the full-range fit) is always a candidate. Returns the fits, ascending."""
     import itertools
 
@@ -206,11 +220,9 @@ def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segmen
             if any(b - a < min_points for a, b in zip(edges, edges[1:])):
                 continue
             try:
-                segs = [fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence)
+                segs = [fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence, nonneg=k > 1)
                         for a, b in zip(edges, edges[1:])]
             except ValueError:
-                continue
-            if k > 1 and any(sg.alpha < 0 or sg.beta <= 0 for sg in segs):
                 continue
             ssr = sum(r["rel_error"] ** 2 for sg in segs for r in sg.residuals)
             bic = n_total * np.log(max(ssr, 1e-300) / n_total) + 2 * k * np.log(n_total)

@@ -17,9 +17,9 @@ def lab_config(**overrides) -> RunConfig:
     mode. On CPU it uses 2 gloo ranks; on GPUs one rank per GPU (NCCL)."""
     if quick_mode():
         return tiny(**{"bucket_mb": 0.05, "steps": 4, "baseline_steps": 2, **overrides})
-    ngpu = device_count()
-    base = dict(model="distilbert", nproc=ngpu if ngpu >= 2 else 2, steps=8, warmup=1, baseline_steps=3,
-                batch_size=8 if ngpu == 0 else 32, seq_len=64 if ngpu == 0 else 128, bucket_mb=25.0)
+    gpus = device_count() >= 2  # NCCL needs a GPU per rank; with fewer, 'auto' runs 2 ranks on gloo (CPU)
+    base = dict(model="distilbert", nproc=device_count() if gpus else 2, steps=8, warmup=2, baseline_steps=3,
+                batch_size=32 if gpus else 8, seq_len=128 if gpus else 64, bucket_mb=25.0)
     base.update(overrides)
     return RunConfig(**base)
 

@@ -343,8 +343,8 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     they become ready (reverse registration order for DDP). bucket_mb: DDP's bucket_cap_mb (MiB).
     alpha: seconds; beta: seconds per byte; form: 'ring' or 'textbook'.
 
-    Steps: :func:`dtlab.buckets.bucket_layout` with the cap in bytes (DDP's 1 MiB first bucket
-    included), per-bucket all-reduce seconds from :func:`dtlab.costmodel.collective_time`, ready times
+    Steps: :func:`dtlab.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
+    does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.costmodel.collective_time`, ready times
     from :func:`dtlab.buckets.whatif_ready_times` (backward spread over buckets by bytes, an
     assumption), then :func:`dtlab.buckets.predict_step`.
 
@@ -356,7 +356,8 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     sizes = list(param_nbytes_in_ready_order)
     if not sizes or sum(sizes) <= 0:
         raise ValueError("param_nbytes_in_ready_order must list gradient sizes (bytes) with a positive total")
-    layout = bk.bucket_layout(sizes, bk.mb_to_bytes(bucket_mb))
+    cap = bk.mb_to_bytes(bucket_mb)
+    layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)  # DDP given bucket_cap_mb: no small first bucket
     nbytes = bk.bucket_sizes(sizes, layout)
     durations = np.asarray(costmodel.collective_time("all_reduce", form, alpha, beta, nbytes, nproc), dtype=float)
     durations = np.atleast_1d(durations)

@@ -119,9 +119,9 @@ class BucketRecorder:
     def _hook_cuda(self, buf, rec):
         ready, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         ready.record()  # compute stream: the gradients in this bucket are done
-        buf.div_(self.world)
         with torch.cuda.stream(self._stream):
             self._stream.wait_event(ready)
+            buf.div_(self.world)  # on the side stream, so NCCL (which waits on this stream) sees it done
             start.record(self._stream)
             work = dist.all_reduce(buf, async_op=True)
             work.wait()  # stream-level join with NCCL's stream; the CPU does not block
@@ -134,6 +134,8 @@ class BucketRecorder:
         """The buckets of the finished step, times in seconds from the step start. Call after the step's
         clock was read (on GPU that read was the step's sync point, so every event here has completed)."""
         out = []
+        if self.cuda:
+            self._stream.synchronize()  # end events live on the side stream; nearly free after the step sync
         with self._lock:
             recs = list(self._recs)
         for rec in recs:

@@ -130,7 +130,7 @@ class Run:
         else:
             t_comp = float(ps["t_comp_est"].median()) if not ps.empty else np.nan
             how_comp = "estimated: fwd + bwd until the last bucket was ready + opt (no baseline run)"
-        exposed = t_step - t_comp
+        exposed = t_comm if how_overlap == "not measured" else t_step - t_comp
         overlap = 1.0 - exposed / t_comm if t_comm > 0 and how_overlap != "not measured" else np.nan
         n = len(ps)
         return pd.DataFrame([

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"))
     writer.write("start", rank=rank, world_size=world, pid=os.getpid(), host=socket.gethostname(),
                  time=time.time())
+    ok = False
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             cfg = RunConfig.from_dict(json.load(f)["config"])
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             from .zero3 import train
         train(cfg, run_dir, rank, world, writer)
         writer.write("done", rank=rank, time=time.time())
+        ok = True
         return 0
     except BaseException as e:  # noqa: BLE001 - record even KeyboardInterrupt/SystemExit, then exit non-zero
         tb = traceback.format_exc()
@@ -45,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print(tb, file=sys.stderr, flush=True)
         return 1
     finally:
-        _teardown()
+        if ok:  # after a failure, peers may never join a clean shutdown: exiting is what frees them
+            _teardown()
         writer.close()
 
 

@@ -183,7 +183,10 @@ class CollectiveRecorder:
                     rec["_end"] = self.now()
                     rec["_done"].set()
                 fut.add_done_callback(done)
-            else:  # blocking call (gloo waits inside; NCCL makes the current stream wait) or no future
+            elif async_op:  # async but no future to tell when it ends: leave the end unknown, never guess
+                rec["_end"] = None
+                rec["_done"].set()
+            else:  # blocking call (gloo waits inside; NCCL makes the current stream wait)
                 rec["_end"] = self.now()
                 rec["_done"].set()
             return work

@@ -102,3 +102,13 @@ def test_whatif_ready_times():
     assert np.allclose(bk.whatif_ready_times(1.0, 4.0, [1, 1, 2]), [2.0, 3.0, 5.0])
     with pytest.raises(ValueError, match="bucket_nbytes"):
         bk.whatif_ready_times(1.0, 4.0, [0, 0])
+
+
+def test_distilbert_layout_matches_a_measured_ddp_run():
+    # Bucket bytes of a steady step of `dtlab run --model distilbert --bucket-mb 25` (torch 2.13, gloo):
+    # DDP given bucket_cap_mb uses the cap for the first bucket too.
+    from dtlab.model_figures import distilbert_param_nbytes
+    sizes = list(reversed(distilbert_param_nbytes()))
+    cap = bk.mb_to_bytes(25)
+    layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)
+    assert list(bk.bucket_sizes(sizes, layout)) == [28357640] + [28351488] * 5 + [97704960]

@@ -3,7 +3,7 @@
 import pytest
 
 import dtlab
-from dtlab.calibrate import CalibConfig
+from dtlab.calibration import CalibConfig
 from dtlab.cli import main as cli_main
 
 

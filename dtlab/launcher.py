@@ -16,12 +16,11 @@ import socket
 import subprocess
 import sys
 import time
-import weakref
 
 from .config import RunConfig, dump_json
 from .results import Run, RunFailed, load_run, read_events
 
-_LIVE: "weakref.WeakSet[Handle]" = weakref.WeakSet()
+_LIVE: "set[Handle]" = set()  # strong references: a handle dropped by the user must still be stopped at exit
 
 
 def free_port() -> int:
@@ -68,12 +67,14 @@ class Handle:
 
     def _finish(self, state: str, **extra) -> None:
         self._state = state
+        _LIVE.discard(self)
         _write_status(self.run_dir, state, returncode=self.proc.returncode, pid=self.proc.pid,
                       started=self.started, ended=time.time(), **extra)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop every process of the job: SIGTERM to torchrun's group, SIGKILL after `grace_s` seconds,
         then SIGKILL to any rank recorded in the run directory that is somehow still alive."""
+        self.status()  # a job that already ended on its own keeps its real state
         if self.proc.poll() is None:
             _signal_group(self.proc.pid, signal.SIGTERM)
             try:
@@ -82,10 +83,11 @@ class Handle:
                 _signal_group(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         for pid in self.rank_pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            if _is_rank_of(pid, self.run_dir):  # never a reused PID that belongs to something else
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         if self._state == "running":
             self._finish("stopped")
 
@@ -190,7 +192,11 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool) ->
     # The package must be importable by the ranks even when the kernel found it through sys.path alone.
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
+    # torchrun is started through a two-line shim that asks Linux to SIGTERM it when this process dies (a
+    # kernel killed outright runs no atexit handler); torchrun then stops its ranks, which also die with it.
+    shim = ("import ctypes, os, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM); "
+            "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.executable, [sys.executable] + sys.argv[2:])")
+    cmd = [sys.executable, "-c", shim, str(os.getpid()), "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0", "-m", module,
            os.path.abspath(run_dir)]
     log = open(os.path.join(run_dir, "logs", "torchrun.log"), "ab")
@@ -229,6 +235,15 @@ def run(config: RunConfig, progress: bool = True) -> Run:
 
 def _write_status(run_dir: str, state: str, **fields) -> None:
     dump_json({"state": state, **fields}, os.path.join(run_dir, "status.json"))
+
+
+def _is_rank_of(pid: int, run_dir: str) -> bool:
+    """True if `pid` is alive and is a rank started for `run_dir` (its command line names the directory)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return os.path.abspath(run_dir).encode() in f.read()
+    except OSError:
+        return False
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -9,7 +9,7 @@ has completed on this rank: wall clock around a blocking call on gloo, CUDA even
 the sample that goes into the fit. The result is a machine profile (`profile.json`): host, devices,
 backend, versions, the raw samples, and the alpha-beta fit per op.
 
-Run this module as a rank entry point: `torchrun ... -m dtlab.calibrate RUN_DIR`.
+Run this module as a rank entry point: `torchrun ... -m dtlab.calibration RUN_DIR`.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmu
 def launch_calibration(cfg: CalibConfig):
     """Start a calibration sweep; returns a launcher Handle whose wait() gives the Profile."""
     from .config import dump_json
-    from .launch import Handle, _write_status, prepare_dir, start_torchrun, unique_dir
+    from .launcher import Handle, _write_status, prepare_dir, start_torchrun, unique_dir
 
     cfg.validate()
     out = prepare_dir(cfg.out or unique_dir("profiles", f"calib-p{cfg.nproc}"))
@@ -112,7 +112,7 @@ def launch_calibration(cfg: CalibConfig):
     backend = cfg.resolved_backend()
     dump_json({"calibration": dataclasses.asdict(cfg), "launch": {"time": time.time(), "backend": backend}},
               os.path.join(out, "config.json"))
-    proc = start_torchrun(out, cfg.nproc, "dtlab.calibrate", gloo_threads=backend == "gloo")
+    proc = start_torchrun(out, cfg.nproc, "dtlab.calibration", gloo_threads=backend == "gloo")
     _write_status(out, "running", pid=proc.pid, started=time.time())
     total = cfg.iters  # progress counts rounds; each round times every (op, size) once
     return Handle(out, proc, cfg.nproc, total, cfg.timeout_s, f"calibrate {','.join(cfg.ops)} x{cfg.nproc} ({backend})",
@@ -184,11 +184,13 @@ def _rank_main(run_dir: str) -> int:
     _redirect_output(os.path.join(run_dir, "logs", f"rank{rank}.log"))
     writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"))
     writer.write("start", rank=rank, world_size=world, pid=os.getpid(), time=time.time())
+    ok = False
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             cfg = CalibConfig(**{k: v for k, v in json.load(f)["calibration"].items()})
         _sweep(cfg, run_dir, rank, world, writer)
         writer.write("done", rank=rank, time=time.time())
+        ok = True
         return 0
     except BaseException as e:  # noqa: BLE001
         import traceback
@@ -196,7 +198,8 @@ def _rank_main(run_dir: str) -> int:
                      traceback=traceback.format_exc())
         return 1
     finally:
-        _teardown()
+        if ok:
+            _teardown()
         writer.close()
 
 

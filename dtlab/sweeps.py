@@ -40,7 +40,7 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
     that fails is reported with status 'failed' and the error, and the sweep goes on."""
     from tqdm.auto import tqdm
 
-    from .launch import run as run_one
+    from .launcher import run as run_one
     from .results import RunFailed, load_run
 
     nprocs = list(nproc) if nproc is not None else [base.nproc]

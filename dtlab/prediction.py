@@ -25,7 +25,7 @@ COLUMNS = ["step", "rank", "measured_t_step", "predicted_t_step", "measured_t_co
 
 
 def predict(run, profile) -> pd.DataFrame:
-    """One row per measured step (slowest rank): measured vs predicted T_step, T_comm and exposed
+    """One row per measured step: measured vs predicted T_step (slowest rank), T_comm (rank where longest) and exposed
     communication in seconds, and the relative errors (predicted - measured) / measured."""
     if run.config.get("strategy", "ddp") == "zero3":
         df = _predict_zero3(run, profile)
@@ -55,7 +55,7 @@ def _predict_ddp(run, profile) -> pd.DataFrame:
         bwd_comp = float(ready.max()) - s.t_fwd
         pred = predict_step(s.t_fwd, bwd_comp, s.t_opt, ready, durations)
         rows.append({"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,
-                     "predicted_t_step": pred["t_step"], "measured_t_comm": _union_length(b),
+                     "predicted_t_step": pred["t_step"], "measured_t_comm": _longest_comm(run.buckets, s.step),
                      "predicted_t_comm": pred["t_comm"],
                      "measured_exposed": s.t_fwd + s.t_bwd - float(ready.max()),
                      "predicted_exposed": pred["exposed"], "n_buckets": len(b)})
@@ -75,12 +75,18 @@ def _predict_zero3(run, profile) -> pd.DataFrame:
             fit_op = op if op in fitted else "all_reduce"
             used.add(f"{op}->{fit_op}")
             pred_comm += float(np.sum(profile.predict(fit_op, g["nbytes"].to_numpy(), p)))
-        meas_comm = _union_length(c)
+        meas_comm = _longest_comm(run.collectives, s.step)
         rows.append({"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,
                      "predicted_t_step": s.t_step - meas_comm + pred_comm, "measured_t_comm": meas_comm,
                      "predicted_t_comm": pred_comm, "measured_exposed": meas_comm, "predicted_exposed": pred_comm,
                      "n_collectives": len(c), "ops_priced_with": ", ".join(sorted(used))})
     return pd.DataFrame(rows)
+
+
+def _longest_comm(intervals: pd.DataFrame, step: int) -> float:
+    """T_comm of a step as Run.summary defines it: the in-flight union on the rank where it is longest."""
+    d = intervals[intervals["step"] == step]
+    return float(max((_union_length(g) for _, g in d.groupby("rank")), default=0.0))
 
 
 def prediction_summary(pred: pd.DataFrame) -> dict:
