@@ -75,6 +75,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--skip-ddp", action="store_true", help="part 1 only")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="dtlab-model-error-")
     part1 = held_out_check(root, a.nproc)
@@ -87,8 +88,9 @@ def main():
         print(f"{r['nbytes']:>12,} {r['measured_s'] * 1e3:12.3f} {r['repeat_spread']:11.2f} "
               f"{r['pred_single_s'] * 1e3:12.3f} {r['err_single']:+8.1%} {r['pred_piecewise_s'] * 1e3:13.3f} "
               f"{r['err_piecewise']:+8.1%}")
-    part2 = ddp_grid(root, part1["profile"], a.model, [float(x) for x in a.buckets.split(",")], a.steps, a.nproc)
-    print(f"\nDDP {a.model}, {a.nproc} ranks: dtlab.predict median |error| per bucket size")
+    part2 = [] if a.skip_ddp else ddp_grid(root, part1["profile"], a.model, [float(x) for x in a.buckets.split(",")], a.steps, a.nproc)
+    if part2:
+        print(f"\nDDP {a.model}, {a.nproc} ranks: dtlab.predict median |error| per bucket size")
     for r in part2:
         print(f"  bucket {r['bucket_mb']:>6g} MiB ({r['n_buckets']} buckets): T_step {r['median_abs_t_step_error']:.1%}, "
               f"T_comm {r['median_abs_t_comm_error']:.1%} over {r['steps']} steps")

@@ -1,8 +1,9 @@
 """Collective sweeps that calibrate alpha and beta on this machine.
 
 `calibrate(nproc=2, ops=("all_reduce",), sizes=...)` launches ranks through the same launcher as training
-runs. Each rank, per op and size: `warmup` untimed iterations; then `iters` rounds, each timing every (op, size)
-once in a shuffled order, so drift in the machine's load is shared by all sizes. Every timed iteration
+runs. Each rank makes `rounds` passes over all (op, size) pairs in a freshly shuffled order; in each pass a
+size gets `warmup` untimed calls and then a block of timed ones (`iters` per size in all), so every size is
+timed in its steady state and drift in the machine's load is shared by all sizes. Every timed iteration
 starts after a barrier (so ranks start together; the barrier is not timed) and ends when the collective
 has completed on this rank: wall clock around a blocking call on gloo, CUDA events around it on NCCL
 (synchronised per iteration: here the collective is the thing measured). The slowest rank per iteration is
@@ -36,10 +37,12 @@ class CalibConfig:
     nproc: int = 2
     ops: tuple = ("all_reduce",)
     sizes: tuple = DEFAULT_SIZES
-    warmup: int = 5
-    """Untimed iterations per size (the first sizes also pay for connection and buffer set-up)."""
-    iters: int = 10
-    """Timed iterations per size."""
+    warmup: int = 3
+    """Untimed iterations before each timed block of a size."""
+    iters: int = 12
+    """Timed iterations per size, spread over the rounds."""
+    rounds: int = 3
+    """Passes over all sizes, each in a freshly shuffled order (1 = one block per size, as nccl-tests)."""
     backend: str = "auto"
     form: str = "ring"
     """Which alpha-beta form the profile fits: 'ring' or 'textbook' (see dtlab.costmodel)."""
@@ -64,7 +67,7 @@ class CalibConfig:
             raise ValueError(f"ops must be a non-empty subset of {', '.join(OPS)}, got {list(self.ops)!r}")
         if not self.sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 4 for s in self.sizes):
             raise ValueError(f"sizes must be a non-empty list of integers >= 4 (bytes), got {list(self.sizes)!r}")
-        for name in ("warmup", "iters"):
+        for name in ("warmup", "iters", "rounds"):
             v = getattr(self, name)
             low = 0 if name == "warmup" else 1
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -73,6 +76,8 @@ class CalibConfig:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.form not in ("ring", "textbook"):
             raise ValueError(f"form must be 'ring' or 'textbook', got {self.form!r}")
+        if self.rounds > self.iters:
+            raise ValueError(f"rounds must be <= iters ({self.iters}) so every round times each size, got {self.rounds}")
         ngpu = cuda_device_count if cuda_device_count is not None else device_count()
         if self.backend == "nccl" and self.nproc > ngpu:
             raise ValueError(f"nproc must be <= {ngpu} (GPUs on this machine) under backend 'nccl', got {self.nproc}")
@@ -87,8 +92,8 @@ class CalibConfig:
         return sorted({-(-s // unit) * unit for s in self.sizes})
 
 
-def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmup: int = 5, iters: int = 10,
-              backend: str = "auto", form: str = "ring", fit_min_bytes: int | None = None,
+def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmup: int = 3, iters: int = 12,
+              rounds: int = 3, backend: str = "auto", form: str = "ring", fit_min_bytes: int | None = None,
               fit_max_bytes: int | None = None, out: str | None = None, timeout_s: float = 1800.0,
               progress: bool = True):
     """Measure the collectives, fit alpha and beta, save and return the machine `Profile` (see dtlab.fit).
@@ -96,7 +101,7 @@ def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmu
     sizes are full message bytes; the fit can be limited to [fit_min_bytes, fit_max_bytes]; the profile is
     written to OUT/profile.json and read back with `dtlab.load_profile(OUT)`."""
     return launch_calibration(CalibConfig(nproc=nproc, ops=ops, sizes=tuple(sizes), warmup=warmup, iters=iters,
-                                          backend=backend, form=form, fit_min_bytes=fit_min_bytes,
+                                          rounds=min(rounds, iters), backend=backend, form=form, fit_min_bytes=fit_min_bytes,
                                           fit_max_bytes=fit_max_bytes, out=out, timeout_s=timeout_s)
                               ).wait(progress=progress)
 
@@ -114,7 +119,7 @@ def launch_calibration(cfg: CalibConfig):
               os.path.join(out, "config.json"))
     proc = start_torchrun(out, cfg.nproc, "dtlab.calibration", gloo_threads=backend == "gloo")
     _write_status(out, "running", pid=proc.pid, started=time.time())
-    total = cfg.iters  # progress counts rounds; each round times every (op, size) once
+    total = cfg.rounds  # progress counts rounds; each round times every (op, size)
     return Handle(out, proc, cfg.nproc, total, cfg.timeout_s, f"calibrate {','.join(cfg.ops)} x{cfg.nproc} ({backend})",
                   loader=load_calibration, unit="round")
 
@@ -222,30 +227,37 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     for op in cfg.ops:
         for nbytes in cfg.rounded_sizes():
             calls[(op, nbytes)] = _collective(op, nbytes, world, device)
-            for _ in range(cfg.warmup):
-                calls[(op, nbytes)]()
-    # Interleaved rounds: every round times every (op, size) once, in an order shuffled per round (same on
-    # all ranks), so a change in the machine's load spreads over all sizes instead of biasing a block of them.
+    # Rounds of warmed-up blocks: each round visits every (op, size) in an order shuffled per round (same on
+    # all ranks), and times a short block of it after `warmup` untimed calls, as nccl-tests does per size. The
+    # blocks give each size its steady state (a 4 KiB all-reduce right after a 64 MiB one is slower); the
+    # shuffled rounds spread drift in the machine's load over all sizes instead of biasing a few.
     order = list(calls)
     rng = random.Random(0)
-    for it in range(cfg.iters):
+    per_round = [cfg.iters // cfg.rounds + (1 if r < cfg.iters % cfg.rounds else 0) for r in range(cfg.rounds)]
+    it = 0
+    for rnd, n_timed in enumerate(per_round):
         rng.shuffle(order)
+        first = it
         for op, nbytes in order:
             call = calls[(op, nbytes)]
-            dist.barrier()
-            if cuda:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
+            for _ in range(cfg.warmup):
                 call()
-                b.record()
-                b.synchronize()
-                t = a.elapsed_time(b) / 1e3
-            else:
-                t0 = time.perf_counter()
-                call()  # blocking on gloo: returns when the collective has completed on this rank
-                t = time.perf_counter() - t0
-            writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=it, seconds=t)
-        writer.write("calib", rank=rank, round=it, rounds=cfg.iters)
+            for k in range(n_timed):
+                dist.barrier()
+                if cuda:
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    call()
+                    b.record()
+                    b.synchronize()
+                    t = a.elapsed_time(b) / 1e3
+                else:
+                    t0 = time.perf_counter()
+                    call()  # blocking on gloo: returns when the collective has completed on this rank
+                    t = time.perf_counter() - t0
+                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=first + k, seconds=t)
+        it += n_timed
+        writer.write("calib", rank=rank, round=rnd, rounds=cfg.rounds)
 
 
 def _collective(op: str, nbytes: int, world: int, device):

@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--ops", default="all_reduce", help="comma list of all_reduce, reduce_scatter, all_gather")
     c.add_argument("--sizes", default=None, help="comma list of message sizes in bytes (suffixes K, M: KiB, MiB); "
                    "default 4K,16K,...,64M")
-    c.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
-    c.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
+    c.add_argument("--iters", type=int, default=12, help="timed iterations per size (default 12)")
+    c.add_argument("--rounds", type=int, default=3, help="shuffled passes over all sizes (default 3)")
+    c.add_argument("--warmup", type=int, default=3, help="untimed calls before each timed block (default 3)")
     c.add_argument("--backend", default="auto")
     c.add_argument("--form", default="ring", help="alpha-beta form to fit: ring or textbook (default ring)")
     c.add_argument("--fit-min-bytes", default=None, help="fit only sizes >= this (e.g. 1M)")
@@ -125,7 +126,8 @@ def _cmd_calibrate(args) -> int:
     from .calibration import DEFAULT_SIZES, CalibConfig, launch_calibration
     from .results import RunFailed
     sizes = tuple(parse_bytes(s, "--sizes") for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
-    cfg = CalibConfig(nproc=args.nproc, ops=args.ops, sizes=sizes, iters=args.iters, warmup=args.warmup,
+    cfg = CalibConfig(nproc=args.nproc, ops=args.ops, sizes=sizes, iters=args.iters, rounds=args.rounds,
+                      warmup=args.warmup,
                       backend=args.backend, form=args.form, out=args.out,
                       fit_min_bytes=parse_bytes(args.fit_min_bytes, "--fit-min-bytes") if args.fit_min_bytes else None)
     try:

@@ -125,5 +125,5 @@ def bytes_by_op(run, step: int | None = None, rank: int = 0) -> go.Figure:
         fig.add_trace(go.Bar(x=g["op"], y=g["nbytes"] / 1e6, name=phase, text=[f"{v / 1e6:,.1f} MB" for v in g["nbytes"]],
                              textposition="auto"))
     fig.update_layout(barmode="stack", yaxis_title="bytes moved per step (MB)",
-                      title=f"{run.config.get('strategy')}: rank {rank}, step {step}", height=360)
+                      title=f"Bytes moved per step ({run.config.get('strategy')}, rank {rank}, step {step})", height=360)
     return fig
