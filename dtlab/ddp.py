@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from .config import RunConfig
@@ -102,4 +101,3 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
                                                      for k, v in data.items()})
     except Exception as e:  # noqa: BLE001 - private API, may change between torch versions
         writer.write("ddp_logging", rank=rank, data={"error": repr(e)})
-    os.sync() if hasattr(os, "sync") else None

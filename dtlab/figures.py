@@ -5,7 +5,6 @@ Times are shown in milliseconds; every axis names its unit.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -79,9 +78,6 @@ def per_step_lines(run) -> go.Figure:
     fig.update_layout(xaxis_title="step", yaxis_title="time (ms)", title="Per-step times (slowest rank)")
     return fig
 
-
-def _nan_to_none(values) -> list:
-    return [None if (v is None or (isinstance(v, float) and np.isnan(v))) else v for v in values]
 
 
 def memory_bars(runs: dict) -> go.Figure:

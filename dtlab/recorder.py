@@ -18,6 +18,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 
 class EventWriter:
@@ -96,7 +97,6 @@ class BucketRecorder:
     def hook(self, state, bucket):
         """The comm hook (register the bound method: DDP checks its name and signature)."""
         if self.mode == "noop":
-            from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
             return noop_hook(state, bucket)
         buf = bucket.buffer()
         rec = {"bucket": bucket.index(), "nbytes": buf.numel() * buf.element_size(),

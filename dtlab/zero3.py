@@ -30,7 +30,6 @@ run in the session that wrote it (no GPU was available); treat its first run as 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 import threading

@@ -1,10 +1,8 @@
 """The labs run headless, top to bottom, in quick mode (tiny model, few steps)."""
 
-import os
 import pathlib
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 LABS = pathlib.Path(__file__).resolve().parent.parent / "labs"
