@@ -60,27 +60,26 @@ class CalibConfig:
 
     def validate(self, cuda_device_count: int | None = None) -> "CalibConfig":
         """Refuse bad fields by name, before anything starts."""
-        from .config import BACKENDS, device_count
-        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or self.nproc < 2:
-            raise ValueError(f"nproc must be an integer >= 2 (a collective needs peers), got {self.nproc!r}")
+        from .config import BACKENDS, RunConfig, _choice, _int_at_least
+        _int_at_least("nproc", self.nproc, 2)  # a collective needs peers
         if not self.ops or any(o not in OPS for o in self.ops):
             raise ValueError(f"ops must be a non-empty subset of {', '.join(OPS)}, got {list(self.ops)!r}")
         if not self.sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 4 for s in self.sizes):
             raise ValueError(f"sizes must be a non-empty list of integers >= 4 (bytes), got {list(self.sizes)!r}")
-        for name in ("warmup", "iters", "rounds"):
-            v = getattr(self, name)
-            low = 0 if name == "warmup" else 1
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.form not in ("ring", "textbook"):
-            raise ValueError(f"form must be 'ring' or 'textbook', got {self.form!r}")
+        _int_at_least("warmup", self.warmup, 0)
+        _int_at_least("iters", self.iters, 1)
+        _int_at_least("rounds", self.rounds, 1)
         if self.rounds > self.iters:
             raise ValueError(f"rounds must be <= iters ({self.iters}) so every round times each size, got {self.rounds}")
-        ngpu = cuda_device_count if cuda_device_count is not None else device_count()
-        if self.backend == "nccl" and self.nproc > ngpu:
-            raise ValueError(f"nproc must be <= {ngpu} (GPUs on this machine) under backend 'nccl', got {self.nproc}")
+        _choice("backend", self.backend, BACKENDS)
+        _choice("form", self.form, ("ring", "textbook"))
+        for name in ("fit_min_bytes", "fit_max_bytes"):
+            if getattr(self, name) is not None:
+                _int_at_least(name, getattr(self, name), 0)
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+        # The machine checks (nccl needs CUDA, one GPU per rank) are the training runs' own.
+        RunConfig(nproc=self.nproc, backend=self.backend).validate(cuda_device_count)
         return self
 
     def resolved_backend(self) -> str:
