@@ -4,9 +4,15 @@
 runs. Each rank makes `rounds` passes over all (op, size) pairs in a freshly shuffled order; in each pass a
 size gets `warmup` untimed calls and then a block of timed ones (`iters` per size in all), so every size is
 timed in its steady state and drift in the machine's load is shared by all sizes. Every timed iteration
-starts after a barrier (so ranks start together; the barrier is not timed) and ends when the collective
-has completed on this rank: wall clock around a blocking call on gloo, CUDA events around it on NCCL
-(synchronised per iteration: here the collective is the thing measured). The slowest rank per iteration is
+is aligned across ranks first and ends when the collective has completed on this rank:
+
+- gloo: a host barrier (not timed), then the wall clock around one blocking call;
+- CUDA (NCCL, or gloo on CUDA tensors): a host barrier cannot align GPUs: ranks would enqueue at different host
+  times and the skew (tens of microseconds, the size of NVLink's alpha) would land in alpha. Instead a tiny
+  all-reduce is enqueued right before the start event, so the event fires only once every rank's device has
+  reached that point, and `batch` (K) back-to-back calls sit between the two events, as nccl-tests times
+  them; the sample is the elapsed time / K (synchronised once per sample: here the collective is what is
+  measured). The slowest rank per iteration is
 the sample that goes into the fit. The result is a machine profile (`profile.json`): host, devices,
 backend, versions, the raw samples, and the alpha-beta fit per op.
 
@@ -35,15 +41,22 @@ class CalibConfig:
     4 * nproc so every rank's share is a whole number of fp32 elements."""
 
     nproc: int = 2
+    """Ranks taking part (at least 2: a collective needs peers); placed like a run's (dtlab.placement)."""
     ops: tuple = ("all_reduce",)
+    """Collectives to time: all_reduce, reduce_scatter, all_gather."""
     sizes: tuple = DEFAULT_SIZES
+    """Full message sizes in bytes."""
     warmup: int = 3
     """Untimed iterations before each timed block of a size."""
     iters: int = 12
-    """Timed iterations per size, spread over the rounds."""
+    """Timed samples per size, spread over the rounds."""
+    batch: int | None = None
+    """Back-to-back calls per timed sample (K); the sample is their mean. None: 20 on CUDA, 1 on gloo-CPU
+    (where one call is milliseconds and each sample keeps its own barrier)."""
     rounds: int = 3
     """Passes over all sizes, each in a freshly shuffled order (1 = one block per size, as nccl-tests)."""
     backend: str = "auto"
+    """'auto', 'nccl' or 'gloo', resolved like a run's backend."""
     form: str = "ring"
     """Which alpha-beta form the profile fits: 'ring' or 'textbook' (see dtlab.costmodel)."""
     fit_min_bytes: int | None = None
@@ -51,7 +64,9 @@ class CalibConfig:
     fit_max_bytes: int | None = None
     """Fit only sizes <= this."""
     out: str | None = None
+    """Profile directory; default profiles/calib-p<nproc>-<timestamp>."""
     timeout_s: float = 1800.0
+    """Wall-clock limit for the whole sweep in seconds; past it every rank is stopped."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ops, str):
@@ -69,6 +84,8 @@ class CalibConfig:
         _int_at_least("warmup", self.warmup, 0)
         _int_at_least("iters", self.iters, 1)
         _int_at_least("rounds", self.rounds, 1)
+        if self.batch is not None:
+            _int_at_least("batch", self.batch, 1)
         if self.rounds > self.iters:
             raise ValueError(f"rounds must be <= iters ({self.iters}) so every round times each size, got {self.rounds}")
         _choice("backend", self.backend, BACKENDS)
@@ -76,8 +93,8 @@ class CalibConfig:
         for name in ("fit_min_bytes", "fit_max_bytes"):
             if getattr(self, name) is not None:
                 _int_at_least(name, getattr(self, name), 0)
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+        from .config import _finite
+        _finite("timeout_s", self.timeout_s, "(seconds)", low=0.0)
         # The machine checks (nccl needs CUDA, one GPU per rank) are the training runs' own.
         RunConfig(nproc=self.nproc, backend=self.backend).validate(cuda_device_count)
         return self
@@ -94,15 +111,16 @@ class CalibConfig:
 def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmup: int = 3, iters: int = 12,
               rounds: int = 3, backend: str = "auto", form: str = "ring", fit_min_bytes: int | None = None,
               fit_max_bytes: int | None = None, out: str | None = None, timeout_s: float = 1800.0,
-              progress: bool = True):
+              batch: int | None = None, progress: bool = True):
     """Measure the collectives, fit alpha and beta, save and return the machine `Profile` (see dtlab.fit).
 
-    sizes are full message bytes; the fit can be limited to [fit_min_bytes, fit_max_bytes]; the profile is
+    sizes are full message bytes; `batch` calls are timed back to back per sample (default: 20 on CUDA, 1 on
+    gloo-CPU); the fit can be limited to [fit_min_bytes, fit_max_bytes]; the profile is
     written to OUT/profile.json and read back with `dtlab.load_profile(OUT)`."""
     return launch_calibration(CalibConfig(nproc=nproc, ops=ops, sizes=tuple(sizes), warmup=warmup, iters=iters,
                                           rounds=min(rounds, iters), backend=backend, form=form, fit_min_bytes=fit_min_bytes,
-                                          fit_max_bytes=fit_max_bytes, out=out, timeout_s=timeout_s)
-                              ).wait(progress=progress)
+                                          fit_max_bytes=fit_max_bytes, out=out, timeout_s=timeout_s,
+                                          batch=batch)).wait(progress=progress)
 
 
 def launch_calibration(cfg: CalibConfig):
@@ -160,7 +178,8 @@ def load_calibration(run_dir: str):
         raise RunFailed(f"calibration {status.get('state')}: see {run_dir}/logs", error=status.get("state"),
                         run_dir=run_dir, run=samples)
     meta = {**doc.get("resolved", {}), "calibration": cal, "rank_samples": len(raw),
-            "timing": "slowest rank per iteration; barrier before each iteration (not timed)"}
+            "timing": doc.get("resolved", {}).get("timing",
+                                                   "slowest rank per iteration; barrier before each iteration (not timed)")}
     caveats = []
     if meta.get("backend") == "gloo":
         caveats.append("gloo over loopback TCP on shared CPU cores: alpha and beta describe this host's memory "
@@ -180,31 +199,13 @@ def load_calibration(run_dir: str):
 # ---- the rank side ----------------------------------------------------------------------------------------
 
 def _rank_main(run_dir: str) -> int:
-    from .recorder import EventWriter
-    from .worker import _die_with_parent, _redirect_output, _teardown
+    """A calibration rank: the one rank lifecycle (dtlab.lifecycle.rank_main) around the sweep."""
+    from .lifecycle import rank_main, read_config
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    _die_with_parent()
-    _redirect_output(os.path.join(run_dir, "logs", f"rank{rank}.log"))
-    writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"))
-    writer.write("start", rank=rank, world_size=world, pid=os.getpid(), time=time.time())
-    ok = False
-    try:
-        with open(os.path.join(run_dir, "config.json")) as f:
-            cfg = CalibConfig(**{k: v for k, v in json.load(f)["calibration"].items()})
-        _sweep(cfg, run_dir, rank, world, writer)
-        writer.write("done", rank=rank, time=time.time())
-        ok = True
-        return 0
-    except BaseException as e:  # noqa: BLE001
-        import traceback
-        writer.write("error", rank=rank, time=time.time(), error=f"{type(e).__name__}: {e}",
-                     traceback=traceback.format_exc())
-        return 1
-    finally:
-        if ok:
-            _teardown()
-        writer.close()
+    def body(run_dir, rank, world, writer):
+        _sweep(CalibConfig(**read_config(run_dir)["calibration"]), run_dir, rank, world, writer)
+
+    return rank_main(run_dir, body)
 
 
 def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> None:
@@ -212,13 +213,23 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     import torch.distributed as dist
 
     from .config import RunConfig
-    from .worker import record_resolved, setup_distributed
+    from .lifecycle import record_resolved, setup_distributed
 
     rc = RunConfig(nproc=cfg.nproc, backend=cfg.backend)
     device, backend = setup_distributed(rc, rank, world)
-    if rank == 0:
-        record_resolved(run_dir, rc, backend, device, {"what": "collective calibration"}, world)
     cuda = device.type == "cuda"
+    k_calls = cfg.batch or (20 if cuda else 1)
+    if rank == 0:
+        timing = (f"slowest rank per sample; each sample = CUDA events around {k_calls} back-to-back calls / "
+                  f"{k_calls}, devices aligned by a tiny all_reduce just before the start event (no host barrier)"
+                  if cuda else f"slowest rank per sample; host barrier (not timed), then wall clock around "
+                               f"{k_calls} blocking call(s) / {k_calls}")
+        algo = {k: os.environ[k] for k in ("NCCL_ALGO", "NCCL_PROTO") if k in os.environ}
+        record_resolved(run_dir, rc, backend, device, {
+            "what": "collective calibration", "timing": timing, "calls_per_sample": k_calls,
+            "nccl_algo_proto": algo or ("chosen by NCCL's tuner per size (torch does not expose the choice; pin "
+                                        "it with NCCL_ALGO / NCCL_PROTO)" if backend == "nccl" else None)}, world)
+    align = torch.zeros(1, device=device)
     warm = torch.ones(1 << 20, device=device)
     for _ in range(3):  # connections and buffers are set up lazily: pay for that before any timed size
         dist.all_reduce(warm)
@@ -242,18 +253,21 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
             for _ in range(cfg.warmup):
                 call()
             for k in range(n_timed):
-                dist.barrier()
                 if cuda:
                     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    dist.all_reduce(align)  # device-side alignment: completes only when every rank is here
                     a.record()
-                    call()
+                    for _ in range(k_calls):
+                        call()
                     b.record()
                     b.synchronize()
-                    t = a.elapsed_time(b) / 1e3
+                    t = a.elapsed_time(b) / 1e3 / k_calls
                 else:
+                    dist.barrier()
                     t0 = time.perf_counter()
-                    call()  # blocking on gloo: returns when the collective has completed on this rank
-                    t = time.perf_counter() - t0
+                    for _ in range(k_calls):
+                        call()  # blocking on gloo: returns when the collective has completed on this rank
+                    t = (time.perf_counter() - t0) / k_calls
                 writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=first + k, seconds=t)
         it += n_timed
         writer.write("calib", rank=rank, round=rnd, rounds=cfg.rounds)

@@ -9,28 +9,42 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .placement import device_count  # noqa: F401 - re-exported: dtlab.config.device_count
+
 STRATEGIES = ("ddp", "zero3")
 BACKENDS = ("auto", "nccl", "gloo")
+DEVICES = ("auto", "cuda", "cpu")
 MODELS = ("distilbert", "tiny")
 MODEL_SOURCES = ("auto", "hub", "random")
 DATA_SOURCES = ("auto", "glue", "offline")
+MAX_BUCKET_MB = 1024 * 1024  # 1 TiB
 
 
 @dataclass(kw_only=True)
 class ZeroConfig:
-    """DeepSpeed ZeRO-3 knobs that shape communication (DeepSpeed's own defaults)."""
+    """DeepSpeed ZeRO-3 knobs that shape communication.
 
-    reduce_bucket_size: int = 500_000_000
-    """Elements per reduce-scatter bucket of gradients."""
-    stage3_prefetch_bucket_size: int = 50_000_000
-    """Elements of parameters prefetched (all-gathered) ahead of use; 0 turns prefetching off."""
-    stage3_param_persistence_threshold: int = 100_000
+    None means "auto": sized from the model's hidden size h when the run starts, with Hugging Face's rule for
+    DeepSpeed's "auto" values (reduce_bucket_size = h^2, stage3_prefetch_bucket_size = int(0.9 h^2),
+    stage3_param_persistence_threshold = 10 h). DeepSpeed's own defaults (5e8, 5e7, 1e5 elements) are sized for
+    models of billions of parameters: its 5e8-element reduce bucket alone is 2 GB of fp32 on every GPU, more
+    than DistilBERT's parameters, gradients and optimizer state per rank together. The resolved values and the
+    rule are recorded in `run.resolved["zero_effective"]` / `["zero_auto"]`.
+    """
+
+    reduce_bucket_size: int | None = None
+    """Elements per reduce-scatter bucket of gradients (auto: h^2; DistilBERT 589,824 = 2.4 MB fp32)."""
+    stage3_prefetch_bucket_size: int | None = None
+    """Elements of parameters prefetched (all-gathered) ahead of use; 0 turns prefetching off
+    (auto: int(0.9 h^2); DistilBERT 530,841)."""
+    stage3_param_persistence_threshold: int | None = None
     """Parameters with at most this many elements stay whole on every rank: never gathered in forward or
-    backward, re-gathered once per step after the optimizer update."""
+    backward, re-gathered once per step after the optimizer update (auto: 10 h; DistilBERT 7,680)."""
     stage3_max_reuse_distance: int = 1_000_000_000
     """Elements. A parameter gathered in forward is kept for backward if it is used again within this
     distance; the default keeps every parameter of a model under 5e8 parameters, so backward gathers
@@ -38,12 +52,23 @@ class ZeroConfig:
     overlap_comm: bool = True
     """Overlap gradient reduce-scatter with backward compute."""
 
+    AUTO_FIELDS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+    def resolve(self, hidden: int) -> dict:
+        """The three sized knobs for a model of hidden size `hidden` (explicit values win over auto)."""
+        auto = {"reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+                "stage3_param_persistence_threshold": 10 * hidden}
+        return {k: (auto[k] if getattr(self, k) is None else getattr(self, k)) for k in self.AUTO_FIELDS}
+
     def validate(self) -> None:
         for name, low in (("reduce_bucket_size", 1), ("stage3_prefetch_bucket_size", 0),
                           ("stage3_param_persistence_threshold", 0), ("stage3_max_reuse_distance", 0)):
             v = getattr(self, name)
+            if v is None and name in self.AUTO_FIELDS:
+                continue
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ValueError(f"zero.{name} must be an integer >= {low} (elements), got {v!r}")
+                auto = " or None (auto: sized from the model)" if name in self.AUTO_FIELDS else ""
+                raise ValueError(f"zero.{name} must be an integer >= {low} (elements){auto}, got {v!r}")
         if not isinstance(self.overlap_comm, bool):
             raise ValueError(f"zero.overlap_comm must be true or false, got {self.overlap_comm!r}")
 
@@ -54,10 +79,15 @@ class RunConfig:
 
     strategy: str = "ddp"
     """'ddp' (PyTorch DistributedDataParallel) or 'zero3' (DeepSpeed ZeRO stage 3)."""
-    nproc: int = 2
-    """Number of ranks (processes) on this machine; one GPU each under NCCL."""
+    nproc: int | None = None
+    """Number of ranks (processes) on this machine. None: one per GPU and at least 2 (2 gloo ranks on a machine
+    without a GPU; on one GPU, 2 ranks share it: see dtlab.placement)."""
     backend: str = "auto"
-    """'auto' (nccl when CUDA has at least nproc GPUs, else gloo), 'nccl' or 'gloo'."""
+    """'auto', 'nccl' or 'gloo'. 'auto' picks NCCL when the GPUs can host nproc ranks (one GPU each, or two
+    ranks per GPU on NCCL >= 2.30), gloo otherwise; see dtlab.placement for the full rule."""
+    device: str = "auto"
+    """'auto' (CUDA whenever the machine has a GPU: a GPU machine never runs silently on the CPU), 'cuda' or
+    'cpu' (gloo ranks on the CPU even when GPUs are present)."""
     bucket_mb: float = 25.0
     """DDP gradient bucket cap in MiB (DDP's bucket_cap_mb; 1 MiB = 1,048,576 bytes)."""
     steps: int = 8
@@ -65,8 +95,9 @@ class RunConfig:
     warmup: int = 2
     """Leading steps excluded from medians: step 0 allocates and runs DDP's single first-iteration bucket,
     step 1 rebuilds the buckets in gradient-ready order."""
-    baseline_steps: int = 0
-    """Extra steps run after the timed ones with DDP's no-op comm hook: they measure T_comp."""
+    baseline_steps: int | None = None
+    """Extra steps run after the timed ones with DDP's no-op comm hook: they measure T_comp. None: 3 for
+    strategy 'ddp', 0 for 'zero3' (which has no no-op baseline)."""
     batch_size: int = 8
     """Samples per rank per step (the global batch is batch_size x nproc)."""
     seq_len: int = 128
@@ -79,7 +110,9 @@ class RunConfig:
     """Local folder in Hugging Face format to load weights from (must exist)."""
     data: str = "auto"
     """'auto' (GLUE SST-2 via datasets if reachable, else the offline set), 'glue', 'offline',
-    or a path to a local .csv/.tsv/.json/.jsonl/.parquet file with columns `sentence` and `label`."""
+    or a path to a local .csv/.tsv/.json/.jsonl/.parquet file with columns `sentence` and `label`. A file is
+    read and checked by `validate()` before anything starts (non-empty sentences, labels 0/1, at least
+    batch_size x nproc rows); a run needing more rows than it has cycles through it (dtlab.modeling)."""
     record: bool = True
     """Record every bucket with the comm hook; False runs plain DDP (its built-in all-reduce, no hook), which
     the overhead benchmark compares against."""
@@ -91,24 +124,32 @@ class RunConfig:
     """Run directory; default runs/<strategy>-<model>-p<nproc>-b<bucket_mb>-<timestamp>."""
     timeout_s: float = 1800.0
     """Wall-clock limit for the whole run in seconds; past it every rank is stopped."""
+    stall_s: float | None = None
+    """Watchdog: seconds a rank may go without writing a new event once it has started stepping; past it the
+    ranks' Python stacks are dumped into their logs, the run is stopped and RunFailed names the silent rank.
+    None derives it from the run: max(60 s, 10 x the median step time seen so far). Before a rank's first
+    step (imports, rendezvous, model download and build, DeepSpeed setup) it gets max(stall_s, 600 s)."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
     def __post_init__(self) -> None:
         if isinstance(self.zero, dict):
+            _refuse_unknown("zero", self.zero, ZeroConfig)
             self.zero = ZeroConfig(**self.zero)
 
     # ---- validation -------------------------------------------------------------------------------------
     def validate(self, cuda_device_count: int | None = None) -> "RunConfig":
         """Check every field; raise ValueError naming the field and what is allowed. Returns self.
 
-        `cuda_device_count` defaults to what this machine reports (asked without initialising CUDA).
+        `cuda_device_count` defaults to what this machine reports (asked without initialising CUDA). The "auto"
+        fields (nproc, baseline_steps: None) are resolved here, so a validated config is fully explicit.
         """
         _choice("strategy", self.strategy, STRATEGIES)
+        self._resolve_auto(cuda_device_count)
         _int_at_least("nproc", self.nproc, 1)
         _choice("backend", self.backend, BACKENDS)
-        if isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, (int, float)) or not self.bucket_mb > 0:
-            raise ValueError(f"bucket_mb must be a number > 0 (MiB), got {self.bucket_mb!r}")
+        # 1 TiB: any larger cap is one bucket anyway, and int(bucket_mb * 2**20) must stay a sane integer.
+        _finite("bucket_mb", self.bucket_mb, "(MiB)", low=0.0, high=MAX_BUCKET_MB)
         _int_at_least("steps", self.steps, 1)
         _int_at_least("warmup", self.warmup, 0)
         if self.warmup >= self.steps:
@@ -126,39 +167,59 @@ class RunConfig:
         if self.model_path is not None and not os.path.isdir(self.model_path):
             raise ValueError(f"model_path must be an existing folder with a Hugging Face model, "
                              f"got {self.model_path!r} (not found)")
+        if not isinstance(self.data, str):
+            raise ValueError(f"data must be a string (a source name or a file path), got {self.data!r}")
         if self.data not in DATA_SOURCES:
             if not os.path.isfile(self.data):
                 raise ValueError(f"data must be one of {', '.join(DATA_SOURCES)} or an existing local file "
                                  f"(.csv, .tsv, .json, .jsonl, .parquet), got {self.data!r} (not found)")
-            if not self.data.endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet")):
+            if not self.data.lower().endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet")):
                 raise ValueError(f"data file must end in .csv, .tsv, .json, .jsonl or .parquet, got {self.data!r}")
+            # Read and checked here, in the caller's process, so a bad file never reaches a rank.
+            from .modeling import check_data_file
+            check_data_file(self.data, min_rows=self.batch_size * self.nproc)
         if not isinstance(self.record, bool):
             raise ValueError(f"record must be true or false, got {self.record!r}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
-            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+        _finite("lr", self.lr, "", low=0.0, high=10.0)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
+            raise ValueError(f"seed must be an integer in [0, 2**32) (numpy's range), got {self.seed!r}")
+        for name in ("out", "model_path"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a path (string) or None, got {getattr(self, name)!r}")
+        _finite("timeout_s", self.timeout_s, "(seconds)", low=0.0)
+        if self.stall_s is not None:
+            _finite("stall_s", self.stall_s, "(seconds) or None (derived from the step time)", low=0.0)
         if not isinstance(self.zero, ZeroConfig):
             raise ValueError(f"zero must be a ZeroConfig or a dict of its fields, got {type(self.zero).__name__}")
         self.zero.validate()
         # Machine checks last: they need the device count.
-        ngpu = cuda_device_count if cuda_device_count is not None else device_count()
-        if self.backend == "nccl":
-            if ngpu == 0:
-                raise ValueError("backend 'nccl' needs CUDA GPUs and this machine has none; use 'gloo' or 'auto'")
-            if self.nproc > ngpu:
-                raise ValueError(f"nproc must be <= {ngpu} (GPUs on this machine) under backend 'nccl', "
-                                 f"got {self.nproc}")
+        _choice("device", self.device, DEVICES)
+        placed = self.placement(cuda_device_count)  # raises ValueError when the GPUs cannot host the ranks
+        if self.strategy == "zero3" and placed.backend == "gloo" and placed.device == "cuda":
+            raise ValueError(f"strategy 'zero3' cannot run as {placed.label}: DeepSpeed's CUDA accelerator needs "
+                             "NCCL. Use nproc <= the GPU count, or device 'cpu' for a CPU run")
         return self
 
-    def resolved_backend(self, cuda_device_count: int | None = None) -> str:
-        """The backend 'auto' resolves to: nccl when there are at least nproc GPUs, else gloo."""
-        if self.backend != "auto":
-            return self.backend
-        ngpu = cuda_device_count if cuda_device_count is not None else device_count()
-        return "nccl" if ngpu >= self.nproc else "gloo"
+    def _resolve_auto(self, cuda_device_count: int | None = None) -> None:
+        if self.nproc is None:
+            from .placement import device_count
+            self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
+        if self.baseline_steps is None:
+            self.baseline_steps = 3 if self.strategy == "ddp" else 0
+
+    def placement(self, cuda_device_count: int | None = None, nccl_version=None):
+        """Where the ranks run (backend, device, ranks per GPU, banner text): `dtlab.placement.plan` for this
+        config on this machine (or on `cuda_device_count` GPUs with `nccl_version`, for tests)."""
+        from .placement import machine_gpus, plan
+        self._resolve_auto(cuda_device_count)
+        if cuda_device_count is None:
+            cuda_device_count, found = machine_gpus()
+            nccl_version = nccl_version if nccl_version is not None else found
+        return plan(self.nproc, self.backend, self.device, cuda_device_count, nccl_version)
+
+    def resolved_backend(self, cuda_device_count: int | None = None, nccl_version=None) -> str:
+        """The torch.distributed backend the ranks use ('nccl' or 'gloo'): see `placement()`."""
+        return self.placement(cuda_device_count, nccl_version).backend
 
     # ---- serialisation ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -167,11 +228,10 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        """Build from `to_dict()` output; unknown keys are refused by name."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown RunConfig field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+        """Build from `to_dict()` output; unknown keys, top-level or in `zero`, are refused by name."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a RunConfig is built from a dict of its fields, got {type(d).__name__}")
+        _refuse_unknown("RunConfig", d, cls)
         return cls(**d)
 
     def replace(self, **changes: Any) -> "RunConfig":
@@ -185,26 +245,30 @@ def tiny(**overrides: Any) -> RunConfig:
     base = dict(model="tiny", nproc=2, steps=4, warmup=1, batch_size=4, seq_len=32, bucket_mb=1.0,
                 model_source="random", data="offline", timeout_s=300.0)
     base.update(overrides)
-    return RunConfig(**base)
-
-
-def device_count() -> int:
-    """CUDA GPUs visible to this process.
-
-    Asked through NVML where possible so the notebook kernel creates no CUDA context (ranks are started with
-    exec, never fork, so even a context here could not leak into them).
-    """
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    try:
-        import torch
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # torch missing or broken driver: no GPUs usable
-        return 0
+    return RunConfig.from_dict(base)
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+
+
+def _refuse_unknown(what: str, d: dict, cls) -> None:
+    """ValueError naming every key of `d` that is not a field of dataclass `cls`."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(map(str, set(d) - names))
+    if unknown:
+        raise ValueError(f"unknown {what} field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+
+
+def _finite(name: str, value: Any, unit: str, *, low: float, high: float | None = None) -> None:
+    """A real, finite number with low < value (<= high): inf, nan, booleans and strings are refused by name."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and value > low and (high is None or value <= high))
+    if not ok:
+        num = lambda x: f"{int(x):,}" if float(x).is_integer() else f"{x:g}"  # noqa: E731
+        rng = f"> {num(low)}" + (f" and <= {num(high)}" if high is not None else "")
+        raise ValueError(f"{name} must be a finite number {rng}{' ' + unit if unit else ''}, got {value!r}")
 
 
 def _int_at_least(name: str, value: Any, low: int) -> None:

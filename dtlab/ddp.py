@@ -27,7 +27,7 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
     import torch
 
     from .modeling import build_model, load_sentences
-    from .worker import setup_distributed
+    from .lifecycle import setup_distributed
 
     device, backend = setup_distributed(cfg, rank, world)
     torch.manual_seed(cfg.seed)
@@ -49,7 +49,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, tensor_bytes
-    from .worker import maybe_inject_fault, record_resolved
+    from .lifecycle import maybe_inject_fault, record_resolved
 
     device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
     model = built.model.to(device)
@@ -86,6 +86,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         if not baseline and cfg.record:
             for b in recorder.collect():
                 writer.write("bucket", rank=rank, step=step, **b)
+        if step >= 1:  # DDP logs a step's runtime stats in the next step's forward: these are step - 1's
+            _write_ddp_stats(ddp, writer, rank, step - 1)
         if step == 0:
             writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
                          grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
@@ -101,3 +103,20 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
                                                      for k, v in data.items()})
     except Exception as e:  # noqa: BLE001 - private API, may change between torch versions
         writer.write("ddp_logging", rank=rank, data={"error": repr(e)})
+
+
+_DDP_STATS = ("backward_comm_time", "backward_compute_time", "backward_compute_comm_overlap_time",
+              "forward_compute_time")
+
+
+def _write_ddp_stats(ddp, writer, rank: int, step: int) -> None:
+    """DDP's own runtime stats for `step` (its timers: CUDA events on GPU, wall clock on CPU; nanoseconds,
+    written here in seconds): a cross-check of dtlab's events that costs nothing inside the step."""
+    try:
+        data = ddp._get_ddp_logging_data()
+        if int(data.get("iteration", -1)) != step + 1:  # DDP samples iterations <= 10 and every 100th only
+            return
+        writer.write("ddp_stats", rank=rank, step=step,
+                     **{k: data[k] / 1e9 for k in _DDP_STATS if isinstance(data.get(k), (int, float))})
+    except Exception:  # noqa: BLE001 - private API, may change between torch versions
+        pass

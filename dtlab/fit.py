@@ -200,9 +200,11 @@ def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segmen
     Every split of the sorted sizes into 1..max_segments contiguous regimes of at least `min_points` sizes is
     fitted (relative-error least squares per regime, as fit_alpha_beta), and the split with the lowest BIC on
     the relative residuals, N ln(SSR/N) + 2k ln N for k regimes, is kept: a regime is added only when it
-    explains the data better than its two extra parameters cost. Regimes of a split are fitted with alpha,
-    beta >= 0 (see fit_alpha_beta's nonneg): noise in a few points must not invent negative latency or
-    infinite bandwidth. One regime (the full-range fit) is always a candidate. Returns the fits, ascending."""
+    explains the data better than its two extra parameters cost. Regimes are fitted with alpha, beta >= 0
+    (see fit_alpha_beta's nonneg), a single full-range regime too: these are what predictions use, and noise
+    in a few points must not invent negative latency or a time that falls with size (the unconstrained
+    full-range fit stays in `Profile.fits`, with a warning when it is unphysical). Returns the fits,
+    ascending."""
     import itertools
 
     _check_samples(samples)
@@ -220,7 +222,7 @@ def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segmen
             if any(b - a < min_points for a, b in zip(edges, edges[1:])):
                 continue
             try:
-                segs = [fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence, nonneg=k > 1)
+                segs = [fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence, nonneg=True)
                         for a, b in zip(edges, edges[1:])]
             except ValueError:
                 continue
@@ -254,13 +256,15 @@ class Profile:
         """Predicted seconds of `op` for nbytes (bytes) on nproc processes.
 
         With piecewise=True (default) and regimes fitted, each size is priced by the regime it falls in
-        (boundaries at the geometric midpoint between neighbouring regimes); otherwise the single
-        full-range fit is used."""
+        (boundaries at the geometric midpoint between neighbouring regimes; regimes are fitted with alpha,
+        beta >= 0, so predictions never fall with size); otherwise the unconstrained full-range fit is used."""
         if op not in self.fits:
             raise ValueError(f"op {op!r} has no fit in this profile; fitted ops: {sorted(self.fits)}")
         segs = self.segments.get(op) or []
-        if not piecewise or len(segs) < 2:
+        if not piecewise or not segs:
             return self.fits[op].predict(nbytes, nproc)
+        if len(segs) == 1:
+            return segs[0].predict(nbytes, nproc)
         n = np.asarray(nbytes, dtype=float)
         bounds = [np.sqrt(a.max_bytes * b.min_bytes) for a, b in zip(segs, segs[1:])]
         idx = np.searchsorted(bounds, n, side="right")

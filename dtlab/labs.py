@@ -14,20 +14,28 @@ def quick_mode() -> bool:
 
 def lab_config(**overrides) -> RunConfig:
     """The config a lab starts from: DistilBERT on whatever this machine has, or the tiny preset in quick
-    mode. On CPU it uses 2 gloo ranks; on GPUs one rank per GPU (NCCL)."""
+    mode. Ranks: one per GPU and at least 2 (on a 1-GPU machine the 2 ranks share it, see
+    `dtlab.placement`); 2 gloo ranks on a machine without a GPU."""
     if quick_mode():
         return tiny(**{"bucket_mb": 0.05, "steps": 4, "baseline_steps": 2, **overrides})
-    gpus = device_count() >= 2  # NCCL needs a GPU per rank; with fewer, 'auto' runs 2 ranks on gloo (CPU)
-    base = dict(model="distilbert", nproc=device_count() if gpus else 2, steps=8, warmup=2, baseline_steps=3,
-                batch_size=32 if gpus else 8, seq_len=128 if gpus else 64, bucket_mb=25.0)
-    base.update(overrides)
-    return RunConfig(**base)
-
-
-def machine_banner() -> str:
-    """One line saying what this machine offers, so every lab states whether it ran on GPUs or CPU."""
     ngpu = device_count()
-    if ngpu:
-        return f"{ngpu} CUDA GPU(s): runs use NCCL, timed with CUDA events."
-    return (f"No GPU: runs use gloo on {os.cpu_count()} CPU cores, timed with wall clocks. Compute and "
-            "communication share the cores, so expect less overlap than on GPUs.")
+    base = dict(model="distilbert", nproc=max(2, ngpu), steps=8, warmup=2, baseline_steps=3,
+                batch_size=32 if ngpu else 8, seq_len=128 if ngpu else 64, bucket_mb=25.0)
+    base.update(overrides)
+    cfg = RunConfig(**base)
+    if "nproc" not in overrides and cfg.strategy == "zero3" and ngpu:
+        placed = cfg.placement()
+        if placed.backend == "gloo":  # DeepSpeed's CUDA accelerator needs NCCL: one rank per GPU then
+            cfg = cfg.replace(nproc=ngpu, out=cfg.out)
+    return cfg
+
+
+def machine_banner(cfg: RunConfig | None = None) -> str:
+    """What this machine offers and where a lab's ranks will run (GPUs or CPU, which backend, what that
+    means for the numbers), so every lab states it before it measures anything."""
+    cfg = cfg or lab_config()
+    placed = cfg.placement()
+    timer = "CUDA events" if placed.device == "cuda" else "wall clocks"
+    ngpu = device_count()
+    head = f"{ngpu} CUDA GPU(s)" if ngpu else f"no GPU, {os.cpu_count()} CPU cores"
+    return f"{head}: {placed.label}; timed with {timer}." + (f" Note: {placed.note}." if placed.note else "")

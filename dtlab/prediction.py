@@ -7,9 +7,18 @@ compute is taken to end when the last bucket became ready. So the prediction tes
 not a compute model.
 
 ZeRO-3: each step's collectives (all-gather, reduce-scatter, all-reduce) are priced with the profile's fit
-for their op; on CPU (gloo) DeepSpeed's ZeRO-3 collectives block the training thread, so the prediction adds
-predicted communication to the step's measured non-communication time (T_step - T_comm). Ops the profile did
-not calibrate fall back to the all-reduce fit, and the `ops_priced_with` column says so.
+for their op (ops the profile did not calibrate fall back to the all-reduce fit; `ops_priced_with` says so),
+then the rank's step is replayed on its own recorded clock (`replay_zero3`):
+- compute is what was measured: T_comp = T_step - t_blocked (the time the rank was blocked on collectives);
+- collectives are issued where they were issued, shifted by any extra (or saved) blocking before them, and
+  run one at a time in issue order on one channel (a communicator runs its collectives in order): a
+  collective starts at max(its issue, the previous one's end) and lasts what the profile predicts;
+- each recorded blocked interval (a wait, a blocking call) starts where it started (shifted) and ends when
+  the collectives it waited for end (never before it starts).
+Predicted exposed = the union of the replayed blocked intervals; predicted T_step = T_comp + predicted
+exposed; predicted T_comm = the union of the replayed [issue, end] intervals, on the rank where longest,
+as measured T_comm is. Unions on both sides, never a union against a sum. Runs recorded before blocked
+intervals existed are replayed as if every collective blocked from issue to end (`exposed_from` says so).
 """
 
 from __future__ import annotations
@@ -66,21 +75,97 @@ def _predict_zero3(run, profile) -> pd.DataFrame:
     rows = []
     p = run.nproc
     fitted = set(profile.fits)
+    measured = run.measures_blocked
+    coll = run.collectives[run.collectives["step"] >= 0].dropna(subset=["t_start"])
     for s in _slowest(run).itertuples():
-        c = run.collectives[(run.collectives["rank"] == s.rank) & (run.collectives["step"] == s.step)]
-        if c.empty:
+        step_c = coll[coll["step"] == s.step]
+        if step_c[step_c["rank"] == s.rank].empty:
             continue
-        pred_comm, used = 0.0, set()
-        for op, g in c.groupby("op"):
-            fit_op = op if op in fitted else "all_reduce"
-            used.add(f"{op}->{fit_op}")
-            pred_comm += float(np.sum(profile.predict(fit_op, g["nbytes"].to_numpy(), p)))
-        meas_comm = _longest_comm(run.collectives, s.step)
+        used: set[str] = set()
+        replays = {}
+        for rank, c in step_c.groupby("rank"):
+            durations = np.zeros(len(c))
+            for op in c["op"].unique():
+                fit_op = op if op in fitted else "all_reduce"
+                used.add(f"{op}->{fit_op}")
+                mask = (c["op"] == op).to_numpy()
+                durations[mask] = np.asarray(profile.predict(fit_op, c["nbytes"].to_numpy()[mask], p), dtype=float)
+            replays[rank] = replay_zero3(c, _blocked_of(run, c, rank, s.step, measured), durations)
+        me = replays[s.rank]
+        t_comp = s.t_step - me["measured_exposed"]
         rows.append({"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,
-                     "predicted_t_step": s.t_step - meas_comm + pred_comm, "measured_t_comm": meas_comm,
-                     "predicted_t_comm": pred_comm, "measured_exposed": meas_comm, "predicted_exposed": pred_comm,
-                     "n_collectives": len(c), "ops_priced_with": ", ".join(sorted(used))})
+                     "predicted_t_step": t_comp + me["predicted_exposed"],
+                     "measured_t_comm": max(r["measured_t_comm"] for r in replays.values()),
+                     "predicted_t_comm": max(r["predicted_t_comm"] for r in replays.values()),
+                     "measured_exposed": me["measured_exposed"], "predicted_exposed": me["predicted_exposed"],
+                     "measured_t_comp": t_comp, "n_collectives": int((step_c["rank"] == s.rank).sum()),
+                     "ops_priced_with": ", ".join(sorted(used)),
+                     "exposed_from": ("measured: recorded blocked intervals" if measured else
+                                      "assumed: every collective blocks from issue to end (no blocked intervals "
+                                      "recorded)")})
     return pd.DataFrame(rows)
+
+
+def _blocked_of(run, c: pd.DataFrame, rank: int, step: int, measured: bool) -> pd.DataFrame:
+    """The rank-step's blocked intervals (t_start, t_end, seq), or for runs without them, every collective as
+    blocking from its issue to its end."""
+    if measured:
+        b = run.blocked
+        b = b[(b["rank"] == rank) & (b["step"] == step) & (b["phase"] != "between_steps")]
+        return b[["t_start", "t_end", "seq"]].dropna(subset=["t_start", "t_end"])
+    c = c.dropna(subset=["t_end"])
+    return pd.DataFrame({"t_start": c["t_start"], "t_end": c["t_end"],
+                         "seq": c["seq"] if "seq" in c else np.arange(len(c))})
+
+
+def replay_zero3(collectives: pd.DataFrame, blocked: pd.DataFrame, durations) -> dict:
+    """Replay one rank's step with predicted collective durations (seconds); see the module docstring.
+
+    `collectives`: t_start (issue), t_end, seq (issue order; row order if absent), in any order;
+    `durations`: predicted seconds, aligned with the rows of `collectives`; `blocked`: t_start, t_end, seq
+    (the collective waited for; NaN = unknown, then the interval keeps its measured length).
+    Returns measured/predicted exposed (unions of blocked intervals) and T_comm (unions of in-flight intervals).
+    """
+    c = collectives.assign(_d=np.asarray(durations, dtype=float))
+    if "seq" not in c:
+        c = c.assign(seq=np.arange(len(c)))
+    c = c.sort_values(["seq"]).reset_index(drop=True)
+    # Disjoint blocked segments on the measured clock, each with the collectives it waited for.
+    segs: list[list] = []
+    for b in blocked.sort_values("t_start").itertuples():
+        seq = None if b.seq is None or b.seq != b.seq else int(b.seq)
+        if segs and b.t_start <= segs[-1][1]:
+            segs[-1][1] = max(segs[-1][1], b.t_end)
+            segs[-1][2].append(seq)
+        else:
+            segs.append([b.t_start, b.t_end, [seq]])
+    issue = c["t_start"].to_numpy(dtype=float)
+    end_pred = np.full(len(c), np.nan)
+    by_seq = {int(q): i for i, q in enumerate(c["seq"])}
+    shift, chan_free, nxt, exposed = 0.0, -np.inf, 0, 0.0
+    issued_at = np.full(len(c), np.nan)
+
+    def issue_until(t):
+        nonlocal nxt, chan_free
+        while nxt < len(c) and issue[nxt] <= t:
+            issued_at[nxt] = issue[nxt] + shift
+            end_pred[nxt] = max(issued_at[nxt], chan_free) + c["_d"].iat[nxt]
+            chan_free = end_pred[nxt]
+            nxt += 1
+
+    for a, b, seqs in segs:
+        issue_until(a)
+        a2 = a + shift
+        ends = [end_pred[by_seq[q]] for q in seqs if q is not None and q in by_seq and by_seq[q] < nxt]
+        b2 = max([a2] + ends) if ends else a2 + (b - a)
+        exposed += b2 - a2
+        shift += (b2 - a2) - (b - a)
+    issue_until(np.inf)
+    measured_comm = _union_length(c.dropna(subset=["t_end"]))
+    pred = pd.DataFrame({"t_start": issued_at, "t_end": end_pred})
+    return {"measured_exposed": float(sum(b - a for a, b, _ in segs)), "predicted_exposed": float(exposed),
+            "measured_t_comm": float(measured_comm), "predicted_t_comm": float(_union_length(pred)),
+            "shift": float(shift)}
 
 
 def _longest_comm(intervals: pd.DataFrame, step: int) -> float:

@@ -5,8 +5,9 @@
 - `StepClock` times forward / backward / optimizer: wall clock on CPU; on GPU, CUDA events on the compute
   stream that are read once per step, after the optimizer (the only CPU-GPU sync point per step).
 - `BucketRecorder` is a DDP comm hook. For every gradient bucket it records index, bytes, parameter count,
-  when the bucket became ready, when its all-reduce started and when it finished, in seconds from the step
-  start. It never synchronises per bucket: that would serialise the very overlap being measured.
+  when the bucket became ready, when its all-reduce was issued and when it finished, in seconds from the step
+  start, plus the backend's own duration where it has one (NCCL). It never synchronises per bucket: that
+  would serialise the very overlap being measured.
 """
 
 from __future__ import annotations
@@ -74,11 +75,29 @@ class StepClock:
 class BucketRecorder:
     """DDP comm hook that all-reduces (averages) each bucket like DDP's default hook and records its timing.
 
+    One code path for gloo (CPU or CUDA tensors) and NCCL. Per bucket, in this order:
+
+    1. the bucket is divided by the world size on the caller's stream (the compute stream on GPU; the autograd
+       thread on CPU), as torch's own `allreduce_hook` does. Dividing *before* "ready" keeps anything dtlab
+       adds off the communication channel: nothing sits between two consecutive all-reduces;
+    2. `t_ready`: a mark on that stream (a CUDA event on GPU, the wall clock on CPU): the bucket's gradients
+       are computed and averaged;
+    3. the all-reduce is issued at once (`async_op=True`), so `t_start`, the issue time, is the same mark as
+       `t_ready` on both backends (on GPU, NCCL's stream is made to wait on the compute stream at exactly this
+       point). t_start means "handed to the backend": the transfer itself may begin later when an earlier
+       bucket still occupies the channel (gloo runs its queue on worker threads, NCCL on one stream). NCCL's
+       own timing (below) gives the service time; `Run.crosscheck()` compares the two;
+    4. `t_end`: a mark taken in the callback of the Work's future. On CPU that callback runs in gloo's thread
+       the moment the collective completes. On GPU the future is a CUDA future: its callback runs on a pool
+       stream that has been made to wait on the collective (the stream-level join that
+       `work.block_current_stream()` would make, without blocking the CPU), so an event recorded there
+       completes when the collective does. It is the only thing dtlab puts on any stream besides the ready
+       event, and it is not on NCCL's stream.
+
+    Nothing synchronises per bucket. The step's events are read in `collect()`, after the step's one sync.
+    With NCCL, `TORCH_NCCL_ENABLE_TIMING=1` (set by dtlab's ranks) also makes NCCL time each collective on
+    its own stream; `collect()` adds that as `backend_ms` (None on gloo), a cross-check of t_end - t_start.
     `mode = "noop"` switches to DDP's own no-op hook (no communication at all) for the compute baseline.
-    On gloo the start time is when the all-reduce is handed to the process group; the end time is taken in
-    the completion callback that gloo runs the moment the collective finishes. On NCCL, CUDA events on a
-    side stream bracket the collective: start after the bucket's gradients are ready, end after NCCL's
-    stream is done with it (joined with work.wait(), which blocks the stream, not the CPU).
     """
 
     def __init__(self, world_size: int, device: torch.device):
@@ -88,66 +107,69 @@ class BucketRecorder:
         self.step_start = None  # perf_counter float (CPU) or CUDA event (GPU)
         self._recs: list[dict] = []
         self._lock = threading.Lock()
-        self._stream = torch.cuda.Stream(device=device) if self.cuda else None
 
     def begin_step(self, step_start) -> None:
         self.step_start = step_start
-        self._recs = []
+        with self._lock:
+            self._recs = []
+
+    def _mark(self):
+        """A point in time on the current stream (CUDA event) or the wall clock (CPU)."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
 
     def hook(self, state, bucket):
         """The comm hook (register the bound method: DDP checks its name and signature)."""
         if self.mode == "noop":
             return noop_hook(state, bucket)
         buf = bucket.buffer()
+        buf.div_(self.world)  # on the compute stream, before "ready": off the communication channel
         rec = {"bucket": bucket.index(), "nbytes": buf.numel() * buf.element_size(),
                "nparams": len(bucket.parameters())}
-        if self.cuda:
-            return self._hook_cuda(buf, rec)
-        rec["t_ready"] = time.perf_counter()
-        buf.div_(self.world)
-        rec["t_start"] = time.perf_counter()
-        fut = dist.all_reduce(buf, async_op=True).get_future()
+        rec["_ready"] = self._mark()
+        rec["_start"] = rec["_ready"]
+        work = dist.all_reduce(buf, async_op=True)
+        rec["_work"] = work
         with self._lock:
             self._recs.append(rec)
 
         def done(f):
-            rec["t_end"] = time.perf_counter()  # runs in gloo's thread as soon as the collective completes
+            rec["_end"] = self._mark()  # gloo: its thread, at completion; CUDA: a stream that waited for it
             return f.value()[0]
 
-        return fut.then(done)
-
-    def _hook_cuda(self, buf, rec):
-        ready, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        ready.record()  # compute stream: the gradients in this bucket are done
-        with torch.cuda.stream(self._stream):
-            self._stream.wait_event(ready)
-            buf.div_(self.world)  # on the side stream, so NCCL (which waits on this stream) sees it done
-            start.record(self._stream)
-            work = dist.all_reduce(buf, async_op=True)
-            work.wait()  # stream-level join with NCCL's stream; the CPU does not block
-            end.record(self._stream)
-        rec.update(_events=(ready, start, end))
-        self._recs.append(rec)
-        return work.get_future().then(lambda f: f.value()[0])
+        return work.get_future().then(done)
 
     def collect(self) -> list[dict]:
         """The buckets of the finished step, times in seconds from the step start. Call after the step's
-        clock was read (on GPU that read was the step's sync point, so every event here has completed)."""
-        out = []
-        if self.cuda:
-            self._stream.synchronize()  # end events live on the side stream; nearly free after the step sync
+        clock was read (on GPU that read was the step's sync point: DDP's backward made the compute stream
+        wait on every bucket's future, so every event here has completed)."""
         with self._lock:
-            recs = list(self._recs)
+            recs, self._recs = self._recs, []
+        out = []
         for rec in recs:
+            ready, start, end, work = rec.pop("_ready"), rec.pop("_start"), rec.pop("_end", None), rec.pop("_work")
             if self.cuda:
-                t0 = self.step_start
-                evs = rec.pop("_events")
-                rec.update({k: t0.elapsed_time(e) / 1e3 for k, e in zip(("t_ready", "t_start", "t_end"), evs)})
+                if end is not None:
+                    end.synchronize()  # already complete after the step's sync: costs nothing
+                t = lambda ev: self.step_start.elapsed_time(ev) / 1e3 if ev is not None else None  # noqa: E731
             else:
-                for k in ("t_ready", "t_start", "t_end"):
-                    rec[k] = rec[k] - self.step_start if k in rec else None
+                t = lambda v: v - self.step_start if v is not None else None  # noqa: E731
+            rec.update(t_ready=t(ready), t_start=t(start), t_end=t(end), backend_ms=backend_duration_ms(work))
             out.append(rec)
         return out
+
+
+def backend_duration_ms(work) -> float | None:
+    """The collective's duration as the backend itself measured it (NCCL with TORCH_NCCL_ENABLE_TIMING=1:
+    CUDA events around the kernel on NCCL's stream), in milliseconds; None where unavailable (gloo)."""
+    try:
+        ms = float(work._get_duration())
+    except Exception:  # noqa: BLE001 - gloo raises; a private API that may change between torch versions
+        return None
+    return ms if ms >= 0 else None
 
 
 def tensor_bytes(tensors) -> int:

@@ -13,6 +13,13 @@ taken over the measured steps, i.e. steps >= config.warmup):
   intervals of the step's buckets (or ZeRO-3 collectives), on the rank where it is longest.
 - Exposed communication: T_step - T_comp, the part of T_comm that overlap did not hide.
 - Overlap: 1 - exposed / T_comm (1 = fully hidden, 0 = fully exposed; noise can push it past either end).
+
+ZeRO-3 (strategy 'zero3') has no no-op baseline, and DeepSpeed overlaps its collectives with compute on side
+streams, so T_step - T_comm is not its compute time. There, exposed communication is measured directly:
+t_blocked, the time the slowest rank's training thread (CPU) or compute stream (GPU) was blocked waiting for
+collectives (timed Work.wait() of async collectives, the whole of blocking ones; see dtlab.zero3), and
+T_comp = T_step - t_blocked on that rank. T_comm stays the in-flight union. Runs recorded before t_blocked
+existed fall back to T_step - T_comm, labelled "assumes no overlap".
 """
 
 from __future__ import annotations
@@ -25,32 +32,44 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .events import read_events  # noqa: F401 - re-exported: dtlab.results.read_events
+
 STEP_COLUMNS = ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
-BUCKET_COLUMNS = ["rank", "step", "bucket", "nbytes", "nparams", "t_ready", "t_start", "t_end"]
+BUCKET_COLUMNS = ["rank", "step", "bucket", "nbytes", "nparams", "t_ready", "t_start", "t_end", "backend_ms"]
 COLLECTIVE_COLUMNS = ["rank", "step", "op", "nbytes", "phase", "t_start", "t_end"]
+BLOCKED_COLUMNS = ["rank", "step", "phase", "op", "how", "seq", "t_start", "t_end"]
 MEMORY_COLUMNS = ["rank", "params_bytes", "grads_bytes", "optim_bytes", "peak_bytes", "peak_kind"]
 
 
 class RunFailed(RuntimeError):
-    """A rank raised (or the run was stopped). `rank`, `error`, `traceback_tail` say what happened;
-    `run` holds everything recorded before the failure (a partial `Run`), `run_dir` where it lies."""
+    """A run that did not finish. The message is one paragraph (who, how, where) plus the culprit's log tail.
 
-    def __init__(self, message: str, *, rank=None, error=None, traceback_tail=None, run_dir=None, run=None):
+    - `state`: 'failed' (a rank ended on its own), 'stalled' (the watchdog stopped it), 'timeout',
+      'interrupted' or 'stopped'.
+    - `rank`: the rank that caused it (for a stall, the first of `ranks`); None when no rank can be named.
+      `ranks`: every rank named as a cause (several when the watchdog cannot tell which one holds the others).
+    - `signal` ('SIGKILL', 'SIGSEGV', 'SIGSTOP' for a frozen rank, ...) and `exitcode` (negative for a signal,
+      as torchrun reports it): how the culprit ended; None when it recorded an error or is still running.
+    - `error`: the culprit's recorded error ("RuntimeError: ..."), or a sentence when it recorded none.
+    - `consequences`: the other ranks that failed only because the culprit vanished, one dict each (rank,
+      how, error, signal, exitcode): reported, never blamed.
+    - `silent_s`: for a stall, how long each named rank had been silent ({rank: seconds}).
+    - `traceback_tail` (the culprit's traceback, when it raised), `log_tail` (the end of its log, with its
+      Python stack for a stall), `run` (a partial `Run` of everything recorded), `run_dir`.
+    """
+
+    def __init__(self, message: str, *, rank=None, error=None, traceback_tail=None, run_dir=None, run=None,
+                 state=None, ranks=None, signal=None, exitcode=None, consequences=None, log_tail=None,
+                 silent_s=None):
         super().__init__(message)
         self.rank, self.error, self.traceback_tail = rank, error, traceback_tail
         self.run_dir, self.run = run_dir, run
-
-
-def read_events(path: str) -> list[dict]:
-    """Parse one rank's JSONL events; a torn last line (crash mid-write) is skipped, not fatal."""
-    out = []
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
-    return out
+        self.state = state
+        self.ranks = list(ranks) if ranks is not None else ([rank] if rank is not None else [])
+        self.signal, self.exitcode = signal, exitcode
+        self.consequences = list(consequences or [])
+        self.log_tail = log_tail
+        self.silent_s = dict(silent_s or {})
 
 
 @dataclass
@@ -68,6 +87,10 @@ class Run:
     memory: pd.DataFrame
     errors: list = field(default_factory=list)
     ddp_logging: dict = field(default_factory=dict)
+    ddp_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """DDP's own per-step timers (rank, step, backward_comm_time, ... in seconds): see `crosscheck()`."""
+    blocked: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BLOCKED_COLUMNS))
+    """ZeRO-3: intervals a rank was blocked waiting for a collective (see dtlab.zero3); empty for DDP."""
 
     @property
     def warmup(self) -> int:
@@ -81,12 +104,20 @@ class Run:
         """`steps` without the warm-up steps."""
         return self.steps[self.steps["step"] >= self.warmup]
 
+    @property
+    def measures_blocked(self) -> bool:
+        """True for ZeRO-3 runs whose step events carry t_blocked (measured exposed communication)."""
+        return (self.config.get("strategy") == "zero3" and "t_blocked" in self.steps.columns
+                and self.steps["t_blocked"].notna().any())
+
     def per_step(self) -> pd.DataFrame:
         """One row per measured step: t_step (slowest rank), t_comm (longest in-flight union across ranks),
-        t_comp_est (estimated compute on the slowest rank), seconds."""
+        t_comp_est (estimated compute on the slowest rank), seconds. ZeRO-3 runs that measured blocked time
+        add t_blocked (the slowest rank's time blocked on collectives) and t_comp_est = t_step - t_blocked."""
         st = self.measured_steps()
         if st.empty:
             return pd.DataFrame(columns=["step", "t_step", "t_comm", "t_comp_est"])
+        blocked = self.measures_blocked
         comm = self.comm_intervals()
         rows = []
         for step, g in st.groupby("step"):
@@ -94,8 +125,12 @@ class Run:
             c = comm[comm["step"] == step] if not comm.empty else comm
             t_comm = c.groupby("rank").apply(_union_length, include_groups=False).max() if not c.empty else 0.0
             last_ready = self._compute_end(int(slow["rank"]), step, float(slow["t_fwd"] + slow["t_bwd"]))
-            rows.append({"step": step, "t_step": float(slow["t_step"]), "t_comm": float(t_comm),
-                         "t_comp_est": last_ready + float(slow["t_opt"])})
+            row = {"step": step, "t_step": float(slow["t_step"]), "t_comm": float(t_comm),
+                   "t_comp_est": last_ready + float(slow["t_opt"])}
+            if blocked:
+                row["t_blocked"] = float(slow["t_blocked"])
+                row["t_comp_est"] = row["t_step"] - row["t_blocked"]
+            rows.append(row)
         return pd.DataFrame(rows)
 
     def comm_intervals(self) -> pd.DataFrame:
@@ -119,27 +154,54 @@ class Run:
         t_step = float(ps["t_step"].median()) if not ps.empty else np.nan
         t_comm = float(ps["t_comm"].median()) if not ps.empty else np.nan
         how_exposed, how_overlap = "T_step - T_comp", "1 - exposed / T_comm"
+        exposed_med = None  # set where exposed communication is measured directly (ZeRO-3)
         if not self.baseline_steps.empty:
             t_comp = float(self.baseline_steps.groupby("step")["t_step"].max().median())
             how_comp = f"measured: median of {self.baseline_steps['step'].nunique()} no-op comm hook steps"
+        elif self.measures_blocked and "t_blocked" in ps.columns:
+            # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.zero3).
+            exposed_med = float(ps["t_blocked"].median())
+            t_comp = float((ps["t_step"] - ps["t_blocked"]).median())
+            where = "compute stream" if self.resolved.get("backend") == "nccl" else "training thread"
+            how_comp = "measured: T_step - time blocked on collectives (slowest rank, per step)"
+            how_exposed = (f"measured: time the slowest rank's {where} was blocked waiting for collectives "
+                           "(timed waits + blocking calls)")
+            how_overlap = "1 - exposed / T_comm (exposed measured, T_comm = in-flight union)"
         elif not self.collectives.empty and self.buckets.empty:
-            # ZeRO-3 has no no-op baseline: its collectives are part of the forward/backward code path.
+            # A ZeRO-3 run recorded before blocked time was measured.
             t_comp = float((ps["t_step"] - ps["t_comm"]).median()) if not ps.empty else np.nan
-            how_comp = "estimated: T_step - T_comm (ZeRO-3 has no no-op baseline; assumes no overlap)"
+            how_comp = ("estimated: T_step - T_comm (recorded without blocked-time measurement; assumes no "
+                        "overlap)")
             how_exposed, how_overlap = "assumed = T_comm (no baseline to measure it against)", "not measured"
         else:
             t_comp = float(ps["t_comp_est"].median()) if not ps.empty else np.nan
             how_comp = "estimated: fwd + bwd until the last bucket was ready + opt (no baseline run)"
-        exposed = t_comm if how_overlap == "not measured" else t_step - t_comp
+        if how_overlap == "not measured":
+            exposed = t_comm
+        elif exposed_med is not None:
+            exposed = exposed_med
+        else:
+            exposed = t_step - t_comp
         overlap = 1.0 - exposed / t_comm if t_comm > 0 and how_overlap != "not measured" else np.nan
         n = len(ps)
         return pd.DataFrame([
             ("T_step", t_step, "s", f"median over {n} steps of the slowest rank's step time"),
             ("T_comp", t_comp, "s", how_comp),
-            ("T_comm", t_comm, "s", "median of the time collectives were in flight per step"),
+            ("T_comm", t_comm, "s", "median of the time collectives were in flight per step"
+             + (" (union of intervals on the rank where longest)" if self.config.get("strategy") == "zero3" else "")),
             ("exposed", exposed, "s", how_exposed),
             ("overlap", overlap, "fraction", how_overlap),
         ], columns=["quantity", "value", "unit", "how"])
+
+    def to_chrome_trace(self, path: str | None = None):
+        """The run as a Chrome / Perfetto trace (one process per rank; compute and communication tracks): the
+        dict, or the path written when `path` is given. See `dtlab.trace`."""
+        from .trace import chrome_trace, write_chrome_trace
+        return write_chrome_trace(self, path) if path else chrome_trace(self)
+
+    def crosscheck(self) -> pd.DataFrame:
+        """dtlab's communication timings against NCCL's and DDP's own timers: see `dtlab.results.crosscheck`."""
+        return crosscheck(self)
 
     def breakdown_table(self) -> str:
         """The summary as aligned text, times in milliseconds, plus where model and data came from."""
@@ -149,8 +211,11 @@ class Run:
                  + (f"bucket {self.config.get('bucket_mb')} MiB | " if self.config.get("strategy") == "ddp" else "")
                  + f"batch {self.config.get('batch_size')}/rank | "
                  f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
+                 f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",
                  f"  model: {self.resolved.get('model_source', '?')}",
                  f"  data:  {self.resolved.get('data_source', '?')}"]
+        if self.resolved.get("placement", {}).get("note"):
+            lines.append(f"  note: {self.resolved['placement']['note']}")
         if self.resolved.get("oversubscribed"):
             lines.append(f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
                          "(oversubscribed: compute is slowed by sharing cores)")
@@ -161,6 +226,53 @@ class Run:
                 val = f"{r.value * 1e3:10.1f} ms" if r.unit == "s" else f"{r.value:10.2f}   "
             lines.append(f"  {r.quantity:<8}{val}   {r.how}")
         return "\n".join(lines)
+
+
+def crosscheck(run: "Run") -> pd.DataFrame:
+    """How far dtlab's own communication timings agree with independent timers of the same steps.
+
+    One row per check (measured steps only): quantity, dtlab (median, s), reference (median, s), median
+    relative difference (dtlab / reference - 1, over matched pairs), pairs, and what each side measures.
+
+    - NCCL's own per-collective duration (`backend_ms`, from `TORCH_NCCL_ENABLE_TIMING`: CUDA events around
+      the kernel on NCCL's stream) against dtlab's service time of the same bucket: t_end minus the later
+      of its issue and the previous bucket's end on that rank (one NCCL stream runs buckets one at a time).
+      gloo has no such timer: the row says so.
+    - DDP's own `backward_comm_time` (its reducer's timer: first bucket's communication start to the end of
+      the last, per rank and step) against dtlab's span of the same rank-step: last t_end - first t_start.
+    """
+    rows = []
+    b = run.buckets[run.buckets["step"] >= run.warmup] if not run.buckets.empty else run.buckets
+    if not b.empty:
+        svc = []
+        for _, g in b.sort_values("t_start").groupby(["rank", "step"]):
+            prev_end = -np.inf
+            for r in g.itertuples():
+                svc.append((r.t_end - max(r.t_start, prev_end), getattr(r, "backend_ms", None)))
+                prev_end = max(prev_end, r.t_end)
+        pairs = [(d, ms / 1e3) for d, ms in svc if ms is not None and ms == ms and ms > 0]
+        what = ("dtlab: t_end - max(t_start, previous bucket's t_end); reference: NCCL's own kernel timing "
+                "(TORCH_NCCL_ENABLE_TIMING)")
+        if pairs:
+            d, ref = np.array(pairs).T
+            rows.append(("bucket all-reduce duration vs NCCL", float(np.median(d)), float(np.median(ref)),
+                         float(np.median(d / ref - 1)), len(pairs), what))
+        else:
+            rows.append(("bucket all-reduce duration vs NCCL", float(np.median([x for x, _ in svc])), np.nan,
+                         np.nan, 0, what + f" -- not available on {run.resolved.get('backend', '?')}"))
+    st = run.ddp_stats
+    if not b.empty and not st.empty and "backward_comm_time" in st:
+        span = b.groupby(["rank", "step"]).apply(lambda g: g["t_end"].max() - g["t_start"].min(),
+                                                 include_groups=False).rename("dtlab")
+        ref = st.set_index(["rank", "step"])["backward_comm_time"].rename("ddp")
+        m = pd.concat([span, ref], axis=1, join="inner").dropna()
+        m = m[m["ddp"] > 0]
+        if not m.empty:
+            rows.append(("backward communication span vs DDP's timer", float(m["dtlab"].median()),
+                         float(m["ddp"].median()), float((m["dtlab"] / m["ddp"] - 1).median()), len(m),
+                         "dtlab: last t_end - first t_start per rank-step; reference: DDP reducer's "
+                         "backward_comm_time (first bucket's comm start to the end of the last)"))
+    return pd.DataFrame(rows, columns=["quantity", "dtlab_s", "reference_s", "median_rel_diff", "pairs", "what"])
 
 
 def _union_length(df: pd.DataFrame) -> float:
@@ -190,7 +302,8 @@ def load_run(path: str) -> Run:
     if os.path.isfile(os.path.join(path, "status.json")):
         with open(os.path.join(path, "status.json")) as f:
             status = json.load(f)
-    rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error")}
+    rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
+                                             "ddp_stats", "blocked")}
     ddp_logging = {}
     for ev_path in sorted(glob.glob(os.path.join(path, "events", "rank*.jsonl"))):
         for ev in read_events(ev_path):
@@ -207,7 +320,9 @@ def load_run(path: str) -> Run:
         steps=_frame(rows["step"], STEP_COLUMNS), baseline_steps=_frame(rows["baseline_step"], STEP_COLUMNS),
         buckets=_frame(rows["bucket"], BUCKET_COLUMNS, sort=["rank", "step", "t_ready"]),
         collectives=_frame(rows["collective"], COLLECTIVE_COLUMNS, sort=["rank", "step", "t_start"]),
-        memory=mem, errors=rows["error"], ddp_logging=ddp_logging)
+        memory=mem, errors=rows["error"], ddp_logging=ddp_logging,
+        ddp_stats=_frame(rows["ddp_stats"], ["rank", "step"]),
+        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]))
 
 
 def _frame(rows: list[dict], columns: list[str], sort: list[str] | None = None) -> pd.DataFrame:

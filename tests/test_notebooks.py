@@ -57,3 +57,11 @@ def test_notebooks_are_committed_without_outputs():
         for c in nb.cells:
             if c.cell_type == "code":
                 assert not c.outputs and c.execution_count is None, f"{path.name} has stored outputs"
+
+
+def test_lab00_setup_check_runs_headless(tmp_path, monkeypatch):
+    nb = run_notebook("00_setup_check.ipynb", tmp_path, monkeypatch)
+    text = outputs_text(nb)
+    assert "dtlab doctor" in text and "where each lab's ranks run" in text
+    assert "GPUs: none visible to torch" in text  # this suite runs on CPU machines
+    assert "all_reduce of 1,048,576 bytes" in text and "placement: gloo on CPU" in text

@@ -124,6 +124,51 @@ def test_zero3_holds_about_half_of_ddp_per_rank(runs):
         assert z["optim_bytes"] == extra["fp32_master_bytes"] + extra["adam_state_bytes"]
         assert extra["fp32_master_bytes"] in (0, partition)
         assert z["peak_kind"] == "peak_rss" and z["peak_bytes"] > z["params_bytes"]
+        # the gradient bucket is sized by the (auto) knob, not DeepSpeed's 5e8-element (2 GB) default
+        assert extra["ipg_bucket_bytes"] == res["zero_effective"]["reduce_bucket_size"] * 4
+
+
+def test_auto_zero_knobs_are_sized_from_the_model(z3):
+    res, hidden = z3.resolved, 32  # the tiny model's dim
+    auto = res["zero_auto"]
+    assert auto["hidden_size"] == hidden and "h^2" in auto["rule"]
+    assert sorted(auto["auto_fields"]) == ["reduce_bucket_size", "stage3_param_persistence_threshold",
+                                           "stage3_prefetch_bucket_size"]
+    want = {"reduce_bucket_size": hidden ** 2, "stage3_prefetch_bucket_size": int(0.9 * hidden ** 2),
+            "stage3_param_persistence_threshold": 10 * hidden}
+    assert auto["resolved"] == want
+    for k, v in want.items():  # what DeepSpeed's engine says it uses, not just what we asked for
+        assert res["zero_effective"][k] == v and res["ds_config"]["zero_optimization"][k] == v
+    # the reduce-scatters come in reduce_bucket_size buckets: more calls than one, same bytes (checked above)
+    rs = z3.collectives[(z3.collectives["op"] == "reduce_scatter") & (z3.collectives["step"] >= 0)]
+    assert rs.groupby(["rank", "step"]).size().min() > 1
+
+
+def test_blocked_time_is_measured_and_bounded(z3):
+    st, b, c = z3.steps, z3.blocked, z3.collectives
+    assert {"t_blocked", "t_blocked_fwd", "t_blocked_bwd", "t_blocked_opt"} <= set(st.columns)
+    assert ((st["t_blocked"] >= 0) & (st["t_blocked"] <= st["t_step"])).all()
+    # phases follow each other, so the per-phase unions add up to the step's union
+    parts = st["t_blocked_fwd"] + st["t_blocked_bwd"] + st["t_blocked_opt"]
+    assert (abs(parts - st["t_blocked"]) < 1e-9).all()
+    assert (st["t_blocked"] > 0).all()  # gloo on CPU: the backward reduce-scatters block the training thread
+    steps = b[b["step"] >= 0]
+    assert set(steps["how"]) <= {"wait", "blocking_call"}  # stream_sync is GPU-only
+    assert (steps["t_start"] <= steps["t_end"]).all()
+    tstep = st.set_index(["rank", "step"])["t_step"]
+    assert all(0 <= r.t_start and r.t_end <= tstep[(r.rank, r.step)] + 1e-6 for r in steps.itertuples())
+    # every blocked interval names a recorded collective of its rank, and each blocking collective blocked
+    for rank in range(z3.nproc):
+        seqs = set(c.loc[c["rank"] == rank, "seq"])
+        assert set(b.loc[b["rank"] == rank, "seq"]) <= seqs
+        sync = c[(c["rank"] == rank) & (~c["async_op"].astype(bool))]
+        calls = b[(b["rank"] == rank) & (b["how"] == "blocking_call")]
+        assert sorted(calls["seq"]) == sorted(sync["seq"])
+    s = z3.summary().set_index("quantity")
+    assert s.loc["T_comp", "how"].startswith("measured: T_step - time blocked")
+    ps = z3.per_step()
+    assert (ps["t_comp_est"] == ps["t_step"] - ps["t_blocked"]).all()
+    assert s.loc["exposed", "value"] <= s.loc["T_step", "value"]
 
 
 def test_launch_refuses_bad_zero_config_before_starting(tmp_path):
@@ -138,8 +183,32 @@ def test_ds_config_follows_zero_config():
     from dtlab.zero3 import ds_config
     cfg = dtlab.tiny(strategy="zero3", zero=ZeroConfig(reduce_bucket_size=1234, stage3_max_reuse_distance=0,
                                                        stage3_prefetch_bucket_size=0, overlap_comm=False))
-    z = ds_config(cfg, 2)["zero_optimization"]
+    z = ds_config(cfg, 2, hidden=768)["zero_optimization"]
     assert z["stage"] == 3 and z["reduce_bucket_size"] == 1234 and z["overlap_comm"] is False
     assert z["stage3_max_reuse_distance"] == 0 and z["stage3_prefetch_bucket_size"] == 0
+    assert z["stage3_param_persistence_threshold"] == 7680  # the one knob left to auto: 10 x 768
     with pytest.raises(ValueError, match="zero.stage3_max_reuse_distance"):
         cfg.replace(zero=ZeroConfig(stage3_max_reuse_distance=-1)).validate(cuda_device_count=0)
+
+
+def test_ds_config_auto_knobs_follow_the_hidden_size():
+    from dtlab import ZeroConfig
+    from dtlab.zero3 import ds_config
+    cfg = dtlab.tiny(strategy="zero3")
+    assert cfg.zero == ZeroConfig() and cfg.zero.reduce_bucket_size is None
+    cfg.validate(cuda_device_count=0)  # None (auto) is a valid value
+    z = ds_config(cfg, 2, hidden=768)["zero_optimization"]  # DistilBERT
+    assert (z["reduce_bucket_size"], z["stage3_prefetch_bucket_size"], z["stage3_param_persistence_threshold"]) \
+        == (589_824, 530_841, 7_680)
+    with pytest.raises(ValueError, match="hidden size"):
+        ds_config(cfg, 2)
+    for field in ZeroConfig.AUTO_FIELDS:
+        with pytest.raises(ValueError, match=f"zero.{field} must be an integer >= .* or None"):
+            ZeroConfig(**{field: -5}).validate()
+
+
+def test_zero3_trace_matches_the_run(z3):
+    from test_trace import check_trace
+    xs = check_trace(z3, z3.to_chrome_trace())
+    ops = {e["args"]["op"] for e in xs if e["cat"] == "communication"}
+    assert {"all_gather", "reduce_scatter"} <= ops

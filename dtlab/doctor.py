@@ -1,0 +1,214 @@
+"""`dtlab doctor`: what this machine can run, and how each lab will run on it.
+
+`facts()` gathers the facts; GPU names, CUDA, NCCL and DeepSpeed are read in a short-lived child process
+(`python -m dtlab.doctor --probe`), so a notebook kernel that calls the doctor never initialises CUDA or pays
+for importing DeepSpeed. `report(facts)` turns them into text; `smoke_allreduce()` runs a real 2-rank
+all-reduce through the same launcher as every run (about 10 s). Lab 00 calls all three.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+#: The configuration each lab starts from, by lab, as (strategy, ranks): what `report` places on this machine.
+LAB_RANKS = {"00 setup check (2-rank all-reduce)": ("calibrate", 2), "01 DDP breakdown": ("ddp", None),
+             "02 collectives, alpha-beta": ("calibrate", 2), "03 buckets and GPU count": ("ddp", None),
+             "04 ZeRO-3 vs DDP": ("zero3", None)}
+
+
+def probe() -> dict:
+    """Facts that need torch (and CUDA, if present) imported. Run in a child process by `facts()`."""
+    import platform
+
+    out: dict = {"python": platform.python_version(), "executable": sys.executable}
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # noqa: BLE001
+        return {**out, "torch_error": f"{type(e).__name__}: {e}"}
+    out.update(torch=torch.__version__, cuda_build=torch.version.cuda, cuda_available=torch.cuda.is_available(),
+               gloo=dist.is_available() and dist.is_gloo_available(),
+               nccl_backend=dist.is_available() and dist.is_nccl_available(), gpus=[], nccl=None)
+    if out["cuda_available"]:
+        out["gpus"] = [{"name": torch.cuda.get_device_name(i),
+                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+                       for i in range(torch.cuda.device_count())]
+        try:
+            v = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(str(x) for x in (v if isinstance(v, tuple) else (v,))[:3])
+        except Exception as e:  # noqa: BLE001
+            out["nccl_error"] = f"{type(e).__name__}: {e}"
+    for name in ("transformers", "datasets", "deepspeed", "plotly", "ipywidgets"):
+        out[name] = _version(name)
+    out["deepspeed_import"] = _try_import_deepspeed() if out["deepspeed"] else "not installed"
+    return out
+
+
+def _version(name: str):
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _try_import_deepspeed() -> str:
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if _cuda() else "cpu")
+    t0 = time.perf_counter()
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return f"import failed: {type(e).__name__}: {e}"
+    return f"ok ({time.perf_counter() - t0:.1f} s to import, accelerator {os.environ['DS_ACCELERATOR']})"
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
+    """Everything `report` prints, as a dict (JSON-safe). The torch/CUDA/DeepSpeed part runs in a child."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] + [p for p in os.environ.get(
+            "PYTHONPATH", "").split(os.pathsep) if p]))
+    try:
+        cp = subprocess.run([sys.executable, "-m", "dtlab.doctor", "--probe"], capture_output=True, text=True,
+                            timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+        lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
+        found = json.loads(lines[-1]) if lines else {"probe_error": (cp.stderr or cp.stdout)[-2000:]}
+    except subprocess.TimeoutExpired:
+        found = {"probe_error": f"probe did not answer within {timeout_s:g} s"}
+    found["cpu_cores"] = os.cpu_count()
+    if check_hub:
+        from .modeling import hub_reachable
+        found["hub_reachable"] = hub_reachable()
+        found["hub_offline_env"] = os.environ.get("HF_HUB_OFFLINE", "")
+    found["labs"] = lab_placements(len(found.get("gpus", [])), found.get("nccl"))
+    return found
+
+
+def lab_placements(ngpu: int, nccl) -> dict:
+    """Where each lab's ranks run on a machine with `ngpu` GPUs and this NCCL: label and note, or the reason
+    it cannot run as configured."""
+    from .placement import plan
+    out = {}
+    for lab, (strategy, ranks) in LAB_RANKS.items():
+        nproc = ranks or max(2, ngpu)
+        try:
+            p = plan(nproc, "auto", "auto", ngpu, nccl)
+            if strategy == "zero3" and p.backend == "gloo" and p.device == "cuda":
+                p = plan(min(nproc, ngpu), "auto", "auto", ngpu, nccl)
+                out[lab] = {"label": p.label + " (ZeRO-3 needs NCCL, so ranks = GPUs)", "note": p.note}
+                continue
+            out[lab] = {"label": p.label, "note": p.note}
+        except ValueError as e:
+            out[lab] = {"label": f"cannot run as configured: {e}", "note": ""}
+    return out
+
+
+def report(f: dict) -> str:
+    """The facts as text, one fact a line, each with its unit or its meaning."""
+    gpus = f.get("gpus") or []
+    from .placement import nccl_allows_shared_gpu
+    lines = ["dtlab doctor"]
+    if "probe_error" in f or "torch_error" in f:
+        lines.append(f"  torch probe failed: {f.get('probe_error') or f.get('torch_error')}")
+    lines += [f"  python {f.get('python', '?')}, torch {f.get('torch', '?')} (CUDA build {f.get('cuda_build')})",
+              f"  CPU cores: {f.get('cpu_cores')}"]
+    if gpus:
+        for i, g in enumerate(gpus):
+            lines.append(f"  GPU {i}: {g['name']}, {g['memory_gib']} GiB")
+        shared = nccl_allows_shared_gpu(f.get("nccl"))
+        lines.append(f"  NCCL {f.get('nccl') or 'not found'}: two ranks per GPU "
+                     + ("allowed (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1, experimental)" if shared else
+                        "not allowed (needs NCCL >= 2.30); gloo on CUDA tensors is the fallback"))
+    else:
+        lines.append("  GPUs: none visible to torch: every run uses gloo on the CPU"
+                     + ("" if f.get("cuda_build") is None else " (this torch is a CUDA build; no device or driver)"))
+    lines.append(f"  backends: gloo {'yes' if f.get('gloo') else 'NO'}, nccl {'yes' if f.get('nccl_backend') else 'no'}")
+    lines.append(f"  deepspeed {f.get('deepspeed') or 'not installed'}: {f.get('deepspeed_import')}")
+    lines.append(f"  transformers {f.get('transformers')}, datasets {f.get('datasets')}, "
+                 f"plotly {f.get('plotly')}, ipywidgets {f.get('ipywidgets')}")
+    if "hub_reachable" in f:
+        lines.append("  Hugging Face hub: " + ("reachable: real distilbert-base-uncased weights and GLUE SST-2"
+                                               if f["hub_reachable"] else
+                                               "not reachable (or HF_HUB_OFFLINE set): random-init DistilBERT and "
+                                               "dtlab's offline SST-2-format data, labelled in every run"))
+    lines.append("  where each lab's ranks run:")
+    for lab, p in f.get("labs", {}).items():
+        lines.append(f"    {lab}: {p['label']}")
+    notes = {p["note"] for p in f.get("labs", {}).values() if p.get("note")}
+    for n in sorted(notes):
+        lines.append(f"  note: {n}")
+    return "\n".join(lines)
+
+
+def doctor(check_hub: bool = True) -> dict:
+    """Print the report and return the facts (for lab 00 and `dtlab doctor`)."""
+    f = facts(check_hub=check_hub)
+    print(report(f))
+    return f
+
+
+def smoke_allreduce(out: str | None = None, nproc: int = 2, progress: bool = False) -> dict:
+    """A real `nproc`-rank all-reduce through the launcher (4 KiB and 1 MiB, a few timed calls each, about
+    10 s with start-up): proves that ranks start, find each other and communicate here. Returns the
+    placement, the median time per size (seconds) and the wall time of the whole check."""
+    import tempfile
+
+    from .calibration import CalibConfig, launch_calibration, samples_frame
+    from .results import RunFailed
+
+    out = out or os.path.join(tempfile.mkdtemp(prefix="dtlab-smoke-"), "allreduce")
+    cfg = CalibConfig(nproc=nproc, ops=("all_reduce",), sizes=(4096, 1 << 20), warmup=2, iters=5, rounds=1,
+                      out=out, timeout_s=120.0)
+    t0 = time.perf_counter()
+    h = launch_calibration(cfg)
+    try:
+        h.wait(progress=progress)
+    except RunFailed:
+        if h.status() != "finished":
+            raise
+        # finished, but a 2-size fit can be refused: the samples are what the smoke test needs
+    _, s = samples_frame(out)
+    med = s.groupby("nbytes")["seconds"].median()
+    from .config import RunConfig
+    return {"placement": RunConfig(nproc=nproc).placement().label, "wall_s": time.perf_counter() - t0,
+            "median_s": {int(k): float(v) for k, v in med.items()}, "samples": int(len(s)), "out": out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`dtlab doctor [--json] [--smoke]`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="dtlab doctor", description="what this machine can run, and how")
+    ap.add_argument("--json", action="store_true", help="print the facts as JSON")
+    ap.add_argument("--smoke", action="store_true", help="also run a real 2-rank all-reduce (about 10 s)")
+    ap.add_argument("--no-hub", action="store_true", help="do not probe the Hugging Face hub")
+    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.probe:
+        print(json.dumps(probe()))
+        return 0
+    f = facts(check_hub=not args.no_hub)
+    if args.smoke:
+        f["smoke_allreduce"] = smoke_allreduce()
+    if args.json:
+        print(json.dumps(f, indent=2, default=str))
+    else:
+        print(report(f))
+        if args.smoke:
+            s = f["smoke_allreduce"]
+            sizes = ", ".join(f"{n:,} B: {t * 1e3:.3f} ms" for n, t in s["median_s"].items())
+            print(f"  smoke test: 2-rank all_reduce on {s['placement']}: {sizes} (median; whole check "
+                  f"{s['wall_s']:.1f} s)")
+    return 0 if "probe_error" not in f and "torch_error" not in f else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

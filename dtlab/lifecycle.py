@@ -1,0 +1,208 @@
+"""The one lifecycle of a rank process, and what every rank body shares.
+
+`rank_main(run_dir, body)` is what torchrun runs in each rank, for training (dtlab.worker) and for calibration
+(dtlab.calibration) alike: die with torchrun, send output to the rank's own log, dump stacks on SIGUSR1, write
+`start`, run the body, write `done` or `error` (and torchrun's error file), and tear the process group down
+only after success (after a failure, peers may never join a clean shutdown: exiting is what frees them).
+Also here: the process-group setup every strategy uses, the run-time facts rank 0 adds to config.json, and the
+fault injection the drills use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+
+from .config import RunConfig, dump_json
+
+
+def rank_main(run_dir: str, body) -> int:
+    """Run `body(run_dir, rank, world, writer)` inside the rank lifecycle; returns the process exit code."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _die_with_parent()
+    _redirect_output(os.path.join(run_dir, "logs", f"rank{rank}.log"))
+    dump_stacks_on_sigusr1()  # the launcher's watchdog asks for stacks on a stall
+
+    from .recorder import EventWriter
+    writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"))
+    writer.write("start", rank=rank, world_size=world, pid=os.getpid(), host=socket.gethostname(),
+                 master_port=int(os.environ.get("MASTER_PORT", 0)), time=time.time())
+    ok = False
+    try:
+        body(run_dir, rank, world, writer)
+        writer.write("done", rank=rank, time=time.time())
+        ok = True
+        return 0
+    except BaseException as e:  # noqa: BLE001 - record even KeyboardInterrupt/SystemExit, then exit non-zero
+        tb = traceback.format_exc()
+        writer.write("error", rank=rank, time=time.time(), error=f"{type(e).__name__}: {e}", traceback=tb)
+        print(tb, file=sys.stderr, flush=True)
+        record_error_file(e)
+        return 1
+    finally:
+        if ok:  # after a failure, peers may never join a clean shutdown: exiting is what frees them
+            _teardown()
+        writer.close()
+
+
+def read_config(run_dir: str) -> dict:
+    """The run directory's config.json."""
+    with open(os.path.join(run_dir, "config.json")) as f:
+        return json.load(f)
+
+
+def setup_distributed(cfg: RunConfig, rank: int, world: int):
+    """Initialise the process group where `cfg.placement()` says (backend, device, GPU sharing); returns
+    (device, backend). On NCCL, NCCL's own per-collective timing is switched on (TORCH_NCCL_ENABLE_TIMING) so
+    dtlab's events can be checked against it."""
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    placed = cfg.placement()
+    for k, v in placed.env.items():  # read by NCCL when the communicator is created, i.e. below
+        os.environ.setdefault(k, v)
+    if placed.device == "cuda":
+        device = torch.device("cuda", placed.device_index(local_rank))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if placed.backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # work._get_duration(): NCCL's start-to-end
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+    return device, placed.backend
+
+
+def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources: dict, world: int) -> None:
+    """Rank 0 adds what was resolved at run time to config.json (versions, devices, sources)."""
+    import platform
+
+    import torch
+    import transformers
+
+    path = os.path.join(run_dir, "config.json")
+    with open(path) as f:
+        doc = json.load(f)
+    cores = os.cpu_count() or 1
+    devices = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+               if device.type == "cuda" else [platform.processor() or platform.machine()])
+    doc["resolved"] = {
+        "backend": backend, "placement": cfg.placement().to_dict(), "world_size": world, "device_type": device.type, "devices": devices,
+        "host": socket.gethostname(), "cpu_cores": cores, "torch_threads_per_rank": torch.get_num_threads(),
+        "oversubscribed": device.type == "cpu" and world > cores,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, **_optional_versions()},
+        "cuda": torch.version.cuda, "nccl": _nccl_version() if backend == "nccl" else None,
+        **sources,
+    }
+    dump_json(doc, path)
+
+
+FAULT_MODES = ("raise", "exit", "kill", "segv", "stop")
+
+
+def maybe_inject_fault(rank: int, step: int) -> None:
+    """Testing aid: DTLAB_FAULT="RANK:STEP[:MODE]" makes that rank fail at the start of that step.
+
+    MODE: raise (default; a RuntimeError the rank records), exit (os._exit(3): gone without a word),
+    kill (SIGKILL to itself, as the OOM killer does), segv (SIGSEGV, a crash in native code), stop (SIGSTOP:
+    alive but frozen, what the watchdog is for). Deterministic, unlike racing a `kill` from outside."""
+    spec = os.environ.get("DTLAB_FAULT")
+    if not spec:
+        return
+    r, s, *mode = spec.split(":")
+    mode = mode[0] if mode else "raise"
+    if mode not in FAULT_MODES:
+        raise ValueError(f"DTLAB_FAULT={spec!r}: mode must be one of {', '.join(FAULT_MODES)}")
+    if int(r) != rank or int(s) != step:
+        return
+    print(f"dtlab: injecting fault {mode!r} (DTLAB_FAULT={spec}) on rank {rank} at step {step}, "
+          f"time {time.time():.6f}", file=sys.stderr, flush=True)  # the fault drills time detection from here
+    if mode == "raise":
+        raise RuntimeError(f"injected fault (DTLAB_FAULT={spec}) on rank {rank} at step {step}")
+    if mode == "exit":
+        os._exit(3)
+    os.kill(os.getpid(), {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "stop": signal.SIGSTOP}[mode])
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """SIGUSR1 makes this rank write every thread's Python stack into its log (fd 2), even while its main
+    thread is blocked in C++ (a collective, backward): the launcher's watchdog asks for it on a stall.
+    faulthandler's handler runs at signal level, which a Python-level handler could not do there. A crash
+    (SIGSEGV, SIGBUS, SIGABRT, ...) also leaves the stack in the log before the rank dies of it."""
+    import faulthandler
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+
+
+def record_error_file(e: BaseException) -> None:
+    """Write the error to torchrun's per-rank error file (TORCHELASTIC_ERROR_FILE), so torchrun's own
+    failure report (in logs/torchrun.log) shows this rank's exception, not just its exit code."""
+    if "torch" not in sys.modules or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return  # failed before torch was even imported: the rank's log has the traceback
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+        ErrorHandler().record_exception(e)
+    except Exception:  # noqa: BLE001 - reporting must never hide the original error
+        pass
+
+
+def _optional_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+    out = {}
+    for name in ("datasets", "deepspeed"):  # read from metadata: importing deepspeed costs seconds
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _nccl_version():
+    import torch
+    try:
+        return ".".join(str(x) for x in torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank if torchrun dies: torchrun starts ranks in sessions of their own, so
+    stopping torchrun's process group would not reach them, and no rank may outlive a stopped run."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # parent already gone between fork and prctl
+            os._exit(1)
+    except OSError:
+        pass
+
+
+def _redirect_output(path: str) -> None:
+    """Send this rank's stdout/stderr (Python and C++ alike) to its own log so outputs never interleave."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+def _teardown() -> None:
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a broken group must not hide the original error
+        pass

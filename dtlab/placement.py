@@ -1,0 +1,156 @@
+"""Where ranks run: which backend, which device, how many ranks per GPU. Pure (no CUDA initialisation).
+
+One function, `plan(nproc, backend, device, ngpu, nccl_version)`, decides for every caller (config validation,
+the launcher's banner, the rank's process-group setup, `dtlab doctor`), so the notebook, the CLI and the ranks
+never disagree. The rules, for `backend="auto"` and `device="auto"`:
+
+| GPUs on the machine | what runs | what it means for the numbers |
+| --- | --- | --- |
+| >= nproc | NCCL, one GPU per rank | the real thing |
+| 1 .. nproc-1, NCCL >= 2.30, nproc <= 2 x GPUs | NCCL, 2 ranks share a GPU (`NCCL_MULTI_RANK_GPU_ENABLE=1`, experimental) | real NCCL kernels, but the ranks share one GPU's SMs and memory bandwidth: compute and communication slow each other, and no link is crossed |
+| 1 .. nproc-1 otherwise | gloo on CUDA tensors, ranks share GPUs | compute is real GPU compute; gloo stages every collective through host memory and TCP loopback, so T_comm is a host figure, not NVLink/PCIe |
+| 0 | gloo on CPU | everything is a CPU figure |
+
+A GPU machine never runs silently on the CPU: with `device="auto"` and at least one GPU, ranks use CUDA.
+`device="cpu"` asks for CPU ranks explicitly (gloo only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: First NCCL release that lets two ranks of one communicator share a GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1).
+NCCL_SHARED_GPU_MIN = (2, 30, 0)
+#: At most this many ranks per GPU under NCCL's multi-rank mode.
+NCCL_MAX_RANKS_PER_GPU = 2
+
+BACKENDS = ("auto", "nccl", "gloo")
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The resolved placement of a run's ranks.
+
+    backend: 'nccl' or 'gloo' (the torch.distributed backend); device: 'cuda' or 'cpu';
+    gpus: GPUs used (0 on CPU); ranks_per_gpu: ranks sharing each GPU (1 = one GPU per rank);
+    env: environment variables the ranks need (set before the process group starts);
+    label: one line for banners ("NCCL, 2 ranks sharing 1 GPU (experimental)"); note: what it means for the
+    numbers (empty for the plain one-GPU-per-rank case)."""
+
+    backend: str
+    device: str
+    gpus: int
+    ranks_per_gpu: int
+    label: str
+    note: str = ""
+    env: dict = field(default_factory=dict)
+
+    def device_index(self, local_rank: int) -> int | None:
+        """The CUDA device a local rank uses (ranks fill GPUs round-robin), or None on CPU."""
+        return local_rank % self.gpus if self.device == "cuda" else None
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "device": self.device, "gpus": self.gpus,
+                "ranks_per_gpu": self.ranks_per_gpu, "label": self.label, "note": self.note, "env": dict(self.env)}
+
+
+def parse_version(v) -> tuple[int, int, int] | None:
+    """'2.27.5' or (2, 27, 5) -> (2, 27, 5); None stays None."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = tuple(int(x) for x in v.split(".")[:3])
+    v = tuple(v) + (0, 0, 0)
+    return (int(v[0]), int(v[1]), int(v[2]))
+
+
+def nccl_allows_shared_gpu(nccl_version) -> bool:
+    """True when this NCCL lets two ranks share one GPU (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1)."""
+    v = parse_version(nccl_version)
+    return v is not None and v >= NCCL_SHARED_GPU_MIN
+
+
+def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
+         nccl_version=None) -> Placement:
+    """Decide backend and device for `nproc` ranks on a machine with `ngpu` GPUs (see the module docstring).
+
+    Raises ValueError naming the field when the request cannot run here."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}")
+    shared_ok = nccl_allows_shared_gpu(nccl_version)
+    nccl_v = ".".join(map(str, parse_version(nccl_version))) if nccl_version is not None else "unknown"
+
+    if device == "cpu":
+        if backend == "nccl":
+            raise ValueError("backend 'nccl' needs CUDA devices; device 'cpu' allows only 'gloo' or 'auto'")
+        return _cpu(nproc, explicit=True)
+    if ngpu == 0:
+        if backend == "nccl" or device == "cuda":
+            field_name = "backend 'nccl'" if backend == "nccl" else "device 'cuda'"
+            raise ValueError(f"{field_name} needs CUDA GPUs and this machine has none; use backend 'gloo' "
+                             "or 'auto' with device 'auto' or 'cpu'")
+        return _cpu(nproc, explicit=False)
+
+    # From here on there is at least one GPU and the ranks use CUDA.
+    if backend in ("auto", "nccl") and nproc <= ngpu:
+        return Placement("nccl", "cuda", nproc, 1, f"NCCL, {nproc} rank(s), one GPU each")
+    if backend in ("auto", "nccl") and shared_ok and nproc <= NCCL_MAX_RANKS_PER_GPU * ngpu:
+        per = -(-nproc // ngpu)
+        return Placement(
+            "nccl", "cuda", ngpu, per,
+            f"NCCL, {nproc} ranks sharing {ngpu} GPU(s), {per} per GPU (NCCL {nccl_v}, experimental multi-rank mode)",
+            note=("ranks share a GPU's SMs and memory bandwidth, so compute and communication slow each other, "
+                  "and no NVLink/PCIe link is crossed between ranks on the same GPU: T_comm is not a network figure"),
+            env={"NCCL_MULTI_RANK_GPU_ENABLE": "1"})
+    if backend == "nccl":
+        need = f"NCCL >= {'.'.join(map(str, NCCL_SHARED_GPU_MIN))}"
+        raise ValueError(f"nproc must be <= {ngpu} (GPUs on this machine) under backend 'nccl' with NCCL {nccl_v}; "
+                         f"{need} lets up to {NCCL_MAX_RANKS_PER_GPU} ranks share a GPU. Use nproc={ngpu}, "
+                         f"or backend 'gloo' (CUDA tensors, collectives through host memory), got nproc={nproc}")
+    # gloo on CUDA tensors: asked for, or the fallback when NCCL cannot place the ranks.
+    per = -(-nproc // ngpu)
+    why = "" if backend == "gloo" else (f"; NCCL {nccl_v} cannot put {nproc} ranks on {ngpu} GPU(s)")
+    return Placement(
+        "gloo", "cuda", min(ngpu, nproc), per,
+        f"gloo on CUDA tensors, {nproc} ranks on {min(ngpu, nproc)} GPU(s), {per} per GPU{why}",
+        note=("compute is real GPU compute, but gloo stages every collective through host memory and TCP "
+              "loopback: T_comm is a host-memory figure, far slower than NCCL over NVLink or PCIe"
+              + ("; ranks sharing a GPU also slow each other's compute" if per > 1 else "")))
+
+
+def _cpu(nproc: int, explicit: bool) -> Placement:
+    why = "device 'cpu' asked for" if explicit else "no CUDA GPU on this machine"
+    return Placement("gloo", "cpu", 0, 0, f"gloo on CPU, {nproc} ranks ({why})",
+                     note="every time is a CPU figure: ranks share the cores with gloo's threads, and loopback TCP "
+                          "has its own alpha and beta")
+
+
+def device_count() -> int:
+    """CUDA GPUs visible to this process.
+
+    Asked through NVML where possible so the notebook kernel creates no CUDA context (ranks are started with
+    exec, never fork, so even a context here could not leak into them).
+    """
+    import os
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - torch missing or broken driver: no GPUs usable
+        return 0
+
+
+def machine_gpus() -> tuple[int, str | None]:
+    """(CUDA GPUs visible, NCCL version string or None), asked without creating a CUDA context."""
+    n = device_count()
+    v = None
+    if n:
+        try:
+            import torch
+            v = ".".join(str(x) for x in parse_version(torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - a torch built without NCCL
+            v = None
+    return n, v
