@@ -6,90 +6,96 @@ import argparse
 import sys
 
 
+#: Old flag spellings kept working (the flags themselves are generated from RunConfig's fields).
+RUN_ALIASES = {"timeout_s": ["--timeout"], "stall_s": ["--stall"],
+               "zero-stage3_prefetch_bucket_size": ["--zero-prefetch-bucket-size"],
+               "zero-stage3_param_persistence_threshold": ["--zero-persistence-threshold"],
+               "zero-stage3_max_reuse_distance": ["--zero-max-reuse-distance"]}
+
+
+#: CalibConfig fields whose flags parse sizes and lists by hand (4K, 16M; comma lists)
+CALIB_MANUAL = ("ops", "sizes", "fit_min_bytes", "fit_max_bytes")
+
+
 def _run_parser(sub) -> None:
+    """`dtlab run`: one flag per RunConfig field (same names, defaults and help as the config), plus report
+    and progress options."""
+    from .config import RunConfig
+    from .configargs import add_arguments
     p = sub.add_parser("run", help="launch a training run and print its T_comp / T_comm breakdown")
-    p.add_argument("--strategy", default="ddp", help="ddp or zero3 (default ddp)")
-    p.add_argument("--nproc", type=int, default=None, help="ranks (default: one per GPU, or 2 on CPU)")
-    p.add_argument("--backend", default="auto", help="auto, nccl or gloo (default auto)")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap in MiB (default 25)")
-    p.add_argument("--steps", type=int, default=8, help="timed steps (default 8)")
-    p.add_argument("--warmup", type=int, default=2, help="leading steps left out of medians (default 2)")
-    p.add_argument("--baseline-steps", type=int, default=None,
-                   help="no-op comm hook steps that measure T_comp (default 3 for ddp, 0 for zero3)")
-    p.add_argument("--batch-size", type=int, default=8, help="samples per rank per step (default 8)")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sample (default 128)")
-    p.add_argument("--model", default="distilbert", help="distilbert or tiny (default distilbert)")
-    p.add_argument("--model-source", default="auto", help="auto, hub or random (default auto)")
-    p.add_argument("--model-path", default=None, help="local Hugging Face model folder")
-    p.add_argument("--data", default="auto", help="auto, glue, offline or a local SST-2-format file")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before every rank is stopped")
-    p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
+    add_arguments(p, RunConfig, group_titles={"zero": "ZeRO-3 (strategy zero3); None = sized from the model"},
+                  aliases=RUN_ALIASES)
     p.add_argument("--report", default=None, help="HTML report path (default OUT/report.html)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    z = p.add_argument_group("ZeRO-3 (strategy zero3; DeepSpeed's defaults)")
-    z.add_argument("--zero-reduce-bucket-size", type=int, default=None, help="elements per reduce-scatter bucket")
-    z.add_argument("--zero-prefetch-bucket-size", type=int, default=None, help="elements prefetched ahead")
-    z.add_argument("--zero-persistence-threshold", type=int, default=None,
-                   help="parameters with at most this many elements stay whole on every rank")
-    z.add_argument("--zero-max-reuse-distance", type=int, default=None,
-                   help="elements; 0 (with prefetch 0) re-gathers parameters in backward")
-    z.add_argument("--zero-overlap-comm", choices=["true", "false"], default=None)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dtlab", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line on stderr and exit code 2 (argparse would print the whole usage first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole `dtlab` parser. `run` and `calibrate` flags are generated from RunConfig and CalibConfig."""
+    from .calibration import CalibConfig
+    from .configargs import add_arguments
+
+    parser = _Parser(prog="dtlab", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     _run_parser(sub)
     s = sub.add_parser("show", help="print the breakdown of a finished (or partial) run")
     s.add_argument("dir")
+    t = sub.add_parser("trace", help="write a run as a Chrome/Perfetto trace (open in ui.perfetto.dev)")
+    t.add_argument("dir")
+    t.add_argument("-o", "--output", default=None, help="trace file (default DIR/trace.json)")
     c = sub.add_parser("calibrate", help="time collectives, fit alpha and beta, write a machine profile")
-    c.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
-    c.add_argument("--ops", default="all_reduce", help="comma list of all_reduce, reduce_scatter, all_gather")
+    add_arguments(c, CalibConfig, skip=CALIB_MANUAL)
+    c.add_argument("--ops", default=",".join(CalibConfig().ops),
+                   help="comma list of all_reduce, reduce_scatter, all_gather (default: %(default)s)")
     c.add_argument("--sizes", default=None, help="comma list of message sizes in bytes (suffixes K, M: KiB, MiB); "
-                   "default 4K,16K,...,64M")
-    c.add_argument("--iters", type=int, default=12, help="timed iterations per size (default 12)")
-    c.add_argument("--rounds", type=int, default=3, help="shuffled passes over all sizes (default 3)")
-    c.add_argument("--warmup", type=int, default=3, help="untimed calls before each timed block (default 3)")
-    c.add_argument("--backend", default="auto")
-    c.add_argument("--form", default="ring", help="alpha-beta form to fit: ring or textbook (default ring)")
+                   "default 4K,8K,...,64M (powers of 2)")
     c.add_argument("--fit-min-bytes", default=None, help="fit only sizes >= this (e.g. 1M)")
-    c.add_argument("--out", default=None, help="profile directory (default profiles/calib-...)")
+    c.add_argument("--fit-max-bytes", default=None, help="fit only sizes <= this (e.g. 64M)")
     c.add_argument("--no-progress", action="store_true")
+    sub.add_parser("doctor", help="what this machine can run and how each lab will run on it "
+                                  "(dtlab doctor --help)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["doctor"]:  # its own parser: `dtlab doctor --json --smoke`
+        from .doctor import main as doctor_main
+        return doctor_main(argv[1:])
     args = parser.parse_args(argv)
     try:
         if args.cmd == "run":
             return _cmd_run(args)
         if args.cmd == "show":
             return _cmd_show(args)
+        if args.cmd == "trace":
+            return _cmd_trace(args)
         if args.cmd == "calibrate":
             return _cmd_calibrate(args)
     except ValueError as e:  # bad input: one line, exit 2, nothing started
-        print(f"dtlab: error: {e}", file=sys.stderr)
+        print(f"dtlab: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     return 2
 
 
 def _cmd_run(args) -> int:
     from .config import RunConfig
+    from .configargs import from_args
     from .launcher import launch
     from .report import write_report
     from .results import RunFailed
 
-    from .config import device_count
-    nproc = args.nproc if args.nproc is not None else (device_count() or 2)
-    baseline = args.baseline_steps if args.baseline_steps is not None else (3 if args.strategy == "ddp" else 0)
-    zero = {k: v for k, v in {
-        "reduce_bucket_size": args.zero_reduce_bucket_size, "stage3_prefetch_bucket_size": args.zero_prefetch_bucket_size,
-        "stage3_param_persistence_threshold": args.zero_persistence_threshold,
-        "stage3_max_reuse_distance": args.zero_max_reuse_distance,
-        "overlap_comm": None if args.zero_overlap_comm is None else args.zero_overlap_comm == "true"}.items()
-        if v is not None}
-    cfg = RunConfig(zero=zero, strategy=args.strategy, nproc=nproc, backend=args.backend, bucket_mb=args.bucket_mb,
-                    steps=args.steps, warmup=args.warmup, baseline_steps=baseline, batch_size=args.batch_size,
-                    seq_len=args.seq_len, model=args.model, model_source=args.model_source,
-                    model_path=args.model_path, data=args.data, seed=args.seed, timeout_s=args.timeout,
-                    out=args.out)
+    cfg = from_args(args, RunConfig)
+    placed = cfg.validate().placement()
+    print(f"dtlab: {placed.label}" + (f"\n  note: {placed.note}" if placed.note else ""), file=sys.stderr)
     handle = launch(cfg)
     try:
         run = handle.wait(progress=not args.no_progress)
@@ -112,6 +118,19 @@ def _cmd_show(args) -> int:
     return 0
 
 
+def _cmd_trace(args) -> int:
+    import os
+
+    from .results import load_run
+    if not os.path.isfile(os.path.join(args.dir, "config.json")):
+        raise ValueError(f"dir: {args.dir!r} is not a dtlab run directory (no config.json)")
+    run = load_run(args.dir)
+    path = run.to_chrome_trace(args.output or os.path.join(args.dir, "trace.json"))
+    print(f"trace: {path} ({len(run.steps) + len(run.baseline_steps)} steps, "
+          f"{len(run.buckets) or len(run.collectives)} collectives); open it in ui.perfetto.dev or chrome://tracing")
+    return 0
+
+
 def parse_bytes(text: str, field: str) -> int:
     """'4096', '64K', '16M', '1G' -> bytes (binary units); ValueError naming the field otherwise."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
@@ -125,11 +144,15 @@ def parse_bytes(text: str, field: str) -> int:
 def _cmd_calibrate(args) -> int:
     from .calibration import DEFAULT_SIZES, CalibConfig, launch_calibration
     from .results import RunFailed
+    import dataclasses
+
+    from .configargs import from_args
+    base = from_args(args, CalibConfig, skip=CALIB_MANUAL)  # every scalar field, from its generated flag
     sizes = tuple(parse_bytes(s, "--sizes") for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
-    cfg = CalibConfig(nproc=args.nproc, ops=args.ops, sizes=sizes, iters=args.iters, rounds=args.rounds,
-                      warmup=args.warmup,
-                      backend=args.backend, form=args.form, out=args.out,
-                      fit_min_bytes=parse_bytes(args.fit_min_bytes, "--fit-min-bytes") if args.fit_min_bytes else None)
+    cfg = dataclasses.replace(
+        base, ops=args.ops, sizes=sizes,
+        fit_min_bytes=parse_bytes(args.fit_min_bytes, "--fit-min-bytes") if args.fit_min_bytes else None,
+        fit_max_bytes=parse_bytes(args.fit_max_bytes, "--fit-max-bytes") if args.fit_max_bytes else None)
     try:
         profile = launch_calibration(cfg).wait(progress=not args.no_progress)
     except RunFailed as e:

@@ -21,6 +21,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from . import model_figures as mf
+from .model_figures import fmt_bytes as fmt_size
 
 #: Defaults when no profile is given: plausible for one NVLink/InfiniBand-class ring, *not calibrated*.
 DEFAULT_ALPHA_S = 20e-6
@@ -37,15 +38,32 @@ SWEEP_BUCKET_MB = (0.25, 1.0, 5.0, 25.0, 100.0, 400.0, 1024.0)
 #: a measured row matches the slider's bucket size within this relative tolerance (log sliders snap)
 BUCKET_MATCH_RTOL = 0.02
 MEASURED_COLUMNS = ("nproc", "bucket_mb", "t_step")
+#: the all-reduce forms as the label writes them
+FORMULAS = {"ring": "2(p−1)α + 2(p−1)/p·nβ", "textbook": "α(p−1) + nβ/p"}
+
+
+def _anchored_min(e: float, lo_exp: float, step: float) -> float:
+    """The slider minimum at or below `lo_exp` that puts exponent `e` exactly on the slider's step grid.
+
+    The browser's slider (noUiSlider) snaps its value to min + k * step and sends the snapped value back to
+    the kernel as soon as it renders: a value off the grid would come back changed (25 MiB as 25.1 MiB, a
+    fitted alpha as a slightly different one)."""
+    return e - np.ceil((e - lo_exp) / step - 1e-9) * step
 
 
 def _log_slider(value, lo_exp, hi_exp, base, step, description, fmt) -> widgets.FloatLogSlider:
-    """A FloatLogSlider whose range is widened, if needed, to contain `value`."""
+    """A FloatLogSlider whose range contains `value` and whose step grid passes through it."""
     e = float(np.log(value) / np.log(base))
-    lo_exp, hi_exp = min(lo_exp, np.floor(e)), max(hi_exp, np.ceil(e))
+    lo_exp, hi_exp = _anchored_min(e, min(lo_exp, np.floor(e)), step), max(hi_exp, np.ceil(e))
     return widgets.FloatLogSlider(value=value, base=base, min=lo_exp, max=hi_exp, step=step,
                                   description=description, readout_format=fmt, continuous_update=True,
                                   style={"description_width": "150px"}, layout=widgets.Layout(width="480px"))
+
+
+def _on_grid_of(slider: widgets.FloatLogSlider, value: float) -> bool:
+    """True when the slider shows `value`: within half a step of it (the browser's snapping included)."""
+    d = abs(np.log(float(slider.value)) - np.log(float(value))) / np.log(slider.base)
+    return bool(d <= slider.step / 2 + 1e-9)
 
 
 class Explorer(widgets.VBox):
@@ -69,14 +87,17 @@ class Explorer(widgets.VBox):
             self._fits = _all_reduce_fits(profile)
         form0 = profile.fits["all_reduce"].form if profile is not None and "all_reduce" in profile.fits else "ring"
         if form0 in self._fits:
-            alpha, beta = self._fits[form0]
-            self._ab_source = f"profile fit ({form0})"
+            alpha, beta, how = self._fits[form0]
         else:
             alpha, beta = DEFAULT_ALPHA_S, 1.0 / (DEFAULT_BANDWIDTH_GBS * 1e9)
-            self._ab_source = "default, not calibrated"
+            how = ("default, not calibrated: an assumed value (no profile given)" if profile is None else
+                   "default, not calibrated: an assumed value (the profile has no usable all_reduce fit)")
             if profile is not None:
                 notes.append("the profile has no usable all_reduce fit (missing, or alpha/beta not positive): "
                              "using defaults")
+        #: where alpha and beta come from: the values the sliders started at (or were last loaded with)
+        #: and how they were obtained. A slider showing a different value has been moved by the user.
+        self._ref = {"alpha": alpha, "beta": beta, "how": how}
         if profile is not None and profile.caveats:
             notes += [f"profile caveat: {c}" for c in profile.caveats]
 
@@ -120,12 +141,13 @@ class Explorer(widgets.VBox):
             "alpha_us": _log_slider(alpha * 1e6, -1, 4, 10, 0.02, "α latency (µs)", ".3g"),
             "bandwidth_gbs": _log_slider(1.0 / beta / 1e9, -2, 3, 10, 0.02, "1/β bandwidth (GB/s)", ".3g"),
             "form": widgets.ToggleButtons(options=["ring", "textbook"], value=form0, description="model form",
-                                          style={"description_width": "150px", "button_width": "90px"}),
+                                          style={"description_width": "150px", "button_width": "110px"}),
             "sweep": widgets.ToggleButtons(options=[("GPU count", "nproc"), ("bucket size", "bucket_mb")],
                                            value="nproc", description="bars across",
-                                           style={"description_width": "150px", "button_width": "90px"}),
+                                           style={"description_width": "150px", "button_width": "110px"}),
         }
         self._source_label = widgets.HTML()
+        self._source_label.add_class("dtlab-sources")
         self.redraw_label = widgets.Label("redraw – ms")
         self.result = None
         self.sweep = None
@@ -143,7 +165,7 @@ class Explorer(widgets.VBox):
             self.sliders[name].observe(self._on_change, names="value")
         self.sliders["form"].observe(self._on_form, names="value")
         for name in ("alpha_us", "bandwidth_gbs"):
-            self.sliders[name].observe(self._on_manual_ab, names="value")
+            self.sliders[name].observe(self._on_ab_change, names="value")
 
         c_ms = {k: compute[k] * 1e3 for k in ("t_fwd", "t_bwd_comp", "t_opt")}
         info = [f"<b>compute per rank</b>: fwd {c_ms['t_fwd']:.3g} ms, bwd {c_ms['t_bwd_comp']:.3g} ms, "
@@ -164,11 +186,39 @@ class Explorer(widgets.VBox):
 
     # ------------------------------------------------------------ model
     def params(self) -> dict:
-        """The current setting in model units: nproc, bucket_mb (MiB), alpha (s), beta (s/byte), form."""
+        """The current setting in model units: nproc, bucket_mb (MiB), alpha (s), beta (s/byte), form.
+
+        A slider that still shows the fitted (or default) value gives that exact value, not the slider's
+        rounded copy of it: the explorer then predicts what the profile predicts."""
         s = self.sliders
+        alpha = self._ref["alpha"] if not self.moved("alpha") else float(s["alpha_us"].value) * 1e-6
+        beta = self._ref["beta"] if not self.moved("beta") else 1.0 / (float(s["bandwidth_gbs"].value) * 1e9)
         return {"nproc": int(s["nproc"].value), "bucket_mb": float(s["bucket_mb"].value),
-                "alpha": float(s["alpha_us"].value) * 1e-6, "beta": 1.0 / (float(s["bandwidth_gbs"].value) * 1e9),
-                "form": s["form"].value}
+                "alpha": alpha, "beta": beta, "form": s["form"].value}
+
+    def moved(self, which: str) -> bool:
+        """True when the user moved the 'alpha' or 'beta' (bandwidth) slider away from where the explorer put
+        it (the profile's fit or the default). Judged by value, so the browser's echo of a value it snapped
+        to the slider's grid is not a move."""
+        if which == "alpha":
+            return not _on_grid_of(self.sliders["alpha_us"], self._ref["alpha"] * 1e6)
+        if which == "beta":
+            return not _on_grid_of(self.sliders["bandwidth_gbs"], 1.0 / self._ref["beta"] / 1e9)
+        raise ValueError(f"which must be 'alpha' or 'beta', got {which!r}")
+
+    def sources(self) -> dict:
+        """'alpha' and 'beta' -> one line saying which value the model uses and where it comes from."""
+        p = self.params()
+        out = {}
+        for which, value, ref, unit, sym in (("alpha", p["alpha"] * 1e6, self._ref["alpha"] * 1e6, "µs", "α"),
+                                             ("beta", 1 / p["beta"] / 1e9, 1 / self._ref["beta"] / 1e9, "GB/s",
+                                              "1/β")):
+            if self.moved(which):
+                out[which] = (f"{sym} = {value:.3g} {unit}: moved by you, the model uses this value "
+                              f"(from {ref:.3g} {unit}, {self._ref['how']})")
+            else:
+                out[which] = f"{sym} = {value:.3g} {unit}: {self._ref['how']}"
+        return out
 
     def _configs(self, p: dict) -> list[tuple[int, float]]:
         """(nproc, bucket_mb) pairs of the breakdown figure: the sweep grid, the current setting and any
@@ -225,13 +275,17 @@ class Explorer(widgets.VBox):
     def _breakdown_fig(self) -> go.Figure:
         p = self.params()
         across = "GPU count" if self.sliders["sweep"].value == "nproc" else "bucket size"
-        title = (f"Predicted step across {across} ({p['form']}, α = {p['alpha'] * 1e6:.3g} µs, "
-                 f"1/β = {1 / p['beta'] / 1e9:.3g} GB/s); outlined: current setting")
+        title = (f"Predicted step across {across}<br>{p['form']} form, α = {p['alpha'] * 1e6:.3g} µs, "
+                 f"1/β = {1 / p['beta'] / 1e9:.3g} GB/s; outlined bar: current setting")
         return mf.predicted_breakdown_figure(self.sweep, self._measured_overlay(p),
                                              highlight=mf.config_label(p["nproc"], p["bucket_mb"]), title=title)
 
     def _timeline_height(self) -> int:
-        return int(min(760, 260 + 14 * len(self._sizes)))  # fixed, so the page does not jump as buckets change
+        # follows the bucket count: a height fixed for the most buckets possible drew one bucket as a bar
+        # hundreds of pixels thick. The timeline is the explorer's last child, so the sliders above it do
+        # not move when it grows or shrinks.
+        # at least tall enough for the legend's seven entries (a shorter plot gets a scrolling legend)
+        return int(min(760, max(340, 250 + 18 * (self.result["n_buckets"] + 1))))
 
     # ------------------------------------------------------------ callbacks
     def redraw(self, change=None) -> None:
@@ -249,44 +303,56 @@ class Explorer(widgets.VBox):
         if not self._hold:
             self.redraw()
 
-    def _on_manual_ab(self, change) -> None:
+    def _on_ab_change(self, change) -> None:
         if not self._hold:
-            self._ab_source = "set by hand"
             self._update_source_label()
 
     def _on_form(self, change) -> None:
         """Switching the form loads that form's profile fit (when there is one) before redrawing: alpha and
-        beta fitted under one form do not carry over to the other."""
-        form = change["new"]
+        beta fitted under one form do not carry over to the other. Values the user moved stay as they are."""
+        form, old = change["new"], change["old"]
+        moved = {w: self.moved(w) for w in ("alpha", "beta")}
         if form in self._fits:
-            alpha, beta = self._fits[form]
-            self._hold = True
-            try:
+            alpha, beta, how = self._fits[form]
+        else:  # nothing fitted under this form: the previous reference, labelled as the estimate it is
+            alpha, beta = self._ref["alpha"], self._ref["beta"]
+            how = (f"{self._ref['how']}; obtained under the {old} form and reused under {form} without refitting: "
+                   "an estimate" if "fitted" in self._ref["how"] else self._ref["how"])
+        self._ref = {"alpha": alpha, "beta": beta, "how": how}
+        self._hold = True
+        try:
+            if not moved["alpha"]:
                 _set_log_value(self.sliders["alpha_us"], alpha * 1e6)
+            if not moved["beta"]:
                 _set_log_value(self.sliders["bandwidth_gbs"], 1.0 / beta / 1e9)
-            finally:
-                self._hold = False
-            self._ab_source = f"profile fit ({form})"
-        elif self._ab_source.startswith("profile fit"):
-            self._ab_source = f"{self._ab_source}, reused under {form} (not refitted)"
+        finally:
+            self._hold = False
         self._update_source_label()
         self.redraw()
 
     def _update_source_label(self) -> None:
-        self._source_label.value = (f"<div style='font-size:90%;line-height:1.35'><b>α, β</b>: "
-                                    f"{html.escape(self._ab_source)}<br>{self._static_info}</div>")
+        parts = [line.partition(": ")[::2] for line in self.sources().values()]
+        if parts[0][1] == parts[1][1]:  # same origin: one line
+            parts = [(f"{parts[0][0]}, {parts[1][0]}", parts[0][1])]
+        lines = [f"<b>{html.escape(head)}</b>: {html.escape(tail)}" for head, tail in parts]
+        self._source_label.value = (f"<div style='font-size:90%;line-height:1.35'>{'<br>'.join(lines)}"
+                                    f"<br>{self._static_info}</div>")
 
 
 def _set_log_value(slider: widgets.FloatLogSlider, value: float) -> None:
+    """Put `value` on the slider, widening the range and moving the step grid so that it lies on it; one
+    message to the browser, so the view never sees the new range with the old value."""
     e = float(np.log(value) / np.log(slider.base))
-    slider.min, slider.max = min(slider.min, np.floor(e)), max(slider.max, np.ceil(e))
-    slider.value = value
+    with slider.hold_sync():
+        slider.min = _anchored_min(e, min(slider.min, np.floor(e)), slider.step)
+        slider.max = max(slider.max, np.ceil(e))
+        slider.value = value
 
 
 def _all_reduce_fits(profile) -> dict:
-    """form -> (alpha s, beta s/B) for all_reduce: the profile's own fit, plus a fit of the other form from
-    the profile's samples when they allow one. Fits with alpha or beta <= 0 are left out (a log slider cannot
-    show them, and they are not physical)."""
+    """form -> (alpha s, beta s/B, how) for all_reduce: the profile's own fit, plus a fit of the other form
+    from the profile's samples when they allow one; `how` says which, for the label. Fits with alpha or
+    beta <= 0 are left out (a log slider cannot show them, and they are not physical)."""
     from .fit import fit_alpha_beta  # scipy import deferred: explorer() without a profile does not need it
 
     fits = {}
@@ -300,7 +366,16 @@ def _all_reduce_fits(profile) -> dict:
                                             max_bytes=own.max_bytes, confidence=own.confidence)
             except ValueError:
                 pass
-    return {f: (x.alpha, x.beta) for f, x in fits.items() if x.alpha > 0 and x.beta > 0}
+    out = {}
+    for f, x in fits.items():
+        if not (x.alpha > 0 and x.beta > 0):
+            continue
+        what = (f"fitted from the profile: all_reduce, {f} form {FORMULAS.get(f, '')}, "
+                f"{fmt_size(x.min_bytes)} to {fmt_size(x.max_bytes)}")
+        if f != own.form:
+            what += f" (refitted from the profile's samples; the profile's own fit is {own.form})"
+        out[f] = (x.alpha, x.beta, what)
+    return out
 
 
 def _sync(widget: go.FigureWidget, fig: go.Figure) -> None:
@@ -327,8 +402,12 @@ def explorer(profile=None, compute=None, measured=None, param_nbytes=None) -> Ex
 
     profile: a :class:`dtlab.fit.Profile`; alpha/beta start from its all_reduce fit (and its form), else
     from DEFAULT_ALPHA_S / DEFAULT_BANDWIDTH_GBS, labelled "default, not calibrated". Switching the form
-    loads that form's fit from the profile's samples when possible. The GPU count starts at the largest
-    p in the profile's samples (8 without a profile).
+    loads that form's fit from the profile's samples when possible. The label above the sliders says, for
+    alpha and for 1/beta separately, which value the model uses and where it comes from: fitted from the
+    profile (with the form and size range), a default, an estimate reused under another form, or "moved by
+    you" once the slider shows another value (judged by value, so the browser snapping a value to the
+    slider's grid is not a move). The GPU count starts at the largest p in the profile's samples (8
+    without a profile).
     compute: dict with t_fwd, t_bwd_comp, t_opt in seconds per rank (e.g.
     :func:`dtlab.model_figures.compute_from_run`), optional 'source' text; default: a labelled DistilBERT
     placeholder (DEFAULT_COMPUTE), not a measurement.

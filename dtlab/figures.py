@@ -5,11 +5,57 @@ Times are shown in milliseconds; every axis names its unit.
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import plotly.graph_objects as go
 
 COLORS = {"T_comp": "#4C78A8", "T_comm": "#F58518", "exposed": "#E45756", "hidden": "#72B7B2",
           "fwd": "#9ECAE9", "bwd": "#4C78A8", "opt": "#54A24B", "bucket": "#F58518", "ready": "#222222"}
+
+#: Characters per title line: plotly never wraps a title, and a figure without a set width (a FigureWidget
+#: in JupyterLab, a narrow notebook) is 700 px wide; 72 characters of the 16 px title font fit with room.
+TITLE_WIDTH = 72
+TITLE_FONT_SIZE = 16
+
+
+def wrap_title(text: str, width: int = TITLE_WIDTH) -> str:
+    """`text` with <br> inserted at spaces so that no line is longer than `width` characters (markup not
+    counted). Existing <br> are kept; a line wrapped whole in <sup>...</sup> (smaller font) may be 1.3 times
+    longer and each of its pieces keeps the tag."""
+    out = []
+    for seg in text.split("<br>"):
+        m = re.fullmatch(r"<(sup|sub|b|i)>(.*)</\1>", seg, flags=re.S)
+        tag, inner = (m.group(1), m.group(2)) if m else (None, seg)
+        w = int(width * 1.3) if tag in ("sup", "sub") else width
+        # measure without markup, so '<b>x</b>' counts as one character
+        words, lines, cur, cur_len = inner.split(" "), [], [], 0
+        for word in words:
+            n = len(re.sub(r"<[^>]+>", "", word))
+            if cur and cur_len + 1 + n > w:
+                lines.append(" ".join(cur))
+                cur, cur_len = [], 0
+            cur.append(word)
+            cur_len += n + (1 if cur_len else 0)
+        lines.append(" ".join(cur))
+        out += [f"<{tag}>{ln}</{tag}>" if tag else ln for ln in lines]
+    return "<br>".join(out)
+
+
+def set_title(fig: go.Figure, text: str, width: int = TITLE_WIDTH, extra_top: int = 0) -> go.Figure:
+    """Give `fig` a wrapped, left-aligned title and a top margin tall enough for all of its lines (plus
+    `extra_top` pixels for what sits between the title and the plot, such as subplot titles)."""
+    wrapped = wrap_title(text, width)
+    n = wrapped.count("<br>") + 1
+    # Anchored at the figure's top: plotly places the first line's baseline at the anchor plus the pad, so
+    # the pad must exceed the font's ascent or the first line is cut; later lines go downwards, and the top
+    # margin is made to hold them all. (Anchored at the plot's top instead, extra lines would run down into
+    # the plot: plotly does not lift a multi-line title.)
+    pad = TITLE_FONT_SIZE + 8
+    fig.update_layout(title=dict(text=wrapped, x=0, xanchor="left", xref="paper", y=1, yanchor="top",
+                                 yref="container", pad=dict(t=pad), font=dict(size=TITLE_FONT_SIZE)),
+                      margin=dict(t=pad + int(TITLE_FONT_SIZE * 1.35) * (n - 1) + 20 + extra_top))
+    return fig
 
 
 def breakdown_bar(summary: pd.DataFrame, title: str = "") -> go.Figure:
@@ -19,13 +65,15 @@ def breakdown_bar(summary: pd.DataFrame, title: str = "") -> go.Figure:
     vals = [float(s.loc[n, "value"]) * 1e3 for n in names]
     colors = ["#888888", COLORS["T_comp"], COLORS["T_comm"], COLORS["exposed"]]
     hover = [str(s.loc[n, "how"]) for n in names]
-    fig = go.Figure(go.Bar(x=names, y=vals, marker_color=colors, text=[f"{v:.0f} ms" for v in vals],
-                           textposition="outside", hovertext=hover, hoverinfo="text+y"))
+    # an estimated quantity says so under its bar, not only in the hover text
+    labels = [f"{n}<br>(estimated)" if h.lower().startswith("estimated") else n for n, h in zip(names, hover)]
+    fig = go.Figure(go.Bar(x=labels, y=vals, marker_color=colors, text=[f"{v:.0f} ms" for v in vals],
+                           textposition="outside", cliponaxis=False,  # the value above the tallest bar stays whole
+                           hovertext=hover, hoverinfo="text+y"))
     ov = float(s.loc["overlap", "value"])
-    fig.update_layout(title=f"{title} step breakdown (medians; overlap = {ov:.0%})" if title
-                      else f"Step breakdown (medians; overlap = {ov:.0%})",
-                      yaxis_title="time per step (ms)", showlegend=False, height=380)
-    return fig
+    fig.update_layout(yaxis_title="time per step (ms)", showlegend=False, height=380)
+    return set_title(fig, f"{title} step breakdown (medians; overlap = {ov:.0%})" if title
+                     else f"Step breakdown (medians; overlap = {ov:.0%})")
 
 
 def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
@@ -33,7 +81,7 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
     its own row, with a marker where the bucket became ready. Times in ms from the step start."""
     st = run.steps[run.steps["rank"] == rank]
     if st.empty:
-        return go.Figure().update_layout(title=f"no steps recorded on rank {rank}")
+        return set_title(go.Figure(), f"no steps recorded on rank {rank}")
     if step is None:  # the last measured step: past warm-up and DDP's bucket rebuild
         step = int(st["step"].max())
     row = st[st["step"] == step].iloc[0]
@@ -63,10 +111,9 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
                                  hovertemplate=label + ": %{x:.1f} ms, %{customdata:.2f} MiB<extra></extra>"))
             rows += 1
     what = "collectives" if not c.empty else "all-reduces"
-    fig.update_layout(title=f"Rank {rank}, step {step}: {what} against compute",
-                      xaxis_title="time from step start (ms)", barmode="overlay", height=220 + 22 * rows,
+    fig.update_layout(xaxis_title="time from step start (ms)", barmode="overlay", height=220 + 22 * rows,
                       yaxis=dict(autorange="reversed"))
-    return fig
+    return set_title(fig, f"Rank {rank}, step {step}: {what} against compute")
 
 
 def per_step_lines(run) -> go.Figure:
@@ -75,8 +122,8 @@ def per_step_lines(run) -> go.Figure:
     fig = go.Figure()
     for col, name in (("t_step", "T_step"), ("t_comm", "T_comm")):
         fig.add_trace(go.Scatter(x=ps["step"], y=ps[col] * 1e3, mode="lines+markers", name=name))
-    fig.update_layout(xaxis_title="step", yaxis_title="time (ms)", title="Per-step times (slowest rank)")
-    return fig
+    fig.update_layout(xaxis_title="step", yaxis_title="time (ms)")
+    return set_title(fig, "Per-step times (slowest rank)")
 
 
 
@@ -97,9 +144,8 @@ def memory_bars(runs: dict) -> go.Figure:
                 kinds |= set(m["peak_kind"].dropna())
         label = f"{name} ({', '.join(sorted(kinds))})" if kinds else name
         fig.add_trace(go.Bar(x=list(runs), y=ys, name=label, hovertemplate="%{y:.3f} GB<extra>" + label + "</extra>"))
-    fig.update_layout(barmode="group", yaxis_title="bytes per rank (GB)", title="Memory per rank (largest rank)",
-                      height=380)
-    return fig
+    fig.update_layout(barmode="group", yaxis_title="bytes per rank (GB)", height=380)
+    return set_title(fig, "Memory per rank (largest rank)")
 
 
 def bytes_by_op(run, step: int | None = None, rank: int = 0) -> go.Figure:
@@ -120,6 +166,5 @@ def bytes_by_op(run, step: int | None = None, rank: int = 0) -> go.Figure:
     for phase, g in d.groupby("phase"):
         fig.add_trace(go.Bar(x=g["op"], y=g["nbytes"] / 1e6, name=phase, text=[f"{v / 1e6:,.1f} MB" for v in g["nbytes"]],
                              textposition="auto"))
-    fig.update_layout(barmode="stack", yaxis_title="bytes moved per step (MB)",
-                      title=f"Bytes moved per step ({run.config.get('strategy')}, rank {rank}, step {step})", height=360)
-    return fig
+    fig.update_layout(barmode="stack", yaxis_title="bytes moved per step (MB)", height=360)
+    return set_title(fig, f"Bytes moved per step ({run.config.get('strategy')}, rank {rank}, step {step})")

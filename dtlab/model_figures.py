@@ -19,7 +19,8 @@ from plotly.subplots import make_subplots
 
 from . import buckets as bk
 from . import costmodel
-from .figures import COLORS
+from .figures import COLORS, set_title
+from .modeling import TINY_ARCH  # a plain dict; dtlab.modeling imports torch only inside its functions
 
 MIB = 1024 * 1024
 
@@ -58,16 +59,21 @@ def _fmt_gbs(x) -> str:
     return "∞" if not np.isfinite(x) else f"{x:.3g}"
 
 
-def _fit_text(fit) -> str:
-    """'ring fit: α = 21.3 µs [19.9, 22.8], 1/β = 9.9 GB/s [9.6, 10.3]' with the fit's confidence level."""
+def _fit_lines(fit) -> list[str]:
+    """['ring fit: α = 21.3 µs [19.9, 22.8]', '1/β = 9.9 GB/s [9.6, 10.3] (95% CI)', 'rms error 3.1%']."""
     a_lo, a_hi = (x * 1e6 for x in fit.alpha_ci)
     b_lo, b_hi = fit.beta_ci
     # a bandwidth CI is the beta CI inverted: the high beta bound is the low bandwidth bound
     bw_lo, bw_hi = _bw_gbs(b_hi), _bw_gbs(b_lo)
     level = f"{fit.confidence:.0%} CI"
-    return (f"{fit.form} fit: α = {fit.alpha * 1e6:.3g} µs [{a_lo:.3g}, {a_hi:.3g}], "
-            f"1/β = {_fmt_gbs(_bw_gbs(fit.beta))} GB/s [{_fmt_gbs(bw_lo)}, {_fmt_gbs(bw_hi)}] ({level}), "
-            f"rms error {fit.rel_rms:.1%}")
+    return [f"{fit.form} fit: α = {fit.alpha * 1e6:.3g} µs [{a_lo:.3g}, {a_hi:.3g}]",
+            f"1/β = {_fmt_gbs(_bw_gbs(fit.beta))} GB/s [{_fmt_gbs(bw_lo)}, {_fmt_gbs(bw_hi)}] ({level})",
+            f"rms error {fit.rel_rms:.1%}"]
+
+
+def _fit_text(fit) -> str:
+    """'ring fit: α = 21.3 µs [19.9, 22.8], 1/β = 9.9 GB/s [9.6, 10.3] (95% CI), rms error 3.1%'."""
+    return ", ".join(_fit_lines(fit))
 
 
 def _bytes_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
@@ -120,7 +126,8 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
     col_titles = []
     for o in ops:
         fit = profile.fits.get(o)
-        col_titles.append(f"<b>{o}</b><br>{_fit_text(fit).replace(', rms', '<br>rms')}" if fit
+        # one short line each: with three ops a column is about a third of the figure wide
+        col_titles.append("<br>".join([f"<b>{o}</b>"] + _fit_lines(fit)) if fit
                           else f"<b>{o}</b><br>not fitted (see notes)")
     titles = col_titles + [""] * (2 * len(ops))
     fig = make_subplots(rows=3, cols=len(ops), shared_xaxes=True, vertical_spacing=0.05,
@@ -238,15 +245,15 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
     notes = list(profile.caveats) + [w for o in ops if o in profile.fits for w in profile.fits[o].warnings]
     bottom = 70
     if notes:
-        lines = [ln for n in notes for ln in textwrap.wrap("⚠ " + n, 140, subsequent_indent="   ")]
+        lines = [ln for n in notes for ln in textwrap.wrap("⚠ " + n, 110, subsequent_indent="   ")]
         text = "<br>".join(lines)
         # below the x-axis title: anchored at the plot's bottom edge, shifted down in pixels
         fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=0, yshift=-62, xanchor="left",
                            yanchor="top", showarrow=False, align="left", font=dict(size=11, color="#8a4b00"))
         bottom += 10 + 16 * len(lines)
-    fig.update_layout(title=dict(text=title, font_size=14), height=780 + bottom - 70,
-                      margin=dict(b=bottom, t=130), legend=dict(font_size=11))
-    return fig
+    fig.update_layout(height=780 + bottom - 70, margin=dict(b=bottom), legend=dict(font_size=11))
+    # the column titles (up to 4 lines of 12 px) sit between the figure title and the plots
+    return set_title(fig, title, width=90 if len(ops) > 1 else 72, extra_top=70)
 
 
 # ------------------------------------------------------------------ textbook vs ring
@@ -289,10 +296,9 @@ def forms_figure(alpha, beta, nbytes, nproc_values) -> go.Figure:
     fig.update_xaxes(type="log", tickvals=p, ticktext=[str(int(x)) for x in p], title_text="GPU count p (processes)")
     fig.update_yaxes(title_text="time per all-reduce (ms)", row=1, col=1)
     fig.update_yaxes(rangemode="tozero")
-    fig.update_layout(title=(f"All-reduce of {fmt_bytes(n)}: textbook vs ring "
-                             f"(α = {alpha * 1e6:.3g} µs, 1/β = {_fmt_gbs(_bw_gbs(beta))} GB/s){ratio}"),
-                      height=420)
-    return fig
+    fig.update_layout(height=440)
+    return set_title(fig, f"All-reduce of {fmt_bytes(n)}: textbook vs ring "
+                          f"(α = {alpha * 1e6:.3g} µs, 1/β = {_fmt_gbs(_bw_gbs(beta))} GB/s){ratio}", extra_top=24)
 
 
 # ------------------------------------------------------------------ what-if model
@@ -311,9 +317,31 @@ def distilbert_param_nbytes(num_labels: int = 2) -> list[int]:
     DDP's gradients become ready in roughly the *reverse* of this order: pass ``[::-1]`` to
     :func:`whatif` / :func:`dtlab.buckets.bucket_layout`.
     """
+    return _distilbert_nbytes(num_labels)
+
+
+#: The architectures of RunConfig.model, as DistilBertConfig fields: DistilBertConfig()'s defaults and
+#: dtlab.modeling's tiny preset (what the ranks build).
+MODEL_ARCH = {"distilbert": dict(vocab_size=30522, dim=768, n_layers=6, hidden_dim=3072,
+                                 max_position_embeddings=512),
+              "tiny": {k: TINY_ARCH[k] for k in ("vocab_size", "dim", "n_layers", "hidden_dim",
+                                                  "max_position_embeddings")}}
+
+
+def model_param_nbytes(model: str, num_labels: int = 2) -> list[int]:
+    """Gradient bytes of every tensor of a `RunConfig.model` ('distilbert' or 'tiny'), registration order,
+    from the architecture alone (no torch). ``sum(...) // 4`` is the parameter count a run of that config
+    reports as ``run.resolved["num_parameters"]``: labs print it instead of quoting DistilBERT's count."""
+    if model not in MODEL_ARCH:
+        raise ValueError(f"model must be one of {sorted(MODEL_ARCH)}, got {model!r}")
+    a = MODEL_ARCH[model]
+    return _distilbert_nbytes(num_labels, a["vocab_size"], a["dim"], a["n_layers"], a["hidden_dim"],
+                              a["max_position_embeddings"])
+
+
+def _distilbert_nbytes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072, positions=512) -> list[int]:
     if int(num_labels) < 1:
         raise ValueError(f"num_labels must be an integer >= 1, got {num_labels!r}")
-    vocab, dim, layers, hidden, positions = 30522, 768, 6, 3072, 512
 
     def linear(n_in, n_out):  # torch.nn.Linear registers weight (out x in) then bias (out)
         return [n_out * n_in, n_out]
@@ -460,15 +488,17 @@ def predicted_breakdown_figure(df: pd.DataFrame, measured: pd.DataFrame | None =
         style = {"t_step": ("measured T_step", dict(symbol="x", size=12, color="#111")),
                  "t_comm": ("measured T_comm", dict(symbol="diamond-open", size=12, color=COLORS["T_comm"],
                                                     line=dict(width=2))),
-                 "t_comp": ("measured T_comp", dict(symbol="line-ew-open", size=18, color=COLORS["T_comp"],
-                                                    line=dict(width=3)))}
+                 # gold, not the T_comp bar's blue: drawn on that bar, a blue mark would be invisible
+                 "t_comp": ("measured T_comp", dict(symbol="line-ew-open", size=30, color="#F2C12E",
+                                                    line=dict(width=4)))}
         for col, (name, marker) in style.items():
             if col not in measured.columns:
                 continue
             fig.add_trace(go.Scatter(x=measured["label"].astype(str).tolist(),
                                      y=measured[col].to_numpy(float) * 1e3, mode="markers", name=name,
                                      marker=marker, hovertemplate="%{x}<br>" + name + " %{y:.2f} ms<extra></extra>"))
-    fig.update_layout(barmode="stack", title=title or "Predicted step time: compute + exposed communication",
+    set_title(fig, title or "Predicted step time: compute + exposed communication")
+    fig.update_layout(barmode="stack",
                       xaxis_title="configuration (GPU count p, bucket size in MiB)",
                       yaxis_title="time per step (ms)", height=420, legend=dict(font_size=11),
                       xaxis=dict(type="category", categoryorder="array", categoryarray=labels))
@@ -510,10 +540,10 @@ def whatif_timeline_figure(result: dict, height: int | None = None) -> go.Figure
     n = len(labels)
     overlap = result["overlap"]
     ov = "no communication" if not np.isfinite(overlap) else f"overlap {overlap:.0%}"
+    set_title(fig, f"Predicted bucket queue: p={result['nproc']}, {fmt_mib(result['bucket_mb'])} MiB cap, "
+                   f"{n} bucket{'s' if n != 1 else ''}, {result['form']} form<br>"
+                   f"T_step {result['t_step'] * 1e3:.1f} ms, exposed {exposed * 1e3:.1f} ms, {ov}")
     fig.update_layout(
-        title=(f"Predicted bucket queue: p={result['nproc']}, {fmt_mib(result['bucket_mb'])} MiB buckets "
-               f"({n} buckets), {result['form']} — T_step {result['t_step'] * 1e3:.1f} ms, "
-               f"exposed {exposed * 1e3:.1f} ms, {ov}"),
         xaxis_title="time from step start (ms)", yaxis_title="bucket (size in MiB)",
         barmode="overlay", height=height or int(min(760, 240 + 16 * n)),
         yaxis=dict(autorange="reversed", type="category", tickfont=dict(size=10 if n <= 40 else 8)),

@@ -56,6 +56,16 @@ def test_distilbert_param_nbytes():
     assert sum(mf.distilbert_param_nbytes(num_labels=3)) == sum(sizes) + (768 + 1) * 4
 
 
+def test_model_param_nbytes_matches_the_configs():
+    """What lab 1 prints before a run: the parameter count of the config in use, not DistilBERT's always."""
+    assert mf.model_param_nbytes("distilbert") == mf.distilbert_param_nbytes()
+    # the tiny preset (dtlab.modeling.TINY_ARCH) built by transformers has 1,011,362 parameters in 40 tensors
+    tiny = mf.model_param_nbytes("tiny")
+    assert sum(tiny) == 1_011_362 * 4 and len(tiny) == 40
+    with pytest.raises(ValueError, match="model must be one of"):
+        mf.model_param_nbytes("gpt2")
+
+
 def test_whatif_single_process_has_no_comm():
     sizes = mf.distilbert_param_nbytes()[::-1]
     r = mf.whatif(0.01, 0.02, 0.003, sizes, 25, 1, ALPHA, BETA)
@@ -189,7 +199,8 @@ def test_explorer_with_profile_and_measured():
     assert ex.sliders["bandwidth_gbs"].value == pytest.approx(1 / fit.beta / 1e9)
     assert ex.sliders["nproc"].value == 4  # the largest p the profile measured
     header = ex.children[0].value
-    assert "profile fit (ring)" in header and "gloo on CPU" in header and "test compute" in header
+    assert "fitted from the profile: all_reduce, ring form" in header
+    assert "gloo on CPU" in header and "test compute" in header
 
     names = [t.name for t in ex.figures["breakdown"].data]
     assert names[3:] == ["measured T_step", "measured T_comm", "measured T_comp"]
@@ -206,7 +217,7 @@ def test_explorer_with_profile_and_measured():
     alpha_ring = ex.sliders["alpha_us"].value
     ex.sliders["form"].value = "textbook"  # loads the textbook fit of the same samples
     assert ex.sliders["alpha_us"].value != pytest.approx(alpha_ring)
-    assert "profile fit (textbook)" in ex.children[0].value
+    assert "textbook form" in ex.children[0].value and "refitted from the profile" in ex.children[0].value
     assert ex.result["form"] == "textbook"
 
 
@@ -226,7 +237,8 @@ def test_compute_from_run():
 
     steps = pd.DataFrame([[r, s, 0.010 + r * 0.001, 0.030, 0.003, 0.045 + r * 0.001, 1.0]
                           for s in range(3) for r in range(2)], columns=STEP_COLUMNS)
-    buckets = pd.DataFrame([[r, s, b, 1000, 1, 0.010 + r * 0.001 + 0.01 * (b + 1), 0.0, 0.0]
+    buckets = pd.DataFrame([{"rank": r, "step": s, "bucket": b, "nbytes": 1000, "nparams": 1,
+                             "t_ready": 0.010 + r * 0.001 + 0.01 * (b + 1), "t_start": 0.0, "t_end": 0.0}
                             for s in range(3) for r in range(2) for b in range(2)], columns=BUCKET_COLUMNS)
     empty = pd.DataFrame(columns=STEP_COLUMNS)
     run = Run(path="fake", config={"warmup": 1}, resolved={}, status={}, steps=steps, baseline_steps=empty,
@@ -237,3 +249,75 @@ def test_compute_from_run():
     run.baseline_steps = steps.assign(step=steps["step"] + 10)
     meas = mf.compute_from_run(run)
     assert meas["t_bwd_comp"] == pytest.approx(0.030) and "baseline" in meas["source"]
+
+
+def browser_echo(slider, value=None):
+    """What the browser's slider sends back when it renders (or re-renders) a value: the value snapped to
+    its step grid, min + k * step in exponent units, computed in floating point."""
+    e = np.log(slider.value if value is None else value) / np.log(slider.base)
+    k = np.round((e - slider.min) / slider.step)
+    slider.value = float(slider.base ** (slider.min + k * slider.step))
+
+
+def test_explorer_labels_where_alpha_beta_come_from():
+    """A fitted alpha or beta is labelled as fitted (with its form) until the user moves that slider; the
+    browser echoing a snapped value is not a move; each slider is labelled on its own."""
+    from dtlab.dashboard import explorer
+
+    prof = synth_profile()
+    fit = prof.fits["all_reduce"]
+    ex = explorer(profile=prof, compute=COMPUTE)
+
+    def label():
+        return ex.children[0].value
+
+    # the browser renders every slider and sends back its snapped value: nothing was moved
+    for name in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs"):
+        if name != "nproc":
+            browser_echo(ex.sliders[name])
+    text = label()
+    assert "set by hand" not in text and "moved by you" not in text, text
+    assert f"α = {fit.alpha * 1e6:.3g} µs, 1/β = {1 / fit.beta / 1e9:.3g} GB/s</b>: fitted from the profile" in text
+    assert "ring form 2(p−1)α + 2(p−1)/p·nβ" in text
+    assert not ex.moved("alpha") and not ex.moved("beta")
+    assert ex.params()["alpha"] == fit.alpha and ex.params()["beta"] == fit.beta  # the fit itself, not a rounding
+    # every log slider starts on its own grid: the echo does not change what it shows (25 MiB stays 25 MiB)
+    assert ex.sliders["bucket_mb"].value == pytest.approx(25.0, rel=1e-9)
+    assert ex.sliders["alpha_us"].value == pytest.approx(fit.alpha * 1e6, rel=1e-9)
+
+    # the user moves the bandwidth slider: that one, and only that one, says so
+    ex.sliders["bandwidth_gbs"].value = 1.0
+    text = label()
+    assert "<b>1/β = 1 GB/s</b>: moved by you" in text
+    assert f"<b>α = {fit.alpha * 1e6:.3g} µs</b>: fitted from the profile" in text
+    assert ex.params()["beta"] == pytest.approx(1e-9)
+    # and back onto the fitted value (as the browser would send it): fitted again
+    browser_echo(ex.sliders["bandwidth_gbs"], 1 / fit.beta / 1e9)
+    assert "moved by you" not in label() and ex.params()["beta"] == fit.beta
+
+    # switching the form loads the other form's fit, refitted from the samples, and says so
+    ex.sliders["form"].value = "textbook"
+    browser_echo(ex.sliders["alpha_us"])
+    browser_echo(ex.sliders["bandwidth_gbs"])
+    text = label()
+    assert "textbook form α(p−1) + nβ/p" in text and "refitted from the profile" in text
+    assert "moved by you" not in text and "set by hand" not in text
+    # a value the user moved stays theirs across a form switch, labelled as such
+    ex.sliders["alpha_us"].value = 500.0
+    ex.sliders["form"].value = "ring"
+    assert ex.sliders["alpha_us"].value == pytest.approx(500.0)
+    assert "<b>α = 500 µs</b>: moved by you" in label() and "ring form" in label()
+
+
+def test_explorer_labels_defaults_and_reused_fits_as_estimates():
+    from dtlab.dashboard import explorer
+
+    text = explorer().children[0].value
+    assert "default, not calibrated: an assumed value" in text and "fitted" not in text
+
+    prof = synth_profile()
+    prof.samples = prof.samples.iloc[0:0]  # a fit without samples: the other form cannot be refitted
+    ex = explorer(profile=prof, compute=COMPUTE)
+    ex.sliders["form"].value = "textbook"
+    text = ex.children[0].value
+    assert "reused under textbook without refitting: an estimate" in text

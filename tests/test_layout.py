@@ -1,0 +1,112 @@
+"""The package's shape: no import circle among dtlab modules (top-level or deferred imports alike)."""
+
+import ast
+import dataclasses
+import pathlib
+
+import pytest
+
+
+PKG = pathlib.Path(__file__).resolve().parent.parent / "dtlab"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """dtlab module -> dtlab modules it imports anywhere in its body (deferred imports count: a circle through a
+    function-level import is still a circle)."""
+    mods = {_module_name(p): p for p in PKG.rglob("*.py")}
+    graph = {m: set() for m in mods}
+    for mod, path in mods.items():
+        pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    stem = node.module or ""
+                targets = [stem] + [f"{stem}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                if t in mods and t != mod and t != "dtlab":
+                    graph[mod].add(t)
+    return graph
+
+
+def find_cycle(graph):
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                c = visit(m)
+                if c:
+                    return c
+        state[n] = 2
+        stack.pop()
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            c = visit(n)
+            if c:
+                return c
+    return None
+
+
+def test_no_import_circle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_planted_circle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _defaults(cls, prefix=""):
+    out = {}
+    for f in dataclasses.fields(cls):
+        d = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if dataclasses.is_dataclass(d):
+            out.update(_defaults(type(d), prefix=f"{prefix}{f.name}_"))
+        else:
+            out[prefix + f.name] = d
+    return out
+
+
+@pytest.mark.parametrize("command,cls", [("run", "RunConfig"), ("calibrate", "CalibConfig")])
+def test_cli_defaults_are_the_config_defaults(command, cls):
+    """Every config field has a flag, and parsing no flags gives the config's own default for each."""
+    from dtlab import calibration, config
+    from dtlab.cli import build_parser
+    klass = {"RunConfig": config.RunConfig, "CalibConfig": calibration.CalibConfig}[cls]
+    args = vars(build_parser().parse_args([command]))
+    want = _defaults(klass)
+    skipped = {"ops", "sizes", "fit_min_bytes", "fit_max_bytes"} if command == "calibrate" else set()
+    for name, default in want.items():
+        if name in skipped:
+            continue
+        assert name in args, f"--{name.replace('_', '-')} is missing from `dtlab {command}`"
+        assert args[name] == default, f"`dtlab {command}` --{name}: {args[name]!r} != config default {default!r}"
+
+
+def test_python_m_dtlab_works():
+    import subprocess
+    import sys
+    cp = subprocess.run([sys.executable, "-m", "dtlab", "--help"], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0 and "run" in cp.stdout and "doctor" in cp.stdout and "trace" in cp.stdout
