@@ -1,4 +1,4 @@
-"""Explorer redraw time: move each control of `dtlab.dashboard.explorer()` 50 times, print median and max.
+"""Explorer redraw time: move each control of `dtlab.viz.dashboard.explorer()` 50 times, print median and max.
 
 A redraw is what one slider move costs in the kernel: re-evaluating the model (bucket layout, alpha-beta
 durations, queue simulation for the current setting and every bar of the breakdown) and updating both
@@ -22,11 +22,11 @@ def main():
     ap.add_argument("--profile", default=None, help="a profile directory (default: uncalibrated defaults)")
     a = ap.parse_args()
 
-    from dtlab.dashboard import explorer
+    from dtlab.viz.dashboard import explorer
 
     profile = None
     if a.profile:
-        from dtlab.fit import load_profile
+        from dtlab.model.fit import load_profile
         profile = load_profile(a.profile)
     t0 = time.perf_counter()
     ex = explorer(profile=profile)

@@ -1,7 +1,7 @@
 """Fault drills: is the right rank named, how fast, and is anything left behind? Not a test: it prints a table.
 
 Each fault is injected N times into a 2-rank gloo run of the tiny model with DTLAB_FAULT="RANK:STEP:MODE" (the
-rank hurts itself at the start of that step, see dtlab.lifecycle.maybe_inject_fault) and the launcher's answer is
+rank hurts itself at the start of that step, see dtlab.rank.lifecycle.maybe_inject_fault) and the launcher's answer is
 timed from the moment of the fault (the time the rank printed just before hurting itself) to the moment
 RunFailed reached the caller:
 

@@ -21,7 +21,7 @@ import numpy as np
 
 import dtlab
 from dtlab.launcher import free_port
-from dtlab.prediction import prediction_summary
+from dtlab.model.prediction import prediction_summary
 
 # 3 x 2^k: between the calibration sizes (powers of 2), never equal to one
 REPEATS = 3

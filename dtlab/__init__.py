@@ -3,7 +3,7 @@
 The data path runs one way: RunConfig -> launch (torchrun) -> ranks record into a run directory ->
 load_run -> DataFrames -> cost model and figures. See README.md for the definitions every lab uses.
 
-Names are imported on first use: a rank started as `python -m dtlab.worker` must not pay for pandas, scipy
+Names are imported on first use: a rank started as `python -m dtlab.rank.worker` must not pay for pandas, scipy
 and plotly before it has even set up its parent-death signal.
 """
 
@@ -15,7 +15,7 @@ _WHERE = {
     "RunConfig": "config", "ZeroConfig": "config", "tiny": "config",
     "launch": "launcher", "run": "launcher", "Handle": "launcher",
     "Run": "results", "RunFailed": "results", "load_run": "results",
-    "calibrate": "calibration", "Profile": "fit", "load_profile": "fit", "predict": "prediction", "sweep": "sweeps",
+    "calibrate": "calibration", "Profile": "model.fit", "load_profile": "model.fit", "predict": "model.prediction", "sweep": "sweeps",
 }
 
 __all__ = list(_WHERE)

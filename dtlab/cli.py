@@ -20,8 +20,8 @@ CALIB_MANUAL = ("ops", "sizes", "fit_min_bytes", "fit_max_bytes")
 def _run_parser(sub) -> None:
     """`dtlab run`: one flag per RunConfig field (same names, defaults and help as the config), plus report
     and progress options."""
-    from .config import RunConfig
-    from .configargs import add_arguments
+    from dtlab.config import RunConfig
+    from dtlab.configargs import add_arguments
     p = sub.add_parser("run", help="launch a training run and print its T_comp / T_comm breakdown")
     add_arguments(p, RunConfig, group_titles={"zero": "ZeRO-3 (strategy zero3); None = sized from the model"},
                   aliases=RUN_ALIASES)
@@ -38,8 +38,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole `dtlab` parser. `run` and `calibrate` flags are generated from RunConfig and CalibConfig."""
-    from .calibration import CalibConfig
-    from .configargs import add_arguments
+    from dtlab.calibration import CalibConfig
+    from dtlab.configargs import add_arguments
 
     parser = _Parser(prog="dtlab", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["doctor"]:  # its own parser: `dtlab doctor --json --smoke`
-        from .doctor import main as doctor_main
+        from dtlab.doctor import main as doctor_main
         return doctor_main(argv[1:])
     args = parser.parse_args(argv)
     try:
@@ -87,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cmd_run(args) -> int:
-    from .config import RunConfig
-    from .configargs import from_args
-    from .launcher import launch
-    from .report import write_report
-    from .results import RunFailed
+    from dtlab.config import RunConfig
+    from dtlab.configargs import from_args
+    from dtlab.launcher import launch
+    from dtlab.viz.report import write_report
+    from dtlab.results import RunFailed
 
     cfg = from_args(args, RunConfig)
     placed = cfg.validate().placement()
@@ -111,7 +111,7 @@ def _cmd_run(args) -> int:
 def _cmd_show(args) -> int:
     import os
 
-    from .results import load_run
+    from dtlab.results import load_run
     if not os.path.isfile(os.path.join(args.dir, "config.json")):
         raise ValueError(f"dir: {args.dir!r} is not a dtlab run directory (no config.json)")
     print(load_run(args.dir).breakdown_table())
@@ -121,7 +121,7 @@ def _cmd_show(args) -> int:
 def _cmd_trace(args) -> int:
     import os
 
-    from .results import load_run
+    from dtlab.results import load_run
     if not os.path.isfile(os.path.join(args.dir, "config.json")):
         raise ValueError(f"dir: {args.dir!r} is not a dtlab run directory (no config.json)")
     run = load_run(args.dir)
@@ -142,11 +142,11 @@ def parse_bytes(text: str, field: str) -> int:
 
 
 def _cmd_calibrate(args) -> int:
-    from .calibration import DEFAULT_SIZES, CalibConfig, launch_calibration
-    from .results import RunFailed
+    from dtlab.calibration import DEFAULT_SIZES, CalibConfig, launch_calibration
+    from dtlab.results import RunFailed
     import dataclasses
 
-    from .configargs import from_args
+    from dtlab.configargs import from_args
     base = from_args(args, CalibConfig, skip=CALIB_MANUAL)  # every scalar field, from its generated flag
     sizes = tuple(parse_bytes(s, "--sizes") for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
     cfg = dataclasses.replace(

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .placement import device_count  # noqa: F401 - re-exported: dtlab.config.device_count
+from dtlab.placement import device_count  # noqa: F401 - re-exported: dtlab.config.device_count
 
 STRATEGIES = ("ddp", "zero3")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -112,7 +112,7 @@ class RunConfig:
     """'auto' (GLUE SST-2 via datasets if reachable, else the offline set), 'glue', 'offline',
     or a path to a local .csv/.tsv/.json/.jsonl/.parquet file with columns `sentence` and `label`. A file is
     read and checked by `validate()` before anything starts (non-empty sentences, labels 0/1, at least
-    batch_size x nproc rows); a run needing more rows than it has cycles through it (dtlab.modeling)."""
+    batch_size x nproc rows); a run needing more rows than it has cycles through it (dtlab.rank.data)."""
     record: bool = True
     """Record every bucket with the comm hook; False runs plain DDP (its built-in all-reduce, no hook), which
     the overhead benchmark compares against."""
@@ -176,7 +176,7 @@ class RunConfig:
             if not self.data.lower().endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet")):
                 raise ValueError(f"data file must end in .csv, .tsv, .json, .jsonl or .parquet, got {self.data!r}")
             # Read and checked here, in the caller's process, so a bad file never reaches a rank.
-            from .modeling import check_data_file
+            from dtlab.rank.data import check_data_file
             check_data_file(self.data, min_rows=self.batch_size * self.nproc)
         if not isinstance(self.record, bool):
             raise ValueError(f"record must be true or false, got {self.record!r}")
@@ -202,7 +202,7 @@ class RunConfig:
 
     def _resolve_auto(self, cuda_device_count: int | None = None) -> None:
         if self.nproc is None:
-            from .placement import device_count
+            from dtlab.placement import device_count
             self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
         if self.baseline_steps is None:
             self.baseline_steps = 3 if self.strategy == "ddp" else 0
@@ -210,7 +210,7 @@ class RunConfig:
     def placement(self, cuda_device_count: int | None = None, nccl_version=None):
         """Where the ranks run (backend, device, ranks per GPU, banner text): `dtlab.placement.plan` for this
         config on this machine (or on `cuda_device_count` GPUs with `nccl_version`, for tests)."""
-        from .placement import machine_gpus, plan
+        from dtlab.placement import machine_gpus, plan
         self._resolve_auto(cuda_device_count)
         if cuda_device_count is None:
             cuda_device_count, found = machine_gpus()

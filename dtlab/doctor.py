@@ -85,7 +85,7 @@ def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
         found = {"probe_error": f"probe did not answer within {timeout_s:g} s"}
     found["cpu_cores"] = os.cpu_count()
     if check_hub:
-        from .modeling import hub_reachable
+        from dtlab.rank.data import hub_reachable
         found["hub_reachable"] = hub_reachable()
         found["hub_offline_env"] = os.environ.get("HF_HUB_OFFLINE", "")
     found["labs"] = lab_placements(len(found.get("gpus", [])), found.get("nccl"))
@@ -95,7 +95,7 @@ def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
 def lab_placements(ngpu: int, nccl) -> dict:
     """Where each lab's ranks run on a machine with `ngpu` GPUs and this NCCL: label and note, or the reason
     it cannot run as configured."""
-    from .placement import plan
+    from dtlab.placement import plan
     out = {}
     for lab, (strategy, ranks) in LAB_RANKS.items():
         nproc = ranks or max(2, ngpu)
@@ -114,7 +114,7 @@ def lab_placements(ngpu: int, nccl) -> dict:
 def report(f: dict) -> str:
     """The facts as text, one fact a line, each with its unit or its meaning."""
     gpus = f.get("gpus") or []
-    from .placement import nccl_allows_shared_gpu
+    from dtlab.placement import nccl_allows_shared_gpu
     lines = ["dtlab doctor"]
     if "probe_error" in f or "torch_error" in f:
         lines.append(f"  torch probe failed: {f.get('probe_error') or f.get('torch_error')}")
@@ -161,8 +161,8 @@ def smoke_allreduce(out: str | None = None, nproc: int = 2, progress: bool = Fal
     placement, the median time per size (seconds) and the wall time of the whole check."""
     import tempfile
 
-    from .calibration import CalibConfig, launch_calibration, samples_frame
-    from .results import RunFailed
+    from dtlab.calibration import CalibConfig, launch_calibration, samples_frame
+    from dtlab.results import RunFailed
 
     out = out or os.path.join(tempfile.mkdtemp(prefix="dtlab-smoke-"), "allreduce")
     cfg = CalibConfig(nproc=nproc, ops=("all_reduce",), sizes=(4096, 1 << 20), warmup=2, iters=5, rounds=1,
@@ -177,7 +177,7 @@ def smoke_allreduce(out: str | None = None, nproc: int = 2, progress: bool = Fal
         # finished, but a 2-size fit can be refused: the samples are what the smoke test needs
     _, s = samples_frame(out)
     med = s.groupby("nbytes")["seconds"].median()
-    from .config import RunConfig
+    from dtlab.config import RunConfig
     return {"placement": RunConfig(nproc=nproc).placement().label, "wall_s": time.perf_counter() - t0,
             "median_s": {int(k): float(v) for k, v in med.items()}, "samples": int(len(s)), "out": out}
 

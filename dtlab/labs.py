@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .config import RunConfig, device_count, tiny
+from dtlab.config import RunConfig, device_count, tiny
 
 
 def quick_mode() -> bool:

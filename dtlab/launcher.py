@@ -31,8 +31,8 @@ import sys
 import time
 import uuid
 
-from .config import RunConfig, dump_json
-from .results import Run, RunFailed, load_run, read_events
+from dtlab.config import RunConfig, dump_json
+from dtlab.results import Run, RunFailed, load_run, read_events
 
 _LIVE: "set[Handle]" = set()  # strong references: a handle dropped by the user must still be stopped at exit
 
@@ -43,7 +43,7 @@ STARTUP_ALLOWANCE_S = 600.0
 MIN_STALL_S = 60.0
 STALL_STEPS = 10  # derived stall_s = max(MIN_STALL_S, STALL_STEPS x the median step time seen so far)
 PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mean "this rank is stepping"
-RANK_MODULES = ("dtlab.worker", "dtlab.calibration")
+RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration")
 STACK_WAIT_S = 3.0  # how long a stall waits for the ranks' stack dumps to land in their logs
 
 
@@ -599,7 +599,7 @@ def launch(config: RunConfig) -> Handle:
     backend = cfg.resolved_backend()
     dump_json({"config": cfg.to_dict(), "launch": {"time": time.time(), "python": sys.executable,
                                                    "backend": backend}}, os.path.join(out, "config.json"))
-    proc = start_torchrun(out, cfg.nproc, "dtlab.worker", gloo_threads=backend == "gloo")
+    proc = start_torchrun(out, cfg.nproc, "dtlab.rank.worker", gloo_threads=backend == "gloo")
     _write_status(out, "running", pid=proc.pid, started=time.time())
     desc = f"{cfg.strategy} {cfg.model} x{cfg.nproc} ({backend})"
     return Handle(out, proc, cfg.nproc, cfg.steps + cfg.baseline_steps, cfg.timeout_s, desc, stall_s=cfg.stall_s)

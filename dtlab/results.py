@@ -17,7 +17,7 @@ taken over the measured steps, i.e. steps >= config.warmup):
 ZeRO-3 (strategy 'zero3') has no no-op baseline, and DeepSpeed overlaps its collectives with compute on side
 streams, so T_step - T_comm is not its compute time. There, exposed communication is measured directly:
 t_blocked, the time the slowest rank's training thread (CPU) or compute stream (GPU) was blocked waiting for
-collectives (timed Work.wait() of async collectives, the whole of blocking ones; see dtlab.zero3), and
+collectives (timed Work.wait() of async collectives, the whole of blocking ones; see dtlab.rank.zero3), and
 T_comp = T_step - t_blocked on that rank. T_comm stays the in-flight union. Runs recorded before t_blocked
 existed fall back to T_step - T_comm, labelled "assumes no overlap".
 """
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .events import read_events  # noqa: F401 - re-exported: dtlab.results.read_events
+from dtlab.events import read_events  # noqa: F401 - re-exported: dtlab.results.read_events
 
 STEP_COLUMNS = ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
 BUCKET_COLUMNS = ["rank", "step", "bucket", "nbytes", "nparams", "t_ready", "t_start", "t_end", "backend_ms"]
@@ -90,7 +90,7 @@ class Run:
     ddp_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
     """DDP's own per-step timers (rank, step, backward_comm_time, ... in seconds): see `crosscheck()`."""
     blocked: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BLOCKED_COLUMNS))
-    """ZeRO-3: intervals a rank was blocked waiting for a collective (see dtlab.zero3); empty for DDP."""
+    """ZeRO-3: intervals a rank was blocked waiting for a collective (see dtlab.rank.zero3); empty for DDP."""
 
     @property
     def warmup(self) -> int:
@@ -159,7 +159,7 @@ class Run:
             t_comp = float(self.baseline_steps.groupby("step")["t_step"].max().median())
             how_comp = f"measured: median of {self.baseline_steps['step'].nunique()} no-op comm hook steps"
         elif self.measures_blocked and "t_blocked" in ps.columns:
-            # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.zero3).
+            # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.rank.zero3).
             exposed_med = float(ps["t_blocked"].median())
             t_comp = float((ps["t_step"] - ps["t_blocked"]).median())
             where = "compute stream" if self.resolved.get("backend") == "nccl" else "training thread"
@@ -195,8 +195,8 @@ class Run:
 
     def to_chrome_trace(self, path: str | None = None):
         """The run as a Chrome / Perfetto trace (one process per rank; compute and communication tracks): the
-        dict, or the path written when `path` is given. See `dtlab.trace`."""
-        from .trace import chrome_trace, write_chrome_trace
+        dict, or the path written when `path` is given. See `dtlab.viz.trace`."""
+        from dtlab.viz.trace import chrome_trace, write_chrome_trace
         return write_chrome_trace(self, path) if path else chrome_trace(self)
 
     def crosscheck(self) -> pd.DataFrame:

@@ -8,8 +8,8 @@ import os
 
 import pandas as pd
 
-from .config import RunConfig
-from .model_figures import config_label
+from dtlab.config import RunConfig
+from dtlab.viz.model_plots import config_label
 
 SWEEP_COLUMNS = ["label", "nproc", "bucket_mb", "status", "reason", "t_step", "t_comp", "t_comm", "exposed", "overlap",
                  "t_comp_how", "oversubscribed", "path"]
@@ -40,8 +40,8 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
     that fails is reported with status 'failed' and the error, and the sweep goes on."""
     from tqdm.auto import tqdm
 
-    from .launcher import run as run_one
-    from .results import RunFailed, load_run
+    from dtlab.launcher import run as run_one
+    from dtlab.results import RunFailed, load_run
 
     nprocs = list(nproc) if nproc is not None else [base.nproc]
     buckets = list(bucket_mb) if bucket_mb is not None else [base.bucket_mb]

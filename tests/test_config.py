@@ -118,7 +118,7 @@ GOOD_ROWS = [("a gripping film", 1), ("a dull , tedious film", 0)] * 4  # 8 rows
     ("d.json", "[" + ",".join(f'{{"sentence": "{s}", "label": {y}.0}}' for s, y in GOOD_ROWS) + "]"),
 ])
 def test_good_data_files_pass_and_are_what_the_ranks_read(tmp_path, name, text):
-    from dtlab.modeling import load_sentences, read_data_file
+    from dtlab.rank.data import load_sentences, read_data_file
     path = _write(tmp_path, name, text)
     tiny(data=path).validate(cuda_device_count=0)
     assert read_data_file(path) == ([s for s, _ in GOOD_ROWS], [y for _, y in GOOD_ROWS])

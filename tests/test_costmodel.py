@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from dtlab import costmodel as cm
+from dtlab.model import costmodel as cm
 
 A, B, N, P = 1e-5, 1e-9, 1e6, 4  # alpha s, beta s/B, bytes, processes
 

@@ -1,4 +1,4 @@
-"""The explorer's pure model and figures (dtlab.model_figures) and its widget wiring (dtlab.dashboard).
+"""The explorer's pure model and figures (dtlab.viz.model_plots) and its widget wiring (dtlab.viz.dashboard).
 
 No torch, no runs: synthetic profiles and sweeps only. Redraw times are recorded, never asserted."""
 
@@ -9,9 +9,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from dtlab import costmodel as cm
-from dtlab import model_figures as mf
-from dtlab.fit import Profile
+from dtlab.model import costmodel as cm
+from dtlab.viz import model_plots as mf
+from dtlab.model.fit import Profile
 
 ALPHA, BETA = 2e-5, 1e-10  # s, s/B (10 GB/s)
 UNIT = re.compile(r"\((ms|µs|%|bytes|MiB|GB/s)[^)]*\)|\b(ms|bytes|MiB|GB/s|processes)\b")
@@ -59,7 +59,7 @@ def test_distilbert_param_nbytes():
 def test_model_param_nbytes_matches_the_configs():
     """What lab 1 prints before a run: the parameter count of the config in use, not DistilBERT's always."""
     assert mf.model_param_nbytes("distilbert") == mf.distilbert_param_nbytes()
-    # the tiny preset (dtlab.modeling.TINY_ARCH) built by transformers has 1,011,362 parameters in 40 tensors
+    # the tiny preset (dtlab.rank.data.TINY_ARCH) built by transformers has 1,011,362 parameters in 40 tensors
     tiny = mf.model_param_nbytes("tiny")
     assert sum(tiny) == 1_011_362 * 4 and len(tiny) == 40
     with pytest.raises(ValueError, match="model must be one of"):
@@ -155,7 +155,7 @@ def test_whatif_timeline_figure():
 # ------------------------------------------------------------------ the explorer widget
 
 def test_explorer_defaults_and_slider_updates():
-    from dtlab.dashboard import explorer
+    from dtlab.viz.dashboard import explorer
 
     ex = explorer()
     assert set(ex.sliders) >= {"nproc", "bucket_mb", "alpha_us", "bandwidth_gbs", "form", "sweep"}
@@ -186,7 +186,7 @@ def test_explorer_defaults_and_slider_updates():
 
 
 def test_explorer_with_profile_and_measured():
-    from dtlab.dashboard import explorer
+    from dtlab.viz.dashboard import explorer
 
     prof = synth_profile(caveats=["gloo on CPU: wall-clock timings"])
     measured = pd.DataFrame({"nproc": [2, 4, 4, 8], "bucket_mb": [25.0, 25.0, 100.0, 25.0],
@@ -222,7 +222,7 @@ def test_explorer_with_profile_and_measured():
 
 
 def test_explorer_custom_sizes_and_bad_inputs():
-    from dtlab.dashboard import explorer
+    from dtlab.viz.dashboard import explorer
 
     ex = explorer(compute=COMPUTE, param_nbytes=[4 * 2 ** 20] * 10)
     assert ex.result["n_buckets"] >= 2
@@ -262,7 +262,7 @@ def browser_echo(slider, value=None):
 def test_explorer_labels_where_alpha_beta_come_from():
     """A fitted alpha or beta is labelled as fitted (with its form) until the user moves that slider; the
     browser echoing a snapped value is not a move; each slider is labelled on its own."""
-    from dtlab.dashboard import explorer
+    from dtlab.viz.dashboard import explorer
 
     prof = synth_profile()
     fit = prof.fits["all_reduce"]
@@ -310,7 +310,7 @@ def test_explorer_labels_where_alpha_beta_come_from():
 
 
 def test_explorer_labels_defaults_and_reused_fits_as_estimates():
-    from dtlab.dashboard import explorer
+    from dtlab.viz.dashboard import explorer
 
     text = explorer().children[0].value
     assert "default, not calibrated: an assumed value" in text and "fitted" not in text

@@ -3,7 +3,7 @@ that lost its peer), a frozen rank is caught by the watchdog in seconds with its
 interrupt stops every rank within 5 s, launches started together never share a port or a directory, bad
 input never starts anything, and no rank PID outlives the call that reported the failure.
 
-Faults are injected with DTLAB_FAULT="RANK:STEP:MODE" (dtlab.lifecycle.maybe_inject_fault): the rank hurts
+Faults are injected with DTLAB_FAULT="RANK:STEP:MODE" (dtlab.rank.lifecycle.maybe_inject_fault): the rank hurts
 itself at the start of that step, which is deterministic where racing a `kill` from the test is not."""
 
 import json

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dtlab import costmodel as cm
-from dtlab.fit import AlphaBetaFit, Profile, fit_alpha_beta, load_profile
+from dtlab.model import costmodel as cm
+from dtlab.model.fit import AlphaBetaFit, Profile, fit_alpha_beta, load_profile
 
 ALPHA, BETA = 2e-5, 1e-10  # s, s/B (10 GB/s)
 SIZES = [2 ** k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB
@@ -154,7 +154,7 @@ def _two_regime_samples(seed=0, noise=0.02):
 
 
 def test_piecewise_finds_the_protocol_switch():
-    from dtlab.fit import fit_piecewise
+    from dtlab.model.fit import fit_piecewise
     segs = fit_piecewise(_two_regime_samples(), "all_reduce")
     assert len(segs) == 2
     assert segs[0].max_bytes == 2 ** 19 and segs[1].min_bytes == 2 ** 20
@@ -163,7 +163,7 @@ def test_piecewise_finds_the_protocol_switch():
 
 
 def test_piecewise_keeps_one_regime_when_one_fits():
-    from dtlab.fit import fit_piecewise
+    from dtlab.model.fit import fit_piecewise
     rng = np.random.default_rng(1)
     rows = [{"op": "all_reduce", "nbytes": 2 ** k, "nproc": 2,
              "seconds": (2 * 30e-6 + 2 ** k / 5e9) * rng.lognormal(0, 0.02)} for k in range(12, 27) for _ in range(7)]
@@ -171,7 +171,7 @@ def test_piecewise_keeps_one_regime_when_one_fits():
 
 
 def test_profile_predicts_by_regime_and_round_trips(tmp_path):
-    from dtlab.fit import Profile, load_profile
+    from dtlab.model.fit import Profile, load_profile
     prof = Profile.from_samples(_two_regime_samples(), meta={"backend": "synthetic"})
     true_big = 2e-3 * 2 + 1e-9 * 3 * 2 ** 20  # 3 MiB, second regime, ring p=2
     true_small = 50e-6 * 2 + 3 * 2 ** 16 / 4e9  # 192 KiB, first regime

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dtlab
-from dtlab import recorder as rec_mod
+from dtlab.rank import recorder as rec_mod
 from dtlab.placement import plan
 
 

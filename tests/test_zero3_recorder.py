@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 import torch
 
-from dtlab.prediction import replay_zero3
-from dtlab.zero3 import _METHODS, CollectiveRecorder, _TimedWork, blocked_seconds
+from dtlab.model.prediction import replay_zero3
+from dtlab.rank.zero3 import _METHODS, CollectiveRecorder, _TimedWork, blocked_seconds
 
 SUM = "sum"
 
@@ -391,7 +391,7 @@ def test_zero3_summary_without_blocked_times_is_labelled_as_assumed(tmp_path):
 
 
 def test_predict_zero3_is_consistent_with_the_summary(tmp_path):
-    from dtlab.prediction import predict
+    from dtlab.model.prediction import predict
 
     class Profile:  # prices every collective at what was measured for it on rank 1
         fits = {"all_gather": None, "reduce_scatter": None}

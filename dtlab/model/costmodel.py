@@ -35,7 +35,7 @@ form is kept because it is what the course material states.
 With one process (p = 1) both families return 0 seconds for every
 collective: there is no peer to exchange data with, so nothing is
 communicated. (A real library still spends a few microseconds on a 1-rank
-call; :mod:`dtlab.fit` leaves p = 1 measurements out of the fit for this
+call; :mod:`dtlab.model.fit` leaves p = 1 measurements out of the fit for this
 reason.)
 """
 

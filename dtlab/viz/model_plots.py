@@ -1,7 +1,7 @@
 """Model-side figures and the pure "what if" step model behind the explorer.
 
 Pure functions: data in, `plotly.graph_objects.Figure` (or a dict / DataFrame) out. Nothing here imports
-torch or ipywidgets, so the module is cheap to import and test; :mod:`dtlab.dashboard` wraps these figures
+torch or ipywidgets, so the module is cheap to import and test; :mod:`dtlab.viz.dashboard` wraps these figures
 in widgets.
 
 Units: data in seconds, bytes, seconds per byte (beta); on screen times are milliseconds (alpha in
@@ -17,10 +17,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from . import buckets as bk
-from . import costmodel
-from .figures import COLORS, set_title
-from .modeling import TINY_ARCH  # a plain dict; dtlab.modeling imports torch only inside its functions
+from dtlab.model import buckets as bk
+from dtlab.model import costmodel
+from dtlab.viz.figures import COLORS, set_title
+from dtlab.rank.data import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
 
 MIB = 1024 * 1024
 
@@ -94,7 +94,7 @@ def _bytes_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
 def calibration_figure(profile, op: str | None = None) -> go.Figure:
     """Measured collective times against the fitted alpha-beta model, one column per op.
 
-    profile: a :class:`dtlab.fit.Profile` (samples with op, nbytes, nproc, seconds; fits per op;
+    profile: a :class:`dtlab.model.fit.Profile` (samples with op, nbytes, nproc, seconds; fits per op;
     caveats). op: one op to show, or None for every op in the profile.
 
     Rows, all against message size in bytes (nccl-tests convention, log axis):
@@ -105,7 +105,7 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
        modelled (the model predicts 0 with no peer; the fit leaves them out).
     2. model error (predicted - measured) / measured in % for each median (open markers: outside the
        fitted size range).
-    3. bus bandwidth (GB/s, :func:`dtlab.costmodel.busbw`) of the medians and of the model, with the
+    3. bus bandwidth (GB/s, :func:`dtlab.model.costmodel.busbw`) of the medians and of the model, with the
        ring model's asymptote 1/beta.
 
     The title (per column when several ops) states the form fitted, alpha in µs and 1/beta in GB/s with
@@ -315,13 +315,13 @@ def distilbert_param_nbytes(num_labels: int = 2) -> list[int]:
     104 tensors, 66,955,010 parameters = 267,820,040 bytes for num_labels=2.
 
     DDP's gradients become ready in roughly the *reverse* of this order: pass ``[::-1]`` to
-    :func:`whatif` / :func:`dtlab.buckets.bucket_layout`.
+    :func:`whatif` / :func:`dtlab.model.buckets.bucket_layout`.
     """
     return _distilbert_nbytes(num_labels)
 
 
 #: The architectures of RunConfig.model, as DistilBertConfig fields: DistilBertConfig()'s defaults and
-#: dtlab.modeling's tiny preset (what the ranks build).
+#: dtlab.rank.data's tiny preset (what the ranks build).
 MODEL_ARCH = {"distilbert": dict(vocab_size=30522, dim=768, n_layers=6, hidden_dim=3072,
                                  max_position_embeddings=512),
               "tiny": {k: TINY_ARCH[k] for k in ("vocab_size", "dim", "n_layers", "hidden_dim",
@@ -371,10 +371,10 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     they become ready (reverse registration order for DDP). bucket_mb: DDP's bucket_cap_mb (MiB).
     alpha: seconds; beta: seconds per byte; form: 'ring' or 'textbook'.
 
-    Steps: :func:`dtlab.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
-    does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.costmodel.collective_time`, ready times
-    from :func:`dtlab.buckets.whatif_ready_times` (backward spread over buckets by bytes, an
-    assumption), then :func:`dtlab.buckets.predict_step`.
+    Steps: :func:`dtlab.model.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
+    does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`, ready times
+    from :func:`dtlab.model.buckets.whatif_ready_times` (backward spread over buckets by bytes, an
+    assumption), then :func:`dtlab.model.buckets.predict_step`.
 
     Returns predict_step's dict (t_comm, t_comm_end, exposed, t_step, t_comp, overlap, start, end;
     seconds) plus n_buckets, bucket_nbytes (bytes), ready and durations (seconds), and the inputs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .config import RunConfig
+from dtlab.config import RunConfig
 
 
 def make_batches(cfg: RunConfig, tokenizer, sentences, labels, rank: int, world: int, device):
@@ -26,8 +26,8 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
     """Process group, model, tokenizer and batches, shared by the DDP and ZeRO-3 paths."""
     import torch
 
-    from .modeling import build_model, load_sentences
-    from .lifecycle import setup_distributed
+    from dtlab.rank.data import build_model, load_sentences
+    from dtlab.rank.lifecycle import setup_distributed
 
     device, backend = setup_distributed(cfg, rank, world)
     torch.manual_seed(cfg.seed)
@@ -48,8 +48,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, tensor_bytes
-    from .lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, tensor_bytes
+    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
 
     device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
     model = built.model.to(device)

@@ -10,7 +10,7 @@ def write_report(run, path: str | None = None) -> str:
     """Write the breakdown bar, the bucket timeline and the summary table to one HTML file; return its path.
 
     plotly.js is inlined once so the file opens offline."""
-    from .figures import breakdown_bar, bucket_timeline, bytes_by_op, memory_bars
+    from dtlab.viz.figures import breakdown_bar, bucket_timeline, bytes_by_op, memory_bars
 
     path = path or os.path.join(run.path, "report.html")
     figs = [breakdown_bar(run.summary(), title=f"{run.config.get('strategy')} x{run.nproc}"),

@@ -1,6 +1,6 @@
-"""The training rank's entry point, started by torchrun: `python -m dtlab.worker RUN_DIR`.
+"""The training rank's entry point, started by torchrun: `python -m dtlab.rank.worker RUN_DIR`.
 
-Thin on purpose: the lifecycle (logs, events, errors, teardown) is dtlab.lifecycle's, shared with calibration;
+Thin on purpose: the lifecycle (logs, events, errors, teardown) is dtlab.rank.lifecycle's, shared with calibration;
 this module only picks the strategy. Adding a strategy means one module with `train(cfg, run_dir, rank, world,
 writer)` and one entry in STRATEGY_MODULES (and its name in dtlab.config.STRATEGIES).
 """
@@ -11,11 +11,11 @@ import importlib
 import os
 import sys
 
-from .config import RunConfig
-from .lifecycle import rank_main, read_config
+from dtlab.config import RunConfig
+from dtlab.rank.lifecycle import rank_main, read_config
 
 #: strategy name -> module with `train(cfg, run_dir, rank, world, writer)`, imported only in the rank that uses it
-STRATEGY_MODULES = {"ddp": "dtlab.ddp", "zero3": "dtlab.zero3"}
+STRATEGY_MODULES = {"ddp": "dtlab.rank.ddp", "zero3": "dtlab.rank.zero3"}
 
 
 def _train(run_dir: str, rank: int, world: int, writer) -> None:

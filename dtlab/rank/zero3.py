@@ -49,7 +49,7 @@ import threading
 import time
 import warnings
 
-from .config import RunConfig
+from dtlab.config import RunConfig
 
 COLLECTIVE_RECORDING = ("wrapped deepspeed.comm backend methods; start = issue time, end = completion callback; "
                         "no added synchronisation; blocked = timed Work.wait() of async collectives + the whole of "
@@ -586,9 +586,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     deepspeed = import_deepspeed(backend)
     import torch
 
-    from .ddp import build_everything
-    from .recorder import StepClock, peak_memory
-    from .lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.ddp import build_everything
+    from dtlab.rank.recorder import StepClock, peak_memory
+    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
 
     # build_everything's process group suits DeepSpeed: init_distributed finds torch.distributed initialised
     # and only builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).

@@ -28,7 +28,7 @@ COMPUTE_TID, COMM_TID = 1, 10
 
 def _step_times(run_dir: str) -> dict[tuple[int, int, str], float]:
     """(rank, step, kind) -> wall time written at the end of the step (seconds since the epoch)."""
-    from .events import read_events
+    from dtlab.events import read_events
     out = {}
     for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")):
         for e in read_events(p):

@@ -1,7 +1,7 @@
 """The one lifecycle of a rank process, and what every rank body shares.
 
-`rank_main(run_dir, body)` is what torchrun runs in each rank, for training (dtlab.worker) and for calibration
-(dtlab.calibration) alike: die with torchrun, send output to the rank's own log, dump stacks on SIGUSR1, write
+`rank_main(run_dir, body)` is what torchrun runs in each rank, for training (dtlab.rank.worker) and for calibration
+(dtlab.rank.calibration) alike: die with torchrun, send output to the rank's own log, dump stacks on SIGUSR1, write
 `start`, run the body, write `done` or `error` (and torchrun's error file), and tear the process group down
 only after success (after a failure, peers may never join a clean shutdown: exiting is what frees them).
 Also here: the process-group setup every strategy uses, the run-time facts rank 0 adds to config.json, and the
@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 
-from .config import RunConfig, dump_json
+from dtlab.config import RunConfig, dump_json
 
 
 def rank_main(run_dir: str, body) -> int:
@@ -29,7 +29,7 @@ def rank_main(run_dir: str, body) -> int:
     _redirect_output(os.path.join(run_dir, "logs", f"rank{rank}.log"))
     dump_stacks_on_sigusr1()  # the launcher's watchdog asks for stacks on a stall
 
-    from .recorder import EventWriter
+    from dtlab.rank.recorder import EventWriter
     writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"))
     writer.write("start", rank=rank, world_size=world, pid=os.getpid(), host=socket.gethostname(),
                  master_port=int(os.environ.get("MASTER_PORT", 0)), time=time.time())

@@ -1,6 +1,6 @@
 """Predict measured runs from a calibrated profile: `predict(run, profile)`, one row per step.
 
-DDP: each step's buckets are replayed through a single-channel queue (dtlab.buckets.simulate_queue):
+DDP: each step's buckets are replayed through a single-channel queue (dtlab.model.buckets.simulate_queue):
 a bucket's all-reduce starts when it is ready and the previous one has finished, and lasts what the
 profile predicts for its bytes. Ready times, forward and optimizer times are the run's own; backward
 compute is taken to end when the last bucket became ready. So the prediction tests the communication model,
@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .buckets import predict_step
-from .results import _union_length
+from dtlab.model.buckets import predict_step
+from dtlab.results import _union_length
 
 COLUMNS = ["step", "rank", "measured_t_step", "predicted_t_step", "measured_t_comm", "predicted_t_comm",
            "measured_exposed", "predicted_exposed", "t_step_error", "t_comm_error"]

@@ -1,11 +1,11 @@
 """The interactive explorer: sliders over the alpha-beta DDP step model, two live figures.
 
-Widgets and wiring only. The model and the figures are the pure functions of :mod:`dtlab.model_figures`;
+Widgets and wiring only. The model and the figures are the pure functions of :mod:`dtlab.viz.model_plots`;
 a slider move re-evaluates that model (it never launches a run) and copies the new figures into the
 existing `plotly.graph_objects.FigureWidget`s inside ``batch_update()``, so the browser receives one
 update per figure.
 
-    from dtlab.dashboard import explorer
+    from dtlab.viz.dashboard import explorer
     explorer()                                    # defaults: labelled, not calibrated
     explorer(profile=load_profile("profiles/x"), compute=compute_from_run(run), measured=sweep_df)
 """
@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from . import model_figures as mf
-from .model_figures import fmt_bytes as fmt_size
+from dtlab.viz import model_plots as mf
+from dtlab.viz.model_plots import fmt_bytes as fmt_size
 
 #: Defaults when no profile is given: plausible for one NVLink/InfiniBand-class ring, *not calibrated*.
 DEFAULT_ALPHA_S = 20e-6
@@ -72,8 +72,8 @@ class Explorer(widgets.VBox):
     Attributes for notebooks and tests:
       sliders        dict of the controls: nproc, bucket_mb, alpha_us, bandwidth_gbs, form, sweep
       figures        dict of FigureWidgets: breakdown, timeline
-      result         the latest :func:`dtlab.model_figures.whatif` dict (current setting)
-      sweep          the latest :func:`dtlab.model_figures.whatif_sweep` DataFrame (breakdown figure)
+      result         the latest :func:`dtlab.viz.model_plots.whatif` dict (current setting)
+      sweep          the latest :func:`dtlab.viz.model_plots.whatif_sweep` DataFrame (breakdown figure)
       last_redraw_s  seconds the latest redraw took (model + figure update in this kernel; the browser's
                      own rendering comes on top and is not measured)
       redraw_times   every redraw's seconds, oldest first (the first is the warm-up redraw at build time)
@@ -353,7 +353,7 @@ def _all_reduce_fits(profile) -> dict:
     """form -> (alpha s, beta s/B, how) for all_reduce: the profile's own fit, plus a fit of the other form
     from the profile's samples when they allow one; `how` says which, for the label. Fits with alpha or
     beta <= 0 are left out (a log slider cannot show them, and they are not physical)."""
-    from .fit import fit_alpha_beta  # scipy import deferred: explorer() without a profile does not need it
+    from dtlab.model.fit import fit_alpha_beta  # scipy import deferred: explorer() without a profile does not need it
 
     fits = {}
     own = profile.fits.get("all_reduce")
@@ -400,7 +400,7 @@ def _sync(widget: go.FigureWidget, fig: go.Figure) -> None:
 def explorer(profile=None, compute=None, measured=None, param_nbytes=None) -> Explorer:
     """Build the interactive DDP step explorer (display it as the last expression of a cell).
 
-    profile: a :class:`dtlab.fit.Profile`; alpha/beta start from its all_reduce fit (and its form), else
+    profile: a :class:`dtlab.model.fit.Profile`; alpha/beta start from its all_reduce fit (and its form), else
     from DEFAULT_ALPHA_S / DEFAULT_BANDWIDTH_GBS, labelled "default, not calibrated". Switching the form
     loads that form's fit from the profile's samples when possible. The label above the sliders says, for
     alpha and for 1/beta separately, which value the model uses and where it comes from: fitted from the
@@ -409,12 +409,12 @@ def explorer(profile=None, compute=None, measured=None, param_nbytes=None) -> Ex
     slider's grid is not a move). The GPU count starts at the largest p in the profile's samples (8
     without a profile).
     compute: dict with t_fwd, t_bwd_comp, t_opt in seconds per rank (e.g.
-    :func:`dtlab.model_figures.compute_from_run`), optional 'source' text; default: a labelled DistilBERT
+    :func:`dtlab.viz.model_plots.compute_from_run`), optional 'source' text; default: a labelled DistilBERT
     placeholder (DEFAULT_COMPUTE), not a measurement.
     measured: DataFrame with nproc, bucket_mb (MiB), t_step and optionally t_comm, t_comp (seconds), one
     row per measured run; drawn where p (or the bucket size, within 2 %) matches the bars.
     param_nbytes: gradient bytes in ready order (reverse registration order for DDP); default
-    DistilBERT-base from :func:`dtlab.model_figures.distilbert_param_nbytes`.
+    DistilBERT-base from :func:`dtlab.viz.model_plots.distilbert_param_nbytes`.
 
     Controls: GPU count, bucket size (MiB), alpha (µs), bandwidth 1/beta (GB/s), ring/textbook, and whether
     the bars run across GPU counts or bucket sizes. A change only re-evaluates the model (nothing is run)

@@ -1,7 +1,7 @@
 """Fit alpha (seconds) and beta (seconds per byte) to measured collectives.
 
 The model is linear in the unknowns: t = alpha * A(p) + beta * B(p) * n,
-with A and B from :func:`dtlab.costmodel.coefficients` for the chosen form.
+with A and B from :func:`dtlab.model.costmodel.coefficients` for the chosen form.
 
 Choices, and why:
 
@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from . import costmodel
+from dtlab.model import costmodel
 
 REQUIRED_COLUMNS = ("op", "nbytes", "nproc", "seconds")
 PROFILE_FILE = "profile.json"

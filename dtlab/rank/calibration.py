@@ -1,0 +1,106 @@
+"""A calibration rank (`torchrun ... -m dtlab.rank.calibration RUN_DIR`): the sweep that dtlab.calibration
+configures, inside the one rank lifecycle. See dtlab.calibration for how samples are timed on gloo and CUDA."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+
+from dtlab.calibration import CalibConfig
+
+# ---- the rank side ----------------------------------------------------------------------------------------
+
+def _rank_main(run_dir: str) -> int:
+    """A calibration rank: the one rank lifecycle (dtlab.rank.lifecycle.rank_main) around the sweep."""
+    from dtlab.rank.lifecycle import rank_main, read_config
+
+    def body(run_dir, rank, world, writer):
+        _sweep(CalibConfig(**read_config(run_dir)["calibration"]), run_dir, rank, world, writer)
+
+    return rank_main(run_dir, body)
+
+
+def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from dtlab.config import RunConfig
+    from dtlab.rank.lifecycle import record_resolved, setup_distributed
+
+    rc = RunConfig(nproc=cfg.nproc, backend=cfg.backend)
+    device, backend = setup_distributed(rc, rank, world)
+    cuda = device.type == "cuda"
+    k_calls = cfg.batch or (20 if cuda else 1)
+    if rank == 0:
+        timing = (f"slowest rank per sample; each sample = CUDA events around {k_calls} back-to-back calls / "
+                  f"{k_calls}, devices aligned by a tiny all_reduce just before the start event (no host barrier)"
+                  if cuda else f"slowest rank per sample; host barrier (not timed), then wall clock around "
+                               f"{k_calls} blocking call(s) / {k_calls}")
+        algo = {k: os.environ[k] for k in ("NCCL_ALGO", "NCCL_PROTO") if k in os.environ}
+        record_resolved(run_dir, rc, backend, device, {
+            "what": "collective calibration", "timing": timing, "calls_per_sample": k_calls,
+            "nccl_algo_proto": algo or ("chosen by NCCL's tuner per size (torch does not expose the choice; pin "
+                                        "it with NCCL_ALGO / NCCL_PROTO)" if backend == "nccl" else None)}, world)
+    align = torch.zeros(1, device=device)
+    warm = torch.ones(1 << 20, device=device)
+    for _ in range(3):  # connections and buffers are set up lazily: pay for that before any timed size
+        dist.all_reduce(warm)
+    calls = {}
+    for op in cfg.ops:
+        for nbytes in cfg.rounded_sizes():
+            calls[(op, nbytes)] = _collective(op, nbytes, world, device)
+    # Rounds of warmed-up blocks: each round visits every (op, size) in an order shuffled per round (same on
+    # all ranks), and times a short block of it after `warmup` untimed calls, as nccl-tests does per size. The
+    # blocks give each size its steady state (a 4 KiB all-reduce right after a 64 MiB one is slower); the
+    # shuffled rounds spread drift in the machine's load over all sizes instead of biasing a few.
+    order = list(calls)
+    rng = random.Random(0)
+    per_round = [cfg.iters // cfg.rounds + (1 if r < cfg.iters % cfg.rounds else 0) for r in range(cfg.rounds)]
+    it = 0
+    for rnd, n_timed in enumerate(per_round):
+        rng.shuffle(order)
+        first = it
+        for op, nbytes in order:
+            call = calls[(op, nbytes)]
+            for _ in range(cfg.warmup):
+                call()
+            for k in range(n_timed):
+                if cuda:
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    dist.all_reduce(align)  # device-side alignment: completes only when every rank is here
+                    a.record()
+                    for _ in range(k_calls):
+                        call()
+                    b.record()
+                    b.synchronize()
+                    t = a.elapsed_time(b) / 1e3 / k_calls
+                else:
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(k_calls):
+                        call()  # blocking on gloo: returns when the collective has completed on this rank
+                    t = (time.perf_counter() - t0) / k_calls
+                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=first + k, seconds=t)
+        it += n_timed
+        writer.write("calib", rank=rank, round=rnd, rounds=cfg.rounds)
+
+
+def _collective(op: str, nbytes: int, world: int, device):
+    """A zero-argument blocking call of `op` on preallocated fp32 buffers of `nbytes` (full message)."""
+    import torch
+    import torch.distributed as dist
+    n = nbytes // 4
+    if op == "all_reduce":
+        x = torch.ones(n, device=device)
+        return lambda: dist.all_reduce(x)
+    if op == "reduce_scatter":
+        x, y = torch.ones(n, device=device), torch.empty(n // world, device=device)
+        return lambda: dist.reduce_scatter_tensor(y, x)
+    x, y = torch.ones(n // world, device=device), torch.empty(n, device=device)
+    return lambda: dist.all_gather_into_tensor(y, x)
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[1]))
