@@ -15,7 +15,7 @@ _WHERE = {
     "RunConfig": "config", "ZeroConfig": "config", "tiny": "config",
     "launch": "launcher", "run": "launcher", "Handle": "launcher",
     "Run": "results", "RunFailed": "results", "load_run": "results",
-    "calibrate": "calibration", "Profile": "model.fit", "load_profile": "model.fit", "predict": "model.prediction", "sweep": "sweeps",
+    "calibrate": "calibration", "Profile": "model.profile", "load_profile": "model.profile", "predict": "model.prediction", "sweep": "sweeps",
 }
 
 __all__ = list(_WHERE)

@@ -110,7 +110,7 @@ def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmu
               rounds: int = 3, backend: str = "auto", form: str = "ring", fit_min_bytes: int | None = None,
               fit_max_bytes: int | None = None, out: str | None = None, timeout_s: float = 1800.0,
               batch: int | None = None, progress: bool = True):
-    """Measure the collectives, fit alpha and beta, save and return the machine `Profile` (see dtlab.model.fit).
+    """Measure the collectives, fit alpha and beta, save and return the machine `Profile` (see dtlab.model.profile).
 
     sizes are full message bytes; `batch` calls are timed back to back per sample (default: 20 on CUDA, 1 on
     gloo-CPU); the fit can be limited to [fit_min_bytes, fit_max_bytes]; the profile is
@@ -161,7 +161,7 @@ def samples_frame(run_dir: str):
 def load_calibration(run_dir: str):
     """Fit (or re-fit) the samples of a calibration directory, write profile.json, return the Profile.
     Raises RunFailed when the sweep did not finish, with whatever samples were recorded attached."""
-    from dtlab.model.fit import Profile
+    from dtlab.model.profile import Profile
     from dtlab.results import RunFailed
 
     with open(os.path.join(run_dir, "config.json")) as f:

@@ -164,15 +164,16 @@ def _cmd_calibrate(args) -> int:
 
 def profile_table(profile) -> str:
     """The fitted alpha (microseconds) and beta (as GB/s) per op with 95% intervals, and the caveats."""
+    from dtlab.units import fmt_gbps, fmt_us
     m = profile.meta
     lines = [f"profile {m.get('calibration', {}).get('out', '')}: {m.get('backend')} | {m.get('world_size')} ranks | "
              f"host {m.get('host')} | torch {m.get('versions', {}).get('torch')}"]
     for op, f in sorted(profile.fits.items()):
         lo, hi = f.alpha_ci
         blo, bhi = f.beta_ci
-        bw = lambda b: f"{1 / b / 1e9:.3g}" if b > 0 else "inf"  # noqa: E731
-        lines.append(f"  {op:<15} {f.form:<8} alpha {f.alpha * 1e6:8.1f} us [{lo * 1e6:.1f}, {hi * 1e6:.1f}]   "
-                     f"1/beta {bw(f.beta)} GB/s [{bw(bhi)}, {bw(blo)}]   rel. RMS error {f.rel_rms:.1%}   "
+        bw = lambda b: fmt_gbps(1 / b) if b > 0 else "inf"  # noqa: E731
+        lines.append(f"  {op:<15} {f.form:<8} alpha {fmt_us(f.alpha):>10} [{fmt_us(lo)}, {fmt_us(hi)}]   "
+                     f"1/beta {bw(f.beta)} [{bw(bhi)}, {bw(blo)}]   rel. RMS error {f.rel_rms:.1%}   "
                      f"sizes {f.min_bytes:,}..{f.max_bytes:,} B")
     for c in profile.caveats:
         lines.append(f"  note: {c}")

@@ -16,7 +16,10 @@ from typing import Any
 
 from dtlab.placement import device_count  # noqa: F401 - re-exported: dtlab.config.device_count
 
-STRATEGIES = ("ddp", "zero3")
+#: The strategy registry: name -> the rank-side module with `train(cfg, run_dir, rank, world, writer)`. Adding a
+#: strategy means adding that module and one entry here (validation, the CLI and the worker all read it).
+STRATEGY_MODULES = {"ddp": "dtlab.rank.ddp", "zero3": "dtlab.rank.zero3"}
+STRATEGIES = tuple(STRATEGY_MODULES)
 BACKENDS = ("auto", "nccl", "gloo")
 DEVICES = ("auto", "cuda", "cpu")
 MODELS = ("distilbert", "tiny")

@@ -17,7 +17,7 @@ taken over the measured steps, i.e. steps >= config.warmup):
 ZeRO-3 (strategy 'zero3') has no no-op baseline, and DeepSpeed overlaps its collectives with compute on side
 streams, so T_step - T_comm is not its compute time. There, exposed communication is measured directly:
 t_blocked, the time the slowest rank's training thread (CPU) or compute stream (GPU) was blocked waiting for
-collectives (timed Work.wait() of async collectives, the whole of blocking ones; see dtlab.rank.zero3), and
+collectives (timed Work.wait() of async collectives, the whole of blocking ones; see dtlab.rank.zero3.blocked), and
 T_comp = T_step - t_blocked on that rank. T_comm stays the in-flight union. Runs recorded before t_blocked
 existed fall back to T_step - T_comm, labelled "assumes no overlap".
 """
@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.events import read_events  # noqa: F401 - re-exported: dtlab.results.read_events
+from dtlab.units import fmt_mib, fmt_ms
 
 STEP_COLUMNS = ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
 BUCKET_COLUMNS = ["rank", "step", "bucket", "nbytes", "nparams", "t_ready", "t_start", "t_end", "backend_ms"]
@@ -90,7 +91,7 @@ class Run:
     ddp_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
     """DDP's own per-step timers (rank, step, backward_comm_time, ... in seconds): see `crosscheck()`."""
     blocked: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BLOCKED_COLUMNS))
-    """ZeRO-3: intervals a rank was blocked waiting for a collective (see dtlab.rank.zero3); empty for DDP."""
+    """ZeRO-3: intervals a rank was blocked waiting for a collective (see dtlab.rank.zero3.blocked); empty for DDP."""
 
     @property
     def warmup(self) -> int:
@@ -159,7 +160,7 @@ class Run:
             t_comp = float(self.baseline_steps.groupby("step")["t_step"].max().median())
             how_comp = f"measured: median of {self.baseline_steps['step'].nunique()} no-op comm hook steps"
         elif self.measures_blocked and "t_blocked" in ps.columns:
-            # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.rank.zero3).
+            # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.rank.zero3.blocked).
             exposed_med = float(ps["t_blocked"].median())
             t_comp = float((ps["t_step"] - ps["t_blocked"]).median())
             where = "compute stream" if self.resolved.get("backend") == "nccl" else "training thread"
@@ -200,7 +201,8 @@ class Run:
         return write_chrome_trace(self, path) if path else chrome_trace(self)
 
     def crosscheck(self) -> pd.DataFrame:
-        """dtlab's communication timings against NCCL's and DDP's own timers: see `dtlab.results.crosscheck`."""
+        """dtlab's communication timings against NCCL's and DDP's own timers: see `dtlab.crosscheck`."""
+        from dtlab.crosscheck import crosscheck
         return crosscheck(self)
 
     def breakdown_table(self) -> str:
@@ -208,7 +210,7 @@ class Run:
         s = self.summary()
         lines = [f"run {self.path}",
                  f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks | "
-                 + (f"bucket {self.config.get('bucket_mb')} MiB | " if self.config.get("strategy") == "ddp" else "")
+                 + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.config.get("strategy") == "ddp" else "")
                  + f"batch {self.config.get('batch_size')}/rank | "
                  f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
                  f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",
@@ -221,58 +223,11 @@ class Run:
                          "(oversubscribed: compute is slowed by sharing cores)")
         for r in s.itertuples():
             if r.value != r.value:  # NaN: not measured
-                val = f"{'n/a':>10}   "
+                val = fmt_ms(None, width=10)
             else:
-                val = f"{r.value * 1e3:10.1f} ms" if r.unit == "s" else f"{r.value:10.2f}   "
+                val = fmt_ms(r.value, width=10) if r.unit == "s" else f"{r.value:10.2f}   "
             lines.append(f"  {r.quantity:<8}{val}   {r.how}")
         return "\n".join(lines)
-
-
-def crosscheck(run: "Run") -> pd.DataFrame:
-    """How far dtlab's own communication timings agree with independent timers of the same steps.
-
-    One row per check (measured steps only): quantity, dtlab (median, s), reference (median, s), median
-    relative difference (dtlab / reference - 1, over matched pairs), pairs, and what each side measures.
-
-    - NCCL's own per-collective duration (`backend_ms`, from `TORCH_NCCL_ENABLE_TIMING`: CUDA events around
-      the kernel on NCCL's stream) against dtlab's service time of the same bucket: t_end minus the later
-      of its issue and the previous bucket's end on that rank (one NCCL stream runs buckets one at a time).
-      gloo has no such timer: the row says so.
-    - DDP's own `backward_comm_time` (its reducer's timer: first bucket's communication start to the end of
-      the last, per rank and step) against dtlab's span of the same rank-step: last t_end - first t_start.
-    """
-    rows = []
-    b = run.buckets[run.buckets["step"] >= run.warmup] if not run.buckets.empty else run.buckets
-    if not b.empty:
-        svc = []
-        for _, g in b.sort_values("t_start").groupby(["rank", "step"]):
-            prev_end = -np.inf
-            for r in g.itertuples():
-                svc.append((r.t_end - max(r.t_start, prev_end), getattr(r, "backend_ms", None)))
-                prev_end = max(prev_end, r.t_end)
-        pairs = [(d, ms / 1e3) for d, ms in svc if ms is not None and ms == ms and ms > 0]
-        what = ("dtlab: t_end - max(t_start, previous bucket's t_end); reference: NCCL's own kernel timing "
-                "(TORCH_NCCL_ENABLE_TIMING)")
-        if pairs:
-            d, ref = np.array(pairs).T
-            rows.append(("bucket all-reduce duration vs NCCL", float(np.median(d)), float(np.median(ref)),
-                         float(np.median(d / ref - 1)), len(pairs), what))
-        else:
-            rows.append(("bucket all-reduce duration vs NCCL", float(np.median([x for x, _ in svc])), np.nan,
-                         np.nan, 0, what + f" -- not available on {run.resolved.get('backend', '?')}"))
-    st = run.ddp_stats
-    if not b.empty and not st.empty and "backward_comm_time" in st:
-        span = b.groupby(["rank", "step"]).apply(lambda g: g["t_end"].max() - g["t_start"].min(),
-                                                 include_groups=False).rename("dtlab")
-        ref = st.set_index(["rank", "step"])["backward_comm_time"].rename("ddp")
-        m = pd.concat([span, ref], axis=1, join="inner").dropna()
-        m = m[m["ddp"] > 0]
-        if not m.empty:
-            rows.append(("backward communication span vs DDP's timer", float(m["dtlab"].median()),
-                         float(m["ddp"].median()), float((m["dtlab"] / m["ddp"] - 1).median()), len(m),
-                         "dtlab: last t_end - first t_start per rank-step; reference: DDP reducer's "
-                         "backward_comm_time (first bucket's comm start to the end of the last)"))
-    return pd.DataFrame(rows, columns=["quantity", "dtlab_s", "reference_s", "median_rel_diff", "pairs", "what"])
 
 
 def _union_length(df: pd.DataFrame) -> float:

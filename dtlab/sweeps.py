@@ -9,7 +9,7 @@ import os
 import pandas as pd
 
 from dtlab.config import RunConfig
-from dtlab.viz.model_plots import config_label
+from dtlab.model.whatif import config_label
 
 SWEEP_COLUMNS = ["label", "nproc", "bucket_mb", "status", "reason", "t_step", "t_comp", "t_comm", "exposed", "overlap",
                  "t_comp_how", "oversubscribed", "path"]

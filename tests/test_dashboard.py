@@ -1,4 +1,5 @@
-"""The explorer's pure model and figures (dtlab.viz.model_plots) and its widget wiring (dtlab.viz.dashboard).
+"""The explorer's pure model (dtlab.model.whatif), its figures (dtlab.viz.model_plots, dtlab.viz.calibration_plots),
+its state (dtlab.viz.explorer_state) and its widget wiring (dtlab.viz.dashboard).
 
 No torch, no runs: synthetic profiles and sweeps only. Redraw times are recorded, never asserted."""
 
@@ -10,8 +11,10 @@ import plotly.graph_objects as go
 import pytest
 
 from dtlab.model import costmodel as cm
+from dtlab.model import whatif as wi
+from dtlab.viz import calibration_plots as cp
 from dtlab.viz import model_plots as mf
-from dtlab.model.fit import Profile
+from dtlab.model.profile import Profile
 
 ALPHA, BETA = 2e-5, 1e-10  # s, s/B (10 GB/s)
 UNIT = re.compile(r"\((ms|µs|%|bytes|MiB|GB/s)[^)]*\)|\b(ms|bytes|MiB|GB/s|processes)\b")
@@ -48,27 +51,27 @@ def assert_units(fig: go.Figure):
 # ------------------------------------------------------------------ pure model
 
 def test_distilbert_param_nbytes():
-    sizes = mf.distilbert_param_nbytes()
+    sizes = wi.distilbert_param_nbytes()
     assert sum(sizes) == 267_820_040 == 66_955_010 * 4
     assert len(sizes) == 104
     assert sizes[:4] == [30522 * 768 * 4, 512 * 768 * 4, 768 * 4, 768 * 4]
     assert sizes[-2:] == [768 * 2 * 4, 2 * 4]  # classifier weight, bias
-    assert sum(mf.distilbert_param_nbytes(num_labels=3)) == sum(sizes) + (768 + 1) * 4
+    assert sum(wi.distilbert_param_nbytes(num_labels=3)) == sum(sizes) + (768 + 1) * 4
 
 
 def test_model_param_nbytes_matches_the_configs():
     """What lab 1 prints before a run: the parameter count of the config in use, not DistilBERT's always."""
-    assert mf.model_param_nbytes("distilbert") == mf.distilbert_param_nbytes()
+    assert wi.model_param_nbytes("distilbert") == wi.distilbert_param_nbytes()
     # the tiny preset (dtlab.rank.data.TINY_ARCH) built by transformers has 1,011,362 parameters in 40 tensors
-    tiny = mf.model_param_nbytes("tiny")
+    tiny = wi.model_param_nbytes("tiny")
     assert sum(tiny) == 1_011_362 * 4 and len(tiny) == 40
     with pytest.raises(ValueError, match="model must be one of"):
-        mf.model_param_nbytes("gpt2")
+        wi.model_param_nbytes("gpt2")
 
 
 def test_whatif_single_process_has_no_comm():
-    sizes = mf.distilbert_param_nbytes()[::-1]
-    r = mf.whatif(0.01, 0.02, 0.003, sizes, 25, 1, ALPHA, BETA)
+    sizes = wi.distilbert_param_nbytes()[::-1]
+    r = wi.whatif(0.01, 0.02, 0.003, sizes, 25, 1, ALPHA, BETA)
     assert r["t_comm"] == 0 and r["exposed"] == 0
     assert r["t_step"] == pytest.approx(0.033)
     assert np.isnan(r["overlap"])
@@ -76,22 +79,22 @@ def test_whatif_single_process_has_no_comm():
 
 
 def test_whatif_monotonic():
-    sizes = mf.distilbert_param_nbytes()[::-1]
-    base = mf.whatif(0.01, 0.02, 0.003, sizes, 25, 8, ALPHA, BETA)
-    slower = mf.whatif(0.01, 0.02, 0.003, sizes, 25, 8, ALPHA, BETA * 4)  # a quarter of the bandwidth
-    bigger = mf.whatif(0.01, 0.02, 0.003, [2 * s for s in sizes], 25, 8, ALPHA, BETA)  # twice the bytes
+    sizes = wi.distilbert_param_nbytes()[::-1]
+    base = wi.whatif(0.01, 0.02, 0.003, sizes, 25, 8, ALPHA, BETA)
+    slower = wi.whatif(0.01, 0.02, 0.003, sizes, 25, 8, ALPHA, BETA * 4)  # a quarter of the bandwidth
+    bigger = wi.whatif(0.01, 0.02, 0.003, [2 * s for s in sizes], 25, 8, ALPHA, BETA)  # twice the bytes
     assert slower["t_comm"] > base["t_comm"] and slower["t_step"] >= base["t_step"]
     assert bigger["t_comm"] > base["t_comm"] and bigger["exposed"] >= base["exposed"]
     # ring all-reduce bytes per rank grow with p (2(p-1)/p): more GPUs never means less comm here
-    comm = [mf.whatif(0.01, 0.02, 0.003, sizes, 25, p, ALPHA, BETA)["t_comm"] for p in (2, 4, 8, 64)]
+    comm = [wi.whatif(0.01, 0.02, 0.003, sizes, 25, p, ALPHA, BETA)["t_comm"] for p in (2, 4, 8, 64)]
     assert comm == sorted(comm)
     # the step never beats compute, and compute does not depend on p (weak scaling)
     assert base["t_step"] >= base["t_comp"] == pytest.approx(0.033)
 
 
 def test_whatif_sweep_rows():
-    sizes = mf.distilbert_param_nbytes()[::-1]
-    df = mf.whatif_sweep(0.01, 0.02, 0.003, sizes, [(1, 25), (4, 25), (4, 1024)], ALPHA, BETA)
+    sizes = wi.distilbert_param_nbytes()[::-1]
+    df = wi.whatif_sweep(0.01, 0.02, 0.003, sizes, [(1, 25), (4, 25), (4, 1024)], ALPHA, BETA)
     assert df["label"].tolist() == ["p=1, 25 MiB", "p=4, 25 MiB", "p=4, 1024 MiB"]
     assert np.allclose(df["t_step"], df["t_comp"] + df["exposed"])
 
@@ -100,7 +103,7 @@ def test_whatif_sweep_rows():
 
 def test_calibration_figure():
     prof = synth_profile(caveats=["gloo on CPU: wall-clock timings, shared cores"])
-    fig = mf.calibration_figure(prof)
+    fig = cp.calibration_figure(prof)
     names = [t.name for t in fig.data]
     assert any(n.startswith("measured p=2") for n in names)
     assert "model p=2 (fitted range)" in names and "model p=2 (extrapolated)" in names
@@ -111,15 +114,15 @@ def test_calibration_figure():
     texts = " ".join(a.text for a in fig.layout.annotations)
     assert "gloo on CPU" in texts and "ring fit" in texts and "µs" in texts and "GB/s" in texts
 
-    one = mf.calibration_figure(prof, op="all_reduce")
+    one = cp.calibration_figure(prof, op="all_reduce")
     assert "all_reduce" in one.layout.title.text and "ring fit" in one.layout.title.text
     assert not any("all_gather" in (a.text or "") for a in one.layout.annotations)
     with pytest.raises(ValueError, match="not in this profile"):
-        mf.calibration_figure(prof, op="broadcast")
+        cp.calibration_figure(prof, op="broadcast")
 
 
 def test_forms_figure():
-    fig = mf.forms_figure(ALPHA, BETA, 25 * 2 ** 20, [1, 2, 4, 8, 64])
+    fig = cp.forms_figure(ALPHA, BETA, 25 * 2 ** 20, [1, 2, 4, 8, 64])
     names = [t.name for t in fig.data]
     assert {"textbook total", "ring total", "ring bandwidth term", "textbook latency term"} <= set(names)
     ring = next(t for t in fig.data if t.name == "ring total")
@@ -144,7 +147,7 @@ def test_predicted_breakdown_figure():
 
 
 def test_whatif_timeline_figure():
-    r = mf.whatif(0.01, 0.02, 0.003, mf.distilbert_param_nbytes()[::-1], 25, 8, ALPHA, BETA)
+    r = wi.whatif(0.01, 0.02, 0.003, wi.distilbert_param_nbytes()[::-1], 25, 8, ALPHA, BETA)
     fig = mf.whatif_timeline_figure(r)
     allreduce = next(t for t in fig.data if t.name == "all-reduce (predicted)")
     assert len(allreduce.y) == r["n_buckets"]
@@ -243,11 +246,11 @@ def test_compute_from_run():
     empty = pd.DataFrame(columns=STEP_COLUMNS)
     run = Run(path="fake", config={"warmup": 1}, resolved={}, status={}, steps=steps, baseline_steps=empty,
               buckets=buckets, collectives=pd.DataFrame(), memory=pd.DataFrame())
-    est = mf.compute_from_run(run)  # no baseline: backward until the last bucket was ready (slowest rank 1)
+    est = wi.compute_from_run(run)  # no baseline: backward until the last bucket was ready (slowest rank 1)
     assert est["t_fwd"] == pytest.approx(0.011) and est["t_bwd_comp"] == pytest.approx(0.020)
     assert est["t_opt"] == pytest.approx(0.003) and "estimated" in est["source"]
     run.baseline_steps = steps.assign(step=steps["step"] + 10)
-    meas = mf.compute_from_run(run)
+    meas = wi.compute_from_run(run)
     assert meas["t_bwd_comp"] == pytest.approx(0.030) and "baseline" in meas["source"]
 
 
@@ -321,3 +324,41 @@ def test_explorer_labels_defaults_and_reused_fits_as_estimates():
     ex.sliders["form"].value = "textbook"
     text = ex.children[0].value
     assert "reused under textbook without refitting: an estimate" in text
+
+
+def test_explorer_state_is_pure_and_says_where_alpha_beta_come_from():
+    """The slider/label logic without widgets: values in, model parameters and label lines out."""
+    from dtlab.viz.explorer_state import ExplorerState, log_range, on_log_grid
+
+    lo, hi = log_range(25.0, -7, 10, 2, 0.05)  # 25 MiB lies on the bucket slider's grid
+    k = (np.log2(25.0) - lo) / 0.05
+    assert abs(k - round(k)) < 1e-9 and hi == 10
+    assert on_log_grid(10 ** (np.log10(20.0) + 0.009), 20.0, 10, 0.02)  # within half a step: the same value
+    assert not on_log_grid(21.0, 20.0, 10, 0.02)
+
+    st = ExplorerState(compute=COMPUTE)
+    values = {"nproc": 8, "bucket_mb": 25.0, "alpha_us": 20.0, "bandwidth_gbs": 10.0, "form": "ring",
+              "sweep": "nproc"}
+    assert not st.moved("alpha", values) and not st.moved("beta", values)
+    assert st.params(values)["alpha"] == st.ref["alpha"]
+    assert "default, not calibrated" in st.sources(values)["alpha"]
+    moved = dict(values, bandwidth_gbs=1.0)
+    assert st.moved("beta", moved) and st.params(moved)["beta"] == pytest.approx(1e-9)
+    assert "moved by you" in st.sources(moved)["beta"] and "moved by you" not in st.sources(moved)["alpha"]
+    assert st.switch_form("textbook", "ring", moved) == {"alpha_us": pytest.approx(20.0)}  # beta stays the user's
+    result, sweep = st.model(values)
+    assert result["nproc"] == 8 and "p=8, 25 MiB" in set(sweep["label"])
+    with pytest.raises(ValueError, match="which"):
+        st.moved("gamma", values)
+
+
+@pytest.mark.parametrize("module", ["dtlab.model.whatif", "dtlab.viz.explorer_state"])
+def test_pure_modules_import_no_figures_or_widgets(module):
+    import ast
+    import importlib
+    import pathlib
+
+    tree = ast.parse(pathlib.Path(importlib.import_module(module).__file__).read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not names & {"plotly", "ipywidgets", "torch"}

@@ -1,4 +1,5 @@
-"""The package's shape: no import circle among dtlab modules (top-level or deferred imports alike)."""
+"""The package's shape: no import circle among dtlab modules (top-level or deferred imports alike), no module
+over 300 lines, CLI flags and defaults that are the config's own, `python -m dtlab`."""
 
 import ast
 import dataclasses
@@ -110,3 +111,9 @@ def test_python_m_dtlab_works():
     import sys
     cp = subprocess.run([sys.executable, "-m", "dtlab", "--help"], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0 and "run" in cp.stdout and "doctor" in cp.stdout and "trace" in cp.stdout
+
+
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
+def test_no_module_over_300_lines(path):
+    n = len(path.read_text().splitlines())
+    assert n <= 300, f"dtlab/{path.relative_to(PKG)} has {n} lines: split it by concern"

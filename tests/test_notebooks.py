@@ -1,19 +1,61 @@
 """The labs run headless, top to bottom, in quick mode (tiny model, few steps)."""
 
+import math
 import pathlib
+import re
 
 import nbformat
 from nbclient import NotebookClient
 
+from dtlab.course.checks import parse_answers
+
 LABS = pathlib.Path(__file__).resolve().parent.parent / "labs"
 
 
-def run_notebook(name, tmp_path, monkeypatch):
+def run_notebook(name, tmp_path, monkeypatch, edit=None):
+    """Execute a lab headless in quick mode; `edit(nb)` may change cell sources first (a student's answers)."""
     monkeypatch.setenv("DTLAB_QUICK", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     nb = nbformat.read(LABS / name, as_version=4)
+    if edit:
+        edit(nb)
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     return nb
+
+
+def rubric(lab):
+    """{qid: points} of one lab, from the rubric's tables in labs/README.md."""
+    rows = re.findall(r"^\| `(lab\d\d\.q\d+)` \| (\d+) \|", (LABS / "README.md").read_text(), flags=re.M)
+    return {q: int(pts) for q, pts in rows if q.startswith(lab + ".")}
+
+
+def answers(nb, tmp_path):
+    """What a grader reads back from the executed notebook: {qid: last record}."""
+    path = tmp_path / "executed.ipynb"
+    nbformat.write(nb, path)
+    return {a["qid"]: a for a in parse_answers(path)}
+
+
+def assert_unanswered_and_expected(nb, tmp_path, lab, answered=()):
+    """Every graded question of the rubric was checked, none raised, and each has a real expected value."""
+    got = answers(nb, tmp_path)
+    want = rubric(lab)
+    assert want, f"no rubric rows for {lab} in labs/README.md"
+    assert set(got) == set(want), f"recorded {sorted(got)}, rubric {sorted(want)}"
+    for qid, a in got.items():
+        assert a["max_points"] == want[qid], (qid, a)
+        if qid in answered:
+            continue
+        assert a["answer"] is None and a["ok"] is None and a["points"] == 0, (qid, a)
+        if a["kind"] == "number":
+            assert isinstance(a["expected"], (int, float)) and math.isfinite(a["expected"]), (qid, a)
+            assert a["tolerance"] >= 0 and a["tol_source"], (qid, a)
+        elif a["kind"] == "choice":
+            exp = a["expected"] if isinstance(a["expected"], list) else [a["expected"]]
+            assert exp and all(e in a["choices"] for e in exp), (qid, a)
+        else:
+            assert a["kind"] == "formula" and a["expected"], (qid, a)
+    return got
 
 
 def outputs_text(nb):
@@ -29,6 +71,22 @@ def test_lab01_runs_headless(tmp_path, monkeypatch):
     text = outputs_text(nb)
     assert "T_comm" in text and "gradient bytes per rank and step" in text
     assert any((tmp_path / "runs").iterdir())  # the run directory was written where the notebook ran
+    assert "trace written" in text and list((tmp_path / "runs").glob("*/trace.json"))  # the lab's Perfetto link
+    assert_unanswered_and_expected(nb, tmp_path, "lab01")
+
+
+def test_lab01_records_a_correct_prediction(tmp_path, monkeypatch):
+    """A student who counts 4 bytes per fp32 gradient gets lab01.q1 right, recorded in the outputs; a bucket
+    guess that is far off is recorded as a miss with its hint."""
+    def fill(nb):
+        cell = next(c for c in nb.cells if c.cell_type == "code" and "my_bytes_guess = None" in c.source)
+        cell.source = "my_bytes_guess = 4 * n_params\nmy_buckets_guess = 1000"
+    nb = run_notebook("01_ddp_breakdown.ipynb", tmp_path, monkeypatch, edit=fill)
+    got = assert_unanswered_and_expected(nb, tmp_path, "lab01", answered=("lab01.q1", "lab01.q2"))
+    q1, q2 = got["lab01.q1"], got["lab01.q2"]
+    assert q1["ok"] is True and q1["points"] == q1["max_points"] == 2 and q1["answer"] == q1["expected"]
+    assert q2["ok"] is False and q2["answer"] == 1000 and q2["points"] == 0
+    assert "never splits a tensor" in outputs_text(nb)
 
 
 def test_lab02_runs_headless(tmp_path, monkeypatch):
@@ -36,6 +94,7 @@ def test_lab02_runs_headless(tmp_path, monkeypatch):
     text = outputs_text(nb)
     assert "alpha" in text and "prediction error" in text and "ratios textbook/ring" in text
     assert list((tmp_path / "profiles").glob("*/profile.json"))
+    assert_unanswered_and_expected(nb, tmp_path, "lab02")
 
 
 def test_lab03_runs_headless(tmp_path, monkeypatch):
@@ -43,12 +102,14 @@ def test_lab03_runs_headless(tmp_path, monkeypatch):
     text = outputs_text(nb)
     assert "replay_t_step_ms" in text and "whatif_t_step_ms" in text
     assert len(list((tmp_path / "runs" / "lab03-sweep").iterdir())) == 2
+    assert_unanswered_and_expected(nb, tmp_path, "lab03")
 
 
 def test_lab04_runs_headless(tmp_path, monkeypatch):
     nb = run_notebook("04_zero3_vs_ddp.ipynb", tmp_path, monkeypatch)
     text = outputs_text(nb)
     assert "ZeRO-3 / DDP per rank" in text and "reduce-scatter expected" in text and "ZeRO-3 step communication" in text
+    assert_unanswered_and_expected(nb, tmp_path, "lab04")
 
 
 def test_notebooks_are_committed_without_outputs():
@@ -65,3 +126,13 @@ def test_lab00_setup_check_runs_headless(tmp_path, monkeypatch):
     assert "dtlab doctor" in text and "where each lab's ranks run" in text
     assert "GPUs: none visible to torch" in text  # this suite runs on CPU machines
     assert "all_reduce of 1,048,576 bytes" in text and "placement: gloo on CPU" in text
+    assert_unanswered_and_expected(nb, tmp_path, "lab00")
+
+
+def test_lab08_runs_headless(tmp_path, monkeypatch):
+    """As committed, lab 8's exercises are stubs: both checks say so, nothing raises, the profile still prices the ring."""
+    nb = run_notebook("08_build_it_yourself.ipynb", tmp_path, monkeypatch)
+    text = outputs_text(nb)
+    assert "comm_hook: not implemented yet" in text and "ring_allreduce: not implemented yet" in text
+    assert "all_reduce, ring form: alpha" in text and "the model with your profile predicts" in text
+    assert list((tmp_path / "profiles").glob("*/profile.json")) and not (tmp_path / "runs").exists()

@@ -180,7 +180,7 @@ def test_launch_refuses_bad_zero_config_before_starting(tmp_path):
 
 def test_ds_config_follows_zero_config():
     from dtlab import ZeroConfig
-    from dtlab.rank.zero3 import ds_config
+    from dtlab.rank.zero3.engine import ds_config
     cfg = dtlab.tiny(strategy="zero3", zero=ZeroConfig(reduce_bucket_size=1234, stage3_max_reuse_distance=0,
                                                        stage3_prefetch_bucket_size=0, overlap_comm=False))
     z = ds_config(cfg, 2, hidden=768)["zero_optimization"]
@@ -193,7 +193,7 @@ def test_ds_config_follows_zero_config():
 
 def test_ds_config_auto_knobs_follow_the_hidden_size():
     from dtlab import ZeroConfig
-    from dtlab.rank.zero3 import ds_config
+    from dtlab.rank.zero3.engine import ds_config
     cfg = dtlab.tiny(strategy="zero3")
     assert cfg.zero == ZeroConfig() and cfg.zero.reduce_bucket_size is None
     cfg.validate(cuda_device_count=0)  # None (auto) is a valid value

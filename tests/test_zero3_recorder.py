@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from dtlab.model.prediction import replay_zero3
-from dtlab.rank.zero3 import _METHODS, CollectiveRecorder, _TimedWork, blocked_seconds
+from dtlab.rank.zero3.blocked import blocked_seconds
+from dtlab.rank.zero3.comm import _METHODS, CollectiveRecorder, _TimedWork
 
 SUM = "sum"
 
@@ -282,6 +283,25 @@ def test_install_wraps_each_method_once():
     rec.begin(0, "forward", time.perf_counter())
     backend.all_reduce(torch.zeros(2))
     assert len(rec.collect()) == 1 and again.collect() == []
+
+
+def test_caller_skips_the_comm_layers_and_the_recorders_own_frames():
+    """A collective issued from inside another wrapped one (via a deepspeed/comm frame) is attributed to the
+    code that asked for the outer one: neither the comm layer nor the recorder's wrapper (comm.py) is named."""
+    ns = {}
+    src = ("def all_gather_coalesced(self, output_tensors, input_tensors, group=None, async_op=False):\n"
+           "    for o, i in zip(output_tensors, input_tensors):\n"
+           "        self.all_gather_into_tensor(o, i, group, async_op)\n")
+    exec(compile(src, os.path.join("site-packages", "deepspeed", "comm", "fake.py"), "exec"), ns)
+    backend = type("NestedBackend", (FakeBackend,), {"all_gather_coalesced": ns["all_gather_coalesced"]})()
+    rec = CollectiveRecorder(torch.device("cpu"))
+    rec.install(backend)
+    rec.begin(0, "forward", time.perf_counter())
+    backend.all_gather_coalesced([torch.zeros(8)], [torch.zeros(4)])
+    recs = rec.collect(wait_s=1.0)
+    assert [r["method"] for r in recs] == ["all_gather_coalesced", "all_gather_into_tensor"]
+    for r in recs:
+        assert r["fn"].endswith(":test_caller_skips_the_comm_layers_and_the_recorders_own_frames"), r["fn"]
 
 
 def test_blocked_seconds_is_a_union():

@@ -237,7 +237,7 @@ class Runbook:
                                    "all_reduce,reduce_scatter,all_gather", *extra, "--out", out, "--no-progress"])
         if cp.returncode != 0:
             return self.step("calibrate", False)
-        from dtlab.model.fit import load_profile
+        from dtlab.model.profile import load_profile
         prof = load_profile(out)
         self.summary["calibration"] = {op: {"alpha_us": f.alpha * 1e6, "alpha_ci_us": [a * 1e6 for a in f.alpha_ci],
                                             "busbw_GBps_from_beta": (1 / f.beta / 1e9) if f.beta > 0 else None,

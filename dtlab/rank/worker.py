@@ -1,8 +1,8 @@
 """The training rank's entry point, started by torchrun: `python -m dtlab.rank.worker RUN_DIR`.
 
 Thin on purpose: the lifecycle (logs, events, errors, teardown) is dtlab.rank.lifecycle's, shared with calibration;
-this module only picks the strategy. Adding a strategy means one module with `train(cfg, run_dir, rank, world,
-writer)` and one entry in STRATEGY_MODULES (and its name in dtlab.config.STRATEGIES).
+this module only picks the strategy from dtlab.config.STRATEGY_MODULES (adding a strategy means one module with
+`train(cfg, run_dir, rank, world, writer)` and one entry there).
 """
 
 from __future__ import annotations
@@ -11,11 +11,8 @@ import importlib
 import os
 import sys
 
-from dtlab.config import RunConfig
+from dtlab.config import STRATEGY_MODULES, RunConfig
 from dtlab.rank.lifecycle import rank_main, read_config
-
-#: strategy name -> module with `train(cfg, run_dir, rank, world, writer)`, imported only in the rank that uses it
-STRATEGY_MODULES = {"ddp": "dtlab.rank.ddp", "zero3": "dtlab.rank.zero3"}
 
 
 def _train(run_dir: str, rank: int, world: int, writer) -> None:

@@ -1,0 +1,190 @@
+"""Why a run failed: the rank that caused it, the ranks that only followed, and the RunFailed that says so.
+
+- `_failure(state, run_dir, run, stall)`: the RunFailed for a run that ended in `state`. For a failed run the
+  culprit is chosen from RUN_DIR/exits.json (torchrun's exit code / signal per rank) and the ranks' own error
+  events: a rank that died without recording an error beats one that raised, which beats one SIGTERMed by
+  torchrun, which beats one that only lost its peer. The others are reported as consequences, with the
+  culprit's log tail.
+- `_stall_failure` / `_stall_sentence`: the report for a run the watchdog stopped (see dtlab.launching.watchdog).
+- `_where`: where a rank had got to, from its events (shared with the watchdog).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+from dtlab.launching.torchrun import _tail
+from dtlab.results import RunFailed, read_events
+
+PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mean "this rank is stepping"
+
+
+def _failure(state: str, run_dir: str, run, stall: dict | None = None) -> RunFailed:
+    """Build the RunFailed for a run that ended in `state`, naming the rank that caused it."""
+    if state == "stalled" and stall:
+        return _stall_failure(run_dir, run, stall)
+    outcomes = _rank_outcomes(run_dir)
+    if state == "failed" and outcomes:
+        cause = min(outcomes, key=lambda o: (o["class"], o["time"], o["rank"]))
+        others = [o for o in outcomes if o is not cause]
+        r = cause["rank"]
+        how = _how(cause)
+        where = f" ({cause['where']})" if cause.get("where") else ""
+        cons = ""
+        if others:
+            cons = " As a consequence: " + "; ".join(f"rank {o['rank']} {_how(o, short=True)}" for o in others) + "."
+        log_tail = _tail(os.path.join(run_dir, "logs", f"rank{r}.log"))
+        msg = (f"rank {r} {how}{where}.{cons} Run directory: {run_dir}\n"
+               f"--- logs/rank{r}.log (last lines) ---\n{log_tail or '(empty)'}")
+        return RunFailed(msg, rank=r, error=cause.get("error") or how, traceback_tail=cause.get("traceback_tail", ""),
+                         run_dir=run_dir, run=run, state=state, signal=cause.get("signal"),
+                         exitcode=cause.get("exitcode"), log_tail=log_tail,
+                         consequences=[{k: o.get(k) for k in ("rank", "how", "error", "signal", "exitcode")}
+                                       for o in others])
+    log = os.path.join(run_dir, "logs", "torchrun.log")
+    tail = _tail(log)
+    what = {"timeout": "run timeout: timeout_s exceeded, every rank was stopped",
+            "interrupted": "run interrupted: every rank was stopped",
+            "stopped": "run stopped: every rank was stopped"}.get(state, f"run {state}: no rank recorded an error")
+    where = "; ".join(f"rank {o['rank']} {o['where']}" for o in _last_events(run_dir))
+    return RunFailed(f"{what}{' (' + where + ')' if where else ''}. Run directory: {run_dir}\n"
+                     f"--- logs/torchrun.log (last lines) ---\n{tail}",
+                     error=state, traceback_tail=tail, run_dir=run_dir, run=run, state=state, log_tail=tail)
+
+
+def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:
+    rows = {row["rank"]: row for row in stall["rows"]}
+    named = stall["ranks"]
+    first = rows[named[0]]
+    log_tail = _tail(os.path.join(run_dir, "logs", f"rank{named[0]}.log"), 30)
+    msg = (f"{_stall_sentence(stall)} Each rank's Python stack is in its log. Run directory: {run_dir}\n"
+           f"--- logs/rank{named[0]}.log (last lines) ---\n{log_tail or '(empty)'}")
+    return RunFailed(msg, rank=named[0], ranks=named, error=f"stalled: {first['where']}, silent {first['silent_s']:g} s",
+                     traceback_tail=first["stack"], run_dir=run_dir, run=run, state="stalled",
+                     signal="SIGSTOP" if first["frozen"] else None, log_tail=log_tail,
+                     silent_s={r: rows[r]["silent_s"] for r in named},
+                     consequences=[{"rank": r, "how": f"waiting: {row['where']}, silent {row['silent_s']:g} s",
+                                    "error": None, "signal": None, "exitcode": None}
+                                   for r, row in rows.items() if r not in named])
+
+
+def _stall_sentence(stall: dict) -> str:
+    rows = {row["rank"]: row for row in stall["rows"]}
+    limit = (f"stall_s={stall['stall_s']:g} s" if stall["stall_s"] is not None
+             else f"derived limit {stall['threshold_s']:g} s")
+    parts = []
+    for r in stall["ranks"]:
+        row = rows[r]
+        top = f"; stack top: {row['stack_top']}" if row["stack_top"] else "; no stack dump arrived"
+        parts.append(f"rank {r} stalled: no event for {row['silent_s']:g} s ({limit}); "
+                     f"{'frozen (SIGSTOP); ' if row['frozen'] else ''}{row['where']}{top}")
+    s = ". ".join(parts) + "."
+    if stall["why"] is None and len(stall["ranks"]) > 1:
+        s += " Could not tell which of them holds up the others: compare their stacks."
+    waiting = [row for r, row in rows.items() if r not in stall["ranks"]]
+    if waiting:
+        s += " Waiting on it: " + "; ".join(f"rank {row['rank']} ({row['where']}, silent {row['silent_s']:g} s)"
+                                           for row in waiting) + "."
+    return s
+
+
+# How a rank ended, as a cause: lower class = more likely the cause.
+#  0 died without recording an error (a signal other than SIGTERM, or a non-zero exit code): kill -9, the OOM
+#    killer, a segfault, os._exit. Nothing a peer does makes a rank die like that.
+#  1 recorded an error that is not a lost connection.
+#  2 ended by SIGTERM without recording an error: usually torchrun stopping the survivors of a failure.
+#  3 recorded a lost connection to a peer (gloo "Connection reset by peer", NCCL "remote process exited").
+_PEER_LOST = re.compile(r"connection (reset|closed) by peer|broken pipe|socket closed|remote process exited|"
+                        r"connection refused|timed out|timeout|communicator was aborted|end of file|"
+                        r"distnetworkerror", re.IGNORECASE)
+_SIGNAL_HINT = {"SIGKILL": "killed from outside: kill -9, or the kernel's out-of-memory killer (see dmesg)",
+                "SIGSEGV": "a crash in native code", "SIGBUS": "a crash in native code",
+                "SIGABRT": "an abort in native code", "SIGILL": "a crash in native code",
+                "SIGFPE": "a crash in native code", "SIGTERM": "stopped (by torchrun after another rank failed, "
+                "or from outside)", "SIGINT": "interrupted"}
+
+
+def _rank_outcomes(run_dir: str) -> list[dict]:
+    """Every rank that ended badly, from its own error event and from torchrun's exit record."""
+    exits = {}
+    path = os.path.join(run_dir, "exits.json")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                exits = {int(k): v for k, v in json.load(f).items()}
+        except (OSError, ValueError):
+            exits = {}
+    errors, last = {}, {}
+    for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")):
+        evs = read_events(p)
+        for e in evs:
+            if e.get("kind") == "error" and e.get("rank") not in errors:
+                errors[e["rank"]] = e
+        if evs and "rank" in evs[0]:
+            last[evs[0]["rank"]] = evs
+    out = []
+    for r in sorted(set(exits) | set(errors)):
+        ex, err = exits.get(r, {}), errors.get(r)
+        code = ex.get("exitcode")
+        sig = ex.get("signal") if isinstance(code, int) and code < 0 else None
+        o = {"rank": r, "exitcode": code, "signal": sig, "where": _where(last.get(r))}
+        if err is not None:
+            o.update(error=err.get("error", ""), time=float(err.get("time") or 0),
+                     traceback_tail="\n".join(err.get("traceback", "").strip().splitlines()[-12:]),
+                     **{"class": 3 if _PEER_LOST.search(err.get("error", "")) else 1})
+        elif code:
+            o.update(error=None, time=float(ex.get("timestamp") or 0), **{"class": 2 if sig == "SIGTERM" else 0})
+        else:
+            continue
+        o["how"] = _how(o, short=True)
+        out.append(o)
+    return out
+
+
+def _short_error(err: str, limit: int) -> str:
+    """One line: no source locations ("[/__w/.../pair.cc:537] "), cut at a sentence end past `limit`."""
+    err = re.sub(r"\[/[^\]]*:\d+\]\s*", "", " ".join(err.split()))
+    if len(err) > limit:
+        cut = err.find(". ", limit // 2)
+        err = err[:cut + 1] if 0 < cut <= limit else err[:limit - 3] + "..."
+    return err
+
+
+def _how(o: dict, short: bool = False) -> str:
+    if o.get("error"):
+        if short and o["class"] == 3:
+            return f"lost its peer ({_short_error(o['error'], 120)})"
+        return f"failed: {_short_error(o['error'], 120 if short else 400)}"
+    if o.get("signal"):
+        hint = _SIGNAL_HINT.get(o["signal"], "")
+        if short:
+            return f"ended by {o['signal']}" + (" (stopped by torchrun)" if o["signal"] == "SIGTERM" else "")
+        return (f"died from signal {o['signal']} (exit code {o['exitcode']}) without recording an error"
+                + (f": {hint}" if hint else ""))
+    return (f"exited with code {o['exitcode']} without recording an error (os._exit, or a crash before its "
+            f"event file opened; see its log)")
+
+
+def _where(events: list | None) -> str:
+    """Where a rank had got to, from its events: the last step it recorded (or that it had none yet)."""
+    if not events:
+        return ""
+    prog = [e for e in events if e.get("kind") in PROGRESS_KINDS]
+    if not prog:
+        return f"before its first step (last event '{events[-1].get('kind')}')"
+    e = prog[-1]
+    if e.get("kind") in ("step", "baseline_step"):
+        return f"after {'baseline ' if e['kind'] == 'baseline_step' else ''}step {e.get('step')}"
+    return f"after {len(prog)} calibration events"
+
+
+def _last_events(run_dir: str) -> list[dict]:
+    out = []
+    for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))):
+        evs = read_events(p)
+        if evs and "rank" in evs[0]:
+            out.append({"rank": evs[0]["rank"], "where": _where(evs)})
+    return out

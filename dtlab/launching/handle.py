@@ -1,0 +1,197 @@
+"""A launched job and the two ways to start one: `launch()` returns a Handle at once, `run()` waits on it.
+
+- `Handle`: `status()`, `wait()` (progress bar, timeout, the stall watchdog of dtlab.launching.watchdog, and
+  RunFailed from dtlab.launching.failures when the run did not finish), `stop()`, `result()`, `rank_pids()`.
+  Every rank PID of the run is gone before `wait()` or `stop()` returns.
+- `_LIVE` and `_stop_all`: every running handle is stopped when the Python process exits (registered with atexit
+  once, when this module is first imported).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from dtlab.config import RunConfig, dump_json
+from dtlab.launching.failures import _failure
+from dtlab.launching.torchrun import (_is_rank_of, _kill, _rank_processes, _signal_group, _write_status,
+                                      default_out, prepare_dir, start_torchrun)
+from dtlab.launching.watchdog import StallWatch, _Feed
+from dtlab.results import Run, load_run, read_events
+
+_LIVE: "set[Handle]" = set()  # strong references: a handle dropped by the user must still be stopped at exit
+
+
+class Handle(StallWatch):
+    """A launched job: `status()`, `wait()`, `stop()`. Returned by `launch()`; `run()` waits on one."""
+
+    def __init__(self, run_dir: str, proc: subprocess.Popen, nproc: int, total_steps: int, timeout_s: float,
+                 desc: str, loader=load_run, unit: str = "step", stall_s: float | None = None):
+        self.run_dir, self.proc, self.nproc = run_dir, proc, nproc
+        self.total_steps, self.timeout_s, self.desc = total_steps, timeout_s, desc
+        self.stall_s = stall_s
+        self.started = time.time()
+        self._t0 = time.monotonic()
+        self._loader = loader
+        self.unit = unit
+        self._state = "running"
+        self._stall: dict | None = None
+        self._feeds = [_Feed(r, os.path.join(run_dir, "events", f"rank{r}.jsonl"), self._t0) for r in range(nproc)]
+        _LIVE.add(self)
+
+    # ---- state ------------------------------------------------------------------------------------------
+    def status(self) -> str:
+        """'running', 'finished', 'failed', 'stalled', 'stopped', 'timeout' or 'interrupted'."""
+        if self._state == "running" and self.proc.poll() is not None:
+            self._finish("finished" if self.proc.returncode == 0 else "failed")
+        return self._state
+
+    def _finish(self, state: str, **extra) -> None:
+        self._state = state
+        _LIVE.discard(self)
+        _write_status(self.run_dir, state, returncode=self.proc.returncode, pid=self.proc.pid,
+                      started=self.started, ended=time.time(), **extra)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop every process of the job and return once every rank PID of the run is gone: SIGTERM to
+        torchrun's group (SIGCONT to the ranks, so a frozen one can act on it), SIGKILL after `grace_s`
+        seconds, then SIGKILL to any rank of this run still alive."""
+        self.status()  # a job that already ended on its own keeps its real state
+        self._terminate(grace_s)
+        if self._state == "running":
+            self._finish("stopped")
+
+    def _end(self, state: str, **extra) -> None:
+        self._terminate()
+        self._finish(state, **extra)
+
+    def _terminate(self, grace_s: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            for pid in self.live_rank_pids():
+                _kill(pid, signal.SIGCONT)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        deadline = time.monotonic() + 10.0
+        while True:  # the ranks die with torchrun (PDEATHSIG); make sure before returning
+            live = self.live_rank_pids()
+            if not live or time.monotonic() > deadline:
+                break
+            for pid in live:
+                _kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+    def rank_pids(self) -> list[int]:
+        """PIDs the ranks recorded in their start events."""
+        pids = []
+        for r in range(self.nproc):
+            p = os.path.join(self.run_dir, "events", f"rank{r}.jsonl")
+            if os.path.exists(p):
+                pids += [e["pid"] for e in read_events(p) if e.get("kind") == "start"]
+        return pids
+
+    def live_rank_pids(self) -> list[int]:
+        """Rank processes of this run still alive: the recorded PIDs, plus any process started for this run
+        directory that had not recorded itself yet (a rank still importing torch)."""
+        pids = set(self.rank_pids()) | set(_rank_processes(self.run_dir))
+        return sorted(p for p in pids if _is_rank_of(p, self.run_dir))
+
+    # ---- waiting ----------------------------------------------------------------------------------------
+    def wait(self, progress: bool = True, poll_s: float = 0.2):
+        """Block until the job ends; show a progress bar with the live step time. Returns the loaded result.
+
+        Raises RunFailed if a rank failed, a rank stalled (the watchdog, see `RunConfig.stall_s`), the timeout
+        passed, or the wait was interrupted (the job is stopped first in each case; KeyboardInterrupt is
+        re-raised after stopping). Every rank PID of the run is gone when this returns or raises."""
+        bar = _bar(self.total_steps, self.desc, self.unit) if progress else None
+        try:
+            while self.status() == "running":
+                self._follow(bar)
+                if time.time() - self.started > self.timeout_s:
+                    self._end("timeout", error=f"timeout_s={self.timeout_s:g} s exceeded")
+                    break
+                stalled = self._watch(bar)
+                if stalled:
+                    self._on_stall(stalled)
+                    break
+                time.sleep(poll_s)
+            self._follow(bar)
+        except KeyboardInterrupt:
+            self._end("interrupted")
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        if self._state != "finished":
+            self._terminate()  # torchrun stopped its ranks when one failed: check that none is left
+        return self.result()
+
+    def result(self):
+        """The loaded run; raises RunFailed (with the partial run attached) unless it finished cleanly."""
+        if self._state == "finished":
+            return self._loader(self.run_dir)
+        try:
+            partial = self._loader(self.run_dir)
+        except Exception:  # noqa: BLE001 - a failed job may not load; the events still name the cause
+            partial = None
+        raise _failure(self._state, self.run_dir, partial, self._stall)
+
+    def _follow(self, bar) -> None:
+        """Read the new complete lines of every rank's events; rank 0's drive the progress bar."""
+        now = time.monotonic()
+        for feed in self._feeds:
+            events = feed.read(now)
+            if bar is None or feed.rank != 0:
+                continue
+            for ev in events:
+                kind = ev.get("kind")
+                if kind in ("step", "baseline_step", "calib"):
+                    bar.update(1)
+                if kind in ("step", "baseline_step"):
+                    bar.set_postfix_str(f"{'baseline ' if kind == 'baseline_step' else ''}"
+                                        f"step {ev['t_step'] * 1e3:.0f} ms")
+                elif kind == "calib":
+                    bar.set_postfix_str(f"round {ev['round'] + 1} of {ev['rounds']} done")
+                elif kind == "ready":
+                    bar.set_postfix_str("model built, training")
+
+
+def launch(config: RunConfig) -> Handle:
+    """Validate `config` (fields, data file, machine), write the run directory and start the ranks; return
+    at once with a `Handle`. Nothing is created or started when validation fails."""
+    cfg = config.validate()
+    out = prepare_dir(cfg.out or default_out(cfg))
+    cfg = cfg.replace(out=out) if cfg.out != out else cfg
+    backend = cfg.resolved_backend()
+    dump_json({"config": cfg.to_dict(), "launch": {"time": time.time(), "python": sys.executable,
+                                                   "backend": backend}}, os.path.join(out, "config.json"))
+    proc = start_torchrun(out, cfg.nproc, "dtlab.rank.worker", gloo_threads=backend == "gloo")
+    _write_status(out, "running", pid=proc.pid, started=time.time())
+    desc = f"{cfg.strategy} {cfg.model} x{cfg.nproc} ({backend})"
+    return Handle(out, proc, cfg.nproc, cfg.steps + cfg.baseline_steps, cfg.timeout_s, desc, stall_s=cfg.stall_s)
+
+
+def run(config: RunConfig, progress: bool = True) -> Run:
+    """Launch and wait: the run's `Run` on success; `RunFailed` (with the partial run) otherwise."""
+    return launch(config).wait(progress=progress)
+
+
+
+def _bar(total: int, desc: str, unit: str = "step"):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, unit=unit)
+
+
+@atexit.register
+def _stop_all() -> None:
+    """No run outlives the Python process that started it."""
+    for h in list(_LIVE):
+        if h.proc.poll() is None:
+            h.stop(grace_s=3.0)

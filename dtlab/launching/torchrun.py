@@ -1,0 +1,195 @@
+"""Starting torchrun and the processes it owns: run directories, the agent shim, finding and signalling PIDs.
+
+- Run directories: `unique_dir` / `default_out` pick a fresh one, `prepare_dir` claims it (mkdir of events/),
+  `_write_status` writes status.json.
+- `start_torchrun`: torchrun's agent in its own session through a shim that dies with the launching process and
+  writes what torchrun knows of each failed rank to RUN_DIR/exits.json; c10d rendezvous on 127.0.0.1 port 0.
+- Processes: the ranks of a run found by their command line in /proc, their kernel state, signals to a PID or a
+  process group, and small log readers (`_size`, `_read_from`, `_tail`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+from dtlab.config import RunConfig, dump_json
+
+RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.course.harness")
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now. Racy by nature (someone may take it before it is used): the
+    launcher no longer uses it (port 0 rendezvous); kept for scripts that start torchrun by hand."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unique_dir(parent: str, name: str) -> str:
+    """Create and return parent/name-<timestamp>, with -2, -3, ... when two jobs start within the same
+    second. Created with mkdir, which fails when the directory exists, so two launches never share one."""
+    os.makedirs(parent, exist_ok=True)
+    base = os.path.join(parent, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    k = 1
+    while True:
+        path = base if k == 1 else f"{base}-{k}"
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            k += 1
+
+
+def default_out(cfg: RunConfig) -> str:
+    return unique_dir("runs", f"{cfg.strategy}-{cfg.model}-p{cfg.nproc}-b{cfg.bucket_mb:g}")
+
+
+def prepare_dir(out: str) -> str:
+    """Create the run directory; refuse one that already holds a run. Claimed with mkdir of its events/
+    folder, which only one of two simultaneous launches can win."""
+    if os.path.exists(os.path.join(out, "config.json")):
+        raise ValueError(f"out: {out!r} already holds a run; choose a new directory (runs are never overwritten)")
+    os.makedirs(out, exist_ok=True)
+    try:
+        os.mkdir(os.path.join(out, "events"))
+    except FileExistsError:
+        raise ValueError(f"out: {out!r} already holds a run (or another launch just claimed it); choose a new "
+                         f"directory (runs are never overwritten)") from None
+    return out
+
+
+def _write_status(run_dir: str, state: str, **fields) -> None:
+    dump_json({"state": state, **fields}, os.path.join(run_dir, "status.json"))
+
+
+# The torchrun agent, started through a shim that (1) asks Linux to SIGTERM it when the launching process dies
+# (a kernel killed outright runs no atexit handler; torchrun then stops its ranks, which also die with it) and
+# (2) writes what torchrun knows of each failed rank (exit code, signal, pid) to EXITS, so RunFailed can name
+# the rank that died without guessing from the order of errors and without parsing torchrun's log.
+_AGENT = """\
+import ctypes, json, os, signal, sys
+ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import main
+try:
+    main(sys.argv[3:])
+except ChildFailedError as e:
+    exits = {str(rank): {"rank": rank, "pid": f.pid, "exitcode": f.exitcode,
+                         "signal": f.signal_name() if f.exitcode < 0 else None,
+                         "timestamp": f.timestamp, "message": f.message} for rank, f in e.failures.items()}
+    with open(sys.argv[2] + ".tmp", "w") as fh:
+        json.dump(exits, fh, indent=2, default=str)
+    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+    raise
+"""
+
+# The directory that holds the dtlab package (dtlab/launching/torchrun.py -> three levels up).
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool) -> subprocess.Popen:
+    """Start `torchrun -m MODULE RUN_DIR` in its own session, rendezvous on a port the OS picks."""
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+    if gloo_threads and "OMP_NUM_THREADS" not in os.environ:
+        # CPU ranks share the cores: give each its share instead of torchrun's default of 1 thread.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    # The package must be importable by the ranks even when the kernel found it through sys.path alone.
+    env["PYTHONPATH"] = os.pathsep.join([_PKG_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    run_dir = os.path.abspath(run_dir)
+    # c10d rendezvous on port 0: the agent's store binds a port the OS picks and the ranks use that store
+    # (TORCHELASTIC_USE_AGENT_STORE), so there is no window in which another launch could take the port.
+    # (--master-port=0 does not work: the static rendezvous hands the ranks port 0 and they hang.)
+    cmd = [sys.executable, "-c", _AGENT, str(os.getpid()), os.path.join(run_dir, "exits.json"),
+           "--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
+           f"--rdzv-id={uuid.uuid4().hex}", "--local-addr=127.0.0.1", "--max-restarts=0",
+           f"--log-dir={os.path.join(run_dir, 'logs', 'torchrun')}", "-m", module, run_dir]
+    log = open(os.path.join(run_dir, "logs", "torchrun.log"), "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    log.close()
+    return proc
+
+
+# ---- processes --------------------------------------------------------------------------------------------
+def _argv(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _is_rank_of(pid: int, run_dir: str) -> bool:
+    """True if `pid` is alive and is a rank started for `run_dir`: its arguments include the run directory
+    itself (not merely a path that starts with it) and a dtlab rank module. Never a reused PID."""
+    argv = _argv(pid)  # a zombie has an empty command line: dead for our purposes
+    return (os.path.abspath(run_dir).encode() in argv and any(m.encode() in argv for m in RANK_MODULES)
+            and argv[1:2] != [b"-c"] and pid != os.getpid())  # "-c": torchrun's agent (our shim), not a rank
+
+
+def _rank_processes(run_dir: str) -> list[int]:
+    """Every live rank process of `run_dir`, found by its command line in /proc."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _is_rank_of(int(name), run_dir):
+            pids.append(int(name))
+    return pids
+
+
+def _proc_state(pid: int | None) -> str | None:
+    """The kernel's one-letter state of a process (R, S, D, T stopped, Z zombie, ...), None if gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _kill(pid: int | None, sig: int) -> None:
+    if pid is None:
+        return
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(os.getpgid(pid), sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ---- logs -------------------------------------------------------------------------------------------------
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(path: str, n: int = 12) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return "\n".join(f.read().strip().splitlines()[-n:])

@@ -1,0 +1,118 @@
+"""A calibrated machine profile: raw samples, alpha-beta fits per op (full range and per size regime), caveats,
+and where it came from. Saved as PROFILE/profile.json; `load_profile(PROFILE)` reads it back."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from dtlab.model.fit import (PROFILE_FILE, REQUIRED_COLUMNS, AlphaBetaFit, _check_samples, fit_alpha_beta,
+                             fit_piecewise)
+
+
+@dataclass(kw_only=True)
+class Profile:
+    """A calibrated machine profile: raw samples, per-op fits and caveats.
+
+    meta: free-form JSON-safe dict (host, backend, devices, versions, nproc,
+    notes, ...); samples: DataFrame with at least op, nbytes, nproc,
+    seconds; fits: op -> AlphaBetaFit (each fit records its own form);
+    caveats: human-readable honesty notes (e.g. "gloo on CPU: ...").
+    """
+
+    meta: dict = field(default_factory=dict)
+    samples: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(REQUIRED_COLUMNS)))
+    fits: dict[str, AlphaBetaFit] = field(default_factory=dict)
+    caveats: list[str] = field(default_factory=list)
+    segments: dict[str, list[AlphaBetaFit]] = field(default_factory=dict)
+    """op -> alpha-beta fits per size regime (protocol switches), ascending; see fit_piecewise."""
+
+    def predict(self, op: str, nbytes, nproc, piecewise: bool = True):
+        """Predicted seconds of `op` for nbytes (bytes) on nproc processes.
+
+        With piecewise=True (default) and regimes fitted, each size is priced by the regime it falls in
+        (boundaries at the geometric midpoint between neighbouring regimes; regimes are fitted with alpha,
+        beta >= 0, so predictions never fall with size); otherwise the unconstrained full-range fit is used."""
+        if op not in self.fits:
+            raise ValueError(f"op {op!r} has no fit in this profile; fitted ops: {sorted(self.fits)}")
+        segs = self.segments.get(op) or []
+        if not piecewise or not segs:
+            return self.fits[op].predict(nbytes, nproc)
+        if len(segs) == 1:
+            return segs[0].predict(nbytes, nproc)
+        n = np.asarray(nbytes, dtype=float)
+        bounds = [np.sqrt(a.max_bytes * b.min_bytes) for a, b in zip(segs, segs[1:])]
+        idx = np.searchsorted(bounds, n, side="right")
+        out = np.choose(idx, [np.asarray(sg.predict(n, nproc), dtype=float) * np.ones_like(n) for sg in segs])
+        return float(out) if np.ndim(out) == 0 else out
+
+    def fit_all(self, form: str = "ring", min_bytes=None, max_bytes=None,
+                confidence: float = 0.95) -> "Profile":
+        """(Re)fit every op present in samples; returns self.
+
+        An op that cannot be fitted (e.g. too few sizes) is skipped and a
+        caveat says why, so one thin op does not lose the whole profile.
+        """
+        _check_samples(self.samples)
+        self.fits, self.segments = {}, {}
+        for op in sorted(self.samples["op"].unique()):
+            try:
+                self.fits[op] = fit_alpha_beta(self.samples, op, form, min_bytes, max_bytes, confidence)
+                self.segments[op] = fit_piecewise(self.samples, op, form, min_bytes=min_bytes, max_bytes=max_bytes,
+                                                  confidence=confidence)
+            except ValueError as err:
+                note = f"{op} not fitted: {err}"
+                if note not in self.caveats:
+                    self.caveats.append(note)
+        return self
+
+    @classmethod
+    def from_samples(cls, samples: pd.DataFrame, meta: dict | None = None, form: str = "ring",
+                     min_bytes=None, max_bytes=None, confidence: float = 0.95,
+                     caveats: list[str] | None = None) -> "Profile":
+        """Build a Profile from raw samples and fit every op present."""
+        prof = cls(meta=dict(meta or {}), samples=samples.reset_index(drop=True),
+                   caveats=list(caveats or []))
+        return prof.fit_all(form, min_bytes, max_bytes, confidence)
+
+    def save(self, path) -> str:
+        """Write ``profile.json`` into directory `path` (created if needed); return its path."""
+        os.makedirs(path, exist_ok=True)
+        doc = {
+            "format": "dtlab-profile",
+            "version": 1,
+            "meta": self.meta,
+            "fits": {op: f.to_dict() for op, f in self.fits.items()},
+            "caveats": list(self.caveats),
+            "segments": {op: [f.to_dict() for f in segs] for op, segs in self.segments.items()},
+            # to_json handles numpy scalars and NaN (-> null) for us
+            "samples": json.loads(self.samples.to_json(orient="records")),
+        }
+        out = os.path.join(path, PROFILE_FILE)
+        with open(out, "w", encoding="utf-8") as fh:
+            # default=str so an odd meta value (a Path, a version object) never blocks saving
+            json.dump(doc, fh, indent=1, default=str)
+        return out
+
+
+def load_profile(path) -> Profile:
+    """Load a Profile from a directory containing profile.json, or from the file itself."""
+    file = os.path.join(path, PROFILE_FILE) if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise ValueError(f"path must be a profile directory or a {PROFILE_FILE} file, got {path!r}")
+    with open(file, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    samples = pd.DataFrame.from_records(doc.get("samples", []))
+    if samples.empty and len(samples.columns) == 0:
+        samples = pd.DataFrame(columns=list(REQUIRED_COLUMNS))
+    return Profile(
+        meta=doc.get("meta", {}),
+        samples=samples,
+        fits={op: AlphaBetaFit.from_dict(d) for op, d in doc.get("fits", {}).items()},
+        caveats=list(doc.get("caveats", [])),
+        segments={op: [AlphaBetaFit.from_dict(d) for d in segs] for op, segs in doc.get("segments", {}).items()},
+    )

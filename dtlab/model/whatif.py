@@ -1,0 +1,172 @@
+"""The pure "what if" DDP step model behind the explorer and lab 03: no run, no figure.
+
+From gradient sizes, per-rank compute times and alpha-beta, predict one DDP step for any bucket size and
+GPU count: DDP's bucket layout (:mod:`dtlab.model.buckets`), one all-reduce per bucket
+(:mod:`dtlab.model.costmodel`), backward compute spread over the buckets by bytes, then the bucket queue
+replayed. Also: DistilBERT's (and the tiny preset's) gradient sizes from the architecture alone, and the
+compute times of a measured run. Pure numpy/pandas: no torch, no plotly, no ipywidgets; the figures are in
+:mod:`dtlab.viz.model_plots`, the widgets in :mod:`dtlab.viz.dashboard`.
+
+Units: seconds, bytes, seconds per byte (beta); bucket sizes in MiB (DDP's bucket_cap_mb).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dtlab.model import buckets as bk
+from dtlab.model import costmodel
+from dtlab.rank.data import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
+from dtlab.units import fmt_mib
+
+
+def config_label(nproc, bucket_mb) -> str:
+    """The x label of one configuration in the breakdown figure, e.g. 'p=4, 25 MiB'."""
+    return f"p={int(nproc)}, {fmt_mib(bucket_mb)} MiB"
+
+
+# ------------------------------------------------------------------ gradient sizes
+
+
+def distilbert_param_nbytes(num_labels: int = 2) -> list[int]:
+    """Gradient bytes (fp32, 4 per element) of every DistilBERT-base tensor, in registration order.
+
+    Computed from the architecture alone (no torch): DistilBertConfig defaults -- vocabulary 30522,
+    dim 768, 6 layers, FFN hidden 3072, 512 positions -- plus the sequence-classification head
+    (pre_classifier 768x768, classifier 768 x num_labels). Order: embeddings (word, position,
+    LayerNorm weight, bias), then per layer q_lin, k_lin, v_lin, out_lin (weight, bias each),
+    sa_layer_norm, ffn lin1, ffn lin2, output_layer_norm, then pre_classifier and classifier.
+    104 tensors, 66,955,010 parameters = 267,820,040 bytes for num_labels=2.
+
+    DDP's gradients become ready in roughly the *reverse* of this order: pass ``[::-1]`` to
+    :func:`whatif` / :func:`dtlab.model.buckets.bucket_layout`.
+    """
+    return _distilbert_nbytes(num_labels)
+
+
+#: The architectures of RunConfig.model, as DistilBertConfig fields: DistilBertConfig()'s defaults and
+#: dtlab.rank.data's tiny preset (what the ranks build).
+MODEL_ARCH = {"distilbert": dict(vocab_size=30522, dim=768, n_layers=6, hidden_dim=3072,
+                                 max_position_embeddings=512),
+              "tiny": {k: TINY_ARCH[k] for k in ("vocab_size", "dim", "n_layers", "hidden_dim",
+                                                  "max_position_embeddings")}}
+
+
+def model_param_nbytes(model: str, num_labels: int = 2) -> list[int]:
+    """Gradient bytes of every tensor of a `RunConfig.model` ('distilbert' or 'tiny'), registration order,
+    from the architecture alone (no torch). ``sum(...) // 4`` is the parameter count a run of that config
+    reports as ``run.resolved["num_parameters"]``: labs print it instead of quoting DistilBERT's count."""
+    if model not in MODEL_ARCH:
+        raise ValueError(f"model must be one of {sorted(MODEL_ARCH)}, got {model!r}")
+    a = MODEL_ARCH[model]
+    return _distilbert_nbytes(num_labels, a["vocab_size"], a["dim"], a["n_layers"], a["hidden_dim"],
+                              a["max_position_embeddings"])
+
+
+def _distilbert_nbytes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072, positions=512) -> list[int]:
+    if int(num_labels) < 1:
+        raise ValueError(f"num_labels must be an integer >= 1, got {num_labels!r}")
+
+    def linear(n_in, n_out):  # torch.nn.Linear registers weight (out x in) then bias (out)
+        return [n_out * n_in, n_out]
+
+    def layer_norm(d):
+        return [d, d]
+
+    numel = [vocab * dim, positions * dim] + layer_norm(dim)
+    for _ in range(layers):
+        for _lin in ("q_lin", "k_lin", "v_lin", "out_lin"):
+            numel += linear(dim, dim)
+        numel += layer_norm(dim)        # sa_layer_norm
+        numel += linear(dim, hidden)    # ffn.lin1
+        numel += linear(hidden, dim)    # ffn.lin2
+        numel += layer_norm(dim)        # output_layer_norm
+    numel += linear(dim, dim) + linear(dim, int(num_labels))  # pre_classifier, classifier
+    return [4 * n for n in numel]
+
+
+# ------------------------------------------------------------------ the step model
+
+
+def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta,
+           form: str = "ring") -> dict:
+    """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
+
+    t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds *per rank*. They are
+    assumed independent of nproc: weak scaling, a fixed per-rank batch, so adding GPUs adds work and
+    leaves each rank's compute unchanged. param_nbytes_in_ready_order: gradient bytes in the order
+    they become ready (reverse registration order for DDP). bucket_mb: DDP's bucket_cap_mb (MiB).
+    alpha: seconds; beta: seconds per byte; form: 'ring' or 'textbook'.
+
+    Steps: :func:`dtlab.model.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
+    does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`, ready times
+    from :func:`dtlab.model.buckets.whatif_ready_times` (backward spread over buckets by bytes, an
+    assumption), then :func:`dtlab.model.buckets.predict_step`.
+
+    Returns predict_step's dict (t_comm, t_comm_end, exposed, t_step, t_comp, overlap, start, end;
+    seconds) plus n_buckets, bucket_nbytes (bytes), ready and durations (seconds), and the inputs
+    (t_fwd, t_bwd_comp, t_opt, bucket_mb, nproc, alpha, beta, form). With nproc = 1 every duration is
+    0: no communication.
+    """
+    sizes = list(param_nbytes_in_ready_order)
+    if not sizes or sum(sizes) <= 0:
+        raise ValueError("param_nbytes_in_ready_order must list gradient sizes (bytes) with a positive total")
+    cap = bk.mb_to_bytes(bucket_mb)
+    layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)  # DDP given bucket_cap_mb: no small first bucket
+    nbytes = bk.bucket_sizes(sizes, layout)
+    durations = np.asarray(costmodel.collective_time("all_reduce", form, alpha, beta, nbytes, nproc), dtype=float)
+    durations = np.atleast_1d(durations)
+    ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes)
+    out = bk.predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations)
+    out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations,
+               t_fwd=float(t_fwd), t_bwd_comp=float(t_bwd_comp), t_opt=float(t_opt), bucket_mb=float(bucket_mb),
+               nproc=int(nproc), alpha=float(alpha), beta=float(beta), form=form)
+    return out
+
+
+def whatif_sweep(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs, alpha, beta,
+                 form: str = "ring") -> pd.DataFrame:
+    """Run :func:`whatif` for each (nproc, bucket_mb) in `configs`; one row per configuration.
+
+    Same units and assumptions as :func:`whatif` (per-rank compute independent of nproc). Columns:
+    label (:func:`config_label`), nproc, bucket_mb (MiB), n_buckets, t_comp, t_comm, exposed, t_step
+    (seconds) and overlap (fraction; NaN without communication). Ready for
+    :func:`dtlab.viz.model_plots.predicted_breakdown_figure`.
+    """
+    rows = []
+    for nproc, bucket_mb in configs:
+        r = whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta, form)
+        rows.append({"label": config_label(nproc, bucket_mb), "nproc": int(nproc), "bucket_mb": float(bucket_mb),
+                     "n_buckets": r["n_buckets"], "t_comp": r["t_comp"], "t_comm": r["t_comm"],
+                     "exposed": r["exposed"], "t_step": r["t_step"], "overlap": r["overlap"]})
+    return pd.DataFrame(rows, columns=["label", "nproc", "bucket_mb", "n_buckets", "t_comp", "t_comm",
+                                       "exposed", "t_step", "overlap"])
+
+
+def compute_from_run(run) -> dict:
+    """Per-rank compute seconds (t_fwd, t_bwd_comp, t_opt) of a measured DDP run, for :func:`whatif`.
+
+    With a no-op comm hook baseline (``run.baseline_steps``) the medians over baseline steps (slowest
+    rank per step) are used: compute with no communication at all. Without one, backward compute is
+    *estimated* from the measured steps as the time until the last bucket was ready. The dict's
+    ``source`` says which.
+    """
+    base = run.baseline_steps
+    if base is not None and not base.empty:
+        slow = base.loc[base.groupby("step")["t_step"].idxmax()]
+        return {"t_fwd": float(slow["t_fwd"].median()), "t_bwd_comp": float(slow["t_bwd"].median()),
+                "t_opt": float(slow["t_opt"].median()),
+                "source": f"measured: no-op comm hook baseline of {run.path} ({len(slow)} steps, median)"}
+    ps = run.measured_steps()
+    if ps.empty:
+        raise ValueError(f"run {run.path} has no measured steps to take compute times from")
+    slow = ps.loc[ps.groupby("step")["t_step"].idxmax()]
+    t_bwd = []
+    for row in slow.itertuples():
+        b = run.buckets[(run.buckets["rank"] == row.rank) & (run.buckets["step"] == row.step)] \
+            if not run.buckets.empty else run.buckets
+        t_bwd.append(float(b["t_ready"].max()) - row.t_fwd if not b.empty else row.t_bwd)
+    return {"t_fwd": float(slow["t_fwd"].median()), "t_bwd_comp": float(np.median(t_bwd)),
+            "t_opt": float(slow["t_opt"].median()),
+            "source": f"estimated from {run.path}: backward until the last bucket was ready (no baseline)"}

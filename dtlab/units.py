@@ -1,0 +1,41 @@
+"""Units, named once: seconds and bytes in the data, MiB for bucket caps, milliseconds (or microseconds for alpha)
+and GB/s (10^9 bytes per second) on screen. Every number a person reads goes through one of these helpers."""
+
+from __future__ import annotations
+
+MIB = 2 ** 20
+"""Bytes in one MiB (DDP's bucket_cap_mb counts MiB)."""
+
+
+def fmt_bytes(n) -> str:
+    """Human-readable binary size: '512 B', '4 KiB', '25 MiB', '1.5 GiB'."""
+    n = float(n)
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_mib(mb) -> str:
+    """A MiB value for labels: three significant digits below 100, whole numbers above ('0.25', '24.9', '1024')."""
+    mb = float(mb)
+    return f"{mb:.0f}" if mb >= 100 else f"{mb:.3g}"
+
+
+def fmt_ms(seconds, width: int = 0, digits: int = 1) -> str:
+    """Seconds shown as milliseconds: fmt_ms(0.0123) -> '12.3 ms'; 'n/a' for None or NaN."""
+    if seconds is None or seconds != seconds:
+        return f"{'n/a':>{width}}   " if width else "n/a"
+    return f"{seconds * 1e3:{width}.{digits}f} ms"
+
+
+def fmt_us(seconds, digits: int = 1) -> str:
+    """Seconds shown as microseconds (latencies, alpha): fmt_us(8.4e-6) -> '8.4 us'."""
+    return f"{seconds * 1e6:.{digits}f} us"
+
+
+def fmt_gbps(bytes_per_second) -> str:
+    """Bandwidth in GB/s (10^9 bytes per second), three significant digits; 'inf' when unbounded."""
+    if bytes_per_second is None or bytes_per_second == float("inf") or bytes_per_second <= 0:
+        return "inf"
+    return f"{bytes_per_second / 1e9:.3g} GB/s"

@@ -1,0 +1,294 @@
+"""The explorer's state without widgets: where alpha and beta come from ("fitted from the profile", "default,
+not calibrated", "moved by you"), what the controls mean for the model, which configurations the breakdown
+figure shows, and the what-if model evaluated for them.
+
+Pure: numpy, pandas and :mod:`dtlab.model.whatif`, no ipywidgets and no plotly, so it is testable without a
+kernel. :mod:`dtlab.viz.dashboard` wires it to sliders and FigureWidgets. Methods that depend on the controls
+take `values`: control name -> the value the widget shows (nproc, bucket_mb in MiB, alpha_us in µs,
+bandwidth_gbs in GB/s, form, sweep).
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+
+from dtlab.model import whatif as wi
+from dtlab.units import fmt_bytes
+
+#: Defaults when no profile is given: plausible for one NVLink/InfiniBand-class ring, *not calibrated*.
+DEFAULT_ALPHA_S = 20e-6
+DEFAULT_BANDWIDTH_GBS = 10.0
+#: Placeholder DistilBERT compute per rank (seconds) when no `compute` is given: a rough guess for batch
+#: 32 x 128 tokens on one data-center GPU, *not measured*. Pass `compute=compute_from_run(run)` instead.
+DEFAULT_COMPUTE = {"t_fwd": 0.010, "t_bwd_comp": 0.020, "t_opt": 0.003}
+DEFAULT_COMPUTE_SOURCE = ("placeholder, not measured: a rough guess for DistilBERT, batch 32 x 128 tokens "
+                          "per rank on one data-center GPU")
+DEFAULT_BUCKET_MB = 25.0
+#: x values of the breakdown figure (the current slider value is always added).
+SWEEP_NPROC = (1, 2, 4, 8, 16, 32, 64)
+SWEEP_BUCKET_MB = (0.25, 1.0, 5.0, 25.0, 100.0, 400.0, 1024.0)
+#: a measured row matches the slider's bucket size within this relative tolerance (log sliders snap)
+BUCKET_MATCH_RTOL = 0.02
+MEASURED_COLUMNS = ("nproc", "bucket_mb", "t_step")
+#: the all-reduce forms as the label writes them
+FORMULAS = {"ring": "2(p−1)α + 2(p−1)/p·nβ", "textbook": "α(p−1) + nβ/p"}
+#: The log sliders: (lowest exponent, highest exponent, base, step in exponent units, description). The
+#: range is widened to contain the start value.
+LOG_SLIDERS = {"bucket_mb": (-7, 10, 2, 0.05, "bucket size (MiB)"),
+               "alpha_us": (-1, 4, 10, 0.02, "α latency (µs)"),
+               "bandwidth_gbs": (-2, 3, 10, 0.02, "1/β bandwidth (GB/s)")}
+
+
+def anchored_min(e: float, lo_exp: float, step: float) -> float:
+    """The slider minimum at or below `lo_exp` that puts exponent `e` exactly on the slider's step grid.
+
+    The browser's slider (noUiSlider) snaps its value to min + k * step and sends the snapped value back to
+    the kernel as soon as it renders: a value off the grid would come back changed (25 MiB as 25.1 MiB, a
+    fitted alpha as a slightly different one)."""
+    return e - np.ceil((e - lo_exp) / step - 1e-9) * step
+
+
+def log_range(value: float, lo_exp: float, hi_exp: float, base: float, step: float) -> tuple[float, float]:
+    """(min, max) exponents of a log slider: [lo_exp, hi_exp] widened to contain `value`, with the minimum
+    moved so that the step grid passes through `value`."""
+    e = float(np.log(value) / np.log(base))
+    return anchored_min(e, min(lo_exp, np.floor(e)), step), max(hi_exp, np.ceil(e))
+
+
+def on_log_grid(shown: float, value: float, base: float, step: float) -> bool:
+    """True when a log slider showing `shown` shows `value`: within half a step of it (the browser's snapping
+    included)."""
+    d = abs(np.log(float(shown)) - np.log(float(value))) / np.log(base)
+    return bool(d <= step / 2 + 1e-9)
+
+
+def all_reduce_fits(profile) -> dict:
+    """form -> (alpha s, beta s/B, how) for all_reduce: the profile's own fit, plus a fit of the other form
+    from the profile's samples when they allow one; `how` says which, for the label. Fits with alpha or
+    beta <= 0 are left out (a log slider cannot show them, and they are not physical)."""
+    from dtlab.model.fit import fit_alpha_beta  # scipy import deferred: explorer() without a profile does not need it
+
+    fits = {}
+    own = profile.fits.get("all_reduce")
+    if own is not None:
+        fits[own.form] = own
+    for form in ("ring", "textbook"):
+        if form not in fits and own is not None and len(profile.samples):
+            try:
+                fits[form] = fit_alpha_beta(profile.samples, "all_reduce", form, min_bytes=own.min_bytes,
+                                            max_bytes=own.max_bytes, confidence=own.confidence)
+            except ValueError:
+                pass
+    out = {}
+    for f, x in fits.items():
+        if not (x.alpha > 0 and x.beta > 0):
+            continue
+        what = (f"fitted from the profile: all_reduce, {f} form {FORMULAS.get(f, '')}, "
+                f"{fmt_bytes(x.min_bytes)} to {fmt_bytes(x.max_bytes)}")
+        if f != own.form:
+            what += f" (refitted from the profile's samples; the profile's own fit is {own.form})"
+        out[f] = (x.alpha, x.beta, what)
+    return out
+
+
+class ExplorerState:
+    """The inputs of the explorer, checked, and the logic between its controls and the model.
+
+    Attributes: fits (form -> (alpha, beta, how), :func:`all_reduce_fits`), form0 and nproc0 (where the
+    controls start), ref (where alpha and beta come from: the values the sliders started at, or were last
+    loaded with, and how they were obtained; a slider showing another value was moved by the user),
+    compute (per-rank seconds), sizes (gradient bytes in ready order), measured (rows with times, or None),
+    notes (warnings for the label) and static_info (the label's HTML that no control changes).
+    """
+
+    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None):
+        notes = []
+        # ---- alpha, beta: the profile's all_reduce fit, else labelled defaults
+        self.fits = all_reduce_fits(profile) if profile is not None else {}
+        self.form0 = profile.fits["all_reduce"].form if profile is not None and "all_reduce" in profile.fits \
+            else "ring"
+        if self.form0 in self.fits:
+            alpha, beta, how = self.fits[self.form0]
+        else:
+            alpha, beta = DEFAULT_ALPHA_S, 1.0 / (DEFAULT_BANDWIDTH_GBS * 1e9)
+            how = ("default, not calibrated: an assumed value (no profile given)" if profile is None else
+                   "default, not calibrated: an assumed value (the profile has no usable all_reduce fit)")
+            if profile is not None:
+                notes.append("the profile has no usable all_reduce fit (missing, or alpha/beta not positive): "
+                             "using defaults")
+        self.ref = {"alpha": alpha, "beta": beta, "how": how}
+        if profile is not None and profile.caveats:
+            notes += [f"profile caveat: {c}" for c in profile.caveats]
+
+        # ---- compute per rank
+        compute = dict(compute) if compute is not None else dict(DEFAULT_COMPUTE, source=DEFAULT_COMPUTE_SOURCE)
+        for k in ("t_fwd", "t_bwd_comp", "t_opt"):
+            if k not in compute or not np.isfinite(compute[k]) or compute[k] < 0:
+                raise ValueError(f"compute must give {k} in seconds (finite, >= 0); got {compute.get(k)!r}")
+        self.compute = compute
+        compute_source = compute.get("source", "given by the caller")
+
+        # ---- gradient sizes in ready order
+        if param_nbytes is None:
+            self.sizes = wi.distilbert_param_nbytes()[::-1]
+            sizes_source = "DistilBERT-base (66,955,010 fp32 parameters), reverse registration order"
+        else:
+            self.sizes = [int(x) for x in param_nbytes]
+            if not self.sizes or sum(self.sizes) <= 0:
+                raise ValueError("param_nbytes must list gradient sizes in bytes (ready order) with a positive total")
+            sizes_source = f"{len(self.sizes)} tensors given by the caller ({fmt_bytes(sum(self.sizes))})"
+
+        # ---- measured sweep to overlay
+        self.measured = None
+        if measured is not None:
+            missing = [c for c in MEASURED_COLUMNS if c not in measured.columns]
+            if missing:
+                raise ValueError(f"measured is missing columns {missing}; needs nproc, bucket_mb, t_step "
+                                 "(seconds), optionally t_comm, t_comp")
+            # a sweep's skipped or failed rows have no times: nothing to draw
+            self.measured = measured[measured["t_step"].notna()].reset_index(drop=True)
+
+        # ---- the GPU count starts at the largest p the profile measured (where it is calibrated)
+        self.nproc0 = 8
+        if profile is not None and len(profile.samples):
+            self.nproc0 = int(np.clip(profile.samples["nproc"].max(), 1, 64))
+
+        self.notes = notes
+        c_ms = {k: compute[k] * 1e3 for k in ("t_fwd", "t_bwd_comp", "t_opt")}
+        info = [f"<b>compute per rank</b>: fwd {c_ms['t_fwd']:.3g} ms, bwd {c_ms['t_bwd_comp']:.3g} ms, "
+                f"opt {c_ms['t_opt']:.3g} ms ({html.escape(compute_source)}); assumed independent of p "
+                "(fixed per-rank batch)",
+                f"<b>gradients</b>: {html.escape(sizes_source)}; backward assumed spread over buckets by bytes",
+                "<b>measured</b>: " + ("none" if self.measured is None else
+                                       f"{len(self.measured)} rows, shown where p and bucket size match")]
+        self.static_info = "<br>".join(info + [f"<span style='color:#8a4b00'>⚠ {html.escape(n)}</span>"
+                                               for n in notes])
+
+    # ------------------------------------------------------------ alpha and beta
+    def moved(self, which: str, values: dict) -> bool:
+        """True when the user moved the 'alpha' or 'beta' (bandwidth) slider away from where the explorer put
+        it (the profile's fit or the default). Judged by value, so the browser's echo of a value it snapped
+        to the slider's grid is not a move."""
+        if which == "alpha":
+            name, ref = "alpha_us", self.ref["alpha"] * 1e6
+        elif which == "beta":
+            name, ref = "bandwidth_gbs", 1.0 / self.ref["beta"] / 1e9
+        else:
+            raise ValueError(f"which must be 'alpha' or 'beta', got {which!r}")
+        _, _, base, step, _ = LOG_SLIDERS[name]
+        return not on_log_grid(values[name], ref, base, step)
+
+    def params(self, values: dict) -> dict:
+        """The setting in model units: nproc, bucket_mb (MiB), alpha (s), beta (s/byte), form.
+
+        A slider that still shows the fitted (or default) value gives that exact value, not the slider's
+        rounded copy of it: the explorer then predicts what the profile predicts."""
+        alpha = self.ref["alpha"] if not self.moved("alpha", values) else float(values["alpha_us"]) * 1e-6
+        beta = self.ref["beta"] if not self.moved("beta", values) else 1.0 / (float(values["bandwidth_gbs"]) * 1e9)
+        return {"nproc": int(values["nproc"]), "bucket_mb": float(values["bucket_mb"]),
+                "alpha": alpha, "beta": beta, "form": values["form"]}
+
+    def sources(self, values: dict) -> dict:
+        """'alpha' and 'beta' -> one line saying which value the model uses and where it comes from."""
+        p = self.params(values)
+        out = {}
+        for which, value, ref, unit, sym in (("alpha", p["alpha"] * 1e6, self.ref["alpha"] * 1e6, "µs", "α"),
+                                             ("beta", 1 / p["beta"] / 1e9, 1 / self.ref["beta"] / 1e9, "GB/s",
+                                              "1/β")):
+            if self.moved(which, values):
+                out[which] = (f"{sym} = {value:.3g} {unit}: moved by you, the model uses this value "
+                              f"(from {ref:.3g} {unit}, {self.ref['how']})")
+            else:
+                out[which] = f"{sym} = {value:.3g} {unit}: {self.ref['how']}"
+        return out
+
+    def source_html(self, values: dict) -> str:
+        """The label above the sliders: where alpha and beta come from (one line when both share an origin),
+        then :attr:`static_info`."""
+        parts = [line.partition(": ")[::2] for line in self.sources(values).values()]
+        if parts[0][1] == parts[1][1]:  # same origin: one line
+            parts = [(f"{parts[0][0]}, {parts[1][0]}", parts[0][1])]
+        lines = [f"<b>{html.escape(head)}</b>: {html.escape(tail)}" for head, tail in parts]
+        return f"<div style='font-size:90%;line-height:1.35'>{'<br>'.join(lines)}<br>{self.static_info}</div>"
+
+    def switch_form(self, form: str, old: str, values: dict) -> dict:
+        """Switch the reference to `form` (values: the controls before the switch); returns slider name ->
+        value for the sliders to move (those the user has not moved).
+
+        Switching the form loads that form's profile fit (when there is one): alpha and beta fitted under one
+        form do not carry over to the other. Values the user moved stay as they are."""
+        moved = {w: self.moved(w, values) for w in ("alpha", "beta")}
+        if form in self.fits:
+            alpha, beta, how = self.fits[form]
+        else:  # nothing fitted under this form: the previous reference, labelled as the estimate it is
+            alpha, beta = self.ref["alpha"], self.ref["beta"]
+            how = (f"{self.ref['how']}; obtained under the {old} form and reused under {form} without refitting: "
+                   "an estimate" if "fitted" in self.ref["how"] else self.ref["how"])
+        self.ref = {"alpha": alpha, "beta": beta, "how": how}
+        out = {}
+        if not moved["alpha"]:
+            out["alpha_us"] = alpha * 1e6
+        if not moved["beta"]:
+            out["bandwidth_gbs"] = 1.0 / beta / 1e9
+        return out
+
+    # ------------------------------------------------------------ the breakdown's configurations
+    def configs(self, p: dict, sweep: str) -> list[tuple[int, float]]:
+        """(nproc, bucket_mb) pairs of the breakdown figure at setting `p` (:meth:`params`), bars across
+        `sweep` ('nproc' or 'bucket_mb'): the sweep grid, the current setting and any matching measured
+        configuration; one per label, the current setting winning a label clash."""
+        cur = (p["nproc"], p["bucket_mb"])
+        if sweep == "nproc":
+            values = set(SWEEP_NPROC) | {cur[0]} | set(self.matching_measured(p, sweep)["nproc"].astype(int))
+            cands = [(n, cur[1]) for n in sorted(values)]
+        else:
+            values = set(SWEEP_BUCKET_MB) | set(self.matching_measured(p, sweep)["bucket_mb"].astype(float))
+            cands = [(cur[0], b) for b in sorted(values)]
+            cands = sorted(
+                [c for c in cands if wi.config_label(*c) != wi.config_label(*cur)] + [cur], key=lambda c: c[1])
+        seen, out = set(), []
+        for c in cands:
+            lab = wi.config_label(*c)
+            if lab not in seen:
+                seen.add(lab)
+                out.append(c)
+        return out
+
+    def matching_measured(self, p: dict, sweep: str) -> pd.DataFrame:
+        """Measured rows comparable with the breakdown figure's x axis at setting `p`."""
+        m = self.measured
+        if m is None:
+            return pd.DataFrame(columns=list(MEASURED_COLUMNS))
+        if sweep == "nproc":
+            return m[np.isclose(m["bucket_mb"].astype(float), p["bucket_mb"], rtol=BUCKET_MATCH_RTOL)]
+        return m[m["nproc"].astype(int) == p["nproc"]]
+
+    def measured_overlay(self, p: dict, sweep: str) -> pd.DataFrame | None:
+        """The matching measured rows relabelled to the figure's x labels (None without measurements)."""
+        if self.measured is None:
+            return None
+        cols = ["label"] + [c for c in ("t_step", "t_comm", "t_comp") if c in self.measured.columns]
+        m = self.matching_measured(p, sweep)
+        if m.empty:
+            return pd.DataFrame({c: pd.Series(dtype=object if c == "label" else float) for c in cols})
+        if sweep == "nproc":  # snapped to the slider's bucket size (within tolerance)
+            labels = [wi.config_label(n, p["bucket_mb"]) for n in m["nproc"]]
+        else:
+            labels = [wi.config_label(p["nproc"], b) for b in m["bucket_mb"]]
+        out = m.assign(label=labels)
+        return out[cols]
+
+    # ------------------------------------------------------------ the model
+    def model(self, values: dict) -> tuple[dict, pd.DataFrame]:
+        """(:func:`dtlab.model.whatif.whatif` of the current setting, :func:`dtlab.model.whatif.whatif_sweep`
+        over the breakdown's configurations)."""
+        p = self.params(values)
+        c = self.compute
+        result = wi.whatif(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, p["bucket_mb"], p["nproc"],
+                           p["alpha"], p["beta"], p["form"])
+        sweep = wi.whatif_sweep(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, self.configs(p, values["sweep"]),
+                                p["alpha"], p["beta"], p["form"])
+        return result, sweep

@@ -1,0 +1,150 @@
+"""Lab 08's "build it yourself" checks (dtlab.course.exercises): the instructor's reference solutions pass;
+a hook that sums instead of averaging and a ring that leaves a chunk unreduced fail with feedback that names
+the mistake; a stub reports "not implemented" without launching or raising. Real 2-rank gloo runs (~8 s each).
+"""
+
+import importlib.util
+import math
+import pathlib
+
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+
+from dtlab.course.exercises import check_comm_hook, check_ring_allreduce, not_implemented, ring_timings, ship
+
+SOLUTIONS = pathlib.Path(__file__).resolve().parent.parent / "labs" / "instructor" / "08_build_it_yourself_solutions.py"
+
+
+@pytest.fixture(scope="module")
+def sol():
+    spec = importlib.util.spec_from_file_location("lab08_solutions", SOLUTIONS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---- broken student code (top level, so the checks can ship its source) ----------------------------------
+def summing_hook(state, bucket):
+    work = dist.all_reduce(bucket.buffer(), async_op=True)  # forgot to divide by the world size
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def ring_without_all_gather(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = list(tensor.tensor_split(p))
+    for s in range(p - 1):
+        send_i, recv_i = (rank - s) % p, (rank - s - 1) % p
+        incoming = torch.empty_like(chunks[recv_i])
+        req = dist.isend(chunks[send_i], (rank + 1) % p)
+        dist.recv(incoming, (rank - 1) % p)
+        req.wait()
+        chunks[recv_i].add_(incoming)
+    return tensor  # the all-gather phase is missing: every other chunk still holds a partial sum
+
+
+def stub_hook(state, bucket):
+    """Average the bucket over all ranks."""
+    raise NotImplementedError("write your hook here")
+
+
+def stub_ring(tensor):
+    raise NotImplementedError
+
+
+def uses_math(x):
+    return math.sqrt(x)
+
+
+# ---- tests ----------------------------------------------------------------------------------------------
+def test_reference_hook_matches_single_process_after_every_step(sol, tmp_path):
+    res = check_comm_hook(sol.my_allreduce_hook, nproc=2, steps=3, out=str(tmp_path / "hook"), verbose=False)
+    assert res.status == "passed", res.verdict()
+    assert list(res.per_step["step"]) == [0, 1, 2] and res.per_step["allclose"].all()
+    assert (res.per_step["max_abs_err"] < 1e-12).all() and (res.per_step["ratio"] - 1).abs().max() < 1e-9
+    b = res.buckets  # the student's hook timeline, recorded like dtlab's own
+    assert set(b["rank"]) == {0, 1} and b["bucket"].nunique() >= 2 and (b["nbytes"] > 0).all()
+    assert ((b["t_ready"] <= b["t_start"]) & (b["t_start"] <= b["t_end"])).all()
+    # every step's buckets carry every parameter exactly once (1,732 float64 parameters in the MLP)
+    assert (b.groupby(["rank", "step"])["nbytes"].sum() == 1732 * 8).all()
+    assert {"step", "bucket", "nbytes", "t_ready", "t_start", "t_end"} <= set(b.columns)  # what lab 8 prints
+
+
+def test_summing_hook_fails_and_says_so(tmp_path, capsys):
+    res = check_comm_hook(summing_hook, nproc=2, steps=2, out=str(tmp_path / "sum"))
+    assert res.status == "failed" and not res.passed
+    assert "step 0" in res.feedback[0] and "sum instead of average" in res.feedback[0]
+    assert abs(res.per_step["ratio"].iloc[0] - 2.0) < 1e-6
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_reference_ring_matches_all_reduce_and_is_timed_against_the_model(sol, tmp_path):
+    # a synthetic profile: alpha 100 us, beta 1 ns/B (ring form); the model column must follow 2(p-1) alpha + 2(p-1)/p n beta
+    from dtlab.model.profile import Profile
+    sizes = [2 ** k for k in range(12, 20)]
+    samples = pd.DataFrame({"op": "all_reduce", "nbytes": sizes, "nproc": 2,
+                            "seconds": [2e-4 + 1e-9 * n for n in sizes]})
+    prof = Profile.from_samples(samples)
+    res = check_ring_allreduce(sol.my_ring_allreduce, nproc=2, sizes=(2, 3, 1001, 4097), timing_sizes=(2 ** 14, 2 ** 18),
+                               profile=prof, out=str(tmp_path / "ring"), verbose=False, iters=3)
+    assert res.status == "passed", res.verdict()
+    assert res.per_size["ok"].all() and (res.per_size["sends"] == 2).all()
+    t = res.timings
+    assert list(t["nbytes"]) == [2 ** 14, 2 ** 18] and (t["ring_ms"] > 0).all() and (t["all_reduce_ms"] > 0).all()
+    assert t["model_ms"].iloc[1] == pytest.approx((2e-4 + 1e-9 * 2 ** 18) * 1e3, rel=1e-3)
+
+
+def test_ring_that_skips_a_chunk_fails_naming_the_chunk(tmp_path):
+    res = check_ring_allreduce(ring_without_all_gather, nproc=2, sizes=(4, 1001), timing_sizes=(2 ** 12,),
+                               out=str(tmp_path / "skip"), verbose=False, iters=1, warmup=0)
+    assert res.status == "failed"
+    # rank 0 reduced chunk 2 and never received chunk 1's sum: it still holds its own input there
+    text = " ".join(res.feedback)
+    assert "chunk 1 of 2 never reduced" in text and "rank 0" in text, text
+    assert "2(p-1) = 2" in text  # one send per call, not 2(p-1)
+    assert not res.per_size["ok"].any()
+
+
+def test_stubs_report_not_implemented_without_launching(tmp_path, capsys):
+    assert not_implemented(stub_hook) and not_implemented(stub_ring) and not not_implemented(summing_hook)
+    for res in (check_comm_hook(stub_hook), check_ring_allreduce(stub_ring), check_comm_hook(None)):
+        assert res.status == "not implemented" and res.run_dir is None and not res.passed
+    assert capsys.readouterr().out.count("not implemented yet") >= 3
+
+
+def test_ship_writes_the_source_with_the_modules_it_uses(tmp_path):
+    path = ship(uses_math, str(tmp_path))
+    ns = {}
+    exec(compile(pathlib.Path(path).read_text(), path, "exec"), ns)
+    assert ns["uses_math"](9.0) == 3.0 and "import math" in pathlib.Path(path).read_text()
+
+
+def test_ring_timings_take_the_slowest_rank_then_the_median():
+    rows = [dict(rank=r, what=w, nbytes=1024, iter=i, seconds=s)
+            for i, (a, b) in enumerate([(1e-3, 3e-3), (2e-3, 1e-3), (5e-3, 4e-3)])
+            for w in ("ring", "all_reduce") for r, s in ((0, a), (1, b))]
+    t = ring_timings(rows, 2)
+    assert t["ring_ms"].iloc[0] == pytest.approx(3.0) and t["all_reduce_ms"].iloc[0] == pytest.approx(3.0)
+
+
+def test_lab08_with_the_reference_ring_passes_from_the_notebook(sol, tmp_path, monkeypatch):
+    """The instructor's ring, pasted into the notebook's # EXERCISE cell, passes from the notebook too: the
+    source is shipped from a kernel cell (not a file) and the timing cell compares it with the model. (Only the
+    ring, to keep the suite short: the hook's cell prints columns test_reference_hook checks.)"""
+    import inspect
+
+    import nbformat
+    from nbclient import NotebookClient
+    monkeypatch.setenv("DTLAB_QUICK", "1")
+    nb = nbformat.read(SOLUTIONS.parent.parent / "08_build_it_yourself.ipynb", as_version=4)
+    answers = {"# EXERCISE: ring_allreduce": sol.my_ring_allreduce}
+    for cell in nb.cells:
+        first = cell.source.split("\n", 1)[0]
+        if cell.cell_type == "code" and first in answers:
+            cell.source = first + "\n" + inspect.getsource(answers.pop(first))
+    assert not answers, f"cells not found: {list(answers)}"
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "\n".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "ring_allreduce: PASSED" in text and "comm_hook: not implemented yet" in text, text
+    assert "your ring / model:" in text and "the model with your profile predicts" not in text
