@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.events import read_events  # noqa: F401 - re-exported: dtlab.results.read_events
+from dtlab.intervals import union_length
 from dtlab.units import fmt_mib, fmt_ms
 
 STEP_COLUMNS = ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
@@ -232,18 +233,7 @@ class Run:
 
 def _union_length(df: pd.DataFrame) -> float:
     """Length of the union of [t_start, t_end] intervals (concurrent collectives counted once)."""
-    iv = sorted(zip(df["t_start"], df["t_end"]))
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in iv:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
+    return union_length(zip(df["t_start"], df["t_end"]))
 
 
 def load_run(path: str) -> Run:

@@ -18,23 +18,14 @@ The intervals come from dtlab.rank.zero3.comm's `CollectiveRecorder`, recorded t
 
 from __future__ import annotations
 
+from dtlab.intervals import union_length
+
 
 def blocked_seconds(blocked: list[dict], phase: str | None = None) -> float:
     """Length of the union of the blocked intervals (optionally of one phase): seconds the rank could not
     compute because it waited for collectives. A union, so nested or concurrent waits count once."""
-    iv = sorted((b["t_start"], b["t_end"]) for b in blocked
-                if b["t_start"] is not None and b["t_end"] is not None and (phase is None or b["phase"] == phase))
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in iv:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return float(total)
+    return union_length((b["t_start"], b["t_end"]) for b in blocked
+                        if b["t_start"] is not None and b["t_end"] is not None and (phase is None or b["phase"] == phase))
 
 
 def blocked_recording(cuda: bool, stream_watched: bool) -> dict:
