@@ -86,7 +86,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         if not baseline and cfg.record:
             for b in recorder.collect():
                 writer.write("bucket", rank=rank, step=step, **b)
-        if step >= 1:  # DDP logs a step's runtime stats in the next step's forward: these are step - 1's
+        # DDP logs a step's runtime stats in the next step's forward (these are step - 1's), and only for its
+        # sampled iterations (<= 10 and every 100th): skip the logging-data call on the others.
+        if step >= 1 and (step <= 10 or step % 100 == 0):
             _write_ddp_stats(ddp, writer, rank, step - 1)
         if step == 0:
             writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
