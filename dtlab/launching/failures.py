@@ -144,6 +144,24 @@ def _rank_outcomes(run_dir: str) -> list[dict]:
     return out
 
 
+def _crashed_after_done(run_dir: str, nproc: int) -> str | None:
+    """A sentence naming the ranks that exited badly after recording `done` (a crash in process-group or
+    interpreter shutdown, e.g. a backend thread aborting), when every one of the `nproc` ranks recorded `done`
+    and none recorded an error; None otherwise (the run really failed)."""
+    done = set()
+    for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")):
+        for e in read_events(p):
+            if e.get("kind") == "error":
+                return None
+            if e.get("kind") == "done":
+                done.add(e.get("rank"))
+    if done != set(range(nproc)):
+        return None
+    bad = [o for o in _rank_outcomes(run_dir) if o.get("exitcode")]
+    named = "; ".join(f"rank {o['rank']} {_how(o, short=True)}" for o in bad) or "torchrun exited non-zero"
+    return f"after the run finished, during shutdown: {named}."
+
+
 def _short_error(err: str, limit: int) -> str:
     """One line: no source locations ("[/__w/.../pair.cc:537] "), cut at a sentence end past `limit`."""
     err = re.sub(r"\[/[^\]]*:\d+\]\s*", "", " ".join(err.split()))

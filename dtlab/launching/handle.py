@@ -17,7 +17,7 @@ import sys
 import time
 
 from dtlab.config import RunConfig, dump_json
-from dtlab.launching.failures import _failure
+from dtlab.launching.failures import _crashed_after_done, _failure
 from dtlab.launching.torchrun import (_is_rank_of, _kill, _rank_processes, _signal_group, _write_status,
                                       default_out, prepare_dir, start_torchrun)
 from dtlab.launching.watchdog import StallWatch, _Feed
@@ -47,7 +47,16 @@ class Handle(StallWatch):
     def status(self) -> str:
         """'running', 'finished', 'failed', 'stalled', 'stopped', 'timeout' or 'interrupted'."""
         if self._state == "running" and self.proc.poll() is not None:
-            self._finish("finished" if self.proc.returncode == 0 else "failed")
+            if self.proc.returncode == 0:
+                self._finish("finished")
+            else:
+                late = _crashed_after_done(self.run_dir, self.nproc)
+                if late:  # every rank recorded `done`: the results are whole, only the shutdown crashed
+                    print(f"dtlab: {late} Every rank had recorded `done`, so the run's results are complete.",
+                          file=sys.stderr)
+                    self._finish("finished", shutdown_crash=late)
+                else:
+                    self._finish("failed")
         return self._state
 
     def _finish(self, state: str, **extra) -> None:
