@@ -1,4 +1,4 @@
-"""`dtlab` command line: run, show (and calibrate). Bad input exits with code 2 and a one-line error."""
+"""`dtlab` command line: run, show, trace, calibrate, doctor, assign and grade. Bad input exits with code 2 and a one-line error."""
 
 from __future__ import annotations
 
@@ -58,6 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fit-min-bytes", default=None, help="fit only sizes >= this (e.g. 1M)")
     c.add_argument("--fit-max-bytes", default=None, help="fit only sizes <= this (e.g. 64M)")
     c.add_argument("--no-progress", action="store_true")
+    a = sub.add_parser("assign", help="student notebooks and autograders from otter master notebooks "
+                                      "(needs the course extra: pip install -e \".[course]\")")
+    a.add_argument("source", help="a master notebook or a directory of them (the labs' masters: labs/instructor)")
+    a.add_argument("out", help="writes OUT/student/*.ipynb, OUT/autograder/<lab>.zip, OUT/instructor/*.ipynb")
+    g = sub.add_parser("grade", help="grade submitted notebooks headless (from their recorded runs when they "
+                                     "have them, else in quick mode); one row per student and question")
+    g.add_argument("autograder", help="an autograder .zip, or `dtlab assign`'s OUT/autograder directory")
+    g.add_argument("submissions", nargs="+", help="submitted notebooks, or directories (one per student) holding "
+                                                  "the notebooks and the runs/ and profiles/ they wrote")
+    g.add_argument("--csv", default=None, help="write the scores here (student, notebook, question, points, "
+                                               "max_points, feedback, mode)")
     sub.add_parser("doctor", help="what this machine can run and how each lab will run on it "
                                   "(dtlab doctor --help)", add_help=False)
     return parser
@@ -80,10 +91,28 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_trace(args)
         if args.cmd == "calibrate":
             return _cmd_calibrate(args)
+        if args.cmd in ("assign", "grade"):
+            return _cmd_course(args)
     except ValueError as e:  # bad input: one line, exit 2, nothing started
         print(f"dtlab: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     return 2
+
+
+def _cmd_course(args) -> int:
+    from dtlab.course.assign import assign, grade
+    try:
+        if args.cmd == "assign":
+            assign(args.source, args.out)
+            return 0
+        df = grade(args.autograder, args.submissions, csv=args.csv)
+    except RuntimeError as e:  # otter-grader missing, or otter failed: say so in one paragraph
+        print(f"dtlab {args.cmd}: error: {e}", file=sys.stderr)
+        return 1
+    print(df.groupby(["student", "notebook"])[["points", "max_points"]].sum().to_string())
+    if args.csv:
+        print(f"scores: {args.csv} ({len(df)} rows)")
+    return 0
 
 
 def _cmd_run(args) -> int:

@@ -14,12 +14,19 @@ import torch.distributed as dist
 
 from dtlab.course.exercises import check_comm_hook, check_ring_allreduce, not_implemented, ring_timings, ship
 
-SOLUTIONS = pathlib.Path(__file__).resolve().parent.parent / "labs" / "instructor" / "08_build_it_yourself_solutions.py"
+MASTER = pathlib.Path(__file__).resolve().parent.parent / "labs" / "instructor" / "08_build_it_yourself.ipynb"
 
 
 @pytest.fixture(scope="module")
-def sol():
-    spec = importlib.util.spec_from_file_location("lab08_solutions", SOLUTIONS)
+def sol(tmp_path_factory):
+    """The instructor's solutions: the # EXERCISE cells of lab 08's master notebook, as a module (the checks
+    ship a function's source, so it must live in a file)."""
+    import json
+    cells = ["".join(c["source"]) for c in json.loads(MASTER.read_text())["cells"]]
+    src = "\n\n".join(c for c in cells if c.startswith("# EXERCISE"))
+    path = tmp_path_factory.mktemp("sol") / "lab08_solutions.py"
+    path.write_text("import torch\nimport torch.distributed as dist\n\n" + src + "\n")
+    spec = importlib.util.spec_from_file_location("lab08_solutions", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -126,25 +133,3 @@ def test_ring_timings_take_the_slowest_rank_then_the_median():
             for w in ("ring", "all_reduce") for r, s in ((0, a), (1, b))]
     t = ring_timings(rows, 2)
     assert t["ring_ms"].iloc[0] == pytest.approx(3.0) and t["all_reduce_ms"].iloc[0] == pytest.approx(3.0)
-
-
-def test_lab08_with_the_reference_ring_passes_from_the_notebook(sol, tmp_path, monkeypatch):
-    """The instructor's ring, pasted into the notebook's # EXERCISE cell, passes from the notebook too: the
-    source is shipped from a kernel cell (not a file) and the timing cell compares it with the model. (Only the
-    ring, to keep the suite short: the hook's cell prints columns test_reference_hook checks.)"""
-    import inspect
-
-    import nbformat
-    from nbclient import NotebookClient
-    monkeypatch.setenv("DTLAB_QUICK", "1")
-    nb = nbformat.read(SOLUTIONS.parent.parent / "08_build_it_yourself.ipynb", as_version=4)
-    answers = {"# EXERCISE: ring_allreduce": sol.my_ring_allreduce}
-    for cell in nb.cells:
-        first = cell.source.split("\n", 1)[0]
-        if cell.cell_type == "code" and first in answers:
-            cell.source = first + "\n" + inspect.getsource(answers.pop(first))
-    assert not answers, f"cells not found: {list(answers)}"
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    text = "\n".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
-    assert "ring_allreduce: PASSED" in text and "comm_hook: not implemented yet" in text, text
-    assert "your ring / model:" in text and "the model with your profile predicts" not in text

@@ -75,8 +75,13 @@ def _num(x):
     return int(f) if f == int(f) and abs(f) < 2 ** 53 and not isinstance(x, float) else f
 
 
+RECORDED: dict = {}  # qid -> the last Record checked in this process
+ANSWERS_VAR = "_dtlab_answers"  # the same records in a notebook's namespace, for the graders' tests
+
+
 def _emit(rec: dict, verdict: str) -> Record:
-    rec = Record(rec)
+    rec = Record(rec, verdict=verdict)
+    RECORDED[rec["qid"]] = rec
     try:
         from IPython import get_ipython
         from IPython.display import display
@@ -86,6 +91,8 @@ def _emit(rec: dict, verdict: str) -> Record:
         print(verdict)
         print(PREFIX + json.dumps(dict(rec)))
         return rec
+    # also in the notebook's namespace: otter grades against the executed notebook's global variables
+    get_ipython().user_ns.setdefault(ANSWERS_VAR, {})[rec["qid"]] = dict(rec)
     display({MIME: dict(rec), "text/plain": verdict}, raw=True)
     return rec
 
@@ -106,7 +113,7 @@ def check_number(qid: str, guess, expected, *, rel_tol: float | None = None, abs
     tol = max(abs_tol or 0.0, (rel_tol or 0.0) * abs(float(expected)))
     tol_txt = f"± {_fmt(float(tol), unit)}" + (f" ({rel_tol:.1%})" if rel_tol else "") + f", from {tol_source}"
     extra = dict(tolerance=float(tol), rel_tol=rel_tol, abs_tol=abs_tol, tol_source=tol_source, unit=unit)
-    if guess is None:
+    if guess is None or guess is ...:  # None, or otter's blank `...`
         verdict = (f"[{qid}] not answered yet: set your guess and run the check again (expected "
                    f"{_fmt(expected, unit)} {tol_txt})")
         return _emit(_record(qid, "number", None, expected, None, points, **extra), verdict)
@@ -149,7 +156,7 @@ def check_choice(qid: str, answer, correct, choices, explanation: str = "", poin
 
     right_txt = " or ".join(repr(c) for c in right)
     extra = dict(choices=choices, tol_source=tol_source, unit="")
-    if answer is None:
+    if answer is None or answer is ...:  # None, or otter's blank `...`
         verdict = f"[{qid}] not answered yet: pick one of {choices}"
         return _emit(_record(qid, "choice", None, right if len(right) > 1 else right[0], None, points, **extra),
                      verdict)
@@ -206,7 +213,7 @@ def check_formula(qid: str, answer: str | None, expected, *, variables=("p", "n"
         points_ = [dict(pt, **{name: v}) for pt in points_ for v in grid[name]]
     extra = dict(tol_source=f"exact formula, compared at {len(points_)} points of {grid}", unit="",
                  tolerance=rel_tol)
-    if answer is None:
+    if answer is None or answer is ...:  # None, or otter's blank `...`
         verdict = f"[{qid}] not answered yet: write a formula in {', '.join(variables)} as a string"
         return _emit(_record(qid, "formula", None, expected_text, None, points, **extra), verdict)
     bad = None
@@ -228,6 +235,27 @@ def check_formula(qid: str, answer: str | None, expected, *, variables=("p", "n"
         verdict = (f"[{qid}] missed: {answer}: {where}" + (f"; the answer is {expected_text}" if expected_text
                    else "") + (f"\n  hint: {hint_on_miss}" if hint_on_miss else ""))
     return _emit(_record(qid, "formula", str(answer), expected_text, ok, points, **extra), verdict)
+
+
+def check_exercise(qid: str, result, points: int = 1) -> Record:
+    """A "build it yourself" check (a dtlab.course.exercises.ExerciseResult) as a graded answer: right when
+    it passed; a stub counts as not answered; the feedback names what failed."""
+    status = result.status
+    ok = None if status == "not implemented" else bool(result.passed)
+    verdict = f"[{qid}] {status}" + (": " + "; ".join(result.feedback) if result.feedback else "")
+    return _emit(_record(qid, "exercise", status, "passed", ok, points, feedback=list(result.feedback)), verdict)
+
+
+def graded(qid: str, env: dict | None = None) -> None:
+    """The autograder's test of one question (`graded("lab01.q1", globals())` in a master's hidden test):
+    passes when the notebook's last check of `qid` was right; raises AssertionError with the check's verdict
+    (what was expected, the tolerance and its source, the hint) otherwise. `env`: the executed notebook's
+    globals, where the checks leave their records; this process's records are used when it has none."""
+    rec = ((env or {}).get(ANSWERS_VAR) or {}).get(qid) or RECORDED.get(qid)
+    if rec is None:
+        raise AssertionError(f"[{qid}] was never checked: run the notebook top to bottom")
+    if not rec.get("ok"):
+        raise AssertionError(rec.get("verdict") or f"[{qid}] not right")
 
 
 def parse_answers(notebook_path) -> list[dict]:

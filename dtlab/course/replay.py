@@ -1,0 +1,134 @@
+"""Replay: grade a notebook from the run directories it produced, without running anything again.
+
+A student who ran a lab on a GPU machine hands in the notebook together with the `runs/` and `profiles/`
+directories it wrote. At grading time, on a CPU machine, `DTLAB_REPLAY=SUBMISSION_DIR` (set by `dtlab grade`)
+makes the notebook see the machine it was recorded on and load its runs instead of launching:
+
+- `recorded_machine()`: quick mode and GPU count as the recorded runs saw them (every launch records both in
+  its config.json under "launch"), so `dtlab.labs.lab_config()` builds the very configs the student ran;
+- `find(kind, fields)`: the newest finished run (kind "config") or calibration (kind "calibration") in the
+  submission whose recorded config has the same value for every field the notebook set, or None;
+- `Replayed`: what `dtlab.launch` / `dtlab.calibration.launch_calibration` return instead of a Handle: already
+  finished, `wait()` / `result()` load the recorded directory.
+
+A config with no recorded match raises ReplayMissing, naming the fields and the recorded runs, rather than
+training on the grader's machine. Without DTLAB_REPLAY nothing here is used.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+ENV = "DTLAB_REPLAY"
+
+
+class ReplayMissing(RuntimeError):
+    """The notebook asked for a run the submission does not contain."""
+
+
+def replay_root() -> str | None:
+    """The submission directory being replayed (DTLAB_REPLAY), or None when not replaying."""
+    root = os.environ.get(ENV, "").strip()
+    return os.path.abspath(root) if root else None
+
+
+def _recorded(root: str) -> list[tuple[str, dict]]:
+    """(run directory, config.json) of every finished run or calibration under `root`, oldest first."""
+    out = []
+    for cfg_path in glob.glob(os.path.join(root, "**", "config.json"), recursive=True):
+        d = os.path.dirname(cfg_path)
+        try:
+            with open(cfg_path) as f:
+                cfg = json.load(f)
+            with open(os.path.join(d, "status.json")) as f:
+                state = json.load(f).get("state")
+        except (OSError, ValueError):
+            continue
+        if state == "finished":
+            out.append((d, cfg))
+    return sorted(out, key=lambda dc: dc[1].get("launch", {}).get("time", 0.0))
+
+
+def recorded_machine() -> dict | None:
+    """{"quick": bool, "gpus": int} of the machine the submission's runs were recorded on (from the newest
+    run that recorded them), or None when not replaying or nothing recorded them."""
+    root = replay_root()
+    if root is None:
+        return None
+    for _, cfg in reversed(_recorded(root)):
+        launch = cfg.get("launch", {})
+        if "quick" in launch and "gpus" in launch:
+            return {"quick": bool(launch["quick"]), "gpus": int(launch["gpus"])}
+    return None
+
+
+def _same(want, got) -> bool:
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(want) == len(got) and all(_same(a, b) for a, b in zip(want, got))
+    if isinstance(want, float) or isinstance(got, float):
+        try:
+            return abs(float(want) - float(got)) <= 1e-9 * max(1.0, abs(float(want)))
+        except (TypeError, ValueError):
+            return False
+    return want == got
+
+
+def find(kind: str, fields: dict) -> str | None:
+    """The newest finished recording of `kind` ("config" for runs, "calibration") whose every field that
+    `fields` sets (not None; `out` ignored) equals the recorded value."""
+    root = replay_root()
+    if root is None:
+        return None
+    want = {k: v for k, v in fields.items() if v is not None and k != "out"}
+    for d, cfg in reversed(_recorded(root)):
+        rec = cfg.get(kind)
+        if isinstance(rec, dict) and all(k in rec and _same(v, rec[k]) for k, v in want.items()):
+            return d
+    return None
+
+
+def require(kind: str, fields: dict) -> str:
+    """`find`, or ReplayMissing naming what differs from the closest recording."""
+    d = find(kind, fields)
+    if d is not None:
+        return d
+    root = replay_root()
+    want = {k: v for k, v in fields.items() if v is not None and k != "out"}
+    recs = [(d, c[kind]) for d, c in _recorded(root) if isinstance(c.get(kind), dict)]
+    if not recs:
+        raise ReplayMissing(f"replay ({ENV}={root}): the submission holds no finished {kind} recording; "
+                            f"hand in the runs/ and profiles/ directories the notebook wrote")
+    d, rec = min(reversed(recs), key=lambda dr: sum(not _same(v, dr[1].get(k)) for k, v in want.items()))
+    diff = ", ".join(f"{k}: asked {v!r}, recorded {rec.get(k)!r}" for k, v in want.items() if not _same(v, rec.get(k)))
+    raise ReplayMissing(f"replay ({ENV}={root}): no finished {kind} recording matches this notebook's; the "
+                        f"closest, {os.path.relpath(d, root)}, differs in {diff}")
+
+
+class Replayed:
+    """A recorded run standing in for a launch: already finished; `wait()` and `result()` load it."""
+
+    def __init__(self, run_dir: str, loader):
+        self.run_dir, self._loader = run_dir, loader
+
+    def status(self) -> str:
+        """Always 'finished': the run was recorded."""
+        return "finished"
+
+    def wait(self, progress: bool = True, poll_s: float = 0.2):
+        """The recorded result (loaded from the run directory; nothing runs)."""
+        if progress:
+            print(f"replayed from {self.run_dir} (recorded; not run again)")
+        return self._loader(self.run_dir)
+
+    def result(self):
+        """The recorded result."""
+        return self._loader(self.run_dir)
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Nothing to stop."""
+
+    def rank_pids(self) -> list[int]:
+        """No live ranks."""
+        return []

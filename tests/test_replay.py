@@ -1,0 +1,42 @@
+"""dtlab.course.replay on hand-made run directories: the recorded machine, matching a config, and a clear
+error when the submission lacks the run a notebook asks for (no launch happens in replay mode)."""
+
+import json
+
+import pytest
+
+import dtlab
+from dtlab.config import tiny
+from dtlab.course import replay
+from dtlab.labs import lab_config, quick_mode
+
+
+def _record(root, name, cfg, quick, gpus, t, state="finished"):
+    d = root / "runs" / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "launch": {"time": t, "quick": quick,
+                                                                                    "gpus": gpus}}))
+    (d / "status.json").write_text(json.dumps({"state": state}))
+    return d
+
+
+def test_replay_finds_the_matching_run_and_the_recorded_machine(tmp_path, monkeypatch):
+    monkeypatch.delenv("DTLAB_QUICK", raising=False)
+    monkeypatch.setenv(replay.ENV, str(tmp_path))
+    # recorded on a 4-GPU machine in full mode: the labs must rebuild those configs, not quick ones
+    _record(tmp_path, "old", tiny(bucket_mb=1.0), False, 4, 1.0)
+    assert replay.recorded_machine() == {"quick": False, "gpus": 4}
+    assert not quick_mode() and lab_config().nproc == 4
+    a = _record(tmp_path, "a", tiny(bucket_mb=2.0), False, 4, 2.0)
+    _record(tmp_path, "failed", tiny(bucket_mb=2.0), False, 4, 3.0, state="failed")
+    assert replay.find("config", tiny(bucket_mb=2.0).to_dict()) == str(a)  # the finished one, not the failed
+    h = dtlab.launch(tiny(bucket_mb=2.0))
+    assert isinstance(h, replay.Replayed) and h.status() == "finished" and h.run_dir == str(a)
+    with pytest.raises(replay.ReplayMissing, match=r"bucket_mb: asked 3\.0, recorded 2\.0"):
+        dtlab.launch(tiny(bucket_mb=3.0))
+    assert not (tmp_path / "runs" / "tiny").exists() and len(list((tmp_path / "runs").iterdir())) == 3
+
+
+def test_no_replay_without_the_variable(monkeypatch):
+    monkeypatch.delenv(replay.ENV, raising=False)
+    assert replay.replay_root() is None and replay.recorded_machine() is None and replay.find("config", {}) is None
