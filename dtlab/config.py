@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from dtlab.fieldchecks import _choice, _finite, _int_at_least, _refuse_unknown  # noqa: F401 - re-exported
 from dtlab.placement import device_count  # noqa: F401 - re-exported: dtlab.config.device_count
 
 #: The strategy registry: name -> the rank-side module with `train(cfg, run_dir, rank, world, writer)`. Adding a
@@ -132,6 +132,18 @@ class RunConfig:
     ranks' Python stacks are dumped into their logs, the run is stopped and RunFailed names the silent rank.
     None derives it from the run: max(60 s, 10 x the median step time seen so far). Before a rank's first
     step (imports, rendezvous, model download and build, DeepSpeed setup) it gets max(stall_s, 600 s)."""
+    comm_hook: str = "none"
+    """How DDP reduces each gradient bucket: 'none' (fp32 all-reduce, averaged), 'fp16' or 'bf16' (torch's
+    fp16_compress_hook / bf16_compress_hook: half the bytes on the wire), 'powersgd' (torch's PowerSGD: an n x m
+    gradient travels as (n + m) x powersgd_rank numbers). Strategy 'ddp' only; see dtlab.levers."""
+    powersgd_rank: int = 1
+    """PowerSGD's matrix approximation rank r (comm_hook 'powersgd')."""
+    powersgd_start_iter: int = 2
+    """PowerSGD all-reduces uncompressed for this many steps first (DDP rebuilds its buckets after step 0;
+    torch requires at least 2 with error feedback)."""
+    accumulate: int = 1
+    """Micro-batches per optimizer step: the first accumulate - 1 run under DDP's no_sync() (no communication),
+    the last all-reduces the accumulated gradients. Strategy 'ddp' only."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -198,6 +210,8 @@ class RunConfig:
         # Machine checks last: they need the device count.
         _choice("device", self.device, DEVICES)
         placed = self.placement(cuda_device_count)  # raises ValueError when the GPUs cannot host the ranks
+        from dtlab.levers import validate_levers
+        validate_levers(self, placed)
         if self.strategy == "zero3" and placed.backend == "gloo" and placed.device == "cuda":
             raise ValueError(f"strategy 'zero3' cannot run as {placed.label}: DeepSpeed's CUDA accelerator needs "
                              "NCCL. Use nproc <= the GPU count, or device 'cpu' for a CPU run")
@@ -249,34 +263,6 @@ def tiny(**overrides: Any) -> RunConfig:
                 model_source="random", data="offline", timeout_s=300.0)
     base.update(overrides)
     return RunConfig.from_dict(base)
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
-
-
-def _refuse_unknown(what: str, d: dict, cls) -> None:
-    """ValueError naming every key of `d` that is not a field of dataclass `cls`."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(map(str, set(d) - names))
-    if unknown:
-        raise ValueError(f"unknown {what} field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
-
-
-def _finite(name: str, value: Any, unit: str, *, low: float, high: float | None = None) -> None:
-    """A real, finite number with low < value (<= high): inf, nan, booleans and strings are refused by name."""
-    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-          and value > low and (high is None or value <= high))
-    if not ok:
-        num = lambda x: f"{int(x):,}" if float(x).is_integer() else f"{x:g}"  # noqa: E731
-        rng = f"> {num(low)}" + (f" and <= {num(high)}" if high is not None else "")
-        raise ValueError(f"{name} must be a finite number {rng}{' ' + unit if unit else ''}, got {value!r}")
-
-
-def _int_at_least(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 def dump_json(obj: Any, path: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from dtlab.config import RunConfig
@@ -33,7 +34,8 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
     total_steps = cfg.steps + cfg.baseline_steps
-    sentences, labels, data_src = load_sentences(cfg.data, total_steps * cfg.batch_size * world, cfg.seed)
+    sentences, labels, data_src = load_sentences(cfg.data, total_steps * cfg.accumulate * cfg.batch_size * world,
+                                                 cfg.seed)
     batches = make_batches(cfg, built.tokenizer, sentences, labels, rank, world, device)
     nparams = sum(p.numel() for p in built.model.parameters())
     sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
@@ -55,7 +57,11 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     model = built.model.to(device)
     model.train()
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_mb)
-    recorder = BucketRecorder(world, device)
+    codec = None
+    if cfg.comm_hook != "none":
+        from dtlab.rank.compression import Codec
+        codec = Codec(cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed)
+    recorder = BucketRecorder(world, device, codec)
     if cfg.record or cfg.baseline_steps:  # the baseline needs the hook to switch to no-op
         ddp.register_comm_hook(None, recorder.hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
@@ -68,20 +74,25 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         maybe_inject_fault(rank, step)
         baseline = step >= cfg.steps
         recorder.mode = "noop" if baseline else "allreduce"
-        batch = batches[step % len(batches)]
         clock.mark("start")
         recorder.begin_step(clock.start)
-        out = ddp(**batch)
-        clock.mark("fwd")
-        out.loss.backward()  # DDP's hook fires per bucket here; backward returns once all buckets are reduced
-        clock.mark("bwd")
+        k_last = cfg.accumulate - 1
+        for k in range(cfg.accumulate):  # micro-batches; only the last one communicates
+            batch = batches[(step * cfg.accumulate + k) % len(batches)]
+            with ddp.no_sync() if k < k_last else contextlib.nullcontext():
+                out = ddp(**batch)
+                clock.mark(f"fwd{k}")
+                # DDP's hook fires per bucket in the last backward, which returns once all buckets are reduced
+                (out.loss / cfg.accumulate if cfg.accumulate > 1 else out.loss).backward()
+                clock.mark(f"bwd{k}")
         opt.step()
         opt.zero_grad(set_to_none=False)
         clock.mark("opt")
         t = clock.read()  # the step's one sync point on GPU
-        rec = {"rank": rank, "step": step, "t_fwd": t["fwd"], "t_bwd": t["bwd"] - t["fwd"],
-               "t_opt": t["opt"] - t["bwd"], "t_step": t["opt"], "loss": float(out.loss.detach()),
-               "time": time.time()}
+        t_fwd = sum(t[f"fwd{k}"] - (t[f"bwd{k - 1}"] if k else 0.0) for k in range(cfg.accumulate))
+        rec = {"rank": rank, "step": step, "t_fwd": t_fwd, "t_bwd": t[f"bwd{k_last}"] - t_fwd,
+               "t_opt": t["opt"] - t[f"bwd{k_last}"], "t_step": t["opt"], "loss": float(out.loss.detach()),
+               "micro_batches": cfg.accumulate, "time": time.time()}
         writer.write("baseline_step" if baseline else "step", **rec)
         if not baseline and cfg.record:
             for b in recorder.collect():

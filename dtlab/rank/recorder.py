@@ -100,8 +100,9 @@ class BucketRecorder:
     `mode = "noop"` switches to DDP's own no-op hook (no communication at all) for the compute baseline.
     """
 
-    def __init__(self, world_size: int, device: torch.device):
+    def __init__(self, world_size: int, device: torch.device, codec=None):
         self.world = world_size
+        self.codec = codec  # dtlab.rank.compression.Codec, or None for the plain fp32 all-reduce
         self.cuda = device.type == "cuda"
         self.mode = "allreduce"
         self.step_start = None  # perf_counter float (CPU) or CUDA event (GPU)
@@ -125,22 +126,40 @@ class BucketRecorder:
         """The comm hook (register the bound method: DDP checks its name and signature)."""
         if self.mode == "noop":
             return noop_hook(state, bucket)
+        if self.codec is not None:
+            return self._codec_hook(bucket)
         buf = bucket.buffer()
         buf.div_(self.world)  # on the compute stream, before "ready": off the communication channel
         rec = {"bucket": bucket.index(), "nbytes": buf.numel() * buf.element_size(),
                "nparams": len(bucket.parameters())}
+        rec["wire_bytes"] = rec["nbytes"]
         rec["_ready"] = self._mark()
         rec["_start"] = rec["_ready"]
         work = dist.all_reduce(buf, async_op=True)
         rec["_work"] = work
+        return self._track(rec, work.get_future(), lambda f: f.value()[0])
+
+    def _track(self, rec: dict, fut, value):
         with self._lock:
             self._recs.append(rec)
 
         def done(f):
             rec["_end"] = self._mark()  # gloo: its thread, at completion; CUDA: a stream that waited for it
-            return f.value()[0]
+            return value(f)
 
-        return work.get_future().then(done)
+        return fut.then(done)
+
+    def _codec_hook(self, bucket):
+        """A torch compression hook, recorded: t_ready before it runs, t_start when it returned (the bucket was
+        encoded, divided by p and its first collective issued: t_start - t_ready is the encode time), t_end when
+        its future completed (the last collective and the decode: t_end - t_start is communication plus
+        decode), and the bytes it put on the wire."""
+        buf = bucket.buffer()
+        rec = {"bucket": bucket.index(), "nbytes": buf.numel() * buf.element_size(),
+               "nparams": len(bucket.parameters()), "_ready": self._mark(), "_work": None}
+        fut, rec["wire_bytes"] = self.codec(bucket)
+        rec["_start"] = self._mark()
+        return self._track(rec, fut, lambda f: f.value())
 
     def collect(self) -> list[dict]:
         """The buckets of the finished step, times in seconds from the step start. Call after the step's
