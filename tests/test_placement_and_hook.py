@@ -116,7 +116,7 @@ def test_hook_divides_before_ready_and_issues_at_ready(monkeypatch):
     assert out.wait().tolist() == [1.0, 2.0, 3.0]
     (b,) = r.collect()
     assert b == {"bucket": 3, "nbytes": 12, "nparams": 2, "t_ready": 1.0, "t_start": 1.0, "t_end": 2.5,
-                 "backend_ms": None}
+                 "backend_ms": None, "wire_bytes": 12}
 
 
 def test_hook_noop_mode_sends_nothing(monkeypatch):
