@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("submissions", nargs="+", help="submitted notebooks, or directories (one per student) holding "
                                                   "the notebooks and the runs/ and profiles/ they wrote")
     g.add_argument("--csv", default=None, help="write the scores here (student, notebook, question, points, "
-                                               "max_points, feedback, mode)")
+                                               "max_points, feedback, mode, replayed)")
     sub.add_parser("doctor", help="what this machine can run and how each lab will run on it "
                                   "(dtlab doctor --help)", add_help=False)
     return parser

@@ -109,7 +109,7 @@ def test_grade_full_marks_for_keys_and_exactly_the_planted_losses(dist, tmp_path
     assert "sum instead of average" in lost.loc["lab08.hook", "feedback"]
     assert "never reduced" in lost.loc["lab08.ring", "feedback"] or "chunk" in lost.loc["lab08.ring", "feedback"]
     assert "you said 1" in lost.loc["lab08.q2", "feedback"] and "expected 2" in lost.loc["lab08.q2", "feedback"]
-    assert set(df["mode"]) == {"quick"}
+    assert set(df["mode"]) == {"quick"} and (df["replayed"] == 0).all()
     assert len(csv.read_text().splitlines()) == 1 + len(df)
 
 
@@ -140,5 +140,6 @@ def test_lab01_is_graded_from_its_recorded_runs(dist, tmp_path):
     import pandas as pd
     df = pd.read_csv(tmp_path / "s.csv")
     assert set(df["mode"]) == {"replay"} and (df.points == df.max_points).all() and len(df) == 3, df
+    assert (df["replayed"] == 1).all(), df  # the notebook really loaded its one recorded run
     assert sorted(os.listdir(sub / "runs")) == runs_before
     assert not (tmp_path / "runs").exists()

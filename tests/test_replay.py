@@ -30,10 +30,14 @@ def test_replay_finds_the_matching_run_and_the_recorded_machine(tmp_path, monkey
     a = _record(tmp_path, "a", tiny(bucket_mb=2.0), False, 4, 2.0)
     _record(tmp_path, "failed", tiny(bucket_mb=2.0), False, 4, 3.0, state="failed")
     assert replay.find("config", tiny(bucket_mb=2.0).to_dict()) == str(a)  # the finished one, not the failed
+    log = tmp_path / "replay.jsonl"
+    monkeypatch.setenv(replay.LOG_ENV, str(log))
     h = dtlab.launch(tiny(bucket_mb=2.0))
     assert isinstance(h, replay.Replayed) and h.status() == "finished" and h.run_dir == str(a)
     with pytest.raises(replay.ReplayMissing, match=r"bucket_mb: asked 3\.0, recorded 2\.0"):
         dtlab.launch(tiny(bucket_mb=3.0))
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entries[0] == {"kind": "config", "run_dir": str(a)} and "bucket_mb: asked 3.0" in entries[1]["missing"]
     assert not (tmp_path / "runs" / "tiny").exists() and len(list((tmp_path / "runs").iterdir())) == 3
 
 

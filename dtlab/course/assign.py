@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 
+from dtlab.course.replay import LOG_ENV
+
 FORBIDDEN = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN TESTS", "BEGIN QUESTION", "ASSIGNMENT CONFIG",
              "answer key", "graded(")
 
@@ -141,7 +143,9 @@ def _feedback(output: str) -> str:
 
 def grade_one(zip_path: str, notebook: str, directory: str, timeout_s: float = 1800.0) -> list[dict]:
     """Grade one notebook with otter run; one dict per question (question, points, max_points, feedback,
-    mode). Replays the recorded runs in `directory` when it has any, else runs in quick mode."""
+    mode, replayed: how many recorded runs and calibrations the notebook loaded). Replays the recorded runs
+    in `directory` when it has any, else runs in quick mode; a run the submission lacks is named in the
+    feedback of every question that lost points."""
     cmd = _otter()
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     replay = _has_runs(directory)
@@ -151,6 +155,7 @@ def grade_one(zip_path: str, notebook: str, directory: str, timeout_s: float = 1
         env["DTLAB_QUICK"] = "1"
         env.pop("DTLAB_REPLAY", None)
     with tempfile.TemporaryDirectory() as tmp:
+        log = env[LOG_ENV] = os.path.join(tmp, "replay.jsonl")  # what the notebook really replayed
         p = subprocess.run(cmd + ["run", "--no-logo", "-a", os.path.abspath(zip_path), "-o", tmp,
                                   os.path.abspath(notebook)], capture_output=True, text=True, env=env,
                            timeout=timeout_s, cwd=tmp)
@@ -159,10 +164,24 @@ def grade_one(zip_path: str, notebook: str, directory: str, timeout_s: float = 1
             raise RuntimeError(f"otter run wrote no results for {notebook}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
         with open(res) as f:
             tests = json.load(f)["tests"]
-    mode = "replay" if replay else "quick"
-    return [{"question": t["name"], "points": float(t.get("score") or 0.0), "max_points": float(t["max_score"]),
-             "feedback": "" if t.get("score") == t.get("max_score") else _feedback(t.get("output", "")), "mode": mode}
-            for t in tests if t.get("max_score") is not None]
+        entries = []
+        if os.path.exists(log):
+            with open(log) as f:
+                entries = [json.loads(line) for line in f if line.strip()]
+    replayed = sum("run_dir" in e for e in entries)
+    missing = " ".join(e["missing"] for e in entries if "missing" in e)
+    rows = []
+    for t in tests:
+        if t.get("max_score") is None:
+            continue
+        full = t.get("score") == t.get("max_score")
+        feedback = "" if full else _feedback(t.get("output", ""))
+        if missing and not full:  # the notebook stopped at a run the submission lacks: say that first
+            feedback = f"{missing} | {feedback}"
+        rows.append({"question": t["name"], "points": float(t.get("score") or 0.0),
+                     "max_points": float(t["max_score"]), "feedback": feedback,
+                     "mode": "replay" if replay else "quick", "replayed": replayed})
+    return rows
 
 
 def grade(autograder: str, submissions, csv: str | None = None, progress: bool = True):
@@ -188,7 +207,8 @@ def grade(autograder: str, submissions, csv: str | None = None, progress: bool =
             got = [r for r in rows if r["student"] == student and r["notebook"] == os.path.basename(nb)]
             print(f"{student} / {os.path.basename(nb)}: {sum(r['points'] for r in got):g} of "
                   f"{sum(r['max_points'] for r in got):g} points ({got[0]['mode'] if got else '?'})", flush=True)
-    df = pd.DataFrame(rows, columns=["student", "notebook", "question", "points", "max_points", "feedback", "mode"])
+    df = pd.DataFrame(rows, columns=["student", "notebook", "question", "points", "max_points", "feedback", "mode",
+                                     "replayed"])
     if csv:
         df.to_csv(csv, index=False)
     return df

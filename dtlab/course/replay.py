@@ -22,6 +22,15 @@ import json
 import os
 
 ENV = "DTLAB_REPLAY"
+LOG_ENV = "DTLAB_REPLAY_LOG"  # set by `dtlab grade`: one JSON line per recording loaded or missing
+
+
+def _log(**entry) -> None:
+    """Tell the grader what this notebook replayed (or lacked), when it asked (DTLAB_REPLAY_LOG)."""
+    path = os.environ.get(LOG_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
 
 
 class ReplayMissing(RuntimeError):
@@ -93,7 +102,16 @@ def require(kind: str, fields: dict) -> str:
     """`find`, or ReplayMissing naming what differs from the closest recording."""
     d = find(kind, fields)
     if d is not None:
+        _log(kind=kind, run_dir=d)
         return d
+    try:
+        _missing(kind, fields)
+    except ReplayMissing as e:
+        _log(kind=kind, missing=str(e))
+        raise
+
+
+def _missing(kind: str, fields: dict) -> None:
     root = replay_root()
     want = {k: v for k, v in fields.items() if v is not None and k != "out"}
     recs = [(d, c[kind]) for d, c in _recorded(root) if isinstance(c.get(kind), dict)]
