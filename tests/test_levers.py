@@ -8,6 +8,14 @@ import pytest
 import dtlab
 from dtlab.config import tiny
 from dtlab.levers import validate_levers, wire_factor
+from dtlab.model.compression import comm_per_sample, compression_from_run, loss_beside, powersgd_wire_numel
+
+
+def _with_config(run, **changes):
+    """A shallow copy of a loaded run whose config differs (to test refusals without another run)."""
+    other = types.SimpleNamespace(**vars(run))
+    other.config = dict(run.config, **changes)
+    return other
 
 
 def _per_step(run):
@@ -20,6 +28,18 @@ def test_fp16_halves_the_bytes_on_the_wire_exactly(tmp_path):
     assert len(b) and (b["wire_bytes"] * 2 == b["nbytes"]).all()
     assert (_per_step(run)["nbytes"] == run.resolved["grad_bytes"]).all()  # every gradient still reduced once
     assert wire_factor("fp16") == 0.5 and run.steps["loss"].notna().all()
+    # the cost model's r is the measured one, and the encode time was really measured (not zero, not absurd)
+    comp = compression_from_run(run)
+    assert comp["ratio"] == 0.5 and comp["grad_bytes"] == run.resolved["grad_bytes"] and comp["hook"] == "fp16"
+    assert 0 < comp["encode_s"] < run.steps["t_step"].max()
+    # the loss beside an uncompressed run with the same seed: step 0 is computed before any update, so it is
+    # identical; later steps differ only by fp16 rounding of the averaged gradients
+    ref = dtlab.run(tiny(steps=3, out=str(tmp_path / "none")), progress=False)
+    side = loss_beside(run, ref)
+    assert list(side["step"]) == [0, 1, 2] and side.loc[0, "diff"] == 0.0
+    assert side["rel_diff"].abs().max() < 0.05
+    with pytest.raises(ValueError, match="seed"):
+        loss_beside(run, _with_config(ref, seed=1))
 
 
 def _powersgd_numel(shapes, r, min_rate=2):
@@ -47,6 +67,8 @@ def test_powersgd_sends_what_its_rank_implies(tmp_path):
     assert (plain["wire_bytes"] == run.resolved["grad_bytes"]).all()  # plain all-reduce before start_iter
     assert (compressed["wire_bytes"] == expected).all(), (compressed, expected)
     assert expected * 10 < run.resolved["grad_bytes"]  # rank 2 on these shapes: more than 10x fewer bytes
+    assert powersgd_wire_numel(shapes, 2) * 4 == expected  # the package's formula is the test's oracle's
+    assert compression_from_run(run)["ratio"] == pytest.approx(expected / run.resolved["grad_bytes"], rel=1e-12)
 
 
 def test_accumulate_communicates_once_per_k_micro_batches(tmp_path):
@@ -56,6 +78,22 @@ def test_accumulate_communicates_once_per_k_micro_batches(tmp_path):
     # the same all-reduce rounds per optimizer step, so one round per 4 micro-batches
     assert (one.buckets.groupby(["rank", "step"]).size() == four.buckets.groupby(["rank", "step"]).size()).all()
     assert (_per_step(four)["nbytes"] == four.resolved["grad_bytes"]).all()
+    c1, c4 = comm_per_sample(one), comm_per_sample(four)
+    assert c4["samples_per_step"] == 4 * c1["samples_per_step"]
+    assert c4["rounds_per_micro_batch"] * 4 == pytest.approx(c1["rounds_per_micro_batch"])
+    assert c4["t_comm_per_sample"] == pytest.approx(c4["t_comm"] / c4["samples_per_step"])
+
+
+def test_powersgd_wire_numel_by_hand():
+    # 768 x 768 at rank 4: P and Q, (768 + 768) x 4; a bias travels whole; a 2 x 768 classifier is not worth
+    # compressing at rank 1 ((2 + 768) x 1 x 2 >= 1536); a conv-like 4-D weight is viewed as n x (prod of the rest)
+    assert powersgd_wire_numel([(768, 768)], 4) == 1536 * 4
+    assert powersgd_wire_numel([(768,)], 4) == 768
+    assert powersgd_wire_numel([(2, 768)], 1) == 1536
+    assert powersgd_wire_numel([(64, 3, 8, 8)], 2) == (64 + 192) * 2
+    assert powersgd_wire_numel([(768, 768), (768,)], 1) == 1536 + 768
+    with pytest.raises(ValueError, match="rank"):
+        powersgd_wire_numel([(4, 4)], 0)
 
 
 @pytest.mark.parametrize("changes, field", [

@@ -90,7 +90,7 @@ def _distilbert_nbytes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072
 
 
 def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta,
-           form: str = "ring") -> dict:
+           form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0) -> dict:
     """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
 
     t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds *per rank*. They are
@@ -98,6 +98,10 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     leaves each rank's compute unchanged. param_nbytes_in_ready_order: gradient bytes in the order
     they become ready (reverse registration order for DDP). bucket_mb: DDP's bucket_cap_mb (MiB).
     alpha: seconds; beta: seconds per byte; form: 'ring' or 'textbook'.
+    ratio: compression r, bytes on the wire / gradient bytes (1: none; 0.5: fp16): each bucket's collective
+    moves r x its bytes (the bandwidth term shrinks by r, the latency term does not). encode_s_per_byte: the
+    hook's encode/decode seconds per gradient byte, added to backward compute (it runs on the compute path).
+    Both from :func:`dtlab.model.compression.compression_from_run` for a measured hook.
 
     Steps: :func:`dtlab.model.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
     does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`, ready times
@@ -110,23 +114,31 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     0: no communication.
     """
     sizes = list(param_nbytes_in_ready_order)
+    if not np.isfinite(ratio) or not 0 < ratio <= 1:
+        raise ValueError(f"ratio (bytes on the wire / gradient bytes) must be in (0, 1], got {ratio!r}")
+    if not np.isfinite(encode_s_per_byte) or encode_s_per_byte < 0:
+        raise ValueError(f"encode_s_per_byte must be a finite number >= 0 (s/B), got {encode_s_per_byte!r}")
+    t_bwd_comp = float(t_bwd_comp) + encode_s_per_byte * sum(sizes)
     if not sizes or sum(sizes) <= 0:
         raise ValueError("param_nbytes_in_ready_order must list gradient sizes (bytes) with a positive total")
     cap = bk.mb_to_bytes(bucket_mb)
     layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)  # DDP given bucket_cap_mb: no small first bucket
     nbytes = bk.bucket_sizes(sizes, layout)
-    durations = np.asarray(costmodel.collective_time("all_reduce", form, alpha, beta, nbytes, nproc), dtype=float)
+    durations = np.asarray(costmodel.collective_time("all_reduce", form, alpha, beta,
+                                                              ratio * np.asarray(nbytes, dtype=float), nproc),
+                           dtype=float)
     durations = np.atleast_1d(durations)
     ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes)
     out = bk.predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations)
     out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations,
                t_fwd=float(t_fwd), t_bwd_comp=float(t_bwd_comp), t_opt=float(t_opt), bucket_mb=float(bucket_mb),
-               nproc=int(nproc), alpha=float(alpha), beta=float(beta), form=form)
+               nproc=int(nproc), alpha=float(alpha), beta=float(beta), form=form, ratio=float(ratio),
+               encode_s_per_byte=float(encode_s_per_byte))
     return out
 
 
 def whatif_sweep(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs, alpha, beta,
-                 form: str = "ring") -> pd.DataFrame:
+                 form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0) -> pd.DataFrame:
     """Run :func:`whatif` for each (nproc, bucket_mb) in `configs`; one row per configuration.
 
     Same units and assumptions as :func:`whatif` (per-rank compute independent of nproc). Columns:
@@ -136,7 +148,8 @@ def whatif_sweep(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs,
     """
     rows = []
     for nproc, bucket_mb in configs:
-        r = whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta, form)
+        r = whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta, form,
+                   ratio, encode_s_per_byte)
         rows.append({"label": config_label(nproc, bucket_mb), "nproc": int(nproc), "bucket_mb": float(bucket_mb),
                      "n_buckets": r["n_buckets"], "t_comp": r["t_comp"], "t_comm": r["t_comm"],
                      "exposed": r["exposed"], "t_step": r["t_step"], "overlap": r["overlap"]})

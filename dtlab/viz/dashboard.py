@@ -48,7 +48,7 @@ class Explorer(widgets.VBox):
     """The explorer widget returned by :func:`explorer`.
 
     Attributes for notebooks and tests:
-      sliders        dict of the controls: nproc, bucket_mb, alpha_us, bandwidth_gbs, form, sweep
+      sliders        dict of the controls: nproc, bucket_mb, alpha_us, bandwidth_gbs, ratio, form, sweep
       figures        dict of FigureWidgets: breakdown, timeline
       state          the :class:`dtlab.viz.explorer_state.ExplorerState` (inputs, where alpha/beta come from)
       result         the latest :func:`dtlab.model.whatif.whatif` dict (current setting)
@@ -58,9 +58,9 @@ class Explorer(widgets.VBox):
       redraw_times   every redraw's seconds, oldest first (the first is the warm-up redraw at build time)
     """
 
-    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None):
+    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None):
         self.state = st = ExplorerState(profile=profile, compute=compute, measured=measured,
-                                        param_nbytes=param_nbytes)
+                                        param_nbytes=param_nbytes, compression=compression)
         buttons = dict(_STYLE, button_width="110px")
         self.sliders = {
             "nproc": widgets.IntSlider(value=st.nproc0, min=1, max=64, step=1, description="GPU count p",
@@ -68,6 +68,7 @@ class Explorer(widgets.VBox):
             "bucket_mb": _log_slider("bucket_mb", DEFAULT_BUCKET_MB),
             "alpha_us": _log_slider("alpha_us", st.ref["alpha"] * 1e6),
             "bandwidth_gbs": _log_slider("bandwidth_gbs", 1.0 / st.ref["beta"] / 1e9),
+            "ratio": _log_slider("ratio", st.comp["ratio"]),
             "form": widgets.ToggleButtons(options=["ring", "textbook"], value=st.form0, description="model form",
                                           style=buttons),
             "sweep": widgets.ToggleButtons(options=[("GPU count", "nproc"), ("bucket size", "bucket_mb")],
@@ -86,7 +87,7 @@ class Explorer(widgets.VBox):
         self._compute_model()
         self.figures = {"breakdown": go.FigureWidget(self._breakdown_fig()),
                         "timeline": go.FigureWidget(self._timeline_fig())}
-        for name in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs", "sweep"):
+        for name in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs", "ratio", "sweep"):
             self.sliders[name].observe(self._on_change, names="value")
         self.sliders["form"].observe(self._on_form, names="value")
         for name in ("alpha_us", "bandwidth_gbs"):
@@ -94,7 +95,7 @@ class Explorer(widgets.VBox):
 
         self._update_source_label()
         controls = widgets.VBox([self.sliders[k] for k in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs",
-                                                           "form", "sweep")] + [self.redraw_label])
+                                                           "ratio", "form", "sweep")] + [self.redraw_label])
         super().__init__(children=[self._source_label, controls, self.figures["breakdown"],
                                    self.figures["timeline"]])
         self.redraw()  # warms plotly's update path, so the first slider move is as fast as the rest
@@ -123,7 +124,7 @@ class Explorer(widgets.VBox):
         p, sweep = self.params(), self.sliders["sweep"].value
         across = "GPU count" if sweep == "nproc" else "bucket size"
         title = (f"Predicted step across {across}<br>{p['form']} form, α = {p['alpha'] * 1e6:.3g} µs, "
-                 f"1/β = {1 / p['beta'] / 1e9:.3g} GB/s; outlined bar: current setting")
+                 f"1/β = {1 / p['beta'] / 1e9:.3g} GB/s, compression r = {p['ratio']:.3g}; outlined bar: current setting")
         return predicted_breakdown_figure(self.sweep, self.state.measured_overlay(p, sweep),
                                           highlight=config_label(p["nproc"], p["bucket_mb"]), title=title)
 
@@ -191,7 +192,7 @@ def _sync(widget: go.FigureWidget, fig: go.Figure) -> None:
         widget.layout.update(layout, overwrite=True)
 
 
-def explorer(profile=None, compute=None, measured=None, param_nbytes=None) -> Explorer:
+def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compression=None) -> Explorer:
     """Build the interactive DDP step explorer (display it as the last expression of a cell).
 
     profile: a :class:`dtlab.model.profile.Profile`; alpha/beta start from its all_reduce fit (and its form),
@@ -209,10 +210,14 @@ def explorer(profile=None, compute=None, measured=None, param_nbytes=None) -> Ex
     row per measured run; drawn where p (or the bucket size, within 2 %) matches the bars.
     param_nbytes: gradient bytes in ready order (reverse registration order for DDP); default
     DistilBERT-base from :func:`dtlab.model.whatif.distilbert_param_nbytes`.
+    compression: dict with ratio (bytes on the wire / gradient bytes), encode_s_per_byte (s/B) and source,
+    e.g. :func:`dtlab.model.compression.compression_from_run` of a run with a comm hook; default r = 1.
 
-    Controls: GPU count, bucket size (MiB), alpha (µs), bandwidth 1/beta (GB/s), ring/textbook, and whether
+    Controls: GPU count, bucket size (MiB), alpha (µs), bandwidth 1/beta (GB/s), compression r (bytes on the
+    wire / gradient bytes: it scales the bandwidth term), ring/textbook, and whether
     the bars run across GPU counts or bucket sizes. A change only re-evaluates the model (nothing is run)
     and the redraw time is shown under the controls. Returns an :class:`Explorer` (an ipywidgets.VBox) with
     ``.sliders``, ``.figures``, ``.state``, ``.result``, ``.sweep`` and ``.last_redraw_s``.
     """
-    return Explorer(profile=profile, compute=compute, measured=measured, param_nbytes=param_nbytes)
+    return Explorer(profile=profile, compute=compute, measured=measured, param_nbytes=param_nbytes,
+                    compression=compression)

@@ -17,6 +17,7 @@ import pandas as pd
 
 from dtlab.model import whatif as wi
 from dtlab.units import fmt_bytes
+from dtlab.viz.loggrid import anchored_min, log_range, on_log_grid  # noqa: F401 - re-exported
 
 #: Defaults when no profile is given: plausible for one NVLink/InfiniBand-class ring, *not calibrated*.
 DEFAULT_ALPHA_S = 20e-6
@@ -39,30 +40,8 @@ FORMULAS = {"ring": "2(p−1)α + 2(p−1)/p·nβ", "textbook": "α(p−1) + nβ
 #: range is widened to contain the start value.
 LOG_SLIDERS = {"bucket_mb": (-7, 10, 2, 0.05, "bucket size (MiB)"),
                "alpha_us": (-1, 4, 10, 0.02, "α latency (µs)"),
-               "bandwidth_gbs": (-2, 3, 10, 0.02, "1/β bandwidth (GB/s)")}
-
-
-def anchored_min(e: float, lo_exp: float, step: float) -> float:
-    """The slider minimum at or below `lo_exp` that puts exponent `e` exactly on the slider's step grid.
-
-    The browser's slider (noUiSlider) snaps its value to min + k * step and sends the snapped value back to
-    the kernel as soon as it renders: a value off the grid would come back changed (25 MiB as 25.1 MiB, a
-    fitted alpha as a slightly different one)."""
-    return e - np.ceil((e - lo_exp) / step - 1e-9) * step
-
-
-def log_range(value: float, lo_exp: float, hi_exp: float, base: float, step: float) -> tuple[float, float]:
-    """(min, max) exponents of a log slider: [lo_exp, hi_exp] widened to contain `value`, with the minimum
-    moved so that the step grid passes through `value`."""
-    e = float(np.log(value) / np.log(base))
-    return anchored_min(e, min(lo_exp, np.floor(e)), step), max(hi_exp, np.ceil(e))
-
-
-def on_log_grid(shown: float, value: float, base: float, step: float) -> bool:
-    """True when a log slider showing `shown` shows `value`: within half a step of it (the browser's snapping
-    included)."""
-    d = abs(np.log(float(shown)) - np.log(float(value))) / np.log(base)
-    return bool(d <= step / 2 + 1e-9)
+               "bandwidth_gbs": (-2, 3, 10, 0.02, "1/β bandwidth (GB/s)"),
+               "ratio": (-3, 0, 10, 0.02, "compression r (wire/grad B)")}
 
 
 def all_reduce_fits(profile) -> dict:
@@ -104,8 +83,13 @@ class ExplorerState:
     notes (warnings for the label) and static_info (the label's HTML that no control changes).
     """
 
-    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None):
+    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None):
         notes = []
+        # ---- compression r (bytes on the wire / gradient bytes) and encode cost: a measured hook, else none
+        self.comp = dict(compression) if compression is not None else \
+            {"ratio": 1.0, "encode_s_per_byte": 0.0, "source": "no compression (r = 1)"}
+        if not 0 < self.comp["ratio"] <= 1 or not self.comp.get("encode_s_per_byte", 0.0) >= 0:
+            raise ValueError(f"compression needs ratio in (0, 1] and encode_s_per_byte >= 0 (s/B), got {compression}")
         # ---- alpha, beta: the profile's all_reduce fit, else labelled defaults
         self.fits = all_reduce_fits(profile) if profile is not None else {}
         self.form0 = profile.fits["all_reduce"].form if profile is not None and "all_reduce" in profile.fits \
@@ -163,7 +147,10 @@ class ExplorerState:
                 "(fixed per-rank batch)",
                 f"<b>gradients</b>: {html.escape(sizes_source)}; backward assumed spread over buckets by bytes",
                 "<b>measured</b>: " + ("none" if self.measured is None else
-                                       f"{len(self.measured)} rows, shown where p and bucket size match")]
+                                       f"{len(self.measured)} rows, shown where p and bucket size match"),
+                f"<b>compression</b>: r = {self.comp['ratio']:.3g}, encode "
+                f"{self.comp.get('encode_s_per_byte', 0.0) * 1e9:.3g} ns/B added to backward "
+                f"({html.escape(self.comp['source'])}); moving the r slider overrides r only"]
         self.static_info = "<br>".join(info + [f"<span style='color:#8a4b00'>⚠ {html.escape(n)}</span>"
                                                for n in notes])
 
@@ -188,8 +175,11 @@ class ExplorerState:
         rounded copy of it: the explorer then predicts what the profile predicts."""
         alpha = self.ref["alpha"] if not self.moved("alpha", values) else float(values["alpha_us"]) * 1e-6
         beta = self.ref["beta"] if not self.moved("beta", values) else 1.0 / (float(values["bandwidth_gbs"]) * 1e9)
-        return {"nproc": int(values["nproc"]), "bucket_mb": float(values["bucket_mb"]),
-                "alpha": alpha, "beta": beta, "form": values["form"]}
+        r = values.get("ratio", self.comp["ratio"])
+        r = self.comp["ratio"] if on_log_grid(r, self.comp["ratio"], 10, LOG_SLIDERS["ratio"][3]) else float(r)
+        return {"nproc": int(values["nproc"]), "bucket_mb": float(values["bucket_mb"]), "alpha": alpha,
+                "beta": beta, "form": values["form"], "ratio": r,
+                "encode_s_per_byte": float(self.comp.get("encode_s_per_byte", 0.0))}
 
     def sources(self, values: dict) -> dict:
         """'alpha' and 'beta' -> one line saying which value the model uses and where it comes from."""
@@ -287,8 +277,9 @@ class ExplorerState:
         over the breakdown's configurations)."""
         p = self.params(values)
         c = self.compute
+        lever = (p["ratio"], p["encode_s_per_byte"])
         result = wi.whatif(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, p["bucket_mb"], p["nproc"],
-                           p["alpha"], p["beta"], p["form"])
+                           p["alpha"], p["beta"], p["form"], *lever)
         sweep = wi.whatif_sweep(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, self.configs(p, values["sweep"]),
-                                p["alpha"], p["beta"], p["form"])
+                                p["alpha"], p["beta"], p["form"], *lever)
         return result, sweep
