@@ -122,6 +122,16 @@ def test_notebooks_are_committed_without_outputs():
                 assert not c.outputs and c.execution_count is None, f"{path.name} has stored outputs"
 
 
+def test_lab05_runs_headless(tmp_path, monkeypatch):
+    """Four lever runs, the loss comparison, the calibration and the explorer started from the measured r."""
+    nb = run_notebook("05_shrinking_comm.ipynb", tmp_path, monkeypatch)
+    text = outputs_text(nb)
+    assert "powersgd r=1" in text and "largest relative loss difference" in text
+    assert "measured: powersgd hook" in text  # the explorer's r comes from the PowerSGD run
+    assert len(list((tmp_path / "runs").iterdir())) == 4
+    assert_unanswered_and_expected(nb, tmp_path, "lab05")
+
+
 def test_lab00_setup_check_runs_headless(tmp_path, monkeypatch):
     nb = run_notebook("00_setup_check.ipynb", tmp_path, monkeypatch)
     text = outputs_text(nb)

@@ -119,3 +119,20 @@ def loss_beside(run, reference) -> pd.DataFrame:
     df["diff"] = df["loss"] - df["loss_reference"]
     df["rel_diff"] = df["diff"] / df["loss_reference"].abs()
     return df
+
+
+def lever_table(runs: dict) -> pd.DataFrame:
+    """One row per run (label -> Run): the lever (comm_hook, accumulate), gradient and wire bytes per
+    rank-step (B), r, the encode time (s per step) and the step breakdown per step and per sample (s). Every
+    number comes from the run's records (:func:`compression_from_run`, :func:`comm_per_sample`)."""
+    rows = []
+    for label, run in runs.items():
+        comp = compression_from_run(run)
+        per = comm_per_sample(run)
+        rows.append({"label": label, "comm_hook": comp["hook"], "accumulate": per["accumulate"],
+                     "grad_bytes": comp["grad_bytes"], "wire_bytes": comp["wire_bytes"], "ratio": comp["ratio"],
+                     "encode_s": comp["encode_s"], "t_step": per["t_step"], "t_comp": per["t_comp"],
+                     "t_comm": per["t_comm"], "t_comm_per_sample": per["t_comm_per_sample"],
+                     "t_step_per_sample": per["t_step_per_sample"],
+                     "rounds_per_micro_batch": per["rounds_per_micro_batch"]})
+    return pd.DataFrame(rows)

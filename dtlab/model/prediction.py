@@ -56,11 +56,16 @@ def _predict_ddp(run, profile) -> pd.DataFrame:
     rows = []
     p = run.nproc
     for s in _slowest(run).itertuples():
-        b = run.buckets[(run.buckets["rank"] == s.rank) & (run.buckets["step"] == s.step)].sort_values("t_ready")
+        b = run.buckets[(run.buckets["rank"] == s.rank) & (run.buckets["step"] == s.step)].sort_values("t_start")
         if b.empty:
             continue
-        ready = b["t_ready"].to_numpy()
-        durations = np.asarray(profile.predict("all_reduce", b["nbytes"].to_numpy(), p), dtype=float)
+        # A compression hook encodes before it issues (t_start > t_ready) and sends wire_bytes: the bucket is
+        # priced as one all-reduce of its bytes on the wire from its issue time (PowerSGD really makes two or
+        # three smaller all-reduces: their extra latency terms are not priced). Without a hook, t_start = t_ready
+        # and wire_bytes = nbytes.
+        ready = b["t_start"].to_numpy()
+        sizes = b["wire_bytes"] if "wire_bytes" in b.columns and b["wire_bytes"].notna().all() else b["nbytes"]
+        durations = np.asarray(profile.predict("all_reduce", sizes.to_numpy(), p), dtype=float)
         bwd_comp = float(ready.max()) - s.t_fwd
         pred = predict_step(s.t_fwd, bwd_comp, s.t_opt, ready, durations)
         rows.append({"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,

@@ -64,26 +64,40 @@ def model_param_nbytes(model: str, num_labels: int = 2) -> list[int]:
                               a["max_position_embeddings"])
 
 
+def model_param_shapes(model: str, num_labels: int = 2) -> list[tuple[int, ...]]:
+    """The shape of every trainable tensor of a `RunConfig.model`, registration order, from the architecture
+    alone (no torch): what PowerSGD's wire size depends on (:func:`dtlab.model.compression.powersgd_wire_numel`)."""
+    if model not in MODEL_ARCH:
+        raise ValueError(f"model must be one of {sorted(MODEL_ARCH)}, got {model!r}")
+    a = MODEL_ARCH[model]
+    return _distilbert_shapes(num_labels, a["vocab_size"], a["dim"], a["n_layers"], a["hidden_dim"],
+                              a["max_position_embeddings"])
+
+
 def _distilbert_nbytes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072, positions=512) -> list[int]:
+    return [4 * int(np.prod(s)) for s in _distilbert_shapes(num_labels, vocab, dim, layers, hidden, positions)]
+
+
+def _distilbert_shapes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072, positions=512) -> list[tuple]:
     if int(num_labels) < 1:
         raise ValueError(f"num_labels must be an integer >= 1, got {num_labels!r}")
 
     def linear(n_in, n_out):  # torch.nn.Linear registers weight (out x in) then bias (out)
-        return [n_out * n_in, n_out]
+        return [(n_out, n_in), (n_out,)]
 
     def layer_norm(d):
-        return [d, d]
+        return [(d,), (d,)]
 
-    numel = [vocab * dim, positions * dim] + layer_norm(dim)
+    shapes = [(vocab, dim), (positions, dim)] + layer_norm(dim)
     for _ in range(layers):
         for _lin in ("q_lin", "k_lin", "v_lin", "out_lin"):
-            numel += linear(dim, dim)
-        numel += layer_norm(dim)        # sa_layer_norm
-        numel += linear(dim, hidden)    # ffn.lin1
-        numel += linear(hidden, dim)    # ffn.lin2
-        numel += layer_norm(dim)        # output_layer_norm
-    numel += linear(dim, dim) + linear(dim, int(num_labels))  # pre_classifier, classifier
-    return [4 * n for n in numel]
+            shapes += linear(dim, dim)
+        shapes += layer_norm(dim)        # sa_layer_norm
+        shapes += linear(dim, hidden)    # ffn.lin1
+        shapes += linear(hidden, dim)    # ffn.lin2
+        shapes += layer_norm(dim)        # output_layer_norm
+    shapes += linear(dim, dim) + linear(dim, int(num_labels))  # pre_classifier, classifier
+    return shapes
 
 
 # ------------------------------------------------------------------ the step model

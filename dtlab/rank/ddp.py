@@ -60,7 +60,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     codec = None
     if cfg.comm_hook != "none":
         from dtlab.rank.compression import Codec
-        codec = Codec(cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed)
+        codec = Codec(cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed, serialize=backend == "gloo")
     recorder = BucketRecorder(world, device, codec)
     if cfg.record or cfg.baseline_steps:  # the baseline needs the hook to switch to no-op
         ddp.register_comm_hook(None, recorder.hook)
