@@ -89,6 +89,18 @@ def wait_summary(waits: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def wait_table(run) -> str:
+    """Per-rank medians of a straggler run as aligned text (ms): compute, injected delay, wait, whom for."""
+    s = wait_summary(run_waits(run))
+    lines = [f"  stragglers {run.config.get('straggler')!r}: per rank, medians over measured steps "
+             "(wait = time its all-reduces waited for the last rank to join)"]
+    for r in s.itertuples():
+        who = "nobody" if pd.isna(r.waited_for) else f"rank {int(r.waited_for)}"
+        lines.append(f"    rank {r.rank}: compute {(r.t_comp_s - r.straggle_s) * 1e3:8.1f} ms   injected "
+                     f"{r.straggle_s * 1e3:8.1f} ms   waited {r.wait_s * 1e3:8.1f} ms for {who}")
+    return "\n".join(lines)
+
+
 def sync_step_model(t_comp_s, t_comm_s: float = 0.0) -> pd.DataFrame:
     """The synchronous step: every rank's step takes the slowest rank's compute plus the communication.
 

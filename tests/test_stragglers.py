@@ -10,6 +10,7 @@ from dtlab.config import tiny
 from dtlab.rank.straggle import Straggler, ddp_compute_s
 from dtlab.stragglers import Straggle, parse_straggler
 from dtlab.viz.figures import bucket_timeline
+from dtlab.viz.report import write_report
 from dtlab.viz.straggler_plots import wait_per_step, who_waited
 from dtlab.waits import bucket_waits, rank_waits, run_waits, sync_step_model, wait_summary
 
@@ -126,7 +127,7 @@ def test_figures_say_who_waited_for_whom():
 
 # ---- real runs: tiny model, gloo -------------------------------------------------------------------------
 
-def test_a_2x_straggler_makes_the_other_rank_wait_its_extra_compute(tmp_path, tiny_run):
+def test_a_2x_straggler_makes_the_other_rank_wait_its_extra_compute(tmp_path, tiny_run, capsys):
     # the same config as the shared no-straggler run (tiny_run), with rank 1's compute doubled
     run = dtlab.run(tiny(out=str(tmp_path / "x2"), steps=6, warmup=2, baseline_steps=2, bucket_mb=0.05,
                          straggler="1:2"), progress=False)
@@ -144,13 +145,17 @@ def test_a_2x_straggler_makes_the_other_rank_wait_its_extra_compute(tmp_path, ti
     assert float(r1["wait_s"].median()) < 0.25 * delay  # the straggler itself waits for nobody
     assert wait_summary(w).set_index("rank").loc[0, "waited_for"] == 1
     assert "injected delay" in [t.name for t in bucket_timeline(run, rank=1).data]
+    assert cli_main(["show", run.path]) == 0  # the printed table says who waited for whom
+    shown = capsys.readouterr().out
+    assert "rank 0: compute" in shown and "for rank 1" in shown and "rank 1: compute" in shown
+    assert "Who waited for whom" in open(write_report(run, str(tmp_path / "report.html"))).read()
 
 
 def test_seed_002_shape_on_three_ranks(tmp_path):
     # 3 ranks on a 2-core machine are oversubscribed, so fixed delays large against the noise: rank 1 is the
     # slowest (+200 ms), rank 2 in between (+100 ms), rank 0 the fastest. The synchronous step makes rank 0
     # wait about 200 ms and rank 2 about 100 ms, both for rank 1.
-    run = dtlab.run(tiny(out=str(tmp_path / "three"), nproc=3, steps=5, warmup=2, baseline_steps=0,
+    run = dtlab.run(tiny(out=str(tmp_path / "three"), nproc=3, steps=4, warmup=2, baseline_steps=0,
                          straggler="1:+200ms,2:+100ms"), progress=False)
     s = wait_summary(run_waits(run)).set_index("rank")
     assert s.loc[0, "wait_s"] > s.loc[2, "wait_s"] > s.loc[1, "wait_s"]
