@@ -15,6 +15,7 @@ _WHERE = {
     "RunConfig": "config", "ZeroConfig": "config", "tiny": "config",
     "launch": "launcher", "run": "launcher", "Handle": "launcher",
     "Run": "results", "RunFailed": "results", "load_run": "results",
+    "rank_waits": "waits", "run_waits": "waits", "sync_step_model": "waits",
     "calibrate": "calibration", "Profile": "model.profile", "load_profile": "model.profile", "predict": "model.prediction", "sweep": "sweeps",
 }
 

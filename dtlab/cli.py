@@ -131,7 +131,7 @@ def _cmd_run(args) -> int:
     except RunFailed as e:
         print(f"dtlab: run failed: {e}", file=sys.stderr)
         return 1
-    print(run.breakdown_table())
+    _print_run(run)
     path = write_report(run, args.report)
     print(f"  report: {path}")
     return 0
@@ -143,8 +143,16 @@ def _cmd_show(args) -> int:
     from dtlab.results import load_run
     if not os.path.isfile(os.path.join(args.dir, "config.json")):
         raise ValueError(f"dir: {args.dir!r} is not a dtlab run directory (no config.json)")
-    print(load_run(args.dir).breakdown_table())
+    _print_run(load_run(args.dir))
     return 0
+
+
+def _print_run(run) -> None:
+    """The breakdown table, and for a straggler run who waited for whom."""
+    print(run.breakdown_table())
+    if run.config.get("straggler") and not run.buckets.empty:
+        from dtlab.waits import wait_table
+        print(wait_table(run))
 
 
 def _cmd_trace(args) -> int:

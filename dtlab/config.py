@@ -144,6 +144,8 @@ class RunConfig:
     accumulate: int = 1
     """Micro-batches per optimizer step: the first accumulate - 1 run under DDP's no_sync() (no communication),
     the last all-reduces the accumulated gradients. Strategy 'ddp' only."""
+    straggler: str | None = None
+    """Slow ranks down: 'RANK:FACTOR' (compute x FACTOR) or 'RANK:+MSms', comma-separated (dtlab.stragglers)."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -212,6 +214,8 @@ class RunConfig:
         placed = self.placement(cuda_device_count)  # raises ValueError when the GPUs cannot host the ranks
         from dtlab.levers import validate_levers
         validate_levers(self, placed)
+        from dtlab.stragglers import validate_straggler
+        validate_straggler(self)
         if self.strategy == "zero3" and placed.backend == "gloo" and placed.device == "cuda":
             raise ValueError(f"strategy 'zero3' cannot run as {placed.label}: DeepSpeed's CUDA accelerator needs "
                              "NCCL. Use nproc <= the GPU count, or device 'cpu' for a CPU run")

@@ -52,8 +52,11 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, tensor_bytes
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.straggle import Straggler, ddp_compute_s
+    from dtlab.stragglers import straggler_plan
 
     device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
+    straggler = Straggler(cfg.straggler, rank, world, device)
     model = built.model.to(device)
     model.train()
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_mb)
@@ -66,7 +69,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         ddp.register_comm_hook(None, recorder.hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
     if rank == 0:
-        record_resolved(run_dir, cfg, backend, device, sources, world)
+        record_resolved(run_dir, cfg, backend, device, {**sources, "straggler": straggler_plan(cfg.straggler, world)},
+                        world)
     writer.write("ready", rank=rank, time=time.time(), **sources)
 
     clock = StepClock(device)
@@ -76,12 +80,16 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         recorder.mode = "noop" if baseline else "allreduce"
         clock.mark("start")
         recorder.begin_step(clock.start)
+        straggler.begin_step()
+        slept = 0.0
         k_last = cfg.accumulate - 1
         for k in range(cfg.accumulate):  # micro-batches; only the last one communicates
             batch = batches[(step * cfg.accumulate + k) % len(batches)]
             with ddp.no_sync() if k < k_last else contextlib.nullcontext():
                 out = ddp(**batch)
                 clock.mark(f"fwd{k}")
+                if k == k_last:  # every bucket this rank issues is late by the delay (see dtlab.stragglers)
+                    slept = straggler.pause()
                 # DDP's hook fires per bucket in the last backward, which returns once all buckets are reduced
                 (out.loss / cfg.accumulate if cfg.accumulate > 1 else out.loss).backward()
                 clock.mark(f"bwd{k}")
@@ -92,11 +100,12 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         t_fwd = sum(t[f"fwd{k}"] - (t[f"bwd{k - 1}"] if k else 0.0) for k in range(cfg.accumulate))
         rec = {"rank": rank, "step": step, "t_fwd": t_fwd, "t_bwd": t[f"bwd{k_last}"] - t_fwd,
                "t_opt": t["opt"] - t[f"bwd{k_last}"], "t_step": t["opt"], "loss": float(out.loss.detach()),
-               "micro_batches": cfg.accumulate, "time": time.time()}
+               "micro_batches": cfg.accumulate, "straggle_s": slept, "time": time.time()}
         writer.write("baseline_step" if baseline else "step", **rec)
-        if not baseline and cfg.record:
-            for b in recorder.collect():
-                writer.write("bucket", rank=rank, step=step, **b)
+        buckets = recorder.collect() if not baseline and cfg.record else []
+        for b in buckets:
+            writer.write("bucket", rank=rank, step=step, **b)
+        straggler.observe(step, ddp_compute_s(buckets, rec["t_opt"], slept))
         # DDP logs a step's runtime stats in the next step's forward (these are step - 1's), and only for its
         # sampled iterations (<= 10 and every 100th): skip the logging-data call on the others.
         if step >= 1 and (step <= 10 or step % 100 == 0):

@@ -89,10 +89,13 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
     c = (run.collectives[(run.collectives["rank"] == rank) & (run.collectives["step"] == step)]
          if not run.collectives.empty else run.collectives)
     fig = go.Figure()
+    delay = row.get("straggle_s", 0.0)  # a straggler's injected sleep, part of t_bwd (dtlab.stragglers)
+    delay = float(delay) if pd.notna(delay) else 0.0
     phases = [("forward", 0.0, row["t_fwd"], COLORS["fwd"]),
-              ("backward", row["t_fwd"], row["t_bwd"], COLORS["bwd"]),
+              ("injected delay", row["t_fwd"], delay, "#B279A2"),
+              ("backward", row["t_fwd"] + delay, row["t_bwd"] - delay, COLORS["bwd"]),
               ("optimizer", row["t_fwd"] + row["t_bwd"], row["t_opt"], COLORS["opt"])]
-    for name, start, dur, color in phases:
+    for name, start, dur, color in phases[:1] + phases[1 + (delay <= 0):]:
         fig.add_trace(go.Bar(y=["compute"], x=[dur * 1e3], base=[start * 1e3], orientation="h", name=name,
                              marker_color=color, hovertemplate=f"{name}: %{{x:.1f}} ms<extra></extra>"))
     if not b.empty:

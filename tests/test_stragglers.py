@@ -1,0 +1,164 @@
+"""Stragglers (issue 12): `straggler` slows a rank's compute by a known, recorded amount; each rank's wait time is
+measured from the recorded buckets without comparing clocks; bad specs are refused before launch by name."""
+
+import pandas as pd
+import pytest
+
+import dtlab
+from dtlab.cli import main as cli_main
+from dtlab.config import tiny
+from dtlab.rank.straggle import Straggler, ddp_compute_s
+from dtlab.stragglers import Straggle, parse_straggler
+from dtlab.viz.figures import bucket_timeline
+from dtlab.viz.report import write_report
+from dtlab.viz.straggler_plots import wait_per_step, who_waited
+from dtlab.waits import bucket_waits, rank_waits, run_waits, sync_step_model, wait_summary
+
+
+# ---- the spec, refused by name before launch --------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, needle", [
+    (dict(straggler="2:2"), r"straggler rank must be an integer in \[0, nproc\) = \[0, 2\).*'2'"),
+    (dict(straggler="0:1.5,3:+5ms", nproc=3), r"straggler rank .*\[0, 3\).*'3'"),
+    (dict(straggler="-1:2"), r"straggler rank"),
+    (dict(straggler="1:0.5"), r"straggler FACTOR must be a finite number >= 1, got '0.5'"),
+    (dict(straggler="1:nan"), r"straggler FACTOR must be a finite number"),
+    (dict(straggler="1:+-3ms"), r"straggler delay MS \(ms\) must be a finite number >= 0"),
+    (dict(straggler="1:+infms"), r"straggler delay MS"),
+    (dict(straggler="1:150ms"), r"straggler entry '1:150ms': a delay is written '\+MSms'"),
+    (dict(straggler="1"), r"straggler entry '1' is not 'RANK:FACTOR' or 'RANK:\+MSms'"),
+    (dict(straggler="1:2,1:3"), r"straggler names rank 1 twice"),
+    (dict(straggler=" "), r"straggler must be a string"),
+    (dict(straggler="1:2", strategy="zero3"), r"straggler applies to strategy 'ddp' only"),
+    (dict(straggler="1:2", record=False), r"straggler needs record=True")])
+def test_bad_stragglers_are_refused_by_name(changes, needle):
+    with pytest.raises(ValueError, match=needle):
+        tiny(**changes).validate(cuda_device_count=0)
+
+
+def test_good_specs_parse():
+    assert parse_straggler("1:1.2, 2:1.1", 3) == {1: Straggle(1, factor=1.2), 2: Straggle(2, factor=1.1)}
+    assert parse_straggler("0:+150ms,1:1", 2) == {0: Straggle(0, delay_ms=150.0), 1: Straggle(1, factor=1.0)}
+    tiny(straggler="1:2").validate(cuda_device_count=0)
+
+
+def test_straggler_rank_out_of_range_refused_before_launch(tmp_path, capsys):
+    out = tmp_path / "never"
+    with pytest.raises(ValueError, match="straggler rank"):
+        dtlab.launch(tiny(straggler="2:2", out=str(out)))
+    assert cli_main(["run", "--model", "tiny", "--nproc", "2", "--straggler", "5:2", "--out", str(out)]) == 2
+    assert "straggler rank must be an integer in [0, nproc)" in capsys.readouterr().err
+    assert not out.exists()  # nothing was created or started
+
+
+# ---- the delay rule (what the rank sleeps) ---------------------------------------------------------------
+
+def test_delay_rule_fixed_and_factor():
+    assert Straggler("1:+150ms", 1, 2).delay_s(0.01) == pytest.approx(0.150)
+    assert Straggler("1:2", 0, 2).delay_s(0.01) == 0.0 and not Straggler(None, 0, 2).active
+    s = Straggler("1:1.5", 1, 2)
+    assert s.delay_s(0.010) == pytest.approx(0.5 * 3 * 0.010)  # no history: 3 x the forward
+    s.observe(0, 9.0)  # step 0 allocates: never used
+    for step, c in enumerate([0.10, 0.40, 0.20, 0.30], start=1):
+        s.observe(step, c)
+    assert s.delay_s(0.010) == pytest.approx(0.5 * 0.30)  # median of the last 3 steps (0.40, 0.20, 0.30)
+    # a step's compute: until its last bucket was ready + optimizer, the delay slept taken out
+    assert ddp_compute_s([{"t_ready": 0.05}, {"t_ready": 0.08}], 0.01, 0.03) == pytest.approx(0.06)
+    assert ddp_compute_s([], 0.01, 0.0) is None
+
+
+# ---- wait times from buckets, without comparing clocks ---------------------------------------------------
+
+def _synthetic(comp, offsets, comm=0.010, fractions=(0.5, 1.0), steps=(0, 1)):
+    """Buckets as ranks would record them: rank i's bucket b is ready at comp[i] x fractions[b] on its own clock
+    (which starts offsets[i] s after a shared origin) and the collective ends for everyone when the last rank
+    has issued it, plus `comm`."""
+    rows, st = [], []
+    for s in steps:
+        for b, f in enumerate(fractions):
+            end_abs = max(o + c * f for c, o in zip(comp, offsets)) + comm
+            for r, (c, o) in enumerate(zip(comp, offsets)):
+                rows.append(dict(rank=r, step=s, bucket=b, t_ready=c * f, t_start=c * f, t_end=end_abs - o))
+        st += [dict(rank=r, step=s, t_opt=0.002, t_step=1.3, straggle_s=0.0) for r in range(len(comp))]
+    return pd.DataFrame(rows), pd.DataFrame(st)
+
+
+def test_waits_reproduce_seed_002():
+    buckets, steps = _synthetic([1.0, 1.2, 1.1], [0.0, 0.0, 0.0])
+    w = rank_waits(buckets, steps)
+    assert len(w) == 6 and set(w.columns) >= {"rank", "step", "wait_s", "waited_for", "t_comp_s", "straggle_s"}
+    med = wait_summary(w).set_index("rank")
+    assert med["wait_s"].tolist() == pytest.approx([0.2, 0.0, 0.1])  # the max over buckets, not the sum (0.3)
+    assert med.loc[0, "waited_for"] == 1 and med.loc[2, "waited_for"] == 1 and pd.isna(med.loc[1, "waited_for"])
+    assert med["t_comp_s"].tolist() == pytest.approx([1.002, 1.202, 1.102])  # last ready + optimizer
+    model = sync_step_model([1.0, 1.2, 1.1], t_comm_s=0.01)
+    assert model["wait_s"].tolist() == pytest.approx(med["wait_s"].tolist())
+    assert model["t_step_s"].tolist() == pytest.approx([1.21] * 3) and model["waited_for"].tolist()[0] == 1
+    bw = bucket_waits(buckets)
+    assert (bw[bw.bucket == 0].groupby("rank")["wait_s"].max().values == pytest.approx([0.1, 0.0, 0.05]))
+
+
+def test_waits_need_no_common_clock():
+    # each rank's step clock starts at a different moment: its times shift, its durations do not
+    same = rank_waits(*_synthetic([1.0, 1.2, 1.1], [0.0, 0.0, 0.0]))
+    shifted_b, steps = _synthetic([1.0, 1.2, 1.1], [0.0, 0.0, 0.0])
+    shifted_b.loc[shifted_b["rank"] == 2, ["t_start", "t_end"]] += 123.0  # a clock with another origin
+    assert rank_waits(shifted_b, steps)["wait_s"].tolist() == pytest.approx(same["wait_s"].tolist())
+
+
+def test_sync_step_model_refuses_nonsense():
+    with pytest.raises(ValueError, match="at least one rank"):
+        sync_step_model([])
+    with pytest.raises(ValueError, match=">= 0 s"):
+        sync_step_model({0: 1.0, 1: -0.1})
+
+
+def test_figures_say_who_waited_for_whom():
+    w = rank_waits(*_synthetic([1.0, 1.2, 1.1], [0.0, 0.0, 0.0]))
+    fig = who_waited(w, "seed 002")
+    assert [t.name for t in fig.data] == ["compute", "injected delay", "waiting for the slowest peer"]
+    notes = [a.text for a in fig.layout.annotations]
+    assert any("rank 0 waited 200 ms for rank 1 (model 200 ms)" in n for n in notes), notes
+    assert any("rank 1 waited for nobody" in n for n in notes)
+    assert "Who waited for whom (seed 002)" in fig.layout.title.text
+    assert len(wait_per_step(w).data) == 3  # no delay injected: one wait line per rank
+    assert "no recorded bucket waits" in who_waited(rank_waits(pd.DataFrame(), None)).layout.title.text
+
+
+# ---- real runs: tiny model, gloo -------------------------------------------------------------------------
+
+def test_a_2x_straggler_makes_the_other_rank_wait_its_extra_compute(tmp_path, tiny_run, capsys):
+    # the same config as the shared no-straggler run (tiny_run), with rank 1's compute doubled
+    run = dtlab.run(tiny(out=str(tmp_path / "x2"), steps=6, warmup=2, baseline_steps=2, bucket_mb=0.05,
+                         straggler="1:2"), progress=False)
+    plan = run.resolved["straggler"]
+    assert plan["ranks"]["1"]["factor"] == 2.0 and "(FACTOR - 1) x C" in plan["rule"]
+    for frame in (run.steps, run.baseline_steps):  # baseline steps straggle too: T_comp is the slowest rank's
+        assert (frame[frame["rank"] == 1]["straggle_s"] > 0).all() and (frame[frame["rank"] == 0]["straggle_s"] == 0).all()
+    w, base = run_waits(run), run_waits(tiny_run)
+    r0, r1 = w[w["rank"] == 0], w[w["rank"] == 1]
+    delay = float(r1["straggle_s"].median())
+    # FACTOR honoured: the delay is about (2 - 1) x the straggler's own compute (the delay taken out)
+    assert 0.5 < delay / float((r1["t_comp_s"] - r1["straggle_s"]).median()) < 2.0
+    grew = float(r0["wait_s"].median()) - float(base[base["rank"] == 0]["wait_s"].median())
+    assert grew == pytest.approx(delay, rel=0.5), (w, base)
+    assert float(r1["wait_s"].median()) < 0.25 * delay  # the straggler itself waits for nobody
+    assert wait_summary(w).set_index("rank").loc[0, "waited_for"] == 1
+    assert "injected delay" in [t.name for t in bucket_timeline(run, rank=1).data]
+    assert cli_main(["show", run.path]) == 0  # the printed table says who waited for whom
+    shown = capsys.readouterr().out
+    assert "rank 0: compute" in shown and "for rank 1" in shown and "rank 1: compute" in shown
+    assert "Who waited for whom" in open(write_report(run, str(tmp_path / "report.html"))).read()
+
+
+def test_seed_002_shape_on_three_ranks(tmp_path):
+    # 3 ranks on a 2-core machine are oversubscribed, so fixed delays large against the noise: rank 1 is the
+    # slowest (+200 ms), rank 2 in between (+100 ms), rank 0 the fastest. The synchronous step makes rank 0
+    # wait about 200 ms and rank 2 about 100 ms, both for rank 1.
+    run = dtlab.run(tiny(out=str(tmp_path / "three"), nproc=3, steps=4, warmup=2, baseline_steps=0,
+                         straggler="1:+200ms,2:+100ms"), progress=False)
+    s = wait_summary(run_waits(run)).set_index("rank")
+    assert s.loc[0, "wait_s"] > s.loc[2, "wait_s"] > s.loc[1, "wait_s"]
+    assert s.loc[0, "wait_s"] == pytest.approx(0.200, rel=0.5) and s.loc[2, "wait_s"] == pytest.approx(0.100, rel=0.5)
+    assert s.loc[1, "wait_s"] < 0.03 and s.loc[0, "waited_for"] == 1 and s.loc[2, "waited_for"] == 1
+    assert s["straggle_s"].tolist() == pytest.approx([0.0, 0.2, 0.1], abs=0.05)
