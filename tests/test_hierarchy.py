@@ -1,0 +1,71 @@
+"""The two-level model reduces to the single-level ring where it must, and hierarchy wins or loses where the
+forms say it should."""
+
+import numpy as np
+import pytest
+
+from dtlab.model import costmodel as cm
+from dtlab.model.hierarchy import (crossover_bytes, flat_ring_allreduce, hierarchical_allreduce,
+                                   network_bytes_per_node, two_level_time)
+
+A_I, B_I, A_E, B_E = 5e-6, 1 / 100e9, 30e-6, 1 / 12.5e9  # NVLink-ish inside, 100 Gbit/s-ish between nodes
+N = np.array([1e3, 1e6, 1e9])
+
+
+def test_one_node_is_the_single_level_ring():
+    for g in (2, 4, 8):
+        ring = cm.ring_allreduce(A_I, B_I, N, g)
+        assert np.allclose(flat_ring_allreduce(A_I, B_I, A_E, B_E, N, 1, g), ring)
+        assert np.allclose(hierarchical_allreduce(A_I, B_I, A_E, B_E, N, 1, g), ring)
+
+
+def test_one_gpu_per_node_is_the_ring_across_nodes():
+    for nodes in (2, 4):
+        ring = cm.ring_allreduce(A_E, B_E, N, nodes)
+        assert np.allclose(flat_ring_allreduce(A_I, B_I, A_E, B_E, N, nodes, 1), ring)
+        assert np.allclose(hierarchical_allreduce(A_I, B_I, A_E, B_E, N, nodes, 1), ring)
+    assert np.all(flat_ring_allreduce(A_I, B_I, A_E, B_E, N, 1, 1) == 0)
+
+
+def test_hierarchy_wins_when_the_network_is_slow_and_by_the_forms_margin():
+    flat = flat_ring_allreduce(A_I, B_I, A_E, B_E, N, 2, 8)
+    hier = hierarchical_allreduce(A_I, B_I, A_E, B_E, N, 2, 8)
+    assert np.all(hier < flat)
+    # large n: flat ~ 2(p-1)/p n beta_inter (15/8), hierarchical ~ 2(N-1)/N n beta_inter (1) + intra traffic
+    n = 1e9
+    assert flat[-1] == pytest.approx(2 * 15 * (A_E + B_E * n / 16))
+    assert hier[-1] == pytest.approx(2 * (7 * A_I + 7 / 8 * n * B_I) + 2 * A_E + n * B_E)
+    assert network_bytes_per_node("flat", n, 2, 8) == pytest.approx(15 / 8 * n)
+    assert network_bytes_per_node("hierarchical", n, 2, 8) == pytest.approx(n)
+
+
+def test_more_nics_speed_up_only_the_hierarchical_shard_rings():
+    one = hierarchical_allreduce(A_I, B_I, A_E, B_E, 1e9, 2, 8, nics_per_node=1)
+    eight = hierarchical_allreduce(A_I, B_I, A_E, B_E, 1e9, 2, 8, nics_per_node=8)
+    assert eight < one
+    assert flat_ring_allreduce(A_I, B_I, A_E, B_E, 1e9, 2, 8, nics_per_node=8) == \
+        flat_ring_allreduce(A_I, B_I, A_E, B_E, 1e9, 2, 8)
+
+
+def test_crossover_when_both_links_are_equally_fast():
+    # equal bandwidth inside and between nodes: hierarchy's fewer network latency steps win small messages;
+    # its three phases run one after the other while the flat ring pipelines every edge, so large ones lose
+    a_i, b_i, a_e, b_e = 2e-6, 1 / 10e9, 20e-6, 1 / 10e9
+    x = crossover_bytes(a_i, b_i, a_e, b_e, 2, 4)
+    assert x is not None
+    below, above = x / 4, x * 4
+    assert two_level_time("hierarchical", a_i, b_i, a_e, b_e, below, 2, 4) < \
+        two_level_time("flat", a_i, b_i, a_e, b_e, below, 2, 4)
+    assert two_level_time("hierarchical", a_i, b_i, a_e, b_e, above, 2, 4) > \
+        two_level_time("flat", a_i, b_i, a_e, b_e, above, 2, 4)
+    assert crossover_bytes(A_I, B_I, A_E, B_E, 2, 8) is None  # fast inside: hierarchy never loses
+
+
+@pytest.mark.parametrize("kw", [dict(nodes=0), dict(gpus_per_node=1.5), dict(nodes=True)])
+def test_bad_levels_are_refused(kw):
+    args = dict(nodes=2, gpus_per_node=4)
+    args.update(kw)
+    with pytest.raises(ValueError, match="nodes|gpus_per_node"):
+        flat_ring_allreduce(A_I, B_I, A_E, B_E, 1e6, args["nodes"], args["gpus_per_node"])
+    with pytest.raises(ValueError, match="algorithm"):
+        two_level_time("tree", A_I, B_I, A_E, B_E, 1e6, 2, 2)
