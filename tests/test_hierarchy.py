@@ -69,3 +69,38 @@ def test_bad_levels_are_refused(kw):
         flat_ring_allreduce(A_I, B_I, A_E, B_E, 1e6, args["nodes"], args["gpus_per_node"])
     with pytest.raises(ValueError, match="algorithm"):
         two_level_time("tree", A_I, B_I, A_E, B_E, 1e6, 2, 2)
+
+
+# ---------------------------------------------------------------- the two-level explorer
+from dtlab.viz.two_level import ASSUMED_LEVELS, levels_table, two_level_explorer, two_level_figure  # noqa: E402
+
+SIZES = [4 * 2**20, 2**20, 3 * 2**20, 512]
+COMPUTE = {"t_fwd": 0.01, "t_bwd_comp": 0.002, "t_opt": 0.001}  # little backward to hide behind
+
+
+def test_levels_table_one_node_is_one_level_and_slow_network_favours_hierarchy():
+    one = levels_table(ASSUMED_LEVELS, 1, 8, compute=COMPUTE, param_nbytes=SIZES, bucket_mb=1.0)
+    assert one["t_step"].iloc[0] == pytest.approx(one["t_step"].iloc[1])
+    assert (one["network_bytes_per_node"] == 0).all()
+    two = levels_table(ASSUMED_LEVELS, 4, 8, compute=COMPUTE, param_nbytes=SIZES, bucket_mb=1.0).set_index("algorithm")
+    assert two.loc["hierarchical", "t_comm"] < two.loc["flat", "t_comm"]
+    assert two.loc["hierarchical", "network_bytes_per_node"] < two.loc["flat", "network_bytes_per_node"]
+    with pytest.raises(ValueError, match="beta_inter"):
+        levels_table(dict(ASSUMED_LEVELS, beta_inter=-1.0), 2, 2)
+
+
+def test_two_level_figure_marks_the_crossover_only_when_there_is_one():
+    equal = dict(alpha_intra=2e-6, beta_intra=1e-10, alpha_inter=20e-6, beta_inter=1e-10)
+    fig = two_level_figure(equal, 2, 4)
+    assert len(fig.data) == 2 and any("crossover" in a.text for a in fig.layout.annotations)
+    assert not any("crossover" in (a.text or "") for a in two_level_figure(ASSUMED_LEVELS, 2, 8).layout.annotations)
+
+
+def test_two_level_explorer_sliders_drive_the_table_and_say_where_levels_come_from():
+    box = two_level_explorer(compute=COMPUTE, param_nbytes=SIZES)
+    assert "assumed, not calibrated" in box.children[0].value
+    before = box.table.set_index("algorithm")["t_step"].copy()
+    box.sliders["nodes"].value = 8
+    after = box.table.set_index("algorithm")["t_step"]
+    assert (after > before).all()
+    assert "8 node(s) x 8 GPU(s) = p 64" in box.figure.layout.title.text

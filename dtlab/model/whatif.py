@@ -104,7 +104,7 @@ def _distilbert_shapes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072
 
 
 def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta,
-           form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0) -> dict:
+           form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0, collective=None) -> dict:
     """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
 
     t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds *per rank*. They are
@@ -116,6 +116,8 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     moves r x its bytes (the bandwidth term shrinks by r, the latency term does not). encode_s_per_byte: the
     hook's encode/decode seconds per gradient byte, added to backward compute (it runs on the compute path).
     Both from :func:`dtlab.model.compression.compression_from_run` for a measured hook.
+    collective: optional function bytes -> seconds pricing one bucket's all-reduce instead of alpha, beta
+    and form (e.g. a two-level model from :mod:`dtlab.model.hierarchy`); it gets the bytes on the wire.
 
     Steps: :func:`dtlab.model.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
     does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`, ready times
@@ -138,9 +140,9 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     cap = bk.mb_to_bytes(bucket_mb)
     layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)  # DDP given bucket_cap_mb: no small first bucket
     nbytes = bk.bucket_sizes(sizes, layout)
-    durations = np.asarray(costmodel.collective_time("all_reduce", form, alpha, beta,
-                                                              ratio * np.asarray(nbytes, dtype=float), nproc),
-                           dtype=float)
+    wire = ratio * np.asarray(nbytes, dtype=float)
+    durations = np.asarray(collective(wire) if collective is not None else
+                           costmodel.collective_time("all_reduce", form, alpha, beta, wire, nproc), dtype=float)
     durations = np.atleast_1d(durations)
     ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes)
     out = bk.predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations)

@@ -1,0 +1,158 @@
+"""Beyond one machine in the explorer: GPUs per node, an inter-node link, and the flat ring beside the
+hierarchical all-reduce (:mod:`dtlab.model.hierarchy`), for one all-reduce across message sizes and for a
+whole DDP step (:func:`dtlab.model.whatif.whatif` with the two-level price of every bucket).
+
+`two_level_explorer(levels=..., compute=..., param_nbytes=...)` returns an ipywidgets box: sliders for nodes,
+GPUs per node, network links per node, the intra- and inter-node alpha and bandwidth, and the bucket size;
+two figures redrawn in place. Where each alpha and beta comes from (a calibration per level, or an assumed
+value) is stated above the sliders. The pure parts (:func:`levels_table`, :func:`two_level_figure`) are
+testable without a kernel.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dtlab.model import hierarchy as hi
+from dtlab.model import whatif as wi
+from dtlab.viz.figures import COLORS
+
+#: Assumed levels when none are measured: NVLink-class inside a node, 100 Gbit/s-class between nodes.
+ASSUMED_LEVELS = {"alpha_intra": 5e-6, "beta_intra": 1 / 100e9, "alpha_inter": 30e-6, "beta_inter": 1 / 12.5e9,
+                  "source": "assumed, not calibrated: NVLink-class inside a node, 100 Gbit/s-class between nodes"}
+SIZES = np.logspace(10, 31, 64, base=2.0)  # 1 KiB .. 2 GiB
+ALG_COLORS = {"flat": COLORS["T_comm"], "hierarchical": COLORS["T_comp"]}
+
+
+def _check(levels: dict) -> dict:
+    out = dict(levels)
+    for k in ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter"):
+        v = out.get(k)
+        if v is None or not np.isfinite(v) or v < 0:
+            raise ValueError(f"levels[{k!r}] must be a finite number >= 0 (alpha in s, beta in s/B), got {v!r}")
+    out.setdefault("source", "given by the caller")
+    return out
+
+
+def levels_table(levels: dict, nodes: int, gpus_per_node: int, nics_per_node: int = 1, compute=None,
+                 param_nbytes=None, bucket_mb: float = 25.0) -> pd.DataFrame:
+    """Flat vs hierarchical at one setting: one row per algorithm with the predicted DDP step (t_step, t_comm,
+    exposed, t_comp in seconds, n_buckets) for `compute` (per-rank seconds t_fwd, t_bwd_comp, t_opt) and
+    gradient sizes `param_nbytes` (ready order), and the network bytes per node per step (B)."""
+    lv = _check(levels)
+    args = (lv["alpha_intra"], lv["beta_intra"], lv["alpha_inter"], lv["beta_inter"])
+    compute = compute or wi_default_compute()
+    sizes = list(param_nbytes) if param_nbytes is not None else wi.distilbert_param_nbytes()[::-1]
+    rows = []
+    for alg in hi.ALGORITHMS:
+        def price(nb, alg=alg):
+            return hi.two_level_time(alg, *args, nb, nodes, gpus_per_node, nics_per_node)
+        r = wi.whatif(compute["t_fwd"], compute["t_bwd_comp"], compute["t_opt"], sizes, bucket_mb,
+                      nodes * gpus_per_node, 0.0, 0.0, collective=price)
+        rows.append({"algorithm": alg, "t_step": r["t_step"], "t_comm": r["t_comm"], "exposed": r["exposed"],
+                     "t_comp": r["t_comp"], "n_buckets": r["n_buckets"],
+                     "network_bytes_per_node": float(np.sum(hi.network_bytes_per_node(
+                         alg, np.asarray(r["bucket_nbytes"], float), nodes, gpus_per_node)))})
+    return pd.DataFrame(rows)
+
+
+def wi_default_compute() -> dict:
+    """The explorer's labelled placeholder compute (not measured), see :mod:`dtlab.viz.explorer_state`."""
+    from dtlab.viz.explorer_state import DEFAULT_COMPUTE
+    return dict(DEFAULT_COMPUTE)
+
+
+def two_level_figure(levels: dict, nodes: int, gpus_per_node: int, nics_per_node: int = 1,
+                     table: pd.DataFrame | None = None) -> go.Figure:
+    """Left: one all-reduce's predicted time (ms) against message size (MiB, log-log) for the flat ring and
+    the hierarchical all-reduce, with the crossover size marked when there is one. Right (when `table` from
+    :func:`levels_table` is given): the predicted DDP step per algorithm, compute + exposed communication."""
+    lv = _check(levels)
+    args = (lv["alpha_intra"], lv["beta_intra"], lv["alpha_inter"], lv["beta_inter"])
+    fig = make_subplots(rows=1, cols=2 if table is not None else 1, column_widths=[0.62, 0.38] if table is not None
+                        else None, subplot_titles=("one all-reduce", "one DDP step") if table is not None else None)
+    for alg in hi.ALGORITHMS:
+        t = hi.two_level_time(alg, *args, SIZES, nodes, gpus_per_node, nics_per_node)
+        fig.add_trace(go.Scatter(x=SIZES / 2**20, y=t * 1e3, mode="lines", name=f"{alg} (predicted)",
+                                 line=dict(color=ALG_COLORS[alg]),
+                                 hovertemplate=f"{alg}<br>%{{x:.3g}} MiB: %{{y:.3g}} ms<extra></extra>"), 1, 1)
+    x = hi.crossover_bytes(*args, nodes, gpus_per_node, nics_per_node, lo=SIZES[0], hi=SIZES[-1])
+    if x is not None:
+        fig.add_vline(x=x / 2**20, line=dict(color="#555", dash="dot"), row=1, col=1)
+        fig.add_annotation(x=np.log10(x / 2**20), y=1, yref="y domain", text=f"crossover {x / 2**20:.3g} MiB",
+                           showarrow=False, yanchor="bottom", font=dict(size=11), row=1, col=1)
+    fig.update_xaxes(type="log", title_text="message size (MiB)", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="predicted time (ms)", row=1, col=1)
+    if table is not None:
+        for name, col, color in (("T_comp", "t_comp", COLORS["T_comp"]), ("exposed comm", "exposed",
+                                                                           COLORS["exposed"])):
+            fig.add_trace(go.Bar(x=table["algorithm"], y=table[col] * 1e3, name=f"{name} (predicted)",
+                                 marker_color=color, hovertemplate="%{x}: %{y:.2f} ms<extra></extra>"), 1, 2)
+        fig.update_yaxes(title_text="ms per step", row=1, col=2)
+        fig.update_layout(barmode="stack")
+    p = nodes * gpus_per_node
+    fig.update_layout(title=dict(text=f"Flat ring vs hierarchical: {nodes} node(s) x {gpus_per_node} GPU(s) = "
+                                      f"p {p}, {nics_per_node} network link(s) per node", font_size=15),
+                      height=420, legend=dict(font_size=11))
+    return fig
+
+
+def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=None):
+    """The two-level explorer widget (display it as a cell's last expression). levels: alpha_intra,
+    beta_intra, alpha_inter, beta_inter (s, s/B) and source; default :data:`ASSUMED_LEVELS`, labelled as
+    assumed. compute / param_nbytes as for :func:`dtlab.viz.dashboard.explorer`."""
+    import ipywidgets as widgets
+
+    lv = _check(levels if levels is not None else ASSUMED_LEVELS)
+    style, layout = {"description_width": "170px"}, widgets.Layout(width="480px")
+
+    def log(value, lo, hi_, desc):
+        return widgets.FloatLogSlider(value=value, base=10, min=min(lo, np.floor(np.log10(value))), max=hi_,
+                                      step=0.02, description=desc, style=style, layout=layout,
+                                      readout_format=".3g")
+
+    s = {"nodes": widgets.IntSlider(value=2, min=1, max=64, description="nodes", style=style, layout=layout),
+         "gpus_per_node": widgets.IntSlider(value=8, min=1, max=16, description="GPUs per node", style=style,
+                                            layout=layout),
+         "nics_per_node": widgets.IntSlider(value=1, min=1, max=16, description="network links per node",
+                                            style=style, layout=layout),
+         "alpha_intra_us": log(lv["alpha_intra"] * 1e6, -1, 4, "intra α (µs)"),
+         "bw_intra_gbs": log(1 / lv["beta_intra"] / 1e9, -2, 3, "intra 1/β (GB/s)"),
+         "alpha_inter_us": log(lv["alpha_inter"] * 1e6, -1, 4, "inter α (µs)"),
+         "bw_inter_gbs": log(1 / lv["beta_inter"] / 1e9, -3, 3, "inter 1/β (GB/s)"),
+         "bucket_mb": log(25.0, -2, 3, "bucket size (MiB)")}
+    label = widgets.HTML(f"<div style='font-size:90%'><b>levels</b>: {html.escape(lv['source'])}; moving a "
+                         "slider overrides that value</div>")
+
+    def current():
+        v = {k: w.value for k, w in s.items()}
+        return ({"alpha_intra": v["alpha_intra_us"] * 1e-6, "beta_intra": 1 / (v["bw_intra_gbs"] * 1e9),
+                 "alpha_inter": v["alpha_inter_us"] * 1e-6, "beta_inter": 1 / (v["bw_inter_gbs"] * 1e9),
+                 "source": lv["source"]}, v)
+
+    def build():
+        levels_now, v = current()
+        table = levels_table(levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], compute,
+                             param_nbytes, v["bucket_mb"])
+        return two_level_figure(levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], table), table
+
+    fig0, table0 = build()
+    figw = go.FigureWidget(fig0)
+    box = widgets.VBox([label, widgets.VBox(list(s.values())), figw])
+    box.sliders, box.figure, box.table = s, figw, table0
+
+    def redraw(change=None):
+        fig, box.table = build()
+        with figw.batch_update():
+            figw.layout = fig.layout
+            for tr, new in zip(figw.data, fig.data):
+                tr.update(new.to_plotly_json())
+    for w in s.values():
+        w.observe(redraw, names="value")
+    box.redraw = redraw
+    return box
