@@ -144,6 +144,10 @@ class RunConfig:
     accumulate: int = 1
     """Micro-batches per optimizer step: the first accumulate - 1 run under DDP's no_sync() (no communication),
     the last all-reduces the accumulated gradients. Strategy 'ddp' only."""
+    checkpoint_every: int = 0
+    """Save a torch.distributed.checkpoint every N training steps into RUN/checkpoints/ (0: off); see dtlab.restarts."""
+    max_restarts: int = 0
+    """torchrun --max-restarts: restarts of a group whose rank died, each resuming from the newest checkpoint."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -211,7 +215,9 @@ class RunConfig:
         _choice("device", self.device, DEVICES)
         placed = self.placement(cuda_device_count)  # raises ValueError when the GPUs cannot host the ranks
         from dtlab.levers import validate_levers
+        from dtlab.restarts import validate_restarts
         validate_levers(self, placed)
+        validate_restarts(self)
         if self.strategy == "zero3" and placed.backend == "gloo" and placed.device == "cuda":
             raise ValueError(f"strategy 'zero3' cannot run as {placed.label}: DeepSpeed's CUDA accelerator needs "
                              "NCCL. Use nproc <= the GPU count, or device 'cpu' for a CPU run")

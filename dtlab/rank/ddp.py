@@ -50,6 +50,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from dtlab.rank.checkpoint import Checkpointer
     from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, tensor_bytes
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
 
@@ -68,9 +69,11 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     if rank == 0:
         record_resolved(run_dir, cfg, backend, device, sources, world)
     writer.write("ready", rank=rank, time=time.time(), **sources)
+    ckpt = Checkpointer(cfg, run_dir, rank, world, device, writer)
+    first = ckpt.resume(ddp, opt)  # 0, or where a group restarted by torchrun goes on (dtlab.rank.checkpoint)
 
     clock = StepClock(device)
-    for step in range(cfg.steps + cfg.baseline_steps):
+    for step in range(first, cfg.steps + cfg.baseline_steps):
         maybe_inject_fault(rank, step)
         baseline = step >= cfg.steps
         recorder.mode = "noop" if baseline else "allreduce"
@@ -97,6 +100,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         if not baseline and cfg.record:
             for b in recorder.collect():
                 writer.write("bucket", rank=rank, step=step, **b)
+        ckpt.after_step(step, ddp, opt)  # every checkpoint_every training steps, after the step's records
         # DDP logs a step's runtime stats in the next step's forward (these are step - 1's), and only for its
         # sampled iterations (<= 10 and every 100th): skip the logging-data call on the others.
         if step >= 1 and (step <= 10 or step % 100 == 0):
