@@ -195,6 +195,9 @@ def test_the_watchdog_waits_for_a_restart_but_only_while_restarts_remain(tmp_pat
     w._feeds[0].attempt = 1  # the one restart is used up: no allowance, the usual limit applies
     assert w._watch(None) == w._feeds
     assert Watch(max_restarts=0)._watch(None) is not None
+    w = Watch(max_restarts=1)
+    w._feeds[0].last, w._feeds[0].ended = {"kind": "done"}, True  # gone because it finished: not restarting
+    assert w._watch(None) is None and not w._feeds[0].restarting and w._feeds[0].ended
 
 
 def test_young_and_daly_intervals():

@@ -122,7 +122,8 @@ class StallWatch:
         if not max_restarts or max(f.attempt for f in self._feeds) >= max_restarts:
             return
         for f in self._feeds:
-            if f.pid is not None and not f.restarting and _proc_state(f.pid) in (None, "Z", "X"):
+            finished = f.last.get("kind") == "done"  # gone because it is done: nothing to restart
+            if f.pid is not None and not f.restarting and not finished and _proc_state(f.pid) in (None, "Z", "X"):
                 f.restarting, f.ended, f.progress, f.progress_events, f.last_seen = True, False, 0, [], now
 
     def _on_stall(self, over: list) -> None:
