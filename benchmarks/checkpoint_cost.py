@@ -42,6 +42,7 @@ def run_one(every: int, args, root: str):
 
 
 def main() -> None:
+    """Run one killed-and-restarted run per N, print what each cost, then the model's table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--every", default="1,2,4,8,0", help="checkpoint intervals N in steps (0: none)")
     ap.add_argument("--steps", type=int, default=12)

@@ -135,8 +135,8 @@ def restart_lines(run) -> list[str]:
                          + (f" ({g['checkpoint'].iloc[0]})" if g["checkpoint"].notna().any() else " (no checkpoint)")
                          + (f", {down:.1f} s down" if down == down else ""))
         lost = run.lost
-        lines.append(f"  lost work: {len(lost)} rank-steps redone"
-                     + (f", {lost.groupby('step')['t_step'].max().sum() * 1e3:.0f} ms of step time" if len(lost) else ""))
+        per_step = lost.groupby(["attempt", "step"])["t_step"].max()  # the slowest rank's time per redone step
+        lines.append(f"  lost work: {len(per_step)} step(s) redone, {per_step.sum() * 1e3:.0f} ms of step time")
     if not run.checkpoints.empty:
         per = run.checkpoints.groupby(["attempt", "step"])
         lines.append(f"  checkpoints: {per.ngroups} saved, median {per['t_save'].max().median() * 1e3:.0f} ms and "

@@ -244,10 +244,12 @@ draw = torch.rand(3)  # what the RNG gives right after the last save
 os.makedirs(f"{tmp}/checkpoints/.tmp-step-9-a0")  # a save the killed attempt left half-written
 os.environ["TORCHELASTIC_RESTART_COUNT"] = "1"
 model2, opt2 = build(1)  # other weights, empty optimizer, other RNG state
-first = Checkpointer(cfg, tmp, 0, 1, torch.device("cpu"), EventWriter(f"{tmp}/events.jsonl", attempt=1)).resume(model2, opt2)
+writer2 = EventWriter(f"{tmp}/events.jsonl", attempt=1)
+first = Checkpointer(cfg, tmp, 0, 1, torch.device("cpu"), writer2).resume(model2, opt2)
 print(json.dumps({"after": sorted(after), "left": sorted(os.listdir(f"{tmp}/checkpoints")), "first": first,
                   "params": all(torch.equal(a, b) for a, b in zip(params, model2.parameters())),
-                  "moments": all(torch.equal(a, opt2.state[p]["exp_avg_sq"]) for a, p in zip(moments, model2.parameters())),
+                  "moments": all(torch.equal(a, opt2.state[p]["exp_avg_sq"])
+                                 for a, p in zip(moments, model2.parameters())),
                   "adam_step": float(opt2.state[next(model2.parameters())]["step"]),
                   "rng": torch.equal(draw, torch.rand(3))}))
 dist.destroy_process_group()
@@ -265,4 +267,5 @@ def test_checkpointer_round_trip_in_one_process(tmp_path):
     assert got["first"] == 4 and got["params"] and got["moments"] and got["adam_step"] == 4.0 and got["rng"]
     events = read_events(str(tmp_path / "events.jsonl"))
     assert [e["step"] for e in events if e["kind"] == "checkpoint"] == [1, 2, 3, 4]
-    assert [(e["attempt"], e["resumed_from"], e["checkpoint"]) for e in events if e["kind"] == "restart"] == [(1, 4, "step-4")]
+    restarts = [(e["attempt"], e["resumed_from"], e["checkpoint"]) for e in events if e["kind"] == "restart"]
+    assert restarts == [(1, 4, "step-4")]

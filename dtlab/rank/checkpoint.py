@@ -130,8 +130,8 @@ class Checkpointer:
         done, name = 0, None
         if choice[0] is not None:
             k, path = choice[0]
-            template = {k2: torch.empty((self.world, v.numel()), dtype=torch.uint8) for k2, v in self._rng_now().items()}
-            state = self._state(model, opt, 0, template)
+            shapes = {name: (self.world, now.numel()) for name, now in self._rng_now().items()}
+            state = self._state(model, opt, 0, {name: torch.empty(s, dtype=torch.uint8) for name, s in shapes.items()})
             dcp.load(state, checkpoint_id=path)
             from torch.distributed.checkpoint.state_dict import set_state_dict
             set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
