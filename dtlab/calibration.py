@@ -129,7 +129,8 @@ def launch_calibration(cfg: CalibConfig):
 
     from dtlab.course import replay
     if replay.replay_root():  # grading a submission: its recorded sweep, not a new one
-        return replay.Replayed(replay.require("calibration", dataclasses.asdict(cfg)), load_calibration)
+        fields, defaults = dataclasses.asdict(cfg), dataclasses.asdict(type(cfg)())
+        return replay.Replayed(replay.require("calibration", fields, defaults), load_calibration)
     cfg.validate()
     out = prepare_dir(cfg.out or unique_dir("profiles", f"calib-p{cfg.nproc}"))
     cfg = dataclasses.replace(cfg, out=out)

@@ -146,6 +146,10 @@ class RunConfig:
     the last all-reduces the accumulated gradients. Strategy 'ddp' only."""
     straggler: str | None = None
     """Slow ranks down: 'RANK:FACTOR' (compute x FACTOR) or 'RANK:+MSms', comma-separated (dtlab.stragglers)."""
+    checkpoint_every: int = 0
+    """Save a torch.distributed.checkpoint every N training steps into RUN/checkpoints/ (0: off); see dtlab.restarts."""
+    max_restarts: int = 0
+    """torchrun --max-restarts: restarts of a group whose rank died, each resuming from the newest checkpoint."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -213,9 +217,11 @@ class RunConfig:
         _choice("device", self.device, DEVICES)
         placed = self.placement(cuda_device_count)  # raises ValueError when the GPUs cannot host the ranks
         from dtlab.levers import validate_levers
+        from dtlab.restarts import validate_restarts
         validate_levers(self, placed)
         from dtlab.stragglers import validate_straggler
         validate_straggler(self)
+        validate_restarts(self)
         if self.strategy == "zero3" and placed.backend == "gloo" and placed.device == "cuda":
             raise ValueError(f"strategy 'zero3' cannot run as {placed.label}: DeepSpeed's CUDA accelerator needs "
                              "NCCL. Use nproc <= the GPU count, or device 'cpu' for a CPU run")

@@ -34,6 +34,7 @@ import pandas as pd
 
 from dtlab.events import read_events  # noqa: F401 - re-exported: dtlab.results.read_events
 from dtlab.intervals import union_length
+from dtlab.restarts import FRAMES, recovery, restart_lines
 from dtlab.units import fmt_mib, fmt_ms
 
 STEP_COLUMNS = ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
@@ -93,6 +94,12 @@ class Run:
     """DDP's own per-step timers (rank, step, backward_comm_time, ... in seconds): see `crosscheck()`."""
     blocked: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BLOCKED_COLUMNS))
     """ZeRO-3: intervals a rank was blocked waiting for a collective (see dtlab.rank.zero3.blocked); empty for DDP."""
+    checkpoints: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Checkpoints saved: rank, step (steps done), attempt, t_save (s), nbytes (B this rank wrote); see dtlab.restarts."""
+    restarts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """One row per rank per restart: attempt, resumed_from (step), t_load (s), down_s (s); empty without restarts."""
+    lost: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Lost work: steps an attempt recorded that a restarted one redid (rank, step, attempt, t_step s, loss)."""
 
     @property
     def warmup(self) -> int:
@@ -222,6 +229,7 @@ class Run:
         if self.resolved.get("oversubscribed"):
             lines.append(f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
                          "(oversubscribed: compute is slowed by sharing cores)")
+        lines += restart_lines(self)
         for r in s.itertuples():
             if r.value != r.value:  # NaN: not measured
                 val = fmt_ms(None, width=10)
@@ -248,7 +256,7 @@ def load_run(path: str) -> Run:
         with open(os.path.join(path, "status.json")) as f:
             status = json.load(f)
     rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
-                                             "ddp_stats", "blocked")}
+                                             "ddp_stats", "blocked", "checkpoint", "restart")}
     ddp_logging = {}
     for ev_path in sorted(glob.glob(os.path.join(path, "events", "rank*.jsonl"))):
         for ev in read_events(ev_path):
@@ -257,6 +265,7 @@ def load_run(path: str) -> Run:
                 rows[kind].append(ev)
             elif kind == "ddp_logging":
                 ddp_logging[ev.get("rank")] = ev.get("data", {})
+    rows, rec = recovery(rows)  # one timeline: what a restarted attempt redid is lost work (dtlab.restarts)
     mem = _frame(rows["memory"], MEMORY_COLUMNS, sort=["rank"])
     if not mem.empty:  # the last memory record per rank is the final one (with the peak)
         mem = mem.groupby("rank", as_index=False).last()
@@ -267,7 +276,9 @@ def load_run(path: str) -> Run:
         collectives=_frame(rows["collective"], COLLECTIVE_COLUMNS, sort=["rank", "step", "t_start"]),
         memory=mem, errors=rows["error"], ddp_logging=ddp_logging,
         ddp_stats=_frame(rows["ddp_stats"], ["rank", "step"]),
-        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]))
+        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]),
+        **{name: _frame(rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
+           for name, cols in FRAMES.items()})
 
 
 def _frame(rows: list[dict], columns: list[str], sort: list[str] | None = None) -> pd.DataFrame:

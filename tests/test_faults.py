@@ -52,7 +52,8 @@ def drills(tmp_path_factory):
         for name, spec in DRILLS.items():
             os.environ["DTLAB_FAULT"] = spec  # launch() hands the environment to torchrun
             handles[name] = dtlab.launch(dtlab.tiny(out=str(root / name), steps=6,
-                                                    stall_s=STALL_S if name == "stop" else None))
+                                                    stall_s=STALL_S if name == "stop" else None,
+                                                    checkpoint_every=2 if name == "kill" else 0))
     finally:
         os.environ.pop("DTLAB_FAULT") if old is None else os.environ.update(DTLAB_FAULT=old)
     out = {}
@@ -78,7 +79,10 @@ def test_kill_9_names_the_rank_that_died_not_the_survivor(drills):
     assert "--- logs/rank1.log" in str(e) and "injecting fault 'kill'" in e.log_tail
     assert not alive and h.proc.poll() is not None
     assert json.load(open(os.path.join(h.run_dir, "exits.json")))["1"]["signal"] == "SIGKILL"
-    assert load_run(h.run_dir).status["state"] == "failed"
+    run = load_run(h.run_dir)
+    assert run.status["state"] == "failed"
+    # checkpoints on, max_restarts 0 (dtlab.restarts): step-2 was written before the kill, and nothing restarted
+    assert os.path.isfile(os.path.join(h.run_dir, "checkpoints", "step-2", ".metadata")) and run.restarts.empty
 
 
 def test_rank_that_raises_is_named_with_its_traceback(drills):

@@ -44,3 +44,18 @@ def test_replay_finds_the_matching_run_and_the_recorded_machine(tmp_path, monkey
 def test_no_replay_without_the_variable(monkeypatch):
     monkeypatch.delenv(replay.ENV, raising=False)
     assert replay.replay_root() is None and replay.recorded_machine() is None and replay.find("config", {}) is None
+
+
+def test_a_recording_older_than_a_field_matches_that_fields_default(tmp_path, monkeypatch):
+    """Runs recorded before dtlab gained a field (say checkpoint_every) behaved as its default: they still
+    replay for a notebook that leaves it at the default, and not for one that sets it."""
+    monkeypatch.setenv(replay.ENV, str(tmp_path))
+    d = _record(tmp_path, "old", tiny(bucket_mb=2.0), True, 0, 1.0)
+    doc = json.loads((d / "config.json").read_text())
+    del doc["config"]["checkpoint_every"], doc["config"]["straggler"]
+    (d / "config.json").write_text(json.dumps(doc))
+    defaults = type(tiny())().to_dict()
+    assert replay.find("config", tiny(bucket_mb=2.0).to_dict(), defaults) == str(d)
+    assert replay.find("config", tiny(bucket_mb=2.0, checkpoint_every=2).to_dict(), defaults) is None
+    assert replay.find("config", tiny(bucket_mb=2.0).to_dict()) is None  # without defaults: field by field
+    assert isinstance(dtlab.launch(tiny(bucket_mb=2.0)), replay.Replayed)

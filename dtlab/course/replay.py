@@ -84,23 +84,32 @@ def _same(want, got) -> bool:
     return want == got
 
 
-def find(kind: str, fields: dict) -> str | None:
+def _field_same(k, v, rec: dict, defaults: dict | None) -> bool:
+    """Field k asked as v matches the recording: equal to its recorded value, or, for a field the recording
+    predates (dtlab gained it later), equal to the field's default, which is how that run behaved."""
+    if k in rec:
+        return _same(v, rec[k])
+    return defaults is not None and k in defaults and _same(v, defaults[k])
+
+
+def find(kind: str, fields: dict, defaults: dict | None = None) -> str | None:
     """The newest finished recording of `kind` ("config" for runs, "calibration") whose every field that
-    `fields` sets (not None; `out` ignored) equals the recorded value."""
+    `fields` sets (not None; `out` ignored) equals the recorded value (`defaults`: the config's default
+    values, for fields a recording predates)."""
     root = replay_root()
     if root is None:
         return None
     want = {k: v for k, v in fields.items() if v is not None and k != "out"}
     for d, cfg in reversed(_recorded(root)):
         rec = cfg.get(kind)
-        if isinstance(rec, dict) and all(k in rec and _same(v, rec[k]) for k, v in want.items()):
+        if isinstance(rec, dict) and all(_field_same(k, v, rec, defaults) for k, v in want.items()):
             return d
     return None
 
 
-def require(kind: str, fields: dict) -> str:
+def require(kind: str, fields: dict, defaults: dict | None = None) -> str:
     """`find`, or ReplayMissing naming what differs from the closest recording."""
-    d = find(kind, fields)
+    d = find(kind, fields, defaults)
     if d is not None:
         _log(kind=kind, run_dir=d)
         return d

@@ -17,6 +17,7 @@ import os
 import re
 
 from dtlab.launching.torchrun import _tail
+from dtlab.restarts import attempt_of, final_attempt_events
 from dtlab.results import RunFailed, read_events
 
 PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mean "this rank is stepping"
@@ -118,8 +119,7 @@ def _rank_outcomes(run_dir: str) -> list[dict]:
         except (OSError, ValueError):
             exits = {}
     errors, last = {}, {}
-    for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")):
-        evs = read_events(p)
+    for evs in _final_attempt(run_dir):
         for e in evs:
             if e.get("kind") == "error" and e.get("rank") not in errors:
                 errors[e["rank"]] = e
@@ -149,8 +149,8 @@ def _crashed_after_done(run_dir: str, nproc: int) -> str | None:
     interpreter shutdown, e.g. a backend thread aborting), when every one of the `nproc` ranks recorded `done`
     and none recorded an error; None otherwise (the run really failed)."""
     done = set()
-    for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")):
-        for e in read_events(p):
+    for evs in _final_attempt(run_dir):
+        for e in evs:
             if e.get("kind") == "error":
                 return None
             if e.get("kind") == "done":
@@ -199,10 +199,17 @@ def _where(events: list | None) -> str:
     return f"after {len(prog)} calibration events"
 
 
+def _final_attempt(run_dir: str) -> list[list[dict]]:
+    """Each rank's events of the run's last attempt (torchrun restarts the group: dtlab.restarts): what torchrun's
+    exit record (exits.json) describes. Without restarts, all of them."""
+    per_rank = [read_events(p) for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))]
+    last = max((attempt_of(e) for evs in per_rank for e in evs), default=0)
+    return [final_attempt_events(evs, last) for evs in per_rank]
+
+
 def _last_events(run_dir: str) -> list[dict]:
     out = []
-    for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))):
-        evs = read_events(p)
+    for evs in _final_attempt(run_dir):
         if evs and "rank" in evs[0]:
             out.append({"rank": evs[0]["rank"], "where": _where(evs)})
     return out

@@ -30,10 +30,10 @@ class Handle(StallWatch):
     """A launched job: `status()`, `wait()`, `stop()`. Returned by `launch()`; `run()` waits on one."""
 
     def __init__(self, run_dir: str, proc: subprocess.Popen, nproc: int, total_steps: int, timeout_s: float,
-                 desc: str, loader=load_run, unit: str = "step", stall_s: float | None = None):
+                 desc: str, loader=load_run, unit: str = "step", stall_s: float | None = None, max_restarts: int = 0):
         self.run_dir, self.proc, self.nproc = run_dir, proc, nproc
         self.total_steps, self.timeout_s, self.desc = total_steps, timeout_s, desc
-        self.stall_s = stall_s
+        self.stall_s, self.max_restarts = stall_s, max_restarts
         self.started = time.time()
         self._t0 = time.monotonic()
         self._loader = loader
@@ -62,6 +62,9 @@ class Handle(StallWatch):
     def _finish(self, state: str, **extra) -> None:
         self._state = state
         _LIVE.discard(self)
+        if self.max_restarts:  # how often torchrun restarted the group (dtlab.restarts), from every event written
+            self._follow(None)
+            extra.setdefault("restarts", max(f.attempt for f in self._feeds))
         _write_status(self.run_dir, state, returncode=self.proc.returncode, pid=self.proc.pid,
                       started=self.started, ended=time.time(), **extra)
 
@@ -170,6 +173,9 @@ class Handle(StallWatch):
                     bar.set_postfix_str(f"round {ev['round'] + 1} of {ev['rounds']} done")
                 elif kind == "ready":
                     bar.set_postfix_str("model built, training")
+                elif kind == "restart":  # torchrun restarted the group: the bar goes back to the resumed step
+                    bar.n = int(ev.get("resumed_from") or 0)
+                    bar.set_postfix_str(f"restart {ev.get('attempt')}: resumed from step {bar.n}")
 
 
 def launch(config: RunConfig) -> Handle:
@@ -178,7 +184,7 @@ def launch(config: RunConfig) -> Handle:
     (DTLAB_REPLAY, see dtlab.course.replay), returns its recorded run instead, or raises ReplayMissing."""
     from dtlab.course import replay
     if replay.replay_root():  # grading a submission: load its recorded run, on whatever machine grades it
-        return replay.Replayed(replay.require("config", config.to_dict()), load_run)
+        return replay.Replayed(replay.require("config", config.to_dict(), type(config)().to_dict()), load_run)
     cfg = config.validate()
     out = prepare_dir(cfg.out or default_out(cfg))
     cfg = cfg.replace(out=out) if cfg.out != out else cfg
@@ -186,10 +192,12 @@ def launch(config: RunConfig) -> Handle:
     dump_json({"config": cfg.to_dict(), "launch": {"time": time.time(), "python": sys.executable,
                                                    "backend": backend, **launch_facts()}},
               os.path.join(out, "config.json"))
-    proc = start_torchrun(out, cfg.nproc, "dtlab.rank.worker", gloo_threads=backend == "gloo")
+    proc = start_torchrun(out, cfg.nproc, "dtlab.rank.worker", gloo_threads=backend == "gloo",
+                          max_restarts=cfg.max_restarts)
     _write_status(out, "running", pid=proc.pid, started=time.time())
     desc = f"{cfg.strategy} {cfg.model} x{cfg.nproc} ({backend})"
-    return Handle(out, proc, cfg.nproc, cfg.steps + cfg.baseline_steps, cfg.timeout_s, desc, stall_s=cfg.stall_s)
+    return Handle(out, proc, cfg.nproc, cfg.steps + cfg.baseline_steps, cfg.timeout_s, desc, stall_s=cfg.stall_s,
+                  max_restarts=cfg.max_restarts)
 
 
 def launch_facts() -> dict:

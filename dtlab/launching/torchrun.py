@@ -94,8 +94,10 @@ except ChildFailedError as e:
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool) -> subprocess.Popen:
-    """Start `torchrun -m MODULE RUN_DIR` in its own session, rendezvous on a port the OS picks."""
+def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool,
+                   max_restarts: int = 0) -> subprocess.Popen:
+    """Start `torchrun -m MODULE RUN_DIR` in its own session, rendezvous on a port the OS picks. With
+    `max_restarts` > 0 torchrun restarts the whole group when a rank dies (TORCHELASTIC_RESTART_COUNT counts)."""
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
     if gloo_threads and "OMP_NUM_THREADS" not in os.environ:
@@ -109,7 +111,7 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool) ->
     # (--master-port=0 does not work: the static rendezvous hands the ranks port 0 and they hang.)
     cmd = [sys.executable, "-c", _AGENT, str(os.getpid()), os.path.join(run_dir, "exits.json"),
            "--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
-           f"--rdzv-id={uuid.uuid4().hex}", "--local-addr=127.0.0.1", "--max-restarts=0",
+           f"--rdzv-id={uuid.uuid4().hex}", "--local-addr=127.0.0.1", f"--max-restarts={max_restarts}",
            f"--log-dir={os.path.join(run_dir, 'logs', 'torchrun')}", "-m", module, run_dir]
     log = open(os.path.join(run_dir, "logs", "torchrun.log"), "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

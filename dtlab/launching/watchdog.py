@@ -42,6 +42,8 @@ class _Feed:
         self.ended = False  # wrote 'done' or 'error': no longer watched
         self.t_steps: list[float] = []
         self.progress_events: list[dict] = []
+        self.attempt = 0  # torchrun's restart count of the rank's latest process
+        self.restarting = False  # its process died while restarts remain: torchrun is starting it again
 
     def read(self, now: float) -> list[dict]:
         if not os.path.exists(self.path):
@@ -61,7 +63,9 @@ class _Feed:
             kind = ev.get("kind")
             self.last = ev
             if kind == "start":
-                self.pid = ev.get("pid")
+                if self.pid is not None:  # a restarted process (torchrun --max-restarts): starting up again
+                    self.progress, self.progress_events, self.ended = 0, [], False
+                self.pid, self.attempt, self.restarting = ev.get("pid"), int(ev.get("attempt") or 0), False
             elif kind in ("done", "error"):
                 self.ended = True
             if kind in PROGRESS_KINDS:
@@ -95,6 +99,7 @@ class StallWatch:
     def _watch(self, bar) -> list | None:
         """The ranks silent past their threshold (None if none); the bar shows a rank going quiet first."""
         now = time.monotonic()
+        self._note_restarts(now)
         watched = [f for f in self._feeds if not f.ended]
         if not watched:
             return None
@@ -107,6 +112,19 @@ class StallWatch:
         if bar is not None and worst.progress > 0 and silent[worst.rank] >= min(10.0, limit[worst.rank] / 2):
             bar.set_postfix_str(f"rank {worst.rank} silent for {silent[worst.rank]:.0f} s")
         return None
+
+    def _note_restarts(self, now: float) -> None:
+        """With restarts left (torchrun --max-restarts), a rank whose process is gone is not stalled: torchrun is
+        stopping the group and starting it again. Each such rank gets the start-up allowance from now until its
+        new process writes `start`. When the restarts are used up torchrun exits and status() reports the
+        failure, so nothing here can hide one."""
+        max_restarts = getattr(self, "max_restarts", 0)
+        if not max_restarts or max(f.attempt for f in self._feeds) >= max_restarts:
+            return
+        for f in self._feeds:
+            finished = f.last.get("kind") == "done"  # gone because it is done: nothing to restart
+            if f.pid is not None and not f.restarting and not finished and _proc_state(f.pid) in (None, "Z", "X"):
+                f.restarting, f.ended, f.progress, f.progress_events, f.last_seen = True, False, 0, [], now
 
     def _on_stall(self, over: list) -> None:
         """Name the stalled rank(s), get every live rank's Python stack into its log, stop the run."""

@@ -50,6 +50,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from dtlab.rank.checkpoint import Checkpointer
     from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, tensor_bytes
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
     from dtlab.rank.straggle import Straggler, ddp_compute_s
@@ -72,9 +73,11 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         record_resolved(run_dir, cfg, backend, device, {**sources, "straggler": straggler_plan(cfg.straggler, world)},
                         world)
     writer.write("ready", rank=rank, time=time.time(), **sources)
+    ckpt = Checkpointer(cfg, run_dir, rank, world, device, writer)
+    first = ckpt.resume(ddp, opt)  # 0, or where a group restarted by torchrun goes on (dtlab.rank.checkpoint)
 
     clock = StepClock(device)
-    for step in range(cfg.steps + cfg.baseline_steps):
+    for step in range(first, cfg.steps + cfg.baseline_steps):
         maybe_inject_fault(rank, step)
         baseline = step >= cfg.steps
         recorder.mode = "noop" if baseline else "allreduce"
@@ -106,6 +109,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         for b in buckets:
             writer.write("bucket", rank=rank, step=step, **b)
         straggler.observe(step, ddp_compute_s(buckets, rec["t_opt"], slept))
+        ckpt.after_step(step, ddp, opt)  # every checkpoint_every training steps, after the step's records
         # DDP logs a step's runtime stats in the next step's forward (these are step - 1's), and only for its
         # sampled iterations (<= 10 and every 100th): skip the logging-data call on the others.
         if step >= 1 and (step <= 10 or step % 100 == 0):

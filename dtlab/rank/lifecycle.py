@@ -30,7 +30,8 @@ def rank_main(run_dir: str, body) -> int:
     dump_stacks_on_sigusr1()  # the launcher's watchdog asks for stacks on a stall
 
     from dtlab.rank.recorder import EventWriter
-    writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)  # > 0: torchrun restarted the group
+    writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"), attempt=attempt)
     writer.write("start", rank=rank, world_size=world, pid=os.getpid(), host=socket.gethostname(),
                  master_port=int(os.environ.get("MASTER_PORT", 0)), time=time.time())
     ok = False
@@ -73,12 +74,32 @@ def setup_distributed(cfg: RunConfig, rank: int, world: int):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    store = _attempt_store(world)
     if placed.backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # work._get_duration(): NCCL's start-to-end
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, **store)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **store)
     return device, placed.backend
+
+
+def _attempt_store(world: int) -> dict:
+    """init_process_group's store arguments for a group torchrun restarted ({} on the first attempt).
+
+    torchrun's ranks share the agent's TCP store (TORCHELASTIC_USE_AGENT_STORE), which outlives a restart with
+    every key the dead attempt wrote: a restarted rank can read its peer's old address before the peer writes the
+    new one and fail ("connectFullMesh failed ... Connection refused"; pytorch#135712). Each attempt's keys go under
+    a prefix of their own (one node: every rank has the same TORCHELASTIC_RESTART_COUNT)."""
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if not attempt or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                           timeout=default_pg_timeout)
+    return {"store": dist.PrefixStore(f"dtlab/attempt_{attempt}", client), "rank": int(os.environ["RANK"]),
+            "world_size": world}
 
 
 def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources: dict, world: int) -> None:
@@ -110,22 +131,29 @@ FAULT_MODES = ("raise", "exit", "kill", "segv", "stop")
 
 
 def maybe_inject_fault(rank: int, step: int) -> None:
-    """Testing aid: DTLAB_FAULT="RANK:STEP[:MODE]" makes that rank fail at the start of that step.
+    """Testing aid: DTLAB_FAULT="RANK:STEP[:MODE[:ATTEMPT]]" makes that rank fail at the start of that step.
 
     MODE: raise (default; a RuntimeError the rank records), exit (os._exit(3): gone without a word),
     kill (SIGKILL to itself, as the OOM killer does), segv (SIGSEGV, a crash in native code), stop (SIGSTOP:
-    alive but frozen, what the watchdog is for). Deterministic, unlike racing a `kill` from outside."""
+    alive but frozen, what the watchdog is for). Deterministic, unlike racing a `kill` from outside.
+    ATTEMPT: on which attempt of a restarted group (torchrun's TORCHELASTIC_RESTART_COUNT) it fires: 0 (default,
+    the first attempt only, so a group restarted by --max-restarts runs on) or '*' (every attempt: the restarts
+    run out)."""
     spec = os.environ.get("DTLAB_FAULT")
     if not spec:
         return
-    r, s, *mode = spec.split(":")
-    mode = mode[0] if mode else "raise"
+    r, s, *rest = spec.split(":")
+    mode = rest[0] if rest else "raise"
+    when = rest[1] if len(rest) > 1 else "0"
     if mode not in FAULT_MODES:
         raise ValueError(f"DTLAB_FAULT={spec!r}: mode must be one of {', '.join(FAULT_MODES)}")
-    if int(r) != rank or int(s) != step:
+    if when != "*" and not when.isdigit():
+        raise ValueError(f"DTLAB_FAULT={spec!r}: attempt must be a number (0 = first) or '*' (every attempt)")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if int(r) != rank or int(s) != step or (when != "*" and int(when) != attempt):
         return
-    print(f"dtlab: injecting fault {mode!r} (DTLAB_FAULT={spec}) on rank {rank} at step {step}, "
-          f"time {time.time():.6f}", file=sys.stderr, flush=True)  # the fault drills time detection from here
+    print(f"dtlab: injecting fault {mode!r} (DTLAB_FAULT={spec}) on rank {rank} at step {step} "
+          f"(attempt {attempt}), time {time.time():.6f}", file=sys.stderr, flush=True)  # the fault drills time detection from here
     if mode == "raise":
         raise RuntimeError(f"injected fault (DTLAB_FAULT={spec}) on rank {rank} at step {step}")
     if mode == "exit":

@@ -23,15 +23,26 @@ from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hoo
 
 
 class EventWriter:
-    """Append-only JSONL writer, flushed per line. Safe to call from the gloo completion threads."""
+    """Append-only JSONL writer, flushed per line. Safe to call from the gloo completion threads.
 
-    def __init__(self, path: str):
+    A restarted rank (torchrun --max-restarts) appends to the file of the attempt before it; with `attempt` set,
+    every record carries it. A rank killed in the middle of a line leaves it without its newline: opening ends
+    that torn line first, so it stays one unreadable line (skipped by readers) instead of swallowing the first
+    new record."""
+
+    def __init__(self, path: str, attempt: int | None = None):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self._f = open(path, "a", buffering=1)
+        if self._f.tell() > 0:
+            with open(path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    self._f.write("\n")
+        self._extra = {} if attempt is None else {"attempt": attempt}
         self._lock = threading.Lock()
 
     def write(self, kind: str, **fields) -> None:
-        line = json.dumps({"kind": kind, **fields}, default=float)
+        line = json.dumps({"kind": kind, **self._extra, **fields}, default=float)
         with self._lock:
             self._f.write(line + "\n")
             self._f.flush()

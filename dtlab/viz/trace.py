@@ -8,7 +8,9 @@ Pure (no torch). The file is the Trace Event Format that chrome://tracing and ui
 - "communication" tracks per rank: one slice per DDP bucket all-reduce or ZeRO-3 collective, from t_start to
   t_end, with its bytes, op, phase and bucket index as args. Intervals that overlap on one rank (a bucket queued
   behind another, ZeRO-3's prefetch) go to extra lanes ("communication 2", ...), because a trace track must nest.
-  ZeRO-3's collectives inside `deepspeed.initialize` (step -1) have no step to anchor them and are left out.
+  ZeRO-3's collectives inside `deepspeed.initialize` (step -1) have no step to anchor them and are left out;
+- after a restart (dtlab.restarts): a "checkpoint" track (one slice per save), a "lost work" track (the steps an
+  attempt recorded that the restarted group redid) and an instant marker where each rank restarted.
 
 Steps are placed on the time axis by the wall clock each rank wrote when the step ended (`time` in its events,
 the same clock for all ranks of one machine) minus the step's own duration; everything inside a step is
@@ -23,7 +25,7 @@ import glob
 import json
 import os
 
-COMPUTE_TID, COMM_TID = 1, 10
+COMPUTE_TID, LOST_TID, CKPT_TID, COMM_TID = 1, 2, 3, 10
 
 
 def _step_times(run_dir: str) -> dict[tuple[int, int, str], float]:
@@ -105,6 +107,7 @@ def chrome_trace(run) -> dict:
                 ev.append({"ph": "X", "pid": int(rank), "tid": COMM_TID + lane, "name": name, "cat": "communication",
                            "ts": us(s), "dur": us(e - s),
                            "args": {**args, "step": int(r.step), "nbytes": int(r.nbytes)}})
+    ev += _recovery_events(run, t0, us)
     for rank, n in lanes_used.items():
         for lane in range(n):
             ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": COMM_TID + lane,
@@ -115,6 +118,41 @@ def chrome_trace(run) -> dict:
                           "placement": run.resolved.get("placement", {}).get("label"),
                           "clock": "step starts from each rank's wall clock at step end minus t_step; "
                                    "slices inside a step from the step's own clock"}}
+
+
+def _recovery_events(run, t0: float, us) -> list[dict]:
+    """Checkpoint and restart (dtlab.restarts), placed by wall clock: a "checkpoint" track with one slice per save,
+    a "lost work" track with the steps an attempt recorded and a restart redid, and an instant marker per restart."""
+    ev: list[dict] = []
+    named: set = set()
+
+    def track(rank: int, tid: int, name: str) -> None:
+        if (rank, tid) not in named:
+            named.add((rank, tid))
+            ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
+
+    for r in getattr(run, "checkpoints", _empty()).itertuples():
+        track(int(r.rank), CKPT_TID, "checkpoint")
+        ev.append({"ph": "X", "pid": int(r.rank), "tid": CKPT_TID, "name": f"checkpoint step-{int(r.step)}",
+                   "cat": "checkpoint", "ts": us(r.wall_time - r.t_save - t0), "dur": us(r.t_save),
+                   "args": {"steps_done": int(r.step), "nbytes": int(r.nbytes), "attempt": int(r.attempt)}})
+    for r in getattr(run, "lost", _empty()).itertuples():
+        track(int(r.rank), LOST_TID, "lost work (redone after a restart)")
+        ev.append({"ph": "X", "pid": int(r.rank), "tid": LOST_TID, "name": f"step {int(r.step)} (lost)", "cat": "lost",
+                   "ts": us(r.wall_time - r.t_step - t0), "dur": us(r.t_step),
+                   "args": {"step": int(r.step), "attempt": int(r.attempt), "loss": r.loss}})
+    for r in getattr(run, "restarts", _empty()).itertuples():
+        ev.append({"ph": "i", "s": "p", "pid": int(r.rank), "tid": COMPUTE_TID, "cat": "restart",
+                   "name": f"restart {int(r.attempt)}: resumed from step {int(r.resumed_from)}",
+                   "ts": us(r.wall_time - t0), "args": {"attempt": int(r.attempt), "t_load_s": r.t_load,
+                                                        "down_s": r.down_s, "checkpoint": r.checkpoint}})
+    return ev
+
+
+def _empty():
+    """An empty frame, for runs loaded before checkpoints existed."""
+    import pandas as pd
+    return pd.DataFrame()
 
 
 def write_chrome_trace(run, path: str) -> str:
