@@ -144,6 +144,14 @@ class RunConfig:
     accumulate: int = 1
     """Micro-batches per optimizer step: the first accumulate - 1 run under DDP's no_sync() (no communication),
     the last all-reduces the accumulated gradients. Strategy 'ddp' only."""
+    nnodes: int = 1
+    """Nodes (machines, one torchrun agent each) in the job, nproc ranks on each; see dtlab.multinode."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous, the same on every node (needed when nnodes > 1; None: local, any port)."""
+    rdzv_id: str | None = None
+    """Job id that every node of one job gives (None: derived from the run directory `out`)."""
+    rdzv_timeout_s: float = 600.0
+    """Seconds to wait for all nnodes nodes to join; past it the run fails naming the missing ones."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -212,6 +220,8 @@ class RunConfig:
         placed = self.placement(cuda_device_count)  # raises ValueError when the GPUs cannot host the ranks
         from dtlab.levers import validate_levers
         validate_levers(self, placed)
+        from dtlab.multinode import validate_nodes
+        validate_nodes(self)
         if self.strategy == "zero3" and placed.backend == "gloo" and placed.device == "cuda":
             raise ValueError(f"strategy 'zero3' cannot run as {placed.label}: DeepSpeed's CUDA accelerator needs "
                              "NCCL. Use nproc <= the GPU count, or device 'cpu' for a CPU run")

@@ -41,6 +41,7 @@ BUCKET_COLUMNS = ["rank", "step", "bucket", "nbytes", "nparams", "t_ready", "t_s
 COLLECTIVE_COLUMNS = ["rank", "step", "op", "nbytes", "phase", "t_start", "t_end"]
 BLOCKED_COLUMNS = ["rank", "step", "phase", "op", "how", "seq", "t_start", "t_end"]
 MEMORY_COLUMNS = ["rank", "params_bytes", "grads_bytes", "optim_bytes", "peak_bytes", "peak_kind"]
+RANK_COLUMNS = ["rank", "node", "local_rank", "host", "pid", "slot"]
 
 
 class RunFailed(RuntimeError):
@@ -93,6 +94,8 @@ class Run:
     """DDP's own per-step timers (rank, step, backward_comm_time, ... in seconds): see `crosscheck()`."""
     blocked: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BLOCKED_COLUMNS))
     """ZeRO-3: intervals a rank was blocked waiting for a collective (see dtlab.rank.zero3.blocked); empty for DDP."""
+    ranks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RANK_COLUMNS))
+    """Where each rank ran, from its start event: node (torchrun's node rank), local rank, host, pid, slot."""
 
     @property
     def warmup(self) -> int:
@@ -210,7 +213,8 @@ class Run:
         """The summary as aligned text, times in milliseconds, plus where model and data came from."""
         s = self.summary()
         lines = [f"run {self.path}",
-                 f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks | "
+                 f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
+                 + (f" on {self.resolved['nnodes']} nodes | " if self.resolved.get("nnodes", 1) > 1 else " | ")
                  + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.config.get("strategy") == "ddp" else "")
                  + f"batch {self.config.get('batch_size')}/rank | "
                  f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
@@ -247,8 +251,11 @@ def load_run(path: str) -> Run:
     if os.path.isfile(os.path.join(path, "status.json")):
         with open(os.path.join(path, "status.json")) as f:
             status = json.load(f)
+    if int(doc.get("config", {}).get("nnodes") or 1) > 1:  # each node reports on its own: merge them
+        from dtlab.multinode import merged_status
+        status = merged_status(path, int(doc["config"]["nnodes"]))
     rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
-                                             "ddp_stats", "blocked")}
+                                             "ddp_stats", "blocked", "start")}
     ddp_logging = {}
     for ev_path in sorted(glob.glob(os.path.join(path, "events", "rank*.jsonl"))):
         for ev in read_events(ev_path):
@@ -267,7 +274,8 @@ def load_run(path: str) -> Run:
         collectives=_frame(rows["collective"], COLLECTIVE_COLUMNS, sort=["rank", "step", "t_start"]),
         memory=mem, errors=rows["error"], ddp_logging=ddp_logging,
         ddp_stats=_frame(rows["ddp_stats"], ["rank", "step"]),
-        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]))
+        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]),
+        ranks=_frame(rows["start"], RANK_COLUMNS, sort=["rank"]))
 
 
 def _frame(rows: list[dict], columns: list[str], sort: list[str] | None = None) -> pd.DataFrame:

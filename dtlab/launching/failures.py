@@ -7,6 +7,9 @@
   culprit's log tail.
 - `_stall_failure` / `_stall_sentence`: the report for a run the watchdog stopped (see dtlab.launching.watchdog).
 - `_where`: where a rank had got to, from its events (shared with the watchdog).
+- Multi-node jobs: every node's exit records (nodes/node{k}.exits.json) are read, so a node whose ranks only
+  lost their peer names the rank that died on another node; ranks are labelled with their node and host; a
+  failed rendezvous is reported by dtlab.launching.nodes.rendezvous_sentence (endpoint, missing nodes).
 """
 
 from __future__ import annotations
@@ -16,16 +19,25 @@ import json
 import os
 import re
 
+from dtlab.launching.nodes import rendezvous_sentence
 from dtlab.launching.torchrun import _tail
 from dtlab.results import RunFailed, read_events
 
 PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mean "this rank is stepping"
 
 
-def _failure(state: str, run_dir: str, run, stall: dict | None = None) -> RunFailed:
-    """Build the RunFailed for a run that ended in `state`, naming the rank that caused it."""
+def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None) -> RunFailed:
+    """Build the RunFailed for a run that ended in `state`, naming the rank that caused it (`node`: the
+    dtlab.launching.nodes.NodeLaunch of the node reporting, for its rendezvous and its own torchrun log)."""
     if state == "stalled" and stall:
         return _stall_failure(run_dir, run, stall)
+    rdzv = rendezvous_sentence(node) if node is not None and state == "failed" else None
+    log = node.log_path() if node is not None else os.path.join(run_dir, "logs", "torchrun.log")
+    if rdzv:
+        tail = _tail(log)
+        return RunFailed(f"{rdzv} Run directory: {run_dir}\n--- {os.path.relpath(log, run_dir)} (last lines) ---\n"
+                         f"{tail}", error="rendezvous failed: " + rdzv, traceback_tail=tail, run_dir=run_dir,
+                         run=run, state=state, log_tail=tail)
     outcomes = _rank_outcomes(run_dir)
     if state == "failed" and outcomes:
         cause = min(outcomes, key=lambda o: (o["class"], o["time"], o["rank"]))
@@ -35,23 +47,23 @@ def _failure(state: str, run_dir: str, run, stall: dict | None = None) -> RunFai
         where = f" ({cause['where']})" if cause.get("where") else ""
         cons = ""
         if others:
-            cons = " As a consequence: " + "; ".join(f"rank {o['rank']} {_how(o, short=True)}" for o in others) + "."
+            cons = " As a consequence: " + "; ".join(f"rank {o['rank']}{o['on']} {_how(o, short=True)}"
+                                                     for o in others) + "."
         log_tail = _tail(os.path.join(run_dir, "logs", f"rank{r}.log"))
-        msg = (f"rank {r} {how}{where}.{cons} Run directory: {run_dir}\n"
+        msg = (f"rank {r}{cause['on']} {how}{where}.{cons} Run directory: {run_dir}\n"
                f"--- logs/rank{r}.log (last lines) ---\n{log_tail or '(empty)'}")
         return RunFailed(msg, rank=r, error=cause.get("error") or how, traceback_tail=cause.get("traceback_tail", ""),
                          run_dir=run_dir, run=run, state=state, signal=cause.get("signal"),
                          exitcode=cause.get("exitcode"), log_tail=log_tail,
                          consequences=[{k: o.get(k) for k in ("rank", "how", "error", "signal", "exitcode")}
                                        for o in others])
-    log = os.path.join(run_dir, "logs", "torchrun.log")
     tail = _tail(log)
     what = {"timeout": "run timeout: timeout_s exceeded, every rank was stopped",
             "interrupted": "run interrupted: every rank was stopped",
             "stopped": "run stopped: every rank was stopped"}.get(state, f"run {state}: no rank recorded an error")
     where = "; ".join(f"rank {o['rank']} {o['where']}" for o in _last_events(run_dir))
     return RunFailed(f"{what}{' (' + where + ')' if where else ''}. Run directory: {run_dir}\n"
-                     f"--- logs/torchrun.log (last lines) ---\n{tail}",
+                     f"--- {os.path.relpath(log, run_dir)} (last lines) ---\n{tail}",
                      error=state, traceback_tail=tail, run_dir=run_dir, run=run, state=state, log_tail=tail)
 
 
@@ -110,13 +122,12 @@ _SIGNAL_HINT = {"SIGKILL": "killed from outside: kill -9, or the kernel's out-of
 def _rank_outcomes(run_dir: str) -> list[dict]:
     """Every rank that ended badly, from its own error event and from torchrun's exit record."""
     exits = {}
-    path = os.path.join(run_dir, "exits.json")
-    if os.path.exists(path):
-        try:
+    for path in glob.glob(os.path.join(run_dir, "exits.json")) + glob.glob(os.path.join(run_dir, "nodes", "*.exits.json")):
+        try:  # one file per node in a multi-node job, keyed by global rank
             with open(path) as f:
-                exits = {int(k): v for k, v in json.load(f).items()}
+                exits.update({int(k): v for k, v in json.load(f).items()})
         except (OSError, ValueError):
-            exits = {}
+            continue
     errors, last = {}, {}
     for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")):
         evs = read_events(p)
@@ -130,7 +141,7 @@ def _rank_outcomes(run_dir: str) -> list[dict]:
         ex, err = exits.get(r, {}), errors.get(r)
         code = ex.get("exitcode")
         sig = ex.get("signal") if isinstance(code, int) and code < 0 else None
-        o = {"rank": r, "exitcode": code, "signal": sig, "where": _where(last.get(r))}
+        o = {"rank": r, "exitcode": code, "signal": sig, "where": _where(last.get(r)), "on": _on(last, r)}
         if err is not None:
             o.update(error=err.get("error", ""), time=float(err.get("time") or 0),
                      traceback_tail="\n".join(err.get("traceback", "").strip().splitlines()[-12:]),
@@ -144,10 +155,19 @@ def _rank_outcomes(run_dir: str) -> list[dict]:
     return out
 
 
-def _crashed_after_done(run_dir: str, nproc: int) -> str | None:
+def _on(last: dict, rank: int) -> str:
+    """' (node N, host H)' for a rank of a multi-node job (from its start event), '' otherwise."""
+    starts = {r: evs[0] for r, evs in last.items() if evs and evs[0].get("kind") == "start"}
+    if len({s.get("node") for s in starts.values()}) < 2 or rank not in starts:
+        return ""
+    return f" (node {starts[rank].get('node')}, host {starts[rank].get('host')})"
+
+
+def _crashed_after_done(run_dir: str, ranks) -> str | None:
     """A sentence naming the ranks that exited badly after recording `done` (a crash in process-group or
-    interpreter shutdown, e.g. a backend thread aborting), when every one of the `nproc` ranks recorded `done`
-    and none recorded an error; None otherwise (the run really failed)."""
+    interpreter shutdown, e.g. a backend thread aborting), when every one of `ranks` (an int n: ranks 0..n-1)
+    recorded `done` and no rank recorded an error; None otherwise (the run really failed)."""
+    ranks = set(range(ranks)) if isinstance(ranks, int) else set(ranks)
     done = set()
     for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")):
         for e in read_events(p):
@@ -155,7 +175,7 @@ def _crashed_after_done(run_dir: str, nproc: int) -> str | None:
                 return None
             if e.get("kind") == "done":
                 done.add(e.get("rank"))
-    if done != set(range(nproc)):
+    if not ranks <= done:
         return None
     bad = [o for o in _rank_outcomes(run_dir) if o.get("exitcode")]
     named = "; ".join(f"rank {o['rank']} {_how(o, short=True)}" for o in bad) or "torchrun exited non-zero"
