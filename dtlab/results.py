@@ -251,7 +251,7 @@ def load_run(path: str) -> Run:
     if os.path.isfile(os.path.join(path, "status.json")):
         with open(os.path.join(path, "status.json")) as f:
             status = json.load(f)
-    if int(doc.get("config", {}).get("nnodes") or 1) > 1:  # each node reports on its own: merge them
+    if os.path.isdir(os.path.join(path, "nodes")):  # a multi-node run: each node reports on its own
         from dtlab.multinode import merged_status
         status = merged_status(path, int(doc["config"]["nnodes"]))
     rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
