@@ -11,6 +11,7 @@ pair between network namespaces, which needs root: without that, `emulate` says 
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 SKIPPED = 3  # exit code: emulation with a shaped link is not possible here (the reason is printed)
@@ -30,7 +31,7 @@ def add_parsers(sub) -> None:
                    "--nproc ranks each)")
     s.add_argument("--partition", default=None, help="Slurm partition")
     s.add_argument("--time", default=None, help="Slurm time limit (default: --timeout-s, rounded up to minutes)")
-    s.add_argument("--sbatch-arg", action="append", default=[], help="an extra #SBATCH line, e.g. --account=abc "
+    s.add_argument("--sbatch-arg", action="append", default=[], help="an extra #SBATCH line, e.g. --sbatch-arg=--account=abc "
                    "(repeatable)")
     s.add_argument("--setup", default=None, help="shell line(s) run before torchrun, e.g. 'source venv/bin/activate' "
                    "(default: put this Python's bin directory on PATH)")
@@ -69,6 +70,10 @@ def _slurm(args) -> int:
     from dtlab.configargs import from_args
     from dtlab.slurm import prepare, submit_script
     cfg = from_args(args, RunConfig, skip=("nnodes", "rdzv_endpoint", "rdzv_id"))
+    if not args.dry_run and shutil.which("sbatch") is None:
+        print("dtlab slurm: error: sbatch not found: this machine is not a Slurm submit host (--dry-run writes "
+              "and prints the script without submitting it)", file=sys.stderr)
+        return 1
     path = prepare(cfg, args.nodes, args.gpus_per_node, partition=args.partition, time_limit=args.time,
                    setup=args.setup, sbatch_args=tuple(args.sbatch_arg))
     if args.dry_run:

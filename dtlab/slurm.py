@@ -47,9 +47,10 @@ def job_config(cfg: RunConfig, nodes: int, gpus_per_node: int) -> RunConfig:
         raise ValueError(f"nodes must be an integer >= 1, got {nodes!r}")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 0:
         raise ValueError(f"gpus_per_node must be an integer >= 0, got {gpus_per_node!r}")
-    if not cfg.out:
-        raise ValueError("out is needed: the run directory, on a filesystem every node of the job mounts")
-    nproc = gpus_per_node or cfg.nproc or 1
+    if not cfg.out or any(c.isspace() for c in str(cfg.out)):
+        raise ValueError(f"out must be a run directory without spaces (#SBATCH lines cannot quote), on a filesystem "
+                         f"every node of the job mounts, got {cfg.out!r}")
+    nproc = gpus_per_node or cfg.nproc  # None: the config's own default (2 ranks on a CPU node)
     # A placeholder endpoint passes validation; the script's c10d endpoint is the allocation's first host.
     job = cfg.replace(out=os.path.abspath(cfg.out), nnodes=nodes, nproc=nproc,
                       rdzv_endpoint="slurm-head:1" if nodes > 1 else None)
