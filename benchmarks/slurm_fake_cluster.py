@@ -9,6 +9,8 @@ gets SLURM_JOB_ID and SLURM_JOB_NODELIST=localhost,localhost: two "nodes" on loo
     python benchmarks/slurm_fake_cluster.py
 """
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -40,9 +42,10 @@ def main() -> int:
         with open(os.path.join(bin_dir, name), "w") as f:
             f.write(text)
         os.chmod(os.path.join(bin_dir, name), 0o755)
-    code = dtlab_main(["slurm", "--model", "tiny", "--model-source", "random", "--data", "offline", "--steps", "3",
-                       "--warmup", "1", "--baseline-steps", "0", "--bucket-mb", "0.05", "--batch-size", "4",
-                       "--seq-len", "32", "--nproc", "1", "--out", out, "--nodes", "2", "--dry-run"])
+    with contextlib.redirect_stdout(io.StringIO()):  # --dry-run prints the script: not wanted here
+        code = dtlab_main(["slurm", "--model", "tiny", "--model-source", "random", "--data", "offline", "--steps", "3",
+                           "--warmup", "1", "--baseline-steps", "0", "--bucket-mb", "0.05", "--batch-size", "4",
+                           "--seq-len", "32", "--nproc", "1", "--out", out, "--nodes", "2", "--dry-run"])
     assert code == 0
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], SLURM_JOB_ID=str(os.getpid()),
                SLURM_JOB_NODELIST="localhost,localhost")

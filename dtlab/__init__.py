@@ -16,6 +16,7 @@ _WHERE = {
     "launch": "launcher", "run": "launcher", "Handle": "launcher",
     "Run": "results", "RunFailed": "results", "load_run": "results",
     "calibrate": "calibration", "Profile": "model.profile", "load_profile": "model.profile", "predict": "model.prediction", "sweep": "sweeps",
+    "submit": "slurm", "Emulation": "emulate",
 }
 
 __all__ = list(_WHERE)

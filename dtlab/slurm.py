@@ -1,5 +1,5 @@
 """Slurm (issue 13, item 2): an sbatch script that runs `srun torchrun` across the allocation's nodes, and
-`submit()` for notebooks through submitit (an optional extra: pip install submitit).
+`submit()` for notebooks through submitit (an optional extra: pip install submitit; see its docstring).
 
 `dtlab slurm [run flags] --nodes N --gpus-per-node G [--partition P] [--time HH:MM:SS] [--dry-run]`:
 
@@ -143,6 +143,45 @@ def mark(run_dir: str, what: str, **extra) -> None:
     except (OSError, ValueError):
         pass
     dump_json({**old, "state": what, f"{what}_time": time.time(), **extra}, os.path.join(run_dir, "status.json"))
+
+
+# ---- submitit: the same job from a notebook, with dtlab's launcher on every node ------------------------------
+def submit(cfg: RunConfig, nodes: int = 2, gpus_per_node: int = 0, *, partition: str | None = None,
+           executor=None, port: int | None = None):
+    """Submit `cfg` as a job of `nodes` nodes through submitit (optional: pip install submitit) and return the
+    submitit Job at once; `job.results()` waits (one run directory path per node), then `dtlab.load_run(cfg.out)`.
+
+    Every task runs `dtlab.launch` for its node (claims, watchdog, failure naming, as `dtlab run --nnodes`), the
+    rendezvous at the first host of the allocation, port PORT_BASE + job id % PORT_SPAN unless `port` is given.
+    Default executor: submitit.AutoExecutor (Slurm) in RUN/logs/submitit, one task per node, `gpus_per_node`
+    GPUs each, `partition`, time limit from cfg.timeout_s. A given `executor` is used as configured: a
+    submitit.LocalExecutor with tasks_per_node = nodes plays every node on this machine over loopback."""
+    try:
+        import submitit
+    except ImportError:
+        raise RuntimeError("dtlab.submit needs submitit: pip install submitit (or dtlab's 'slurm' extra)") from None
+    job = job_config(cfg, nodes, gpus_per_node)
+    if executor is None:
+        executor = submitit.AutoExecutor(folder=os.path.join(job.out, "logs", "submitit"))
+        executor.update_parameters(nodes=nodes, tasks_per_node=1, timeout_min=math.ceil(job.timeout_s / 60),
+                                   **({"gpus_per_node": gpus_per_node} if gpus_per_node else {}),
+                                   **({"slurm_partition": partition} if partition else {}))
+    return executor.submit(_node_task, job.to_dict(), port)
+
+
+def _node_task(cfg_dict: dict, port: int | None) -> str:
+    """One submitit task = one node: join the job's rendezvous, run this node's ranks, return the run directory."""
+    import re
+
+    import submitit
+
+    from dtlab.launching.handle import launch
+    env = submitit.JobEnvironment()
+    host = env.hostnames[0] if env.num_nodes > 1 else "127.0.0.1"  # one machine (LocalExecutor): loopback
+    port = port or PORT_BASE + int(re.sub(r"\D", "", str(env.job_id)) or 0) % PORT_SPAN
+    cfg = RunConfig.from_dict(cfg_dict)
+    cfg = cfg.replace(out=cfg.out, rdzv_endpoint=f"{host}:{port}", rdzv_id=f"submitit-{env.job_id}".replace("_", "-"))
+    return launch(cfg).wait(progress=False).path
 
 
 if __name__ == "__main__":  # python -m dtlab.slurm mark RUN_DIR STATE (the sbatch script's status updates)

@@ -146,3 +146,19 @@ def test_a_failure_while_building_the_link_removes_what_was_made(monkeypatch):
         em.__enter__()
     assert not any(ns in _namespaces() for ns in em.namespaces)
     assert em.ifnames[0] not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+
+
+def test_submitit_local_executor_runs_a_two_node_tiny_job(tmp_path):
+    """dtlab.submit through submitit's LocalExecutor: 2 tasks, each one node of the job (skipped without submitit,
+    an optional extra: pip install submitit)."""
+    submitit = pytest.importorskip("submitit")
+    import dtlab
+    ex = submitit.LocalExecutor(folder=str(tmp_path / "submitit"))
+    ex.update_parameters(tasks_per_node=2, timeout_min=10)
+    out = str(tmp_path / "job")
+    job = dtlab.submit(dtlab.tiny(out=out, nproc=1, steps=3, baseline_steps=0, bucket_mb=0.05), nodes=2, executor=ex)
+    assert job.results() == [out, out]
+    run = dtlab.load_run(out)
+    assert run.status["state"] == "finished" and sorted(run.ranks["node"]) == [0, 1]
+    per = run.buckets.groupby(["rank", "step"])["nbytes"].sum()
+    assert len(per) == 6 and (per == run.resolved["grad_bytes"]).all()

@@ -29,8 +29,12 @@ PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mea
 def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None) -> RunFailed:
     """Build the RunFailed for a run that ended in `state`, naming the rank that caused it (`node`: the
     dtlab.launching.nodes.NodeLaunch of the node reporting, for its rendezvous and its own torchrun log)."""
+    multi = node is not None and node.multi
     if state == "stalled" and stall:
-        return _stall_failure(run_dir, run, stall)
+        failed = _stall_failure(run_dir, run, stall)
+        frozen_here = any(row["frozen"] for row in stall["rows"])
+        remote = _stalled_elsewhere(node, frozen=True) if multi and not frozen_here else None
+        return _blame_remote(failed, remote) if remote else failed
     rdzv = rendezvous_sentence(node) if node is not None and state == "failed" else None
     log = node.log_path() if node is not None else os.path.join(run_dir, "logs", "torchrun.log")
     if rdzv:
@@ -52,11 +56,14 @@ def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None
         log_tail = _tail(os.path.join(run_dir, "logs", f"rank{r}.log"))
         msg = (f"rank {r}{cause['on']} {how}{where}.{cons} Run directory: {run_dir}\n"
                f"--- logs/rank{r}.log (last lines) ---\n{log_tail or '(empty)'}")
-        return RunFailed(msg, rank=r, error=cause.get("error") or how, traceback_tail=cause.get("traceback_tail", ""),
-                         run_dir=run_dir, run=run, state=state, signal=cause.get("signal"),
-                         exitcode=cause.get("exitcode"), log_tail=log_tail,
-                         consequences=[{k: o.get(k) for k in ("rank", "how", "error", "signal", "exitcode")}
-                                       for o in others])
+        failed = RunFailed(msg, rank=r, error=cause.get("error") or how, traceback_tail=cause.get("traceback_tail", ""),
+                           run_dir=run_dir, run=run, state=state, signal=cause.get("signal"),
+                           exitcode=cause.get("exitcode"), log_tail=log_tail,
+                           consequences=[{k: o.get(k) for k in ("rank", "how", "error", "signal", "exitcode")}
+                                         for o in others])
+        # a rank here that only lost its peer (or was stopped): another node's watchdog may have stopped that peer
+        remote = _stalled_elsewhere(node, frozen=False) if multi and cause["class"] >= 2 else None
+        return _blame_remote(failed, remote) if remote else failed
     tail = _tail(log)
     what = {"timeout": "run timeout: timeout_s exceeded, every rank was stopped",
             "interrupted": "run interrupted: every rank was stopped",
@@ -81,6 +88,32 @@ def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:
                      consequences=[{"rank": r, "how": f"waiting: {row['where']}, silent {row['silent_s']:g} s",
                                     "error": None, "signal": None, "exitcode": None}
                                    for r, row in rows.items() if r not in named])
+
+
+def _stalled_elsewhere(node, frozen: bool) -> dict | None:
+    """Multi-node: the status of another node whose watchdog stopped the run (with `frozen`, only one that found
+    a frozen rank): what held up, or cut off, this node's ranks. None if no node says so."""
+    from dtlab.multinode import node_statuses
+    for slot, st in sorted(node_statuses(node.run_dir).items()):
+        if slot != node.slot and st.get("state") == "stalled" and st.get("frozen_ranks" if frozen else "stalled_ranks"):
+            return {"slot": slot, **st}
+    return None
+
+
+def _blame_remote(local: RunFailed, remote: dict) -> RunFailed:
+    """The RunFailed of a node whose ranks only waited on (or lost) a rank that another node's watchdog named."""
+    named = remote.get("frozen_ranks") or remote["stalled_ranks"]
+    frozen = bool(remote.get("frozen_ranks"))
+    here = ", ".join(f"rank {c}" for c in local.ranks) or "no rank"
+    msg = (f"rank {named[0]} stalled on node slot {remote['slot']}{': frozen (SIGSTOP)' if frozen else ''}, named by "
+           f"that node's launcher ({_short_error(remote.get('error', ''), 300)}). On this node {here} only waited "
+           f"on it or lost it: " + str(local))
+    return RunFailed(msg, rank=named[0], ranks=named, error=f"stalled on node slot {remote['slot']}",
+                     traceback_tail=local.traceback_tail, run_dir=local.run_dir, run=local.run, state=local.state,
+                     signal="SIGSTOP" if frozen else None, log_tail=local.log_tail, silent_s=local.silent_s,
+                     consequences=[{"rank": c, "how": "waited on, or lost, a rank of another node", "error": local.error,
+                                    "signal": local.signal, "exitcode": local.exitcode} for c in local.ranks]
+                     + local.consequences)
 
 
 def _stall_sentence(stall: dict) -> str:
