@@ -25,8 +25,9 @@ RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.course.har
 
 
 def free_port() -> int:
-    """A TCP port free on loopback right now. Racy by nature (someone may take it before it is used): the
-    launcher no longer uses it (port 0 rendezvous); kept for scripts that start torchrun by hand."""
+    """A TCP port free on loopback right now. Racy by nature (someone may take it before it is used): a
+    single-node launch never uses it (port 0 rendezvous); emulated nodes on loopback (dtlab.emulate) must agree
+    on a port before any of them binds it, so they take one from here."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
