@@ -191,11 +191,11 @@ def rendezvous_sentence(node: NodeLaunch) -> str | None:
     missing = [k for k in range(node.nnodes) if k not in claims]
     joined = "; ".join(f"node slot {k} (host {c.get('host', '?')}, agent pid {c.get('agent_pid', '?')})"
                        for k, c in sorted(claims.items()))
-    how = ("timed out" if err["error"] == "RendezvousTimeoutError" else
-           "could not connect to the store (is the node whose address the endpoint is running, and reachable?)"
-           if err["error"] == "RendezvousConnectionError" else f"failed ({err['error']}: {err.get('message')})")
-    s = (f"{where} {how} after rdzv_timeout_s={node.timeout_s:g} s: {len(here)} of {node.nnodes} nodes started "
-         f"a launcher for {node.run_dir} ({joined}).")
+    how = (f"timed out after rdzv_timeout_s={node.timeout_s:g} s" if err["error"] == "RendezvousTimeoutError" else
+           "could not reach the rendezvous store: no agent hosts it there (is the node whose address the endpoint "
+           "names started, and reachable from here?)" if err["error"] == "RendezvousConnectionError"
+           else f"failed ({err['error']}: {err.get('message')})")
+    s = f"{where} {how}: {len(here)} of {node.nnodes} nodes started a launcher for {node.run_dir} ({joined})."
     if missing:
         s += (f" Missing: node slot(s) {', '.join(map(str, missing))} - no launcher claimed them; start "
               f"`dtlab run --nnodes {node.nnodes} --rdzv-endpoint {node.endpoint} --out {node.run_dir} ...` there.")
