@@ -1,4 +1,5 @@
-"""`dtlab` command line: run, show, trace, calibrate, slurm, emulate, doctor, assign and grade. Bad input exits with code 2 and a one-line error."""
+"""`dtlab` command line: run, show, trace, calibrate, slurm, emulate, doctor, assign and grade. Bad input exits
+with code 2 and a one-line error."""
 
 from __future__ import annotations
 

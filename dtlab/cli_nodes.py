@@ -31,8 +31,8 @@ def add_parsers(sub) -> None:
                    "--nproc ranks each)")
     s.add_argument("--partition", default=None, help="Slurm partition")
     s.add_argument("--time", default=None, help="Slurm time limit (default: --timeout-s, rounded up to minutes)")
-    s.add_argument("--sbatch-arg", action="append", default=[], help="an extra #SBATCH line, e.g. --sbatch-arg=--account=abc "
-                   "(repeatable)")
+    s.add_argument("--sbatch-arg", action="append", default=[],
+                   help="an extra #SBATCH line, e.g. --sbatch-arg=--account=abc (repeatable)")
     s.add_argument("--setup", default=None, help="shell line(s) run before torchrun, e.g. 'source venv/bin/activate' "
                    "(default: put this Python's bin directory on PATH)")
     s.add_argument("--dry-run", action="store_true", help="write and print the script, do not submit it")

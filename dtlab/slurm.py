@@ -30,8 +30,8 @@ import time
 
 from dtlab.config import RunConfig, dump_json
 
-PORT_BASE, PORT_SPAN = 20000, 20000
-_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rendezvous port = PORT_BASE + job id % PORT_SPAN
+PORT_BASE, PORT_SPAN = 20000, 20000  # rendezvous port = PORT_BASE + job id % PORT_SPAN
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the directory that holds dtlab
 
 
 def slurm_time(seconds: float) -> str:
@@ -85,7 +85,8 @@ def sbatch_script(cfg: RunConfig, *, gpus_per_node: int = 0, partition: str | No
               'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               f"port=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))  # per job: two jobs may share a head node",
               f"python -m dtlab.slurm mark {q(run)} running",
-              f"srun --nodes={n} --ntasks-per-node=1 --kill-on-bad-exit=1 --output={q(run)}/logs/slurm-%j-node%n.log \\",
+              f"srun --nodes={n} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+              f"  --output={q(run)}/logs/slurm-%j-node%n.log \\",
               f"  torchrun --nnodes={n} --nproc-per-node={cfg.nproc} --rdzv-backend=c10d \\",
               '  --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" '
               f"--rdzv-conf=join_timeout={math.ceil(cfg.rdzv_timeout_s)} --max-restarts=0 \\",

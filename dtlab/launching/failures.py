@@ -111,8 +111,9 @@ def _blame_remote(local: RunFailed, remote: dict) -> RunFailed:
     return RunFailed(msg, rank=named[0], ranks=named, error=f"stalled on node slot {remote['slot']}",
                      traceback_tail=local.traceback_tail, run_dir=local.run_dir, run=local.run, state=local.state,
                      signal="SIGSTOP" if frozen else None, log_tail=local.log_tail, silent_s=local.silent_s,
-                     consequences=[{"rank": c, "how": "waited on, or lost, a rank of another node", "error": local.error,
-                                    "signal": local.signal, "exitcode": local.exitcode} for c in local.ranks]
+                     consequences=[{"rank": c, "how": "waited on, or lost, a rank of another node",
+                                    "error": local.error, "signal": local.signal, "exitcode": local.exitcode}
+                                   for c in local.ranks]
                      + local.consequences)
 
 
@@ -155,7 +156,8 @@ _SIGNAL_HINT = {"SIGKILL": "killed from outside: kill -9, or the kernel's out-of
 def _rank_outcomes(run_dir: str) -> list[dict]:
     """Every rank that ended badly, from its own error event and from torchrun's exit record."""
     exits = {}
-    for path in glob.glob(os.path.join(run_dir, "exits.json")) + glob.glob(os.path.join(run_dir, "nodes", "*.exits.json")):
+    paths = glob.glob(os.path.join(run_dir, "exits.json")) + glob.glob(os.path.join(run_dir, "nodes", "*.exits.json"))
+    for path in paths:
         try:  # one file per node in a multi-node job, keyed by global rank
             with open(path) as f:
                 exits.update({int(k): v for k, v in json.load(f).items()})
