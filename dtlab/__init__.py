@@ -17,6 +17,7 @@ _WHERE = {
     "Run": "results", "RunFailed": "results", "load_run": "results",
     "rank_waits": "waits", "run_waits": "waits", "sync_step_model": "waits",
     "calibrate": "calibration", "Profile": "model.profile", "load_profile": "model.profile", "predict": "model.prediction", "sweep": "sweeps",
+    "submit": "slurm", "Emulation": "emulate",
 }
 
 __all__ = list(_WHERE)

@@ -39,7 +39,7 @@ class CalibConfig:
     4 * nproc so every rank's share is a whole number of fp32 elements."""
 
     nproc: int = 2
-    """Ranks taking part (at least 2: a collective needs peers); placed like a run's (dtlab.placement)."""
+    """Ranks per node (nproc x nnodes at least 2: a collective needs peers); placed like a run's (dtlab.placement)."""
     ops: tuple = ("all_reduce",)
     """Collectives to time: all_reduce, reduce_scatter, all_gather."""
     sizes: tuple = DEFAULT_SIZES
@@ -65,6 +65,14 @@ class CalibConfig:
     """Profile directory; default profiles/calib-p<nproc>-<timestamp>."""
     timeout_s: float = 1800.0
     """Wall-clock limit for the whole sweep in seconds; past it every rank is stopped."""
+    nnodes: int = 1
+    """Nodes in the sweep, nproc ranks on each (one rank per node times the inter-node link); see dtlab.multinode."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous, the same on every node (needed when nnodes > 1)."""
+    rdzv_id: str | None = None
+    """Job id that every node of one sweep gives (None: derived from `out`)."""
+    rdzv_timeout_s: float = 600.0
+    """Seconds to wait for all nnodes nodes to join; past it the sweep fails naming the missing ones."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ops, str):
@@ -74,7 +82,10 @@ class CalibConfig:
     def validate(self, cuda_device_count: int | None = None) -> "CalibConfig":
         """Refuse bad fields by name, before anything starts."""
         from dtlab.config import BACKENDS, RunConfig, _choice, _int_at_least
-        _int_at_least("nproc", self.nproc, 2)  # a collective needs peers
+        _int_at_least("nproc", self.nproc, 1)
+        if isinstance(self.nnodes, int) and self.nproc * self.nnodes < 2:
+            raise ValueError(f"nproc x nnodes must be >= 2 (a collective needs peers), got nproc={self.nproc}, "
+                             f"nnodes={self.nnodes}")
         if not self.ops or any(o not in OPS for o in self.ops):
             raise ValueError(f"ops must be a non-empty subset of {', '.join(OPS)}, got {list(self.ops)!r}")
         if not self.sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 4 for s in self.sizes):
@@ -95,6 +106,8 @@ class CalibConfig:
         _finite("timeout_s", self.timeout_s, "(seconds)", low=0.0)
         # The machine checks (nccl needs CUDA, one GPU per rank) are the training runs' own.
         RunConfig(nproc=self.nproc, backend=self.backend).validate(cuda_device_count)
+        from dtlab.multinode import validate_nodes
+        validate_nodes(self)
         return self
 
     def resolved_backend(self) -> str:
@@ -102,7 +115,7 @@ class CalibConfig:
         return RunConfig(nproc=self.nproc, backend=self.backend).resolved_backend()
 
     def rounded_sizes(self) -> list[int]:
-        unit = 4 * self.nproc
+        unit = 4 * self.nproc * self.nnodes
         return sorted({-(-s // unit) * unit for s in self.sizes})
 
 
@@ -121,28 +134,29 @@ def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmu
                                           batch=batch)).wait(progress=progress)
 
 
-def launch_calibration(cfg: CalibConfig):
-    """Start a calibration sweep; returns a launcher Handle whose wait() gives the Profile."""
-    from dtlab.config import dump_json
-    from dtlab.launcher import Handle, _write_status, prepare_dir, start_torchrun, unique_dir
+def launch_calibration(cfg: CalibConfig, spec=None):
+    """Start a calibration sweep (this node's part of it when nnodes > 1; `spec`: a dtlab.launching.nodes.NodeSpec,
+    see dtlab.emulate); returns a launcher Handle whose wait() gives the Profile."""
+    from dtlab.launcher import Handle, unique_dir
     from dtlab.launching.handle import launch_facts
+    from dtlab.launching.nodes import start_job
 
     from dtlab.course import replay
     if replay.replay_root():  # grading a submission: its recorded sweep, not a new one
         fields, defaults = dataclasses.asdict(cfg), dataclasses.asdict(type(cfg)())
         return replay.Replayed(replay.require("calibration", fields, defaults), load_calibration)
     cfg.validate()
-    out = prepare_dir(cfg.out or unique_dir("profiles", f"calib-p{cfg.nproc}"))
+    out = os.path.abspath(cfg.out) if cfg.nnodes > 1 else (cfg.out or unique_dir("profiles", f"calib-p{cfg.nproc}"))
     cfg = dataclasses.replace(cfg, out=out)
     backend = cfg.resolved_backend()
-    dump_json({"calibration": dataclasses.asdict(cfg), "launch": {"time": time.time(), "backend": backend,
-                                                                  **launch_facts()}},
-              os.path.join(out, "config.json"))
-    proc = start_torchrun(out, cfg.nproc, "dtlab.rank.calibration", gloo_threads=backend == "gloo")
-    _write_status(out, "running", pid=proc.pid, started=time.time())
+    node, proc = start_job(cfg, "calibration", dataclasses.asdict(cfg), {"time": time.time(), "backend": backend,
+                                                                         **launch_facts()},
+                           "dtlab.rank.calibration", backend == "gloo", spec)
     total = cfg.rounds  # progress counts rounds; each round times every (op, size)
-    return Handle(out, proc, cfg.nproc, total, cfg.timeout_s, f"calibrate {','.join(cfg.ops)} x{cfg.nproc} ({backend})",
-                  loader=load_calibration, unit="round")
+    where = f" x{cfg.nnodes} nodes" if cfg.nnodes > 1 else ""
+    return Handle(node.run_dir, proc, cfg.nproc, total, cfg.timeout_s,
+                  f"calibrate {','.join(cfg.ops)} x{cfg.nproc}{where} ({backend})", loader=load_calibration,
+                  unit="round", node=node)
 
 
 def samples_frame(run_dir: str):
@@ -178,14 +192,17 @@ def load_calibration(run_dir: str):
     if os.path.exists(os.path.join(run_dir, "status.json")):
         with open(os.path.join(run_dir, "status.json")) as f:
             status = json.load(f)
+    if int(cal.get("nnodes") or 1) > 1:
+        from dtlab.multinode import merged_status
+        status = merged_status(run_dir, int(cal["nnodes"]))
     if status.get("state") not in (None, "finished"):
         raise RunFailed(f"calibration {status.get('state')}: see {run_dir}/logs", error=status.get("state"),
                         run_dir=run_dir, run=samples)
     meta = {**doc.get("resolved", {}), "calibration": cal, "rank_samples": len(raw),
             "timing": doc.get("resolved", {}).get("timing",
                                                    "slowest rank per iteration; barrier before each iteration (not timed)")}
-    caveats = []
-    if meta.get("backend") == "gloo":
+    caveats = _node_facts(run_dir, meta)
+    if meta.get("backend") == "gloo" and meta.get("nnodes", 1) == 1:
         caveats.append("gloo over loopback TCP on shared CPU cores: alpha and beta describe this host's memory "
                        "and loopback, not a network; collectives compete with compute for the cores.")
         if "reduce_scatter" in cal["ops"]:
@@ -198,3 +215,28 @@ def load_calibration(run_dir: str):
                                    min_bytes=cal.get("fit_min_bytes"), max_bytes=cal.get("fit_max_bytes"))
     profile.save(run_dir)
     return profile
+
+
+def _node_facts(run_dir: str, meta: dict) -> list[str]:
+    """Add where every rank ran (meta['ranks']: rank, node, local_rank, host; meta['hosts']) and the link a
+    dtlab.emulate sweep crossed (meta['emulation']); return the caveats a multi-node profile needs."""
+    import glob
+
+    from dtlab.results import read_events
+    starts = [next(iter(read_events(p)), {}) for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))]
+    meta["ranks"] = sorted(({k: e.get(k) for k in ("rank", "node", "local_rank", "host")} for e in starts
+                            if e.get("kind") == "start"), key=lambda e: e["rank"])
+    meta["hosts"] = sorted({e["host"] for e in meta["ranks"]})
+    if os.path.exists(os.path.join(run_dir, "emulation.json")):
+        with open(os.path.join(run_dir, "emulation.json")) as f:
+            meta["emulation"] = json.load(f)
+    nodes = len({e["node"] for e in meta["ranks"]})
+    if nodes < 2:
+        return []
+    link = meta.get("emulation", {}).get("link", "")
+    where = (f"emulated on one host ({link or 'loopback TCP: no network at all'})" if len(meta["hosts"]) == 1
+             else f"hosts {', '.join(meta['hosts'])}")
+    per = meta.get("ranks_per_node", 1)
+    return [f"{len(meta['ranks'])} ranks on {nodes} nodes, {per} per node, {where}: "
+            + ("every collective crosses the inter-node link." if per == 1 else
+               "a flat ring mixes intra- and inter-node hops; the slower link sets beta.")]

@@ -1,20 +1,13 @@
-"""`dtlab` command line: run, show, trace, calibrate, doctor, assign and grade. Bad input exits with code 2 and a one-line error."""
+"""`dtlab` command line: run, show, trace, calibrate, slurm, emulate, doctor, assign and grade. Bad input exits
+with code 2 and a one-line error."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-
-#: Old flag spellings kept working (the flags themselves are generated from RunConfig's fields).
-RUN_ALIASES = {"timeout_s": ["--timeout"], "stall_s": ["--stall"],
-               "zero-stage3_prefetch_bucket_size": ["--zero-prefetch-bucket-size"],
-               "zero-stage3_param_persistence_threshold": ["--zero-persistence-threshold"],
-               "zero-stage3_max_reuse_distance": ["--zero-max-reuse-distance"]}
-
-
-#: CalibConfig fields whose flags parse sizes and lists by hand (4K, 16M; comma lists)
-CALIB_MANUAL = ("ops", "sizes", "fit_min_bytes", "fit_max_bytes")
+from dtlab.configargs import CALIB_MANUAL, RUN_ALIASES, parse_bytes  # noqa: F401 - re-exported (old homes)
+from dtlab.model.profile import profile_table  # noqa: F401 - re-exported: labs import it from here
 
 
 def _run_parser(sub) -> None:
@@ -38,8 +31,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole `dtlab` parser. `run` and `calibrate` flags are generated from RunConfig and CalibConfig."""
-    from dtlab.calibration import CalibConfig
-    from dtlab.configargs import add_arguments
+    from dtlab.cli_nodes import add_parsers
+    from dtlab.configargs import add_calib_arguments
 
     parser = _Parser(prog="dtlab", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -50,14 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("dir")
     t.add_argument("-o", "--output", default=None, help="trace file (default DIR/trace.json)")
     c = sub.add_parser("calibrate", help="time collectives, fit alpha and beta, write a machine profile")
-    add_arguments(c, CalibConfig, skip=CALIB_MANUAL)
-    c.add_argument("--ops", default=",".join(CalibConfig().ops),
-                   help="comma list of all_reduce, reduce_scatter, all_gather (default: %(default)s)")
-    c.add_argument("--sizes", default=None, help="comma list of message sizes in bytes (suffixes K, M: KiB, MiB); "
-                   "default 4K,8K,...,64M (powers of 2)")
-    c.add_argument("--fit-min-bytes", default=None, help="fit only sizes >= this (e.g. 1M)")
-    c.add_argument("--fit-max-bytes", default=None, help="fit only sizes <= this (e.g. 64M)")
-    c.add_argument("--no-progress", action="store_true")
+    add_calib_arguments(c)
     a = sub.add_parser("assign", help="student notebooks and autograders from otter master notebooks "
                                       "(needs the course extra: pip install -e \".[course]\")")
     a.add_argument("source", help="a master notebook or a directory of them (the labs' masters: labs/instructor)")
@@ -69,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "the notebooks and the runs/ and profiles/ they wrote")
     g.add_argument("--csv", default=None, help="write the scores here (student, notebook, question, points, "
                                                "max_points, feedback, mode, replayed)")
+    add_parsers(sub)
     sub.add_parser("doctor", help="what this machine can run and how each lab will run on it "
                                   "(dtlab doctor --help)", add_help=False)
     return parser
@@ -93,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_calibrate(args)
         if args.cmd in ("assign", "grade"):
             return _cmd_course(args)
+        if args.cmd in ("slurm", "emulate"):
+            from dtlab.cli_nodes import main as nodes_main
+            return nodes_main(args)
     except ValueError as e:  # bad input: one line, exit 2, nothing started
         print(f"dtlab: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -132,6 +122,9 @@ def _cmd_run(args) -> int:
         print(f"dtlab: run failed: {e}", file=sys.stderr)
         return 1
     _print_run(run)
+    if getattr(handle, "node", None) is not None and handle.node.slot:  # one report per run: node slot 0 writes it
+        print(f"  report: written by node slot 0 of {handle.node.nnodes}")
+        return 0
     path = write_report(run, args.report)
     print(f"  report: {path}")
     return 0
@@ -168,53 +161,17 @@ def _cmd_trace(args) -> int:
     return 0
 
 
-def parse_bytes(text: str, field: str) -> int:
-    """'4096', '64K', '16M', '1G' -> bytes (binary units); ValueError naming the field otherwise."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise ValueError(f"{field}: {text!r} is not a size in bytes (examples: 4096, 64K, 16M)") from None
-
-
 def _cmd_calibrate(args) -> int:
-    from dtlab.calibration import DEFAULT_SIZES, CalibConfig, launch_calibration
+    from dtlab.calibration import launch_calibration
+    from dtlab.configargs import calib_from_args
     from dtlab.results import RunFailed
-    import dataclasses
-
-    from dtlab.configargs import from_args
-    base = from_args(args, CalibConfig, skip=CALIB_MANUAL)  # every scalar field, from its generated flag
-    sizes = tuple(parse_bytes(s, "--sizes") for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
-    cfg = dataclasses.replace(
-        base, ops=args.ops, sizes=sizes,
-        fit_min_bytes=parse_bytes(args.fit_min_bytes, "--fit-min-bytes") if args.fit_min_bytes else None,
-        fit_max_bytes=parse_bytes(args.fit_max_bytes, "--fit-max-bytes") if args.fit_max_bytes else None)
     try:
-        profile = launch_calibration(cfg).wait(progress=not args.no_progress)
+        profile = launch_calibration(calib_from_args(args)).wait(progress=not args.no_progress)
     except RunFailed as e:
         print(f"dtlab: calibration failed: {e}", file=sys.stderr)
         return 1
     print(profile_table(profile))
     return 0
-
-
-def profile_table(profile) -> str:
-    """The fitted alpha (microseconds) and beta (as GB/s) per op with 95% intervals, and the caveats."""
-    from dtlab.units import fmt_gbps, fmt_us
-    m = profile.meta
-    lines = [f"profile {m.get('calibration', {}).get('out', '')}: {m.get('backend')} | {m.get('world_size')} ranks | "
-             f"host {m.get('host')} | torch {m.get('versions', {}).get('torch')}"]
-    for op, f in sorted(profile.fits.items()):
-        lo, hi = f.alpha_ci
-        blo, bhi = f.beta_ci
-        bw = lambda b: fmt_gbps(1 / b) if b > 0 else "inf"  # noqa: E731
-        lines.append(f"  {op:<15} {f.form:<8} alpha {fmt_us(f.alpha):>10} [{fmt_us(lo)}, {fmt_us(hi)}]   "
-                     f"1/beta {bw(f.beta)} [{bw(bhi)}, {bw(blo)}]   rel. RMS error {f.rel_rms:.1%}   "
-                     f"sizes {f.min_bytes:,}..{f.max_bytes:,} B")
-    for c in profile.caveats:
-        lines.append(f"  note: {c}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -150,6 +150,14 @@ class RunConfig:
     """Save a torch.distributed.checkpoint every N training steps into RUN/checkpoints/ (0: off); see dtlab.restarts."""
     max_restarts: int = 0
     """torchrun --max-restarts: restarts of a group whose rank died, each resuming from the newest checkpoint."""
+    nnodes: int = 1
+    """Nodes (machines, one torchrun agent each) in the job, nproc ranks on each; see dtlab.multinode."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous, the same on every node (needed when nnodes > 1; None: local, any port)."""
+    rdzv_id: str | None = None
+    """Job id that every node of one job gives (None: derived from the run directory `out`)."""
+    rdzv_timeout_s: float = 600.0
+    """Seconds to wait for all nnodes nodes to join; past it the run fails naming the missing ones."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -222,6 +230,8 @@ class RunConfig:
         from dtlab.stragglers import validate_straggler
         validate_straggler(self)
         validate_restarts(self)
+        from dtlab.multinode import validate_nodes
+        validate_nodes(self)
         if self.strategy == "zero3" and placed.backend == "gloo" and placed.device == "cuda":
             raise ValueError(f"strategy 'zero3' cannot run as {placed.label}: DeepSpeed's CUDA accelerator needs "
                              "NCCL. Use nproc <= the GPU count, or device 'cpu' for a CPU run")

@@ -102,3 +102,50 @@ def from_args(args, cls, prefix: str = "", skip: tuple = ()):
         if hasattr(args, dest):
             values[f.name] = getattr(args, dest)
     return cls(**values)
+
+
+#: Old flag spellings kept working (the flags themselves are generated from RunConfig's fields).
+RUN_ALIASES = {"timeout_s": ["--timeout"], "stall_s": ["--stall"],
+               "zero-stage3_prefetch_bucket_size": ["--zero-prefetch-bucket-size"],
+               "zero-stage3_param_persistence_threshold": ["--zero-persistence-threshold"],
+               "zero-stage3_max_reuse_distance": ["--zero-max-reuse-distance"]}
+
+
+#: CalibConfig fields whose flags parse sizes and lists by hand (4K, 16M; comma lists)
+CALIB_MANUAL = ("ops", "sizes", "fit_min_bytes", "fit_max_bytes")
+
+
+def parse_bytes(text: str, field: str) -> int:
+    """'4096', '64K', '16M', '1G' -> bytes (binary units); ValueError naming the field otherwise."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise ValueError(f"{field}: {text!r} is not a size in bytes (examples: 4096, 64K, 16M)") from None
+
+
+def add_calib_arguments(parser) -> None:
+    """`dtlab calibrate`'s flags: one per CalibConfig field, sizes and op lists parsed by hand (4K, 16M; commas)."""
+    from dtlab.calibration import CalibConfig
+    add_arguments(parser, CalibConfig, skip=CALIB_MANUAL)
+    parser.add_argument("--ops", default=",".join(CalibConfig().ops),
+                        help="comma list of all_reduce, reduce_scatter, all_gather (default: %(default)s)")
+    parser.add_argument("--sizes", default=None, help="comma list of message sizes in bytes (suffixes K, M: KiB, "
+                        "MiB); default 4K,8K,...,64M (powers of 2)")
+    parser.add_argument("--fit-min-bytes", default=None, help="fit only sizes >= this (e.g. 1M)")
+    parser.add_argument("--fit-max-bytes", default=None, help="fit only sizes <= this (e.g. 64M)")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def calib_from_args(args):
+    """The CalibConfig that `add_calib_arguments`' flags describe (ValueError naming a bad size)."""
+    import dataclasses
+
+    from dtlab.calibration import DEFAULT_SIZES, CalibConfig
+    base = from_args(args, CalibConfig, skip=CALIB_MANUAL)  # every scalar field, from its generated flag
+    sizes = tuple(parse_bytes(s, "--sizes") for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
+    return dataclasses.replace(
+        base, ops=args.ops, sizes=sizes,
+        fit_min_bytes=parse_bytes(args.fit_min_bytes, "--fit-min-bytes") if args.fit_min_bytes else None,
+        fit_max_bytes=parse_bytes(args.fit_max_bytes, "--fit-max-bytes") if args.fit_max_bytes else None)

@@ -10,7 +10,8 @@ the run directory when the ranks are done.
 
 - Rendezvous: torchrun's c10d rendezvous on 127.0.0.1 port 0. The agent's TCP store binds a port the OS
   picks and the ranks connect to that same store, so two launches can never race for a port (no
-  "find a free port, then hope nobody takes it before torchrun binds it").
+  "find a free port, then hope nobody takes it before torchrun binds it"). A multi-node job (nnodes > 1, see
+  dtlab.multinode) uses the endpoint every node is given instead; `launch` then starts this node's part.
 - Faults: torchrun's agent is wrapped so that, when ranks fail, what it knows about each of them (exit code,
   signal, pid) lands in RUN_DIR/exits.json. RunFailed names the rank that caused the failure from that and
   the ranks' own error events, and reports the ranks that only lost their peer as consequences.

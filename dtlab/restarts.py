@@ -38,6 +38,10 @@ def validate_restarts(cfg) -> None:
         which = "checkpoint_every" if cfg.checkpoint_every else "max_restarts"
         raise ValueError(f"{which} applies to strategy 'ddp' only: ZeRO-3 would need DeepSpeed's "
                          f"save_checkpoint / load_checkpoint, which dtlab does not wire")
+    if cfg.max_restarts and getattr(cfg, "nnodes", 1) > 1:
+        raise ValueError("max_restarts applies to single-node runs (nnodes 1): a restarted attempt keys its "
+                         "rendezvous by the restart count, which every node's agent would have to agree on; "
+                         "use checkpoint_every and relaunch the job instead")
     if cfg.checkpoint_every and cfg.comm_hook == "powersgd":
         raise ValueError("checkpoint_every with comm_hook 'powersgd' is refused: PowerSGD's error-feedback state "
                          "is not checkpointed, so a resumed run would not continue the same training; use "

@@ -42,6 +42,7 @@ BUCKET_COLUMNS = ["rank", "step", "bucket", "nbytes", "nparams", "t_ready", "t_s
 COLLECTIVE_COLUMNS = ["rank", "step", "op", "nbytes", "phase", "t_start", "t_end"]
 BLOCKED_COLUMNS = ["rank", "step", "phase", "op", "how", "seq", "t_start", "t_end"]
 MEMORY_COLUMNS = ["rank", "params_bytes", "grads_bytes", "optim_bytes", "peak_bytes", "peak_kind"]
+RANK_COLUMNS = ["rank", "node", "local_rank", "host", "pid", "slot"]
 
 
 class RunFailed(RuntimeError):
@@ -100,6 +101,8 @@ class Run:
     """One row per rank per restart: attempt, resumed_from (step), t_load (s), down_s (s); empty without restarts."""
     lost: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Lost work: steps an attempt recorded that a restarted one redid (rank, step, attempt, t_step s, loss)."""
+    ranks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RANK_COLUMNS))
+    """Where each rank ran, from its start event: node (torchrun's node rank), local rank, host, pid, slot."""
 
     @property
     def warmup(self) -> int:
@@ -217,7 +220,8 @@ class Run:
         """The summary as aligned text, times in milliseconds, plus where model and data came from."""
         s = self.summary()
         lines = [f"run {self.path}",
-                 f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks | "
+                 f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
+                 + (f" on {self.resolved['nnodes']} nodes | " if self.resolved.get("nnodes", 1) > 1 else " | ")
                  + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.config.get("strategy") == "ddp" else "")
                  + f"batch {self.config.get('batch_size')}/rank | "
                  f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
@@ -255,8 +259,11 @@ def load_run(path: str) -> Run:
     if os.path.isfile(os.path.join(path, "status.json")):
         with open(os.path.join(path, "status.json")) as f:
             status = json.load(f)
+    if os.path.isdir(os.path.join(path, "nodes")):  # a multi-node run: each node reports on its own
+        from dtlab.multinode import merged_status
+        status = merged_status(path, int(doc["config"]["nnodes"]))
     rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
-                                             "ddp_stats", "blocked", "checkpoint", "restart")}
+                                             "ddp_stats", "blocked", "checkpoint", "restart", "start")}
     ddp_logging = {}
     for ev_path in sorted(glob.glob(os.path.join(path, "events", "rank*.jsonl"))):
         for ev in read_events(ev_path):
@@ -277,6 +284,7 @@ def load_run(path: str) -> Run:
         memory=mem, errors=rows["error"], ddp_logging=ddp_logging,
         ddp_stats=_frame(rows["ddp_stats"], ["rank", "step"]),
         blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]),
+        ranks=_frame(rows["start"], RANK_COLUMNS, sort=["rank"]).drop_duplicates("rank", keep="last"),  # restarts
         **{name: _frame(rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
            for name, cols in FRAMES.items()})
 

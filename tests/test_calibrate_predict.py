@@ -75,7 +75,8 @@ def test_sweep_reuses_and_skips(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kwargs,needle", [
-    (dict(nproc=1), "nproc must be an integer >= 2"), (dict(ops=("all_to_all",)), "ops must be"),
+    (dict(nproc=1), r"nproc x nnodes must be >= 2 \(a collective needs peers\)"), (dict(nproc=0), "nproc must be an "
+     "integer >= 1"), (dict(ops=("all_to_all",)), "ops must be"),
     (dict(sizes=()), "sizes must be"), (dict(sizes=(0, 8, 16)), "sizes must be"),
     (dict(iters=0), "iters must be"), (dict(form="tree"), "form must be"),
     (dict(rounds=5, iters=4), "rounds must be <= iters"), (dict(fit_min_bytes=-1), "fit_min_bytes must be"),

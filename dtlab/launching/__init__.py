@@ -6,6 +6,8 @@
   and building the RunFailed (consequences, log tails, the stall report).
 - `dtlab.launching.watchdog`: following each rank's event file, stall detection, SIGUSR1/SIGCONT stack requests,
   naming the silent rank(s).
+- `dtlab.launching.nodes`: one node of a multi-node job: claiming a slot of the shared run directory, its agent's
+  rendezvous flags, naming the missing nodes when the rendezvous fails (the fields are dtlab.multinode's).
 - `dtlab.launching.handle`: Handle (status/wait/stop/result/rank_pids), launch(), run(), the progress bar and the
   atexit handler that stops live runs.
 

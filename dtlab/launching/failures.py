@@ -7,6 +7,9 @@
   culprit's log tail.
 - `_stall_failure` / `_stall_sentence`: the report for a run the watchdog stopped (see dtlab.launching.watchdog).
 - `_where`: where a rank had got to, from its events (shared with the watchdog).
+- Multi-node jobs: every node's exit records (nodes/node{k}.exits.json) are read, so a node whose ranks only
+  lost their peer names the rank that died on another node; ranks are labelled with their node and host; a
+  failed rendezvous is reported by dtlab.launching.nodes.rendezvous_sentence (endpoint, missing nodes).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import re
 
+from dtlab.launching.nodes import rendezvous_sentence
 from dtlab.launching.torchrun import _tail
 from dtlab.restarts import attempt_of, final_attempt_events
 from dtlab.results import RunFailed, read_events
@@ -23,10 +27,22 @@ from dtlab.results import RunFailed, read_events
 PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mean "this rank is stepping"
 
 
-def _failure(state: str, run_dir: str, run, stall: dict | None = None) -> RunFailed:
-    """Build the RunFailed for a run that ended in `state`, naming the rank that caused it."""
+def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None) -> RunFailed:
+    """Build the RunFailed for a run that ended in `state`, naming the rank that caused it (`node`: the
+    dtlab.launching.nodes.NodeLaunch of the node reporting, for its rendezvous and its own torchrun log)."""
+    multi = node is not None and node.multi
     if state == "stalled" and stall:
-        return _stall_failure(run_dir, run, stall)
+        failed = _stall_failure(run_dir, run, stall)
+        frozen_here = any(row["frozen"] for row in stall["rows"])
+        remote = _stalled_elsewhere(node, frozen=True) if multi and not frozen_here else None
+        return _blame_remote(failed, remote) if remote else failed
+    rdzv = rendezvous_sentence(node) if node is not None and state == "failed" else None
+    log = node.log_path() if node is not None else os.path.join(run_dir, "logs", "torchrun.log")
+    if rdzv:
+        tail = _tail(log)
+        return RunFailed(f"{rdzv} Run directory: {run_dir}\n--- {os.path.relpath(log, run_dir)} (last lines) ---\n"
+                         f"{tail}", error="rendezvous failed: " + rdzv, traceback_tail=tail, run_dir=run_dir,
+                         run=run, state=state, log_tail=tail)
     outcomes = _rank_outcomes(run_dir)
     if state == "failed" and outcomes:
         cause = min(outcomes, key=lambda o: (o["class"], o["time"], o["rank"]))
@@ -36,23 +52,26 @@ def _failure(state: str, run_dir: str, run, stall: dict | None = None) -> RunFai
         where = f" ({cause['where']})" if cause.get("where") else ""
         cons = ""
         if others:
-            cons = " As a consequence: " + "; ".join(f"rank {o['rank']} {_how(o, short=True)}" for o in others) + "."
+            cons = " As a consequence: " + "; ".join(f"rank {o['rank']}{o['on']} {_how(o, short=True)}"
+                                                     for o in others) + "."
         log_tail = _tail(os.path.join(run_dir, "logs", f"rank{r}.log"))
-        msg = (f"rank {r} {how}{where}.{cons} Run directory: {run_dir}\n"
+        msg = (f"rank {r}{cause['on']} {how}{where}.{cons} Run directory: {run_dir}\n"
                f"--- logs/rank{r}.log (last lines) ---\n{log_tail or '(empty)'}")
-        return RunFailed(msg, rank=r, error=cause.get("error") or how, traceback_tail=cause.get("traceback_tail", ""),
-                         run_dir=run_dir, run=run, state=state, signal=cause.get("signal"),
-                         exitcode=cause.get("exitcode"), log_tail=log_tail,
-                         consequences=[{k: o.get(k) for k in ("rank", "how", "error", "signal", "exitcode")}
-                                       for o in others])
-    log = os.path.join(run_dir, "logs", "torchrun.log")
+        failed = RunFailed(msg, rank=r, error=cause.get("error") or how, traceback_tail=cause.get("traceback_tail", ""),
+                           run_dir=run_dir, run=run, state=state, signal=cause.get("signal"),
+                           exitcode=cause.get("exitcode"), log_tail=log_tail,
+                           consequences=[{k: o.get(k) for k in ("rank", "how", "error", "signal", "exitcode")}
+                                         for o in others])
+        # a rank here that only lost its peer (or was stopped): another node's watchdog may have stopped that peer
+        remote = _stalled_elsewhere(node, frozen=False) if multi and cause["class"] >= 2 else None
+        return _blame_remote(failed, remote) if remote else failed
     tail = _tail(log)
     what = {"timeout": "run timeout: timeout_s exceeded, every rank was stopped",
             "interrupted": "run interrupted: every rank was stopped",
             "stopped": "run stopped: every rank was stopped"}.get(state, f"run {state}: no rank recorded an error")
     where = "; ".join(f"rank {o['rank']} {o['where']}" for o in _last_events(run_dir))
     return RunFailed(f"{what}{' (' + where + ')' if where else ''}. Run directory: {run_dir}\n"
-                     f"--- logs/torchrun.log (last lines) ---\n{tail}",
+                     f"--- {os.path.relpath(log, run_dir)} (last lines) ---\n{tail}",
                      error=state, traceback_tail=tail, run_dir=run_dir, run=run, state=state, log_tail=tail)
 
 
@@ -70,6 +89,33 @@ def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:
                      consequences=[{"rank": r, "how": f"waiting: {row['where']}, silent {row['silent_s']:g} s",
                                     "error": None, "signal": None, "exitcode": None}
                                    for r, row in rows.items() if r not in named])
+
+
+def _stalled_elsewhere(node, frozen: bool) -> dict | None:
+    """Multi-node: the status of another node whose watchdog stopped the run (with `frozen`, only one that found
+    a frozen rank): what held up, or cut off, this node's ranks. None if no node says so."""
+    from dtlab.multinode import node_statuses
+    for slot, st in sorted(node_statuses(node.run_dir).items()):
+        if slot != node.slot and st.get("state") == "stalled" and st.get("frozen_ranks" if frozen else "stalled_ranks"):
+            return {"slot": slot, **st}
+    return None
+
+
+def _blame_remote(local: RunFailed, remote: dict) -> RunFailed:
+    """The RunFailed of a node whose ranks only waited on (or lost) a rank that another node's watchdog named."""
+    named = remote.get("frozen_ranks") or remote["stalled_ranks"]
+    frozen = bool(remote.get("frozen_ranks"))
+    here = ", ".join(f"rank {c}" for c in local.ranks) or "no rank"
+    msg = (f"rank {named[0]} stalled on node slot {remote['slot']}{': frozen (SIGSTOP)' if frozen else ''}, named by "
+           f"that node's launcher ({_short_error(remote.get('error', ''), 300)}). On this node {here} only waited "
+           f"on it or lost it: " + str(local))
+    return RunFailed(msg, rank=named[0], ranks=named, error=f"stalled on node slot {remote['slot']}",
+                     traceback_tail=local.traceback_tail, run_dir=local.run_dir, run=local.run, state=local.state,
+                     signal="SIGSTOP" if frozen else None, log_tail=local.log_tail, silent_s=local.silent_s,
+                     consequences=[{"rank": c, "how": "waited on, or lost, a rank of another node",
+                                    "error": local.error, "signal": local.signal, "exitcode": local.exitcode}
+                                   for c in local.ranks]
+                     + local.consequences)
 
 
 def _stall_sentence(stall: dict) -> str:
@@ -111,13 +157,13 @@ _SIGNAL_HINT = {"SIGKILL": "killed from outside: kill -9, or the kernel's out-of
 def _rank_outcomes(run_dir: str) -> list[dict]:
     """Every rank that ended badly, from its own error event and from torchrun's exit record."""
     exits = {}
-    path = os.path.join(run_dir, "exits.json")
-    if os.path.exists(path):
-        try:
+    paths = glob.glob(os.path.join(run_dir, "exits.json")) + glob.glob(os.path.join(run_dir, "nodes", "*.exits.json"))
+    for path in paths:
+        try:  # one file per node in a multi-node job, keyed by global rank
             with open(path) as f:
-                exits = {int(k): v for k, v in json.load(f).items()}
+                exits.update({int(k): v for k, v in json.load(f).items()})
         except (OSError, ValueError):
-            exits = {}
+            continue
     errors, last = {}, {}
     for evs in _final_attempt(run_dir):
         for e in evs:
@@ -130,7 +176,7 @@ def _rank_outcomes(run_dir: str) -> list[dict]:
         ex, err = exits.get(r, {}), errors.get(r)
         code = ex.get("exitcode")
         sig = ex.get("signal") if isinstance(code, int) and code < 0 else None
-        o = {"rank": r, "exitcode": code, "signal": sig, "where": _where(last.get(r))}
+        o = {"rank": r, "exitcode": code, "signal": sig, "where": _where(last.get(r)), "on": _on(last, r)}
         if err is not None:
             o.update(error=err.get("error", ""), time=float(err.get("time") or 0),
                      traceback_tail="\n".join(err.get("traceback", "").strip().splitlines()[-12:]),
@@ -144,10 +190,19 @@ def _rank_outcomes(run_dir: str) -> list[dict]:
     return out
 
 
-def _crashed_after_done(run_dir: str, nproc: int) -> str | None:
+def _on(last: dict, rank: int) -> str:
+    """' (node N, host H)' for a rank of a multi-node job (from its start event), '' otherwise."""
+    starts = {r: evs[0] for r, evs in last.items() if evs and evs[0].get("kind") == "start"}
+    if len({s.get("node") for s in starts.values()}) < 2 or rank not in starts:
+        return ""
+    return f" (node {starts[rank].get('node')}, host {starts[rank].get('host')})"
+
+
+def _crashed_after_done(run_dir: str, ranks) -> str | None:
     """A sentence naming the ranks that exited badly after recording `done` (a crash in process-group or
-    interpreter shutdown, e.g. a backend thread aborting), when every one of the `nproc` ranks recorded `done`
-    and none recorded an error; None otherwise (the run really failed)."""
+    interpreter shutdown, e.g. a backend thread aborting), when every one of `ranks` (an int n: ranks 0..n-1)
+    recorded `done` and no rank recorded an error; None otherwise (the run really failed)."""
+    ranks = set(range(ranks)) if isinstance(ranks, int) else set(ranks)
     done = set()
     for evs in _final_attempt(run_dir):
         for e in evs:
@@ -155,7 +210,7 @@ def _crashed_after_done(run_dir: str, nproc: int) -> str | None:
                 return None
             if e.get("kind") == "done":
                 done.add(e.get("rank"))
-    if done != set(range(nproc)):
+    if not ranks <= done:
         return None
     bad = [o for o in _rank_outcomes(run_dir) if o.get("exitcode")]
     named = "; ".join(f"rank {o['rank']} {_how(o, short=True)}" for o in bad) or "torchrun exited non-zero"

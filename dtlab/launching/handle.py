@@ -2,7 +2,9 @@
 
 - `Handle`: `status()`, `wait()` (progress bar, timeout, the stall watchdog of dtlab.launching.watchdog, and
   RunFailed from dtlab.launching.failures when the run did not finish), `stop()`, `result()`, `rank_pids()`.
-  Every rank PID of the run is gone before `wait()` or `stop()` returns.
+  Every rank PID of the run is gone before `wait()` or `stop()` returns. On one node of a multi-node job
+  (dtlab.multinode) a Handle watches, stops and reports that node's ranks (found by their slot); its failure
+  report still names a culprit on another node, from the files that node's launcher left in the shared run directory.
 - `_LIVE` and `_stop_all`: every running handle is stopped when the Python process exits (registered with atexit
   once, when this module is first imported).
 """
@@ -18,20 +20,23 @@ import time
 
 from dtlab.config import RunConfig, dump_json
 from dtlab.launching.failures import _crashed_after_done, _failure
-from dtlab.launching.torchrun import (_is_rank_of, _kill, _rank_processes, _signal_group, _write_status,
-                                      default_out, prepare_dir, start_torchrun)
+from dtlab.launching.nodes import NodeLaunch, NodeSpec, start_job, wait_for_nodes
+from dtlab.launching.torchrun import _is_rank_of, _kill, _rank_processes, _signal_group, default_out
 from dtlab.launching.watchdog import StallWatch, _Feed
 from dtlab.results import Run, load_run, read_events
 
 _LIVE: "set[Handle]" = set()  # strong references: a handle dropped by the user must still be stopped at exit
+PEER_WAIT_S = 15.0  # how long a node waits for the other nodes' reports before naming a culprit or loading
 
 
 class Handle(StallWatch):
     """A launched job: `status()`, `wait()`, `stop()`. Returned by `launch()`; `run()` waits on one."""
 
     def __init__(self, run_dir: str, proc: subprocess.Popen, nproc: int, total_steps: int, timeout_s: float,
-                 desc: str, loader=load_run, unit: str = "step", stall_s: float | None = None, max_restarts: int = 0):
+                 desc: str, loader=load_run, unit: str = "step", stall_s: float | None = None,
+                 node: NodeLaunch | None = None, max_restarts: int = 0):
         self.run_dir, self.proc, self.nproc = run_dir, proc, nproc
+        self.node = node or NodeLaunch(run_dir, nproc)
         self.total_steps, self.timeout_s, self.desc = total_steps, timeout_s, desc
         self.stall_s, self.max_restarts = stall_s, max_restarts
         self.started = time.time()
@@ -40,8 +45,29 @@ class Handle(StallWatch):
         self.unit = unit
         self._state = "running"
         self._stall: dict | None = None
-        self._feeds = [_Feed(r, os.path.join(run_dir, "events", f"rank{r}.jsonl"), self._t0) for r in range(nproc)]
+        self._feeds = ([] if self.node.multi else
+                       [_Feed(r, os.path.join(run_dir, "events", f"rank{r}.jsonl"), self._t0) for r in range(nproc)])
+        self._foreign: set[str] = set()  # event files of other nodes' ranks
         _LIVE.add(self)
+
+    def _discover(self) -> None:
+        """Multi-node: add a feed for every rank of this node that has written its start event (global ranks
+        are known only after the rendezvous; a rank's slot says which launcher started it)."""
+        if not self.node.multi or len(self._feeds) >= self.nproc:
+            return
+        known = {f.path for f in self._feeds} | self._foreign
+        for name in os.listdir(os.path.join(self.run_dir, "events")):
+            path = os.path.join(self.run_dir, "events", name)
+            if path in known or not name.endswith(".jsonl"):
+                continue
+            start = next(iter(read_events(path)), None)
+            if start is None:  # opened, first line not written yet
+                continue
+            if start.get("slot") == self.node.slot:
+                self._feeds.append(_Feed(start["rank"], path, self._t0))
+                self._feeds.sort(key=lambda f: f.rank)
+            else:
+                self._foreign.add(path)
 
     # ---- state ------------------------------------------------------------------------------------------
     def status(self) -> str:
@@ -50,7 +76,8 @@ class Handle(StallWatch):
             if self.proc.returncode == 0:
                 self._finish("finished")
             else:
-                late = _crashed_after_done(self.run_dir, self.nproc)
+                ranks = [f.rank for f in self._feeds] if self.node.multi else list(range(self.nproc))
+                late = _crashed_after_done(self.run_dir, ranks) if len(ranks) == self.nproc else None
                 if late:  # every rank recorded `done`: the results are whole, only the shutdown crashed
                     print(f"dtlab: {late} Every rank had recorded `done`, so the run's results are complete.",
                           file=sys.stderr)
@@ -64,9 +91,9 @@ class Handle(StallWatch):
         _LIVE.discard(self)
         if self.max_restarts:  # how often torchrun restarted the group (dtlab.restarts), from every event written
             self._follow(None)
-            extra.setdefault("restarts", max(f.attempt for f in self._feeds))
-        _write_status(self.run_dir, state, returncode=self.proc.returncode, pid=self.proc.pid,
-                      started=self.started, ended=time.time(), **extra)
+            extra.setdefault("restarts", max((f.attempt for f in self._feeds), default=0))
+        dump_json({"state": state, "returncode": self.proc.returncode, "pid": self.proc.pid, "started": self.started,
+                   "ended": time.time(), **extra}, self.node.path("status"))
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop every process of the job and return once every rank PID of the run is gone: SIGTERM to
@@ -101,10 +128,10 @@ class Handle(StallWatch):
             time.sleep(0.02)
 
     def rank_pids(self) -> list[int]:
-        """PIDs the ranks recorded in their start events."""
+        """PIDs this node's ranks recorded in their start events."""
+        self._discover()
         pids = []
-        for r in range(self.nproc):
-            p = os.path.join(self.run_dir, "events", f"rank{r}.jsonl")
+        for p in [f.path for f in self._feeds]:
             if os.path.exists(p):
                 pids += [e["pid"] for e in read_events(p) if e.get("kind") == "start"]
         return pids
@@ -112,8 +139,9 @@ class Handle(StallWatch):
     def live_rank_pids(self) -> list[int]:
         """Rank processes of this run still alive: the recorded PIDs, plus any process started for this run
         directory that had not recorded itself yet (a rank still importing torch)."""
-        pids = set(self.rank_pids()) | set(_rank_processes(self.run_dir))
-        return sorted(p for p in pids if _is_rank_of(p, self.run_dir))
+        slot = self.node.slot
+        pids = set(self.rank_pids()) | set(_rank_processes(self.run_dir, slot))
+        return sorted(p for p in pids if _is_rank_of(p, self.run_dir, slot))
 
     # ---- waiting ----------------------------------------------------------------------------------------
     def wait(self, progress: bool = True, poll_s: float = 0.2):
@@ -147,20 +175,23 @@ class Handle(StallWatch):
 
     def result(self):
         """The loaded run; raises RunFailed (with the partial run attached) unless it finished cleanly."""
+        if self.node.multi and not os.path.exists(self.node.path("rendezvous")):
+            wait_for_nodes(self.run_dir, PEER_WAIT_S)  # the other nodes' reports complete the run (or name a culprit)
         if self._state == "finished":
             return self._loader(self.run_dir)
         try:
             partial = self._loader(self.run_dir)
         except Exception:  # noqa: BLE001 - a failed job may not load; the events still name the cause
             partial = None
-        raise _failure(self._state, self.run_dir, partial, self._stall)
+        raise _failure(self._state, self.run_dir, partial, self._stall, node=self.node)
 
     def _follow(self, bar) -> None:
         """Read the new complete lines of every rank's events; rank 0's drive the progress bar."""
         now = time.monotonic()
+        self._discover()
         for feed in self._feeds:
             events = feed.read(now)
-            if bar is None or feed.rank != 0:
+            if bar is None or feed is not self._feeds[0]:
                 continue
             for ev in events:
                 kind = ev.get("kind")
@@ -178,26 +209,27 @@ class Handle(StallWatch):
                     bar.set_postfix_str(f"restart {ev.get('attempt')}: resumed from step {bar.n}")
 
 
-def launch(config: RunConfig) -> Handle:
+def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
     """Validate `config` (fields, data file, machine), write the run directory and start the ranks; return
     at once with a `Handle`. Nothing is created or started when validation fails. When grading a submission
-    (DTLAB_REPLAY, see dtlab.course.replay), returns its recorded run instead, or raises ReplayMissing."""
+    (DTLAB_REPLAY, see dtlab.course.replay), returns its recorded run instead, or raises ReplayMissing.
+
+    With `nnodes` > 1 this starts this node's part of the job (see dtlab.multinode): call it on every node with
+    the same config; `node` says how to start this node's agent where the defaults do not fit (dtlab.emulate)."""
     from dtlab.course import replay
     if replay.replay_root():  # grading a submission: load its recorded run, on whatever machine grades it
         return replay.Replayed(replay.require("config", config.to_dict(), type(config)().to_dict()), load_run)
     cfg = config.validate()
-    out = prepare_dir(cfg.out or default_out(cfg))
+    out = os.path.abspath(cfg.out) if cfg.nnodes > 1 else (cfg.out or default_out(cfg))
     cfg = cfg.replace(out=out) if cfg.out != out else cfg
     backend = cfg.resolved_backend()
-    dump_json({"config": cfg.to_dict(), "launch": {"time": time.time(), "python": sys.executable,
-                                                   "backend": backend, **launch_facts()}},
-              os.path.join(out, "config.json"))
-    proc = start_torchrun(out, cfg.nproc, "dtlab.rank.worker", gloo_threads=backend == "gloo",
-                          max_restarts=cfg.max_restarts)
-    _write_status(out, "running", pid=proc.pid, started=time.time())
+    facts = {"time": time.time(), "python": sys.executable, "backend": backend, **launch_facts()}
+    nl, proc = start_job(cfg, "config", cfg.to_dict(), facts, "dtlab.rank.worker", backend == "gloo", node)
     desc = f"{cfg.strategy} {cfg.model} x{cfg.nproc} ({backend})"
-    return Handle(out, proc, cfg.nproc, cfg.steps + cfg.baseline_steps, cfg.timeout_s, desc, stall_s=cfg.stall_s,
-                  max_restarts=cfg.max_restarts)
+    if nl.multi:
+        desc += f" node {nl.slot + 1} of {nl.nnodes}"
+    return Handle(nl.run_dir, proc, cfg.nproc, cfg.steps + cfg.baseline_steps, cfg.timeout_s, desc,
+                  stall_s=cfg.stall_s, node=nl, max_restarts=cfg.max_restarts)
 
 
 def launch_facts() -> dict:

@@ -3,7 +3,9 @@
 - Run directories: `unique_dir` / `default_out` pick a fresh one, `prepare_dir` claims it (mkdir of events/),
   `_write_status` writes status.json.
 - `start_torchrun`: torchrun's agent in its own session through a shim that dies with the launching process and
-  writes what torchrun knows of each failed rank to RUN_DIR/exits.json; c10d rendezvous on 127.0.0.1 port 0.
+  writes what torchrun knows of each failed rank to RUN_DIR/exits.json (and a failed rendezvous to
+  rendezvous.json); c10d rendezvous on 127.0.0.1 port 0, or one node's part of a multi-node job
+  (dtlab.launching.nodes: per-node file names, the shared endpoint, DTLAB_NODE_SLOT in the ranks' environment).
 - Processes: the ranks of a run found by their command line in /proc, their kernel state, signals to a PID or a
   process group, and small log readers (`_size`, `_read_from`, `_tail`).
 """
@@ -23,8 +25,9 @@ RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.course.har
 
 
 def free_port() -> int:
-    """A TCP port free on loopback right now. Racy by nature (someone may take it before it is used): the
-    launcher no longer uses it (port 0 rendezvous); kept for scripts that start torchrun by hand."""
+    """A TCP port free on loopback right now. Racy by nature (someone may take it before it is used): a
+    single-node launch never uses it (port 0 rendezvous); emulated nodes on loopback (dtlab.emulate) must agree
+    on a port before any of them binds it, so they take one from here."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -70,16 +73,23 @@ def _write_status(run_dir: str, state: str, **fields) -> None:
 # The torchrun agent, started through a shim that (1) asks Linux to SIGTERM it when the launching process dies
 # (a kernel killed outright runs no atexit handler; torchrun then stops its ranks, which also die with it) and
 # (2) writes what torchrun knows of each failed rank (exit code, signal, pid) to EXITS, so RunFailed can name
-# the rank that died without guessing from the order of errors and without parsing torchrun's log.
+# the rank that died without guessing from the order of errors and without parsing torchrun's log; a failed
+# rendezvous (a node that never joined, a store nobody hosts) goes to RDZV the same way.
 _AGENT = """\
 import ctypes, json, os, signal, sys
 ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
 if os.getppid() != int(sys.argv[1]):
     sys.exit(1)
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import main
 try:
-    main(sys.argv[3:])
+    main(sys.argv[4:])
+except RendezvousError as e:
+    with open(sys.argv[3] + ".tmp", "w") as fh:
+        json.dump({"error": type(e).__name__, "message": str(e)}, fh)
+    os.replace(sys.argv[3] + ".tmp", sys.argv[3])
+    raise
 except ChildFailedError as e:
     exits = {str(rank): {"rank": rank, "pid": f.pid, "exitcode": f.exitcode,
                          "signal": f.signal_name() if f.exitcode < 0 else None,
@@ -94,12 +104,18 @@ except ChildFailedError as e:
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool,
-                   max_restarts: int = 0) -> subprocess.Popen:
-    """Start `torchrun -m MODULE RUN_DIR` in its own session, rendezvous on a port the OS picks. With
-    `max_restarts` > 0 torchrun restarts the whole group when a rank dies (TORCHELASTIC_RESTART_COUNT counts)."""
+def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, node=None,
+                   is_host: bool | None = None, max_restarts: int = 0) -> subprocess.Popen:
+    """Start `torchrun -m MODULE RUN_DIR` in its own session, rendezvous on a port the OS picks; or, given
+    `node` (a dtlab.launching.nodes.NodeLaunch), this node's agent of a multi-node job (`is_host`: whether it
+    hosts the rendezvous store, None: torch decides). With `max_restarts` > 0 torchrun restarts the whole group
+    when a rank dies (TORCHELASTIC_RESTART_COUNT counts)."""
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+    if node is not None:
+        env.update(node.spec.env)
+        if node.multi:
+            env["DTLAB_NODE_SLOT"] = str(node.slot)  # the ranks record it; the launcher finds its own ranks by it
     if gloo_threads and "OMP_NUM_THREADS" not in os.environ:
         # CPU ranks share the cores: give each its share instead of torchrun's default of 1 thread.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
@@ -109,11 +125,17 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool,
     # c10d rendezvous on port 0: the agent's store binds a port the OS picks and the ranks use that store
     # (TORCHELASTIC_USE_AGENT_STORE), so there is no window in which another launch could take the port.
     # (--master-port=0 does not work: the static rendezvous hands the ranks port 0 and they hang.)
-    cmd = [sys.executable, "-c", _AGENT, str(os.getpid()), os.path.join(run_dir, "exits.json"),
-           "--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
-           f"--rdzv-id={uuid.uuid4().hex}", "--local-addr=127.0.0.1", f"--max-restarts={max_restarts}",
-           f"--log-dir={os.path.join(run_dir, 'logs', 'torchrun')}", "-m", module, run_dir]
-    log = open(os.path.join(run_dir, "logs", "torchrun.log"), "ab")
+    if node is None:
+        rdzv = ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex}",
+                "--local-addr=127.0.0.1"]
+        files = [os.path.join(run_dir, f) for f in ("exits.json", "rendezvous.json", "logs/torchrun.log")]
+    else:
+        rdzv, files = node.agent_args(is_host), [node.path("exits"), node.path("rendezvous"), node.log_path()]
+    prefix = list(node.spec.prefix) if node is not None else []
+    cmd = prefix + [sys.executable, "-c", _AGENT, str(os.getpid()), files[0], files[1], *rdzv,
+                    f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+                    f"--log-dir={files[2][:-4]}", "-m", module, run_dir]
+    log = open(files[2], "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     log.close()
@@ -129,19 +151,27 @@ def _argv(pid: int) -> list[bytes]:
         return []
 
 
-def _is_rank_of(pid: int, run_dir: str) -> bool:
+def _is_rank_of(pid: int, run_dir: str, slot: int | None = None) -> bool:
     """True if `pid` is alive and is a rank started for `run_dir`: its arguments include the run directory
-    itself (not merely a path that starts with it) and a dtlab rank module. Never a reused PID."""
+    itself (not merely a path that starts with it) and a dtlab rank module. Never a reused PID. With `slot`,
+    only a rank of that node of a multi-node job (two emulated nodes share one machine's process table)."""
     argv = _argv(pid)  # a zombie has an empty command line: dead for our purposes
-    return (os.path.abspath(run_dir).encode() in argv and any(m.encode() in argv for m in RANK_MODULES)
-            and argv[1:2] != [b"-c"] and pid != os.getpid())  # "-c": torchrun's agent (our shim), not a rank
+    ok = (os.path.abspath(run_dir).encode() in argv and any(m.encode() in argv for m in RANK_MODULES)
+          and argv[1:2] != [b"-c"] and pid != os.getpid())  # "-c": torchrun's agent (our shim), not a rank
+    if ok and slot is not None:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                ok = f"DTLAB_NODE_SLOT={slot}".encode() in f.read().split(b"\0")
+        except OSError:
+            ok = False
+    return ok
 
 
-def _rank_processes(run_dir: str) -> list[int]:
-    """Every live rank process of `run_dir`, found by its command line in /proc."""
+def _rank_processes(run_dir: str, slot: int | None = None) -> list[int]:
+    """Every live rank process of `run_dir` (of node `slot` only, when given), found in /proc."""
     pids = []
     for name in os.listdir("/proc"):
-        if name.isdigit() and _is_rank_of(int(name), run_dir):
+        if name.isdigit() and _is_rank_of(int(name), run_dir, slot):
             pids.append(int(name))
     return pids
 

@@ -153,7 +153,8 @@ class StallWatch:
         self._stall = {"ranks": [f.rank for f in culprits], "why": why, "threshold_s": threshold,
                        "stall_s": self.stall_s, "rows": rows}
         self._end("stalled", error=_stall_sentence(self._stall),
-                  stalled_ranks=self._stall["ranks"], silent_s={str(k): v for k, v in silent.items()})
+                  stalled_ranks=self._stall["ranks"], frozen_ranks=[f.rank for f in frozen],
+                  silent_s={str(k): v for k, v in silent.items()})
 
     def _dump_stacks(self, feeds: list, resume: list) -> dict:
         """SIGUSR1 to each rank (faulthandler writes every thread's stack to its log), then SIGCONT to the

@@ -116,3 +116,24 @@ def load_profile(path) -> Profile:
         caveats=list(doc.get("caveats", [])),
         segments={op: [AlphaBetaFit.from_dict(d) for d in segs] for op, segs in doc.get("segments", {}).items()},
     )
+
+
+def profile_table(profile) -> str:
+    """The fitted alpha (microseconds) and beta (as GB/s) per op with 95% intervals, and the caveats."""
+    from dtlab.units import fmt_gbps, fmt_us
+    m = profile.meta
+    nodes = m.get("nnodes", 1)
+    where = (f"{nodes} nodes x {m.get('ranks_per_node')} | hosts {', '.join(m.get('hosts', [])) or '?'}" if nodes > 1
+             else f"host {m.get('host')}")
+    lines = [f"profile {m.get('calibration', {}).get('out', '')}: {m.get('backend')} | {m.get('world_size')} ranks | "
+             f"{where} | torch {m.get('versions', {}).get('torch')}"]
+    for op, f in sorted(profile.fits.items()):
+        lo, hi = f.alpha_ci
+        blo, bhi = f.beta_ci
+        bw = lambda b: fmt_gbps(1 / b) if b > 0 else "inf"  # noqa: E731
+        lines.append(f"  {op:<15} {f.form:<8} alpha {fmt_us(f.alpha):>10} [{fmt_us(lo)}, {fmt_us(hi)}]   "
+                     f"1/beta {bw(f.beta)} [{bw(bhi)}, {bw(blo)}]   rel. RMS error {f.rel_rms:.1%}   "
+                     f"sizes {f.min_bytes:,}..{f.max_bytes:,} B")
+    for c in profile.caveats:
+        lines.append(f"  note: {c}")
+    return "\n".join(lines)

@@ -32,8 +32,10 @@ def rank_main(run_dir: str, body) -> int:
     from dtlab.rank.recorder import EventWriter
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)  # > 0: torchrun restarted the group
     writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"), attempt=attempt)
+    slot = os.environ.get("DTLAB_NODE_SLOT")  # which launcher started this rank (multi-node jobs only)
     writer.write("start", rank=rank, world_size=world, pid=os.getpid(), host=socket.gethostname(),
-                 master_port=int(os.environ.get("MASTER_PORT", 0)), time=time.time())
+                 node=int(os.environ.get("GROUP_RANK", 0)), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                 slot=int(slot) if slot else None, master_port=int(os.environ.get("MASTER_PORT", 0)), time=time.time())
     ok = False
     try:
         body(run_dir, rank, world, writer)
@@ -115,10 +117,12 @@ def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources:
     cores = os.cpu_count() or 1
     devices = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
                if device.type == "cuda" else [platform.processor() or platform.machine()])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks on this node (nodes share no cores)
     doc["resolved"] = {
         "backend": backend, "placement": cfg.placement().to_dict(), "world_size": world, "device_type": device.type, "devices": devices,
-        "host": socket.gethostname(), "cpu_cores": cores, "torch_threads_per_rank": torch.get_num_threads(),
-        "oversubscribed": device.type == "cpu" and world > cores,
+        "host": socket.gethostname(), "nnodes": world // local, "ranks_per_node": local,
+        "cpu_cores": cores, "torch_threads_per_rank": torch.get_num_threads(),
+        "oversubscribed": device.type == "cpu" and local > cores,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, **_optional_versions()},
         "cuda": torch.version.cuda, "nccl": _nccl_version() if backend == "nccl" else None,
