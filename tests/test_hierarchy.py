@@ -104,3 +104,9 @@ def test_two_level_explorer_sliders_drive_the_table_and_say_where_levels_come_fr
     after = box.table.set_index("algorithm")["t_step"]
     assert (after > before).all()
     assert "8 node(s) x 8 GPU(s) = p 64" in box.figure.layout.title.text
+
+
+def test_two_level_explorer_starts_with_a_zero_alpha_without_breaking():
+    box = two_level_explorer(dict(ASSUMED_LEVELS, alpha_inter=0.0, source="calibrated, alpha clipped to 0"),
+                             compute=COMPUTE, param_nbytes=SIZES)
+    assert box.sliders["alpha_inter_us"].value == pytest.approx(0.1) and "clipped" in box.children[0].value

@@ -105,13 +105,14 @@ def two_level_figure(levels: dict, nodes: int, gpus_per_node: int, nics_per_node
 def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=None):
     """The two-level explorer widget (display it as a cell's last expression). levels: alpha_intra,
     beta_intra, alpha_inter, beta_inter (s, s/B) and source; default :data:`ASSUMED_LEVELS`, labelled as
-    assumed. compute / param_nbytes as for :func:`dtlab.viz.dashboard.explorer`."""
+    assumed. A slider shows at least the bottom of its range (0.1 µs for alpha): an alpha of 0 starts there. compute / param_nbytes as for :func:`dtlab.viz.dashboard.explorer`."""
     import ipywidgets as widgets
 
     lv = _check(levels if levels is not None else ASSUMED_LEVELS)
     style, layout = {"description_width": "170px"}, widgets.Layout(width="480px")
 
-    def log(value, lo, hi_, desc):
+    def log(value, lo, hi_, desc):  # a log slider cannot show 0: a value below its range sits at the bottom
+        value = max(value, 10.0 ** lo)
         return widgets.FloatLogSlider(value=value, base=10, min=min(lo, np.floor(np.log10(value))), max=hi_,
                                       step=0.02, description=desc, style=style, layout=layout,
                                       readout_format=".3g")
