@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("calibrate", help="time collectives, fit alpha and beta, write a machine profile")
     add_arguments(c, CalibConfig, skip=CALIB_MANUAL)
     c.add_argument("--ops", default=",".join(CalibConfig().ops),
-                   help="comma list of all_reduce, reduce_scatter, all_gather (default: %(default)s)")
+                   help="comma list of all_reduce, reduce_scatter, all_gather, ps (default: %(default)s)")
     c.add_argument("--sizes", default=None, help="comma list of message sizes in bytes (suffixes K, M: KiB, MiB); "
                    "default 4K,8K,...,64M (powers of 2)")
     c.add_argument("--fit-min-bytes", default=None, help="fit only sizes >= this (e.g. 1M)")
