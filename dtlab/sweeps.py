@@ -50,10 +50,11 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
     nprocs = list(nproc) if nproc is not None else [base.nproc]
     buckets = list(bucket_mb) if bucket_mb is not None else [base.bucket_mb]
     strategies = list(strategy) if strategy is not None else [base.strategy]
-    grid = list(itertools.product(strategies, nprocs, buckets))
+    # strategies innermost: the runs compared with each other run back to back, under the same machine load
+    grid = list(itertools.product(nprocs, buckets, strategies))
     rows = []
     bar = tqdm(grid, desc="sweep", unit="run", disable=not progress)
-    for st, p, b in bar:
+    for p, b, st in bar:
         bar.set_postfix_str(f"{st}, p={p}, bucket {b:g} MiB")
         row = {"label": config_label(p, b), "strategy": st, "nproc": p, "bucket_mb": b, "status": "", "reason": ""}
         try:

@@ -6,6 +6,7 @@ import os
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import dtlab
@@ -133,3 +134,23 @@ def test_measured_ps_and_ring_follow_their_shapes_in_n_and_p(tmp_path):
     # p = 2, not oversubscribed: every form says PS -> 2x the ring at large n; this machine's floor is the
     # bytes-moved ratio 1.25 (README); asserted with room for noise
     assert med[("ps", 2, big)] > 1.1 * med[("all_reduce", 2, big)]
+
+
+def test_ps_figures_mark_oversubscribed_points():
+    from dtlab.viz.ps_plots import ps_shapes_figure, ps_vs_ring_figure
+    df = pd.DataFrame([{"strategy": st, "nproc": p, "bucket_mb": 1.0, "t_step": 0.1 * p, "t_comm": 0.05 * p,
+                        "oversubscribed": p > 2, "status": "ran"} for st in ("ddp", "ps") for p in (2, 3)])
+    fig = ps_vs_ring_figure(df)
+    assert len(fig.data) == 4  # 2 strategies x (T_step, T_comm)
+    assert all(list(t.marker.symbol) == ["circle", "circle-open"] for t in fig.data)
+    assert "oversubscribed" in json.dumps(fig.to_plotly_json()["layout"]["annotations"])
+    s = pd.DataFrame([{"op": op, "nproc": p, "nbytes": n, "seconds": n * 1e-9 * (2 if op == "ps" else 1)}
+                      for op in ("all_reduce", "ps") for p in (2, 3) for n in (2 ** 20, 2 ** 24)])
+    fig = ps_shapes_figure(s, cpu_cores=2)
+    measured = [t for t in fig.data if t.name.startswith("measured")]
+    assert len(measured) == 2 and all(np.allclose(t.y, 2.0) for t in measured)  # the PS / ring ratio
+    assert any("(oversubscribed)" in t.name for t in fig.data)
+    with pytest.raises(ValueError, match="both ops"):
+        ps_shapes_figure(s[s["op"] == "ps"])
+    with pytest.raises(ValueError, match="sweep table"):
+        ps_vs_ring_figure(df.drop(columns=["strategy"]))
