@@ -92,6 +92,16 @@ def test_ps_bad_combinations_refused_by_name(changes, needle):
     assert dtlab.tiny(strategy="ps").validate(cuda_device_count=0).baseline_steps == 3  # the no-op baseline works
 
 
+def test_calibration_group_sizes_checked_and_sizes_rounded_for_every_group():
+    from dtlab.calibration import CalibConfig
+    for bad in ((2, 5), (1, 2), ("two",), ()):
+        with pytest.raises(ValueError, match="group_sizes must be"):
+            CalibConfig(nproc=4, group_sizes=bad).validate(cuda_device_count=0)
+    cfg = CalibConfig(nproc=4, group_sizes="3,2,4", ops="all_reduce,ps", sizes=(2 ** 20,))
+    assert cfg.ranks_timed() == [2, 3, 4] and cfg.ops == ("all_reduce", "ps")
+    assert cfg.rounded_sizes() == [2 ** 20 + 32]  # a multiple of 4 B x lcm(2, 3, 4): whole fp32 shares for p = 3
+
+
 # ---- the cost model's forms (pure) --------------------------------------------------------------------------
 def test_ps_forms_per_worker_and_at_the_server():
     a, b, n = 1e-5, 1e-9, 1e8
@@ -131,9 +141,11 @@ def test_measured_ps_and_ring_follow_their_shapes_in_n_and_p(tmp_path):
             assert fit_alpha_beta(s[s["nproc"] == p], op, "ring").beta > 0
         # in p: neither gets cheaper with more ranks (the textbook ring's beta n / p would halve it at p = 4)
         assert med[(op, 4, big)] > med[(op, 2, big)], op
-    # p = 2, not oversubscribed: every form says PS -> 2x the ring at large n; this machine's floor is the
-    # bytes-moved ratio 1.25 (README); asserted with room for noise
-    assert med[("ps", 2, big)] > 1.1 * med[("all_reduce", 2, big)]
+    # p = 2, not oversubscribed: every form says PS -> 2x the ring at large n, and even a CPU so loaded that
+    # every copy is serialised gives the bytes-moved ratio 1.25 (README). Measured 1.6-2.4 on this machine,
+    # 1.1 with two extra busy loops on its 2 cores: asserted is only that the ring wins, at 16 and 64 MiB together
+    two = sorted(s["nbytes"].unique())[-2:]
+    assert sum(med[("ps", 2, n)] for n in two) > sum(med[("all_reduce", 2, n)] for n in two)
 
 
 def test_ps_figures_mark_oversubscribed_points():
