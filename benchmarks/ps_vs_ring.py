@@ -25,6 +25,8 @@ from dtlab.model.psmodel import forms_table
 
 
 def collectives(out: str, nprocs: list, sizes: list, iters: int) -> tuple:
+    """Part 1: (profile, medians per (p, size) with PS / ring and the forms' ratios, fits per (op, p, form));
+    seconds, bytes; alpha in us, 1/beta in GB/s."""
     prof = dtlab.calibrate(nproc=max(nprocs), group_sizes=tuple(nprocs), ops=("all_reduce", "ps"), sizes=sizes,
                            iters=iters, rounds=min(3, iters), warmup=2, out=os.path.join(out, "calibration"),
                            progress=False)
@@ -45,6 +47,7 @@ def collectives(out: str, nprocs: list, sizes: list, iters: int) -> tuple:
 
 
 def training(out: str, model: str, nprocs: list, buckets: list, steps: int) -> pd.DataFrame:
+    """Part 2: the sweep table (seconds) of ddp and ps at every (p, bucket MiB), run back to back per point."""
     base = dtlab.RunConfig(model=model, steps=steps, warmup=2, baseline_steps=2, batch_size=8,
                            seq_len=64 if model == "distilbert" else 32, model_source="random", data="offline")
     return dtlab.sweep(base, strategy=["ddp", "ps"], nproc=nprocs, bucket_mb=buckets, out=os.path.join(out, "sweep"),
@@ -52,6 +55,7 @@ def training(out: str, model: str, nprocs: list, buckets: list, steps: int) -> p
 
 
 def main() -> None:
+    """Parse the flags, run both parts, print the tables, write the figures (and --json)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nprocs", default="2,3,4", help="comma list of rank counts p")
     ap.add_argument("--sizes", default="1M,4M,16M,64M", help="message sizes for part 1 (K, M suffixes)")
