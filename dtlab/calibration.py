@@ -27,7 +27,8 @@ import os
 import time
 from dataclasses import dataclass
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
+# "ps": a parameter-server round, dist.reduce to rank 0 then dist.broadcast from it (dtlab.rank.ps, one bucket)
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "ps")
 # Powers of 2 from 4 KiB to 64 MiB: 15 sizes spanning the latency- and bandwidth-bound regimes, dense
 # enough that each protocol regime gets several points (see dtlab.model.fit.fit_piecewise).
 DEFAULT_SIZES = tuple(2 ** k for k in range(12, 27))
@@ -36,12 +37,12 @@ DEFAULT_SIZES = tuple(2 ** k for k in range(12, 27))
 @dataclass(kw_only=True)
 class CalibConfig:
     """What to measure. Sizes are full message bytes (nccl-tests convention), rounded up to a multiple of
-    4 * nproc so every rank's share is a whole number of fp32 elements."""
+    4 x lcm(nproc, group_sizes) so every rank's share is a whole number of fp32 elements."""
 
     nproc: int = 2
     """Ranks per node (nproc x nnodes at least 2: a collective needs peers); placed like a run's (dtlab.placement)."""
     ops: tuple = ("all_reduce",)
-    """Collectives to time: all_reduce, reduce_scatter, all_gather."""
+    """Collectives to time: all_reduce, reduce_scatter, all_gather, ps (reduce to rank 0 + broadcast)."""
     sizes: tuple = DEFAULT_SIZES
     """Full message sizes in bytes."""
     warmup: int = 3
@@ -73,11 +74,18 @@ class CalibConfig:
     """Job id that every node of one sweep gives (None: derived from `out`)."""
     rdzv_timeout_s: float = 600.0
     """Seconds to wait for all nnodes nodes to join; past it the sweep fails naming the missing ones."""
+    group_sizes: tuple | None = None
+    """Also time every op on the first k ranks, for each k here (e.g. 2,3,4 with nproc 4; the other ranks wait at
+    the barrier), so several p are measured in one launch, interleaved under the same load. None: nproc only."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ops, str):
             self.ops = tuple(o.strip() for o in self.ops.split(",") if o.strip())
         self.ops, self.sizes = tuple(self.ops), tuple(self.sizes)
+        if isinstance(self.group_sizes, str):  # the CLI's "2,3,4"
+            self.group_sizes = tuple(int(k) if k.strip().isdigit() else k for k in self.group_sizes.split(","))
+        if self.group_sizes is not None:
+            self.group_sizes = tuple(self.group_sizes)
 
     def validate(self, cuda_device_count: int | None = None) -> "CalibConfig":
         """Refuse bad fields by name, before anything starts."""
@@ -95,6 +103,11 @@ class CalibConfig:
         _int_at_least("rounds", self.rounds, 1)
         if self.batch is not None:
             _int_at_least("batch", self.batch, 1)
+        if self.group_sizes is not None and (not self.group_sizes or any(
+                isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= self.nproc * self.nnodes
+                for k in self.group_sizes)):
+            raise ValueError(f"group_sizes must be integers between 2 and nproc x nnodes "
+                             f"({self.nproc * self.nnodes}), got {list(self.group_sizes)!r}")
         if self.rounds > self.iters:
             raise ValueError(f"rounds must be <= iters ({self.iters}) so every round times each size, got {self.rounds}")
         _choice("backend", self.backend, BACKENDS)
@@ -114,24 +127,30 @@ class CalibConfig:
         from dtlab.config import RunConfig
         return RunConfig(nproc=self.nproc, backend=self.backend).resolved_backend()
 
+    def ranks_timed(self) -> list[int]:
+        """The group sizes p timed: group_sizes (ascending, deduplicated), else every rank: [nproc x nnodes]."""
+        return sorted(set(self.group_sizes)) if self.group_sizes else [self.nproc * self.nnodes]
+
     def rounded_sizes(self) -> list[int]:
-        unit = 4 * self.nproc * self.nnodes
+        import math
+        unit = 4 * math.lcm(self.nproc * self.nnodes, *self.ranks_timed())
         return sorted({-(-s // unit) * unit for s in self.sizes})
 
 
 def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmup: int = 3, iters: int = 12,
               rounds: int = 3, backend: str = "auto", form: str = "ring", fit_min_bytes: int | None = None,
               fit_max_bytes: int | None = None, out: str | None = None, timeout_s: float = 1800.0,
-              batch: int | None = None, progress: bool = True):
+              batch: int | None = None, group_sizes=None, progress: bool = True):
     """Measure the collectives, fit alpha and beta, save and return the machine `Profile` (see dtlab.model.profile).
 
     sizes are full message bytes; `batch` calls are timed back to back per sample (default: 20 on CUDA, 1 on
-    gloo-CPU); the fit can be limited to [fit_min_bytes, fit_max_bytes]; the profile is
+    gloo-CPU); `group_sizes` (e.g. (2, 3, 4) with nproc=4) also times the first k ranks for each k, interleaved
+    in the same launch; the fit can be limited to [fit_min_bytes, fit_max_bytes]; the profile is
     written to OUT/profile.json and read back with `dtlab.load_profile(OUT)`."""
     return launch_calibration(CalibConfig(nproc=nproc, ops=ops, sizes=tuple(sizes), warmup=warmup, iters=iters,
                                           rounds=min(rounds, iters), backend=backend, form=form, fit_min_bytes=fit_min_bytes,
                                           fit_max_bytes=fit_max_bytes, out=out, timeout_s=timeout_s,
-                                          batch=batch)).wait(progress=progress)
+                                          batch=batch, group_sizes=group_sizes)).wait(progress=progress)
 
 
 def launch_calibration(cfg: CalibConfig, spec=None):
@@ -209,8 +228,17 @@ def load_calibration(run_dir: str):
             caveats.append("gloo's reduce_scatter_tensor is an all-reduce followed by taking a chunk: it moves "
                            "about twice the data of a real reduce-scatter, so it will not follow the "
                            "reduce-scatter formula; compare its fit with the all-reduce fit.")
+        if "ps" in cal["ops"]:
+            caveats.append("ps on gloo is its reduce (a ring reduce-scatter + a gather into rank 0) then its "
+                           "broadcast (a binomial tree), not one server link: see dtlab.model.psmodel.")
     if meta.get("oversubscribed"):
         caveats.append(f"{meta.get('world_size')} ranks on {meta.get('cpu_cores')} cores: oversubscribed.")
+        over = [int(k) for k in sorted(samples["nproc"].unique()) if k > (meta.get("cpu_cores") or k)] \
+            if not samples.empty else []
+        if over:
+            caveats.append(f"timed on more ranks than the {meta.get('cpu_cores')} cores (p = "
+                           f"{', '.join(map(str, over))}): those samples share the cores, oversubscribed.")
+
     profile = Profile.from_samples(samples, meta=meta, form=cal.get("form", "ring"), caveats=caveats,
                                    min_bytes=cal.get("fit_min_bytes"), max_bytes=cal.get("fit_max_bytes"))
     profile.save(run_dir)

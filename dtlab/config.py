@@ -18,7 +18,7 @@ from dtlab.placement import device_count  # noqa: F401 - re-exported: dtlab.conf
 
 #: The strategy registry: name -> the rank-side module with `train(cfg, run_dir, rank, world, writer)`. Adding a
 #: strategy means adding that module and one entry here (validation, the CLI and the worker all read it).
-STRATEGY_MODULES = {"ddp": "dtlab.rank.ddp", "zero3": "dtlab.rank.zero3"}
+STRATEGY_MODULES = {"ddp": "dtlab.rank.ddp", "zero3": "dtlab.rank.zero3", "ps": "dtlab.rank.ps"}
 STRATEGIES = tuple(STRATEGY_MODULES)
 BACKENDS = ("auto", "nccl", "gloo")
 DEVICES = ("auto", "cuda", "cpu")
@@ -81,7 +81,8 @@ class RunConfig:
     """Everything that defines one run. Times are seconds, sizes are as named (MiB, tokens, samples)."""
 
     strategy: str = "ddp"
-    """'ddp' (PyTorch DistributedDataParallel) or 'zero3' (DeepSpeed ZeRO stage 3)."""
+    """'ddp' (PyTorch DistributedDataParallel), 'zero3' (DeepSpeed ZeRO stage 3) or 'ps' (DDP's buckets reduced
+    to rank 0 and broadcast back: a parameter server colocated with rank 0, dtlab.rank.ps)."""
     nproc: int | None = None
     """Number of ranks (processes) on this machine. None: one per GPU and at least 2 (2 gloo ranks on a machine
     without a GPU; on one GPU, 2 ranks share it: see dtlab.placement)."""
@@ -100,7 +101,7 @@ class RunConfig:
     step 1 rebuilds the buckets in gradient-ready order."""
     baseline_steps: int | None = None
     """Extra steps run after the timed ones with DDP's no-op comm hook: they measure T_comp. None: 3 for
-    strategy 'ddp', 0 for 'zero3' (which has no no-op baseline)."""
+    strategies 'ddp' and 'ps', 0 for 'zero3' (which has no no-op baseline)."""
     batch_size: int = 8
     """Samples per rank per step (the global batch is batch_size x nproc)."""
     seq_len: int = 128
@@ -185,8 +186,9 @@ class RunConfig:
             raise ValueError(f"warmup must be smaller than steps ({self.steps}) so some steps are measured, "
                              f"got {self.warmup}")
         _int_at_least("baseline_steps", self.baseline_steps, 0)
-        if self.strategy != "ddp" and self.baseline_steps:
-            raise ValueError("baseline_steps (the no-op comm hook baseline) is only available for strategy 'ddp'")
+        if self.strategy == "zero3" and self.baseline_steps:
+            raise ValueError("baseline_steps (the no-op comm hook baseline) is only available for strategies "
+                             "'ddp' and 'ps'")
         _int_at_least("batch_size", self.batch_size, 1)
         _int_at_least("seq_len", self.seq_len, 1)
         if self.seq_len > 512:
@@ -242,7 +244,7 @@ class RunConfig:
             from dtlab.placement import device_count
             self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
         if self.baseline_steps is None:
-            self.baseline_steps = 3 if self.strategy == "ddp" else 0
+            self.baseline_steps = 0 if self.strategy == "zero3" else 3
 
     def placement(self, cuda_device_count: int | None = None, nccl_version=None):
         """Where the ranks run (backend, device, ranks per GPU, banner text): `dtlab.placement.plan` for this

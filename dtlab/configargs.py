@@ -130,7 +130,7 @@ def add_calib_arguments(parser) -> None:
     from dtlab.calibration import CalibConfig
     add_arguments(parser, CalibConfig, skip=CALIB_MANUAL)
     parser.add_argument("--ops", default=",".join(CalibConfig().ops),
-                        help="comma list of all_reduce, reduce_scatter, all_gather (default: %(default)s)")
+                        help="comma list of all_reduce, reduce_scatter, all_gather, ps (default: %(default)s)")
     parser.add_argument("--sizes", default=None, help="comma list of message sizes in bytes (suffixes K, M: KiB, "
                         "MiB); default 4K,8K,...,64M (powers of 2)")
     parser.add_argument("--fit-min-bytes", default=None, help="fit only sizes >= this (e.g. 1M)")

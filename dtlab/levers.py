@@ -31,13 +31,22 @@ def validate_levers(cfg, placed) -> None:
     _int_at_least("accumulate", cfg.accumulate, 1)
     _int_at_least("powersgd_rank", cfg.powersgd_rank, 1)
     _int_at_least("powersgd_start_iter", cfg.powersgd_start_iter, 2)
-    if cfg.strategy != "ddp":
+    if cfg.strategy == "zero3":
         if cfg.comm_hook != "none":
             raise ValueError(f"comm_hook {cfg.comm_hook!r} applies to strategy 'ddp' only: ZeRO-3 reduce-scatters "
                              f"sharded gradients inside DeepSpeed, which no DDP comm hook reaches")
         if cfg.accumulate != 1:
             raise ValueError("accumulate applies to strategy 'ddp' only (DeepSpeed has its own "
                              "gradient_accumulation_steps, not wired here)")
+    if cfg.strategy == "ps":  # dtlab.rank.ps: its reduce + broadcast is the comm hook
+        if cfg.comm_hook != "none":
+            raise ValueError(f"comm_hook {cfg.comm_hook!r} applies to strategy 'ddp' only: strategy 'ps' reduces "
+                             "each bucket with its own reduce + broadcast hook, uncompressed")
+        if cfg.accumulate != 1:
+            raise ValueError("accumulate applies to strategy 'ddp' only (not wired or tested for 'ps')")
+        if not cfg.record:
+            raise ValueError("strategy 'ps' needs record=True: the recording hook is what reduces to rank 0 "
+                             "(without it DDP would all-reduce)")
     if cfg.comm_hook != "none" and not cfg.record:
         raise ValueError(f"comm_hook {cfg.comm_hook!r} needs record=True: the recorder is what installs the hook")
     if cfg.comm_hook == "bf16" and placed.backend == "gloo" and placed.device == "cuda":

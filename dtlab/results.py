@@ -222,7 +222,7 @@ class Run:
         lines = [f"run {self.path}",
                  f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
                  + (f" on {self.resolved['nnodes']} nodes | " if self.resolved.get("nnodes", 1) > 1 else " | ")
-                 + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.config.get("strategy") == "ddp" else "")
+                 + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.config.get("strategy") in ("ddp", "ps") else "")
                  + f"batch {self.config.get('batch_size')}/rank | "
                  f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
                  f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",

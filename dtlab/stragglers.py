@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 #: Strategies whose rank loop calls `dtlab.rank.straggle.Straggler`. A new strategy (e.g. 'ps') adds its name
 #: here once its loop calls `begin_step()`, `pause()` and `observe()` like dtlab.rank.ddp does.
-STRAGGLER_STRATEGIES = ("ddp",)
+STRAGGLER_STRATEGIES = ("ddp", "ps")  # ps runs DDP's training loop (dtlab.rank.ddp.train)
 
 #: How many of the rank's own earlier steps the FACTOR rule takes the median of.
 HISTORY_STEPS = 3

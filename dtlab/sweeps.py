@@ -1,4 +1,4 @@
-"""Real runs over a grid of GPU counts and bucket sizes, one after another, as a tidy DataFrame."""
+"""Real runs over a grid of strategies, GPU counts and bucket sizes, one after another, as a tidy DataFrame."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pandas as pd
 from dtlab.config import RunConfig
 from dtlab.model.whatif import config_label
 
-SWEEP_COLUMNS = ["label", "nproc", "bucket_mb", "status", "reason", "t_step", "t_comp", "t_comm", "exposed", "overlap",
+SWEEP_COLUMNS = ["label", "strategy", "nproc", "bucket_mb", "status", "reason", "t_step", "t_comp", "t_comm", "exposed", "overlap",
                  "t_comp_how", "oversubscribed", "path"]
 
 
@@ -32,8 +32,12 @@ def _same_config(path: str, cfg: RunConfig) -> bool:
 
 
 def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", progress: bool = True,
-          rerun: bool = False) -> pd.DataFrame:
-    """Run `base` at every (nproc, bucket_mb) pair and return one summary row per pair (seconds).
+          rerun: bool = False, strategy=None) -> pd.DataFrame:
+    """Run `base` at every (strategy, nproc, bucket_mb) point and return one summary row per point (seconds).
+
+    `strategy` (e.g. ["ddp", "ps"]: ring all-reduce vs parameter server), `nproc` and `bucket_mb` are lists;
+    None keeps base's value. `oversubscribed` flags CPU runs with more ranks than cores (their compute and
+    communication share the cores: read their times as such, see dtlab.model.psmodel).
 
     A finished run with the same config under `out` is reused, not rerun (unless rerun=True). A pair the
     machine cannot host (e.g. more ranks than GPUs under NCCL) is skipped with the reason in `reason`; a run
@@ -45,19 +49,21 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
 
     nprocs = list(nproc) if nproc is not None else [base.nproc]
     buckets = list(bucket_mb) if bucket_mb is not None else [base.bucket_mb]
-    grid = list(itertools.product(nprocs, buckets))
+    strategies = list(strategy) if strategy is not None else [base.strategy]
+    # strategies innermost: the runs compared with each other run back to back, under the same machine load
+    grid = list(itertools.product(nprocs, buckets, strategies))
     rows = []
     bar = tqdm(grid, desc="sweep", unit="run", disable=not progress)
-    for p, b in bar:
-        bar.set_postfix_str(f"p={p}, bucket {b:g} MiB")
-        row = {"label": config_label(p, b), "nproc": p, "bucket_mb": b, "status": "", "reason": ""}
+    for p, b, st in bar:
+        bar.set_postfix_str(f"{st}, p={p}, bucket {b:g} MiB")
+        row = {"label": config_label(p, b), "strategy": st, "nproc": p, "bucket_mb": b, "status": "", "reason": ""}
         try:
-            cfg = base.replace(nproc=p, bucket_mb=float(b))
+            cfg = base.replace(strategy=st, nproc=p, bucket_mb=float(b))
             cfg = cfg.replace(out=run_dir_for(out, cfg))
             cfg.validate()
         except ValueError as e:
             rows.append({**row, "status": "skipped", "reason": str(e)})
-            bar.write(f"skipped p={p}, bucket {b:g} MiB: {e}")
+            bar.write(f"skipped {st}, p={p}, bucket {b:g} MiB: {e}")
             continue
         try:
             if not rerun and _same_config(cfg.out, cfg):

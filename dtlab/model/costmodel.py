@@ -18,10 +18,17 @@ Two families are provided so that they can be shown side by side.
     as its all_reduce, alpha (p-1) + beta n / p, so that one all-gather plus
     one reduce-scatter gives the ``2 beta n / p`` of the ZeRO-3 formula.
 
-``ring`` (bandwidth-optimal ring)
+``ring`` (bandwidth-optimal ring; for op ``ps``, one server link)
     reduce_scatter:  T = (p-1) alpha + (p-1)/p n beta
     all_gather:      T = (p-1) alpha + (p-1)/p n beta
     all_reduce:      T = 2(p-1) alpha + 2(p-1)/p n beta
+    ps:              T = 2 alpha + 2(p-1) n beta   (at the server: see ps_server)
+
+Op ``ps`` (parameter server: reduce to rank 0, broadcast back) is per worker in
+the textbook family (alpha + beta n, flat in p) and at the server's one link in
+the other (2 alpha + 2(p-1) n beta, growing with p); in both, its bandwidth
+term is p times the same family's all-reduce term. :mod:`dtlab.model.psmodel`
+sets these beside what gloo's and NCCL's reduce + broadcast really do.
 
 Where and why they differ: a ring all-reduce *is* a reduce-scatter followed
 by an all-gather, so it pays both latency chains, 2(p-1) alpha rather than
@@ -43,7 +50,7 @@ from __future__ import annotations
 
 import numpy as np
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "ps")
 FORMS = ("textbook", "ring")
 
 
@@ -103,16 +110,36 @@ def textbook_zero3(alpha, beta, nbytes, nproc):
 
 
 def parameter_server(alpha, beta, nbytes, nproc):
-    """Textbook parameter-server time in seconds: alpha + beta n.
+    """Textbook parameter-server time in seconds, **per worker**: alpha + beta n.
 
-    Independent of p in the textbook model (each worker pushes and pulls n
-    bytes over its own link). nproc is accepted for a uniform signature; for
-    p = 1 we return 0 like the collectives, since a single worker has no one
-    to synchronise with.
+    One message of n bytes over the worker's own link (the seed text's form;
+    like its all-reduce form it counts the data once: push, with the pull
+    not counted or overlapped). Assumes the server is never the bottleneck
+    (its link is p-1 times faster, or the server is sharded), so it is flat
+    in p while the textbook all-reduce beta n / p shrinks: the PS/ring
+    bandwidth ratio is p. nproc is accepted for a uniform signature; 0 for
+    p = 1 (no peer). Source: the course's seed texts; :func:`ps_server`
+    gives the time at one server link.
     """
-    p = _check_nproc(nproc)
-    n = _check_nbytes(nbytes)
-    return _out(np.where(p > 1, alpha + beta * n, 0.0))
+    return collective_time("ps", "textbook", alpha, beta, nbytes, nproc)
+
+
+def ps_server(alpha, beta, nbytes, nproc):
+    """Parameter-server time in seconds **at the server's one link**: 2 alpha + 2(p-1) n beta.
+
+    Assumptions: one server with one full-duplex link of 1/beta bytes/s,
+    colocated with worker 0 (its own n bytes never cross a link); the p-1
+    other workers each push their n bytes of gradient through that link
+    (the server receives (p-1) n), and after the sum each pulls n bytes
+    back (the server sends (p-1) n); the pull starts when the push is done
+    (synchronous SGD), one latency alpha per phase (the workers' messages
+    arrive concurrently). Grows linearly with p; p times the ring
+    all-reduce's 2(p-1)/p n beta. 0 for p = 1. Source: the standard
+    incast argument, e.g. Li et al., "Scaling Distributed Machine Learning
+    with the Parameter Server", OSDI 2014; Sergeev & Del Balso, "Horovod",
+    2018, section 2.
+    """
+    return collective_time("ps", "ring", alpha, beta, nbytes, nproc)
 
 
 def textbook_compressed_allreduce(alpha, beta, nbytes, nproc, ratio):
@@ -157,12 +184,16 @@ def coefficients(op: str, form: str, nproc):
     """Return (A, B) such that T = alpha * A + beta * B * nbytes (seconds).
 
     A counts latency steps (dimensionless), B is the fraction of the full
-    message each rank effectively moves. Vectorised over nproc. Both are 0
+    message each rank effectively moves (for op 'ps' in the 'ring' form: the
+    bytes through the server link, 2(p-1)). Vectorised over nproc. Both are 0
     for p = 1. op: one of OPS; form: one of FORMS.
     """
     _check_op(op)
     _check_form(form)
     p = _check_nproc(nproc)
+    if op == "ps":  # per worker (textbook) or at the server's link (ring family): see ps_server
+        one = np.where(p > 1, 1.0, 0.0)
+        return (_out(one), _out(one)) if form == "textbook" else (_out(2.0 * one), _out(2.0 * (p - 1)))
     if form == "ring":
         steps = 2.0 if op == "all_reduce" else 1.0
         a = steps * (p - 1)
@@ -201,12 +232,13 @@ def busbw(op: str, nbytes, seconds, nproc):
     """Bus bandwidth in bytes per second (nccl-tests definition).
 
     algbw * 2(p-1)/p for all_reduce, algbw * (p-1)/p for reduce_scatter and
-    all_gather. It is comparable to link bandwidth independent of p; it is 0
-    for p = 1 because no bytes cross a link.
+    all_gather; for 'ps' algbw * 2(p-1), the server link's bandwidth (it
+    carries 2(p-1) n bytes). It is comparable to link bandwidth independent
+    of p; it is 0 for p = 1 because no bytes cross a link.
     """
     _check_op(op)
     p = _check_nproc(nproc)
-    factor = (2.0 if op == "all_reduce" else 1.0) * (p - 1) / p
+    factor = 2.0 * (p - 1) if op == "ps" else (2.0 if op == "all_reduce" else 1.0) * (p - 1) / p
     return _out(np.asarray(algbw(nbytes, seconds)) * factor)
 
 

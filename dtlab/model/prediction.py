@@ -4,7 +4,8 @@ DDP: each step's buckets are replayed through a single-channel queue (dtlab.mode
 a bucket's all-reduce starts when it is ready and the previous one has finished, and lasts what the
 profile predicts for its bytes. Ready times, forward and optimizer times are the run's own; backward
 compute is taken to end when the last bucket became ready. So the prediction tests the communication model,
-not a compute model.
+not a compute model. Strategy 'ps' is replayed the same way with the profile's "ps" fit (reduce + broadcast
+per bucket: calibrate with ops including "ps"; a profile without it is refused by name).
 
 ZeRO-3: each step's collectives (all-gather, reduce-scatter, all-reduce) are priced with the profile's fit
 for their op (ops the profile did not calibrate fall back to the all-reduce fit; `ops_priced_with` says so),
@@ -55,6 +56,7 @@ def _slowest(run) -> pd.DataFrame:
 def _predict_ddp(run, profile) -> pd.DataFrame:
     rows = []
     p = run.nproc
+    op = "ps" if run.config.get("strategy") == "ps" else "all_reduce"  # ps: calibrate with ops including "ps"
     for s in _slowest(run).itertuples():
         b = run.buckets[(run.buckets["rank"] == s.rank) & (run.buckets["step"] == s.step)].sort_values("t_start")
         if b.empty:
@@ -65,7 +67,7 @@ def _predict_ddp(run, profile) -> pd.DataFrame:
         # and wire_bytes = nbytes.
         ready = b["t_start"].to_numpy()
         sizes = b["wire_bytes"] if "wire_bytes" in b.columns and b["wire_bytes"].notna().all() else b["nbytes"]
-        durations = np.asarray(profile.predict("all_reduce", sizes.to_numpy(), p), dtype=float)
+        durations = np.asarray(profile.predict(op, sizes.to_numpy(), p), dtype=float)
         bwd_comp = float(ready.max()) - s.t_fwd
         pred = predict_step(s.t_fwd, bwd_comp, s.t_opt, ready, durations)
         rows.append({"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,

@@ -47,10 +47,14 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     warm = torch.ones(1 << 20, device=device)
     for _ in range(3):  # connections and buffers are set up lazily: pay for that before any timed size
         dist.all_reduce(warm)
+    # One group per timed size p: the first p ranks (the whole world: the default group). Every rank creates
+    # every group, in the same order (torch requires it); a rank outside a group only joins the barriers.
+    groups = {k: None if k == world else dist.new_group(list(range(k))) for k in cfg.ranks_timed()}
     calls = {}
     for op in cfg.ops:
         for nbytes in cfg.rounded_sizes():
-            calls[(op, nbytes)] = _collective(op, nbytes, world, device)
+            for k, group in groups.items():
+                calls[(op, nbytes, k)] = _collective(op, nbytes, k, device, group) if rank < k else None
     # Rounds of warmed-up blocks: each round visits every (op, size) in an order shuffled per round (same on
     # all ranks), and times a short block of it after `warmup` untimed calls, as nccl-tests does per size. The
     # blocks give each size its steady state (a 4 KiB all-reduce right after a 64 MiB one is slower); the
@@ -62,11 +66,14 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     for rnd, n_timed in enumerate(per_round):
         rng.shuffle(order)
         first = it
-        for op, nbytes in order:
-            call = calls[(op, nbytes)]
-            for _ in range(cfg.warmup):
+        for op, nbytes, p in order:
+            call = calls[(op, nbytes, p)]
+            for _ in range(cfg.warmup if call else 0):
                 call()
             for k in range(n_timed):
+                if call is None:  # not in this group: keep step with the barriers (or the CUDA alignment)
+                    dist.all_reduce(align) if cuda else dist.barrier()
+                    continue
                 if cuda:
                     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     dist.all_reduce(align)  # device-side alignment: completes only when every rank is here
@@ -82,24 +89,29 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
                     for _ in range(k_calls):
                         call()  # blocking on gloo: returns when the collective has completed on this rank
                     t = (time.perf_counter() - t0) / k_calls
-                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=first + k, seconds=t)
+                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=p, iter=first + k, seconds=t)
         it += n_timed
         writer.write("calib", rank=rank, round=rnd, rounds=cfg.rounds)
 
 
-def _collective(op: str, nbytes: int, world: int, device):
-    """A zero-argument blocking call of `op` on preallocated fp32 buffers of `nbytes` (full message)."""
+def _collective(op: str, nbytes: int, world: int, device, group=None):
+    """A zero-argument blocking call of `op` among `world` ranks (`group`; None: all) on preallocated fp32
+    buffers of `nbytes` (full message). 'ps' is strategy ps's round for one bucket: reduce to rank 0 (every
+    group's first rank), then broadcast from it."""
     import torch
     import torch.distributed as dist
     n = nbytes // 4
     if op == "all_reduce":
         x = torch.ones(n, device=device)
-        return lambda: dist.all_reduce(x)
+        return lambda: dist.all_reduce(x, group=group)
+    if op == "ps":
+        x = torch.ones(n, device=device)
+        return lambda: (dist.reduce(x, dst=0, group=group), dist.broadcast(x, src=0, group=group))
     if op == "reduce_scatter":
         x, y = torch.ones(n, device=device), torch.empty(n // world, device=device)
-        return lambda: dist.reduce_scatter_tensor(y, x)
+        return lambda: dist.reduce_scatter_tensor(y, x, group=group)
     x, y = torch.ones(n // world, device=device), torch.empty(n, device=device)
-    return lambda: dist.all_gather_into_tensor(y, x)
+    return lambda: dist.all_gather_into_tensor(y, x, group=group)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,10 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
     return device, backend, built, batches, sources
 
 
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_transport=None) -> None:
+    """The DDP training loop. `make_transport(world, device, backend)`, when given, builds how each divided
+    bucket is reduced inside the recording hook (strategy 'ps': reduce to rank 0 + broadcast); None keeps
+    DDP's all-reduce."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -65,7 +68,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     if cfg.comm_hook != "none":
         from dtlab.rank.compression import Codec
         codec = Codec(cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed, serialize=backend == "gloo")
-    recorder = BucketRecorder(world, device, codec)
+    transport = make_transport(world, device, backend) if make_transport is not None else None
+    recorder = BucketRecorder(world, device, codec, transport)
     if cfg.record or cfg.baseline_steps:  # the baseline needs the hook to switch to no-op
         ddp.register_comm_hook(None, recorder.hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
@@ -119,6 +123,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
                          grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
                          optim_bytes=optimizer_state_bytes(opt), peak_bytes=None, peak_kind=None)
 
+    recorder.transport.close()
     peak, kind = peak_memory(device)
     writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
                  grads_bytes=tensor_bytes(p.grad for p in model.parameters()),

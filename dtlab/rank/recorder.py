@@ -109,11 +109,15 @@ class BucketRecorder:
     With NCCL, `TORCH_NCCL_ENABLE_TIMING=1` (set by dtlab's ranks) also makes NCCL time each collective on
     its own stream; `collect()` adds that as `backend_ms` (None on gloo), a cross-check of t_end - t_start.
     `mode = "noop"` switches to DDP's own no-op hook (no communication at all) for the compute baseline.
+    Steps 3 and 4 are the `transport`'s (default `AllReduceTransport`, DDP's all-reduce); strategy 'ps' passes
+    its reduce + broadcast (dtlab.rank.ps), which may add marks of its own (`rec["_t_<name>"]` -> `t_<name>`).
     """
 
-    def __init__(self, world_size: int, device: torch.device, codec=None):
+    def __init__(self, world_size: int, device: torch.device, codec=None, transport=None):
         self.world = world_size
         self.codec = codec  # dtlab.rank.compression.Codec, or None for the plain fp32 all-reduce
+        # how a divided bucket is reduced: DDP's all-reduce, or a strategy's own (dtlab.rank.ps)
+        self.transport = transport if transport is not None else AllReduceTransport()
         self.cuda = device.type == "cuda"
         self.mode = "allreduce"
         self.step_start = None  # perf_counter float (CPU) or CUDA event (GPU)
@@ -145,17 +149,16 @@ class BucketRecorder:
                "nparams": len(bucket.parameters())}
         rec["wire_bytes"] = rec["nbytes"]
         rec["_ready"] = self._mark()
-        rec["_start"] = rec["_ready"]
-        work = dist.all_reduce(buf, async_op=True)
-        rec["_work"] = work
-        return self._track(rec, work.get_future(), lambda f: f.value()[0])
+        fut, value = self.transport.issue(buf, rec, self._mark)  # sets rec["_start"], rec["_work"]
+        return self._track(rec, fut, value)
 
     def _track(self, rec: dict, fut, value):
         with self._lock:
             self._recs.append(rec)
 
         def done(f):
-            rec["_end"] = self._mark()  # gloo: its thread, at completion; CUDA: a stream that waited for it
+            if "_end" not in rec:  # a transport may have marked the end itself, where it completed
+                rec["_end"] = self._mark()  # gloo: its thread, at completion; CUDA: a stream that waited for it
             return value(f)
 
         return fut.then(done)
@@ -181,15 +184,33 @@ class BucketRecorder:
         out = []
         for rec in recs:
             ready, start, end, work = rec.pop("_ready"), rec.pop("_start"), rec.pop("_end", None), rec.pop("_work")
+            extra = {k[1:]: rec.pop(k) for k in [k for k in rec if k.startswith("_t_")]}  # a transport's own marks
             if self.cuda:
-                if end is not None:
-                    end.synchronize()  # already complete after the step's sync: costs nothing
+                for ev in (end, *extra.values()):
+                    if ev is not None:
+                        ev.synchronize()  # already complete after the step's sync: costs nothing
                 t = lambda ev: self.step_start.elapsed_time(ev) / 1e3 if ev is not None else None  # noqa: E731
             else:
                 t = lambda v: v - self.step_start if v is not None else None  # noqa: E731
-            rec.update(t_ready=t(ready), t_start=t(start), t_end=t(end), backend_ms=backend_duration_ms(work))
+            rec.update(t_ready=t(ready), t_start=t(start), t_end=t(end), backend_ms=backend_duration_ms(work),
+                       **{k: t(v) for k, v in extra.items()})
             out.append(rec)
         return out
+
+
+class AllReduceTransport:
+    """DDP's own reduction of a bucket: one async all-reduce of the (already divided) buffer, issued at once, so
+    t_start is the ready mark. Strategies with another collective pattern pass their own transport."""
+
+    def issue(self, buf, rec: dict, mark):
+        """Start reducing `buf`; set rec["_start"] and rec["_work"]; return (future, value of the future)."""
+        rec["_start"] = rec["_ready"]
+        work = dist.all_reduce(buf, async_op=True)
+        rec["_work"] = work
+        return work.get_future(), lambda f: f.value()[0]
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def backend_duration_ms(work) -> float | None:

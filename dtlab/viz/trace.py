@@ -99,9 +99,10 @@ def chrome_trace(run) -> dict:
                    for r in rows]
             for r, (s, e), lane in zip(rows, ivs, _lanes(ivs)):
                 lanes_used[int(rank)] = max(lanes_used.get(int(rank), 0), lane + 1)
-                if strategy == "ddp":
-                    name, args = f"all_reduce bucket {int(r.bucket)}", {"op": "all_reduce", "bucket": int(r.bucket),
-                                                                         "phase": "backward", "nparams": int(r.nparams)}
+                if strategy in ("ddp", "ps"):
+                    op = "reduce+broadcast" if strategy == "ps" else "all_reduce"
+                    name, args = f"{op} bucket {int(r.bucket)}", {"op": op, "bucket": int(r.bucket),
+                                                                  "phase": "backward", "nparams": int(r.nparams)}
                 else:
                     name, args = f"{r.op} ({r.phase})", {"op": r.op, "phase": r.phase, "fn": getattr(r, "fn", None)}
                 ev.append({"ph": "X", "pid": int(rank), "tid": COMM_TID + lane, "name": name, "cat": "communication",

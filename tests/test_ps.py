@@ -1,0 +1,168 @@
+"""Strategy 'ps' (reduce to rank 0 + broadcast, dtlab.rank.ps) against DDP's ring all-reduce: the same training,
+bytes conserved, the transport's arithmetic and order on 2 and 3 gloo ranks, and the measured shapes in n and p."""
+
+import json
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dtlab
+from dtlab.model import costmodel as cm
+from dtlab.model import psmodel
+
+
+# ---- the transport alone: 2 and 3 real gloo ranks, many buckets issued back to back -------------------------
+def _transport_rank(rank, world, store, out, sizes):
+    import torch
+    import torch.distributed as dist
+
+    from dtlab.rank.ps import OrderedThreadPS
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    ps = OrderedThreadPS(world, torch.device("cpu"))
+    issued = []
+    for k, n in enumerate(sizes):  # issued at once, as DDP's hook issues buckets; the thread keeps the order
+        buf = torch.full((n,), float((rank + 1) * (k + 1))) / world  # divided by p, as the recorder does
+        rec = {"nbytes": n * 4, "_ready": time.perf_counter()}
+        issued.append((rec, *ps.issue(buf, rec, time.perf_counter)))
+    got = []
+    for rec, fut, value in issued:
+        fut.wait()
+        v = value(fut)
+        got.append({"min": float(v.min()), "max": float(v.max()), "server_bytes": rec["server_bytes"],
+                    "ordered": rec["_ready"] <= rec["_start"] <= rec["_t_reduced"] <= rec["_end"]})
+    ps.close()
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(got, f)
+
+
+@pytest.mark.parametrize("world", [3])  # p = 2 is the training test below
+def test_reduce_broadcast_averages_every_bucket_on_every_rank(tmp_path, world):
+    import torch.multiprocessing as mp
+    sizes = [3, 100_000, 7, 1 << 18, 1000, 50_000]  # mixed sizes: a later small bucket must not overtake
+    mp.spawn(_transport_rank, args=(world, str(tmp_path / "store"), str(tmp_path), sizes), nprocs=world)
+    for rank in range(world):
+        got = json.load(open(tmp_path / f"rank{rank}.json"))
+        for k, (g, n) in enumerate(zip(got, sizes)):
+            mean = (k + 1) * (world + 1) / 2  # mean over ranks of (rank + 1)(k + 1)
+            assert g["min"] == pytest.approx(mean, rel=1e-6) and g["max"] == pytest.approx(mean, rel=1e-6), (rank, k)
+            assert g["server_bytes"] == 2 * (world - 1) * n * 4 and g["ordered"]
+
+
+# ---- real training: the same losses as DDP, every byte reduced once ----------------------------------------
+def test_ps_trains_like_ddp_and_conserves_bytes(tiny_run, tmp_path):
+    # the same config as the session's DDP run (conftest.tiny_run), through the sweep's strategy axis
+    base = dtlab.tiny(steps=4, baseline_steps=2, bucket_mb=0.05)
+    df = dtlab.sweep(base, strategy=["ps"], nproc=[2], bucket_mb=[0.05], out=str(tmp_path / "sw"), progress=False)
+    assert list(df["status"]) == ["ran"] and list(df["strategy"]) == ["ps"]
+    assert not df["oversubscribed"].iloc[0]  # 2 ranks on this 2-core CI machine
+    ps, ddp = dtlab.load_run(df["path"].iloc[0]), tiny_run
+    assert ps.config["strategy"] == "ps" and ddp.config["strategy"] == "ddp"
+    # Both average the same gradients, so every rank's loss at every step is the same (a missing broadcast
+    # leaves rank 1 with partial sums and its losses drift from step 1 on)
+    m = ddp.steps.merge(ps.steps, on=["rank", "step"], suffixes=("_ddp", "_ps"))
+    assert len(m) == 2 * base.steps
+    np.testing.assert_allclose(m["loss_ps"], m["loss_ddp"], rtol=1e-6, atol=0)
+    # Conservation: every rank's buckets carry the gradient bytes once per step, in DDP's own layout
+    g = ps.resolved["grad_bytes"]
+    per = ps.buckets.groupby(["rank", "step"])[["nbytes", "server_bytes", "wire_bytes"]].sum()
+    assert len(per) == 2 * base.steps and (per["nbytes"] == g).all() and (per["wire_bytes"] == g).all()
+    assert (per["server_bytes"] == 2 * (2 - 1) * g).all()
+    assert (ps.buckets.groupby(["rank", "step"]).size() == ddp.buckets.groupby(["rank", "step"]).size()).all()
+    b = ps.buckets
+    assert (b["t_ready"] <= b["t_start"]).all() and (b["t_start"] <= b["t_reduced"]).all()
+    assert (b["t_reduced"] <= b["t_end"]).all()
+    s = ps.summary().set_index("quantity")
+    assert s.loc["T_comp", "how"].startswith("measured") and s.loc["T_comm", "value"] > 0
+    trace = ps.to_chrome_trace()
+    assert any(e.get("name", "").startswith("reduce+broadcast bucket") for e in trace["traceEvents"])
+
+
+@pytest.mark.parametrize("changes, needle", [
+    (dict(strategy="ps", comm_hook="fp16"), "comm_hook 'fp16' applies to strategy 'ddp' only"),
+    (dict(strategy="ps", accumulate=2), "accumulate applies to strategy 'ddp' only"),
+    (dict(strategy="ps", record=False), "strategy 'ps' needs record=True"),
+    (dict(strategy="pserver"), "strategy must be one of")])
+def test_ps_bad_combinations_refused_by_name(changes, needle):
+    with pytest.raises(ValueError, match=needle):
+        dtlab.tiny(**changes).validate(cuda_device_count=0)
+    assert dtlab.tiny(strategy="ps").validate(cuda_device_count=0).baseline_steps == 3  # the no-op baseline works
+
+
+def test_calibration_group_sizes_checked_and_sizes_rounded_for_every_group():
+    from dtlab.calibration import CalibConfig
+    for bad in ((2, 5), (1, 2), ("two",), ()):
+        with pytest.raises(ValueError, match="group_sizes must be"):
+            CalibConfig(nproc=4, group_sizes=bad).validate(cuda_device_count=0)
+    cfg = CalibConfig(nproc=4, group_sizes="3,2,4", ops="all_reduce,ps", sizes=(2 ** 20,))
+    assert cfg.ranks_timed() == [2, 3, 4] and cfg.ops == ("all_reduce", "ps")
+    assert cfg.rounded_sizes() == [2 ** 20 + 32]  # a multiple of 4 B x lcm(2, 3, 4): whole fp32 shares for p = 3
+
+
+# ---- the cost model's forms (pure) --------------------------------------------------------------------------
+def test_ps_forms_per_worker_and_at_the_server():
+    a, b, n = 1e-5, 1e-9, 1e8
+    for p in (2, 4, 16):
+        assert cm.parameter_server(a, b, n, p) == pytest.approx(a + b * n)  # per worker: flat in p
+        assert cm.ps_server(a, b, n, p) == pytest.approx(2 * a + 2 * (p - 1) * n * b)  # at the server: grows
+        # in both families the bandwidth term is p times the same family's all-reduce term
+        assert cm.parameter_server(0, b, n, p) / cm.textbook_allreduce(0, b, n, p) == pytest.approx(p)
+        assert cm.ps_server(0, b, n, p) / cm.ring_allreduce(0, b, n, p) == pytest.approx(p)
+    t = psmodel.forms_table(0.0, b, n, [2, 3, 4, 8])
+    # gloo: ring reduce-scatter + gather + binomial broadcast; (2(p-1)/p + ceil(log2 p)) / (2(p-1)/p)
+    assert np.allclose(t["ps_over_ring_gloo"], [2.0, 2.5, 1 + 2 / 1.5, 1 + 3 / 1.75])
+    assert np.allclose(t["ps_over_ring_nccl"], [2.0, 1.5, 4 / 3, 8 / 7])  # pipelined rings: p / (p-1)
+    assert cm.ps_server(a, b, n, 1) == 0.0 and psmodel.ps_gloo(a, b, n, 1) == 0.0
+    assert cm.busbw("ps", n, cm.ps_server(0.0, b, n, 4), 4) == pytest.approx(1 / b)
+
+
+# ---- measured shapes: ring all-reduce vs reduce + broadcast on gloo, p = 2 and 4 in one launch -------------
+def test_measured_ps_and_ring_follow_their_shapes_in_n_and_p(tmp_path):
+    """One launch of 4 ranks times both ops on the first 2 ranks and on all 4, interleaved, so the machine's
+    load is shared by every point. p = 4 oversubscribes 2 cores (flagged). Asserted only what every form and
+    this machine agree on, with wide margins (README, "Parameter server vs ring")."""
+    mib = 2 ** 20
+    prof = dtlab.calibrate(nproc=4, group_sizes=(2, 4), ops=("all_reduce", "ps"), sizes=[4 * mib, 16 * mib, 64 * mib],
+                           iters=4, rounds=2, warmup=1, out=str(tmp_path / "cal"), progress=False)
+    s = prof.samples
+    assert set(s["nproc"]) == {2, 4} and set(s["op"]) == {"all_reduce", "ps"}
+    if prof.meta.get("cpu_cores", 99) < 4:
+        assert any("p = 4" in c and "oversubscribed" in c for c in prof.caveats)
+    med = s.groupby(["op", "nproc", "nbytes"])["seconds"].median()
+    small, big = sorted(s["nbytes"].unique())[0], sorted(s["nbytes"].unique())[-1]
+    from dtlab.model.fit import fit_alpha_beta
+    for op in ("all_reduce", "ps"):
+        for p in (2, 4):
+            # in n: 16x the bytes costs well over 4x the time (bandwidth-bound), and the fitted beta is positive
+            assert med[(op, p, big)] > 4 * med[(op, p, small)], (op, p)
+            assert fit_alpha_beta(s[s["nproc"] == p], op, "ring").beta > 0
+        # in p: neither gets cheaper with more ranks (the textbook ring's beta n / p would halve it at p = 4)
+        assert med[(op, 4, big)] > med[(op, 2, big)], op
+    # p = 2, not oversubscribed: every form says PS -> 2x the ring at large n, and even a CPU so loaded that
+    # every copy is serialised gives the bytes-moved ratio 1.25 (README). Measured 1.6-2.4 on this machine,
+    # 1.1 with 2-4 extra busy loops on its 2 cores: asserted is only that the ring wins, at 16 and 64 MiB together
+    two = sorted(s["nbytes"].unique())[-2:]
+    assert sum(med[("ps", 2, n)] for n in two) > sum(med[("all_reduce", 2, n)] for n in two)
+
+
+def test_ps_figures_mark_oversubscribed_points():
+    from dtlab.viz.ps_plots import ps_shapes_figure, ps_vs_ring_figure
+    df = pd.DataFrame([{"strategy": st, "nproc": p, "bucket_mb": 1.0, "t_step": 0.1 * p, "t_comm": 0.05 * p,
+                        "oversubscribed": p > 2, "status": "ran"} for st in ("ddp", "ps") for p in (2, 3)])
+    fig = ps_vs_ring_figure(df)
+    assert len(fig.data) == 4  # 2 strategies x (T_step, T_comm)
+    assert all(list(t.marker.symbol) == ["circle", "circle-open"] for t in fig.data)
+    assert "oversubscribed" in json.dumps(fig.to_plotly_json()["layout"]["annotations"])
+    s = pd.DataFrame([{"op": op, "nproc": p, "nbytes": n, "seconds": n * 1e-9 * (2 if op == "ps" else 1)}
+                      for op in ("all_reduce", "ps") for p in (2, 3) for n in (2 ** 20, 2 ** 24)])
+    fig = ps_shapes_figure(s, cpu_cores=2)
+    measured = [t for t in fig.data if t.name.startswith("measured")]
+    assert len(measured) == 2 and all(np.allclose(t.y, 2.0) for t in measured)  # the PS / ring ratio
+    assert any("(oversubscribed)" in t.name for t in fig.data)
+    with pytest.raises(ValueError, match="both ops"):
+        ps_shapes_figure(s[s["op"] == "ps"])
+    with pytest.raises(ValueError, match="sweep table"):
+        ps_vs_ring_figure(df.drop(columns=["strategy"]))
