@@ -132,6 +132,17 @@ def test_lab05_runs_headless(tmp_path, monkeypatch):
     assert_unanswered_and_expected(nb, tmp_path, "lab05")
 
 
+def test_lab06_runs_headless(tmp_path, monkeypatch):
+    """A straggler run beside a reference, ps beside the ring, a PS/ring calibration, a crash resumed from a
+    checkpoint; the fault variable does not leak out of the notebook."""
+    nb = run_notebook("06_stragglers_ps_faults.ipynb", tmp_path, monkeypatch)
+    text = outputs_text(nb)
+    diff = re.search(r"largest loss difference ps vs ring: (\S+)", text)
+    assert diff and float(diff.group(1)) < 1e-5  # the server and the ring average the same gradients
+    assert "restart: attempt 1 resumed from step 2" in text and "Young's optimum" in text
+    assert_unanswered_and_expected(nb, tmp_path, "lab06")
+
+
 def test_lab07_runs_headless(tmp_path, monkeypatch):
     """Two emulated nodes make one run; both levels calibrated (the shaped link where this machine permits it)."""
     nb = run_notebook("07_beyond_one_machine.ipynb", tmp_path, monkeypatch)
