@@ -110,3 +110,28 @@ def test_two_level_explorer_starts_with_a_zero_alpha_without_breaking():
     box = two_level_explorer(dict(ASSUMED_LEVELS, alpha_inter=0.0, source="calibrated, alpha clipped to 0"),
                              compute=COMPUTE, param_nbytes=SIZES)
     assert box.sliders["alpha_inter_us"].value == pytest.approx(0.1) and "clipped" in box.children[0].value
+
+
+def test_levels_from_profiles_fall_back_to_an_estimate_when_the_fit_is_unusable():
+    import pandas as pd
+
+    from dtlab.model.hierarchy import level_from_profile, levels_from_profiles
+    from dtlab.model.profile import Profile
+
+    def prof(alpha, beta):
+        sizes = [2**18, 2**20, 2**22]
+        rows = [{"op": "all_reduce", "nbytes": n, "nproc": 2, "seconds": alpha * 2 + beta * n, "iter": i}
+                for n in sizes for i in range(3)]
+        return Profile.from_samples(pd.DataFrame(rows))
+
+    good = prof(50e-6, 1 / 1e9)
+    a, b, how = level_from_profile(good)
+    assert a == pytest.approx(50e-6, rel=1e-3) and b == pytest.approx(1e-9, rel=1e-3) and how == "fitted"
+    bad = prof(50e-6, 1 / 1e9)
+    bad.fits["all_reduce"].beta = -1e-11  # what a short noisy sweep fitted in CI
+    a, b, how = level_from_profile(bad)
+    n = 2**22
+    assert a == 0.0 and b == pytest.approx((100e-6 + n / 1e9) / n) and "estimated" in how
+    lv = levels_from_profiles(good, bad)
+    assert lv["beta_inter"] > 0 and "between nodes (estimated" in lv["source"]
+    two_level_explorer(lv, compute=COMPUTE, param_nbytes=SIZES)  # builds with the estimate

@@ -114,3 +114,32 @@ def crossover_bytes(alpha_intra, beta_intra, alpha_inter, beta_inter, nodes: int
         m = np.sqrt(a * b)
         a, b = (m, b) if np.sign(diff(m)) == s_a else (a, m)
     return float(np.sqrt(a * b))
+
+
+def level_from_profile(profile, op: str = "all_reduce") -> tuple[float, float, str]:
+    """(alpha s, beta s/B, how) of one level from its calibration profile: the profile's ring fit when both are
+    usable (beta > 0; a negative alpha, which large sizes do not resolve, is clipped to 0), else an estimate
+    from the largest measured size alone (alpha 0, beta from its median time through the ring's
+    2(p-1)/p n bytes), labelled as such: a short, noisy sweep can fit beta <= 0."""
+    fit = profile.fits.get(op)
+    if fit is not None and np.isfinite(fit.beta) and fit.beta > 0 and np.isfinite(fit.alpha):
+        how = "fitted" + (", negative alpha clipped to 0" if fit.alpha < 0 else "")
+        return max(float(fit.alpha), 0.0), float(fit.beta), how
+    s = profile.samples[profile.samples["op"] == op]
+    if s.empty:
+        raise ValueError(f"the profile has no {op} samples to take a level from")
+    n = float(s["nbytes"].max())
+    big = s[s["nbytes"] == n]
+    p = int(big["nproc"].max())
+    t = float(big["seconds"].median())
+    return 0.0, t / (2 * (p - 1) / p * n), (f"estimated from the {n / 2**20:.3g} MiB median alone (the fit gave "
+                                            f"beta <= 0)")
+
+
+def levels_from_profiles(intra, inter, op: str = "all_reduce") -> dict:
+    """The two levels for :func:`two_level_time` and the two-level explorer, from a profile measured inside a
+    node and one measured across nodes (one rank per node), with a `source` line saying how each was obtained."""
+    a_i, b_i, how_i = level_from_profile(intra, op)
+    a_e, b_e, how_e = level_from_profile(inter, op)
+    return {"alpha_intra": a_i, "beta_intra": b_i, "alpha_inter": a_e, "beta_inter": b_e,
+            "source": f"calibrated here: inside a node ({how_i}), between nodes ({how_e})"}
