@@ -98,7 +98,8 @@ def test_two_level_figure_marks_the_crossover_only_when_there_is_one():
 
 def test_two_level_explorer_sliders_drive_the_table_and_say_where_levels_come_from():
     box = two_level_explorer(compute=COMPUTE, param_nbytes=SIZES)
-    assert "assumed, not calibrated" in box.children[0].value
+    assert "assumed, not calibrated" in box.children[0].value and "given by the caller" in box.children[0].value
+    assert "placeholder, not measured" in two_level_explorer().children[0].value  # no compute given: said so
     before = box.table.set_index("algorithm")["t_step"].copy()
     box.sliders["nodes"].value = 8
     after = box.table.set_index("algorithm")["t_step"]

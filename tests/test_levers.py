@@ -84,7 +84,6 @@ def test_accumulate_communicates_once_per_k_micro_batches(tmp_path):
     c1, c4 = comm_per_sample(one), comm_per_sample(four)
     assert c4["samples_per_step"] == 4 * c1["samples_per_step"]
     assert c4["rounds_per_micro_batch"] * 4 == pytest.approx(c1["rounds_per_micro_batch"])
-    assert c4["t_comm_per_sample"] == pytest.approx(c4["t_comm"] / c4["samples_per_step"])
 
 
 def test_powersgd_wire_numel_by_hand():

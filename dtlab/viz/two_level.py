@@ -46,7 +46,7 @@ def levels_table(levels: dict, nodes: int, gpus_per_node: int, nics_per_node: in
     gradient sizes `param_nbytes` (ready order), and the network bytes per node per step (B)."""
     lv = _check(levels)
     args = (lv["alpha_intra"], lv["beta_intra"], lv["alpha_inter"], lv["beta_inter"])
-    compute = compute or wi_default_compute()
+    compute = compute or default_compute()
     sizes = list(param_nbytes) if param_nbytes is not None else wi.distilbert_param_nbytes()[::-1]
     rows = []
     for alg in hi.ALGORITHMS:
@@ -61,10 +61,11 @@ def levels_table(levels: dict, nodes: int, gpus_per_node: int, nics_per_node: in
     return pd.DataFrame(rows)
 
 
-def wi_default_compute() -> dict:
-    """The explorer's labelled placeholder compute (not measured), see :mod:`dtlab.viz.explorer_state`."""
-    from dtlab.viz.explorer_state import DEFAULT_COMPUTE
-    return dict(DEFAULT_COMPUTE)
+def default_compute() -> dict:
+    """The explorer's placeholder compute (not measured), with its `source` saying so
+    (:mod:`dtlab.viz.explorer_state`)."""
+    from dtlab.viz.explorer_state import DEFAULT_COMPUTE, DEFAULT_COMPUTE_SOURCE
+    return dict(DEFAULT_COMPUTE, source=DEFAULT_COMPUTE_SOURCE)
 
 
 def two_level_figure(levels: dict, nodes: int, gpus_per_node: int, nics_per_node: int = 1,
@@ -127,8 +128,12 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
          "alpha_inter_us": log(lv["alpha_inter"] * 1e6, -1, 4, "inter α (µs)"),
          "bw_inter_gbs": log(1 / lv["beta_inter"] / 1e9, -3, 3, "inter 1/β (GB/s)"),
          "bucket_mb": log(25.0, -2, 3, "bucket size (MiB)")}
+    compute = compute or default_compute()
+    c_src = compute.get("source", "given by the caller")
     label = widgets.HTML(f"<div style='font-size:90%'><b>levels</b>: {html.escape(lv['source'])}; moving a "
-                         "slider overrides that value</div>")
+                         f"slider overrides that value<br><b>compute per rank</b>: fwd {compute['t_fwd'] * 1e3:.3g} ms, "
+                         f"bwd {compute['t_bwd_comp'] * 1e3:.3g} ms, opt {compute['t_opt'] * 1e3:.3g} ms "
+                         f"({html.escape(c_src)})</div>")
 
     def current():
         v = {k: w.value for k, w in s.items()}
