@@ -251,7 +251,7 @@ def _node_facts(run_dir: str, meta: dict) -> list[str]:
     import glob
 
     from dtlab.results import read_events
-    starts = [next(iter(read_events(p)), {}) for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))]
+    starts = [next(iter(read_events(p)), {}) for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))]
     meta["ranks"] = sorted(({k: e.get(k) for k in ("rank", "node", "local_rank", "host")} for e in starts
                             if e.get("kind") == "start"), key=lambda e: e["rank"])
     meta["hosts"] = sorted({e["host"] for e in meta["ranks"]})

@@ -123,7 +123,13 @@ class RunConfig:
     lr: float = 2e-5
     """AdamW learning rate."""
     seed: int = 0
-    """Seed for weights (random init), data order and dropout."""
+    """Seed for weights (random init), data order and dropout. Same config + same seed = same losses: on CPU
+    with gloo bit for bit on every rank (tested); on CUDA only with `deterministic`."""
+    deterministic: bool = False
+    """Ask for bit-identical reruns on CUDA: deterministic kernels (torch.use_deterministic_algorithms,
+    CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN benchmark off) and one fixed NCCL reduction order (NCCL_ALGO=Ring,
+    NCCL_PROTO=Simple) for a given world size and topology. It can cost speed, so it is off by default; CPU runs
+    with gloo are bit-identical without it."""
     out: str | None = None
     """Run directory; default runs/<strategy>-<model>-p<nproc>-b<bucket_mb>-<timestamp>."""
     timeout_s: float = 1800.0
@@ -211,6 +217,8 @@ class RunConfig:
             check_data_file(self.data, min_rows=self.batch_size * self.nproc)
         if not isinstance(self.record, bool):
             raise ValueError(f"record must be true or false, got {self.record!r}")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
         _finite("lr", self.lr, "", low=0.0, high=10.0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
             raise ValueError(f"seed must be an integer in [0, 2**32) (numpy's range), got {self.seed!r}")

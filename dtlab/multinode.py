@@ -83,7 +83,7 @@ def validate_nodes(cfg) -> None:
 def node_statuses(run_dir: str) -> dict[int, dict]:
     """{slot: that node's status.json} for every node of a multi-node run directory that wrote one."""
     out = {}
-    for p in glob.glob(os.path.join(run_dir, "nodes", "node*.status.json")):
+    for p in sorted(glob.glob(os.path.join(run_dir, "nodes", "node*.status.json"))):
         m = re.search(r"node(\d+)\.status\.json$", p)
         try:
             with open(p) as f:

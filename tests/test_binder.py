@@ -19,9 +19,9 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def readme_torch_pin() -> str:
-    """The torch version the README and CI install first (`pip install torch==X`)."""
-    m = re.search(r"pip install torch==([0-9][0-9.]*)", (ROOT / ".ci" / "run").read_text())
-    assert m, ".ci/run no longer pins torch"
+    """The torch version the README (and so CI, which runs the README's commands) installs first."""
+    m = re.search(r"pip install torch==([0-9][0-9.]*)", (ROOT / "README.md").read_text())
+    assert m, "the README no longer pins torch"
     return m.group(1)
 
 
@@ -145,3 +145,20 @@ def test_the_check_itself_flags_the_old_lab01_text():
     assert DISTILBERT_NUMBERS.search(old) and not SAYS_WHICH_CONFIG.search(old)
     ok = "The model in use has `n_params` parameters (printed above, from `cfg.model`)."
     assert not DISTILBERT_NUMBERS.search(ok)
+
+
+def test_ci_runs_the_readme_commands_in_a_fresh_environment():
+    """CI builds an empty virtual environment and runs the README's Quickstart commands as written: a machine
+    that already has a package installed must not hide a missing install step."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("readme_commands", ROOT / ".ci" / "readme_commands.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cmds = mod.quickstart_commands((ROOT / "README.md").read_text())
+    assert len(cmds) == 2
+    assert "python -m pytest" in cmds[1], "command 2 must run the test suite"
+    assert cmds[0].startswith("pip install torch==") and cmds[1].startswith("pip install torch==")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"python3 -m venv \"\$venv\"\s", ci) and "--system-site-packages" not in ci.replace(
+        "no --system-site-packages", "")
+    assert "readme_commands.py README.md" in ci

@@ -96,7 +96,7 @@ def assign(source: str, out: str, quiet: bool = True) -> dict:
             instructor = os.path.join(out, "instructor", f"{stem}.ipynb")
             shutil.copy(os.path.join(tmp, "autograder", f"{stem}.ipynb"), instructor)
             _clean(instructor, student=False)
-            zips = glob.glob(os.path.join(tmp, "autograder", "*.zip"))
+            zips = sorted(glob.glob(os.path.join(tmp, "autograder", "*.zip")))
             zip_path = os.path.join(out, "autograder", f"{stem}.zip")
             shutil.copy(zips[0], zip_path)
         result["student"].append(student)
@@ -123,7 +123,7 @@ def _submissions(paths) -> list[tuple[str, str, str]]:
 
 
 def _has_runs(directory: str) -> bool:
-    for status in glob.glob(os.path.join(directory, "**", "status.json"), recursive=True):
+    for status in sorted(glob.glob(os.path.join(directory, "**", "status.json"), recursive=True)):
         try:
             with open(status) as f:
                 if json.load(f).get("state") == "finished":

@@ -46,7 +46,7 @@ def replay_root() -> str | None:
 def _recorded(root: str) -> list[tuple[str, dict]]:
     """(run directory, config.json) of every finished run or calibration under `root`, oldest first."""
     out = []
-    for cfg_path in glob.glob(os.path.join(root, "**", "config.json"), recursive=True):
+    for cfg_path in sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True)):
         d = os.path.dirname(cfg_path)
         try:
             with open(cfg_path) as f:
@@ -57,7 +57,7 @@ def _recorded(root: str) -> list[tuple[str, dict]]:
             continue
         if state == "finished":
             out.append((d, cfg))
-    return sorted(out, key=lambda dc: dc[1].get("launch", {}).get("time", 0.0))
+    return sorted(out, key=lambda dc: (dc[1].get("launch", {}).get("time", 0.0), dc[0]))
 
 
 def recorded_machine() -> dict | None:

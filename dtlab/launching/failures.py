@@ -157,7 +157,8 @@ _SIGNAL_HINT = {"SIGKILL": "killed from outside: kill -9, or the kernel's out-of
 def _rank_outcomes(run_dir: str) -> list[dict]:
     """Every rank that ended badly, from its own error event and from torchrun's exit record."""
     exits = {}
-    paths = glob.glob(os.path.join(run_dir, "exits.json")) + glob.glob(os.path.join(run_dir, "nodes", "*.exits.json"))
+    paths = (sorted(glob.glob(os.path.join(run_dir, "exits.json")))
+             + sorted(glob.glob(os.path.join(run_dir, "nodes", "*.exits.json"))))
     for path in paths:
         try:  # one file per node in a multi-node job, keyed by global rank
             with open(path) as f:

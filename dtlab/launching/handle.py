@@ -56,7 +56,7 @@ class Handle(StallWatch):
         if not self.node.multi or len(self._feeds) >= self.nproc:
             return
         known = {f.path for f in self._feeds} | self._foreign
-        for name in os.listdir(os.path.join(self.run_dir, "events")):
+        for name in sorted(os.listdir(os.path.join(self.run_dir, "events"))):
             path = os.path.join(self.run_dir, "events", name)
             if path in known or not name.endswith(".jsonl"):
                 continue

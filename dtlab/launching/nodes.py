@@ -208,7 +208,7 @@ def rendezvous_sentence(node: NodeLaunch) -> str | None:
 
 def _claims(run_dir: str) -> dict[int, dict]:
     out = {}
-    for p in glob.glob(os.path.join(run_dir, "nodes", "node*.json")):
+    for p in sorted(glob.glob(os.path.join(run_dir, "nodes", "node*.json"))):
         name = os.path.basename(p)[4:-5]
         if name.isdigit():
             try:

@@ -7,6 +7,7 @@ pretrained or random and whether the sentences were SST-2 or a stand-in.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import random
@@ -62,13 +63,13 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
 
     errors = []
     if model_source != "random":
-        for where, kwargs in _pretrained_candidates(model_source, model_path):
+        for where, kwargs in _pretrained_candidates(model_source, model_path, errors):
             try:
                 m = AutoModelForSequenceClassification.from_pretrained(where, num_labels=2, **kwargs)
                 tok, tok_src = build_tokenizer(model_source, model_path)
                 return Built(m, tok, f"pretrained {where} ({'local files' if kwargs else 'hub'})", tok_src)
             except Exception as e:  # noqa: BLE001 - every failure falls through to the next source
-                errors.append(f"{where}: {type(e).__name__}")
+                errors.append(f"{where}: {load_failure_reason(e, kwargs.get('local_files_only', False))}")
         if model_source == "hub" or model_path:
             raise RuntimeError(f"could not load pretrained weights ({'; '.join(errors) or 'hub unreachable'})")
     m = DistilBertForSequenceClassification(DistilBertConfig(num_labels=2))
@@ -77,13 +78,31 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
     return Built(m, tok, f"DistilBertConfig() random init, {why}", tok_src)
 
 
-def _pretrained_candidates(model_source: str, model_path: str | None):
+def load_failure_reason(e: BaseException, local_only: bool) -> str:
+    """Why `from_pretrained` failed, in words a run table can show (not just the exception's class name)."""
+    text = " ".join(str(e).split())
+    name = type(e).__name__
+    if local_only and isinstance(e, OSError):
+        return "not in the local Hugging Face cache (looked there only, without network)"
+    if isinstance(e, OSError) and any(k in text for k in ("offline", "HF_HUB_OFFLINE", "connect", "resolve")):
+        return f"hub not reachable (no network or HF_HUB_OFFLINE set): {name}"
+    if isinstance(e, OSError):
+        return f"{name}: {text[:160]}" if text else f"{name} (no message)"
+    return f"{name}: {text[:160]}" if text else name
+
+
+def _pretrained_candidates(model_source: str, model_path: str | None, errors: list | None = None):
+    """Where to try `from_pretrained`, in order; a hub that is not tried is noted in `errors`."""
     if model_path:
         yield model_path, {"local_files_only": True}
         return
     yield HUB_ID, {"local_files_only": True}  # the HF cache, no network
     if hub_reachable():
         yield HUB_ID, {}
+    elif errors is not None:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        errors.append("hub: not tried (HF_HUB_OFFLINE is set)" if offline
+                      else "hub: not reachable (no network to huggingface.co:443)")
 
 
 def build_tokenizer(model_source: str, model_path: str | None):
@@ -106,8 +125,18 @@ def build_tokenizer(model_source: str, model_path: str | None):
         return HashingTokenizer(), "hashing word tokenizer (no WordPiece vocab installed)"
 
 
+def word_id(word: str) -> int:
+    """A word's id in the hashing tokenizer: 1000 + (BLAKE2b-64 of its UTF-8 bytes mod 29,000).
+
+    A pure function of the text. Python's built-in `hash()` of a str is salted per process (PYTHONHASHSEED),
+    so two ranks, or two runs, would give the same word different ids."""
+    digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
+    return 1000 + int.from_bytes(digest, "little") % 29000
+
+
 class HashingTokenizer:
-    """Maps lower-cased words to ids by hash; only used when no WordPiece vocabulary is installed."""
+    """Maps lower-cased words to ids by a stable hash (`word_id`); only used when no WordPiece vocabulary is
+    installed. Every process on every machine maps a text to the same ids."""
 
     vocab_size = 30522
 
@@ -116,7 +145,7 @@ class HashingTokenizer:
         ids = torch.zeros(len(texts), max_length, dtype=torch.long)
         mask = torch.zeros(len(texts), max_length, dtype=torch.long)
         for i, t in enumerate(texts):
-            toks = [101] + [1000 + (hash(w) % 29000) for w in t.lower().split()][: max_length - 2] + [102]
+            toks = [101] + [word_id(w) for w in t.lower().split()][: max_length - 2] + [102]
             ids[i, : len(toks)] = torch.tensor(toks)
             mask[i, : len(toks)] = 1
         return {"input_ids": ids, "attention_mask": mask}

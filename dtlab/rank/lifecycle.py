@@ -71,6 +71,8 @@ def setup_distributed(cfg: RunConfig, rank: int, world: int):
     placed = cfg.placement()
     for k, v in placed.env.items():  # read by NCCL when the communicator is created, i.e. below
         os.environ.setdefault(k, v)
+    if getattr(cfg, "deterministic", False):
+        make_deterministic()
     if placed.device == "cuda":
         device = torch.device("cuda", placed.device_index(local_rank))
         torch.cuda.set_device(device)
@@ -83,6 +85,23 @@ def setup_distributed(cfg: RunConfig, rank: int, world: int):
     else:
         dist.init_process_group("gloo", **store)
     return device, placed.backend
+
+
+#: What `RunConfig.deterministic` sets in each rank before CUDA or NCCL start (an explicit environment wins).
+DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
+
+
+def make_deterministic() -> None:
+    """Bit-identical reruns on CUDA: deterministic kernels and one NCCL algorithm and protocol, so the order in
+    which NCCL sums the ranks' numbers is fixed for a given world size and topology. cuBLAS reads its workspace
+    setting when its first handle is made and NCCL its algorithm when the communicator is, both later than this."""
+    import torch
+
+    for k, v in DETERMINISTIC_ENV.items():
+        os.environ.setdefault(k, v)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
 
 
 def _attempt_store(world: int) -> dict:
@@ -126,9 +145,20 @@ def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, **_optional_versions()},
         "cuda": torch.version.cuda, "nccl": _nccl_version() if backend == "nccl" else None,
+        "determinism": determinism_note(cfg, device.type),
         **sources,
     }
     dump_json(doc, path)
+
+
+def determinism_note(cfg, device_type: str) -> str:
+    """What a rerun of this config with the same seed reproduces, in words (recorded in config.json)."""
+    if device_type == "cpu":
+        return "bit-identical losses on every rank for the same config and seed (CPU, gloo)"
+    if getattr(cfg, "deterministic", False):
+        return ("deterministic kernels and NCCL " + "/".join(f"{k}={os.environ.get(k)}" for k in DETERMINISTIC_ENV)
+                + ": bit-identical reruns expected on the same GPUs and topology")
+    return "not bit-identical on CUDA (nondeterministic kernels and NCCL's algorithm choice); set deterministic=True"
 
 
 FAULT_MODES = ("raise", "exit", "kill", "segv", "stop")

@@ -32,7 +32,7 @@ def _step_times(run_dir: str) -> dict[tuple[int, int, str], float]:
     """(rank, step, kind) -> wall time written at the end of the step (seconds since the epoch)."""
     from dtlab.events import read_events
     out = {}
-    for p in glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")):
+    for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))):
         for e in read_events(p):
             if e.get("kind") in ("step", "baseline_step") and "time" in e:
                 out[(int(e["rank"]), int(e["step"]), e["kind"])] = float(e["time"])
