@@ -115,6 +115,52 @@ def lab_placements(ngpu: int, nccl, labs_dir: str | None = None) -> dict:
     return out
 
 
+#: The machines docs/gpus.md describes: (column title, GPUs, NCCL version).
+DOC_MACHINES = (("CPU machine", 0, None), ("1 GPU, NCCL 2.28.9 (torch 2.11's)", 1, "2.28.9"),
+                ("1 GPU, NCCL >= 2.30", 1, "2.30.1"), ("8 GPUs", 8, "2.28.9"))
+
+
+def _short(q: dict) -> str:
+    if "backend" not in q:
+        return q["label"]
+    n, per = q["nproc"], q["ranks_per_gpu"]
+    if q.get("nnodes", 1) > 1:  # emulated nodes: every node's ranks on this machine's same devices
+        where = "CPU" if q["device"] == "cpu" else "CUDA tensors, all on GPU 0"
+        return f"{q['nnodes']} nodes x {n} {q['backend'] if q['device'] == 'cuda' else 'gloo'}, {where}"
+    if q["device"] == "cpu":
+        return f"{n} gloo, CPU"
+    if q["backend"] == "nccl":
+        return f"{n} NCCL, {'1 GPU each' if per == 1 else f'{per} per GPU (multi-rank)'}"
+    return f"{n} gloo, CUDA tensors, {per} per GPU"
+
+
+def labs_markdown(machines=DOC_MACHINES, quick: bool = False) -> str:
+    """Every lab's launches and where their ranks go on each machine, as the Markdown table docs/gpus.md holds
+    (a test keeps the page equal to this)."""
+    from dtlab.labs import LABS, lab_parts
+    rows = ["| lab | launch | " + " | ".join(m[0] for m in machines) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in machines) + " |"]
+    for key, (title, _) in sorted(LABS.items()):
+        cols = [lab_parts(key, ngpu, nccl, quick=quick) for _, ngpu, nccl in machines]
+        for i, part in enumerate(cols[0]):
+            what = part["what"] if cols[1][i]["what"] == part["what"] else "?"
+            rows.append(f"| {key + ' ' + title if i == 0 else ''} | {what} | "
+                        + " | ".join(_short(c[i]) for c in cols) + " |")
+    return "\n".join(rows)
+
+
+def timing_markdown() -> str:
+    """How times are taken on each path, in the words every screen uses (dtlab.placement.TIMING)."""
+    from dtlab.placement import TIMING
+    names = {"wall": "CPU machine (gloo)", "nccl": "NCCL on CUDA", "gloo_cuda": "gloo on CUDA tensors"}
+    return "\n".join(f"- **{names[k]}**: {v}." for k, v in TIMING.items())
+
+
+def doc_blocks() -> dict:
+    """The generated blocks of docs/gpus.md, by marker name."""
+    return {"labs table": labs_markdown(), "timing words": timing_markdown()}
+
+
 def report(f: dict) -> str:
     """The facts as text, one fact a line, each with its unit or its meaning."""
     gpus = f.get("gpus") or []

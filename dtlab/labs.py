@@ -66,8 +66,8 @@ def _cal(nproc: int, backend: str = "auto") -> RunConfig:
 
 def _lab03(c):
     base = c()
-    return ([("DDP runs", base)] + [(f"sweep at {k} ranks", c(nproc=k)) for k in sorted({2, base.nproc})]
-            + [("calibration", _cal(2))])
+    return [("DDP runs", base), ("sweep at 2 ranks", c(nproc=2)),
+            ("sweep at one rank per GPU (at least 2)", base), ("calibration", _cal(2))]
 
 
 def _lab04(c):
@@ -87,8 +87,8 @@ LABS = {
     "06": ("stragglers, parameter server, faults", lambda c: [("DDP and ps runs", c()),
                                                               ("group-size calibration", _cal(3))]),
     "07": ("beyond one machine", lambda c: [
-        ("2 emulated nodes x 1 rank on this machine, each node's rank on the same device (gloo: the emulated "
-         "link carries gloo's sockets)", c(nproc=1, backend="gloo")), ("calibration inside a node", _cal(2))]),
+        ("2 emulated nodes x 1 rank (gloo: the emulated link carries gloo's sockets)",
+         c(nproc=1, backend="gloo", nnodes=2)), ("calibration inside a node", _cal(2))]),
     "08": ("build it yourself", lambda c: [("exercises (2 ranks on CPU tensors, by design)", _cal(2).replace(
         device="cpu")), ("calibration", _cal(2, backend="gloo"))]),
 }
@@ -96,7 +96,9 @@ LABS = {
 
 def lab_parts(lab: str, ngpu: int, nccl=None, quick: bool = False) -> list[dict]:
     """Where each run of lab `lab` ("04" or "04_zero3_vs_ddp") places its ranks on a machine with `ngpu` GPUs
-    and this NCCL: [{what, label, note, timing}] (label "cannot run as configured: ..." when refused)."""
+    and this NCCL: [{what, label, note, timing, nproc, nnodes, backend, device, ranks_per_gpu}] (label "cannot
+    run as configured: ..." and nothing else when refused). Emulated nodes (nnodes > 1) all run on this machine,
+    each node's local rank 0 on the same device."""
     key = lab[:2]
     if key not in LABS:
         raise ValueError(f"lab must be one of {', '.join(LABS)} (a lab notebook's number), got {lab!r}")
@@ -104,7 +106,9 @@ def lab_parts(lab: str, ngpu: int, nccl=None, quick: bool = False) -> list[dict]
     for what, cfg in LABS[key][1](lambda **kw: config_for(ngpu, quick, **kw)):
         try:
             p = cfg.placement(ngpu, nccl)
-            out.append({"what": what, "label": p.label, "note": p.note, "timing": p.timing})
+            out.append({"what": what, "label": p.label, "note": p.note, "timing": p.timing, "nproc": cfg.nproc,
+                        "nnodes": cfg.nnodes, "backend": p.backend, "device": p.device,
+                        "ranks_per_gpu": p.ranks_per_gpu})
         except ValueError as e:
             out.append({"what": what, "label": f"cannot run as configured: {e}", "note": "", "timing": ""})
     return out

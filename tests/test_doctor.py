@@ -69,3 +69,17 @@ def test_one_gpu_with_nccl_230_and_eight_gpus():
     assert _parts(8, "2.28.9", "03")["sweep at 2 ranks"]["label"] == "NCCL, 2 ranks, one GPU each"
     assert _parts(8, "2.28.9", "00")["2-rank all-reduce"]["label"] == "NCCL, 2 ranks, one GPU each"
     assert _parts(8, "2.28.9", "04")["ZeRO-3 run"]["label"] == "NCCL, 8 ranks, one GPU each"
+
+
+def test_the_gpu_docs_say_what_the_code_does():
+    """docs/gpus.md's lab table and timing words are what dtlab.labs and dtlab.placement say (a changed
+    placement or timing that the page does not follow fails here)."""
+    import re
+
+    from dtlab.doctor import doc_blocks
+    text = (LABS_DIR.parent / "docs" / "gpus.md").read_text()
+    for name, block in doc_blocks().items():
+        m = re.search(rf"<!-- {name}: begin -->\n(.*?)\n<!-- {name}: end -->", text, re.S)
+        assert m and m.group(1) == block, f"docs/gpus.md's {name} is stale: paste dtlab.doctor.doc_blocks()"
+    for machine in ("CPU machine", "One GPU, NCCL 2.28.9", "One GPU, NCCL >= 2.30", "Several GPUs"):
+        assert f"**{machine}.**" in text
