@@ -101,8 +101,8 @@ def main(argv=None) -> int:
     print(f"bucket {args.numel * 4:,} B, median per call on the calling thread ({args.calls} calls):")
     for name, us in rows.items():
         print(f"  {name:20s} {us:8.1f} us")
-    print(f"  the bias removed (dtlab baseline - torch noop_hook): {rows['dtlab baseline'] - rows['torch noop_hook']:.1f}"
-          f" us per bucket")
+    bias = rows["dtlab baseline"] - rows["torch noop_hook"]
+    print(f"  the bias removed (dtlab baseline - torch noop_hook): {bias:.1f} us per bucket")
     dist.destroy_process_group()
     print(f"ZeRO-3: a timed Work.wait() on an already completed collective costs {_timed_wait_us(args.calls):.1f} us "
           "more than the bare wait (CPU: two clock reads and a record)")

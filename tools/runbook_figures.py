@@ -44,7 +44,8 @@ def zero3_figures(run_dir: str) -> tuple[dict, bool]:
     figs = {"bytes_per_rank_step": {f"{p}/{o}": int(v) for (p, o), v in by.items()},
             "expected_reduce_scatter_bytes_per_step": run.resolved.get("expected_reduce_scatter_bytes_per_step"),
             "memory": _records(run.memory), "summary": _records(run.summary()),
-            "placement": run.resolved.get("placement"), "deepspeed_local_rank": run.resolved.get("deepspeed_local_rank"),
+            "placement": run.resolved.get("placement"),
+            "deepspeed_local_rank": run.resolved.get("deepspeed_local_rank"),
             "collective_timing": run.resolved.get("collective_timing"),
             "unfinished_collectives": int(c["t_end"].isna().sum())}
     return figs, run.status.get("state") == "finished"
