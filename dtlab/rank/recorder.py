@@ -110,8 +110,9 @@ class BucketRecorder:
 
     `mode = "noop"` is the compute baseline: the same hook minus the collective (`_baseline`): same division,
     same marks, the same callback chained on an already completed future. DDP's bare `noop_hook` would skip the
-    hook's own Python and dispatch work (about 100 us per bucket, measured in benchmarks/hook_cost.py), which
-    the measured steps pay, and T_step - T_comp would count it as exposed communication.
+    hook's own Python and dispatch work (8-10 us per bucket on this project's CPU machine, benchmarks/hook_cost.py;
+    more on a GPU, where the marks are CUDA events), which the measured steps pay, and T_step - T_comp would
+    count it as exposed communication.
     Steps 3 and 4 are the `transport`'s (default `AllReduceTransport`, DDP's all-reduce); strategy 'ps' passes
     its reduce + broadcast (dtlab.rank.ps), which may add marks of its own (`rec["_t_<name>"]` -> `t_<name>`).
     """
