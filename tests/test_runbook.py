@@ -13,7 +13,6 @@ import tarfile
 import time
 import zipfile
 
-import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools"
