@@ -93,7 +93,8 @@ class CalibConfig:
         _int_at_least("nproc", self.nproc, 1)
         if isinstance(self.nnodes, int) and self.nproc * self.nnodes < 2:
             raise ValueError(f"nproc x nnodes must be >= 2 (a collective needs peers), got nproc={self.nproc}, "
-                             f"nnodes={self.nnodes}")
+                             f"nnodes={self.nnodes}; one GPU hosts 2 ranks (dtlab.placement), so use nproc=2 "
+                             "(dtlab.labs.calibration_ranks(cfg) gives a run's ranks, at least 2)")
         if not self.ops or any(o not in OPS for o in self.ops):
             raise ValueError(f"ops must be a non-empty subset of {', '.join(OPS)}, got {list(self.ops)!r}")
         if not self.sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 4 for s in self.sizes):

@@ -114,7 +114,8 @@ def _cmd_run(args) -> int:
 
     cfg = from_args(args, RunConfig)
     placed = cfg.validate().placement()
-    print(f"dtlab: {placed.label}" + (f"\n  note: {placed.note}" if placed.note else ""), file=sys.stderr)
+    print(f"dtlab: {placed.label}" + (f"\n  note: {placed.note}" if placed.note else "")
+          + f"\n  timed with {placed.timing}", file=sys.stderr)
     handle = launch(cfg)
     try:
         run = handle.wait(progress=not args.no_progress)

@@ -174,12 +174,11 @@ class RunConfig:
             self.zero = ZeroConfig(**self.zero)
 
     # ---- validation -------------------------------------------------------------------------------------
-    def validate(self, cuda_device_count: int | None = None) -> "RunConfig":
+    def validate(self, cuda_device_count: int | None = None, nccl_version=None) -> "RunConfig":
         """Check every field; raise ValueError naming the field and what is allowed. Returns self.
 
-        `cuda_device_count` defaults to what this machine reports (asked without initialising CUDA). The "auto"
-        fields (nproc, baseline_steps: None) are resolved here, so a validated config is fully explicit.
-        """
+        `cuda_device_count` and `nccl_version` default to this machine's (asked without initialising CUDA). The
+        "auto" fields (nproc, baseline_steps: None) are resolved here, so a validated config is fully explicit."""
         _choice("strategy", self.strategy, STRATEGIES)
         self._resolve_auto(cuda_device_count)
         _int_at_least("nproc", self.nproc, 1)
@@ -233,7 +232,7 @@ class RunConfig:
         self.zero.validate()
         # Machine checks last: they need the device count.
         _choice("device", self.device, DEVICES)
-        placed = self.placement(cuda_device_count)  # raises ValueError when the GPUs cannot host the ranks
+        placed = self.placement(cuda_device_count, nccl_version)  # ValueError when the GPUs cannot host the ranks
         from dtlab.levers import validate_levers
         from dtlab.restarts import validate_restarts
         validate_levers(self, placed)
@@ -242,9 +241,6 @@ class RunConfig:
         validate_restarts(self)
         from dtlab.multinode import validate_nodes
         validate_nodes(self)
-        if self.strategy == "zero3" and placed.backend == "gloo" and placed.device == "cuda":
-            raise ValueError(f"strategy 'zero3' cannot run as {placed.label}: DeepSpeed's CUDA accelerator needs "
-                             "NCCL. Use nproc <= the GPU count, or device 'cpu' for a CPU run")
         return self
 
     def _resolve_auto(self, cuda_device_count: int | None = None) -> None:
@@ -262,7 +258,7 @@ class RunConfig:
         if cuda_device_count is None:
             cuda_device_count, found = machine_gpus()
             nccl_version = nccl_version if nccl_version is not None else found
-        return plan(self.nproc, self.backend, self.device, cuda_device_count, nccl_version)
+        return plan(self.nproc, self.backend, self.device, cuda_device_count, nccl_version, strategy=self.strategy)
 
     def resolved_backend(self, cuda_device_count: int | None = None, nccl_version=None) -> str:
         """The torch.distributed backend the ranks use ('nccl' or 'gloo'): see `placement()`."""

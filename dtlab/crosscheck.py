@@ -16,7 +16,7 @@ def crosscheck(run) -> pd.DataFrame:
     - NCCL's own per-collective duration (`backend_ms`, from `TORCH_NCCL_ENABLE_TIMING`: CUDA events around
       the kernel on NCCL's stream) against dtlab's service time of the same bucket: t_end minus the later
       of its issue and the previous bucket's end on that rank (one NCCL stream runs buckets one at a time).
-      gloo has no such timer: the row says so.
+      gloo has no such timer, and one NCCL rank launches no kernel (nothing to reduce): the row says so.
     - DDP's own `backward_comm_time` (its reducer's timer: first bucket's communication start to the end of
       the last, per rank and step) against dtlab's span of the same rank-step: last t_end - first t_start.
     """
@@ -32,7 +32,12 @@ def crosscheck(run) -> pd.DataFrame:
         pairs = [(d, ms / 1e3) for d, ms in svc if ms is not None and ms == ms and ms > 0]
         what = ("dtlab: t_end - max(t_start, previous bucket's t_end); reference: NCCL's own kernel timing "
                 "(TORCH_NCCL_ENABLE_TIMING)")
-        if pairs:
+        if pairs and int(run.resolved.get("world_size") or 2) < 2:
+            # One rank: NCCL's in-place sum has nothing to reduce and launches no kernel, so its own duration is
+            # about 0 and says nothing about dtlab's interval. Compared with 2 or more NCCL ranks only.
+            rows.append(("bucket all-reduce duration vs NCCL", float(np.median([x for x, _ in svc])), np.nan,
+                         np.nan, 0, what + " -- not compared on one rank: NCCL launches no kernel for a 1-rank sum"))
+        elif pairs:
             d, ref = np.array(pairs).T
             rows.append(("bucket all-reduce duration vs NCCL", float(np.median(d)), float(np.median(ref)),
                          float(np.median(d / ref - 1)), len(pairs), what))

@@ -14,10 +14,16 @@ import subprocess
 import sys
 import time
 
-#: The configuration each lab starts from, by lab, as (strategy, ranks): what `report` places on this machine.
-LAB_RANKS = {"00 setup check (2-rank all-reduce)": ("calibrate", 2), "01 DDP breakdown": ("ddp", None),
-             "02 collectives, alpha-beta": ("calibrate", 2), "03 buckets and GPU count": ("ddp", None),
-             "04 ZeRO-3 vs DDP": ("zero3", None)}
+def lab_files(labs_dir: str | None = None) -> list[str]:
+    """The lab notebooks' stems ("00_setup_check", ...) in `labs_dir` (default: the checkout's labs/), sorted;
+    where there is no labs/ folder (an installed package), the labs dtlab.labs.LABS describes."""
+    from dtlab.labs import LABS
+    labs_dir = labs_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "labs")
+    if os.path.isdir(labs_dir):
+        stems = sorted(f[:-6] for f in os.listdir(labs_dir) if f.endswith(".ipynb") and f[:2].isdigit())
+        if stems:
+            return stems
+    return [f"{k}_{v[0]}" for k, v in sorted(LABS.items())]
 
 
 def probe() -> dict:
@@ -92,23 +98,67 @@ def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
     return found
 
 
-def lab_placements(ngpu: int, nccl) -> dict:
-    """Where each lab's ranks run on a machine with `ngpu` GPUs and this NCCL: label and note, or the reason
-    it cannot run as configured."""
-    from dtlab.placement import plan
+def lab_placements(ngpu: int, nccl, labs_dir: str | None = None) -> dict:
+    """For every lab notebook in labs/: where each of its runs places its ranks on a machine with `ngpu` GPUs
+    and this NCCL ({"NN title": {"label", "note", "timing", "parts": [{what, label, note, timing}]}}), from the
+    configs the lab itself builds (dtlab.labs). A lab dtlab.labs does not describe says so."""
+    from dtlab.labs import LABS, lab_parts
     out = {}
-    for lab, (strategy, ranks) in LAB_RANKS.items():
-        nproc = ranks or max(2, ngpu)
-        try:
-            p = plan(nproc, "auto", "auto", ngpu, nccl)
-            if strategy == "zero3" and p.backend == "gloo" and p.device == "cuda":
-                p = plan(min(nproc, ngpu), "auto", "auto", ngpu, nccl)
-                out[lab] = {"label": p.label + " (ZeRO-3 needs NCCL, so ranks = GPUs)", "note": p.note}
-                continue
-            out[lab] = {"label": p.label, "note": p.note}
-        except ValueError as e:
-            out[lab] = {"label": f"cannot run as configured: {e}", "note": ""}
+    for stem in lab_files(labs_dir):
+        if stem[:2] not in LABS:
+            out[stem] = {"label": "not described in dtlab.labs.LABS: where it runs is unknown", "note": "",
+                         "timing": "", "parts": []}
+            continue
+        parts = lab_parts(stem[:2], ngpu, nccl)
+        out[f"{stem[:2]} {LABS[stem[:2]][0]}"] = {**{k: parts[0][k] for k in ("label", "note", "timing")},
+                                                  "parts": parts}
     return out
+
+
+#: The machines docs/gpus.md describes: (column title, GPUs, NCCL version).
+DOC_MACHINES = (("CPU machine", 0, None), ("1 GPU, NCCL 2.28.9 (torch 2.11's)", 1, "2.28.9"),
+                ("1 GPU, NCCL >= 2.30", 1, "2.30.1"), ("8 GPUs", 8, "2.28.9"))
+
+
+def _short(q: dict) -> str:
+    if "backend" not in q:
+        return q["label"]
+    n, per = q["nproc"], q["ranks_per_gpu"]
+    if q.get("nnodes", 1) > 1:  # emulated nodes: every node's ranks on this machine's same devices
+        where = "CPU" if q["device"] == "cpu" else "CUDA tensors, all on GPU 0"
+        return f"{q['nnodes']} nodes x {n} {q['backend'] if q['device'] == 'cuda' else 'gloo'}, {where}"
+    if q["device"] == "cpu":
+        return f"{n} gloo, CPU"
+    if q["backend"] == "nccl":
+        return f"{n} NCCL, {'1 GPU each' if per == 1 else f'{per} per GPU (multi-rank)'}"
+    return f"{n} gloo, CUDA tensors, {per} per GPU"
+
+
+def labs_markdown(machines=DOC_MACHINES, quick: bool = False) -> str:
+    """Every lab's launches and where their ranks go on each machine, as the Markdown table docs/gpus.md holds
+    (a test keeps the page equal to this)."""
+    from dtlab.labs import LABS, lab_parts
+    rows = ["| lab | launch | " + " | ".join(m[0] for m in machines) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in machines) + " |"]
+    for key, (title, _) in sorted(LABS.items()):
+        cols = [lab_parts(key, ngpu, nccl, quick=quick) for _, ngpu, nccl in machines]
+        for i, part in enumerate(cols[0]):
+            what = part["what"] if cols[1][i]["what"] == part["what"] else "?"
+            rows.append(f"| {key + ' ' + title if i == 0 else ''} | {what} | "
+                        + " | ".join(_short(c[i]) for c in cols) + " |")
+    return "\n".join(rows)
+
+
+def timing_markdown() -> str:
+    """How times are taken on each path, in the words every screen uses (dtlab.placement.TIMING)."""
+    from dtlab.placement import TIMING
+    names = {"wall": "CPU machine (gloo)", "nccl": "NCCL on CUDA", "gloo_cuda": "gloo on CUDA tensors"}
+    return "\n".join(f"- **{names[k]}**: {v}." for k, v in TIMING.items())
+
+
+def doc_blocks() -> dict:
+    """The generated blocks of docs/gpus.md, by marker name."""
+    return {"labs table": labs_markdown(), "timing words": timing_markdown()}
 
 
 def report(f: dict) -> str:
@@ -140,11 +190,15 @@ def report(f: dict) -> str:
                                                "not reachable (or HF_HUB_OFFLINE set): random-init DistilBERT and "
                                                "dtlab's offline SST-2-format data, labelled in every run"))
     lines.append("  where each lab's ranks run:")
+    parts = [q for p in f.get("labs", {}).values() for q in p.get("parts", [])]
     for lab, p in f.get("labs", {}).items():
-        lines.append(f"    {lab}: {p['label']}")
-    notes = {p["note"] for p in f.get("labs", {}).values() if p.get("note")}
-    for n in sorted(notes):
+        lines.append(f"    {lab}")
+        for q in p.get("parts") or [{"what": "?", "label": p["label"]}]:
+            lines.append(f"        {q['what']}: {q['label']}")
+    for n in sorted({q["note"] for q in parts if q.get("note")}):
         lines.append(f"  note: {n}")
+    for t in sorted({q["timing"] for q in parts if q.get("timing")}):
+        lines.append(f"  timed with {t}")
     return "\n".join(lines)
 
 

@@ -160,7 +160,12 @@ class Emulation:
             raise RuntimeError("the emulated link is not set up: use `with Emulation(...) as em:`")
         endpoint = (f"127.0.0.1:{free_port()}" if self.rate is None else f"{self.addresses[0]}:{STORE_PORT}")
         out = cfg.out or unique_dir(os.path.dirname(default_dir) or ".", os.path.basename(default_dir))
-        return dataclasses.replace(cfg, nnodes=self.nnodes, rdzv_endpoint=endpoint, rdzv_id=None, out=out)
+        # gloo unless asked otherwise: the emulated link carries gloo's sockets only (NCCL between ranks of one
+        # host takes shared memory or P2P, bypassing it), and the nodes' ranks share this machine's GPUs, which
+        # NCCL before 2.30 refuses (each node would put its local rank 0 on cuda:0)
+        backend = "gloo" if cfg.backend == "auto" else cfg.backend
+        return dataclasses.replace(cfg, nnodes=self.nnodes, rdzv_endpoint=endpoint, rdzv_id=None, out=out,
+                                   backend=backend)
 
     def launch(self, cfg) -> list:
         """Start every node of a training run; returns their Handles (node 0's first)."""

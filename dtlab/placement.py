@@ -12,12 +12,17 @@ never disagree. The rules, for `backend="auto"` and `device="auto"`:
 | 0 | gloo on CPU | everything is a CPU figure |
 
 A GPU machine never runs silently on the CPU: with `device="auto"` and at least one GPU, ranks use CUDA.
-`device="cpu"` asks for CPU ranks explicitly (gloo only).
+`device="cpu"` asks for CPU ranks explicitly (gloo only). ZeRO-3 is placed by the same rules: on gloo with
+CUDA tensors DeepSpeed runs its CUDA accelerator over gloo (every collective staged through host memory), and
+ranks sharing a GPU are given that GPU's index as LOCAL_RANK, which DeepSpeed takes its device from.
+
+How times are taken on each path (`timing_path`, `TIMING`; the rank side is dtlab.rank.marks) is part of the
+placement, so the banner, the doctor and docs/gpus.md say it in the same words.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 #: First NCCL release that lets two ranks of one communicator share a GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1).
 NCCL_SHARED_GPU_MIN = (2, 30, 0)
@@ -26,6 +31,26 @@ NCCL_MAX_RANKS_PER_GPU = 2
 
 BACKENDS = ("auto", "nccl", "gloo")
 DEVICES = ("auto", "cuda", "cpu")
+
+#: How a rank's communication times are taken on each path (see dtlab.rank.marks): the words every screen uses.
+TIMING = {
+    "wall": ("wall clocks (time.perf_counter): a bucket is ready and issued on the training thread and ends in "
+             "gloo's thread the moment its collective completes"),
+    "nccl": ("CUDA events, read once per step: ready and issue on the compute stream, end on a stream made to "
+             "wait for NCCL's kernel (DDP: the CUDA future's callback stream; ZeRO-3: a stream dtlab owns)"),
+    "gloo_cuda": ("CUDA events, read once per step: ready and issue on the compute stream; end when gloo's "
+                  "worker thread finished the collective in host memory, marked by an event on a stream dtlab "
+                  "owns on the rank's GPU (the copy back to the GPU is not included)"),
+}
+
+
+def timing_path(device_type: str, backend: str) -> str:
+    """'wall' for CPU ranks, 'nccl' for NCCL on CUDA, 'gloo_cuda' for gloo on CUDA tensors."""
+    if device_type != "cuda":
+        return "wall"
+    if backend in ("nccl", "gloo"):
+        return "nccl" if backend == "nccl" else "gloo_cuda"
+    raise ValueError(f"backend must be 'nccl' or 'gloo' on CUDA, got {backend!r}")
 
 
 @dataclass(frozen=True)
@@ -50,9 +75,16 @@ class Placement:
         """The CUDA device a local rank uses (ranks fill GPUs round-robin), or None on CPU."""
         return local_rank % self.gpus if self.device == "cuda" else None
 
+    @property
+    def timing(self) -> str:
+        """How communication times are taken here (TIMING of this placement's path)."""
+        return TIMING[timing_path(self.device, self.backend)]
+
     def to_dict(self) -> dict:
+        """JSON-safe fields, plus `timing` (how times are taken here)."""
         return {"backend": self.backend, "device": self.device, "gpus": self.gpus,
-                "ranks_per_gpu": self.ranks_per_gpu, "label": self.label, "note": self.note, "env": dict(self.env)}
+                "ranks_per_gpu": self.ranks_per_gpu, "label": self.label, "note": self.note, "env": dict(self.env),
+                "timing": self.timing}
 
 
 def parse_version(v) -> tuple[int, int, int] | None:
@@ -72,10 +104,32 @@ def nccl_allows_shared_gpu(nccl_version) -> bool:
 
 
 def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
-         nccl_version=None) -> Placement:
+         nccl_version=None, strategy: str | None = None) -> Placement:
     """Decide backend and device for `nproc` ranks on a machine with `ngpu` GPUs (see the module docstring).
 
+    `strategy` only adds what the placement means for it to the note (ZeRO-3 over gloo, ZeRO-3 on one rank).
     Raises ValueError naming the field when the request cannot run here."""
+    p = _plan(nproc, backend, device, ngpu, nccl_version)
+    extra = strategy_note(strategy, p, nproc)
+    if extra:
+        p = replace(p, note=f"{p.note}; {extra}" if p.note else extra)
+    return p
+
+
+def strategy_note(strategy: str | None, p: Placement, nproc: int) -> str:
+    """What a placement means for a strategy's numbers beyond what it means for DDP ('' when nothing)."""
+    if strategy != "zero3":
+        return ""
+    if nproc == 1:
+        return ("ZeRO-3 on one rank partitions nothing (p = 1): each rank holds everything and no byte travels "
+                "between ranks; use 2 or more ranks to see sharding")
+    if p.backend == "gloo" and p.device == "cuda":
+        return ("ZeRO-3 runs DeepSpeed's CUDA accelerator over gloo: each all-gather and reduce-scatter is copied "
+                "to host memory and back, and gloo's reduce-scatter is an all-reduce then a chunk (twice the data)")
+    return ""
+
+
+def _plan(nproc: int, backend: str, device: str, ngpu: int, nccl_version) -> Placement:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     if device not in DEVICES:
@@ -96,7 +150,7 @@ def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
 
     # From here on there is at least one GPU and the ranks use CUDA.
     if backend in ("auto", "nccl") and nproc <= ngpu:
-        return Placement("nccl", "cuda", nproc, 1, f"NCCL, {nproc} rank(s), one GPU each")
+        return Placement("nccl", "cuda", nproc, 1, f"NCCL, {_ranks(nproc)}, one GPU each")
     if backend in ("auto", "nccl") and shared_ok and nproc <= NCCL_MAX_RANKS_PER_GPU * ngpu:
         per = -(-nproc // ngpu)
         return Placement(
@@ -115,15 +169,19 @@ def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
     why = "" if backend == "gloo" else (f"; NCCL {nccl_v} cannot put {nproc} ranks on {ngpu} GPU(s)")
     return Placement(
         "gloo", "cuda", min(ngpu, nproc), per,
-        f"gloo on CUDA tensors, {nproc} ranks on {min(ngpu, nproc)} GPU(s), {per} per GPU{why}",
+        f"gloo on CUDA tensors, {_ranks(nproc)} on {min(ngpu, nproc)} GPU(s), {per} per GPU{why}",
         note=("compute is real GPU compute, but gloo stages every collective through host memory and TCP "
               "loopback: T_comm is a host-memory figure, far slower than NCCL over NVLink or PCIe"
               + ("; ranks sharing a GPU also slow each other's compute" if per > 1 else "")))
 
 
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 def _cpu(nproc: int, explicit: bool) -> Placement:
     why = "device 'cpu' asked for" if explicit else "no CUDA GPU on this machine"
-    return Placement("gloo", "cpu", 0, 0, f"gloo on CPU, {nproc} ranks ({why})",
+    return Placement("gloo", "cpu", 0, 0, f"gloo on CPU, {_ranks(nproc)} ({why})",
                      note="every time is a CPU figure: ranks share the cores with gloo's threads, and loopback TCP "
                           "has its own alpha and beta")
 

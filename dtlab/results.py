@@ -174,7 +174,7 @@ class Run:
             # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.rank.zero3.blocked).
             exposed_med = float(ps["t_blocked"].median())
             t_comp = float((ps["t_step"] - ps["t_blocked"]).median())
-            where = "compute stream" if self.resolved.get("backend") == "nccl" else "training thread"
+            where = "compute stream" if self.resolved.get("device_type") == "cuda" else "training thread"
             how_comp = "measured: T_step - time blocked on collectives (slowest rank, per step)"
             how_exposed = (f"measured: time the slowest rank's {where} was blocked waiting for collectives "
                            "(timed waits + blocking calls)")
@@ -228,8 +228,8 @@ class Run:
                  f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",
                  f"  model: {self.resolved.get('model_source', '?')}",
                  f"  data:  {self.resolved.get('data_source', '?')}"]
-        if self.resolved.get("placement", {}).get("note"):
-            lines.append(f"  note: {self.resolved['placement']['note']}")
+        placed = self.resolved.get("placement", {})
+        lines += [f"  {k}: {placed[k]}" for k in ("note", "timing") if placed.get(k)]  # what it means, how timed
         if self.resolved.get("oversubscribed"):
             lines.append(f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
                          "(oversubscribed: compute is slowed by sharing cores)")

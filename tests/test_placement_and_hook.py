@@ -47,18 +47,28 @@ def test_placement_refuses_by_name(ngpu, nccl, nproc, backend, device, field):
         plan(nproc, backend, device, ngpu, nccl)
 
 
-def test_config_uses_the_placement_and_refuses_zero3_on_gloo_cuda():
+def test_config_uses_the_placement_for_every_strategy():
     cfg = dtlab.tiny(nproc=2)
     assert cfg.resolved_backend(1, "2.30.0") == "nccl" and cfg.resolved_backend(1, "2.28.9") == "gloo"
     assert cfg.resolved_backend(0) == "gloo"
-    cfg.validate(cuda_device_count=1)  # DDP: gloo on CUDA tensors is allowed
-    z = dtlab.tiny(nproc=2, strategy="zero3", baseline_steps=0)
-    assert z.placement(1, "2.27.5").backend == "gloo"
-    with pytest.raises(ValueError, match="zero3"):
-        # validate() reads the NCCL version of this machine (none): 1 GPU -> gloo on CUDA -> refused
-        z.validate(cuda_device_count=1)
+    cfg.validate(cuda_device_count=1, nccl_version="2.28.9")  # DDP: gloo on CUDA tensors
     with pytest.raises(ValueError, match="device must be one of"):
         dtlab.tiny(device="gpu").validate()
+
+
+@pytest.mark.parametrize("path,device,backend", [("wall", "cpu", "gloo"), ("nccl", "cuda", "nccl"),
+                                                 ("gloo_cuda", "cuda", "gloo")])
+def test_each_placement_names_how_it_is_timed(path, device, backend):
+    """The banner, the doctor and the run record say how times are taken, from one table (and so does the
+    rank, which picks its marks by the same rule)."""
+    from dtlab.placement import TIMING, timing_path
+    assert timing_path(device, backend) == path
+    ngpu = 0 if device == "cpu" else 1
+    p = plan(2 if backend == "gloo" else 1, backend, "auto", ngpu, "2.28.9")
+    assert p.timing == TIMING[path] and p.to_dict()["timing"] == TIMING[path]
+    assert ("CUDA events" in p.timing) == (device == "cuda")
+    if path == "gloo_cuda":
+        assert "host memory" in p.timing and "own" in p.timing
 
 
 class _FakeBucket:
@@ -119,13 +129,20 @@ def test_hook_divides_before_ready_and_issues_at_ready(monkeypatch):
                  "backend_ms": None, "wire_bytes": 12}
 
 
-def test_hook_noop_mode_sends_nothing(monkeypatch):
+def test_baseline_hook_is_the_recording_hook_minus_the_collective(monkeypatch):
+    """The no-op baseline pays what the measured hook pays besides communication (division, ready mark,
+    callback with its end mark), so T_step - T_comp does not count the hook's own cost as exposed."""
     r = rec_mod.BucketRecorder(world_size=2, device=torch.device("cpu"))
     r.mode = "noop"
+    marks = []
+    monkeypatch.setattr(r, "_mark", lambda: marks.append("mark") or float(len(marks)))
     monkeypatch.setattr(rec_mod.dist, "all_reduce", lambda *a, **k: pytest.fail("no-op mode communicated"))
-    bucket = _FakeBucket([2.0, 4.0])
-    out = r.hook(None, bucket)
-    assert out.wait().tolist() == [2.0, 4.0] and r.collect() == []
+    r.begin_step(0.0)
+    out = r.hook(None, _FakeBucket([2.0, 4.0]))
+    assert out.wait().tolist() == [1.0, 2.0]  # divided like the measured hook, nothing exchanged
+    assert marks == ["mark", "mark"]           # ready and end, as the measured hook takes them
+    (b,) = r.collect()
+    assert b["t_start"] == b["t_ready"] == 1.0 and b["t_end"] == 2.0
 
 
 def test_backend_duration_reads_nccl_timing():
@@ -179,3 +196,112 @@ def test_ddp_run_records_ddp_timer_beside_its_own(tiny_run):
     assert measured - {tiny_run.config["steps"] - 1} <= set(st["step"])
     row = tiny_run.crosscheck().set_index("quantity").loc["backward communication span vs DDP's timer"]
     assert row["pairs"] >= 2 and abs(row["median_rel_diff"]) < 0.5
+
+
+def test_crosscheck_does_not_compare_durations_on_one_nccl_rank():
+    """One NCCL rank reduces nothing and launches no kernel: NCCL's duration is ~0 there, so a relative
+    difference against it means nothing and is not computed."""
+    from dtlab.results import Run
+    import pandas as pd
+    cols = ["rank", "step", "bucket", "nbytes", "t_ready", "t_start", "t_end", "backend_ms"]
+    run = _run_with([dict(zip(cols, (0, 1, 0, 8, 0.0, 0.0, 1e-3, 1e-5)))], [])
+    assert run.crosscheck().set_index("quantity").loc["bucket all-reduce duration vs NCCL", "pairs"] == 1
+    empty = pd.DataFrame()
+    one = Run(path="x", config={"warmup": 1, "strategy": "ddp"}, resolved={"backend": "nccl", "world_size": 1},
+              status={}, steps=empty, baseline_steps=empty, buckets=run.buckets, collectives=empty, memory=empty,
+              ddp_stats=empty)
+    row = one.crosscheck().set_index("quantity").loc["bucket all-reduce duration vs NCCL"]
+    assert row["pairs"] == 0 and "one rank" in row["what"] and row["median_rel_diff"] != row["median_rel_diff"]
+
+
+# ---- timing marks on GPU paths, with a fake CUDA (tests/fake_cuda.py) -----------------------------------
+
+def _marks(path_backend, device, clock, calls):
+    from fake_cuda import FakeTorch, make_owned
+    from dtlab.rank.marks import Marks
+    fake = FakeTorch(clock)
+    m = Marks(device, path_backend, torch_mod=fake, clock=clock, make_stream=make_owned(calls))
+    return m, fake.cuda
+
+
+def test_gloo_cuda_end_mark_is_on_the_ranks_own_stream_and_device_from_gloos_thread():
+    """gloo's completion callback runs on a thread with no CUDA device (device 0, default stream): the end
+    mark must still land on the rank's GPU (cuda:1 here), on dtlab's own stream, not on any current stream."""
+    import threading
+
+    from fake_cuda import Clock
+    clock, calls = Clock(), []
+    m, cuda = _marks("gloo", torch.device("cuda", 1), clock, calls)
+    cuda.set_device(1)
+    m.prepare()                      # the rank's main thread makes the stream, on its own device
+    assert calls == [(1, threading.current_thread().name)]
+    clock.t = 2.5
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("ev", m.end()), name="gloo-worker")
+    t.start()
+    t.join()
+    ev = out["ev"]
+    assert ev.recorded_on_device == 1 and ev.stream.device == 1 and ev.stream.name == "owned1"
+    assert ev.t == 2.5 and len(calls) == 1  # no second stream made on gloo's thread
+    assert cuda.current_device() == 1        # the guard restored the caller's device
+
+
+def test_nccl_end_marks_wait_on_the_collective_on_an_owned_stream_per_group():
+    """ZeRO-3 on NCCL: the end mark is taken at issue on a stream dtlab owns, made to wait on the CUDA future,
+    one stream per process group; never on the (pool) stream that happens to be current."""
+    from fake_cuda import Clock, FakeCudaFuture
+    clock, calls = Clock(1.0), []
+    m, cuda = _marks("nccl", torch.device("cuda", 0), clock, calls)
+    g1, g2 = object(), object()
+    a, b, c = (m.after(FakeCudaFuture(cuda), g) for g in (g1, g1, g2))
+    assert [w.name for w in cuda.waits] == ["owned1", "owned1", "owned2"]  # each waited on its group's stream
+    assert a.stream is b.stream and c.stream is not a.stream and a.stream.name == "owned1"
+    assert m.after(FakeCudaFuture(cuda, done=False)) is None  # not completed at issue: left to the callback
+    assert m.end().stream.name == "default"  # DDP's callback stream is the CUDA future's (current) one
+
+
+def test_wall_path_uses_the_clock_and_needs_no_cuda():
+    from fake_cuda import Clock
+    from dtlab.rank.marks import Marks
+    clock = Clock(3.0)
+    m = Marks(torch.device("cpu"), "gloo", clock=clock)
+    assert m.path == "wall" and m.now() == 3.0 and m.end() == 3.0 and m.after(object()) is None
+    assert m.seconds(1.0, 3.5) == 2.5 and m.seconds(None, 1.0) is None
+    with pytest.raises(ValueError, match="backend must be"):
+        Marks(torch.device("cuda", 0), "mpi")
+
+
+def test_ddp_hook_on_gloo_cuda_times_buckets_on_the_ranks_gpu(monkeypatch):
+    """The whole bucket record on gloo with CUDA tensors, rank on cuda:1: ready on the compute stream, end from
+    gloo's thread on the rank's own stream; before the fix the end landed on cuda:0 and elapsed_time raised."""
+    import threading
+
+    from fake_cuda import Clock
+    clock, calls = Clock(0.0), []
+    m, cuda = _marks("gloo", torch.device("cuda", 1), clock, calls)
+    cuda.set_device(1)
+    r = rec_mod.BucketRecorder(world_size=2, device=torch.device("cuda", 1), marks=m)
+    start = cuda.Event()
+    start.record()  # the step clock's first mark, on the compute stream of cuda:1
+    r.begin_step(start)
+    fut = torch.futures.Future()
+    monkeypatch.setattr(rec_mod.dist, "all_reduce", lambda buf, async_op: _FakeWork(fut))
+    clock.t = 1.0
+    out = r.hook(None, _FakeBucket([2.0, 4.0]))
+    clock.t = 2.5
+    t = threading.Thread(target=fut.set_result, args=([torch.tensor([1.0, 2.0])],), name="gloo-worker")
+    t.start()
+    t.join()
+    assert out.wait().tolist() == [1.0, 2.0]
+    (b,) = r.collect()
+    assert (b["t_ready"], b["t_start"], b["t_end"]) == (1.0, 1.0, 2.5)
+    ends = [e for e in cuda.log if e[1] == "gloo-worker"]
+    assert ends == [("record", "gloo-worker", 1, ends[0][3])] and ends[0][3].name == "owned1"
+
+
+def test_emulated_nodes_run_gloo():
+    """Nodes emulated on one machine share its GPUs and talk over gloo's sockets (the emulated link)."""
+    from dtlab.emulate import Emulation
+    em = Emulation(2)
+    assert em.prepare(dtlab.RunConfig(nproc=1, out="/tmp/x"), "runs/x").backend == "gloo"
+    assert em.prepare(dtlab.RunConfig(nproc=1, backend="nccl", out="/tmp/x"), "runs/x").backend == "nccl"

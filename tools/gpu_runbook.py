@@ -1,284 +1,347 @@
 #!/usr/bin/env python3
-"""Prove dtlab's GPU path on a bare GPU machine, in one command, and write the figures to a JSON summary.
+"""Prove dtlab's GPU path on a bare GPU machine in three short commands, each under 600 s with margin.
 
-    python3 tools/gpu_runbook.py --wheels .whl --out gpu-proof          # on the GPU machine
-    python3 tools/gpu_runbook.py --dry-run --wheels .whl --out /tmp/dry # anywhere: checks every step, runs small
-    python3 tools/gpu_runbook.py --check-wheels --wheels .whl           # only check the wheel folder
+    python3 tools/gpu_runbook.py setup     --wheels .whl --out $OUT   # install, deps, doctor, the GPU suite
+    python3 tools/gpu_runbook.py runs      --wheels .whl --out $OUT   # the README's main job, a ZeRO-3 run
+    python3 tools/gpu_runbook.py calibrate --wheels .whl --out $OUT   # a 3-op calibration, lab 04 (quick mode)
+    python3 tools/gpu_runbook.py all --dry-run --wheels .whl --out /tmp/dry   # anywhere: the three, small
+    python3 tools/gpu_runbook.py check-wheels --wheels .whl                   # only the wheel folder
+
+Made for machines reached through short remote commands (at most 600 s each; at most 8 files, 2 folders deep,
+come back from the output folder; the working tree and the carried wheel folder travel, 64 MiB in all):
+
+- each part stops starting steps when its budget (BUDGET_S = 540 s, 60 s under the limit) runs short: a step's
+  timeout is its cap (STEP_CAP) or what is left, and a step that cannot get MIN_STEP_S is skipped, saying so;
+- `--out` stays small and flat: `summary.json`, rewritten after every step (a command cut off still leaves the
+  figures of every finished step), `logs.tar.gz` (every step's log and the runs' small files, also rewritten
+  after every step) and, for setup, `gpu-junit.xml`;
+- the runs go to `--work` and the packages to `--site` (default /tmp/dtlab-site), both outside `--out`. Every part
+  installs the wheel folder there if it is not already (`pip --no-index --no-deps --target`, never touching the
+  machine's torch), so the parts run in any order and on a fresh machine;
+- dtlab itself runs from this checkout: its path is set before any step, so one failed step loses no later
+  figure.
 
 The GPU machine is assumed to have python3 with torch (CUDA), transformers and the packages listed in
-tools/gpu-device-packages.txt, and no package index. The wheel folder (tools/make_gpu_wheels.sh builds it on a
-connected machine) carries the rest: DeepSpeed and the packages the labs need. Steps:
-
-1. wheels:   every wheel of tools/gpu-wheels.txt is in the folder, once, for CPython 3.12 x86-64 Linux, and every
-             requirement of every wheel is met by another wheel or by a package the machine already has;
-2. install:  `pip install --no-index --no-deps --target SITE` of the folder; dtlab itself runs from this
-             checkout (PYTHONPATH), so nothing is built on the machine;
-3. doctor:   `python -m dtlab doctor --json`: GPUs, CUDA, NCCL, DeepSpeed, where each lab runs;
-4. gpu-suite: `python -m pytest -m gpu -rs tests/test_gpu.py` (junit XML kept);
-5. main-job: the README's main job (`dtlab run --model distilbert --steps 8 --batch-size 8 --seq-len 64`);
-6. figures:  T_step, T_comp, T_comm, exposed, overlap, buckets and bytes per step, and dtlab vs NCCL / DDP timers,
-             read from the main job's run directory;
-7. zero3:    a ZeRO-3 run of DistilBERT (collectives per phase with bytes, memory per rank);
-8. calibrate: all_reduce, reduce_scatter, all_gather at 2 ranks, alpha and beta with 95% intervals.
-
---dry-run runs the same steps on any machine: the wheel check is real, install only prints its command, and the
-runs use the tiny model with few steps, so a CPU machine walks every step in about a minute.
-Exit code 0 when every step passed.
+tools/gpu-device-packages.txt, and no package index; tools/make_gpu_wheels.sh builds the folder elsewhere and
+tools/gpu_wheels.py checks it. `--dry-run` walks every step on any machine: the wheel check is real, nothing is
+installed, the runs use the tiny model and lab 04 is only placed, not executed. Exit code 0 when every step passed.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
-import re
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import xml.etree.ElementTree as ET
-import zipfile
-from email.parser import Parser
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PY_VERSION = "3.12"  # the GPU machines' python3
+sys.path[:0] = [p for p in (ROOT, HERE) if p not in sys.path]  # before any step: no failure can lose it
+from gpu_wheels import check_installed, check_wheels, tree_bytes  # noqa: E402 - after the path is set
+
+COMMAND_LIMIT_S = 600  # what one remote command may run
+BUDGET_S = 540         # what a part plans for: the rest is margin for Python's start and the last archive
+MIN_STEP_S = 20        # a step that cannot get this long is skipped, not started
+RESERVE_S = 10         # kept back from each step's timeout for writing the summary and the archive
+MAX_FILES, MAX_DEPTH = 8, 2
+PARTS = {"setup": ("wheels", "install", "deps", "doctor", "gpu-suite"),
+         "runs": ("install", "main-job", "zero3"),
+         "calibrate": ("install", "calibrate", "lab04")}
+STEP_CAP = {"wheels": 60, "install": 180, "deps": 90, "doctor": 150, "gpu-suite": 420, "main-job": 240,
+            "zero3": 270, "calibrate": 270, "lab04": 300}
+ARCHIVED = (".log", ".json", ".jsonl", ".xml", ".txt")
+ARCHIVE_FILE_MAX = 8 * 2**20
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+def step_timeout(cap: float, remaining: float) -> float | None:
+    """Seconds a step may run: its cap or what is left of the budget less RESERVE_S; None when under MIN_STEP_S."""
+    t = min(cap, remaining - RESERVE_S)
+    return t if t >= MIN_STEP_S else None
 
 
-def _listed(path: str) -> list[str]:
-    with open(path) as f:
-        return [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder + os.sep)
 
 
-def check_wheels(folder: str) -> dict:
-    """Check the wheel folder against tools/gpu-wheels.txt and the device's package list (see module doc)."""
-    from packaging.markers import default_environment
-    from packaging.requirements import Requirement
-
-    wanted = {}
-    for line in _listed(os.path.join(HERE, "gpu-wheels.txt")):
-        name, _, version = line.partition("==")
-        wanted[_norm(name)] = version
-    device_has = {_norm(n) for n in _listed(os.path.join(HERE, "gpu-device-packages.txt"))}
-    problems, found = [], {}
-    if not os.path.isdir(folder):
-        return {"ok": False, "problems": [f"wheel folder {folder!r} does not exist: build it with "
-                                          "tools/make_gpu_wheels.sh on a machine that reaches PyPI"], "wheels": 0}
-    for fn in sorted(os.listdir(folder)):
-        if not fn.endswith(".whl"):
-            continue
-        parts = fn[:-4].split("-")
-        name, version, tags = _norm(parts[0]), parts[1], "-".join(parts[-3:])
-        if name in found:
-            problems.append(f"{name}: two wheels ({found[name]['file']}, {fn}); keep one version")
-        found[name] = {"file": fn, "version": version}
-        py, abi, plat = parts[-3], parts[-2], parts[-1]
-        abi3_ok = abi == "abi3" and all(t.startswith("cp3") and int(t[3:] or 0) <= 12 for t in py.split("."))
-        if not (py in ("py3", "py2.py3") or "cp312" in py or abi3_ok):
-            problems.append(f"{fn}: built for {py}, the GPU machine runs CPython {PY_VERSION}")
-        if not (plat == "any" or ("x86_64" in plat and "linux" in plat)):
-            problems.append(f"{fn}: platform {plat} is not x86-64 Linux")
-        if abi not in ("none", "abi3") and "cp312" not in abi:
-            problems.append(f"{fn}: ABI {abi} does not match CPython {PY_VERSION}")
-        del tags
-    for name, version in wanted.items():
-        if name not in found:
-            problems.append(f"{name}=={version}: missing")
-        elif found[name]["version"] != version:
-            problems.append(f"{name}: wheel is {found[name]['version']}, gpu-wheels.txt pins {version}")
-    env = dict(default_environment(), python_version=PY_VERSION, python_full_version=f"{PY_VERSION}.3",
-               sys_platform="linux", platform_system="Linux", platform_machine="x86_64",
-               implementation_name="cpython", platform_python_implementation="CPython")
-    unmet = set()
-    for name, info in found.items():
-        with zipfile.ZipFile(os.path.join(folder, info["file"])) as z:
-            meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-            reqs = Parser().parsestr(z.read(meta).decode("utf-8", "replace")).get_all("Requires-Dist") or []
-        for r in reqs:
-            req = Requirement(r)
-            if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
-                continue
-            dep = _norm(req.name)
-            if dep == "torch" or dep in found or dep in device_has:
-                continue
-            unmet.add(f"{dep} (needed by {name})")
-    problems += [f"requirement not met by the folder or the machine: {u}" for u in sorted(unmet)]
-    size = sum(os.path.getsize(os.path.join(folder, i["file"])) for i in found.values())
-    return {"ok": not problems, "problems": problems, "wheels": len(found), "bytes": size}
+def out_listing(out: str) -> dict:
+    """{files: [(relative path, bytes)], depth}: what would come back from `out`."""
+    files, depth = [], 0
+    for d, _, names in os.walk(out):
+        rel = os.path.relpath(d, out)
+        level = 0 if rel == "." else rel.count(os.sep) + 1
+        for n in names:
+            files.append((os.path.normpath(os.path.join(rel, n)), os.path.getsize(os.path.join(d, n))))
+            depth = max(depth, level)
+    return {"files": sorted(files), "depth": depth}
 
 
 class Runbook:
-    def __init__(self, args):
-        self.args, self.dry = args, args.dry_run
+    """One part: its steps in order, each recorded in summary.json as soon as it ends."""
+
+    def __init__(self, part: str, args):
+        self.part, self.args, self.dry = part, args, args.dry_run
         self.out = os.path.abspath(args.out)
+        self.work = os.path.abspath(args.work or os.path.join(tempfile.gettempdir(), "dtlab-gpu-work", part))
+        self.site = os.path.abspath(args.site)
+        for flag, path in (("--site", self.site), ("--work", self.work)):
+            if _inside(path, self.out):
+                raise SystemExit(f"{flag} {path} is inside --out {self.out}: only the summary and the log archive "
+                                 "may go there (at most 8 files come back)")
         os.makedirs(self.out, exist_ok=True)
-        self.summary = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "dry_run": self.dry, "steps": {}}
-        self.site = os.path.join(self.out, "site")
+        os.makedirs(self.work, exist_ok=True)
+        self.t0, self.budget = time.monotonic(), float(args.budget)
+        self.summary = {"part": part, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "dry_run": self.dry,
+                        "limits": {"command_s": COMMAND_LIMIT_S, "budget_s": self.budget, "max_files": MAX_FILES,
+                                   "max_depth": MAX_DEPTH},
+                        "site": self.site, "work": self.work, "steps": {}, "writes": 0}
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
-        paths = [ROOT] + ([self.site] if not self.dry else []) + [
-            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        self.env["PYTHONPATH"] = os.pathsep.join(paths)
+        self.env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([] if self.dry else [self.site]) + [
+            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        if not self.dry and self._installed():
+            self._use_site()
 
-    # ---- helpers ------------------------------------------------------------------------------------------
-    def sh(self, name: str, cmd: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:
-        log = os.path.join(self.out, f"{name}.log")
-        print(f"[{name}] $ {' '.join(cmd)}", flush=True)
-        t0 = time.time()
-        with open(log, "w") as f:
-            cp = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                                stdin=subprocess.DEVNULL)
-        with open(log) as f:
-            tail = f.read()[-1500:]
-        self.summary["steps"].setdefault(name, {}).update(cmd=" ".join(cmd), rc=cp.returncode,
-                                                          seconds=round(time.time() - t0, 1), log=log)
-        if cp.returncode != 0:
-            print(tail, flush=True)
-        return cp
+    # ---- bookkeeping --------------------------------------------------------------------------------------
+    def remaining(self) -> float:
+        return self.budget - (time.monotonic() - self.t0)
 
-    def step(self, name: str, ok: bool, **facts) -> bool:
-        self.summary["steps"].setdefault(name, {}).update(ok=bool(ok), **facts)
+    def record(self, name: str, ok: bool, **facts) -> bool:
+        """Record a step and rewrite summary.json and logs.tar.gz at once."""
+        self.summary["steps"].setdefault(name, {}).update(ok=bool(ok), done_at_s=round(time.monotonic() - self.t0, 1),
+                                                          **facts)
         print(f"[{name}] {'ok' if ok else 'FAILED'}", flush=True)
+        self.write()
         return ok
 
+    def write(self) -> None:
+        self.summary["writes"] += 1
+        self.summary["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        self._archive()
+        tmp = os.path.join(self.out, ".summary.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.summary, f, indent=2, default=str)
+        os.replace(tmp, os.path.join(self.out, "summary.json"))
+
+    def _archive(self) -> None:
+        """Every step log and the runs' small files (no checkpoints), as one archive in --out."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for d, dirs, names in os.walk(self.work):
+                dirs[:] = sorted(x for x in dirs if x not in ("checkpoints", "__pycache__"))
+                for n in sorted(names):
+                    p = os.path.join(d, n)
+                    if n.endswith(ARCHIVED) and os.path.getsize(p) <= ARCHIVE_FILE_MAX:
+                        tar.add(p, arcname=os.path.relpath(p, self.work))
+        tmp = os.path.join(self.out, ".logs.tar.gz.tmp")
+        with open(tmp, "wb") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, os.path.join(self.out, "logs.tar.gz"))
+
+    def sh(self, name: str, cmd: list[str], timeout: float, cwd: str = ROOT, env: dict | None = None) -> int | None:
+        """Run `cmd` with its output in WORK/NAME.log; the return code, or None when it ran out of time."""
+        log = os.path.join(self.work, f"{name}.log")
+        print(f"[{name}] $ {' '.join(cmd)} (timeout {timeout:.0f} s)", flush=True)
+        t0 = time.monotonic()
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(cmd, cwd=cwd, env=env or self.env, stdout=f, stderr=subprocess.STDOUT,
+                                    timeout=timeout, stdin=subprocess.DEVNULL).returncode
+            except subprocess.TimeoutExpired:
+                rc = None
+        with open(log) as f:
+            tail = f.read()[-1500:]
+        self.summary["steps"].setdefault(name, {}).update(cmd=" ".join(cmd), rc=rc, timeout_s=round(timeout),
+                                                          seconds=round(time.monotonic() - t0, 1))
+        if rc != 0:
+            self.summary["steps"][name]["log_tail"] = tail
+            print(tail, flush=True)
+        return rc
+
+    def _installed(self) -> bool:
+        stamp = os.path.join(self.site, ".dtlab-wheels.json")
+        try:
+            with open(stamp) as f:
+                return json.load(f) == self._wheel_names()
+        except (OSError, ValueError):
+            return False
+
+    def _wheel_names(self) -> list:
+        w = self.args.wheels
+        return sorted(f for f in os.listdir(w) if f.endswith(".whl")) if os.path.isdir(w) else []
+
+    def _use_site(self) -> None:
+        import importlib
+        if self.site not in sys.path:
+            sys.path.insert(1, self.site)
+        sys.path_importer_cache.pop(self.site, None)
+        importlib.invalidate_caches()
+
     # ---- the steps ----------------------------------------------------------------------------------------
-    def wheels(self) -> bool:
+    def wheels(self, timeout) -> bool:
         res = check_wheels(self.args.wheels)
         for p in res["problems"]:
             print(f"[wheels] {p}")
-        ok = res.pop("ok")
-        return self.step("wheels", ok, **res)
+        size = tree_bytes(ROOT)
+        return self.record("wheels", res.pop("ok"), tree_bytes=size,
+                           travels_mib=round((size + res.get("bytes", 0)) / 2**20, 1), **res)
 
-    def install(self) -> bool:
+    def install(self, timeout) -> bool:
+        names = self._wheel_names()
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-               "--upgrade", "--target", self.site] + sorted(
-            os.path.join(self.args.wheels, f) for f in os.listdir(self.args.wheels) if f.endswith(".whl"))
+               "--upgrade", "--target", self.site] + [os.path.join(self.args.wheels, n) for n in names]
         if self.dry:
-            return self.step("install", True, cmd=" ".join(cmd[:12]) + " ...", note="dry run: not installed")
-        return self.step("install", self.sh("install", cmd).returncode == 0)
+            return self.record("install", True, cmd=" ".join(cmd[:12]) + " ...", note="dry run: not installed")
+        if self._installed():
+            return self.record("install", True, note=f"already installed in {self.site} ({len(names)} wheels)")
+        if not names:
+            return self.record("install", False, error=f"no wheels in {self.args.wheels}")
+        ok = self.sh("install", cmd, timeout) == 0
+        if ok:
+            with open(os.path.join(self.site, ".dtlab-wheels.json"), "w") as f:
+                json.dump(names, f)
+            self._use_site()
+        return self.record("install", ok, wheels=len(names))
 
-    def doctor(self) -> bool:
-        cp = self.sh("doctor", [sys.executable, "-m", "dtlab", "doctor", "--json", "--no-hub"], timeout=300)
-        with open(os.path.join(self.out, "doctor.log")) as f:
+    def deps(self, timeout) -> bool:
+        if self.dry:
+            return self.record("deps", True, note="dry run: nothing installed to check")
+        res = check_installed(self.site, timeout_s=timeout)
+        return self.record("deps", res.pop("ok"), **res)
+
+    def doctor(self, timeout) -> bool:
+        rc = self.sh("doctor", [sys.executable, "-m", "dtlab", "doctor", "--json", "--no-hub"], timeout)
+        with open(os.path.join(self.work, "doctor.log")) as f:
             text = f.read()
         try:
             facts = json.loads(text[text.index("{"):])
         except ValueError:
             facts = {}
         self.summary["doctor"] = facts
-        return self.step("doctor", cp.returncode == 0 and bool(facts), gpus=facts.get("gpus"),
-                         nccl=facts.get("nccl"), torch=facts.get("torch"))
+        return self.record("doctor", rc == 0 and bool(facts), gpus=facts.get("gpus"), nccl=facts.get("nccl"),
+                           torch=facts.get("torch"))
 
-    def gpu_suite(self) -> bool:
+    def gpu_suite(self, timeout) -> bool:
         xml = os.path.join(self.out, "gpu-junit.xml")
-        cp = self.sh("gpu-suite", [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-q", "-p", "no:cacheprovider",
-                                   "tests/test_gpu.py", f"--junitxml={xml}"], timeout=3000)
+        rc = self.sh("gpu-suite", [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-q", "-p", "no:cacheprovider",
+                                   "tests/test_gpu.py", f"--junitxml={xml}"], timeout)
         counts = {}
         if os.path.exists(xml):
             suite = ET.parse(xml).getroot()
             suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
             counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
             counts["skip_reasons"] = sorted({s.get("message", "") for s in suite.iter("skipped")})
-        ok = cp.returncode == 0 and counts.get("tests", 0) > 0
+            counts["failed"] = sorted(c.get("name") for c in suite.iter("testcase")
+                                      if c.find("failure") is not None or c.find("error") is not None)
+        ok = rc == 0 and counts.get("tests", 0) > 0
         if not self.dry:  # on a GPU machine the suite must really run, not skip
             ok = ok and counts.get("skipped", 0) < counts.get("tests", 0)
-        return self.step("gpu-suite", ok, **counts)
+        return self.record("gpu-suite", ok, **counts)
 
-    def main_job(self) -> bool:
-        run_dir = os.path.join(self.out, "first")
+    def main_job(self, timeout) -> bool:
+        from runbook_figures import ddp_figures
+        run_dir = os.path.join(self.work, "first")
         size = (["--model", "tiny", "--steps", "4", "--warmup", "1", "--batch-size", "4", "--seq-len", "32",
                  "--bucket-mb", "0.05", "--baseline-steps", "2"] if self.dry else
                 ["--model", "distilbert", "--steps", "8", "--batch-size", "8", "--seq-len", "64"])
-        cp = self.sh("main-job", [sys.executable, "-m", "dtlab", "run", *size, "--out", run_dir, "--no-progress"])
-        if cp.returncode != 0:
-            return self.step("main-job", False)
-        sys.path.insert(0, ROOT)
-        from dtlab.results import load_run
-        run = load_run(run_dir)
-        s = run.summary().set_index("quantity")["value"]
-        per = run.buckets.groupby(["rank", "step"])["nbytes"].sum()
-        steady = run.buckets[run.buckets["step"] >= run.warmup].groupby(["rank", "step"]).size()
-        x = run.crosscheck()
-        figs = {"placement": run.resolved.get("placement", {}).get("label"), "devices": run.resolved.get("devices"),
-                "torch": run.resolved.get("versions", {}).get("torch"), "nccl": run.resolved.get("nccl"),
-                "T_step_ms": s["T_step"] * 1e3, "T_comp_ms": s["T_comp"] * 1e3, "T_comm_ms": s["T_comm"] * 1e3,
-                "exposed_ms": s["exposed"] * 1e3, "overlap": s["overlap"],
-                "how": dict(zip(run.summary()["quantity"], run.summary()["how"])),
-                "grad_bytes": run.resolved["grad_bytes"], "bytes_per_rank_step": sorted(set(per.tolist())),
-                "buckets_per_step": sorted(set(steady.tolist())),
-                "crosscheck": json.loads(x.to_json(orient="records"))}
-        self.summary["main_job"] = figs
-        return self.step("main-job", set(per.tolist()) == {run.resolved["grad_bytes"]}, run_dir=run_dir)
+        if self.sh("main-job", [sys.executable, "-m", "dtlab", "run", *size, "--out", run_dir, "--no-progress"],
+                   timeout) != 0:
+            return self.record("main-job", False)
+        self.summary["main_job"], ok = ddp_figures(run_dir)
+        return self.record("main-job", ok, run_dir=run_dir)
 
-    def zero3(self) -> bool:
-        run_dir = os.path.join(self.out, "zero3")
+    def zero3(self, timeout) -> bool:
+        from runbook_figures import zero3_figures
+        run_dir = os.path.join(self.work, "zero3")
         size = (["--model", "tiny", "--steps", "3", "--warmup", "1", "--batch-size", "4", "--seq-len", "32"]
                 if self.dry else ["--model", "distilbert", "--steps", "6", "--batch-size", "8", "--seq-len", "64"])
-        cp = self.sh("zero3", [sys.executable, "-m", "dtlab", "run", "--strategy", "zero3", *size, "--out", run_dir,
-                               "--no-progress"])
-        if cp.returncode != 0:
-            return self.step("zero3", False)
-        from dtlab.results import load_run
-        run = load_run(run_dir)
-        c = run.collectives[run.collectives["step"] >= run.warmup]
-        by = c.groupby(["phase", "op"])["nbytes"].sum() / max(1, c["step"].nunique() * run.nproc)
-        self.summary["zero3"] = {
-            "bytes_per_rank_step": {f"{p}/{o}": int(v) for (p, o), v in by.items()},
-            "memory": json.loads(run.memory.to_json(orient="records")),
-            "summary": json.loads(run.summary().to_json(orient="records")), "placement": run.resolved.get("placement")}
-        return self.step("zero3", run.status.get("state") == "finished", run_dir=run_dir)
+        if self.sh("zero3", [sys.executable, "-m", "dtlab", "run", "--strategy", "zero3", *size, "--out", run_dir,
+                             "--no-progress"], timeout) != 0:
+            return self.record("zero3", False)
+        self.summary["zero3"], ok = zero3_figures(run_dir)
+        return self.record("zero3", ok, run_dir=run_dir)
 
-    def calibrate(self) -> bool:
-        out = os.path.join(self.out, "profile")
-        extra = ["--sizes", "4K,64K,1M,4M", "--iters", "2", "--rounds", "1"] if self.dry else []
-        cp = self.sh("calibrate", [sys.executable, "-m", "dtlab", "calibrate", "--nproc", "2", "--ops",
-                                   "all_reduce,reduce_scatter,all_gather", *extra, "--out", out, "--no-progress"])
-        if cp.returncode != 0:
-            return self.step("calibrate", False)
-        from dtlab.model.profile import load_profile
-        prof = load_profile(out)
-        self.summary["calibration"] = {op: {"alpha_us": f.alpha * 1e6, "alpha_ci_us": [a * 1e6 for a in f.alpha_ci],
-                                            "busbw_GBps_from_beta": (1 / f.beta / 1e9) if f.beta > 0 else None,
-                                            "form": f.form, "rel_rms": f.rel_rms}
-                                       for op, f in prof.fits.items()}
-        self.summary["calibration"]["timing"] = prof.meta.get("timing")
-        return self.step("calibrate", bool(prof.fits))
+    def calibrate(self, timeout) -> bool:
+        from runbook_figures import calibration_figures
+        out = os.path.join(self.work, "profile")
+        sizes = "4K,64K,1M,4M" if self.dry else ",".join(f"{2 ** k}" for k in range(12, 26))  # 4 KiB .. 32 MiB
+        extra = ["--iters", "2", "--rounds", "1"] if self.dry else ["--iters", "8", "--rounds", "2"]
+        if self.sh("calibrate", [sys.executable, "-m", "dtlab", "calibrate", "--nproc", "2", "--ops",
+                                 "all_reduce,reduce_scatter,all_gather", "--sizes", sizes, *extra, "--out", out,
+                                 "--no-progress"], timeout) != 0:
+            return self.record("calibrate", False)
+        self.summary["calibration"], ok = calibration_figures(out)
+        return self.record("calibrate", ok, profile=out)
 
-    def run(self) -> int:
-        ok = self.wheels()
-        if self.args.check_wheels:
-            return 0 if ok else 1
-        if ok or self.dry:
-            ok = self.install() and ok
-        for fn in (self.doctor, self.gpu_suite, self.main_job, self.zero3, self.calibrate):
+    def lab04(self, timeout) -> bool:
+        from runbook_figures import lab_runs, lab04_plan
+        plan = lab04_plan()
+        if self.dry:
+            ok = not any(p["label"].startswith("cannot run") for p in plan)
+            return self.record("lab04", ok, placed=plan, note="dry run: placed, not executed (tests/test_notebooks.py "
+                                                              "executes it on CPU)")
+        where = os.path.join(self.work, "lab04")
+        os.makedirs(where, exist_ok=True)
+        env = dict(self.env, DTLAB_QUICK="1")
+        rc = self.sh("lab04", [sys.executable, os.path.join(HERE, "run_notebook.py"),
+                               os.path.join(ROOT, "labs", "04_zero3_vs_ddp.ipynb"), where], timeout, env=env)
+        self.summary["lab04"] = {"placed": plan, "runs": lab_runs(where)}
+        return self.record("lab04", rc == 0, where=where)
+
+    # ---- the part -----------------------------------------------------------------------------------------
+    def run(self, only=None) -> int:
+        steps = [s for s in PARTS[self.part] if only is None or s in only]
+        self.summary["planned"] = steps
+        self.write()
+        ok = True
+        for name in steps:
+            timeout = step_timeout(STEP_CAP[name], self.remaining())
+            if timeout is None:
+                ok = self.record(name, False, skipped=f"{self.remaining():.0f} s left of this command's "
+                                                      f"{self.budget:.0f} s budget: not started") and ok
+                continue
             try:
-                ok = fn() and ok
+                ok = getattr(self, name.replace("-", "_"))(timeout) and ok
             except Exception as e:  # noqa: BLE001 - one failed step must not hide the others' figures
-                ok = self.step(fn.__name__.replace("_", "-"), False, error=f"{type(e).__name__}: {e}") and ok
+                ok = self.record(name, False, error=f"{type(e).__name__}: {e}") and ok
         self.summary["ok"] = ok
-        path = os.path.join(self.out, "summary.json")
-        with open(path, "w") as f:
-            json.dump(self.summary, f, indent=2, default=str)
-        print(f"summary: {path} ({'all steps passed' if ok else 'some steps FAILED'})")
+        self.summary["out_files"] = out_listing(self.out)
+        self.write()
+        print(f"summary: {os.path.join(self.out, 'summary.json')} ({'all steps passed' if ok else 'some FAILED'})")
         return 0 if ok else 1
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("part", choices=[*PARTS, "all", "check-wheels"])
     ap.add_argument("--wheels", default=os.path.join(ROOT, ".whl"), help="wheel folder (default .whl)")
-    ap.add_argument("--out", default="gpu-proof", help="where logs, runs and summary.json go")
+    ap.add_argument("--out", default="gpu-proof", help="summary.json and logs.tar.gz go here (keep it $OUT)")
+    ap.add_argument("--site", default=os.path.join(tempfile.gettempdir(), "dtlab-site"),
+                    help="where the wheels are installed (outside --out)")
+    ap.add_argument("--work", default=None, help="run directories and logs (default TMP/dtlab-gpu-work/PART)")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds a part plans for (default {BUDGET_S})")
+    ap.add_argument("--steps", default=None, help="only these steps of the part, comma-separated")
     ap.add_argument("--dry-run", action="store_true", help="check every step, install nothing, run small")
-    ap.add_argument("--check-wheels", action="store_true", help="only check the wheel folder")
     args = ap.parse_args(argv)
-    if args.check_wheels:
+    if args.part == "check-wheels":
         res = check_wheels(args.wheels)
         for p in res["problems"]:
             print(p)
         print(f"{res['wheels']} wheels, {res.get('bytes', 0) / 2**20:.1f} MiB: {'ok' if res['ok'] else 'NOT ok'}")
         return 0 if res["ok"] else 1
-    return Runbook(args).run()
+    only = set(args.steps.split(",")) if args.steps else None
+    if args.part != "all":
+        return Runbook(args.part, args).run(only)
+    rc, out = 0, args.out
+    for part in PARTS:  # a dry run of the three commands, each into its own folder
+        args.out = os.path.join(out, part)
+        rc |= Runbook(part, args).run(only)
+    return rc
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from dtlab.rank.checkpoint import Checkpointer
-    from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, tensor_bytes
+    from dtlab.rank.recorder import (BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, recorder_facts,
+                                     tensor_bytes)
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
     from dtlab.rank.straggle import Straggler, ddp_compute_s
     from dtlab.stragglers import straggler_plan
@@ -63,19 +64,23 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     straggler = Straggler(cfg.straggler, rank, world, device)
     model = built.model.to(device)
     model.train()
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_mb)
+    # broadcast_buffers=False: dtlab's models have one buffer, the constant position ids (512 int64, 4,096 B);
+    # DDP would broadcast it at the start of every forward, a collective that T_fwd and T_comp would count as
+    # compute. Nothing needs it: no buffer changes during training (no BatchNorm statistics).
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_mb,
+              broadcast_buffers=False)
     codec = None
     if cfg.comm_hook != "none":
         from dtlab.rank.compression import Codec
         codec = Codec(cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed, serialize=backend == "gloo")
     transport = make_transport(world, device, backend) if make_transport is not None else None
-    recorder = BucketRecorder(world, device, codec, transport)
+    recorder = BucketRecorder(world, device, codec, transport, backend=backend)
     if cfg.record or cfg.baseline_steps:  # the baseline needs the hook to switch to no-op
         ddp.register_comm_hook(None, recorder.hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
     if rank == 0:
-        record_resolved(run_dir, cfg, backend, device, {**sources, "straggler": straggler_plan(cfg.straggler, world)},
-                        world)
+        record_resolved(run_dir, cfg, backend, device, {**sources, "straggler": straggler_plan(cfg.straggler, world),
+                                                        **recorder_facts(recorder)}, world)
     writer.write("ready", rank=rank, time=time.time(), **sources)
     ckpt = Checkpointer(cfg, run_dir, rank, world, device, writer)
     first = ckpt.resume(ddp, opt)  # 0, or where a group restarted by torchrun goes on (dtlab.rank.checkpoint)

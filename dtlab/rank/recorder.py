@@ -19,7 +19,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 
 class EventWriter:
@@ -94,31 +93,42 @@ class BucketRecorder:
     2. `t_ready`: a mark on that stream (a CUDA event on GPU, the wall clock on CPU): the bucket's gradients
        are computed and averaged;
     3. the all-reduce is issued at once (`async_op=True`), so `t_start`, the issue time, is the same mark as
-       `t_ready` on both backends (on GPU, NCCL's stream is made to wait on the compute stream at exactly this
-       point). t_start means "handed to the backend": the transfer itself may begin later when an earlier
-       bucket still occupies the channel (gloo runs its queue on worker threads, NCCL on one stream). NCCL's
-       own timing (below) gives the service time; `Run.crosscheck()` compares the two;
-    4. `t_end`: a mark taken in the callback of the Work's future. On CPU that callback runs in gloo's thread
-       the moment the collective completes. On GPU the future is a CUDA future: its callback runs on a pool
-       stream that has been made to wait on the collective (the stream-level join that
-       `work.block_current_stream()` would make, without blocking the CPU), so an event recorded there
-       completes when the collective does. It is the only thing dtlab puts on any stream besides the ready
-       event, and it is not on NCCL's stream.
+       `t_ready` on every path (on GPU the backend's stream or copy stream is made to wait on the compute
+       stream at exactly this point). t_start means "handed to the backend": the transfer itself may begin
+       later when an earlier bucket still occupies the channel (gloo runs its queue on worker threads, NCCL on
+       one stream). NCCL's own timing (below) gives the service time; `Run.crosscheck()` compares the two;
+    4. `t_end`: a mark taken in the callback of the Work's future, on the path `dtlab.rank.marks` names for
+       where the rank runs: CPU, the wall clock in gloo's thread the moment the collective completes; NCCL, a
+       CUDA event on the CUDA future's callback stream, which was made to wait on the collective (the
+       stream-level join `work.block_current_stream()` would make, without blocking the CPU); gloo on CUDA
+       tensors, an event on a stream dtlab owns on the rank's GPU, under a device guard (gloo's thread has
+       none), marking the moment gloo finished in host memory (the copy back to the GPU not included).
 
     Nothing synchronises per bucket. The step's events are read in `collect()`, after the step's one sync.
     With NCCL, `TORCH_NCCL_ENABLE_TIMING=1` (set by dtlab's ranks) also makes NCCL time each collective on
     its own stream; `collect()` adds that as `backend_ms` (None on gloo), a cross-check of t_end - t_start.
-    `mode = "noop"` switches to DDP's own no-op hook (no communication at all) for the compute baseline.
+
+    `mode = "noop"` is the compute baseline: the same hook minus the collective (`_baseline`): same division,
+    same marks, the same callback chained on an already completed future. DDP's bare `noop_hook` would skip the
+    hook's own Python and dispatch work (8-10 us per bucket on this project's CPU machine, benchmarks/hook_cost.py;
+    more on a GPU, where the marks are CUDA events), which the measured steps pay, and T_step - T_comp would
+    count it as exposed communication.
     Steps 3 and 4 are the `transport`'s (default `AllReduceTransport`, DDP's all-reduce); strategy 'ps' passes
     its reduce + broadcast (dtlab.rank.ps), which may add marks of its own (`rec["_t_<name>"]` -> `t_<name>`).
     """
 
-    def __init__(self, world_size: int, device: torch.device, codec=None, transport=None):
+    def __init__(self, world_size: int, device: torch.device, codec=None, transport=None, backend: str | None = None,
+                 marks=None):
         self.world = world_size
         self.codec = codec  # dtlab.rank.compression.Codec, or None for the plain fp32 all-reduce
         # how a divided bucket is reduced: DDP's all-reduce, or a strategy's own (dtlab.rank.ps)
         self.transport = transport if transport is not None else AllReduceTransport()
         self.cuda = device.type == "cuda"
+        if marks is None:
+            from dtlab.rank.marks import Marks
+            marks = Marks(device, backend or ("nccl" if self.cuda else "gloo"))
+            marks.prepare()
+        self.marks = marks
         self.mode = "allreduce"
         self.step_start = None  # perf_counter float (CPU) or CUDA event (GPU)
         self._recs: list[dict] = []
@@ -131,26 +141,40 @@ class BucketRecorder:
 
     def _mark(self):
         """A point in time on the current stream (CUDA event) or the wall clock (CPU)."""
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
+        return self.marks.now()
+
+    def _end_mark(self):
+        """A completion mark, taken in a collective's callback (see `dtlab.rank.marks`)."""
+        return self.marks.end() if self.marks.path != "wall" else self._mark()
 
     def hook(self, state, bucket):
         """The comm hook (register the bound method: DDP checks its name and signature)."""
         if self.mode == "noop":
-            return noop_hook(state, bucket)
+            return self._baseline(bucket)
         if self.codec is not None:
             return self._codec_hook(bucket)
+        buf, rec = self._ready(bucket)
+        # a transport's own marks are taken where its collectives complete (a callback or its own thread)
+        fut, value = self.transport.issue(buf, rec, self._end_mark)  # sets rec["_start"], rec["_work"]
+        return self._track(rec, fut, value)
+
+    def _ready(self, bucket):
         buf = bucket.buffer()
         buf.div_(self.world)  # on the compute stream, before "ready": off the communication channel
         rec = {"bucket": bucket.index(), "nbytes": buf.numel() * buf.element_size(),
                "nparams": len(bucket.parameters())}
         rec["wire_bytes"] = rec["nbytes"]
         rec["_ready"] = self._mark()
-        fut, value = self.transport.issue(buf, rec, self._mark)  # sets rec["_start"], rec["_work"]
-        return self._track(rec, fut, value)
+        return buf, rec
+
+    def _baseline(self, bucket):
+        """The no-communication baseline: everything `hook` does except the collective (see the class doc).
+        The bucket keeps this rank's own averaged gradient, as with DDP's no-op hook (nothing is exchanged)."""
+        buf, rec = self._ready(bucket)
+        rec["_start"], rec["_work"] = rec["_ready"], None
+        fut = torch.futures.Future()
+        fut.set_result([buf])
+        return self._track(rec, fut, lambda f: f.value()[0])
 
     def _track(self, rec: dict, fut, value):
         with self._lock:
@@ -158,7 +182,7 @@ class BucketRecorder:
 
         def done(f):
             if "_end" not in rec:  # a transport may have marked the end itself, where it completed
-                rec["_end"] = self._mark()  # gloo: its thread, at completion; CUDA: a stream that waited for it
+                rec["_end"] = self._end_mark()
             return value(f)
 
         return fut.then(done)
@@ -186,16 +210,23 @@ class BucketRecorder:
             ready, start, end, work = rec.pop("_ready"), rec.pop("_start"), rec.pop("_end", None), rec.pop("_work")
             extra = {k[1:]: rec.pop(k) for k in [k for k in rec if k.startswith("_t_")]}  # a transport's own marks
             if self.cuda:
-                for ev in (end, *extra.values()):
-                    if ev is not None:
-                        ev.synchronize()  # already complete after the step's sync: costs nothing
-                t = lambda ev: self.step_start.elapsed_time(ev) / 1e3 if ev is not None else None  # noqa: E731
+                t = lambda ev: self.marks.seconds(self.step_start, ev)  # noqa: E731
             else:
                 t = lambda v: v - self.step_start if v is not None else None  # noqa: E731
             rec.update(t_ready=t(ready), t_start=t(start), t_end=t(end), backend_ms=backend_duration_ms(work),
                        **{k: t(v) for k, v in extra.items()})
             out.append(rec)
         return out
+
+
+def recorder_facts(recorder: BucketRecorder) -> dict:
+    """How this rank's bucket marks were taken, for config.json's resolved facts (see dtlab.rank.marks)."""
+    from dtlab.placement import TIMING
+    m = recorder.marks
+    return {"bucket_timing": {"path": m.path, "how": TIMING[m.path], "end_stream": m.stream_how,
+                              "baseline": "the recording hook minus the collective (same division, marks and "
+                                          "callback), so T_step - T_comp leaves out the hook's own cost"},
+            "ddp_broadcast_buffers": False}
 
 
 class AllReduceTransport:

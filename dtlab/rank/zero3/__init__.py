@@ -28,8 +28,10 @@ dtlab.rank.zero3.comm; how blocked time is timed and summed: dtlab.rank.zero3.bl
 config: dtlab.rank.zero3.engine; the traffic and memory read from the engine: dtlab.rank.zero3.facts.
 
 CPU path (tested): DS_ACCELERATOR=cpu before deepspeed is imported, gloo, and DeepSpeed's shared-memory comm
-op build patched out. GPU path (nccl, cuda:LOCAL_RANK, CUDA events): written to the same contract but NOT
-run in the session that wrote it (no GPU was available); treat its first run as a test.
+op build patched out. GPU paths (DS_ACCELERATOR=cuda; NCCL, or gloo on CUDA tensors where NCCL cannot place the
+ranks, e.g. 2 ranks on one GPU before NCCL 2.30; LOCAL_RANK set to the rank's GPU index, CUDA events): written
+to the same contract but NOT run in the session that wrote them (no GPU was available); tests/test_gpu.py and
+tools/gpu_runbook.py are their first run.
 """
 
 from __future__ import annotations
@@ -40,15 +42,14 @@ import time
 from dtlab.config import RunConfig
 from dtlab.rank.zero3.blocked import blocked_recording, blocked_seconds
 from dtlab.rank.zero3.comm import COLLECTIVE_RECORDING, CollectiveRecorder
-from dtlab.rank.zero3.engine import ds_config, import_deepspeed, model_hidden_size, zero_auto
+from dtlab.rank.zero3.engine import ds_config, import_deepspeed, model_hidden_size, remap_local_rank, zero_auto
 from dtlab.rank.zero3.facts import memory_record, nonresident_bytes, zero_facts
 
 
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """The rank's ZeRO-3 training loop: build, initialize DeepSpeed with the recorder installed, run
     cfg.steps steps and write the events listed in the module docstring."""
-    backend = cfg.resolved_backend()
-    deepspeed = import_deepspeed(backend)
+    deepspeed = import_deepspeed(cfg.placement().device)  # DeepSpeed's accelerator follows the device
     import torch
 
     from dtlab.rank.ddp import build_everything
@@ -58,8 +59,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     # build_everything's process group suits DeepSpeed: init_distributed finds torch.distributed initialised
     # and only builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).
     device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
+    local_rank = remap_local_rank(device)  # before DeepSpeed reads LOCAL_RANK (engine, partitioning)
     deepspeed.init_distributed(dist_backend=backend)
-    recorder = CollectiveRecorder(device)
+    recorder = CollectiveRecorder(device, backend)
     wrapped = recorder.install()
 
     hidden = model_hidden_size(built.model)
@@ -81,9 +83,12 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     sources = {**sources, **zero_facts(engine, world), "ds_config": conf, "zero_auto": zero_auto(cfg, hidden),
                "blocked_recording": blocked_recording(device.type == "cuda", watched),
                "ds_accelerator": os.environ.get("DS_ACCELERATOR"), "deepspeed_initialize_s": t_initialize,
-               "collective_recording": COLLECTIVE_RECORDING, "wrapped_methods": wrapped}
+               "collective_recording": COLLECTIVE_RECORDING, "wrapped_methods": wrapped,
+               "deepspeed_local_rank": local_rank, "collective_timing": {
+                   "path": recorder.marks.path, "end_stream": recorder.marks.stream_how}}
     if device.type == "cuda":
-        sources["zero3_note"] = "the ZeRO-3 GPU path (nccl, CUDA events) was written without a GPU to test it"
+        sources["zero3_note"] = ("the ZeRO-3 GPU path (CUDA events; NCCL, or DeepSpeed's CUDA accelerator over "
+                                 "gloo) was written without a GPU to test it")
     if rank == 0:
         record_resolved(run_dir, cfg, backend, device, sources, world)
     writer.write("ready", rank=rank, time=time.time(), **sources)

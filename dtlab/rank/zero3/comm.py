@@ -7,9 +7,12 @@ method of the live backend object `deepspeed.comm.comm.cdb`. Those methods are w
 instance attribute shadows the class method, and DeepSpeed looks the method up at call time). Module-level
 patches would miss calls: `deepspeed.comm.X` is a star-import copy, and the backend caches
 `torch.distributed.all_gather_into_tensor` / `reduce_scatter_tensor` when it is built. Start is taken when the
-collective is issued, end in the completion callback of its Work's future (or when a blocking call returns);
-nothing waits, so the overlap being measured is left alone. On gloo the start of an async op is its enqueue
-time, and queued ops can show overlapping intervals.
+collective is issued, end when it completes (or when a blocking call returns); nothing waits, so the overlap
+being measured is left alone. Which clock and stream each end mark uses is dtlab.rank.marks': on NCCL an event
+on a stream dtlab owns, made to wait on the collective at issue (DeepSpeed's side streams share torch's pool
+with the streams CUDA futures hand their callbacks); on gloo with CUDA tensors an event on dtlab's own stream,
+under the rank's device guard, in the completion callback (gloo's thread has no device). On gloo the start of
+an async op is its enqueue time, and queued ops can show overlapping intervals.
 
 Byte counts follow the nccl-tests convention: all_gather = output (gathered) bytes, reduce_scatter = input
 (unreduced) bytes, all_reduce / broadcast = tensor bytes.
@@ -20,9 +23,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 
-COLLECTIVE_RECORDING = ("wrapped deepspeed.comm backend methods; start = issue time, end = completion callback; "
+COLLECTIVE_RECORDING = ("wrapped deepspeed.comm backend methods; start = issue time, end = completion (NCCL: an "
+                        "event on dtlab's own stream made to wait on the collective; gloo: its completion callback); "
                         "no added synchronisation; blocked = timed Work.wait() of async collectives + the whole of "
                         "blocking calls (+ GPU: reduce_and_partition_stream.synchronize)")
 
@@ -88,21 +91,24 @@ class CollectiveRecorder:
     are buffered (completion callbacks run on the backend's threads, hence the lock) and handed out by
     `collect()` / `collect_blocked()` after the step.
 
-    In flight (T_comm): start when issued, end in the completion callback of the Work's future (or when a
-    blocking call returns). On GPU both ends are CUDA events: start on the issuing stream, end on the stream
-    the Work's future hands its callback, so no host sync is added.
+    In flight (T_comm): start when issued, end when it completed (or when a blocking call returns). On GPU both
+    ends are CUDA events: start on the issuing stream, end on a stream dtlab owns (`dtlab.rank.marks`), so no
+    host sync is added and no other work queued on a shared stream delays the end.
 
     Blocked (exposed communication): intervals during which the rank could not compute because it waited for
     a collective, recorded as `wait` (`_TimedWork.wait()`), `blocking_call` (async_op=False) and, on GPU,
     `stream_sync` (`watch_stream`); dtlab.rank.zero3.blocked says how each is timed.
     """
 
-    def __init__(self, device):
-        import torch
-        self._torch = torch
-        self.cuda = device.type == "cuda"
+    def __init__(self, device, backend: str | None = None, marks=None):
+        if marks is None:
+            from dtlab.rank.marks import Marks
+            marks = Marks(device, backend or ("nccl" if device.type == "cuda" else "gloo"))
+            marks.prepare()
+        self.marks, self.cuda = marks, marks.cuda
+        self._torch = marks._torch  # torch itself on a GPU; a fake CUDA in tests
         self.step, self.phase, self._ref = -1, "init", None
-        self.compute_stream = torch.cuda.current_stream(device) if self.cuda else None
+        self.compute_stream = self._torch.cuda.current_stream(device) if self.cuda else None
         self._recs: list[dict] = []
         self._blocked: list[dict] = []
         self._lock = threading.Lock()
@@ -161,19 +167,15 @@ class CollectiveRecorder:
 
     def now(self):
         """A time mark on this recorder's clock (CUDA event on the current stream on GPU)."""
-        if self.cuda:
-            ev = self._torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
+        return self.marks.now()
 
     def compute_mark(self):
         """A time mark on the compute stream (GPU) or the wall clock (CPU)."""
-        if self.cuda:
-            ev = self._torch.cuda.Event(enable_timing=True)
-            ev.record(self.compute_stream)
-            return ev
-        return time.perf_counter()
+        if not self.cuda:
+            return self.marks.now()
+        ev = self._torch.cuda.Event(enable_timing=True)
+        ev.record(self.compute_stream)
+        return ev
 
     def _on_compute_stream(self) -> bool:
         return (not self.cuda) or self._torch.cuda.current_stream() == self.compute_stream
@@ -213,9 +215,13 @@ class CollectiveRecorder:
                     fut = work.get_future()
                 except Exception:  # noqa: BLE001 - e.g. a coalesced Work without a future
                     fut = None
-            if fut is not None:
+            end = self.marks.after(fut, _arg(args, kwargs, async_spec[0] - 1, "group")) if fut is not None else None
+            if end is not None:  # NCCL: an owned stream waits on the collective; its event is the end
+                rec["_end"] = end
+                rec["_done"].set()
+            elif fut is not None:
                 def done(_f, rec=rec):
-                    rec["_end"] = self.now()
+                    rec["_end"] = self.marks.end()
                     rec["_done"].set()
                 fut.add_done_callback(done)
             elif async_op:  # async but no future to tell when it ends: leave the end unknown, never guess
@@ -234,15 +240,6 @@ class CollectiveRecorder:
         wrapper.__wrapped__ = fn
         return wrapper
 
-    def _seconds(self, ref, mark):
-        """Seconds from `ref` to `mark` (None stays None). On GPU this reads events of a finished step."""
-        if ref is None or mark is None:
-            return None
-        if self.cuda:
-            mark.synchronize()  # after the step: already complete, so this stalls nothing
-            return ref.elapsed_time(mark) / 1e3
-        return mark - ref
-
     def collect(self, wait_s: float = 10.0) -> list[dict]:
         """Every collective issued since the last call, times in seconds from its step's reference.
 
@@ -257,7 +254,7 @@ class CollectiveRecorder:
             r["_done"].wait(wait_s)
             ref, start, end = r.pop("_ref"), r.pop("_start"), r.pop("_end")
             r.pop("_done")
-            r["t_start"], r["t_end"] = self._seconds(ref, start), self._seconds(ref, end)
+            r["t_start"], r["t_end"] = self.marks.seconds(ref, start), self.marks.seconds(ref, end)
             out.append(r)
         return out
 
@@ -269,7 +266,7 @@ class CollectiveRecorder:
         out = []
         for r in recs:
             ref, a, b = r.pop("_ref"), r.pop("_a"), r.pop("_b")
-            ta, tb = self._seconds(ref, a), self._seconds(ref, b)
+            ta, tb = self.marks.seconds(ref, a), self.marks.seconds(ref, b)
             r["t_start"] = ta
             r["t_end"] = None if ta is None or tb is None else max(ta, tb)
             out.append(r)

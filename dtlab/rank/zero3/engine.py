@@ -3,7 +3,7 @@ DeepSpeed config built from cfg.zero (`ds_config`), with the "auto" knobs sized 
 (`model_hidden_size`, `zero_auto`, AUTO_RULE).
 
 CPU path (tested): DS_ACCELERATOR=cpu before deepspeed is imported, gloo, and DeepSpeed's shared-memory comm
-op build patched out. GPU path: DS_ACCELERATOR=cuda, nccl.
+op build patched out. GPU path: DS_ACCELERATOR=cuda, NCCL or gloo on CUDA tensors, LOCAL_RANK = the GPU index.
 """
 
 from __future__ import annotations
@@ -16,16 +16,18 @@ import warnings
 from dtlab.config import RunConfig
 
 
-def import_deepspeed(backend: str):
-    """Import deepspeed for this backend ('gloo' -> CPU accelerator, 'nccl' -> CUDA) and return it.
+def import_deepspeed(device_type: str):
+    """Import deepspeed for ranks on `device_type` ('cuda' -> its CUDA accelerator, 'cpu' -> its CPU
+    accelerator) and return it.
 
-    The accelerator is chosen once, at import, from DS_ACCELERATOR; auto-detection would pick CUDA for a
-    gloo run on a GPU machine, whose tensors then live on the wrong device.
+    The accelerator is chosen once, at import, from DS_ACCELERATOR; auto-detection would pick CUDA for a CPU
+    run on a GPU machine, whose tensors then live on the wrong device. On CUDA the collectives go through the
+    process group dtlab made, NCCL or gloo (gloo takes CUDA tensors and stages them through host memory).
     """
-    want = "cuda" if backend == "nccl" else "cpu"
+    want = "cuda" if device_type == "cuda" else "cpu"
     if "deepspeed" in sys.modules and os.environ.get("DS_ACCELERATOR") not in (None, want):
         raise RuntimeError(f"deepspeed was already imported with DS_ACCELERATOR={os.environ['DS_ACCELERATOR']}, "
-                           f"backend {backend!r} needs {want!r}")
+                           f"ranks on {device_type!r} need {want!r}")
     os.environ["DS_ACCELERATOR"] = want
     # torch 2.13 deprecates the two collectives ZeRO-3 issues for every bucket (in favour of *_single), and
     # the warning otherwise repeats through each rank's log.
@@ -40,6 +42,20 @@ def import_deepspeed(backend: str):
     # real torch module and the patch would land there.
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     return deepspeed
+
+
+def remap_local_rank(device) -> int:
+    """Give DeepSpeed the rank's GPU index as LOCAL_RANK; returns torchrun's LOCAL_RANK.
+
+    DeepSpeed takes its device from LOCAL_RANK (the engine's set_device, ZeRO-3's partitioning device), so two
+    ranks sharing cuda:0 would otherwise ask for cuda:0 and cuda:1. torchrun's value is kept in
+    DTLAB_TORCHRUN_LOCAL_RANK. Nothing changes where each rank has a GPU of its own (the index is the local rank).
+    """
+    local = int(os.environ.get("DTLAB_TORCHRUN_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0")))
+    os.environ["DTLAB_TORCHRUN_LOCAL_RANK"] = str(local)
+    if getattr(device, "type", None) == "cuda":
+        os.environ["LOCAL_RANK"] = str(device.index)
+    return local
 
 
 def model_hidden_size(model) -> int:

@@ -1,0 +1,94 @@
+"""The figures tools/gpu_runbook.py writes into summary.json, read from run directories with dtlab's own loaders.
+
+Each function returns (figures, ok): JSON-safe numbers with their units in the key names, and whether the run
+says what it must (every gradient byte all-reduced once per rank and step; ZeRO-3 finished; a fit per op).
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def _records(df) -> list:
+    return json.loads(df.to_json(orient="records"))
+
+
+def ddp_figures(run_dir: str) -> tuple[dict, bool]:
+    """T_step, T_comp, T_comm, exposed, overlap (ms), bytes and buckets per step, the cross-checks, and how the
+    times were taken (the placement's timing and the recorder's end stream)."""
+    from dtlab.results import load_run
+
+    run = load_run(run_dir)
+    summ = run.summary()
+    s = summ.set_index("quantity")["value"]
+    per = run.buckets.groupby(["rank", "step"])["nbytes"].sum()
+    steady = run.buckets[run.buckets["step"] >= run.warmup].groupby(["rank", "step"]).size()
+    figs = {"placement": run.resolved.get("placement", {}), "devices": run.resolved.get("devices"),
+            "torch": run.resolved.get("versions", {}).get("torch"), "nccl": run.resolved.get("nccl"),
+            "bucket_timing": run.resolved.get("bucket_timing"),
+            "T_step_ms": s["T_step"] * 1e3, "T_comp_ms": s["T_comp"] * 1e3, "T_comm_ms": s["T_comm"] * 1e3,
+            "exposed_ms": s["exposed"] * 1e3, "overlap": s["overlap"],
+            "how": dict(zip(summ["quantity"], summ["how"])),
+            "grad_bytes": run.resolved["grad_bytes"], "bytes_per_rank_step": sorted(set(per.tolist())),
+            "buckets_per_step": sorted(set(steady.tolist())), "crosscheck": _records(run.crosscheck())}
+    return figs, set(per.tolist()) == {run.resolved["grad_bytes"]}
+
+
+def zero3_figures(run_dir: str) -> tuple[dict, bool]:
+    """Bytes per rank and step by phase and op, memory per rank, the summary, where the ranks ran."""
+    from dtlab.results import load_run
+
+    run = load_run(run_dir)
+    c = run.collectives[run.collectives["step"] >= run.warmup]
+    by = c.groupby(["phase", "op"])["nbytes"].sum() / max(1, c["step"].nunique() * run.nproc)
+    figs = {"bytes_per_rank_step": {f"{p}/{o}": int(v) for (p, o), v in by.items()},
+            "expected_reduce_scatter_bytes_per_step": run.resolved.get("expected_reduce_scatter_bytes_per_step"),
+            "memory": _records(run.memory), "summary": _records(run.summary()),
+            "placement": run.resolved.get("placement"),
+            "deepspeed_local_rank": run.resolved.get("deepspeed_local_rank"),
+            "collective_timing": run.resolved.get("collective_timing"),
+            "unfinished_collectives": int(c["t_end"].isna().sum())}
+    return figs, run.status.get("state") == "finished"
+
+
+def calibration_figures(profile_dir: str) -> tuple[dict, bool]:
+    """alpha (us, with its interval), the bandwidth 1/beta implies (GB/s), form and fit error, per op."""
+    from dtlab.model.profile import load_profile
+
+    prof = load_profile(profile_dir)
+    figs = {op: {"alpha_us": f.alpha * 1e6, "alpha_ci_us": [a * 1e6 for a in f.alpha_ci],
+                 "busbw_GBps_from_beta": (1 / f.beta / 1e9) if f.beta > 0 else None, "form": f.form,
+                 "rel_rms": f.rel_rms} for op, f in prof.fits.items()}
+    figs["timing"] = prof.meta.get("timing")
+    figs["placement"] = prof.meta.get("placement", {}).get("label")
+    return figs, bool(prof.fits)
+
+
+def lab04_plan() -> list:
+    """Where lab 04's launches place their ranks on this machine (dtlab.labs, quick mode as the runbook runs it)."""
+    from dtlab.labs import lab_parts
+    from dtlab.placement import machine_gpus
+
+    ngpu, nccl = machine_gpus()
+    return lab_parts("04", ngpu, nccl, quick=True)
+
+
+def lab_runs(where: str) -> list:
+    """Each run a lab wrote under WHERE/runs: strategy, ranks, placement, state and its summary (ms)."""
+    import glob
+    import os
+
+    from dtlab.results import load_run
+
+    out = []
+    for d in sorted(glob.glob(os.path.join(where, "runs", "*", "config.json"))):
+        try:
+            run = load_run(os.path.dirname(d))
+        except Exception as e:  # noqa: BLE001 - a broken run is reported, not fatal
+            out.append({"dir": os.path.dirname(d), "error": f"{type(e).__name__}: {e}"})
+            continue
+        s = run.summary()
+        out.append({"dir": os.path.basename(run.path), "strategy": run.config.get("strategy"), "nproc": run.nproc,
+                    "placement": run.resolved.get("placement", {}).get("label"), "state": run.status.get("state"),
+                    "ms": {q: (v * 1e3 if u == "s" else v) for q, v, u in zip(s["quantity"], s["value"], s["unit"])}})
+    return out
