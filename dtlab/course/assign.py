@@ -142,7 +142,8 @@ def manifest_for(lab: str, student_nb: str) -> dict:
     except ImportError:
         torch_version = "unknown"
     return {"lab": lab, "questions": [{"qid": q.qid, "points": q.points, "var": q.var} for q in rubric.questions(lab)],
-            "check_cells": integrity.check_cells(nb), "dtlab": __version__, "commit": _commit().removeprefix(", commit "),
+            "check_cells": integrity.check_cells(nb), "dtlab": __version__,
+            "commit": _commit().removeprefix(", commit "),
             "torch": torch_version, "python": sys.version.split()[0]}
 
 

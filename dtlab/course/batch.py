@@ -2,7 +2,8 @@
 (`python -m dtlab.course.grader`), into one CSV that always comes out.
 
 A submission is a notebook, or a directory per student holding notebooks and the `runs/` and `profiles/` they
-wrote (then graded from those recordings: replay mode; otherwise quick mode). Each notebook is matched to its lab:
+wrote. A directory (a lone notebook's: its folder) that holds finished recordings is graded from them (replay
+mode); otherwise the notebook runs in quick mode. Each notebook is matched to its lab:
 by `lab` (the --lab option), its file name (a lab's name, e.g. 01_ddp_breakdown.ipynb, or a token like lab01 in an
 LMS download such as alice_lab01.ipynb) or its own metadata (the assignment name `dtlab assign` writes into
 every student notebook). A notebook that cannot be read, matched or graded gets error rows with the reason in one
@@ -43,9 +44,9 @@ def autograders(path: str) -> dict:
     return out
 
 
-def submissions(paths) -> list[tuple[str, str, str | None]]:
-    """(student, notebook, directory or None) per submitted notebook: a notebook (the student is its name without
-    the lab's), or a directory of one student's notebooks (the student is the directory's name)."""
+def submissions(paths) -> list[tuple[str, str, str]]:
+    """(student, notebook, directory) per submitted notebook: a notebook (the student is its name without the
+    lab's; its folder is its directory), or a directory of one student's notebooks (the student is its name)."""
     subs = []
     for p in paths:
         if os.path.isdir(p):
@@ -54,7 +55,7 @@ def submissions(paths) -> list[tuple[str, str, str | None]]:
                 raise ValueError(f"submission: no .ipynb in directory {p!r}")
             subs += [(os.path.basename(os.path.normpath(p)), n, p) for n in nbs]
         elif p.endswith(".ipynb") and os.path.isfile(p):
-            subs.append((_student_of(p), p, None))
+            subs.append((_student_of(p), p, os.path.dirname(os.path.abspath(p))))
         else:
             raise ValueError(f"submission: {p!r} is neither a notebook (.ipynb) nor a directory")
     return subs

@@ -196,6 +196,9 @@ def check_cells(nb: dict) -> list[dict]:
     return out
 
 
+TOUCHES_CHECKS = r"dtlab\.course\.checks|_dtlab_answers|\bRECORDED\b|\bcheck(_number|_choice|_formula)?\("
+
+
 def cell_flags(distributed: list[dict], nb: dict) -> list[str]:
     """What a submission changed in the distributed check cells: one line per check cell edited or removed, and
     per other cell that reaches into the checks or their records."""
@@ -208,7 +211,6 @@ def cell_flags(distributed: list[dict], nb: dict) -> list[str]:
     known = {d["sha256"] for d in distributed}
     for i, c in enumerate(nb.get("cells", [])):
         src = _norm(c.get("source", ""))
-        if c.get("cell_type") == "code" and fingerprint(src) not in known and \
-                re.search(r"dtlab\.course\.checks|_dtlab_answers|\bRECORDED\b|\bcheck(_number|_choice|_formula)?\(", src):
+        if c.get("cell_type") == "code" and fingerprint(src) not in known and re.search(TOUCHES_CHECKS, src):
             flags.append(f"cell {i + 1} is not a distributed cell and uses the checks")
     return flags

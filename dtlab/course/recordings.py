@@ -66,7 +66,8 @@ class Recordings:
     def _find(self, kind: str, fields: dict, defaults: dict | None, what: str) -> str:
         d = replay.match(self.recs, kind, fields, defaults)
         if d is None:
-            raise SourceProblem(f"{what}: no finished recording matches ({replay.closest(self.recs, self.root, kind, fields)})")
+            why = replay.closest(self.recs, self.root, kind, fields)
+            raise SourceProblem(f"{what}: no finished recording matches ({why})")
         return d
 
     def run(self, cfg, what: str):

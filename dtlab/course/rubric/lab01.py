@@ -47,7 +47,8 @@ def _buckets(run) -> Key:
     largest = max(run.resolved["param_nbytes"])
     rule = math.ceil(grad_bytes(run) / (float(run.config["bucket_mb"]) * 2 ** 20))
     return Key("lab01.q2", "number", int(len(s0)), abs_tol=1, unit="buckets",
-               tol_source="the bucket count is exact (the same in every steady step); 1 allows an off-by-one at the cap",
+               tol_source="the bucket count is exact (the same in every steady step); 1 allows an off-by-one at the "
+                          "cap",
                hint=f"ceil(grad_bytes / cap) = {rule} would hold if tensors could be split, but DDP never splits a "
                     f"tensor and closes a bucket once it reaches the cap: the largest tensor alone is {largest:,} B "
                     "(the word embeddings), in one bucket")

@@ -44,8 +44,8 @@ def _best(sweep) -> Key:
     spread = min(tol_from_spread(runs[best].per_step()["t_step"]), MAX_REL_TOL)
     ties = [b for b in sorted(t) if t[b] <= t[best] * (1 + spread)]
     return Key("lab03.q1", "choice", ties, points=2, choices=tuple(sorted(t)),
-               tol_source=f"caps within the fastest run's step-to-step spread ({spread:.0%}: half the min..max range of "
-                          "its per-step T_step over the median, at most 50%) count as right",
+               tol_source=f"caps within the fastest run's step-to-step spread ({spread:.0%}: half the min..max "
+                          "range of its per-step T_step over the median, at most 50%) count as right",
                explanation=f"fastest: {best:g} MiB at {t[best] * 1e3:.1f} ms per step; within its step-to-step spread "
                            f"({spread:.0%}): {ties} MiB",
                hint="read T_step (ms) of the 2-rank runs in the sweep table above")

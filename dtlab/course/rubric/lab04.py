@@ -57,7 +57,8 @@ def _gathered(ddp, z3) -> Key:
     return Key("lab04.q3", "number", got, points=2, abs_tol=max(abs(got - model), 0.01 * got), unit="B",
                tol_source=f"the error of 'P per gather' on this run (P = {p_bytes:,} B, "
                           f"{'twice' if regathers else 'once'}: padding and persistent parameters), at least 1%",
-               hint="all-gather's nbytes is the gathered output (whole parameters), not one rank's shard", show_tol=False,
+               hint="all-gather's nbytes is the gathered output (whole parameters), not one rank's shard",
+               show_tol=False,
                ratio_hints={2.0: "backward gathered nothing: parameters gathered in forward were kept "
                                  "(stage3_max_reuse_distance), so P moves once",
                             1 / z3.nproc: "that is one rank's shard; all-gather's nbytes counts the gathered output"})

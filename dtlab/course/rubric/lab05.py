@@ -53,7 +53,8 @@ def _powersgd(runs) -> Key:
 def _rounds(runs) -> Key:
     t = _table(runs)
     frac = float(t.loc[f"accumulate {K}", "rounds_per_micro_batch"] / t.loc["none", "rounds_per_micro_batch"])
-    return Key("lab05.q3", "number", frac, abs_tol=0.01, tol_source="exact bucket counts; 0.01 allows a rounded fraction",
+    return Key("lab05.q3", "number", frac, abs_tol=0.01,
+               tol_source="exact bucket counts; 0.01 allows a rounded fraction",
                hint=f"no_sync() skips the all-reduce on K - 1 of every K micro-batches (K = {K})")
 
 

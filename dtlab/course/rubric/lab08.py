@@ -1,5 +1,6 @@
 """Lab 8 (build it yourself): the student's DDP comm hook and ring all-reduce, run again by the autograder on 2
-gloo ranks (dtlab.course.exercises), and three derived predictions (the last one: the parameter server beside the ring)."""
+gloo ranks (dtlab.course.exercises), and three derived predictions (the last: the parameter server beside the
+ring)."""
 
 from __future__ import annotations
 
