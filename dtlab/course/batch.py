@@ -118,6 +118,21 @@ def _error_rows(lab: str | None, reason: str) -> list[dict]:
         [{**base, "question": "", "max_points": 0.0}]
 
 
+def _stop_group(p) -> None:
+    """SIGTERM to the worker's process group (the worker shuts its kernel down), SIGKILL after 10 s."""
+    import signal
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            p.communicate(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: float = 3600.0) -> list[dict]:
     """Grade one notebook in a worker process; its rows (error rows when the worker failed)."""
     replay = _has_runs(directory)
@@ -132,12 +147,16 @@ def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: flo
             cmd += ["--cells", cells]
         if replay:
             cmd += ["--submission", os.path.abspath(directory)]
+        # a session of its own: a notebook that runs over its time is stopped with its kernel, not left behind
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+                             start_new_session=True)
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
+            stdout, stderr = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            _stop_group(p)
             return _error_rows(lab, f"grading took longer than {timeout_s:.0f} s and was stopped")
         if p.returncode != 0 or not os.path.exists(out):
-            tail = [ln for ln in (p.stderr or p.stdout or "").strip().splitlines() if ln.strip()]
+            tail = [ln for ln in (stderr or stdout or "").strip().splitlines() if ln.strip()]
             return _error_rows(lab, f"could not be graded: {tail[-1] if tail else f'exit code {p.returncode}'}")
         with open(out) as f:
             res = json.load(f)

@@ -211,6 +211,8 @@ def grade_notebook(nb_path: str, lab: str, submission: str | None = None, cells=
         nb = nbformat.read(nb_path, as_version=4)   # unreadable: stops here, before anything runs
     except Exception as e:  # noqa: BLE001 - json, nbformat and OS errors alike
         raise ValueError(f"unreadable notebook: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    if not isinstance(nb.get("cells"), list):
+        raise ValueError("unreadable notebook: it has no list of cells")
     flags = integrity.cell_flags(cells, nb) if cells is not None else []
     work = tempfile.mkdtemp(prefix="dtlab-grade-")
     try:
@@ -254,6 +256,8 @@ def main(argv=None) -> int:
         p.add_argument("--lab", required=True)
         p.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stopped by dtlab grade: shut the kernel down first
     if args.cmd == "notebook":
         cells = json.load(open(args.cells)) if args.cells else None
         try:
