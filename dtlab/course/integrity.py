@@ -58,9 +58,9 @@ def _time_order(run_dir: str, launch_time) -> list[str]:
 
 
 def _field_diff(want: dict, got: dict, defaults: dict | None) -> list[str]:
-    from dtlab.course.replay import _field_same
+    from dtlab.course.replay import RUN_SPECIFIC, _field_same
     return [f"{k}: the lab's {v!r}, recorded {got.get(k)!r}" for k, v in want.items()
-            if v is not None and k != "out" and not _field_same(k, v, got, defaults)]
+            if k not in RUN_SPECIFIC and not _field_same(k, v, got, defaults)]
 
 
 def run_problems(run, want: dict | None = None, defaults: dict | None = None) -> list[str]:

@@ -116,11 +116,19 @@ def _field_same(k, v, rec: dict, defaults: dict | None) -> bool:
     return defaults is not None and k in defaults and _same(v, defaults[k])
 
 
+RUN_SPECIFIC = ("out", "rdzv_endpoint", "rdzv_id")   # where and how one launch met: never part of what was run
+
+
+def _wanted(fields: dict) -> dict:
+    return {k: v for k, v in fields.items() if k not in RUN_SPECIFIC}
+
+
 def match(recs, kind: str, fields: dict, defaults: dict | None = None) -> str | None:
     """The newest of `recs` ((directory, config.json) pairs, oldest first) of `kind` ("config" for runs,
-    "calibration") whose every field that `fields` sets (not None; `out` ignored) equals the recorded value
-    (`defaults`: the config's default values, for fields a recording predates)."""
-    want = {k: v for k, v in fields.items() if v is not None and k != "out"}
+    "calibration") whose every field in `fields` (None included: a run without a straggler is not a straggler run;
+    the output directory and rendezvous endpoint ignored) equals the recorded value (`defaults`: the config's
+    default values, for fields a recording predates)."""
+    want = _wanted(fields)
     for d, cfg in reversed(list(recs)):
         rec = cfg.get(kind)
         if isinstance(rec, dict) and all(_field_same(k, v, rec, defaults) for k, v in want.items()):
@@ -149,7 +157,7 @@ def require(kind: str, fields: dict, defaults: dict | None = None) -> str:
 
 def closest(recs, root: str, kind: str, fields: dict) -> str:
     """Why no recording of `recs` matches `fields`: none of that kind, or the closest one and its differing fields."""
-    want = {k: v for k, v in fields.items() if v is not None and k != "out"}
+    want = _wanted(fields)
     recs = [(d, c[kind]) for d, c in recs if isinstance(c.get(kind), dict)]
     if not recs:
         return f"no finished {kind} recording at all"
