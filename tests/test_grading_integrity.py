@@ -169,3 +169,22 @@ def test_a_students_exception_is_reported_with_its_cell_and_the_rest_still_grade
     assert [rows[q]["points"] for q in ("lab08.q1", "lab08.q2", "lab08.q3")] == [1, 1, 2]
     assert rows["lab08.hook"]["points"] == 0 and "undefined_helper" in rows["lab08.hook"]["feedback"]
     assert "my_allreduce_hook: not defined after the notebook ran" in rows["lab08.hook"]["feedback"]
+
+
+def test_notebooks_are_matched_to_their_lab_by_option_name_token_or_metadata(tmp_path):
+    from dtlab.course.batch import _student_of, lab_of
+    known = {"01_ddp_breakdown": {}, "02_collectives_alpha_beta": {}}
+    meta = tmp_path / "submission.ipynb"
+    meta.write_text(json.dumps({"cells": [], "metadata": {"otter": {"assignment_name": "02_collectives_alpha_beta"}}}))
+    plain = tmp_path / "homework.ipynb"
+    plain.write_text(json.dumps({"cells": [], "metadata": {}}))
+    assert lab_of(str(tmp_path / "01_ddp_breakdown.ipynb"), known) == ("01_ddp_breakdown", "file name")
+    assert lab_of(str(tmp_path / "alice_lab02.ipynb"), known)[0] == "02_collectives_alpha_beta"
+    assert lab_of(str(tmp_path / "Bob Smith - Lab 1.ipynb"), known)[0] == "01_ddp_breakdown"
+    assert lab_of(str(meta), known) == ("02_collectives_alpha_beta", "notebook metadata")
+    assert lab_of(str(plain), known, lab="01_ddp_breakdown") == ("01_ddp_breakdown", "--lab")
+    lab, why = lab_of(str(plain), known)
+    assert lab is None and "cannot tell which lab" in why and "--lab" in why
+    assert lab_of(str(plain), known, lab="lab99")[0] is None
+    assert _student_of("/x/alice_lab01.ipynb") == "alice" and _student_of("/x/01_ddp_breakdown.ipynb") == \
+        "01_ddp_breakdown" and _student_of("/x/carol_01_ddp_breakdown.ipynb") == "carol"
