@@ -53,8 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("autograder", help="an autograder .zip, or `dtlab assign`'s OUT/autograder directory")
     g.add_argument("submissions", nargs="+", help="submitted notebooks, or directories (one per student) holding "
                                                   "the notebooks and the runs/ and profiles/ they wrote")
-    g.add_argument("--csv", default=None, help="write the scores here (student, notebook, question, points, "
-                                               "max_points, feedback, mode, replayed)")
+    g.add_argument("--csv", default=None, help="write the scores here, rewritten after every notebook (student, "
+                                               "notebook, lab, question, points, max_points, feedback, status, mode, "
+                                               "replayed, flags, errors)")
+    g.add_argument("--lab", default=None, help="the lab of every submitted notebook (e.g. 01_ddp_breakdown), for "
+                                               "names that do not say it; default: the name, else the metadata")
+    g.add_argument("--timeout", type=float, default=3600.0, help="seconds one notebook may take (default 3600)")
     add_parsers(sub)
     sub.add_parser("doctor", help="what this machine can run and how each lab will run on it "
                                   "(dtlab doctor --help)", add_help=False)
@@ -90,16 +94,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cmd_course(args) -> int:
-    from dtlab.course.assign import assign, grade
+    from dtlab.course.assign import assign
+    from dtlab.course.batch import grade
     try:
         if args.cmd == "assign":
             assign(args.source, args.out)
             return 0
-        df = grade(args.autograder, args.submissions, csv=args.csv)
+        df = grade(args.autograder, args.submissions, csv=args.csv, lab=args.lab, timeout_s=args.timeout)
     except RuntimeError as e:  # otter-grader missing, or otter failed: say so in one paragraph
         print(f"dtlab {args.cmd}: error: {e}", file=sys.stderr)
         return 1
     print(df.groupby(["student", "notebook"])[["points", "max_points"]].sum().to_string())
+    bad = df[df["status"] == "error"].groupby(["student", "notebook"]).ngroups
+    if bad:
+        print(f"dtlab grade: {bad} notebook(s) could not be graded: their rows say why (status 'error')",
+              file=sys.stderr)
     if args.csv:
         print(f"scores: {args.csv} ({len(df)} rows)")
     return 0

@@ -1,6 +1,5 @@
 """The labs run headless, top to bottom, in quick mode (tiny model, few steps)."""
 
-import math
 import pathlib
 import re
 
@@ -37,26 +36,27 @@ def answers(nb, tmp_path):
 
 
 def assert_unanswered_and_expected(nb, tmp_path, lab, answered=()):
-    """Every graded question of the rubric was checked, none raised, and each has a real expected value."""
+    """Every graded question of the rubric was checked and none raised; no record holds its key (the autograder
+    computes keys itself: dtlab.course.rubric); an unanswered one says so with 0 points."""
     got = answers(nb, tmp_path)
     want = rubric(lab)
     assert want, f"no rubric rows for {lab} in labs/README.md"
     assert set(got) == set(want), f"recorded {sorted(got)}, rubric {sorted(want)}"
     for qid, a in got.items():
         assert a["max_points"] == want[qid], (qid, a)
+        assert "expected" not in a, (qid, a)
         if qid in answered:
             continue
         assert a["answer"] in (None, "not implemented") and a["ok"] is None and a["points"] == 0, (qid, a)
+        assert "not answered yet" in a["verdict"] or "not implemented" in a["verdict"], (qid, a)
         if a["kind"] == "number":
-            assert isinstance(a["expected"], (int, float)) and math.isfinite(a["expected"]), (qid, a)
             assert a["tolerance"] >= 0 and a["tol_source"], (qid, a)
         elif a["kind"] == "choice":
-            exp = a["expected"] if isinstance(a["expected"], list) else [a["expected"]]
-            assert exp and all(e in a["choices"] for e in exp), (qid, a)
+            assert a["choices"], (qid, a)
         elif a["kind"] == "exercise":   # a stub: not implemented, so not answered
-            assert a["expected"] == "passed" and a["feedback"], (qid, a)
+            assert a["feedback"], (qid, a)
         else:
-            assert a["kind"] == "formula" and a["expected"], (qid, a)
+            assert a["kind"] == "formula", (qid, a)
     return got
 
 
@@ -86,7 +86,7 @@ def test_lab01_records_a_correct_prediction(tmp_path, monkeypatch):
     nb = run_notebook("01_ddp_breakdown.ipynb", tmp_path, monkeypatch, edit=fill)
     got = assert_unanswered_and_expected(nb, tmp_path, "lab01", answered=("lab01.q1", "lab01.q2"))
     q1, q2 = got["lab01.q1"], got["lab01.q2"]
-    assert q1["ok"] is True and q1["points"] == q1["max_points"] == 2 and q1["answer"] == q1["expected"]
+    assert q1["ok"] is True and q1["points"] == q1["max_points"] == 2 and q1["answer"] > 0
     assert q2["ok"] is False and q2["answer"] == 1000 and q2["points"] == 0
     assert "never splits a tensor" in outputs_text(nb)
 

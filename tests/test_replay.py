@@ -59,3 +59,16 @@ def test_a_recording_older_than_a_field_matches_that_fields_default(tmp_path, mo
     assert replay.find("config", tiny(bucket_mb=2.0, checkpoint_every=2).to_dict(), defaults) is None
     assert replay.find("config", tiny(bucket_mb=2.0).to_dict()) is None  # without defaults: field by field
     assert isinstance(dtlab.launch(tiny(bucket_mb=2.0)), replay.Replayed)
+
+
+def test_a_field_left_at_none_must_be_none_in_the_recording(tmp_path, monkeypatch):
+    """A reference run and a newer straggler run of the same config: the reference (straggler None) must replay
+    the reference, not the newest run that agrees on every field the notebook set to something."""
+    monkeypatch.setenv(replay.ENV, str(tmp_path))
+    ref = _record(tmp_path, "ref", tiny(bucket_mb=2.0), True, 0, 1.0)
+    slow = _record(tmp_path, "slow", tiny(bucket_mb=2.0, straggler="1:2"), True, 0, 2.0)
+    defaults = type(tiny())().to_dict()
+    assert replay.find("config", tiny(bucket_mb=2.0).to_dict(), defaults) == str(ref)
+    assert replay.find("config", tiny(bucket_mb=2.0, straggler="1:2").to_dict(), defaults) == str(slow)
+    # where and how a launch met its peers is not part of what ran
+    assert replay.find("config", tiny(bucket_mb=2.0, rdzv_endpoint="127.0.0.1:1234").to_dict(), defaults) == str(ref)

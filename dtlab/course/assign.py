@@ -1,19 +1,16 @@
-"""Instructor and student versions from one source, and headless grading: `dtlab assign` and `dtlab grade`.
+"""Instructor and student versions from one source: `dtlab assign` (grading: dtlab.course.batch, `dtlab grade`).
 
 The labs are authored once, as otter-grader master notebooks in `labs/instructor/` (raw cells `# ASSIGNMENT
 CONFIG`, `# BEGIN QUESTION`, `# BEGIN SOLUTION`, `# BEGIN TESTS`). Each graded question is a block whose
 solution is the instructor's answer key (a cell between `# BEGIN SOLUTION NO PROMPT` / `# END SOLUTION`
 comments, which otter removes from the student version) and whose hidden test is
-`dtlab.course.checks.graded(qid)`: it passes when the notebook's own check of that question was right, and
-otherwise fails with the check's verdict (expected value, tolerance and its source, hint) as the feedback.
+`dtlab.course.autograde.graded(qid, globals())`: the question graded in a process of its own from the answer
+variables and the recorded runs (for `otter run` elsewhere; `dtlab grade` does not run these tests).
 
-- `assign(source, out)`: runs `otter assign` on every master in `source`; writes `out/student/*.ipynb` (no key,
-  no tests: what `labs/` holds), `out/autograder/<lab>.zip` and `out/instructor/<lab>.ipynb` (with the keys).
-- `grade(autograder, submissions, csv=...)`: runs `otter run` (no Docker) on each submitted notebook and returns
-  one row per student and question: points, max_points, feedback. A submission directory holding the run
-  directories its notebook wrote (`runs/`, `profiles/`) is graded from them (DTLAB_REPLAY, see
-  dtlab.course.replay): nothing is retrained, whatever machine they came from. Without recorded runs the
-  notebook runs in quick mode.
+`assign(source, out)` runs `otter assign` on every master in `source` and writes `out/student/*.ipynb` (no key,
+no tests: what `labs/` holds), `out/instructor/<lab>.ipynb` (with the keys) and `out/autograder/<lab>.zip`: otter's
+autograder plus `dtlab-manifest.json` (the lab, its questions and points, the fingerprints of the distributed check
+cells, the versions it was made with) and `DTLAB-README.txt` (what an environment needs to use the zip).
 
 otter-grader is the optional extra `pip install -e ".[course]"`.
 """
@@ -23,13 +20,11 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-
-from dtlab.course.replay import LOG_ENV
+import zipfile
 
 FORBIDDEN = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN TESTS", "BEGIN QUESTION", "ASSIGNMENT CONFIG",
              "answer key", "graded(")
@@ -77,8 +72,8 @@ def _clean(path: str, student: bool) -> None:
 
 def assign(source: str, out: str, quiet: bool = True) -> dict:
     """Write student notebooks and autograders for the masters in `source`. Returns {"student": [paths],
-    "autograder": [zip paths]}: out/student/<lab>.ipynb, out/autograder/<lab>.zip, and the instructor's
-    solution notebook (keys in, tests out) out/instructor/<lab>.ipynb."""
+    "autograder": [zip paths]}: out/student/<lab>.ipynb, out/autograder/<lab>.zip (with dtlab's manifest), and
+    the instructor's solution notebook (keys in, tests out) out/instructor/<lab>.ipynb."""
     cmd = _otter()
     result = {"student": [], "autograder": []}
     for d in ("student", "autograder", "instructor"):
@@ -99,116 +94,72 @@ def assign(source: str, out: str, quiet: bool = True) -> dict:
             zips = sorted(glob.glob(os.path.join(tmp, "autograder", "*.zip")))
             zip_path = os.path.join(out, "autograder", f"{stem}.zip")
             shutil.copy(zips[0], zip_path)
+            _add_manifest(zip_path, stem, student)
         result["student"].append(student)
         result["autograder"].append(zip_path)
         print(f"{stem}: student {student}, autograder {zip_path}")
     return result
 
 
-def _submissions(paths) -> list[tuple[str, str, str]]:
-    """(student, notebook, directory) for each submission: a notebook, or a directory of notebooks (the
-    student is the directory's name, or the notebook's stem for a lone notebook)."""
-    subs = []
-    for p in paths:
-        if os.path.isdir(p):
-            nbs = sorted(n for n in glob.glob(os.path.join(p, "*.ipynb")))
-            if not nbs:
-                raise ValueError(f"submission: no .ipynb in directory {p!r}")
-            subs += [(os.path.basename(os.path.normpath(p)), n, p) for n in nbs]
-        elif p.endswith(".ipynb") and os.path.isfile(p):
-            subs.append((os.path.splitext(os.path.basename(p))[0], p, os.path.dirname(os.path.abspath(p))))
-        else:
-            raise ValueError(f"submission: {p!r} is neither a notebook (.ipynb) nor a directory")
-    return subs
+MANIFEST = "dtlab-manifest.json"
+ZIP_README = """This otter autograder was written by `dtlab assign` for the lab {lab}.
+
+dtlab grade (recommended): `dtlab grade AUTOGRADER_DIR SUBMISSIONS... --csv scores.csv` in the environment that has
+dtlab installed. It does not use otter's results: it runs each notebook in a kernel of its own and computes every key
+in a separate process from the recorded runs (see dtlab's docs/course.md for what that does and does not prevent).
+
+otter run / otter grade elsewhere: the hidden tests import dtlab, so the grading environment needs what the labs
+need; otter's environment.yml in this zip does NOT install it. Install, in this order:
+  pip install torch=={torch} --index-url https://download.pytorch.org/whl/cpu
+  pip install "dtlab[course] @ <this dtlab checkout>"     (dtlab {version}{commit}, the one that wrote this zip)
+Python {python} wrote it; dtlab needs Python 3.10 or newer. Grading needs no GPU. Gradescope's Docker image built
+from environment.yml alone fails on `import dtlab`. Under otter, the hidden tests run inside the student's kernel:
+they grade each question in a separate process, but a student who replaces the test function itself in the
+kernel passes it. Grades that matter: dtlab grade.
+"""
 
 
-def _has_runs(directory: str) -> bool:
-    for status in sorted(glob.glob(os.path.join(directory, "**", "status.json"), recursive=True)):
-        try:
-            with open(status) as f:
-                if json.load(f).get("state") == "finished":
-                    return True
-        except (OSError, ValueError):
-            continue
-    return False
+def _commit() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        p = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                           timeout=10)
+        return f", commit {p.stdout.strip()}" if p.returncode == 0 and p.stdout.strip() else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
-def _feedback(output: str) -> str:
-    """The check's verdict from otter's test output (the AssertionError's message), else its last lines."""
-    m = re.search(r"AssertionError: (.*)", output, re.S)
-    text = m.group(1) if m else output
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return " ".join(lines)[:600]
+def manifest_for(lab: str, student_nb: str) -> dict:
+    """What dtlab grade needs to know about an autograder: the lab, its questions (qid, points, answer variable),
+    the distributed check cells' fingerprints, and the versions it was made with."""
+    from dtlab import __version__
+    from dtlab.course import integrity, rubric
+    with open(student_nb, encoding="utf-8") as f:
+        nb = json.load(f)
+    try:
+        import torch
+        torch_version = torch.__version__.split("+")[0]
+    except ImportError:
+        torch_version = "unknown"
+    return {"lab": lab, "questions": [{"qid": q.qid, "points": q.points, "var": q.var} for q in rubric.questions(lab)],
+            "check_cells": integrity.check_cells(nb), "dtlab": __version__,
+            "commit": _commit().removeprefix(", commit "),
+            "torch": torch_version, "python": sys.version.split()[0]}
 
 
-def grade_one(zip_path: str, notebook: str, directory: str, timeout_s: float = 1800.0) -> list[dict]:
-    """Grade one notebook with otter run; one dict per question (question, points, max_points, feedback,
-    mode, replayed: how many recorded runs and calibrations the notebook loaded). Replays the recorded runs
-    in `directory` when it has any, else runs in quick mode; a run the submission lacks is named in the
-    feedback of every question that lost points."""
-    cmd = _otter()
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    replay = _has_runs(directory)
-    if replay:
-        env["DTLAB_REPLAY"] = os.path.abspath(directory)
-    else:
-        env["DTLAB_QUICK"] = "1"
-        env.pop("DTLAB_REPLAY", None)
-    with tempfile.TemporaryDirectory() as tmp:
-        log = env[LOG_ENV] = os.path.join(tmp, "replay.jsonl")  # what the notebook really replayed
-        p = subprocess.run(cmd + ["run", "--no-logo", "-a", os.path.abspath(zip_path), "-o", tmp,
-                                  os.path.abspath(notebook)], capture_output=True, text=True, env=env,
-                           timeout=timeout_s, cwd=tmp)
-        res = os.path.join(tmp, "results.json")
-        if not os.path.exists(res):
-            raise RuntimeError(f"otter run wrote no results for {notebook}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
-        with open(res) as f:
-            tests = json.load(f)["tests"]
-        entries = []
-        if os.path.exists(log):
-            with open(log) as f:
-                entries = [json.loads(line) for line in f if line.strip()]
-    replayed = sum("run_dir" in e for e in entries)
-    missing = " ".join(e["missing"] for e in entries if "missing" in e)
-    rows = []
-    for t in tests:
-        if t.get("max_score") is None:
-            continue
-        full = t.get("score") == t.get("max_score")
-        feedback = "" if full else _feedback(t.get("output", ""))
-        if missing and not full:  # the notebook stopped at a run the submission lacks: say that first
-            feedback = f"{missing} | {feedback}"
-        rows.append({"question": t["name"], "points": float(t.get("score") or 0.0),
-                     "max_points": float(t["max_score"]), "feedback": feedback,
-                     "mode": "replay" if replay else "quick", "replayed": replayed})
-    return rows
+def _add_manifest(zip_path: str, lab: str, student_nb: str) -> None:
+    m = manifest_for(lab, student_nb)
+    with zipfile.ZipFile(zip_path, "a") as z:
+        z.writestr(MANIFEST, json.dumps(m, indent=1))
+        z.writestr("DTLAB-README.txt", ZIP_README.format(lab=lab, torch=m["torch"], version=m["dtlab"],
+                                                         commit=f", commit {m['commit']}" if m["commit"] else "",
+                                                         python=m["python"]))
 
 
-def grade(autograder: str, submissions, csv: str | None = None, progress: bool = True):
-    """Grade `submissions` (notebooks, or directories of a student's notebooks and runs) with the autograder
-    zip(s) in `autograder` (one zip, or `dtlab assign`'s autograder directory: each notebook is graded with the
-    zip of the same name). Returns a DataFrame, one row per student, notebook and question; writes it to `csv`."""
-    import pandas as pd
-
-    zips = [autograder] if os.path.isfile(autograder) else sorted(glob.glob(os.path.join(autograder, "*.zip")))
-    if not zips:
-        raise ValueError(f"autograder: no .zip at {autograder!r} (dtlab assign writes OUT/autograder/<lab>.zip)")
-    by_stem = {os.path.splitext(os.path.basename(z))[0]: z for z in zips}
-    rows = []
-    for student, nb, directory in _submissions(submissions):
-        stem = os.path.splitext(os.path.basename(nb))[0]
-        z = by_stem.get(stem) or (zips[0] if len(zips) == 1 else None)
-        if z is None:
-            raise ValueError(f"submission {nb!r}: no autograder named {stem}.zip in {autograder!r} "
-                             f"(have: {sorted(by_stem)})")
-        for r in grade_one(z, nb, directory):
-            rows.append({"student": student, "notebook": os.path.basename(nb), **r})
-        if progress:
-            got = [r for r in rows if r["student"] == student and r["notebook"] == os.path.basename(nb)]
-            print(f"{student} / {os.path.basename(nb)}: {sum(r['points'] for r in got):g} of "
-                  f"{sum(r['max_points'] for r in got):g} points ({got[0]['mode'] if got else '?'})", flush=True)
-    df = pd.DataFrame(rows, columns=["student", "notebook", "question", "points", "max_points", "feedback", "mode",
-                                     "replayed"])
-    if csv:
-        df.to_csv(csv, index=False)
-    return df
+def read_manifest(zip_path: str) -> dict | None:
+    """The dtlab manifest of an autograder zip, or None (a zip not written by dtlab assign)."""
+    try:
+        with zipfile.ZipFile(zip_path) as z:
+            return json.loads(z.read(MANIFEST)) if MANIFEST in z.namelist() else None
+    except (OSError, zipfile.BadZipFile, ValueError, KeyError):
+        return None

@@ -43,21 +43,45 @@ def replay_root() -> str | None:
     return os.path.abspath(root) if root else None
 
 
-def _recorded(root: str) -> list[tuple[str, dict]]:
-    """(run directory, config.json) of every finished run or calibration under `root`, oldest first."""
+def status_of(run_dir: str, cfg: dict) -> dict:
+    """A recording's status.json; for a multi-node one (nnodes > 1 in its config), the nodes' merged status."""
+    nnodes = int(cfg.get("nnodes") or 1) if isinstance(cfg, dict) else 1
+    if nnodes > 1:
+        from dtlab.multinode import merged_status
+        return merged_status(run_dir, nnodes)
+    try:
+        with open(os.path.join(run_dir, "status.json")) as f:
+            st = json.load(f)
+        return st if isinstance(st, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def recorded_in(root: str) -> list[tuple[str, dict]]:
+    """(run directory, config.json) of every finished run or calibration under `root` (recursively), oldest
+    first by launch time."""
     out = []
     for cfg_path in sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True)):
         d = os.path.dirname(cfg_path)
         try:
             with open(cfg_path) as f:
                 cfg = json.load(f)
-            with open(os.path.join(d, "status.json")) as f:
-                state = json.load(f).get("state")
         except (OSError, ValueError):
             continue
-        if state == "finished":
+        if not isinstance(cfg, dict):
+            continue
+        inner = cfg.get("config") or cfg.get("calibration") or {}
+        if status_of(d, inner).get("state") == "finished":
             out.append((d, cfg))
-    return sorted(out, key=lambda dc: (dc[1].get("launch", {}).get("time", 0.0), dc[0]))
+    return sorted(out, key=lambda dc: (_launch_time(dc[1]), dc[0]))
+
+
+def _launch_time(cfg: dict) -> float:
+    t = cfg.get("launch", {}).get("time", 0.0) if isinstance(cfg.get("launch"), dict) else 0.0
+    return float(t) if isinstance(t, (int, float)) else 0.0
+
+
+_recorded = recorded_in
 
 
 def recorded_machine() -> dict | None:
@@ -92,19 +116,30 @@ def _field_same(k, v, rec: dict, defaults: dict | None) -> bool:
     return defaults is not None and k in defaults and _same(v, defaults[k])
 
 
-def find(kind: str, fields: dict, defaults: dict | None = None) -> str | None:
-    """The newest finished recording of `kind` ("config" for runs, "calibration") whose every field that
-    `fields` sets (not None; `out` ignored) equals the recorded value (`defaults`: the config's default
-    values, for fields a recording predates)."""
-    root = replay_root()
-    if root is None:
-        return None
-    want = {k: v for k, v in fields.items() if v is not None and k != "out"}
-    for d, cfg in reversed(_recorded(root)):
+RUN_SPECIFIC = ("out", "rdzv_endpoint", "rdzv_id")   # where and how one launch met: never part of what was run
+
+
+def _wanted(fields: dict) -> dict:
+    return {k: v for k, v in fields.items() if k not in RUN_SPECIFIC}
+
+
+def match(recs, kind: str, fields: dict, defaults: dict | None = None) -> str | None:
+    """The newest of `recs` ((directory, config.json) pairs, oldest first) of `kind` ("config" for runs,
+    "calibration") whose every field in `fields` (None included: a run without a straggler is not a straggler run;
+    the output directory and rendezvous endpoint ignored) equals the recorded value (`defaults`: the config's
+    default values, for fields a recording predates)."""
+    want = _wanted(fields)
+    for d, cfg in reversed(list(recs)):
         rec = cfg.get(kind)
         if isinstance(rec, dict) and all(_field_same(k, v, rec, defaults) for k, v in want.items()):
             return d
     return None
+
+
+def find(kind: str, fields: dict, defaults: dict | None = None) -> str | None:
+    """The newest finished recording under the replay root that matches (see `match`), or None."""
+    root = replay_root()
+    return None if root is None else match(_recorded(root), kind, fields, defaults)
 
 
 def require(kind: str, fields: dict, defaults: dict | None = None) -> str:
@@ -120,17 +155,25 @@ def require(kind: str, fields: dict, defaults: dict | None = None) -> str:
         raise
 
 
-def _missing(kind: str, fields: dict) -> None:
-    root = replay_root()
-    want = {k: v for k, v in fields.items() if v is not None and k != "out"}
-    recs = [(d, c[kind]) for d, c in _recorded(root) if isinstance(c.get(kind), dict)]
+def closest(recs, root: str, kind: str, fields: dict) -> str:
+    """Why no recording of `recs` matches `fields`: none of that kind, or the closest one and its differing fields."""
+    want = _wanted(fields)
+    recs = [(d, c[kind]) for d, c in recs if isinstance(c.get(kind), dict)]
     if not recs:
-        raise ReplayMissing(f"replay ({ENV}={root}): the submission holds no finished {kind} recording; "
-                            f"hand in the runs/ and profiles/ directories the notebook wrote")
+        return f"no finished {kind} recording at all"
     d, rec = min(reversed(recs), key=lambda dr: sum(not _same(v, dr[1].get(k)) for k, v in want.items()))
     diff = ", ".join(f"{k}: asked {v!r}, recorded {rec.get(k)!r}" for k, v in want.items() if not _same(v, rec.get(k)))
-    raise ReplayMissing(f"replay ({ENV}={root}): no finished {kind} recording matches this notebook's; the "
-                        f"closest, {os.path.relpath(d, root)}, differs in {diff}")
+    return f"the closest, {os.path.relpath(d, root)}, differs in {diff}"
+
+
+def _missing(kind: str, fields: dict) -> None:
+    root = replay_root()
+    recs = _recorded(root)
+    if not any(isinstance(c.get(kind), dict) for _, c in recs):
+        raise ReplayMissing(f"replay ({ENV}={root}): the submission holds no finished {kind} recording; "
+                            f"hand in the runs/ and profiles/ directories the notebook wrote")
+    raise ReplayMissing(f"replay ({ENV}={root}): no finished {kind} recording matches this notebook's; "
+                        + closest(recs, root, kind, fields))
 
 
 class Replayed:

@@ -1,0 +1,196 @@
+"""`dtlab grade`: a batch of submissions graded one notebook at a time, each in a process of its own
+(`python -m dtlab.course.grader`), into one CSV that always comes out.
+
+A submission is a notebook, or a directory per student holding notebooks and the `runs/` and `profiles/` they
+wrote. A directory (a lone notebook's: its folder) that holds finished recordings is graded from them (replay
+mode); otherwise the notebook runs in quick mode. Each notebook is matched to its lab:
+by `lab` (the --lab option), its file name (a lab's name, e.g. 01_ddp_breakdown.ipynb, or a token like lab01 in an
+LMS download such as alice_lab01.ipynb) or its own metadata (the assignment name `dtlab assign` writes into
+every student notebook). A notebook that cannot be read, matched or graded gets error rows with the reason in one
+line; the others are graded as usual. The CSV is rewritten after every notebook, so even an interrupted batch
+keeps the grades already computed.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+COLUMNS = ["student", "notebook", "lab", "question", "points", "max_points", "feedback", "status", "mode",
+           "replayed", "flags", "errors"]
+
+
+def autograders(path: str) -> dict:
+    """{lab: {"zip", "manifest"}} from one autograder zip or `dtlab assign`'s OUT/autograder directory."""
+    from dtlab.course.assign import read_manifest
+    from dtlab.course.rubric import LAB_MODULES
+    zips = [path] if os.path.isfile(path) else sorted(glob.glob(os.path.join(path, "*.zip")))
+    if not zips:
+        raise ValueError(f"autograder: no .zip at {path!r} (dtlab assign writes OUT/autograder/<lab>.zip)")
+    out = {}
+    for z in zips:
+        m = read_manifest(z)
+        lab = (m or {}).get("lab") or os.path.splitext(os.path.basename(z))[0]
+        if lab in LAB_MODULES:
+            out[lab] = {"zip": z, "manifest": m}
+    if not out:
+        raise ValueError(f"autograder: none of {[os.path.basename(z) for z in zips]} is the autograder of a dtlab "
+                         f"lab ({sorted(LAB_MODULES)})")
+    return out
+
+
+def submissions(paths) -> list[tuple[str, str, str]]:
+    """(student, notebook, directory) per submitted notebook: a notebook (the student is its name without the
+    lab's; its folder is its directory), or a directory of one student's notebooks (the student is its name)."""
+    subs = []
+    for p in paths:
+        if os.path.isdir(p):
+            nbs = sorted(glob.glob(os.path.join(p, "*.ipynb")))
+            if not nbs:
+                raise ValueError(f"submission: no .ipynb in directory {p!r}")
+            subs += [(os.path.basename(os.path.normpath(p)), n, p) for n in nbs]
+        elif p.endswith(".ipynb") and os.path.isfile(p):
+            subs.append((_student_of(p), p, os.path.dirname(os.path.abspath(p))))
+        else:
+            raise ValueError(f"submission: {p!r} is neither a notebook (.ipynb) nor a directory")
+    return subs
+
+
+def _student_of(path: str) -> str:
+    from dtlab.course.rubric import LAB_MODULES
+    stem = os.path.splitext(os.path.basename(path))[0]
+    for lab in LAB_MODULES:
+        stem = stem.replace(lab, "")
+    left = re.sub(r"(?i)lab[_ -]?\d+", "", stem).strip("_- .")
+    return left or os.path.splitext(os.path.basename(path))[0]
+
+
+def lab_of(nb_path: str, known, lab: str | None = None) -> tuple[str | None, str]:
+    """(the lab of a notebook, or None; how it was found): `lab` when given, else its file name, else its metadata."""
+    from dtlab.course.rubric import LAB_MODULES
+    if lab:
+        return (lab, "--lab") if lab in LAB_MODULES else (None, f"--lab {lab!r} is not a lab ({sorted(LAB_MODULES)})")
+    stem = os.path.splitext(os.path.basename(nb_path))[0]
+    for name in LAB_MODULES:
+        if name in stem:
+            return name, "file name"
+    m = re.search(r"(?i)lab[_ -]?0?(\d)(?!\d)", stem)
+    if m:
+        return next(n for n in LAB_MODULES if n.startswith(f"0{m.group(1)}_")), "file name"
+    try:
+        with open(nb_path, encoding="utf-8") as f:
+            meta = json.load(f).get("metadata", {})
+        name = (meta.get("otter") or {}).get("assignment_name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if name in LAB_MODULES:
+        return name, "notebook metadata"
+    return (None, f"cannot tell which lab {os.path.basename(nb_path)!r} is (no lab in its name or metadata): "
+                  f"name it after its lab or pass --lab (labs here: {sorted(known)})")
+
+
+def _metadata_lab(nb_path: str) -> str | None:
+    try:
+        with open(nb_path, encoding="utf-8") as f:
+            return ((json.load(f).get("metadata") or {}).get("otter") or {}).get("assignment_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _has_runs(directory: str | None) -> bool:
+    if not directory:
+        return False
+    from dtlab.course.replay import recorded_in
+    return bool(recorded_in(directory))
+
+
+def _error_rows(lab: str | None, reason: str) -> list[dict]:
+    from dtlab.course import rubric
+    reason = " ".join(str(reason).split())[:600]
+    qs = rubric.questions(lab) if lab else []
+    base = {"points": 0.0, "feedback": reason, "status": "error", "mode": "", "replayed": 0, "flags": "", "errors": ""}
+    return [{**base, "question": q.qid, "max_points": float(q.points)} for q in qs] or \
+        [{**base, "question": "", "max_points": 0.0}]
+
+
+def _stop_group(p) -> None:
+    """SIGTERM to the worker's process group (the worker shuts its kernel down), SIGKILL after 10 s."""
+    import signal
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            p.communicate(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: float = 3600.0) -> list[dict]:
+    """Grade one notebook in a worker process; its rows (error rows when the worker failed)."""
+    replay = _has_runs(directory)
+    with tempfile.TemporaryDirectory(prefix="dtlab-batch-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, "-m", "dtlab.course.grader", "notebook", os.path.abspath(nb), "--lab", lab, "--out", out,
+               "--cell-timeout", str(timeout_s)]
+        if ag.get("manifest"):
+            cells = os.path.join(tmp, "cells.json")
+            with open(cells, "w") as f:
+                json.dump(ag["manifest"]["check_cells"], f)
+            cmd += ["--cells", cells]
+        if replay:
+            cmd += ["--submission", os.path.abspath(directory)]
+        # a session of its own: a notebook that runs over its time is stopped with its kernel, not left behind
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+                             start_new_session=True)
+        try:
+            stdout, stderr = p.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop_group(p)
+            return _error_rows(lab, f"grading took longer than {timeout_s:.0f} s and was stopped")
+        if p.returncode != 0 or not os.path.exists(out):
+            tail = [ln for ln in (stderr or stdout or "").strip().splitlines() if ln.strip()]
+            return _error_rows(lab, f"could not be graded: {tail[-1] if tail else f'exit code {p.returncode}'}")
+        with open(out) as f:
+            res = json.load(f)
+    common = {"status": "graded", "mode": res["mode"], "replayed": res["replayed"], "flags": " | ".join(res["flags"]),
+              "errors": " | ".join(res["errors"][:3])}
+    return [{**{k: r[k] for k in ("question", "points", "max_points", "feedback")}, **common} for r in res["rows"]]
+
+
+def grade(autograder: str, submissions_, csv: str | None = None, progress: bool = True, lab: str | None = None,
+          timeout_s: float = 3600.0):
+    """Grade `submissions_` (notebooks, or directories of a student's notebooks and runs) with `dtlab assign`'s
+    autograders (`autograder`: one zip or the OUT/autograder directory). Returns a DataFrame, one row per student,
+    notebook and question (COLUMNS); writes it to `csv` after every notebook. Never stops at a bad notebook."""
+    import pandas as pd
+
+    ags = autograders(autograder)
+    rows = []
+    for student, nb, directory in submissions(submissions_):
+        found, how = lab_of(nb, ags, lab)
+        meta = _metadata_lab(nb)
+        if found is None:
+            got = _error_rows(None, how)
+        elif found not in ags:
+            got = _error_rows(found, f"no autograder for {found} in {autograder!r} (have: {sorted(ags)})")
+        elif meta and meta != found and how != "--lab":
+            got = _error_rows(found, f"its metadata says it is {meta}, its name says {found}: rename it or pass --lab")
+        else:
+            got = grade_one(ags[found], found, nb, directory, timeout_s)
+        rows += [{"student": student, "notebook": os.path.basename(nb), "lab": found or "", **r} for r in got]
+        df = pd.DataFrame(rows, columns=COLUMNS)
+        if csv:
+            df.to_csv(csv, index=False)
+        if progress:
+            pts, mx = sum(r["points"] for r in got), sum(r["max_points"] for r in got)
+            state = "error: " + got[0]["feedback"][:120] if got[0]["status"] == "error" else got[0]["mode"]
+            print(f"{student} / {os.path.basename(nb)}: {pts:g} of {mx:g} points ({state})", flush=True)
+    return pd.DataFrame(rows, columns=COLUMNS)
