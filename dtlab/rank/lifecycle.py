@@ -230,6 +230,14 @@ def record_error_file(e: BaseException) -> None:
         ErrorHandler().record_exception(e)
     except Exception:  # noqa: BLE001 - reporting must never hide the original error
         pass
+    path = os.environ["TORCHELASTIC_ERROR_FILE"]
+    try:  # half written (a full disk): torchrun would choke on it and take seconds longer to stop the others
+        with open(path) as f:
+            json.load(f)
+    except ValueError:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _optional_versions() -> dict:
