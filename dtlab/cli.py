@@ -115,8 +115,8 @@ def _cmd_run(args) -> int:
     cfg = from_args(args, RunConfig)
     placed = cfg.validate().placement()
     print(f"dtlab: {placed.label}" + (f"\n  note: {placed.note}" if placed.note else ""), file=sys.stderr)
-    handle = launch(cfg)
-    try:
+    try:  # a launch can fail too (a full disk: nothing started)
+        handle = launch(cfg)
         run = handle.wait(progress=not args.no_progress)
     except RunFailed as e:
         print(f"dtlab: run failed: {e}", file=sys.stderr)

@@ -60,7 +60,16 @@ def alive(ident: dict | None) -> bool | None:
     return ticks is None or start_ticks(ident["pid"]) == ticks
 
 
-def judge(status: dict) -> dict | None:
+def _runs_for(pid: int, run_dir: str) -> bool:
+    """True when process `pid` has `run_dir` (absolute) among its arguments: torchrun's agent of that run."""
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            return os.path.abspath(run_dir).encode() in f.read()
+    except OSError:
+        return False
+
+
+def judge(status: dict, run_dir: str | None = None) -> dict | None:
     """For a status that says 'running': None while its agent runs (or this machine cannot tell, see `alive`);
     otherwise what a reader should report instead, as {'state': 'abandoned', 'why': sentence} when the launcher
     is gone too (or unknown), or {'note': sentence} when the launcher still runs (it records the end itself on
@@ -68,10 +77,14 @@ def judge(status: dict) -> dict | None:
 
     The launcher is the Python process that called launch (a notebook kernel); the agent is torchrun's, which
     stops its ranks and exits when the launcher dies: the run is over once the agent is gone (its ranks die with
-    it). Statuses written before identities were recorded carry only the agent's pid: checked without start time."""
+    it). Statuses written before identities were recorded carry only the agent's pid: without a start time, a
+    live pid counts only when its command line names `run_dir` (the agent's does), so a reused pid does not."""
     agent = status.get("agent") or ({"pid": status["pid"]} if isinstance(status.get("pid"), int) else None)
     launcher = status.get("launcher")
-    if alive(agent) is not False:
+    state = alive(agent)
+    if state and "agent" not in status and run_dir is not None and not _runs_for(agent["pid"], run_dir):
+        state = False
+    if state is not False:
         return None
     gone = f"its torchrun agent (pid {agent['pid']}) is gone and no end state was recorded"
     if alive(launcher):

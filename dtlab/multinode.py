@@ -101,7 +101,7 @@ def merged_status(run_dir: str, nnodes: int, problems: list | None = None) -> di
     from dtlab.liveness import judge
     per = node_statuses(run_dir, problems)
     for k, st in per.items():
-        verdict = judge(st) if st.get("state") == "running" else None
+        verdict = judge(st, run_dir) if st.get("state") == "running" else None
         if verdict and "state" in verdict:
             per[k] = {**st, "state": "abandoned", "recorded_state": "running", "why": verdict["why"]}
     states = [per.get(k, {}).get("state", "running") for k in range(nnodes)]

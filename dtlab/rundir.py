@@ -115,7 +115,8 @@ def read_run_dir(path: str, key: str = "config") -> RunRecord:
     if not os.path.isdir(ev_dir):
         raise DamagedRun(ev_dir, "the events folder is missing: it is created before config.json, so the run "
                                  "directory was damaged (or copied without it); nothing the ranks recorded is left")
-    paths = sorted(glob.glob(os.path.join(ev_dir, "rank*.jsonl")), key=lambda p: (file_rank(p) is None, file_rank(p) or 0))
+    paths = sorted(glob.glob(os.path.join(ev_dir, "rank*.jsonl")),
+                   key=lambda p: (file_rank(p) is None, file_rank(p) or 0))
     rec = RunRecord(path, doc, {}, [scan_events(p) for p in paths])
     for s in rec.scans:
         if s.damage:
@@ -159,7 +160,7 @@ def _status(rec: RunRecord, key: str) -> dict:
     else:
         status = _single_status(rec, key)
     if status.get("state") == "running":
-        verdict = judge(status)
+        verdict = judge(status, rec.path)
         if verdict and "state" in verdict:
             inferred = "finished" if _all_done(rec, key) else "abandoned"
             status = {**status, "state": inferred, "recorded_state": "running", "why": verdict["why"]}

@@ -63,7 +63,8 @@ def test_a_torn_line_in_the_middle_is_reported_with_file_and_line(copy):
     n = next(i for i, ln in enumerate(lines) if b'"kind": "step"' in ln and b'"step": 2' in ln)
     lines[n] = lines[n][: len(lines[n]) // 2]  # a torn line that is not the last one
     f.write_bytes(b"\n".join(lines))
-    with pytest.warns(RunDamageWarning, match=rf"events/rank0\.jsonl: 1 damaged line\(s\) skipped: line {n + 1}: not JSON"):
+    said = rf"events/rank0\.jsonl: 1 damaged line\(s\) skipped: line {n + 1}: not JSON"
+    with pytest.warns(RunDamageWarning, match=said):
         run = load_run(str(copy))
     assert 2 not in set(run.steps[run.steps["rank"] == 0]["step"])  # the step is gone: said, not silent
     row = run.damage[~run.damage["tolerated"]].iloc[0]
@@ -143,7 +144,8 @@ def test_a_run_without_its_events_folder_is_an_error(copy):
 
 def test_a_missing_rank_file_makes_the_run_incomplete(copy):
     os.remove(copy / "events" / "rank1.jsonl")
-    with pytest.warns(RunDamageWarning, match=r"rank 1 has no event file \(peers: rank 0 ends after step 5 with `done`\)"):
+    said = r"rank 1 has no event file \(peers: rank 0 ends after step 5 with `done`\)"
+    with pytest.warns(RunDamageWarning, match=said):
         run = load_run(str(copy))
     assert run.status["state"] == "incomplete"
 

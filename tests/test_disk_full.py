@@ -86,7 +86,8 @@ def test_event_writer_stops_on_a_full_disk_and_stays_stopped(tmpfs):
     assert [e["step"] for e in scan.events] == list(range(step))
 
 
-def test_a_launch_on_a_full_disk_starts_nothing(tmpfs):
+def test_a_launch_on_a_full_disk_starts_nothing(tmpfs, capsys):
+    from dtlab.cli import main as cli_main
     mnt = tmpfs(leave=0)
     with pytest.raises(dtlab.RunFailed) as info:
         dtlab.launch(dtlab.tiny(out=str(mnt / "run")))
@@ -94,6 +95,9 @@ def test_a_launch_on_a_full_disk_starts_nothing(tmpfs):
     assert e.state == "failed" and e.error.startswith("disk full") and f"tmpfs at {mnt}" in str(e)
     assert "config.json" in str(e) and "nothing was started" in str(e)
     assert not (mnt / "run").exists() and _temp_files(str(mnt)) == []
+    assert cli_main(["run", "--model", "tiny", "--out", str(mnt / "run"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "dtlab: run failed: disk full: the disk holding" in err and "Traceback" not in err
 
 
 def _alive(pid):

@@ -88,7 +88,8 @@ def _gone_pid():
 
 def _run_dir(tmp_path, status, done=(0, 1)):
     (tmp_path / "events").mkdir(parents=True)
-    (tmp_path / "config.json").write_text(json.dumps({"config": {"strategy": "ddp", "nproc": 2, "warmup": 0, "bucket_mb": 1}}))
+    cfg = {"strategy": "ddp", "nproc": 2, "warmup": 0, "bucket_mb": 1}
+    (tmp_path / "config.json").write_text(json.dumps({"config": cfg}))
     for r in (0, 1):
         lines = [{"kind": "start", "rank": r, "pid": 1}, {"kind": "step", "rank": r, "step": 0, "t_fwd": 0.1,
                                                           "t_bwd": 0.1, "t_opt": 0.1, "t_step": 0.3}]
@@ -108,6 +109,18 @@ def test_a_status_is_judged_by_pid_and_start_time(tmp_path):
     assert judge({"state": "running", "agent": {**me, "boot_id": "an-earlier-boot"}})["state"] == "abandoned"
     assert judge({"state": "running", "agent": {**dead, "host": "another-host"}}) is None  # cannot tell from here
     assert judge({"state": "running", "pid": dead["pid"]})["state"] == "abandoned"  # an older status: pid only
+    # pid only, alive, but not torchrun's agent of this run (its command line does not name the run): reused
+    assert judge({"state": "running", "pid": os.getpid()}, str(tmp_path / "some-run"))["state"] == "abandoned"
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path / "some-run")])
+    deadline = time.monotonic() + 30
+    while str(tmp_path).encode() not in open(f"/proc/{agent.pid}/cmdline", "rb").read():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)  # until it has exec'd python
+    try:  # one whose command line names the run, as torchrun's agent's does: running
+        assert judge({"state": "running", "pid": agent.pid}, str(tmp_path / "some-run")) is None
+    finally:
+        agent.kill()
+        agent.wait()
     note = judge({"state": "running", "agent": dead, "launcher": me})
     assert "state" not in note and f"launcher (pid {os.getpid()}) still runs" in note["note"]
 

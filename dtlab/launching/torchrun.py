@@ -4,8 +4,9 @@
   `_write_status` writes status.json.
 - `start_torchrun`: torchrun's agent in its own session through a shim that dies with the launching process
   (whichever thread started it; `release_lifeline` once it exited) and writes what torchrun knows of each
-  failed rank to RUN_DIR/exits.json (and a failed rendezvous to rendezvous.json); c10d rendezvous on 127.0.0.1 port 0, or one node's part of a multi-node job
-  (dtlab.launching.nodes: per-node file names, the shared endpoint, DTLAB_NODE_SLOT in the ranks' environment).
+  failed rank to RUN_DIR/exits.json (and a failed rendezvous to rendezvous.json); c10d rendezvous on
+  127.0.0.1 port 0, or one node's part of a multi-node job (dtlab.launching.nodes: per-node file names, the
+  shared endpoint, DTLAB_NODE_SLOT in the ranks' environment).
 - Processes: the ranks of a run found by their command line in /proc, their kernel state, signals to a PID or a
   process group, and small log readers (`_size`, `_read_from`, `_tail`).
 """
@@ -120,8 +121,8 @@ except RendezvousError as e:
     raise
 except ChildFailedError as e:
     _record({str(rank): {"rank": rank, "pid": f.pid, "exitcode": f.exitcode,
-                         "signal": f.signal_name() if f.exitcode < 0 else None,
-                         "timestamp": f.timestamp, "message": f.message} for rank, f in e.failures.items()}, sys.argv[2])
+                         "signal": f.signal_name() if f.exitcode < 0 else None, "timestamp": f.timestamp,
+                         "message": f.message} for rank, f in e.failures.items()}, sys.argv[2])
     raise
 """ % AGENT_GRACE_S
 
