@@ -106,7 +106,10 @@ def start_job(cfg, key: str, body: dict, facts: dict, module: str, gloo_threads:
         node = NodeLaunch(out, cfg.nproc, endpoint=cfg.rdzv_endpoint or "127.0.0.1:0",
                           rdzv_id=cfg.rdzv_id or uuid.uuid4().hex, timeout_s=cfg.rdzv_timeout_s, spec=spec)
     else:
-        out, slot = _claim(os.path.abspath(cfg.out), key, doc, cfg.nnodes)
+        try:
+            out, slot = _claim(os.path.abspath(cfg.out), key, doc, cfg.nnodes)
+        except DiskFull as e:
+            raise _disk_full_at_launch(e, os.path.abspath(cfg.out)) from None
         node = NodeLaunch(out, cfg.nproc, cfg.nnodes, slot, cfg.rdzv_endpoint, cfg.rdzv_id, cfg.rdzv_timeout_s, spec)
     is_host = spec.is_host if spec.is_host is not None else _hosts_store(node.endpoint)
     proc = start_torchrun(out, cfg.nproc, module, gloo_threads, node=node, is_host=is_host,
