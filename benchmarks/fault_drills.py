@@ -10,6 +10,13 @@ RunFailed reached the caller:
   waiting in dtlab.run (a notebook's "interrupt kernel"), timed until every rank is gone.
 - parallel: pairs of runs launched at the same instant with default run directories; a collision is a
   shared directory, a shared rendezvous port, or a run that did not finish.
+- thread: dtlab.launch from a ThreadPoolExecutor worker that returns (and exits) 1 s later, then wait from the
+  main thread; right = the run finished.
+- launcher: SIGKILL to a process waiting in dtlab.run (a kernel that crashed), timed until every rank and the
+  torchrun agent are gone; right = load_run then reads 'abandoned' and `dtlab show` exits 1.
+- diskfull: the run directory on a 2 MiB tmpfs with 128 KiB left (needs root to mount); right = RunFailed whose
+  error starts "disk full", status.json 'failed', no temporary file left, load_run works; timed from the last
+  event line written to the raise.
 
 Orphans are rank PIDs of the run still alive (not zombies) right after the call returned.
 
@@ -139,15 +146,88 @@ def parallel_pair(root, i):
             "named": (results, sorted(dirs), ports)}
 
 
+def threaded(root, i):
+    import concurrent.futures as cf
+
+    def start():
+        h = dtlab.launch(dtlab.tiny(out=os.path.join(root, f"thread{i}"), steps=4))
+        time.sleep(1.0)
+        return h
+
+    t0 = time.time()
+    with cf.ThreadPoolExecutor(1) as pool:
+        h = pool.submit(start).result()
+    try:
+        h.wait(progress=False)
+        state = "finished"
+    except dtlab.RunFailed as e:
+        state = f"{e.state}: {str(e).splitlines()[0][:120]}"
+    orphans = sum(alive(e["pid"]) for e in start_events(h.run_dir))
+    return {"survived": True, "seconds": time.time() - t0, "right": state == "finished", "orphans": orphans,
+            "named": state}
+
+
+def launcher_killed(root, i):
+    out = os.path.join(root, f"launcher{i}")
+    code = f"import dtlab; dtlab.run(dtlab.tiny(out={out!r}, steps=100000, timeout_s=600), progress=False)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
+    ev = os.path.join(out, "events", "rank1.jsonl")
+    deadline = time.time() + 300
+    while time.time() < deadline and not (os.path.exists(ev) and '"kind": "step"' in open(ev).read()):
+        time.sleep(0.1)
+    agent = json.load(open(os.path.join(out, "status.json")))["agent"]["pid"]
+    pids = [e["pid"] for e in start_events(out)] + [agent]
+    t0 = time.time()
+    proc.kill()
+    proc.wait()
+    while any(alive(p) for p in pids) and time.time() - t0 < 120:
+        time.sleep(0.02)
+    gone = time.time() - t0
+    state = dtlab.load_run(out).status["state"]
+    rc = subprocess.run([sys.executable, "-m", "dtlab", "show", out], capture_output=True).returncode
+    return {"survived": True, "seconds": gone, "right": state == "abandoned" and rc == 1,
+            "orphans": sum(alive(p) for p in pids), "named": (state, rc)}
+
+
+def disk_full(root, i):
+    mnt = os.path.join(root, f"fs{i}")
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt]).returncode:
+        raise SystemExit("diskfull: cannot mount a tmpfs (needs root)")
+    try:
+        st = os.statvfs(mnt)
+        with open(os.path.join(mnt, "filler"), "wb") as f:
+            f.write(b"\0" * (st.f_bfree * st.f_frsize - 128 * 1024))
+        out = os.path.join(mnt, "run")
+        try:
+            dtlab.run(dtlab.tiny(out=out, steps=100000, timeout_s=300), progress=False)
+            e = None
+        except dtlab.RunFailed as err:
+            e = err
+        t_raised = time.time()
+        t_last = max(os.path.getmtime(os.path.join(out, "events", n)) for n in os.listdir(os.path.join(out, "events")))
+        temps = [n for _, _, files in os.walk(mnt) for n in files if ".tmp" in n]
+        state = json.load(open(os.path.join(out, "status.json")))["state"]
+        steps = len(dtlab.load_run(out).steps)
+        right = e is not None and e.error.startswith("disk full") and state == "failed" and not temps and steps > 0
+        return {"survived": e is not None, "seconds": t_raised - t_last, "right": right,
+                "orphans": sum(alive(ev["pid"]) for ev in start_events(out)),
+                "named": (e.error[:90] if e else None, state, f"{steps} steps loaded", temps)}
+    finally:
+        subprocess.run(["umount", "-l", mnt])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=5, help="repetitions of each fault (default 5)")
     ap.add_argument("--pairs", type=int, default=None, help="parallel launch pairs (default: --n)")
     ap.add_argument("--stall-s", type=float, default=3.0, help="stall_s for the frozen-rank drill (default 3)")
-    ap.add_argument("--only", default=None, help="comma list of drills (kill,segv,exit,raise,stop,interrupt,parallel)")
+    ap.add_argument("--only", default=None, help="comma list of drills (kill,segv,exit,raise,stop,interrupt,parallel,"
+                                                 "thread,launcher,diskfull)")
     ap.add_argument("--json", default=None, help="write the raw results here")
     a = ap.parse_args()
-    names = list(FAULTS) + ["interrupt", "parallel"]
+    names = list(FAULTS) + ["interrupt", "parallel", "thread", "launcher", "diskfull"]
+    extra = {"thread": threaded, "launcher": launcher_killed, "diskfull": disk_full}
     if a.only:
         names = [n for n in names if n in a.only.split(",")]
     root = tempfile.mkdtemp(prefix="dtlab-faults-")
@@ -161,6 +241,8 @@ def main():
                 r = drill(name, root, i, a.stall_s)
             elif name == "interrupt":
                 r = interrupt(root, i)
+            elif name in extra:
+                r = extra[name](root, i)
             else:
                 r = parallel_pair(root, i)
                 os.chdir(home)
@@ -169,8 +251,11 @@ def main():
                   f"orphans={r['orphans']} named={r['named']}", flush=True)
     what = {"kill": "SIGKILL rank 1 at step 2", "segv": "SIGSEGV rank 1 at step 2", "exit": "os._exit(3) rank 1",
             "raise": "rank 0 raises at step 2", "stop": f"SIGSTOP rank 1 (stall_s={a.stall_s:g})",
-            "interrupt": "SIGINT to the waiting process", "parallel": "2 runs launched together"}
-    timing = {"interrupt": "SIGINT -> all ranks gone", "parallel": "pair wall time"}
+            "interrupt": "SIGINT to the waiting process", "parallel": "2 runs launched together",
+            "thread": "launch from a worker thread that exits", "launcher": "SIGKILL to the launching process",
+            "diskfull": "run directory on a full 2 MiB tmpfs"}
+    timing = {"interrupt": "SIGINT -> all ranks gone", "parallel": "pair wall time", "thread": "launch -> finished",
+              "launcher": "SIGKILL -> ranks and agent gone", "diskfull": "last event written -> RunFailed"}
     print(f"\n| drill | runs | survived (RunFailed / clean) | named correctly | time, median [max] | what is timed | orphans |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, rs in rows.items():

@@ -198,30 +198,37 @@ def samples_frame(run_dir: str):
     return raw, slow.reset_index()
 
 
-def load_calibration(run_dir: str):
+def load_calibration(run_dir: str, partial: bool = False):
     """Fit (or re-fit) the samples of a calibration directory, write profile.json, return the Profile.
-    Raises RunFailed when the sweep did not finish, with whatever samples were recorded attached."""
-    from dtlab.model.profile import Profile
-    from dtlab.results import RunFailed
 
-    with open(os.path.join(run_dir, "config.json")) as f:
-        doc = json.load(f)
-    cal = doc["calibration"]
+    Raises RunFailed (its `state` says how the sweep ended: interrupted, stopped, failed, abandoned, ...; its
+    `run`: the samples recorded) when the sweep did not finish, unless `partial`: then what was recorded is
+    fitted, and the profile says in its caveats and meta['partial'] that the sweep did not finish."""
+    import warnings
+
+    from dtlab.model.profile import Profile
+    from dtlab.rundir import RunDamageWarning, RunFailed, read_run_dir, require_finished, sweep_progress
+
+    rec = read_run_dir(run_dir, key="calibration")
+    for w in rec.warnings:
+        warnings.warn(f"{run_dir}: {w}", RunDamageWarning, stacklevel=2)
+    doc, cal = rec.doc, rec.doc["calibration"]
     raw, samples = samples_frame(run_dir)
-    status = {}
-    if os.path.exists(os.path.join(run_dir, "status.json")):
-        with open(os.path.join(run_dir, "status.json")) as f:
-            status = json.load(f)
-    if int(cal.get("nnodes") or 1) > 1:
-        from dtlab.multinode import merged_status
-        status = merged_status(run_dir, int(cal["nnodes"]))
-    if status.get("state") not in (None, "finished"):
-        raise RunFailed(f"calibration {status.get('state')}: see {run_dir}/logs", error=status.get("state"),
-                        run_dir=run_dir, run=samples)
+    recorded = sweep_progress(rec)
+    try:
+        require_finished(rec, "the calibration", run=samples,
+                         hint=f"{recorded}; no profile was written. dtlab.calibration.load_calibration(path, "
+                              "partial=True) fits what was recorded, labelled as partial.")
+        unfinished = None
+    except RunFailed as e:
+        if not partial or raw.empty:
+            raise
+        unfinished = f"partial: the sweep {e.state} before it finished ({recorded}); fitted from those samples only"
     meta = {**doc.get("resolved", {}), "calibration": cal, "rank_samples": len(raw),
             "timing": doc.get("resolved", {}).get("timing",
                                                    "slowest rank per iteration; barrier before each iteration (not timed)")}
-    caveats = _node_facts(run_dir, meta)
+    caveats = _node_facts(run_dir, meta) + ([unfinished] if unfinished else [])
+    meta["partial"] = unfinished is not None
     if meta.get("backend") == "gloo" and meta.get("nnodes", 1) == 1:
         caveats.append("gloo over loopback TCP on shared CPU cores: alpha and beta describe this host's memory "
                        "and loopback, not a network; collectives compete with compute for the cores.")

@@ -125,8 +125,8 @@ def _cmd_run(args) -> int:
     placed = cfg.validate().placement()
     print(f"dtlab: {placed.label}" + (f"\n  note: {placed.note}" if placed.note else "")
           + f"\n  timed with {placed.timing}", file=sys.stderr)
-    handle = launch(cfg)
-    try:
+    try:  # a launch can fail too (a full disk: nothing started)
+        handle = launch(cfg)
         run = handle.wait(progress=not args.no_progress)
     except RunFailed as e:
         print(f"dtlab: run failed: {e}", file=sys.stderr)
@@ -141,13 +141,20 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_show(args) -> int:
+    """Print a run's breakdown, with how it ended and any damage found reading it (dtlab.rundir). Exit code 0
+    for a finished (or still running) run, 1 for any other state (failed, abandoned, incomplete, ...); a run
+    directory that cannot be read (DamagedRun, a ValueError) is one line and exit code 2."""
     import os
+    import warnings
 
-    from dtlab.results import load_run
+    from dtlab.results import RunDamageWarning, load_run
     if not os.path.isfile(os.path.join(args.dir, "config.json")):
         raise ValueError(f"dir: {args.dir!r} is not a dtlab run directory (no config.json)")
-    _print_run(load_run(args.dir))
-    return 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunDamageWarning)  # the table prints each one
+        run = load_run(args.dir)
+    _print_run(run)
+    return 0 if run.status.get("state") in ("finished", "running") else 1
 
 
 def _print_run(run) -> None:

@@ -8,11 +8,11 @@ machine (GPU count) and raises `ValueError` naming the field and what is allowed
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from dtlab.runfiles import dump_json  # noqa: F401 - re-exported: atomic, survives a full disk
 from dtlab.fieldchecks import _choice, _finite, _int_at_least, _refuse_unknown  # noqa: F401 - re-exported
 from dtlab.placement import device_count  # noqa: F401 - re-exported: dtlab.config.device_count
 
@@ -290,10 +290,3 @@ def tiny(**overrides: Any) -> RunConfig:
     base.update(overrides)
     return RunConfig.from_dict(base)
 
-
-def dump_json(obj: Any, path: str) -> None:
-    """Write JSON atomically (write then rename), so a reader never sees half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-    os.replace(tmp, path)

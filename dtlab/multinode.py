@@ -19,7 +19,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import ipaddress
-import json
 import os
 import re
 
@@ -27,7 +26,7 @@ from dtlab.fieldchecks import _finite, _int_at_least
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 #: How the per-node states combine into the run's: the first state in this order that any node is in.
-_STATE_ORDER = ("failed", "stalled", "timeout", "interrupted", "stopped", "running", "finished")
+_STATE_ORDER = ("failed", "stalled", "timeout", "interrupted", "stopped", "abandoned", "running", "finished")
 
 
 def parse_endpoint(text, *, allow_port_0: bool = False) -> tuple[str, int]:
@@ -80,23 +79,33 @@ def validate_nodes(cfg) -> None:
         cfg.rdzv_id = default_rdzv_id(cfg.out)
 
 
-def node_statuses(run_dir: str) -> dict[int, dict]:
-    """{slot: that node's status.json} for every node of a multi-node run directory that wrote one."""
+def node_statuses(run_dir: str, problems: list | None = None) -> dict[int, dict]:
+    """{slot: that node's status.json} for every node of a multi-node run directory that wrote one. A damaged
+    file is left out and, given `problems`, described there (file, line, what is wrong)."""
+    from dtlab.runfiles import DamagedRun, read_json
     out = {}
     for p in sorted(glob.glob(os.path.join(run_dir, "nodes", "node*.status.json"))):
         m = re.search(r"node(\d+)\.status\.json$", p)
         try:
-            with open(p) as f:
-                out[int(m.group(1))] = json.load(f)
-        except (OSError, ValueError):
-            continue
+            out[int(m.group(1))] = read_json(p)
+        except (OSError, DamagedRun) as e:
+            if problems is not None:
+                problems.append(f"{e}; that node's state is unknown")
     return out
 
 
-def merged_status(run_dir: str, nnodes: int) -> dict:
+def merged_status(run_dir: str, nnodes: int, problems: list | None = None) -> dict:
     """The status of a multi-node run: 'finished' once every node finished; otherwise the worst node state
-    ('running' while a node has not reported). `nodes` holds each node's own status by slot."""
-    per = node_statuses(run_dir)
+    ('running' while a node has not reported). `nodes` holds each node's own status by slot. A node whose status
+    says running while its launcher and agent are gone (checked on their host: dtlab.liveness) is 'abandoned'."""
+    from dtlab.liveness import judge
+    per = node_statuses(run_dir, problems)
+    for k, st in per.items():
+        verdict = judge(st, run_dir) if st.get("state") == "running" else None
+        if verdict and "state" in verdict:
+            per[k] = {**st, "state": "abandoned", "recorded_state": "running", "why": verdict["why"]}
     states = [per.get(k, {}).get("state", "running") for k in range(nnodes)]
     state = next(s for s in _STATE_ORDER + tuple(states) if s in states)
-    return {"state": state, "nodes": {str(k): v for k, v in sorted(per.items())}}
+    merged = {"state": state, "nodes": {str(k): v for k, v in sorted(per.items())}}
+    why = [f"node slot {k}: {v['why']}" for k, v in sorted(per.items()) if v.get("why")]
+    return {**merged, "why": "; ".join(why)} if why else merged

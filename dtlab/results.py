@@ -24,9 +24,7 @@ existed fall back to T_step - T_comm, labelled "assumes no overlap".
 
 from __future__ import annotations
 
-import glob
-import json
-import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +33,8 @@ import pandas as pd
 from dtlab.events import read_events  # noqa: F401 - re-exported: dtlab.results.read_events
 from dtlab.intervals import union_length
 from dtlab.restarts import FRAMES, recovery, restart_lines
+from dtlab.rundir import (DamagedRun, RunDamageWarning, RunFailed, read_run_dir,  # noqa: F401 - re-exported
+                          status_lines)
 from dtlab.units import fmt_mib, fmt_ms
 
 STEP_COLUMNS = ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
@@ -43,37 +43,7 @@ COLLECTIVE_COLUMNS = ["rank", "step", "op", "nbytes", "phase", "t_start", "t_end
 BLOCKED_COLUMNS = ["rank", "step", "phase", "op", "how", "seq", "t_start", "t_end"]
 MEMORY_COLUMNS = ["rank", "params_bytes", "grads_bytes", "optim_bytes", "peak_bytes", "peak_kind"]
 RANK_COLUMNS = ["rank", "node", "local_rank", "host", "pid", "slot"]
-
-
-class RunFailed(RuntimeError):
-    """A run that did not finish. The message is one paragraph (who, how, where) plus the culprit's log tail.
-
-    - `state`: 'failed' (a rank ended on its own), 'stalled' (the watchdog stopped it), 'timeout',
-      'interrupted' or 'stopped'.
-    - `rank`: the rank that caused it (for a stall, the first of `ranks`); None when no rank can be named.
-      `ranks`: every rank named as a cause (several when the watchdog cannot tell which one holds the others).
-    - `signal` ('SIGKILL', 'SIGSEGV', 'SIGSTOP' for a frozen rank, ...) and `exitcode` (negative for a signal,
-      as torchrun reports it): how the culprit ended; None when it recorded an error or is still running.
-    - `error`: the culprit's recorded error ("RuntimeError: ..."), or a sentence when it recorded none.
-    - `consequences`: the other ranks that failed only because the culprit vanished, one dict each (rank,
-      how, error, signal, exitcode): reported, never blamed.
-    - `silent_s`: for a stall, how long each named rank had been silent ({rank: seconds}).
-    - `traceback_tail` (the culprit's traceback, when it raised), `log_tail` (the end of its log, with its
-      Python stack for a stall), `run` (a partial `Run` of everything recorded), `run_dir`.
-    """
-
-    def __init__(self, message: str, *, rank=None, error=None, traceback_tail=None, run_dir=None, run=None,
-                 state=None, ranks=None, signal=None, exitcode=None, consequences=None, log_tail=None,
-                 silent_s=None):
-        super().__init__(message)
-        self.rank, self.error, self.traceback_tail = rank, error, traceback_tail
-        self.run_dir, self.run = run_dir, run
-        self.state = state
-        self.ranks = list(ranks) if ranks is not None else ([rank] if rank is not None else [])
-        self.signal, self.exitcode = signal, exitcode
-        self.consequences = list(consequences or [])
-        self.log_tail = log_tail
-        self.silent_s = dict(silent_s or {})
+DAMAGE_COLUMNS = ["file", "line", "what", "tolerated"]
 
 
 @dataclass
@@ -102,7 +72,12 @@ class Run:
     lost: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Lost work: steps an attempt recorded that a restarted one redid (rank, step, attempt, t_step s, loss)."""
     ranks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RANK_COLUMNS))
-    """Where each rank ran, from its start event: node (torchrun's node rank), local rank, host, pid, slot."""
+    """Where each rank ran, from its start event: node (torchrun's node rank), local rank, host, pid, slot; and
+    how its events end: 'done', 'error' or 'incomplete' (neither: cut short, or still running)."""
+    warnings: list = field(default_factory=list)
+    """Recoverable damage found while reading (sentences naming file, line and what); see dtlab.rundir."""
+    damage: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DAMAGE_COLUMNS))
+    """One row per event line skipped (tolerated=False) or tolerated (a torn last line): file, line, what."""
 
     @property
     def warmup(self) -> int:
@@ -233,7 +208,7 @@ class Run:
         if self.resolved.get("oversubscribed"):
             lines.append(f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
                          "(oversubscribed: compute is slowed by sharing cores)")
-        lines += restart_lines(self)
+        lines += restart_lines(self) + status_lines(self)
         for r in s.itertuples():
             if r.value != r.value:  # NaN: not measured
                 val = fmt_ms(None, width=10)
@@ -249,43 +224,38 @@ def _union_length(df: pd.DataFrame) -> float:
 
 
 def load_run(path: str) -> Run:
-    """Load a run directory (finished, failed or still running) into a `Run`."""
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise FileNotFoundError(f"{path} is not a dtlab run directory (no config.json)")
-    with open(cfg_path) as f:
-        doc = json.load(f)
-    status = {}
-    if os.path.isfile(os.path.join(path, "status.json")):
-        with open(os.path.join(path, "status.json")) as f:
-            status = json.load(f)
-    if os.path.isdir(os.path.join(path, "nodes")):  # a multi-node run: each node reports on its own
-        from dtlab.multinode import merged_status
-        status = merged_status(path, int(doc["config"]["nnodes"]))
+    """Load a run directory (finished, failed or still running) into a `Run`, read strictly by dtlab.rundir:
+    damage that can be skipped is a `RunDamageWarning` (also in `run.warnings`, line by line in `run.damage`);
+    a config.json that cannot be read, or a missing events/ folder, is a `DamagedRun` naming the file."""
+    rec = read_run_dir(path)
+    for w in rec.warnings:
+        warnings.warn(f"{path}: {w}", RunDamageWarning, stacklevel=2)
     rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
                                              "ddp_stats", "blocked", "checkpoint", "restart", "start")}
     ddp_logging = {}
-    for ev_path in sorted(glob.glob(os.path.join(path, "events", "rank*.jsonl"))):
-        for ev in read_events(ev_path):
-            kind = ev.pop("kind", None)
-            if kind in rows:
-                rows[kind].append(ev)
-            elif kind == "ddp_logging":
-                ddp_logging[ev.get("rank")] = ev.get("data", {})
-    rows, rec = recovery(rows)  # one timeline: what a restarted attempt redid is lost work (dtlab.restarts)
+    for ev in rec.events():
+        ev = dict(ev)
+        kind = ev.pop("kind", None)
+        if kind in rows:
+            rows[kind].append(ev)
+        elif kind == "ddp_logging":
+            ddp_logging[ev.get("rank")] = ev.get("data", {})
+    rows, rows_rec = recovery(rows)  # one timeline: what a restarted attempt redid is lost work (dtlab.restarts)
     mem = _frame(rows["memory"], MEMORY_COLUMNS, sort=["rank"])
     if not mem.empty:  # the last memory record per rank is the final one (with the peak)
         mem = mem.groupby("rank", as_index=False).last()
+    ranks = _frame(rows["start"], RANK_COLUMNS, sort=["rank"]).drop_duplicates("rank", keep="last")  # restarts
+    ranks["ended"] = ranks["rank"].map(rec.ended) if not ranks.empty else pd.Series(dtype=object)
     return Run(
-        path=path, config=doc.get("config", {}), resolved=doc.get("resolved", {}), status=status,
+        path=path, config=rec.doc["config"], resolved=rec.doc.get("resolved", {}), status=rec.status,
         steps=_frame(rows["step"], STEP_COLUMNS), baseline_steps=_frame(rows["baseline_step"], STEP_COLUMNS),
         buckets=_frame(rows["bucket"], BUCKET_COLUMNS, sort=["rank", "step", "t_ready"]),
         collectives=_frame(rows["collective"], COLLECTIVE_COLUMNS, sort=["rank", "step", "t_start"]),
         memory=mem, errors=rows["error"], ddp_logging=ddp_logging,
         ddp_stats=_frame(rows["ddp_stats"], ["rank", "step"]),
-        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]),
-        ranks=_frame(rows["start"], RANK_COLUMNS, sort=["rank"]).drop_duplicates("rank", keep="last"),  # restarts
-        **{name: _frame(rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
+        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]), ranks=ranks,
+        warnings=list(rec.warnings), damage=_frame(rec.damage(), DAMAGE_COLUMNS, sort=["file", "line"]),
+        **{name: _frame(rows_rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
            for name, cols in FRAMES.items()})
 
 

@@ -8,14 +8,17 @@ import pytest
 from dtlab.results import _union_length, load_run
 
 
-def write_run(tmp_path, events_by_rank, config=None, torn_tail=False):
+def write_run(tmp_path, events_by_rank, config=None, torn_tail=False, state="finished"):
+    """A run directory as the launcher and ranks leave it: config.json, status.json, one event file per rank
+    (ending with `done` when the run finished)."""
     cfg = {"strategy": "ddp", "nproc": len(events_by_rank), "warmup": 1, "bucket_mb": 25}
     cfg.update(config or {})
     (tmp_path / "events").mkdir()
     (tmp_path / "config.json").write_text(json.dumps({"config": cfg, "resolved": {"world_size": len(events_by_rank)}}))
+    (tmp_path / "status.json").write_text(json.dumps({"state": state}))
     for r, evs in events_by_rank.items():
         with open(tmp_path / "events" / f"rank{r}.jsonl", "w") as f:
-            for e in evs:
+            for e in evs + ([{"kind": "done", "rank": r}] if state == "finished" else []):
                 f.write(json.dumps(e) + "\n")
             if torn_tail:
                 f.write('{"kind": "step", "rank": 0, "st')  # a crash mid-line
@@ -71,10 +74,12 @@ def test_partial_run_with_torn_line_loads(tmp_path):
     ev = {0: [step(0, 0, 0.1, 0.2, 0.1), step(0, 1, 0.1, 0.2, 0.1)],
           1: [step(1, 0, 0.1, 0.2, 0.1), {"kind": "error", "rank": 1, "time": 1.0, "error": "RuntimeError: x",
                                           "traceback": "Traceback\nRuntimeError: x"}]}
-    run = load_run(write_run(tmp_path, ev, torn_tail=True))
+    run = load_run(write_run(tmp_path, ev, torn_tail=True, state="failed"))
     assert sorted(run.steps["rank"].tolist()) == [0, 0, 1]
     assert run.errors[0]["rank"] == 1
     assert list(run.steps.columns[:7]) == ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
+    assert run.status["state"] == "failed" and run.warnings == []  # torn last lines: tolerated, counted
+    assert len(run.damage) == 2 and run.damage["tolerated"].all()
 
 
 def test_not_a_run_directory(tmp_path):

@@ -23,14 +23,19 @@ from dtlab.launching.nodes import rendezvous_sentence
 from dtlab.launching.torchrun import _tail
 from dtlab.restarts import attempt_of, final_attempt_events
 from dtlab.results import RunFailed, read_events
+from dtlab.runfiles import RANK_EXIT_DISK_FULL, disk_sentence, looks_full
 
 PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mean "this rank is stepping"
 
 
-def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None) -> RunFailed:
+def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None, disk=None) -> RunFailed:
     """Build the RunFailed for a run that ended in `state`, naming the rank that caused it (`node`: the
-    dtlab.launching.nodes.NodeLaunch of the node reporting, for its rendezvous and its own torchrun log)."""
+    dtlab.launching.nodes.NodeLaunch of the node reporting, for its rendezvous and its own torchrun log; `disk`:
+    the DiskFull the launcher met writing the end state)."""
     multi = node is not None and node.multi
+    full = _disk_failure(run_dir, run, disk) if state == "failed" else None
+    if full is not None:
+        return full
     if state == "stalled" and stall:
         failed = _stall_failure(run_dir, run, stall)
         frozen_here = any(row["frozen"] for row in stall["rows"])
@@ -73,6 +78,27 @@ def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None
     return RunFailed(f"{what}{' (' + where + ')' if where else ''}. Run directory: {run_dir}\n"
                      f"--- {os.path.relpath(log, run_dir)} (last lines) ---\n{tail}",
                      error=state, traceback_tail=tail, run_dir=run_dir, run=run, state=state, log_tail=tail)
+
+
+_DISK_ERROR = re.compile(r"no space left on device|disk quota exceeded|errno 28\b|errno 122\b", re.IGNORECASE)
+
+
+def _disk_failure(run_dir: str, run, disk) -> RunFailed | None:
+    """The RunFailed naming the full disk and the path when a full disk ended the run, None otherwise: the launcher
+    could not write the end state (`disk`), a rank recorded a disk error or exited with RANK_EXIT_DISK_FULL, or the
+    run directory's filesystem has (almost) nothing left (a rank's own report then could not be written either)."""
+    first = next((o for o in _rank_outcomes(run_dir) if o.get("exitcode") == RANK_EXIT_DISK_FULL
+                  or _DISK_ERROR.search(o.get("error") or "")), None)
+    if disk is None and first is None and not looks_full(run_dir):
+        return None
+    full = str(disk) if disk is not None else disk_sentence(run_dir)
+    where = "; ".join(f"rank {o['rank']} {o['where']}" for o in _last_events(run_dir))
+    tail = _tail(os.path.join(run_dir, "logs", "torchrun.log"))
+    return RunFailed(f"disk full: {full}. Writing the run's records failed and every rank was stopped"
+                     f"{' (' + where + ')' if where else ''}; what was recorded before loads with dtlab.load_run. "
+                     f"Free space there, or choose another `out`. Run directory: {run_dir}",
+                     rank=first["rank"] if first else None, error=f"disk full: {full}", traceback_tail=tail,
+                     run_dir=run_dir, run=run, state="failed", log_tail=tail)
 
 
 def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:

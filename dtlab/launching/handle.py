@@ -21,9 +21,11 @@ import time
 from dtlab.config import RunConfig, dump_json
 from dtlab.launching.failures import _crashed_after_done, _failure
 from dtlab.launching.nodes import NodeLaunch, NodeSpec, start_job, wait_for_nodes
-from dtlab.launching.torchrun import _is_rank_of, _kill, _rank_processes, _signal_group, default_out
+from dtlab.launching.torchrun import (_is_rank_of, _kill, _rank_processes, _signal_group, default_out,
+                                      release_lifeline)
 from dtlab.launching.watchdog import StallWatch, _Feed
 from dtlab.results import Run, load_run, read_events
+from dtlab.runfiles import DiskFull, disk_sentence, looks_full
 
 _LIVE: "set[Handle]" = set()  # strong references: a handle dropped by the user must still be stopped at exit
 PEER_WAIT_S = 15.0  # how long a node waits for the other nodes' reports before naming a culprit or loading
@@ -48,6 +50,7 @@ class Handle(StallWatch):
         self._feeds = ([] if self.node.multi else
                        [_Feed(r, os.path.join(run_dir, "events", f"rank{r}.jsonl"), self._t0) for r in range(nproc)])
         self._foreign: set[str] = set()  # event files of other nodes' ranks
+        self._disk: DiskFull | None = None  # set when the run's end state could not be written: disk full
         _LIVE.add(self)
 
     def _discover(self) -> None:
@@ -89,11 +92,17 @@ class Handle(StallWatch):
     def _finish(self, state: str, **extra) -> None:
         self._state = state
         _LIVE.discard(self)
+        release_lifeline(self.proc)
         if self.max_restarts:  # how often torchrun restarted the group (dtlab.restarts), from every event written
             self._follow(None)
             extra.setdefault("restarts", max((f.attempt for f in self._feeds), default=0))
-        dump_json({"state": state, "returncode": self.proc.returncode, "pid": self.proc.pid, "started": self.started,
-                   "ended": time.time(), **extra}, self.node.path("status"))
+        if looks_full(self.run_dir):
+            extra["disk"] = disk_sentence(self.run_dir)
+        try:
+            dump_json({"state": state, "returncode": self.proc.returncode, "pid": self.proc.pid,
+                       "started": self.started, "ended": time.time(), **extra}, self.node.path("status"))
+        except DiskFull as e:  # status.json keeps its last state; result() raises RunFailed naming the disk
+            self._disk = e
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop every process of the job and return once every rank PID of the run is gone: SIGTERM to
@@ -118,6 +127,7 @@ class Handle(StallWatch):
             except subprocess.TimeoutExpired:
                 _signal_group(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        release_lifeline(self.proc)
         deadline = time.monotonic() + 10.0
         while True:  # the ranks die with torchrun (PDEATHSIG); make sure before returning
             live = self.live_rank_pids()
@@ -133,7 +143,7 @@ class Handle(StallWatch):
         pids = []
         for p in [f.path for f in self._feeds]:
             if os.path.exists(p):
-                pids += [e["pid"] for e in read_events(p) if e.get("kind") == "start"]
+                pids += [e["pid"] for e in read_events(p) if e.get("kind") == "start" and e.get("pid")]
         return pids
 
     def live_rank_pids(self) -> list[int]:
@@ -177,13 +187,14 @@ class Handle(StallWatch):
         """The loaded run; raises RunFailed (with the partial run attached) unless it finished cleanly."""
         if self.node.multi and not os.path.exists(self.node.path("rendezvous")):
             wait_for_nodes(self.run_dir, PEER_WAIT_S)  # the other nodes' reports complete the run (or name a culprit)
-        if self._state == "finished":
+        if self._state == "finished" and self._disk is None:
             return self._loader(self.run_dir)
         try:
             partial = self._loader(self.run_dir)
         except Exception:  # noqa: BLE001 - a failed job may not load; the events still name the cause
             partial = None
-        raise _failure(self._state, self.run_dir, partial, self._stall, node=self.node)
+        state = "failed" if self._state == "finished" else self._state  # finished, but its record is not whole
+        raise _failure(state, self.run_dir, partial, self._stall, node=self.node, disk=self._disk)
 
     def _follow(self, bar) -> None:
         """Read the new complete lines of every rank's events; rank 0's drive the progress bar."""

@@ -18,14 +18,19 @@ import glob
 import json
 import math
 import os
+import signal
 import socket
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from dtlab.config import dump_json
-from dtlab.launching.torchrun import _write_status, prepare_dir, start_torchrun
+from dtlab.launching.torchrun import (_signal_group, _write_status, check_omp_threads, prepare_dir, release_lifeline,
+                                      start_torchrun)
+from dtlab.liveness import identity
 from dtlab.multinode import is_loopback, node_statuses, parse_endpoint
+from dtlab.results import RunFailed
+from dtlab.runfiles import DiskFull
 
 CONFIG_WAIT_S = 60.0  # how long a joining node waits for slot 0 to write config.json
 
@@ -88,26 +93,59 @@ def start_job(cfg, key: str, body: dict, facts: dict, module: str, gloo_threads:
     agent running `module`; returns (NodeLaunch, Popen). ValueError (nothing started) if the directory holds
     another run, all node slots are taken, or this node's config differs from the one the run was started with."""
     spec = spec or NodeSpec()
+    check_omp_threads({**os.environ, **spec.env})
     doc = {key: body, "launch": facts}
     if cfg.nnodes == 1:
+        existed = os.path.isdir(cfg.out)
         out = prepare_dir(cfg.out)
-        dump_json(doc, os.path.join(out, "config.json"))
+        try:
+            dump_json(doc, os.path.join(out, "config.json"))
+        except DiskFull as e:
+            _unclaim(out, existed)
+            raise _disk_full_at_launch(e, out) from None
         node = NodeLaunch(out, cfg.nproc, endpoint=cfg.rdzv_endpoint or "127.0.0.1:0",
                           rdzv_id=cfg.rdzv_id or uuid.uuid4().hex, timeout_s=cfg.rdzv_timeout_s, spec=spec)
     else:
-        out, slot = _claim(os.path.abspath(cfg.out), key, doc, cfg.nnodes)
+        try:
+            out, slot = _claim(os.path.abspath(cfg.out), key, doc, cfg.nnodes)
+        except DiskFull as e:
+            raise _disk_full_at_launch(e, os.path.abspath(cfg.out)) from None
         node = NodeLaunch(out, cfg.nproc, cfg.nnodes, slot, cfg.rdzv_endpoint, cfg.rdzv_id, cfg.rdzv_timeout_s, spec)
     is_host = spec.is_host if spec.is_host is not None else _hosts_store(node.endpoint)
     proc = start_torchrun(out, cfg.nproc, module, gloo_threads, node=node, is_host=is_host,
                           max_restarts=getattr(cfg, "max_restarts", 0))
-    if node.multi:
-        dump_json({"slot": node.slot, "host": socket.gethostname(), "launcher_pid": os.getpid(), "agent_pid": proc.pid,
-                   "endpoint": node.endpoint, "rdzv_id": node.rdzv_id, "is_host": is_host, "time": time.time()},
-                  os.path.join(out, "nodes", f"node{node.slot}.json"))
-        dump_json({"state": "running", "pid": proc.pid, "started": time.time()}, node.path("status"))
-    else:
-        _write_status(out, "running", pid=proc.pid, started=time.time())
+    try:
+        if node.multi:
+            dump_json({"slot": node.slot, "host": socket.gethostname(), "launcher_pid": os.getpid(),
+                       "agent_pid": proc.pid, "endpoint": node.endpoint, "rdzv_id": node.rdzv_id, "is_host": is_host,
+                       "time": time.time()}, os.path.join(out, "nodes", f"node{node.slot}.json"))
+            dump_json({"state": "running", "pid": proc.pid, "started": time.time(), "agent": identity(proc.pid),
+                       "launcher": identity(os.getpid())}, node.path("status"))
+        else:
+            _write_status(out, "running", pid=proc.pid, started=time.time())
+    except DiskFull as e:  # nothing could say the run is running: stop it before it writes anything more
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        release_lifeline(proc)
+        raise _disk_full_at_launch(e, out, started=True) from None
     return node, proc
+
+
+def _unclaim(out: str, existed: bool) -> None:
+    """Undo prepare_dir after config.json could not be written: remove the empty events/ (and `out` itself when
+    this launch created it and it is empty), so the same `out` can be used once there is space."""
+    for d in [os.path.join(out, "events")] + ([out] if not existed else []):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def _disk_full_at_launch(e: DiskFull, out: str, started: bool = False) -> RunFailed:
+    """The RunFailed of a launch whose run directory could not be written (nothing runs when it is raised)."""
+    what = ("its agent was stopped before any rank ran" if started else "nothing was started")
+    return RunFailed(f"disk full: {e}. Run directory {out}: {what}; free space there, or choose another `out`.",
+                     error=f"disk full: {e}", run_dir=out, state="failed")
 
 
 def _claim(out: str, key: str, doc: dict, nnodes: int) -> tuple[str, int]:

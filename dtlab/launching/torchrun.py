@@ -2,10 +2,11 @@
 
 - Run directories: `unique_dir` / `default_out` pick a fresh one, `prepare_dir` claims it (mkdir of events/),
   `_write_status` writes status.json.
-- `start_torchrun`: torchrun's agent in its own session through a shim that dies with the launching process and
-  writes what torchrun knows of each failed rank to RUN_DIR/exits.json (and a failed rendezvous to
-  rendezvous.json); c10d rendezvous on 127.0.0.1 port 0, or one node's part of a multi-node job
-  (dtlab.launching.nodes: per-node file names, the shared endpoint, DTLAB_NODE_SLOT in the ranks' environment).
+- `start_torchrun`: torchrun's agent in its own session through a shim that dies with the launching process
+  (whichever thread started it; `release_lifeline` once it exited) and writes what torchrun knows of each
+  failed rank to RUN_DIR/exits.json (and a failed rendezvous to rendezvous.json); c10d rendezvous on
+  127.0.0.1 port 0, or one node's part of a multi-node job (dtlab.launching.nodes: per-node file names, the
+  shared endpoint, DTLAB_NODE_SLOT in the ranks' environment).
 - Processes: the ranks of a run found by their command line in /proc, their kernel state, signals to a PID or a
   process group, and small log readers (`_size`, `_read_from`, `_tail`).
 """
@@ -20,6 +21,7 @@ import time
 import uuid
 
 from dtlab.config import RunConfig, dump_json
+from dtlab.liveness import identity
 
 RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.course.harness")
 
@@ -67,38 +69,62 @@ def prepare_dir(out: str) -> str:
 
 
 def _write_status(run_dir: str, state: str, **fields) -> None:
+    """Write status.json. A 'running' status with the agent's `pid` also records who to check later: the agent
+    and this launching process, each by pid, start time, host and boot (dtlab.liveness)."""
+    if state == "running" and isinstance(fields.get("pid"), int):
+        fields.setdefault("agent", identity(fields["pid"]))
+        fields.setdefault("launcher", identity(os.getpid()))
     dump_json({"state": state, **fields}, os.path.join(run_dir, "status.json"))
 
 
-# The torchrun agent, started through a shim that (1) asks Linux to SIGTERM it when the launching process dies
-# (a kernel killed outright runs no atexit handler; torchrun then stops its ranks, which also die with it) and
-# (2) writes what torchrun knows of each failed rank (exit code, signal, pid) to EXITS, so RunFailed can name
+# The torchrun agent, started through a shim that (1) lives exactly as long as the launching *process*: it reads
+# a pipe whose write end only the launcher holds, and end-of-file there (the launcher died: a kernel killed
+# outright runs no atexit handler) makes it SIGTERM itself, so torchrun stops its ranks (which also die with it),
+# and SIGKILL itself if that takes longer than AGENT_GRACE_S. PR_SET_PDEATHSIG cannot do this: it fires when the
+# *thread* that started the agent exits (man 2 prctl), so a launch from a worker thread died with that thread.
+# (2) It writes what torchrun knows of each failed rank (exit code, signal, pid) to EXITS, so RunFailed can name
 # the rank that died without guessing from the order of errors and without parsing torchrun's log; a failed
-# rendezvous (a node that never joined, a store nobody hosts) goes to RDZV the same way.
+# rendezvous (a node that never joined, a store nobody hosts) goes to RDZV the same way. Both are written
+# atomically; on a full disk they are left out (and no temporary file is left), the launcher says why.
+AGENT_GRACE_S = 60.0
 _AGENT = """\
-import ctypes, json, os, signal, sys
-ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
-if os.getppid() != int(sys.argv[1]):
-    sys.exit(1)
+import os, signal, sys, threading, time
+def _lifeline(fd):
+    while True:
+        try:
+            if not os.read(fd, 1):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(%r)
+    os.kill(os.getpid(), signal.SIGKILL)
+threading.Thread(target=_lifeline, args=(int(sys.argv[1]),), daemon=True).start()
+from dtlab.runfiles import dump_json
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import main
+def _record(doc, path):
+    try:
+        dump_json(doc, path)
+    except OSError as err:
+        try:
+            print(f"dtlab: could not write {path}: {err}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
 try:
     main(sys.argv[4:])
 except RendezvousError as e:
-    with open(sys.argv[3] + ".tmp", "w") as fh:
-        json.dump({"error": type(e).__name__, "message": str(e)}, fh)
-    os.replace(sys.argv[3] + ".tmp", sys.argv[3])
+    _record({"error": type(e).__name__, "message": str(e)}, sys.argv[3])
     raise
 except ChildFailedError as e:
-    exits = {str(rank): {"rank": rank, "pid": f.pid, "exitcode": f.exitcode,
-                         "signal": f.signal_name() if f.exitcode < 0 else None,
-                         "timestamp": f.timestamp, "message": f.message} for rank, f in e.failures.items()}
-    with open(sys.argv[2] + ".tmp", "w") as fh:
-        json.dump(exits, fh, indent=2, default=str)
-    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+    _record({str(rank): {"rank": rank, "pid": f.pid, "exitcode": f.exitcode,
+                         "signal": f.signal_name() if f.exitcode < 0 else None, "timestamp": f.timestamp,
+                         "message": f.message} for rank, f in e.failures.items()}, sys.argv[2])
     raise
-"""
+""" % AGENT_GRACE_S
 
 # The directory that holds the dtlab package (dtlab/launching/torchrun.py -> three levels up).
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -132,14 +158,40 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, no
     else:
         rdzv, files = node.agent_args(is_host), [node.path("exits"), node.path("rendezvous"), node.log_path()]
     prefix = list(node.spec.prefix) if node is not None else []
-    cmd = prefix + [sys.executable, "-c", _AGENT, str(os.getpid()), files[0], files[1], *rdzv,
+    life_r, life_w = os.pipe()  # both ends close-on-exec: only the agent is handed the read end (pass_fds)
+    cmd = prefix + [sys.executable, "-c", _AGENT, str(life_r), files[0], files[1], *rdzv,
                     f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
                     f"--log-dir={files[2][:-4]}", "-m", module, run_dir]
-    log = open(files[2], "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
-    log.close()
+    try:
+        with open(files[2], "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True, pass_fds=(life_r,))
+    except BaseException:
+        os.close(life_w)
+        raise
+    finally:
+        os.close(life_r)
+    proc.dtlab_lifeline = life_w  # held open while the agent runs: see release_lifeline
     return proc
+
+
+def release_lifeline(proc: subprocess.Popen) -> None:
+    """Close the launcher's end of an agent's lifeline once the agent has exited (closing it earlier would stop
+    the agent, which is what the launcher's death does)."""
+    fd = getattr(proc, "dtlab_lifeline", None)
+    if fd is not None and proc.poll() is not None:
+        proc.dtlab_lifeline = None
+        os.close(fd)
+
+
+def check_omp_threads(environ=os.environ) -> None:
+    """OMP_NUM_THREADS, when set, must be a positive whole number (threads per rank; torch ignores 0 and uses
+    every core instead). ValueError naming it otherwise, before anything starts."""
+    v = environ.get("OMP_NUM_THREADS")
+    if v is not None and not (v.strip().isdigit() and int(v) > 0):
+        raise ValueError(f"OMP_NUM_THREADS must be a whole number >= 1 (threads per rank), got {v!r} in the "
+                         "environment; unset it to let dtlab give each CPU rank its share of the cores "
+                         f"({os.cpu_count() or 1} cores / ranks)")
 
 
 # ---- processes --------------------------------------------------------------------------------------------

@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import statistics
 import time
 
+from dtlab.events import check_event, parse_line
 from dtlab.launching.failures import PROGRESS_KINDS, _stall_sentence, _where
 from dtlab.launching.torchrun import _kill, _proc_state, _read_from, _size
 
@@ -55,10 +55,9 @@ class _Feed:
         *lines, self.partial = data.split(b"\n")
         events = []
         for line in lines:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
+            ev, why = parse_line(line)
+            if why is not None or check_event(ev, self.rank) is not None:
+                continue  # damaged: skipped here as by every reader (dtlab.events); load_run reports it
             events.append(ev)
             kind = ev.get("kind")
             self.last = ev

@@ -100,8 +100,18 @@ class Profile:
 
 
 def load_profile(path) -> Profile:
-    """Load a Profile from a directory containing profile.json, or from the file itself."""
+    """Load a Profile from a directory containing profile.json, or from the file itself. For a calibration
+    directory without profile.json (a sweep that did not finish) RunFailed says how it ended (`state`:
+    interrupted, stopped, failed, abandoned, ...)."""
     file = os.path.join(path, PROFILE_FILE) if os.path.isdir(path) else path
+    if not os.path.isfile(file) and os.path.isfile(os.path.join(path, "config.json")):
+        from dtlab.rundir import read_run_dir, require_finished, sweep_progress  # a sweep without a profile
+        rec = read_run_dir(path, key="calibration")
+        require_finished(rec, "the calibration", hint=f"{sweep_progress(rec)}; no profile was written. "
+                         "dtlab.calibration.load_calibration(path, partial=True) fits what was recorded, labelled "
+                         "as partial.")
+        raise ValueError(f"path: {path!r} holds a finished calibration without {PROFILE_FILE}: "
+                         "dtlab.calibration.load_calibration(path) fits its samples and writes it")
     if not os.path.isfile(file):
         raise ValueError(f"path must be a profile directory or a {PROFILE_FILE} file, got {path!r}")
     with open(file, encoding="utf-8") as fh:

@@ -20,6 +20,7 @@ import time
 import traceback
 
 from dtlab.config import RunConfig, dump_json
+from dtlab.runfiles import RANK_EXIT_DISK_FULL, is_disk_error
 
 
 def rank_main(run_dir: str, body) -> int:
@@ -44,14 +45,28 @@ def rank_main(run_dir: str, body) -> int:
         return 0
     except BaseException as e:  # noqa: BLE001 - record even KeyboardInterrupt/SystemExit, then exit non-zero
         tb = traceback.format_exc()
-        writer.write("error", rank=rank, time=time.time(), error=f"{type(e).__name__}: {e}", traceback=tb)
-        print(tb, file=sys.stderr, flush=True)
+        try:  # on a full disk neither the record nor the log may take it: the exit code then says why
+            writer.write("error", rank=rank, time=time.time(), error=f"{type(e).__name__}: {e}", traceback=tb)
+            print(tb, file=sys.stderr, flush=True)
+        except OSError:
+            pass
         record_error_file(e)
-        return 1
+        return RANK_EXIT_DISK_FULL if writer.failed is not None or _disk_error_in(e) else 1
     finally:
         if ok:  # after a failure, peers may never join a clean shutdown: exiting is what frees them
             _teardown()
         writer.close()
+
+
+def _disk_error_in(e: BaseException | None) -> bool:
+    """True when `e`, or an exception it was raised from, is a full disk (ENOSPC, EDQUOT)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if is_disk_error(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def read_config(run_dir: str) -> dict:
@@ -214,6 +229,14 @@ def record_error_file(e: BaseException) -> None:
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
         ErrorHandler().record_exception(e)
     except Exception:  # noqa: BLE001 - reporting must never hide the original error
+        pass
+    path = os.environ["TORCHELASTIC_ERROR_FILE"]
+    try:  # half written (a full disk): torchrun would choke on it and take seconds longer to stop the others
+        with open(path) as f:
+            json.load(f)
+    except ValueError:
+        os.unlink(path)
+    except OSError:
         pass
 
 

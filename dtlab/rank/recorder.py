@@ -1,7 +1,7 @@
 """What a rank records, and how, without disturbing what it measures.
 
-- `EventWriter` appends one JSON object per line to events/rank{r}.jsonl and flushes each line, so a crash
-  loses at most the line being written.
+- `EventWriter` appends one JSON object per line to events/rank{r}.jsonl, one write per line, so a crash
+  loses at most the line being written; a full disk raises DiskFull.
 - `StepClock` times forward / backward / optimizer: wall clock on CPU; on GPU, CUDA events on the compute
   stream that are read once per step, after the optimizer (the only CPU-GPU sync point per step).
 - `BucketRecorder` is a DDP comm hook. For every gradient bucket it records index, bytes, parameter count,
@@ -20,34 +20,55 @@ import time
 import torch
 import torch.distributed as dist
 
+from dtlab.runfiles import DiskFull, is_disk_error
+
 
 class EventWriter:
-    """Append-only JSONL writer, flushed per line. Safe to call from the gloo completion threads.
+    """Append-only JSONL writer: one write(2) per line, straight to the file (nothing buffered in the process),
+    so a crash loses at most the line being written. Safe to call from the gloo completion threads.
 
     A restarted rank (torchrun --max-restarts) appends to the file of the attempt before it; with `attempt` set,
     every record carries it. A rank killed in the middle of a line leaves it without its newline: opening ends
     that torn line first, so it stays one unreadable line (skipped by readers) instead of swallowing the first
-    new record."""
+    new record. A write the disk refuses raises `DiskFull` (dtlab.runfiles) and the writer stays failed: every
+    later write raises again, so a write from a thread that swallows errors cannot hide it from the next one."""
 
     def __init__(self, path: str, attempt: int | None = None):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._f = open(path, "a", buffering=1)
-        if self._f.tell() > 0:
+        self.path = path
+        self.failed: OSError | None = None
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._extra = {} if attempt is None else {"attempt": attempt}
+        self._lock = threading.Lock()
+        if os.fstat(self._fd).st_size > 0:
             with open(path, "rb") as f:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) != b"\n":
-                    self._f.write("\n")
-        self._extra = {} if attempt is None else {"attempt": attempt}
-        self._lock = threading.Lock()
+                    self._put(b"\n")
+
+    def _put(self, data: bytes) -> None:
+        if self.failed is not None:
+            raise DiskFull(self.path, self.failed) if is_disk_error(self.failed) else OSError(
+                self.failed.errno, f"an earlier write failed: {self.failed.strerror}", self.path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as e:
+            self.failed = e
+            raise (DiskFull(self.path, e) if is_disk_error(e) else e) from None
 
     def write(self, kind: str, **fields) -> None:
-        line = json.dumps({"kind": kind, **self._extra, **fields}, default=float)
+        """Append one event (`kind` and `fields`, plus `attempt` when set) as one line."""
+        line = json.dumps({"kind": kind, **self._extra, **fields}, default=float) + "\n"
         with self._lock:
-            self._f.write(line + "\n")
-            self._f.flush()
+            self._put(line.encode())
 
     def close(self) -> None:
-        self._f.close()
+        """Close the file (never raises: every line was already written, or its write raised)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class StepClock:
