@@ -39,3 +39,30 @@ def fmt_gbps(bytes_per_second) -> str:
     if bytes_per_second is None or bytes_per_second == float("inf") or bytes_per_second <= 0:
         return "inf"
     return f"{bytes_per_second / 1e9:.3g} GB/s"
+
+
+def fmt_count(n) -> str:
+    """A whole number with thousands separators: fmt_count(4045448) -> '4,045,448' (numpy integers too)."""
+    return f"{int(n):,}"
+
+
+def fmt_bytes_exact(n) -> str:
+    """An exact byte count: fmt_bytes_exact(4045448) -> '4,045,448 B'."""
+    return f"{fmt_count(n)} B"
+
+
+def fmt_time(seconds, digits: int = 3) -> str:
+    """Seconds shown in the unit that reads best: µs below 1 ms, ms below 10 s, else s, `digits` significant
+    digits: fmt_time(7.2e-4) -> '720 µs', fmt_time(0.0123) -> '12.3 ms'; 'n/a' for None or NaN."""
+    if seconds is None or seconds != seconds:
+        return "n/a"
+    s = float(seconds)
+    for scale, unit, limit in ((1e6, "µs", 1e-3), (1e3, "ms", 10.0)):
+        if abs(s) < limit:
+            return f"{s * scale:.{digits}g} {unit}"
+    return f"{s:.{digits}g} s"
+
+
+def fmt_ratio(x, digits: int = 3) -> str:
+    """A ratio of two like quantities: fmt_ratio(0.25) -> '×0.25'."""
+    return "n/a" if x is None or x != x else f"×{float(x):.{digits}g}"
