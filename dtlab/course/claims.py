@@ -61,7 +61,7 @@ def verdict(ratios: Spread, expected: float, test: str, rel_tol: float) -> str:
     if test not in TESTS:
         raise ValueError(f"test must be one of {TESTS}, got {test!r}")
     if test == "within":
-        if not (rel_tol >= 0 and expected > 0):
+        if not (rel_tol >= 0 and expected is not None and expected > 0):
             raise ValueError(f"a 'within' claim needs expected > 0 and rel_tol >= 0, got {expected!r}, {rel_tol!r}")
         lo_band, hi_band = expected * (1 - rel_tol), expected * (1 + rel_tol)
         if lo_band <= ratios.median <= hi_band:
@@ -92,7 +92,11 @@ class Claim:
     :class:`Spread` of the quantity per run, in `unit` ('s', 'B' or a unit name); ratios: the :class:`Spread`
     of a / b over paired runs; expected: the model's a / b; model: where `expected` comes from; test and
     rel_tol: how the verdict is reached (:func:`verdict`); why: the reason when it does not hold; how: how the
-    runs were made (count and order)."""
+    runs were made (count and order); per: what one value is ('run', 'step', 'size', 'call'); paired: whether
+    value i of a and of b were measured together (then `ratios` spans the ratios of pairs; otherwise it spans
+    Q1(a) / Q3(b) .. Q3(a) / Q1(b) around the ratio of the medians, the middle halves of both sets). expected
+    may be None for a "below" /
+    "above" claim (the model says only which side of 1)."""
 
     cid: str
     says: str
@@ -102,12 +106,14 @@ class Claim:
     values: dict
     unit: str
     ratios: Spread
-    expected: float
+    expected: float | None
     model: str
     test: str = "within"
     rel_tol: float = 0.25
     why: str | None = None
     how: str = ""
+    per: str = "run"
+    paired: bool = True
     result: str = field(init=False)
 
     def __post_init__(self):
@@ -124,13 +130,16 @@ class Claim:
         """The claim as a person reads it: statement and model, measurement, verdict (and why)."""
         va, vb = self.values[self.a], self.values[self.b]
         r = self.ratios
-        rng = f"range {fmt_ratio(r.lo)} .. {fmt_ratio(r.hi)}" if r.n > 1 else "a single run: no spread"
+        rng = f"range {fmt_ratio(r.lo)} .. {fmt_ratio(r.hi)}" if r.n > 1 else f"a single {self.per}: no spread"
+        if not self.paired and r.n > 1:
+            rng += f": quartiles of {va.n} x {vb.n} unpaired {self.per}s"
         band = {"within": f"within ±{self.rel_tol:.0%} of the model", "below": "below ×1 in every run",
                 "above": "above ×1 in every run"}[self.test]
-        out = [f"Claim ({self.cid}): {self.says}. Model: {self.a} / {self.b} = {fmt_ratio(self.expected)} "
-               f"({self.model}).",
+        model = (f"{self.a} / {self.b} = {fmt_ratio(self.expected)}" if self.expected is not None else
+                 f"{self.a} / {self.b} {'below' if self.test == 'below' else 'above'} ×1")
+        out = [f"Claim ({self.cid}): {self.says}. Model: {model} ({self.model}).",
                f"Measured {self.quantity}: {self.a} {_fmt(va.median, self.unit)}, {self.b} {_fmt(vb.median, self.unit)}"
-               f" (medians of {va.n} run(s) each{', ' + self.how if self.how else ''}); {self.a} / {self.b} = "
+               f" (medians of {va.n} {self.per}(s) each{', ' + self.how if self.how else ''}); {self.a} / {self.b} = "
                f"{fmt_ratio(r.median)} ({rng}).",
                f"Verdict: {self.result.upper()} on this machine (the test: {band})."]
         if self.why:
@@ -169,21 +178,32 @@ class Claim:
         self.show()
 
 
-def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected: float, model: str,
-            unit: str = "s", test: str = "within", rel_tol: float = 0.25, why=None, how: str = "") -> Claim:
+def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected: float | None, model: str,
+            unit: str = "s", test: str = "within", rel_tol: float = 0.25, why=None, how: str = "",
+            per: str = "run", paired: bool = True) -> Claim:
     """A :class:`Claim` that `a` relates to `b` as the model says. a, b: (label, values), one value per run
-    (paired by position: run i of a was made next to run i of b), in `unit`. why: a sentence, or a function
-    of the unfinished verdict ('inconclusive' / 'contradicted') returning one, used only when the claim does
-    not hold."""
+    (paired by position: run i of a was made next to run i of b; `per`="step" for the steps of two runs), in
+    `unit`. why: a sentence, or a function of the verdict ('inconclusive' / 'contradicted') returning one,
+    used only when the claim does not hold."""
     (la, xa), (lb, xb) = a, b
-    xa, xb = list(xa), list(xb)
-    if len(xa) != len(xb) or not xa:
-        raise ValueError(f"a and b need the same number of runs (paired), got {len(xa)} and {len(xb)}")
-    ratios = spread([p / q for p, q in zip(xa, xb) if q])
+    xa, xb = [float(v) for v in xa], [float(v) for v in xb]
+    if not xa or not xb or (paired and len(xa) != len(xb)):
+        raise ValueError(f"a and b need values{' in pairs' if paired else ''}, got {len(xa)} and {len(xb)}")
+    if paired:
+        ratios = spread([p / q for p, q in zip(xa, xb) if q])
+    else:  # the middle half of each set: one stray call does not decide
+        (a1, am, a3), (b1, bm, b3) = _quartiles(xa), _quartiles(xb)
+        ratios = Spread(am / bm, a1 / b3, a3 / b1, min(len(xa), len(xb)))
     result = verdict(ratios, expected, test, rel_tol)
     reason = (why(result) if callable(why) else why) if result != "holds" else None
     return Claim(cid, says, quantity, la, lb, {la: spread(xa), lb: spread(xb)}, unit, ratios, expected, model,
-                 test, rel_tol, reason, how)
+                 test, rel_tol, reason, how, per, paired)
+
+
+def _quartiles(values) -> tuple:
+    """(first quartile, median, third quartile) of finite values (linear interpolation)."""
+    import numpy as np
+    return tuple(float(q) for q in np.percentile(sorted(values), [25, 50, 75]))
 
 
 def consistent(record: dict) -> list:
@@ -200,7 +220,7 @@ def consistent(record: dict) -> list:
     if not r.lo <= r.median <= r.hi:
         problems.append(f"{record['cid']}: median ratio {r.median} outside its range {r.lo}..{r.hi}")
     va, vb = (Spread(**record["values"][k]) for k in (record["a"], record["b"]))
-    if va.n != vb.n or r.n > va.n:
+    if record.get("paired", True) and (va.n != vb.n or r.n > va.n):
         problems.append(f"{record['cid']}: {va.n} and {vb.n} runs, {r.n} ratios")
     return problems
 
@@ -239,6 +259,6 @@ def interleaved(configs: dict, repeats: int, run) -> dict:
 
 
 def order_text(labels, repeats: int) -> str:
-    """'2 runs each, interleaved: A B, B A' for the order :func:`interleaved` used."""
+    """'interleaved: A B, then B A' for the order :func:`interleaved` used."""
     rounds = [" ".join(labels if i % 2 == 0 else labels[::-1]) for i in range(repeats)]
-    return f"{repeats} run(s) each, interleaved: " + ", then ".join(rounds)
+    return "interleaved: " + ", then ".join(rounds)
