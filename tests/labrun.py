@@ -140,16 +140,19 @@ def _close() -> None:
 
 def _in_browser(name: str, folder: pathlib.Path, path: pathlib.Path) -> LabRun:
     s = _session()
-    page = s["browser"].new_page(viewport={"width": 1500, "height": 1000})
+    context = s["browser"].new_context(viewport={"width": 1500, "height": 1000})  # nothing left from the last lab
+    page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    console: list[str] = []  # kept for the report: JupyterLab logs harmless errors there too
+    page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
     shots = os.environ.get("DTLAB_SCREENSHOTS")
     ok = False
     try:
         rel = path.relative_to(_ROOT).as_posix()
-        seconds = run_all(page, f"{s['server'].url}/lab/tree/{rel}", LAB_TIMEOUT_S)  # run and saved
-        report = page_checks(page)
-        report["page_errors"] = errors
+        seconds = run_all(page, f"{s['server'].url}/lab/tree/{rel}", rel, LAB_TIMEOUT_S)  # run and saved
+        report = page_checks(page, rel)
+        report["page_errors"], report["console_errors"] = errors, console
         ok = True
         if shots:
             screenshots(page, pathlib.Path(shots) / name.removesuffix(".ipynb"))
@@ -159,7 +162,7 @@ def _in_browser(name: str, folder: pathlib.Path, path: pathlib.Path) -> LabRun:
             folder_shots = pathlib.Path(shots or folder) / ("screenshots-" + name.removesuffix(".ipynb"))
             screenshots(page, folder_shots)
             print(f"{name}: screenshots of the failure in {folder_shots}\n{s['server'].log_tail()}")
-        page.close()
+        context.close()
         s["server"].shutdown_kernels()  # this lab's kernel: the next lab starts its own
     nb = nbformat.read(path, as_version=4)
     return LabRun(name, nb, folder, path, seconds, True, report)

@@ -76,7 +76,8 @@ class LabServer:
                "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=",
                f"--ServerApp.root_dir={notebooks}", f"--LabApp.user_settings_dir={settings}",
                f"--LabApp.workspaces_dir={root / 'workspaces'}", "--LabApp.expose_app_in_browser=True",
-               "--LabApp.news_url=", "--ServerApp.open_browser=False"]
+               "--LabApp.news_url=", "--ServerApp.open_browser=False",
+               "--ServerApp.disable_check_xsrf=True"]  # loopback only, no token: the REST calls below need no xsrf
         if os.geteuid() == 0:  # CI containers run as root
             cmd.append("--allow-root")
         self._log = open(self.log_path, "w")
@@ -125,8 +126,13 @@ class LabServer:
 
 # ------------------------------------------------------------------ the page (JupyterLab's own model)
 
-JS_CELLS = """() => {
-  const nb = window.jupyterapp.shell.currentWidget;
+# the notebook panel of one path (not the "current" widget: a restored workspace may hold other tabs)
+JS_PANEL = """(path) => { const app = window.jupyterapp; if (!app) return null;
+  for (const w of app.shell.widgets('main')) if (w.context && w.context.path === path) return w;
+  return null; }"""
+
+JS_CELLS = """(path) => {
+  const nb = (""" + JS_PANEL + """)(path);
   if (!nb || !nb.content || !nb.content.widgets) return null;
   return nb.content.widgets.map((c, i) => {
     const m = c.model, out = [];
@@ -137,9 +143,15 @@ JS_CELLS = """() => {
   });
 }"""
 
-JS_KERNEL_IDLE = """() => { const nb = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+JS_KERNEL_IDLE = """(path) => { const nb = (""" + JS_PANEL + """)(path);
   const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
   return !!k && k.status === 'idle'; }"""
+
+# commands are fired, never awaited: a command's promise may wait on a dialog or on every cell
+JS_COMMAND = """([path, command]) => { const app = window.jupyterapp, nb = (""" + JS_PANEL + """)(path);
+  if (!nb) return false; app.shell.activateById(nb.id); app.commands.execute(command); return true; }"""
+
+JS_DIRTY = """(path) => { const nb = (""" + JS_PANEL + """)(path); return !nb || nb.context.model.dirty; }"""
 
 JS_FIGURE = """(el) => ({
   title: (el.querySelector('.gtitle') || {}).textContent || '',
@@ -189,31 +201,32 @@ JS_OVERLAPS = """() => {
 }"""
 
 
-def run_all(page, url: str, timeout_s: float) -> float:
-    """Open the notebook at `url`, run every cell, wait until all ran (or one raised) and the kernel is idle,
-    save it; returns the seconds from run-all to idle."""
-    page.goto(url, wait_until="domcontentloaded", timeout=90_000)
+def run_all(page, url: str, path: str, timeout_s: float) -> float:
+    """Open the notebook `path` (relative to the server's root) at `url` in a fresh workspace, run every cell,
+    wait until all ran (or one raised) and its kernel is idle, save it; returns the seconds from run-all to
+    idle."""
+    page.goto(url + "?reset", wait_until="domcontentloaded", timeout=90_000)  # ?reset: no tabs restored
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_function(JS_KERNEL_IDLE, timeout=120_000)
-    n_code = sum(c["type"] == "code" for c in page.evaluate(JS_CELLS))
+    page.wait_for_function(JS_KERNEL_IDLE, arg=path, timeout=120_000)
+    n_code = sum(c["type"] == "code" for c in page.evaluate(JS_CELLS, path))
     t0 = time.monotonic()
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    assert page.evaluate(JS_COMMAND, [path, "notebook:run-all-cells"]), f"{path} is not open"
     deadline = t0 + timeout_s
     while time.monotonic() < deadline:
-        cells = page.evaluate(JS_CELLS)
+        page.wait_for_timeout(500)
+        cells = page.evaluate(JS_CELLS, path)
         code = [c for c in cells if c["type"] == "code"]
         if any(o.get("output_type") == "error" for c in code for o in c["outputs"]):
             break  # run-all stops at an error: the test reports it from the saved notebook
-        if len(code) == n_code and all(c["execution_count"] for c in code) and page.evaluate(JS_KERNEL_IDLE):
+        if len(code) == n_code and all(c["execution_count"] for c in code) and page.evaluate(JS_KERNEL_IDLE, path):
             break
-        page.wait_for_timeout(500)
     else:
         pending = [c["index"] for c in cells if c["type"] == "code" and not c["execution_count"]]
         raise TimeoutError(f"cells {pending} had not run after {timeout_s} s")
     seconds = time.monotonic() - t0
     page.wait_for_timeout(500)  # let the last outputs render
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=60_000)
+    page.evaluate(JS_COMMAND, [path, "docmanager:save"])
+    page.wait_for_function(f"() => !({JS_DIRTY})({json.dumps(path)})", timeout=60_000)
     return seconds
 
 
@@ -222,7 +235,7 @@ def _widget_count(page) -> int:
                                  .filter(o => o.querySelector('.widget-slider')).length""")
 
 
-def _settle(page, w: int, timeout_s: float = 30.0) -> dict:
+def _settle(page, w: int, path: str, timeout_s: float = 30.0) -> dict:
     """Widget `w`'s state once it stops changing and the kernel is idle: a slider moved three steps sends three
     changes, and their redraws arrive one after another."""
     deadline = time.monotonic() + timeout_s
@@ -230,7 +243,8 @@ def _settle(page, w: int, timeout_s: float = 30.0) -> dict:
     while time.monotonic() < deadline:
         page.wait_for_timeout(600)
         now = page.evaluate(JS_WIDGET_STATE, w)
-        if now == last and page.evaluate(JS_KERNEL_IDLE):
+        drawn = all(f["title"] and f["data"] for f in now["figures"])  # not between a purge and a redraw
+        if now == last and drawn and page.evaluate(JS_KERNEL_IDLE, path):
             return now
         last = now
     return last
@@ -247,14 +261,14 @@ def _show_figures(page, w: int) -> None:
                               "else setTimeout(wait, 200); })(); })")
 
 
-def _move(page, w: int, s: int, state: dict) -> dict:
-    """Move slider `s` of widget `w` with the keyboard (left, or right when it sits at its lowest value) and
-    wait for a figure or label of that widget to change; returns what happened."""
+def _move(page, w: int, s: int, state: dict, path: str) -> dict:
+    """Move visible slider `s` of widget `w` with the keyboard (right, or left when it sits at its highest
+    value) and wait for a figure or label of that widget to change; returns what happened."""
     out = page.locator(".jp-OutputArea-output", has=page.locator(".widget-slider")).nth(w)
     slider = out.locator(".widget-slider").locator("visible=true").nth(s)
     slider.scroll_into_view_if_needed()
     before = state["sliders"][s]["readout"]
-    for key in ("ArrowLeft", "ArrowRight"):
+    for key in ("ArrowRight", "ArrowLeft"):
         slider.locator(".noUi-handle").first.focus()
         for _ in range(3):
             page.keyboard.press(key)
@@ -266,13 +280,13 @@ def _move(page, w: int, s: int, state: dict) -> dict:
     while time.monotonic() < deadline and (now["figures"], now["labels"]) == (state["figures"], state["labels"]):
         page.wait_for_timeout(250)
         now = page.evaluate(JS_WIDGET_STATE, w)
-    now = _settle(page, w)
+    now = _settle(page, w, path)
     return {"slider": state["sliders"][s]["label"], "from": before, "to": now["sliders"][s]["readout"],
             "moved": now["sliders"][s]["readout"] != before,
             "redrew": (now["figures"], now["labels"]) != (state["figures"], state["labels"]), "state": now}
 
 
-def page_checks(page) -> dict:
+def page_checks(page, path: str) -> dict:
     """What the page shows after run-all: problems (outputs that failed to render, sliders that do not move
     or redraw nothing, figures a reload does not restore), moves (one per slider), overlaps (text over text in a
     figure), widgets (how many explorers), labels_before / labels_after (each widget's label texts before the
@@ -286,12 +300,15 @@ def page_checks(page) -> dict:
     n = report["widgets"] = _widget_count(page)
     for w in range(n):
         _show_figures(page, w)
-        state = _settle(page, w)
+        state = _settle(page, w, path)
         report["labels_before"].append(state["labels"])
         if not state["figures"]:
             report["problems"].append(f"widget {w}: no figure rendered")
-        for s in range(len(state["sliders"])):
-            move = _move(page, w, s, state)
+        for label in [sl["label"] for sl in state["sliders"]]:
+            visible = [sl["label"] for sl in state["sliders"]]
+            if label not in visible:  # hidden by an earlier move (a control that could change nothing)
+                continue
+            move = _move(page, w, visible.index(label), state, path)
             state = move.pop("state")
             report["moves"].append(dict(move, widget=w))
             if not move["moved"]:
@@ -301,15 +318,15 @@ def page_checks(page) -> dict:
                                           "changed no figure and no label")
         report["labels_after"].append(state["labels"])
     if n:
-        report["problems"] += _reload_keeps_state(page, n)
+        report["problems"] += _reload_keeps_state(page, n, path)
         report["reloaded"] = True
     return report
 
 
-def _reload_keeps_state(page, n: int) -> list:
+def _reload_keeps_state(page, n: int, path: str) -> list:
     """Reload the page (the kernel keeps running) and compare every widget's sliders and figures with what
     they showed before."""
-    before = [_settle(page, w) for w in range(n)]
+    before = [_settle(page, w, path) for w in range(n)]
     page.reload(wait_until="domcontentloaded")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     problems = []
@@ -320,7 +337,7 @@ def _reload_keeps_state(page, n: int) -> list:
         if _widget_count(page) == n:
             for w in range(n):
                 _show_figures(page, w)
-            after = [_settle(page, w) for w in range(n)]
+            after = [_settle(page, w, path) for w in range(n)]
             if all(a["figures"] and all(f["data"] for f in a["figures"]) for a in after):
                 break
     if after is None:
@@ -330,8 +347,9 @@ def _reload_keeps_state(page, n: int) -> list:
             problems.append(f"widget {w}: sliders changed in the reload")
         for f, (fb, fa) in enumerate(zip(b["figures"], a["figures"])):
             if fb != fa:
-                problems.append(f"widget {w}: after a reload figure {f} shows {fa['title']!r}, before it showed "
-                                f"{fb['title']!r} (with the same sliders)")
+                same = "the same traces" if fb["data"] == fa["data"] else "other traces"
+                problems.append(f"widget {w}: after a reload figure {f} shows {fa['title']!r} with {same} than "
+                                f"before, when it showed {fb['title']!r} ({len(fb['data'])} traces; the same sliders)")
     return problems
 
 

@@ -38,7 +38,8 @@ def test_lab_in_a_real_browser(name):
     assert not errors, f"{name}: error output:\n" + "\n".join(errors)
     page = run.page
     assert not page["page_errors"], f"{name}: JavaScript errors on the page: {page['page_errors']}"
-    assert not page["problems"], f"{name}:\n" + "\n".join(page["problems"])
+    assert not page["problems"], f"{name}:\n" + "\n".join(page["problems"] + ["browser console errors:"]
+                                                            + page["console_errors"][-10:])
     assert not page["overlaps"], f"{name}: overlapping text in a figure:\n" + "\n".join(page["overlaps"])
     assert page["widgets"] >= WIDGETS.get(name, 0), f"{name}: {page['widgets']} widgets rendered"
     if page["widgets"]:

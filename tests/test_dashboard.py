@@ -437,3 +437,15 @@ def test_a_zero_alpha_stays_zero_until_its_slider_moves():
     assert box.levels()[0]["alpha_inter"] == 0.0 and "inter α = 0 µs</b> in the model" in box.children[0].value
     box.sliders["alpha_inter_us"].value = 50.0
     assert box.levels()[0]["alpha_inter"] == pytest.approx(50e-6) and "inter α = 0" not in box.children[0].value
+
+
+def test_one_node_hides_the_network_controls():
+    from dtlab.viz.two_level import ASSUMED_LEVELS, two_level_explorer
+
+    box = two_level_explorer(ASSUMED_LEVELS, compute=COMPUTE)
+    net = ("nics_per_node", "alpha_inter_us", "bw_inter_gbs")
+    assert all(box.sliders[k].layout.display != "none" for k in net)
+    box.sliders["nodes"].value = 1
+    assert all(box.sliders[k].layout.display == "none" for k in net) and "<b>one node</b>" in box.children[0].value
+    box.sliders["nodes"].value = 3
+    assert all(box.sliders[k].layout.display != "none" for k in net)

@@ -5,7 +5,8 @@ from dtlab.course.diagnose import failure_feedback, meaning, native_error, stude
 STUDENT = "# header\nimport torch\nimport torch.distributed as dist\n\n\ndef ring(t):\n    x = 1\n    dist.recv(t, 0)\n"
 
 ABORT = """terminate called after throwing an instance of 'gloo::EnforceNotMet'
-  what():  [enforce fail at /__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. 8 vs 4. Received data size doesn't match expected size.
+  what():  [enforce fail at /__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] \
+op.preamble.length <= op.nbytes. 8 vs 4. Received data size doesn't match expected size.
 Fatal Python error: Aborted
 
 Thread 0x00007f8f48c7eb80 (most recent call first):

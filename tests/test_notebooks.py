@@ -118,8 +118,9 @@ def lab08(run, text):
     assert list((run.folder / "profiles").glob("*/profile.json")) and not (run.folder / "runs").exists()
 
 
-OUTPUT_CHECKS = {"00_setup_check.ipynb": lab00, "01_ddp_breakdown.ipynb": lab01, "02_collectives_alpha_beta.ipynb": lab02,
-                 "03_buckets_and_gpu_count.ipynb": lab03, "04_zero3_vs_ddp.ipynb": lab04,
+OUTPUT_CHECKS = {"00_setup_check.ipynb": lab00, "01_ddp_breakdown.ipynb": lab01,
+                 "02_collectives_alpha_beta.ipynb": lab02, "03_buckets_and_gpu_count.ipynb": lab03,
+                 "04_zero3_vs_ddp.ipynb": lab04,
                  "05_shrinking_comm.ipynb": lab05, "06_stragglers_ps_faults.ipynb": lab06,
                  "07_beyond_one_machine.ipynb": lab07, "08_build_it_yourself.ipynb": lab08}
 #: claims each lab must print (ids): the statements about outcomes its text relies on

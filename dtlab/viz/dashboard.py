@@ -38,7 +38,7 @@ def _log_slider(name: str, value: float, exps=None) -> widgets.FloatLogSlider:
         e = float(np.log(value) / np.log(base))
         lo, hi = anchored_min(e, min(exps[0], e), step), max(exps[1], e)
     return widgets.FloatLogSlider(value=value, base=base, min=lo, max=hi, step=step, description=description,
-                                  readout_format=".3g", continuous_update=True, style=_STYLE,
+                                  readout_format=".4g", continuous_update=True, style=_STYLE,
                                   layout=widgets.Layout(width="480px"))
 
 

@@ -111,7 +111,8 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
 
     A log slider cannot show 0: an alpha of 0 (a fit clipped at zero) starts the slider at its lowest value,
     and the model keeps using 0 until the slider is moved (the label says so). The bucket slider spans only
-    the sizes where these gradients' bucket count changes, and is hidden when it never does. The figure's
+    the sizes where these gradients' bucket count changes, and is hidden when it never does; with one node
+    the network's controls (links, inter-node alpha and bandwidth) are hidden. The figure's
     state is stored after every redraw, so a reloaded page draws what the sliders show."""
     import ipywidgets as widgets
 
@@ -129,7 +130,7 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
         e = np.log(value) / np.log(base)
         return widgets.FloatLogSlider(value=value, base=base, min=min(lo, np.floor(e)), max=max(hi_, e),
                                       step=step, description=desc, style=style, layout=layout,
-                                      readout_format=".3g")
+                                      readout_format=".4g")  # 1660, not 1.66e+3
 
     s = {"nodes": widgets.IntSlider(value=2, min=1, max=64, description="nodes", style=style, layout=layout),
          "gpus_per_node": widgets.IntSlider(value=8, min=1, max=16, description="GPUs per node", style=style,
@@ -168,7 +169,11 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
                 lines.append(f"<b>{name} = 0 µs</b> in the model (the level given above); the slider's lowest value, "
                              f"{s[key + '_us'].value:.3g} µs, stands for it until you move it")
         lines.append(f"<b>compute per rank</b>: fwd {compute['t_fwd'] * 1e3:.3g} ms, bwd "
-                     f"{compute['t_bwd_comp'] * 1e3:.3g} ms, opt {compute['t_opt'] * 1e3:.3g} ms ({html.escape(c_src)})")
+                     f"{compute['t_bwd_comp'] * 1e3:.3g} ms, opt {compute['t_opt'] * 1e3:.3g} ms "
+                     f"({html.escape(c_src)})")
+        if v["nodes"] == 1:
+            lines.append("<b>one node</b>: no network between nodes, so its controls (links, inter α and 1/β) "
+                         "are hidden until there are 2 nodes or more")
         n = bucket_count(sizes, v["bucket_mb"])
         lines.append(f"<b>buckets</b>: {n} at {v['bucket_mb']:.3g} MiB" if brange is not None else
                      f"<b>buckets</b>: {n} at every bucket size: no bucket control")
@@ -186,9 +191,14 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
     box = widgets.VBox([label, widgets.VBox(list(s.values())), figw])
     box.sliders, box.figure, box.table, box.levels = s, figw, table0, current
 
+    def show_network_controls(change=None):  # one node has no network: its controls could change nothing
+        for k in ("nics_per_node", "alpha_inter_us", "bw_inter_gbs"):
+            s[k].layout.display = "none" if s["nodes"].value == 1 else None
+
     def redraw(change=None):
         fig, box.table = build()
         _sync(figw, fig)
+    s["nodes"].observe(show_network_controls, names="value")
     for w in s.values():
         w.observe(redraw, names="value")
     box.redraw = redraw
