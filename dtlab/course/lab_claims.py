@@ -80,10 +80,16 @@ def accumulation_claim(timed: dict, k: int, how: str, reference: str = "none"):
         text += (f"One all-reduce round of the same bytes per step should leave T_comm per step unchanged; it went "
                  f"from {fmt_time(comm[reference].median)} to {fmt_time(comm[acc].median)}. ")
         if wait[acc].median > wait[reference].median:
-            return text + (f"Waiting for the other rank to join took {fmt_time(wait[acc].median)} of it per step, "
-                           f"against {fmt_time(wait[reference].median)} (dtlab.waits): over K micro-batches the two "
-                           "ranks' compute drifts apart before they meet, and the rank that arrives first counts "
-                           "its wait as T_comm.")
+            text += (f"Waiting for the other rank to join took {fmt_time(wait[acc].median)} of it per step, "
+                     f"against {fmt_time(wait[reference].median)} (dtlab.waits): over K micro-batches the two ranks' "
+                     "compute drifts apart before they meet, and the rank that arrives first counts its wait as "
+                     "T_comm.")
+            grew, waited = comm[acc].median - comm[reference].median, wait[acc].median - wait[reference].median
+            if grew > waited:
+                text += (f" The rest of the growth ({fmt_time(grew - waited)}) is transfer, which here shares the "
+                         f"cores with K backward passes per step (T_comp {fmt_time(comp[acc].median)} against "
+                         f"{fmt_time(comp[reference].median)}).")
+            return text
         return text + (f"The wait for the other rank did not grow ({fmt_time(wait[acc].median)} against "
                        f"{fmt_time(wait[reference].median)}); the rest is transfer, which here shares the cores with "
                        f"K backward passes per step (T_comp {fmt_time(comp[acc].median)} against "
