@@ -174,8 +174,9 @@ class ExplorerState:
         if parts[0][1] == parts[1][1]:  # same origin: one line
             parts = [(f"{parts[0][0]}, {parts[1][0]}", parts[0][1])]
         lines = [f"<b>{html.escape(head)}</b>: {html.escape(tail)}" for head, tail in parts]
-        lines.append(f"<b>compression</b> (r = bytes on the wire / gradient bytes): "
-                     f"{html.escape(compression_setting(self.comp, values.get('ratio', self.comp['ratio']))[2])}")
+        lines.append(f"<b>compression</b>: "
+                     f"{html.escape(compression_setting(self.comp, values.get('ratio', self.comp['ratio']))[2])} "
+                     "(r = bytes on the wire / gradient bytes)")
         lines.append(f"<b>buckets</b>: {self.bucket_line(values['bucket_mb'])}")
         return f"<div style='font-size:90%;line-height:1.35'>{'<br>'.join(lines)}<br>{self.static_info}</div>"
 
