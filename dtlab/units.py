@@ -39,3 +39,37 @@ def fmt_gbps(bytes_per_second) -> str:
     if bytes_per_second is None or bytes_per_second == float("inf") or bytes_per_second <= 0:
         return "inf"
     return f"{bytes_per_second / 1e9:.3g} GB/s"
+
+
+def fmt_count(n) -> str:
+    """A whole number with thousands separators: fmt_count(4045448) -> '4,045,448' (numpy integers too)."""
+    return f"{int(n):,}"
+
+
+def fmt_bytes_exact(n) -> str:
+    """An exact byte count: fmt_bytes_exact(4045448) -> '4,045,448 B'."""
+    return f"{fmt_count(n)} B"
+
+
+def _sig(x: float, digits: int) -> str:
+    """`digits` significant digits, never in exponent notation: 0.0123, 45.2, 1,250."""
+    text = f"{x:.{digits}g}"
+    return f"{x:,.0f}" if "e" in text else text
+
+
+def fmt_time(seconds, digits: int = 3) -> str:
+    """Seconds shown in the unit that reads best: µs below 1 ms, ms below 1 s, else s, `digits` significant
+    digits: fmt_time(7.2e-4) -> '720 µs', fmt_time(0.0123) -> '12.3 ms', fmt_time(1.25) -> '1.25 s'; 'n/a'
+    for None or NaN."""
+    if seconds is None or seconds != seconds:
+        return "n/a"
+    s = float(seconds)
+    for scale, unit, limit in ((1e6, "µs", 1e-3), (1e3, "ms", 1.0)):
+        if abs(s) < limit and abs(float(_sig(s * scale, digits).replace(",", ""))) < 1000:
+            return f"{_sig(s * scale, digits)} {unit}"
+    return f"{_sig(s, digits)} s"
+
+
+def fmt_ratio(x, digits: int = 3) -> str:
+    """A ratio of two like quantities: fmt_ratio(0.25) -> '×0.25'."""
+    return "n/a" if x is None or x != x else f"×{_sig(float(x), digits)}"

@@ -362,3 +362,90 @@ def test_pure_modules_import_no_figures_or_widgets(module):
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not names & {"plotly", "ipywidgets", "torch"}
+
+
+# ------------------------------------------------------------------ what a reload draws, controls that do something
+
+def test_a_reloaded_page_draws_what_the_sliders_show():
+    """plotly's FigureWidget syncs its first state only: the explorers store the figure after every redraw,
+    so a browser reload (which draws the stored state) shows the moved values, not the first ones."""
+    from dtlab.viz.dashboard import explorer
+    from dtlab.viz.two_level import ASSUMED_LEVELS, two_level_explorer
+
+    ex = explorer(compute=COMPUTE)
+    ex.sliders["bandwidth_gbs"].value = 1.0
+    fig = ex.figures["breakdown"]
+    assert "1/β = 1 GB/s" in fig._widget_layout["title"]["text"]
+    assert [list(t["y"]) for t in fig._widget_data] == [list(t.y) for t in fig.data]
+
+    box = two_level_explorer(ASSUMED_LEVELS, compute=COMPUTE)
+    box.sliders["nodes"].value, box.sliders["gpus_per_node"].value = 1, 3
+    assert "1 node(s) x 3 GPU(s)" in box.figure._widget_layout["title"]["text"]
+
+
+def test_an_update_removes_shapes_the_new_figure_lacks():
+    from dtlab.viz.dashboard import _sync
+
+    w = go.FigureWidget(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])).add_vline(x=1.5))
+    _sync(w, go.Figure(go.Scatter(x=[1, 2], y=[3, 4])))
+    assert len(w.layout.shapes) == 0 and list(w.data[0].y) == [3, 4]
+    assert not w._widget_layout.get("shapes")
+
+
+def test_the_compression_slider_at_one_drops_the_encode_cost_and_says_so():
+    from dtlab.viz.dashboard import explorer
+
+    comp = {"ratio": 0.0326, "encode_s_per_byte": 4e-9, "source": "measured: powersgd hook in run X"}
+    ex = explorer(compute=COMPUTE, compression=comp)
+    assert ex.params()["ratio"] == 0.0326 and ex.params()["encode_s_per_byte"] == 4e-9
+    assert "r = 0.0326 and encode 4 ns/B" in ex.children[0].value
+    ex.sliders["ratio"].value = 1.0
+    assert ex.params()["ratio"] == 1.0 and ex.params()["encode_s_per_byte"] == 0.0
+    label = ex.children[0].value
+    assert "r = 1: no compression and no encode cost" in label and "r = 0.0326 and" not in label
+    ex.sliders["ratio"].value = 0.1  # another r: the measured cost is reused, and labelled as an estimate
+    assert ex.params()["encode_s_per_byte"] == 4e-9 and "assumed the same at r = 0.1" in ex.children[0].value
+    assert len(ex.sliders["ratio"].description) <= 16  # fits its 150 px description column
+
+
+def test_the_bucket_slider_spans_only_sizes_that_change_the_bucket_count():
+    from dtlab.viz.controls import bucket_count, bucket_slider_range
+    from dtlab.viz.dashboard import explorer
+    from dtlab.viz.two_level import ASSUMED_LEVELS, two_level_explorer
+
+    tiny = wi.model_param_nbytes("tiny")[::-1]  # small tensors first, the 3.9 MB embedding last
+    lo, hi = bucket_slider_range(tiny)
+    assert bucket_count(tiny, 2 ** hi) == 1 < bucket_count(tiny, 2 ** (hi - 0.05))
+    assert bucket_count(tiny, 2 ** lo) == bucket_count(tiny, 2 ** -7) > bucket_count(tiny, 2 ** (lo + 0.05))
+    ex = explorer(compute=COMPUTE, param_nbytes=tiny)
+    b = ex.sliders["bucket_mb"]
+    assert b.max == pytest.approx(hi) and b.value == pytest.approx(2 ** hi)  # 25 MiB would be one bucket too
+    assert all(2 ** lo <= x <= 2 ** hi for x in ex.state.sweep_buckets())
+    # one tensor: no bucket size changes anything, so there is no bucket control
+    one = explorer(compute=COMPUTE, param_nbytes=[4_000_000])
+    assert bucket_slider_range([4_000_000]) is None and one.sliders["bucket_mb"].layout.display == "none"
+    assert "no bucket control" in one.children[0].value
+    box = two_level_explorer(ASSUMED_LEVELS, compute=COMPUTE, param_nbytes=[4_000_000])
+    assert box.sliders["bucket_mb"].layout.display == "none"
+
+
+def test_a_zero_alpha_stays_zero_until_its_slider_moves():
+    from dtlab.viz.two_level import ASSUMED_LEVELS, two_level_explorer
+
+    box = two_level_explorer(dict(ASSUMED_LEVELS, alpha_inter=0.0), compute=COMPUTE)
+    assert box.sliders["alpha_inter_us"].value == pytest.approx(0.1)  # the slider's bottom
+    assert box.levels()[0]["alpha_inter"] == 0.0 and "inter α = 0 µs</b> in the model" in box.children[0].value
+    box.sliders["alpha_inter_us"].value = 50.0
+    assert box.levels()[0]["alpha_inter"] == pytest.approx(50e-6) and "inter α = 0" not in box.children[0].value
+
+
+def test_one_node_hides_the_network_controls():
+    from dtlab.viz.two_level import ASSUMED_LEVELS, two_level_explorer
+
+    box = two_level_explorer(ASSUMED_LEVELS, compute=COMPUTE)
+    net = ("nics_per_node", "alpha_inter_us", "bw_inter_gbs")
+    assert all(box.sliders[k].layout.display != "none" for k in net)
+    box.sliders["nodes"].value = 1
+    assert all(box.sliders[k].layout.display == "none" for k in net) and "<b>one node</b>" in box.children[0].value
+    box.sliders["nodes"].value = 3
+    assert all(box.sliders[k].layout.display != "none" for k in net)

@@ -1,50 +1,38 @@
-"""The labs run headless, top to bottom, in quick mode (tiny model, few steps)."""
+"""What each lab printed and recorded, top to bottom in quick mode (tiny model, few steps).
 
-import pathlib
+Each lab is executed once per test session by tests/labrun.py: in JupyterLab with a real browser when one is
+available (tests/test_browser.py checks the page of the same run), headless otherwise. Here: every graded
+question of the rubric was checked (no key in its record), every claim the lab printed follows from its
+own numbers (dtlab.course.claims), and each lab's own outputs are there. A new lab needs no line here to be
+run and checked; its own output checks are one entry in OUTPUT_CHECKS.
+"""
+
 import re
 
 import nbformat
-from nbclient import NotebookClient
+import pytest
 
 from dtlab.course.checks import parse_answers
-
-LABS = pathlib.Path(__file__).resolve().parent.parent / "labs"
-
-
-def run_notebook(name, tmp_path, monkeypatch, edit=None):
-    """Execute a lab headless in quick mode; `edit(nb)` may change cell sources first (a student's answers)."""
-    monkeypatch.setenv("DTLAB_QUICK", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    nb = nbformat.read(LABS / name, as_version=4)
-    if edit:
-        edit(nb)
-    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    return nb
+from dtlab.course.claims import consistent, parse_claims
+from labrun import LABS, LABS_DIR, STUDENT_ANSWERS, drive, error_outputs, outputs_text
 
 
 def rubric(lab):
     """{qid: points} of one lab, from the rubric's tables in labs/README.md."""
-    rows = re.findall(r"^\| `(lab\d\d\.\w+)` \| (\d+) \|", (LABS / "README.md").read_text(), flags=re.M)
+    rows = re.findall(r"^\| `(lab\d\d\.\w+)` \| (\d+) \|", (LABS_DIR / "README.md").read_text(), flags=re.M)
     return {q: int(pts) for q, pts in rows if q.startswith(lab + ".")}
 
 
-def answers(nb, tmp_path):
-    """What a grader reads back from the executed notebook: {qid: last record}."""
-    path = tmp_path / "executed.ipynb"
-    nbformat.write(nb, path)
-    return {a["qid"]: a for a in parse_answers(path)}
-
-
-def assert_unanswered_and_expected(nb, tmp_path, lab, answered=()):
-    """Every graded question of the rubric was checked and none raised; no record holds its key (the autograder
-    computes keys itself: dtlab.course.rubric); an unanswered one says so with 0 points."""
-    got = answers(nb, tmp_path)
+def assert_unanswered_and_expected(path, lab, answered=()):
+    """Every graded question of the rubric was checked and none raised; no record holds its key; an unanswered
+    one says so with 0 points."""
+    got = {a["qid"]: a for a in parse_answers(path)}
     want = rubric(lab)
     assert want, f"no rubric rows for {lab} in labs/README.md"
     assert set(got) == set(want), f"recorded {sorted(got)}, rubric {sorted(want)}"
     for qid, a in got.items():
         assert a["max_points"] == want[qid], (qid, a)
-        assert "expected" not in a, (qid, a)
+        assert "expected" not in a, (qid, a)  # the autograder computes keys itself: dtlab.course.rubric
         if qid in answered:
             continue
         assert a["answer"] in (None, "not implemented") and a["ok"] is None and a["points"] == 0, (qid, a)
@@ -60,114 +48,119 @@ def assert_unanswered_and_expected(nb, tmp_path, lab, answered=()):
     return got
 
 
-def outputs_text(nb):
-    out = []
-    for c in nb.cells:
-        for o in c.get("outputs", []):
-            out.append(o.get("text", "") or str(o.get("data", {}).get("text/plain", "")))
-    return "\n".join(out)
+# ------------------------------------------------------------------ each lab's own outputs
+
+def lab00(run, text):
+    assert "dtlab doctor" in text and "where each lab's ranks run" in text
+    assert "GPUs: none visible to torch" in text  # this suite runs on CPU machines
+    assert "all_reduce of 1,048,576 bytes" in text and "placement: gloo on CPU" in text
 
 
-def test_lab01_runs_headless(tmp_path, monkeypatch):
-    nb = run_notebook("01_ddp_breakdown.ipynb", tmp_path, monkeypatch)
-    text = outputs_text(nb)
+def lab01(run, text):
     assert "T_comm" in text and "gradient bytes per rank and step" in text
-    assert any((tmp_path / "runs").iterdir())  # the run directory was written where the notebook ran
-    assert "trace written" in text and list((tmp_path / "runs").glob("*/trace.json"))  # the lab's Perfetto link
-    assert_unanswered_and_expected(nb, tmp_path, "lab01")
-
-
-def test_lab01_records_a_correct_prediction(tmp_path, monkeypatch):
-    """A student who counts 4 bytes per fp32 gradient gets lab01.q1 right, recorded in the outputs; a bucket
-    guess that is far off is recorded as a miss with its hint."""
-    def fill(nb):
-        cell = next(c for c in nb.cells if c.cell_type == "code" and "my_bytes_guess = None" in c.source)
-        cell.source = "my_bytes_guess = 4 * n_params\nmy_buckets_guess = 1000"
-    nb = run_notebook("01_ddp_breakdown.ipynb", tmp_path, monkeypatch, edit=fill)
-    got = assert_unanswered_and_expected(nb, tmp_path, "lab01", answered=("lab01.q1", "lab01.q2"))
-    q1, q2 = got["lab01.q1"], got["lab01.q2"]
+    assert "all-reduced bytes per rank and step: 4,045,448 B" in text  # formatted, not a list of numpy ints
+    assert "trace written" in text and list((run.folder / "runs").glob("*/trace.json"))  # the Perfetto link
+    got = {a["qid"]: a for a in parse_answers(run.path)}
+    q1, q2 = got["lab01.q1"], got["lab01.q2"]  # the answers typed in by labrun.STUDENT_ANSWERS
     assert q1["ok"] is True and q1["points"] == q1["max_points"] == 2 and q1["answer"] > 0
     assert q2["ok"] is False and q2["answer"] == 1000 and q2["points"] == 0
-    assert "never splits a tensor" in outputs_text(nb)
+    assert "never splits a tensor" in text
 
 
-def test_lab02_runs_headless(tmp_path, monkeypatch):
-    nb = run_notebook("02_collectives_alpha_beta.ipynb", tmp_path, monkeypatch)
-    text = outputs_text(nb)
+def lab02(run, text):
     assert "alpha" in text and "prediction error" in text and "ratios textbook/ring" in text
-    assert list((tmp_path / "profiles").glob("*/profile.json"))
-    assert_unanswered_and_expected(nb, tmp_path, "lab02")
+    assert list((run.folder / "profiles").glob("*/profile.json"))
 
 
-def test_lab03_runs_headless(tmp_path, monkeypatch):
-    nb = run_notebook("03_buckets_and_gpu_count.ipynb", tmp_path, monkeypatch)
-    text = outputs_text(nb)
+def lab03(run, text):
     assert "replay_t_step_ms" in text and "whatif_t_step_ms" in text
-    assert len(list((tmp_path / "runs" / "lab03-sweep").iterdir())) == 2
-    assert_unanswered_and_expected(nb, tmp_path, "lab03")
+    assert len(list((run.folder / "runs" / "lab03-sweep").iterdir())) == 2
 
 
-def test_lab04_runs_headless(tmp_path, monkeypatch):
-    nb = run_notebook("04_zero3_vs_ddp.ipynb", tmp_path, monkeypatch)
-    text = outputs_text(nb)
+def lab04(run, text):
     assert "ZeRO-3 / DDP per rank" in text and "reduce-scatter expected" in text and "ZeRO-3 step communication" in text
-    assert_unanswered_and_expected(nb, tmp_path, "lab04")
+
+
+def lab05(run, text):
+    """Three levers run twice each, interleaved, and PowerSGD once; the explorer starts from the measured r."""
+    assert "powersgd r=1" in text and "largest relative loss difference" in text
+    assert "measured: powersgd hook" in text
+    assert "times: 2 runs per configuration, interleaved: none fp16 accumulate 4, then accumulate 4 fp16 none" in text
+    assert len(list((run.folder / "runs").iterdir())) == 7
+
+
+def lab06(run, text):
+    """A straggler beside a reference, ps beside the ring (interleaved), a PS/ring calibration, a crash resumed
+    from a checkpoint; numbers formatted with their units."""
+    diff = re.search(r"largest loss difference ps vs ring: (\S+)", text)
+    assert diff and float(diff.group(1)) < 1e-5  # the server and the ring average the same gradients
+    assert "restart: attempt 1 resumed from step 2" in text and "Young's optimum" in text
+    assert "exposed " not in text and "overlap " not in text  # the crash run's noisy breakdown is not printed
+    assert "bytes per rank-step 4,045,448 B" in text and "np.int64" not in text
+    t_step = re.search(r"status finished, T_step ([\d.]+) ms", text)  # the T_step Young's line uses
+    young = re.search(r"t_step = ([\d.]+) ms: the T_step printed with the restart above", text)
+    assert t_step and young and abs(float(t_step.group(1)) - float(young.group(1))) < 0.1, (t_step, young)
+
+
+def lab07(run, text):
+    """Two emulated nodes make one run; both levels calibrated (the shaped link where this machine permits it)."""
+    assert "one job: 2 ranks on 2 nodes (1 per node" in text and "between nodes (" in text and "inside a node:" in text
+    assert "np.int64" not in text and "1 ranks" not in text
+    from dtlab.emulate import shaping_unavailable
+    if shaping_unavailable() is None:  # root with namespaces (CI): the shaped link really was used
+        assert "shaped by tc tbf to 1gbit" in text
+
+
+def lab08(run, text):
+    """As committed, lab 8's exercises are stubs: both checks say so, nothing raises, the profile still
+    prices the ring."""
+    assert "comm_hook: not implemented yet" in text and "ring_allreduce: not implemented yet" in text
+    assert "all_reduce, ring form: alpha" in text and "the model with your profile predicts" in text
+    assert list((run.folder / "profiles").glob("*/profile.json")) and not (run.folder / "runs").exists()
+
+
+OUTPUT_CHECKS = {"00_setup_check.ipynb": lab00, "01_ddp_breakdown.ipynb": lab01,
+                 "02_collectives_alpha_beta.ipynb": lab02, "03_buckets_and_gpu_count.ipynb": lab03,
+                 "04_zero3_vs_ddp.ipynb": lab04,
+                 "05_shrinking_comm.ipynb": lab05, "06_stragglers_ps_faults.ipynb": lab06,
+                 "07_beyond_one_machine.ipynb": lab07, "08_build_it_yourself.ipynb": lab08}
+#: claims each lab must print (ids): the statements about outcomes its text relies on
+CLAIMS = {"00_setup_check.ipynb": {"lab00.sizes"}, "01_ddp_breakdown.ipynb": {"lab01.exposed"},
+          "05_shrinking_comm.ipynb": {"lab05.fp16_bytes", "lab05.accumulate", "lab05.fp16_time"},
+          "06_stragglers_ps_faults.ipynb": {"lab06.straggler_wait", "lab06.ps_vs_ring"},
+          "07_beyond_one_machine.ipynb": {"lab07.levels", "lab07.backward"}}
+
+
+@pytest.mark.parametrize("name", LABS)
+def test_lab_runs_top_to_bottom(name):
+    run = drive(name)
+    errors = error_outputs(run.nb)
+    assert not errors, f"{name}: error output:\n" + "\n".join(errors)
+    lab = "lab" + name[:2]
+    answered = (f"{lab}.q1", f"{lab}.q2") if name in STUDENT_ANSWERS else ()  # typed in by labrun
+    assert_unanswered_and_expected(run.path, lab, answered=answered)
+    OUTPUT_CHECKS.get(name, lambda run, text: None)(run, outputs_text(run.nb))
+    print(f"{name}: ran in {run.seconds:.0f} s ({'browser' if run.browser else 'headless'})")
+
+
+@pytest.mark.parametrize("name", LABS)
+def test_no_printed_claim_contradicts_its_own_numbers(name):
+    """Every claim a lab printed: its verdict follows from its numbers, one that does not hold says why, and
+    the lab printed the claims its text relies on."""
+    run = drive(name)
+    claims = parse_claims(run.path)
+    assert {c["cid"] for c in claims} >= CLAIMS.get(name, set()), f"{name}: claims {[c['cid'] for c in claims]}"
+    problems = [p for c in claims for p in consistent(c)]
+    assert not problems, "\n".join(problems)
+    text = outputs_text(run.nb)
+    assert not re.search(r"\bnan\b", text, flags=re.I), f"{name}: 'nan' in an output"
+    for c in claims:  # the sentence on screen is the record's own
+        assert f"Verdict: {c['result'].upper()}" in text and c["says"] in text, c["cid"]
 
 
 def test_notebooks_are_committed_without_outputs():
-    for path in LABS.glob("*.ipynb"):
+    for path in list(LABS_DIR.glob("*.ipynb")) + list((LABS_DIR / "instructor").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         for c in nb.cells:
             if c.cell_type == "code":
                 assert not c.outputs and c.execution_count is None, f"{path.name} has stored outputs"
-
-
-def test_lab05_runs_headless(tmp_path, monkeypatch):
-    """Four lever runs, the loss comparison, the calibration and the explorer started from the measured r."""
-    nb = run_notebook("05_shrinking_comm.ipynb", tmp_path, monkeypatch)
-    text = outputs_text(nb)
-    assert "powersgd r=1" in text and "largest relative loss difference" in text
-    assert "measured: powersgd hook" in text  # the explorer's r comes from the PowerSGD run
-    assert len(list((tmp_path / "runs").iterdir())) == 4
-    assert_unanswered_and_expected(nb, tmp_path, "lab05")
-
-
-def test_lab06_runs_headless(tmp_path, monkeypatch):
-    """A straggler run beside a reference, ps beside the ring, a PS/ring calibration, a crash resumed from a
-    checkpoint; the fault variable does not leak out of the notebook."""
-    nb = run_notebook("06_stragglers_ps_faults.ipynb", tmp_path, monkeypatch)
-    text = outputs_text(nb)
-    diff = re.search(r"largest loss difference ps vs ring: (\S+)", text)
-    assert diff and float(diff.group(1)) < 1e-5  # the server and the ring average the same gradients
-    assert "restart: attempt 1 resumed from step 2" in text and "Young's optimum" in text
-    assert_unanswered_and_expected(nb, tmp_path, "lab06")
-
-
-def test_lab07_runs_headless(tmp_path, monkeypatch):
-    """Two emulated nodes make one run; both levels calibrated (the shaped link where this machine permits it)."""
-    nb = run_notebook("07_beyond_one_machine.ipynb", tmp_path, monkeypatch)
-    text = outputs_text(nb)
-    assert "2 ranks on 2 nodes" in text and "between nodes (" in text and "inside a node:" in text
-    from dtlab.emulate import shaping_unavailable
-    if shaping_unavailable() is None:  # root with namespaces (CI): the shaped link really was used
-        assert "shaped by tc tbf to 1gbit" in text
-    assert_unanswered_and_expected(nb, tmp_path, "lab07")
-
-
-def test_lab00_setup_check_runs_headless(tmp_path, monkeypatch):
-    nb = run_notebook("00_setup_check.ipynb", tmp_path, monkeypatch)
-    text = outputs_text(nb)
-    assert "dtlab doctor" in text and "where each lab's ranks run" in text
-    assert "GPUs: none visible to torch" in text  # this suite runs on CPU machines
-    assert "all_reduce of 1,048,576 bytes" in text and "placement: gloo on CPU" in text
-    assert_unanswered_and_expected(nb, tmp_path, "lab00")
-
-
-def test_lab08_runs_headless(tmp_path, monkeypatch):
-    """As committed, lab 8's exercises are stubs: both checks say so, nothing raises, the profile still prices the ring."""
-    nb = run_notebook("08_build_it_yourself.ipynb", tmp_path, monkeypatch)
-    text = outputs_text(nb)
-    assert "comm_hook: not implemented yet" in text and "ring_allreduce: not implemented yet" in text
-    assert "all_reduce, ring form: alpha" in text and "the model with your profile predicts" in text
-    assert list((tmp_path / "profiles").glob("*/profile.json")) and not (tmp_path / "runs").exists()
-    assert_unanswered_and_expected(nb, tmp_path, "lab08")

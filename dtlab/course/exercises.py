@@ -1,11 +1,11 @@
 """Check a student's own distributed code from the notebook: `check_comm_hook(fn)`, `check_ring_allreduce(fn)`.
 
-Ranks cannot see notebook globals, so the function's source (`inspect.getsource`) is written into the check's
-run directory as RUN_DIR/student.py, after an import line for every module the function names (torch, dist,
-math, ...). The ranks (dtlab.course.harness, started through dtlab's launcher like any run) import it and
-check it on gloo with CPU tensors; this side reads their events back and returns an `ExerciseResult`: one
-row per check, the numbers behind it, and a printed verdict that names the problem. A stub whose body only
-raises NotImplementedError is reported as "not implemented yet" without launching anything.
+The function's source goes to the ranks as RUN_DIR/student.py (dtlab.course.shipping); the ranks
+(dtlab.course.harness) check it on gloo with CPU tensors; this side reads their events back and returns an
+`ExerciseResult`: one row per check, the numbers behind it, and a printed verdict that names the problem. When
+a rank raises, aborts or hangs, the verdict quotes its own log (dtlab.course.diagnose): the native message and
+the line of the student's function. A stub whose body only raises NotImplementedError is reported as "not
+implemented yet" without launching anything.
 
 Tolerances: the hook check compares float64 parameters with torch.allclose(rtol=1e-7, atol=1e-10) (the
 only difference DDP may make is the order of a sum: ~1e-16 relative); the ring check compares float32 with
@@ -14,26 +14,22 @@ rtol=1e-5, atol=1e-6 (a ring adds the p contributions in a different order than 
 
 from __future__ import annotations
 
-import ast
-import inspect
 import os
-import textwrap
-import time
-import types
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from dtlab.config import dump_json
-from dtlab.launching.handle import Handle
-from dtlab.launching.torchrun import _write_status, prepare_dir, start_torchrun, unique_dir
-from dtlab.results import RunFailed, read_events
+from dtlab.course.diagnose import failure_feedback
+from dtlab.course.shipping import launch_check, not_implemented, ship  # noqa: F401 - ship: public, re-exported
 
 HOOK_DEFAULTS = dict(dims=[16, 32, 32, 4], batch=8, lr=0.1, init_seed=0, data_seed=1, bucket_bytes=4096,
                      rtol=1e-7, atol=1e-10)
 RING_DEFAULTS = dict(data_seed=3, rtol=1e-5, atol=1e-6, warmup=2, iters=5)
 RING_SIZES = (2, 3, 64, 1001, 65_537)          # elements (float32), including sizes p does not divide
 RING_TIMING_SIZES = (2 ** 14, 2 ** 18, 2 ** 21)  # bytes
+#: seconds a started check may go without recording anything before it counts as hung (each size, step or
+#: timing iteration records an event; the slowest takes milliseconds): a deadlock is reported in seconds
+STALL_S = 20.0
 
 
 @dataclass
@@ -41,8 +37,11 @@ class ExerciseResult:
     """What a check found. `status`: 'passed', 'failed', 'not implemented' or 'error' (the code raised or
     hung); `feedback`: sentences naming each problem; `checks`: one row per check (check, passed, detail);
     `per_step` (hook: step, max_abs_err, allclose, ratio) or `per_size` (ring: n, ok, max_abs_err, sends);
-    `buckets` (hook: rank, step, bucket, nbytes, nparams, t_ready, t_start, t_end, s from the step start);
-    `timings` (ring: nbytes, ring_ms, all_reduce_ms, model_ms); `run_dir` (None when nothing was launched)."""
+    `buckets` (hook: rank, step, bucket, nbytes, nparams, params, layers (the Linear layers whose gradients
+    the bucket holds), t_ready, t_start, t_end and t_backward_end (when backward returned on that rank), s
+    from the step start);
+    `timings` (ring: nbytes, ring_ms, all_reduce_ms, model_ms); `run_dir` (None when nothing was launched);
+    `notes`: what the launcher said besides (e.g. a rank that crashed in shutdown after every check finished)."""
 
     exercise: str
     status: str
@@ -53,6 +52,7 @@ class ExerciseResult:
     buckets: pd.DataFrame | None = None
     timings: pd.DataFrame | None = None
     run_dir: str | None = None
+    notes: list = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -64,6 +64,7 @@ class ExerciseResult:
         lines = [f"{self.exercise}: {head}"]
         lines += [f"  {'ok  ' if bool(r.passed) else 'FAIL'} {r.check}: {r.detail}" for r in self.checks.itertuples()]
         lines += [f"  -> {f}" for f in self.feedback]
+        lines += [f"  note (does not change the verdict): {n}" for n in self.notes]
         return "\n".join(lines)
 
     __str__ = verdict
@@ -72,58 +73,10 @@ class ExerciseResult:
         return self.verdict()
 
 
-# ---- shipping the student's function --------------------------------------------------------------------
-def not_implemented(fn) -> bool:
-    """True when the function's body (after its docstring) is only `raise NotImplementedError(...)`."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
-    body = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])
-
-
-def ship(fn, run_dir: str) -> str:
-    """Write fn's source as RUN_DIR/student.py, preceded by imports of the modules it names; return the path."""
-    src = textwrap.dedent(inspect.getsource(fn))
-    imports = ["import torch", "import torch.distributed as dist"]
-    for name in fn.__code__.co_names:
-        val = fn.__globals__.get(name)
-        if isinstance(val, types.ModuleType) and name not in ("torch", "dist"):
-            imports.append(f"import {val.__name__} as {name}" if val.__name__ != name else f"import {name}")
-    path = os.path.join(run_dir, "student.py")
-    with open(path, "w") as f:
-        f.write(f"# {fn.__name__}, shipped from the notebook by dtlab.course.exercises\n" + "\n".join(imports)
-                + "\n\n\n" + src)
-    return path
-
-
-def _launch(kind: str, fn, nproc: int, params: dict, out, timeout_s: float, progress: bool):
-    """Start the harness ranks; returns (events by rank, None) or (events recorded so far, RunFailed)."""
-    out = prepare_dir(out or unique_dir("runs", f"exercise-{kind}"))
-    ship(fn, out)
-    dump_json({"exercise": {"kind": kind, "name": fn.__name__, "nproc": nproc, **params},
-               "launch": {"time": time.time(), "backend": "gloo"}}, os.path.join(out, "config.json"))
-    proc = start_torchrun(out, nproc, "dtlab.course.harness", gloo_threads=True)
-    _write_status(out, "running", pid=proc.pid, started=time.time())
-    handle = Handle(out, proc, nproc, 1, timeout_s, f"exercise {kind} x{nproc} (gloo)", loader=_events, unit="check")
-    try:
-        return handle.wait(progress=progress), None, out
-    except RunFailed as e:
-        return e.run or {}, e, out
-
-
-def _events(run_dir: str) -> dict:
-    ev = {}
-    for name in sorted(os.listdir(os.path.join(run_dir, "events"))):
-        for e in read_events(os.path.join(run_dir, "events", name)):
-            ev.setdefault(e["kind"], []).append(e)
-    return ev
-
-
-def _early(exercise: str, fn, events, failure, out) -> ExerciseResult | None:
-    """The result when the code is a stub, raised, or hung; None when the checks ran to the end."""
+def _early(exercise: str, fn, events, failure, out, ex: dict) -> ExerciseResult | None:
+    """The result when the code is a stub, raised, aborted or hung; None when the checks ran to the end. The
+    verdict of a failure comes from the ranks' own logs (dtlab.course.diagnose): the native message and the
+    line of the student's function."""
     if fn is None or not_implemented(fn) or "not_implemented" in events:
         return ExerciseResult(exercise, "not implemented", [f"{exercise}: not implemented yet: write the function "
                               f"in its # EXERCISE cell (replace `raise NotImplementedError`) and run this cell again."],
@@ -132,13 +85,50 @@ def _early(exercise: str, fn, events, failure, out) -> ExerciseResult | None:
         return None
     if "NotImplementedError" in str(failure.error):
         return ExerciseResult(exercise, "not implemented", [f"{exercise}: not implemented yet ({failure.error})"], run_dir=out)
-    if failure.state in ("timeout", "stalled"):
-        msg = (f"{exercise}: the ranks hung and were stopped ({failure.state}): every send needs a matching recv on "
-               f"the peer, in an order that cannot wait in a circle (isend, then recv). Stacks: {out}/logs")
-    else:
-        tb = [ln.strip() for ln in (failure.traceback_tail or "").splitlines() if "student.py" in ln][-1:]
-        msg = f"{exercise}: your code raised on rank {failure.rank}: {failure.error}" + (f" ({tb[0]})" if tb else "")
+    logs = {}
+    for r in range(int(ex.get("nproc", 2))):
+        try:
+            with open(os.path.join(out, "logs", f"rank{r}.log"), errors="replace") as f:
+                logs[r] = f.read()
+        except OSError:
+            logs[r] = ""
+    try:
+        with open(os.path.join(out, "student.py")) as f:
+            source = f.read()
+    except OSError:
+        source = ""
+    msg = failure_feedback(exercise, failure.state, logs, source, ex.get("name", "your function"),
+                           def_line=ex.get("def_line"), cell_line=ex.get("cell_line"),
+                           written_in=ex.get("written_in", "its cell"), culprit=failure.rank,
+                           signal=failure.signal, error=failure.error, stall_s=ex.get("stall_s"),
+                           hung_at=_progress(exercise, events, ex))
     return ExerciseResult(exercise, "error", [msg], run_dir=out)
+
+
+def _progress(exercise: str, events: dict, ex: dict) -> str:
+    """' at n=65,537 elements' / ' at step 2' / ' while timing': how far the checks got before a hang."""
+    def done_by_all(kind, key):  # what every rank finished: the rank that is behind is where it stopped
+        per = {}
+        for e in events.get(kind, []):
+            per.setdefault(e["rank"], set()).add(int(e[key]))
+        return set.intersection(*per.values()) if len(per) == int(ex.get("nproc", 2)) else set()
+
+    if exercise == "ring_allreduce":
+        left = [n for n in ex.get("sizes", []) if n not in done_by_all("ring_size", "n")]
+        return f" checking n={left[0]:,} elements" if left else " while timing"
+    steps = done_by_all("hook_step", "step")
+    return f" in step {max(steps) + 1 if steps else 0}"
+
+
+def _check(exercise: str, fn, nproc: int, ex: dict, out, timeout_s: float, progress: bool, verdict) -> ExerciseResult:
+    """Launch the check (unless `fn` is a stub), then the early verdict or `verdict(events, out)`, with the
+    launcher's notes attached."""
+    events, failure, out, notes = ({}, None, None, []) if fn is None or not_implemented(fn) else \
+        launch_check(exercise, fn, nproc, ex, out, timeout_s, progress, ex["stall_s"])
+    res = _early(exercise, fn, events, failure, out, {**ex, "name": getattr(fn, "__name__", "")}) \
+        or verdict(events, out)
+    res.notes = notes
+    return res
 
 
 def _result(exercise, rows, feedback, out, **frames) -> ExerciseResult:
@@ -149,13 +139,15 @@ def _result(exercise, rows, feedback, out, **frames) -> ExerciseResult:
 
 # ---- the comm hook --------------------------------------------------------------------------------------
 def check_comm_hook(hook, nproc: int = 2, steps: int = 4, *, out=None, timeout_s: float = 180.0,
-                    progress: bool = False, verbose: bool = True, **params) -> ExerciseResult:
+                    stall_s: float = STALL_S, progress: bool = False, verbose: bool = True,
+                    **params) -> ExerciseResult:
     """Train a float64 MLP under DDP with `hook` as its comm hook on `nproc` gloo ranks (different data per
-    rank) and compare it after every step with one process trained on the union of the ranks' batches."""
-    ex = {**HOOK_DEFAULTS, **params, "steps": steps}
-    events, failure, out = ({}, None, None) if hook is None or not_implemented(hook) else \
-        _launch("comm_hook", hook, nproc, ex, out, timeout_s, progress)
-    res = _early("comm_hook", hook, events, failure, out) or _hook_verdict(events, nproc, steps, ex, out)
+    rank) and compare it after every step with one process trained on the union of the ranks' batches.
+    timeout_s bounds the whole check; stall_s (seconds) is how long started ranks may record nothing before
+    the check reports a hang."""
+    ex = {**HOOK_DEFAULTS, **params, "steps": steps, "stall_s": stall_s, "nproc": nproc}
+    res = _check("comm_hook", hook, nproc, ex, out, timeout_s, progress,
+                 lambda events, out: _hook_verdict(events, nproc, steps, ex, out))
     if verbose:
         print(res.verdict())
     return res
@@ -192,25 +184,29 @@ def _hook_verdict(events, nproc, steps, ex, out) -> ExerciseResult:
              f"{len(bk)} bucket all-reduces recorded over {nproc} ranks x {steps} steps, "
              f"{bk['bucket'].nunique() if len(bk) else 0} distinct buckets")]
     if len(bk):
-        bk = bk.drop(columns=["kind"])
+        # when backward returned on that rank (s from the step start, like t_ready/t_start/t_end)
+        ends = st.set_index(["rank", "step"])["t_bwd"] if "t_bwd" in st else None
+        bk = bk.drop(columns=["kind"]).assign(t_backward_end=[
+            float(ends.loc[(r, s)]) if ends is not None and (r, s) in ends.index else float("nan")
+            for r, s in zip(bk["rank"], bk["step"])])
     return _result("comm_hook", rows, feedback, out, per_step=per_step, buckets=bk)
 
 
 # ---- the ring all-reduce --------------------------------------------------------------------------------
 def check_ring_allreduce(ring, nproc: int = 2, sizes=RING_SIZES, *, timing_sizes=RING_TIMING_SIZES, profile=None,
-                         out=None, timeout_s: float = 180.0, progress: bool = False, verbose: bool = True,
-                         **params) -> ExerciseResult:
+                         out=None, timeout_s: float = 180.0, stall_s: float = STALL_S, progress: bool = False,
+                         verbose: bool = True, **params) -> ExerciseResult:
     """Check `ring(tensor)` (an in-place sum over all ranks, like dist.all_reduce) against dist.all_reduce on
     `sizes` (elements, each >= nproc), count its send/recv calls, and time it on `timing_sizes` (bytes) next to
     dist.all_reduce and, given a `profile` (dtlab.Profile or its directory), the ring model
-    2(p-1) alpha + 2(p-1)/p n beta with that profile's all-reduce alpha and beta."""
+    2(p-1) alpha + 2(p-1)/p n beta with that profile's all-reduce alpha and beta. timeout_s and stall_s
+    (seconds) as for :func:`check_comm_hook`."""
     if any(int(n) < nproc for n in sizes):
         raise ValueError(f"sizes must be >= nproc ({nproc}) elements each, got {list(sizes)}")
-    ex = {**RING_DEFAULTS, **params, "sizes": [int(n) for n in sizes],
+    ex = {**RING_DEFAULTS, **params, "sizes": [int(n) for n in sizes], "stall_s": stall_s, "nproc": nproc,
           "timing_sizes": [-(-int(b) // (4 * nproc)) * 4 * nproc for b in timing_sizes]}
-    events, failure, out = ({}, None, None) if ring is None or not_implemented(ring) else \
-        _launch("ring_allreduce", ring, nproc, ex, out, timeout_s, progress)
-    res = _early("ring_allreduce", ring, events, failure, out) or _ring_verdict(events, nproc, ex, profile, out)
+    res = _check("ring_allreduce", ring, nproc, ex, out, timeout_s, progress,
+                 lambda events, out: _ring_verdict(events, nproc, ex, profile, out))
     if verbose:
         print(res.verdict())
         if res.timings is not None and len(res.timings):
@@ -229,8 +225,9 @@ def _ring_verdict(events, p, ex, profile, out) -> ExerciseResult:
         if row.shape != [row.n]:
             feedback.append(f"ring, n={row.n:,}: rank {row.rank} returned shape {row.shape}, expected [{row.n}]")
         else:
-            bad = [f"chunk {k + 1} of {p} {s}" for k, s in enumerate(row.chunks) if s != "ok"]
-            feedback.append(f"ring, n={row.n:,} elements, rank {row.rank}: {'; '.join(bad) or 'values differ'}"
+            bad = [f"chunk {k} {s}" for k, s in enumerate(row.chunks) if s != "ok"]
+            feedback.append(f"ring, n={row.n:,} elements, rank {row.rank} (chunks numbered 0..{p - 1}, as "
+                            f"tensor_split and the formulas count them): {'; '.join(bad) or 'values differ'}"
                             + (" (still this rank's own input)" if any("never" in b for b in bad) else ""))
         break  # the first failure names the problem; the table has the rest
     used = sorted({c for cs in sz["collectives"] for c in cs})

@@ -9,7 +9,8 @@ into config.json["exercise"]. Each rank imports that file, joins a gloo group on
 - ring_allreduce: the student's ring against `dist.all_reduce` on several sizes, with the point-to-point and
   collective calls it made counted, then timed next to `dist.all_reduce`.
 
-Events (events/rank{r}.jsonl): `hook_step`, `bucket`, `ring_size`, `ring_time`; a `not_implemented` event
+Events (events/rank{r}.jsonl): `ready` (the student's code is loaded and the group formed: the notebook's stall
+limit starts), `hook_step`, `bucket`, `ring_size`, `ring_time`; a `not_implemented` event
 when the student's function raises NotImplementedError (the rank then ends cleanly). Never imported by the
 notebook side.
 """
@@ -45,6 +46,7 @@ def body(run_dir: str, rank: int, world: int, writer) -> None:
     torch.set_num_threads(1)  # tiny tensors; the two ranks share the cores
     dist.init_process_group("gloo")
     fn = load_student(run_dir, ex["name"])
+    writer.write("ready", rank=rank)  # started: from here the notebook's stall limit applies
     try:
         (check_hook if ex["kind"] == "comm_hook" else check_ring)(fn, ex, rank, world, writer)
     except NotImplementedError as e:
@@ -65,6 +67,18 @@ def _mlp(dims, seed):
     return torch.nn.Sequential(*layers)
 
 
+def _layer_names(model) -> dict:
+    """id(parameter) -> 'linear2 (32->32)': the MLP's Linear layers numbered from the input, with their shapes,
+    so a bucket's contents read as layers, not as nn.Sequential indices."""
+    out, k = {}, 0
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            k += 1
+            for p in m.parameters():
+                out[id(p)] = f"linear{k} ({m.in_features}->{m.out_features})"
+    return out
+
+
 def _batch(seed: int, step: int, batch: int, dims):
     g = torch.Generator().manual_seed(seed * 1000 + step)
     x = torch.randn(batch, dims[0], generator=g, dtype=torch.float64)
@@ -81,6 +95,7 @@ def check_hook(fn, ex, rank, world, writer) -> None:
     model, ref, local = _mlp(dims, ex["init_seed"]), _mlp(dims, ex["init_seed"]), _mlp(dims, ex["init_seed"])
     names = [n for n, _ in model.named_parameters()]
     by_id = {id(p): n for n, p in model.named_parameters()}
+    layer_of = _layer_names(model)
     ddp = DDP(model, bucket_cap_mb=ex["bucket_bytes"] / 2 ** 20)
     recs = []
 
@@ -92,6 +107,7 @@ def check_hook(fn, ex, rank, world, writer) -> None:
         buf = bucket.buffer()
         rec = {"bucket": bucket.index(), "nbytes": buf.numel() * buf.element_size(),
                "nparams": len(bucket.parameters()), "params": [by_id.get(id(p), "?") for p in bucket.parameters()],
+               "layers": sorted({layer_of.get(id(p), "?") for p in bucket.parameters()}),
                "t_ready": t_ready}
         fut = fn(state, bucket)
         rec["t_start"] = time.perf_counter()
@@ -102,7 +118,12 @@ def check_hook(fn, ex, rank, world, writer) -> None:
 
         def done(f):
             rec["t_end"] = time.perf_counter()
-            return f.value()
+            value = f.value()
+            if isinstance(value, (list, tuple)):  # work.get_future() as it is: DDP cannot copy a list back
+                raise TypeError(f"the hook's future holds a list of {len(value)} tensor(s), what work.get_future() "
+                                "gives; DDP needs a future whose value is the bucket tensor itself: return "
+                                "work.get_future().then(lambda fut: fut.value()[0])")
+            return value
 
         return fut.then(done)
 

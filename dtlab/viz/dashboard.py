@@ -13,25 +13,32 @@ re-evaluates that model (it never launches a run) and copies the new figures int
 
 from __future__ import annotations
 
+import copy
 import time
 
 import ipywidgets as widgets
+import numpy as np
 import plotly.graph_objects as go
 
 from dtlab.model.whatif import config_label
-from dtlab.viz.explorer_state import DEFAULT_BUCKET_MB, LOG_SLIDERS, ExplorerState, log_range
+from dtlab.viz.explorer_state import LOG_SLIDERS, ExplorerState, anchored_min, log_range
 from dtlab.viz.model_plots import predicted_breakdown_figure, whatif_timeline_figure
 
 _STYLE = {"description_width": "150px"}
 
 
-def _log_slider(name: str, value: float) -> widgets.FloatLogSlider:
+def _log_slider(name: str, value: float, exps=None) -> widgets.FloatLogSlider:
     """The log slider `name` of :data:`dtlab.viz.explorer_state.LOG_SLIDERS`, showing `value`: its range
-    contains `value` and its step grid passes through it."""
+    (`exps` = (lowest, highest) exponent instead of the table's, when given) contains `value` and its step
+    grid passes through it."""
     lo_exp, hi_exp, base, step, description = LOG_SLIDERS[name]
-    lo, hi = log_range(value, lo_exp, hi_exp, base, step)
+    if exps is None:
+        lo, hi = log_range(value, lo_exp, hi_exp, base, step)
+    else:  # exactly the given range (where the control changes something), widened only to hold `value`
+        e = float(np.log(value) / np.log(base))
+        lo, hi = anchored_min(e, min(exps[0], e), step), max(exps[1], e)
     return widgets.FloatLogSlider(value=value, base=base, min=lo, max=hi, step=step, description=description,
-                                  readout_format=".3g", continuous_update=True, style=_STYLE,
+                                  readout_format=".4g", continuous_update=True, style=_STYLE,
                                   layout=widgets.Layout(width="480px"))
 
 
@@ -65,7 +72,7 @@ class Explorer(widgets.VBox):
         self.sliders = {
             "nproc": widgets.IntSlider(value=st.nproc0, min=1, max=64, step=1, description="GPU count p",
                                        continuous_update=True, style=_STYLE, layout=widgets.Layout(width="480px")),
-            "bucket_mb": _log_slider("bucket_mb", DEFAULT_BUCKET_MB),
+            "bucket_mb": _log_slider("bucket_mb", st.bucket0, st.bucket_range),
             "alpha_us": _log_slider("alpha_us", st.ref["alpha"] * 1e6),
             "bandwidth_gbs": _log_slider("bandwidth_gbs", 1.0 / st.ref["beta"] / 1e9),
             "ratio": _log_slider("ratio", st.comp["ratio"]),
@@ -93,6 +100,9 @@ class Explorer(widgets.VBox):
         for name in ("alpha_us", "bandwidth_gbs"):
             self.sliders[name].observe(self._on_ab_change, names="value")
 
+        if st.bucket_range is None:  # one bucket at every size: a slider here could change nothing
+            self.sliders["bucket_mb"].layout.display = "none"
+            self.sliders["sweep"].layout.display = "none"
         self._update_source_label()
         controls = widgets.VBox([self.sliders[k] for k in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs",
                                                            "ratio", "form", "sweep")] + [self.redraw_label])
@@ -143,6 +153,7 @@ class Explorer(widgets.VBox):
         self._compute_model()
         _sync(self.figures["breakdown"], self._breakdown_fig())
         _sync(self.figures["timeline"], self._timeline_fig())
+        self._update_source_label()  # compression and bucket lines follow their sliders
         dt = time.perf_counter() - t0
         self.last_redraw_s = dt
         self.redraw_times.append(dt)
@@ -174,12 +185,21 @@ class Explorer(widgets.VBox):
 
 
 def _sync(widget: go.FigureWidget, fig: go.Figure) -> None:
-    """Copy `fig`'s traces and layout into `widget` in one batch (one message to the browser).
+    """Copy `fig`'s traces and layout into `widget` in one batch (one message to the browser), then store
+    the result as the widget's state.
 
     Traces are updated in place when the trace structure matches (the normal case); otherwise replaced.
+    Shapes and annotations the new figure lacks are removed (an update alone would leave an old crossover
+    line standing). plotly's FigureWidget sends updates as messages and keeps its synced state
+    (`_widget_data`, `_widget_layout`) at what it was built with: a browser reload would redraw the figure
+    from that first state under sliders showing the moved values. Assigning the state after each update
+    keeps what a reload draws equal to what the sliders say (the browser's own copy ignores the assignment:
+    its view is already up to date).
     """
     layout = fig.layout.to_plotly_json()
     layout.pop("template", None)  # the same template every time; copying it is the slowest part
+    layout.setdefault("shapes", [])
+    layout.setdefault("annotations", [])
     with widget.batch_update():
         if len(widget.data) == len(fig.data) and all(a.type == b.type for a, b in zip(widget.data, fig.data)):
             for w, n in zip(widget.data, fig.data):
@@ -190,6 +210,13 @@ def _sync(widget: go.FigureWidget, fig: go.Figure) -> None:
             widget.data = []
             widget.add_traces(list(fig.data))
         widget.layout.update(layout, overwrite=True)
+    persist(widget)
+
+
+def persist(widget: go.FigureWidget) -> None:
+    """Make a FigureWidget's synced state (what a reloaded page draws) equal to its current figure."""
+    widget._widget_data = copy.deepcopy(widget._data)
+    widget._widget_layout = copy.deepcopy(widget._layout_obj._props)
 
 
 def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compression=None) -> Explorer:

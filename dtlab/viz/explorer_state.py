@@ -17,6 +17,8 @@ import pandas as pd
 
 from dtlab.model import whatif as wi
 from dtlab.units import fmt_bytes
+from dtlab.viz.controls import (FORMULAS, R_STEP, all_reduce_fits, bucket_count,  # noqa: F401 - re-exported
+                                 bucket_slider_range, clip_to_range, compression_setting)
 from dtlab.viz.loggrid import anchored_min, log_range, on_log_grid  # noqa: F401 - re-exported
 
 #: Defaults when no profile is given: plausible for one NVLink/InfiniBand-class ring, *not calibrated*.
@@ -34,43 +36,12 @@ SWEEP_BUCKET_MB = (0.25, 1.0, 5.0, 25.0, 100.0, 400.0, 1024.0)
 #: a measured row matches the slider's bucket size within this relative tolerance (log sliders snap)
 BUCKET_MATCH_RTOL = 0.02
 MEASURED_COLUMNS = ("nproc", "bucket_mb", "t_step")
-#: the all-reduce forms as the label writes them
-FORMULAS = {"ring": "2(p−1)α + 2(p−1)/p·nβ", "textbook": "α(p−1) + nβ/p"}
 #: The log sliders: (lowest exponent, highest exponent, base, step in exponent units, description). The
 #: range is widened to contain the start value.
 LOG_SLIDERS = {"bucket_mb": (-7, 10, 2, 0.05, "bucket size (MiB)"),
                "alpha_us": (-1, 4, 10, 0.02, "α latency (µs)"),
                "bandwidth_gbs": (-2, 3, 10, 0.02, "1/β bandwidth (GB/s)"),
-               "ratio": (-3, 0, 10, 0.02, "compression r (wire/grad B)")}
-
-
-def all_reduce_fits(profile) -> dict:
-    """form -> (alpha s, beta s/B, how) for all_reduce: the profile's own fit, plus a fit of the other form
-    from the profile's samples when they allow one; `how` says which, for the label. Fits with alpha or
-    beta <= 0 are left out (a log slider cannot show them, and they are not physical)."""
-    from dtlab.model.fit import fit_alpha_beta  # scipy import deferred: explorer() without a profile does not need it
-
-    fits = {}
-    own = profile.fits.get("all_reduce")
-    if own is not None:
-        fits[own.form] = own
-    for form in ("ring", "textbook"):
-        if form not in fits and own is not None and len(profile.samples):
-            try:
-                fits[form] = fit_alpha_beta(profile.samples, "all_reduce", form, min_bytes=own.min_bytes,
-                                            max_bytes=own.max_bytes, confidence=own.confidence)
-            except ValueError:
-                pass
-    out = {}
-    for f, x in fits.items():
-        if not (x.alpha > 0 and x.beta > 0):
-            continue
-        what = (f"fitted from the profile: all_reduce, {f} form {FORMULAS.get(f, '')}, "
-                f"{fmt_bytes(x.min_bytes)} to {fmt_bytes(x.max_bytes)}")
-        if f != own.form:
-            what += f" (refitted from the profile's samples; the profile's own fit is {own.form})"
-        out[f] = (x.alpha, x.beta, what)
-    return out
+               "ratio": (-3, 0, 10, R_STEP, "compression r")}
 
 
 class ExplorerState:
@@ -79,8 +50,11 @@ class ExplorerState:
     Attributes: fits (form -> (alpha, beta, how), :func:`all_reduce_fits`), form0 and nproc0 (where the
     controls start), ref (where alpha and beta come from: the values the sliders started at, or were last
     loaded with, and how they were obtained; a slider showing another value was moved by the user),
-    compute (per-rank seconds), sizes (gradient bytes in ready order), measured (rows with times, or None),
-    notes (warnings for the label) and static_info (the label's HTML that no control changes).
+    compute (per-rank seconds), sizes (gradient bytes in ready order), bucket_range ((lo, hi) exponents, base
+    2, of the bucket sizes where the bucket count changes, or None: then no bucket control can change anything,
+    :func:`dtlab.viz.controls.bucket_slider_range`), bucket0 (where the bucket control starts, MiB), measured
+    (rows with times, or None), notes (warnings for the label) and static_info (the label's HTML that no
+    control changes).
     """
 
     def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None):
@@ -140,6 +114,9 @@ class ExplorerState:
         if profile is not None and len(profile.samples):
             self.nproc0 = int(np.clip(profile.samples["nproc"].max(), 1, 64))
 
+        lo, hi, _, step, _ = LOG_SLIDERS["bucket_mb"]
+        self.bucket_range = bucket_slider_range(self.sizes, lo, hi, step)
+        self.bucket0 = clip_to_range(DEFAULT_BUCKET_MB, self.bucket_range)
         self.notes = notes
         c_ms = {k: compute[k] * 1e3 for k in ("t_fwd", "t_bwd_comp", "t_opt")}
         info = [f"<b>compute per rank</b>: fwd {c_ms['t_fwd']:.3g} ms, bwd {c_ms['t_bwd_comp']:.3g} ms, "
@@ -147,10 +124,7 @@ class ExplorerState:
                 "(fixed per-rank batch)",
                 f"<b>gradients</b>: {html.escape(sizes_source)}; backward assumed spread over buckets by bytes",
                 "<b>measured</b>: " + ("none" if self.measured is None else
-                                       f"{len(self.measured)} rows, shown where p and bucket size match"),
-                f"<b>compression</b>: r = {self.comp['ratio']:.3g}, encode "
-                f"{self.comp.get('encode_s_per_byte', 0.0) * 1e9:.3g} ns/B added to backward "
-                f"({html.escape(self.comp['source'])}); moving the r slider overrides r only"]
+                                       f"{len(self.measured)} rows, shown where p and bucket size match")]
         self.static_info = "<br>".join(info + [f"<span style='color:#8a4b00'>⚠ {html.escape(n)}</span>"
                                                for n in notes])
 
@@ -175,11 +149,9 @@ class ExplorerState:
         rounded copy of it: the explorer then predicts what the profile predicts."""
         alpha = self.ref["alpha"] if not self.moved("alpha", values) else float(values["alpha_us"]) * 1e-6
         beta = self.ref["beta"] if not self.moved("beta", values) else 1.0 / (float(values["bandwidth_gbs"]) * 1e9)
-        r = values.get("ratio", self.comp["ratio"])
-        r = self.comp["ratio"] if on_log_grid(r, self.comp["ratio"], 10, LOG_SLIDERS["ratio"][3]) else float(r)
+        r, encode, _ = compression_setting(self.comp, values.get("ratio", self.comp["ratio"]))
         return {"nproc": int(values["nproc"]), "bucket_mb": float(values["bucket_mb"]), "alpha": alpha,
-                "beta": beta, "form": values["form"], "ratio": r,
-                "encode_s_per_byte": float(self.comp.get("encode_s_per_byte", 0.0))}
+                "beta": beta, "form": values["form"], "ratio": r, "encode_s_per_byte": encode}
 
     def sources(self, values: dict) -> dict:
         """'alpha' and 'beta' -> one line saying which value the model uses and where it comes from."""
@@ -202,7 +174,20 @@ class ExplorerState:
         if parts[0][1] == parts[1][1]:  # same origin: one line
             parts = [(f"{parts[0][0]}, {parts[1][0]}", parts[0][1])]
         lines = [f"<b>{html.escape(head)}</b>: {html.escape(tail)}" for head, tail in parts]
+        lines.append(f"<b>compression</b>: "
+                     f"{html.escape(compression_setting(self.comp, values.get('ratio', self.comp['ratio']))[2])} "
+                     "(r = bytes on the wire / gradient bytes)")
+        lines.append(f"<b>buckets</b>: {self.bucket_line(values['bucket_mb'])}")
         return f"<div style='font-size:90%;line-height:1.35'>{'<br>'.join(lines)}<br>{self.static_info}</div>"
+
+    def bucket_line(self, bucket_mb: float) -> str:
+        """How many buckets the current cap makes, and over which caps the count changes at all."""
+        n = bucket_count(self.sizes, bucket_mb)
+        if self.bucket_range is None:
+            return f"{n} at every bucket size (these gradients cannot be split further): no bucket control"
+        lo, hi = (2.0 ** e for e in self.bucket_range)
+        return (f"{n} at {bucket_mb:.3g} MiB; the count changes between {lo:.3g} and {hi:.3g} MiB (one bucket from "
+                f"{hi:.3g} MiB up), the slider's range")
 
     def switch_form(self, form: str, old: str, values: dict) -> dict:
         """Switch the reference to `form` (values: the controls before the switch); returns slider name ->
@@ -235,7 +220,7 @@ class ExplorerState:
             values = set(SWEEP_NPROC) | {cur[0]} | set(self.matching_measured(p, sweep)["nproc"].astype(int))
             cands = [(n, cur[1]) for n in sorted(values)]
         else:
-            values = set(SWEEP_BUCKET_MB) | set(self.matching_measured(p, sweep)["bucket_mb"].astype(float))
+            values = set(self.sweep_buckets()) | set(self.matching_measured(p, sweep)["bucket_mb"].astype(float))
             cands = [(cur[0], b) for b in sorted(values)]
             cands = sorted(
                 [c for c in cands if wi.config_label(*c) != wi.config_label(*cur)] + [cur], key=lambda c: c[1])
@@ -246,6 +231,14 @@ class ExplorerState:
                 seen.add(lab)
                 out.append(c)
         return out
+
+    def sweep_buckets(self) -> list:
+        """Bucket sizes (MiB) for bars across bucket size: :data:`SWEEP_BUCKET_MB` inside the range where the
+        count changes, and the size that makes one bucket."""
+        if self.bucket_range is None:
+            return [self.bucket0]
+        lo, hi = (2.0 ** e for e in self.bucket_range)
+        return sorted({b for b in SWEEP_BUCKET_MB if lo <= b < hi} | {lo, hi})
 
     def matching_measured(self, p: dict, sweep: str) -> pd.DataFrame:
         """Measured rows comparable with the breakdown figure's x axis at setting `p`."""

@@ -32,14 +32,21 @@ def wire_bytes_figure(table: pd.DataFrame, title: str | None = None) -> go.Figur
 
 def per_sample_figure(table: pd.DataFrame, title: str | None = None) -> go.Figure:
     """T_comm and T_step per training sample (ms) per run: what communicating once per K micro-batches buys.
-    table: :func:`dtlab.model.compression.lever_table`."""
+    table: :func:`dtlab.model.compression.lever_table`, or :func:`dtlab.course.lab_claims.timed_medians` of
+    repeated runs (then the bars are medians over the runs and the error bars their range)."""
     x = table["label"].astype(str).tolist()
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=x, y=table["t_step_per_sample"] * 1e3, name="T_step per sample",
-                         marker_color=COLORS["T_comp"], hovertemplate="%{x}<br>T_step %{y:.3f} ms/sample<extra></extra>"))
-    fig.add_trace(go.Bar(x=x, y=table["t_comm_per_sample"] * 1e3, name="T_comm per sample",
-                         marker_color=COLORS["T_comm"], hovertemplate="%{x}<br>T_comm %{y:.3f} ms/sample<extra></extra>"))
-    set_title(fig, title or "Time per training sample (measured medians / samples per step)")
+    for key, name, color in (("t_step_per_sample", "T_step per sample", COLORS["T_comp"]),
+                             ("t_comm_per_sample", "T_comm per sample", COLORS["T_comm"])):
+        y = table[key] * 1e3
+        err = None
+        if f"{key}_lo" in table.columns:
+            err = dict(type="data", symmetric=False, array=table[f"{key}_hi"] * 1e3 - y,
+                       arrayminus=y - table[f"{key}_lo"] * 1e3, color="#333")
+        fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=color, error_y=err,
+                             hovertemplate=f"%{{x}}<br>{name.split()[0]} %{{y:.3f}} ms/sample<extra></extra>"))
+    runs = f", medians of {int(table['runs'].min())} runs, bars: their range" if "runs" in table.columns else ""
+    set_title(fig, title or f"Time per training sample (measured / samples per step{runs})")
     fig.update_layout(barmode="group", yaxis_title="ms per sample", xaxis_title="run", height=380)
     return fig
 
@@ -54,3 +61,16 @@ def loss_beside_figure(df: pd.DataFrame, label: str = "compressed", reference: s
     set_title(fig, f"Training loss: {label} beside {reference} (same seed, mean over ranks)")
     fig.update_layout(xaxis_title="step", yaxis_title="loss (cross-entropy)", height=340)
     return fig
+
+
+def lever_bytes_table(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`dtlab.model.compression.lever_table`'s byte counts for the screen, units in the column names:
+    hook, micro-batches per step, gradient and wire bytes per rank-step, r, all-reduce rounds per micro-batch
+    and the encode time per step."""
+    return pd.DataFrame({"run": table["label"], "comm hook": table["comm_hook"],
+                         "micro-batches per step": table["accumulate"].astype(int),
+                         "gradient bytes (B)": table["grad_bytes"].astype(int),
+                         "on the wire (B)": table["wire_bytes"].astype(int),
+                         "r (wire / gradient)": table["ratio"].round(4),
+                         "all-reduce rounds per micro-batch": table["rounds_per_micro_batch"].round(3),
+                         "encode (ms per step)": (table["encode_s"] * 1e3).round(3)})

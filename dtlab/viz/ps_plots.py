@@ -54,11 +54,13 @@ def ps_vs_ring_figure(df: pd.DataFrame, title: str = "Parameter server vs ring a
             fig.add_vrect(x0=min(over_p) - 0.5, x1=max(over_p) + 0.5, fillcolor="#888", opacity=0.1, line_width=0,
                           row=1, col=col)
         fig.add_annotation(text="shaded, open markers: oversubscribed (more ranks than CPU cores)", showarrow=False,
-                           xref="paper", yref="paper", x=0, y=-0.18, xanchor="left", font=dict(size=11))
+                           xref="paper", yref="paper", x=0, y=-0.2, yanchor="top", xanchor="left", font=dict(size=11))
     fig.update_xaxes(title_text="ranks p", dtick=1)
     fig.update_yaxes(rangemode="tozero")
-    fig.update_layout(legend=dict(orientation="h", y=-0.28), margin=dict(b=120))
-    return set_title(fig, title)
+    # the legend to the right of the plots (below them it ran into the axis titles), the subplot titles
+    # between the figure's title and the plots
+    fig.update_layout(legend=dict(font=dict(size=11)), margin=dict(b=90), height=460)
+    return set_title(fig, title, extra_top=24)
 
 
 def ps_shapes_figure(samples: pd.DataFrame, cpu_cores: int | None = None,
@@ -105,5 +107,5 @@ def ps_shapes_figure(samples: pd.DataFrame, cpu_cores: int | None = None,
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_xaxes(title_text="ranks p", dtick=1, row=1, col=2)
     fig.update_yaxes(rangemode="tozero", row=1, col=2)
-    fig.update_layout(legend=dict(orientation="h", y=-0.2), margin=dict(b=140))
-    return set_title(fig, title)
+    fig.update_layout(legend=dict(font=dict(size=11)), height=480)  # to the right: below, it hid the axis titles
+    return set_title(fig, title, extra_top=24)  # room for the subplot titles under the figure's title

@@ -83,10 +83,11 @@ def two_level_figure(levels: dict, nodes: int, gpus_per_node: int, nics_per_node
                                  line=dict(color=ALG_COLORS[alg]),
                                  hovertemplate=f"{alg}<br>%{{x:.3g}} MiB: %{{y:.3g}} ms<extra></extra>"), 1, 1)
     x = hi.crossover_bytes(*args, nodes, gpus_per_node, nics_per_node, lo=SIZES[0], hi=SIZES[-1])
-    if x is not None:
+    if x is not None:  # the label sits inside the plot, at its foot: above it is the subplot's title
         fig.add_vline(x=x / 2**20, line=dict(color="#555", dash="dot"), row=1, col=1)
-        fig.add_annotation(x=np.log10(x / 2**20), y=1, yref="y domain", text=f"crossover {x / 2**20:.3g} MiB",
-                           showarrow=False, yanchor="bottom", font=dict(size=11), row=1, col=1)
+        fig.add_annotation(x=np.log10(x / 2**20), y=0.02, yref="y domain", text=f"crossover {x / 2**20:.3g} MiB",
+                           showarrow=False, xanchor="left", yanchor="bottom", xshift=4, font=dict(size=11),
+                           bgcolor="rgba(255,255,255,0.8)", row=1, col=1)
     fig.update_xaxes(type="log", title_text="message size (MiB)", row=1, col=1)
     fig.update_yaxes(type="log", title_text="predicted time (ms)", row=1, col=1)
     if table is not None:
@@ -106,17 +107,30 @@ def two_level_figure(levels: dict, nodes: int, gpus_per_node: int, nics_per_node
 def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=None):
     """The two-level explorer widget (display it as a cell's last expression). levels: alpha_intra,
     beta_intra, alpha_inter, beta_inter (s, s/B) and source; default :data:`ASSUMED_LEVELS`, labelled as
-    assumed. A slider shows at least the bottom of its range (0.1 µs for alpha): an alpha of 0 starts there. compute / param_nbytes as for :func:`dtlab.viz.dashboard.explorer`."""
+    assumed. compute / param_nbytes as for :func:`dtlab.viz.dashboard.explorer`.
+
+    A log slider cannot show 0: an alpha of 0 (a fit clipped at zero) starts the slider at its lowest value,
+    and the model keeps using 0 until the slider is moved (the label says so). The bucket slider spans only
+    the sizes where these gradients' bucket count changes, and is hidden when it never does; with one node
+    the network's controls (links, inter-node alpha and bandwidth) are hidden. The figure's
+    state is stored after every redraw, so a reloaded page draws what the sliders show."""
     import ipywidgets as widgets
+
+    from dtlab.viz.controls import bucket_count, bucket_slider_range, clip_to_range
+    from dtlab.viz.dashboard import _sync
+    from dtlab.viz.loggrid import on_log_grid
 
     lv = _check(levels if levels is not None else ASSUMED_LEVELS)
     style, layout = {"description_width": "170px"}, widgets.Layout(width="480px")
+    sizes = list(param_nbytes) if param_nbytes is not None else wi.distilbert_param_nbytes()[::-1]
+    brange = bucket_slider_range(sizes, -7.0, 10.0, 0.05)
 
-    def log(value, lo, hi_, desc):  # a log slider cannot show 0: a value below its range sits at the bottom
-        value = max(value, 10.0 ** lo)
-        return widgets.FloatLogSlider(value=value, base=10, min=min(lo, np.floor(np.log10(value))), max=hi_,
-                                      step=0.02, description=desc, style=style, layout=layout,
-                                      readout_format=".3g")
+    def log(value, lo, hi_, desc, base=10, step=0.02):  # a value below the range (0) sits at its bottom
+        value = max(value, float(base) ** lo)
+        e = np.log(value) / np.log(base)
+        return widgets.FloatLogSlider(value=value, base=base, min=min(lo, np.floor(e)), max=max(hi_, e),
+                                      step=step, description=desc, style=style, layout=layout,
+                                      readout_format=".4g")  # 1660, not 1.66e+3
 
     s = {"nodes": widgets.IntSlider(value=2, min=1, max=64, description="nodes", style=style, layout=layout),
          "gpus_per_node": widgets.IntSlider(value=8, min=1, max=16, description="GPUs per node", style=style,
@@ -127,37 +141,64 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
          "bw_intra_gbs": log(1 / lv["beta_intra"] / 1e9, -2, 3, "intra 1/β (GB/s)"),
          "alpha_inter_us": log(lv["alpha_inter"] * 1e6, -1, 4, "inter α (µs)"),
          "bw_inter_gbs": log(1 / lv["beta_inter"] / 1e9, -3, 3, "inter 1/β (GB/s)"),
-         "bucket_mb": log(25.0, -2, 3, "bucket size (MiB)")}
+         "bucket_mb": log(clip_to_range(25.0, brange), *(brange or (-7.0, 10.0)), "bucket size (MiB)", base=2,
+                          step=0.05)}
+    if brange is None:
+        s["bucket_mb"].layout = widgets.Layout(width="480px", display="none")
+    start = {k: w.value for k, w in s.items()}  # where each slider started: not moved while it shows this
     compute = compute or default_compute()
     c_src = compute.get("source", "given by the caller")
-    label = widgets.HTML(f"<div style='font-size:90%'><b>levels</b>: {html.escape(lv['source'])}; moving a "
-                         f"slider overrides that value<br><b>compute per rank</b>: fwd {compute['t_fwd'] * 1e3:.3g} ms, "
-                         f"bwd {compute['t_bwd_comp'] * 1e3:.3g} ms, opt {compute['t_opt'] * 1e3:.3g} ms "
-                         f"({html.escape(c_src)})</div>")
+    label = widgets.HTML()
 
     def current():
         v = {k: w.value for k, w in s.items()}
-        return ({"alpha_intra": v["alpha_intra_us"] * 1e-6, "beta_intra": 1 / (v["bw_intra_gbs"] * 1e9),
-                 "alpha_inter": v["alpha_inter_us"] * 1e-6, "beta_inter": 1 / (v["bw_inter_gbs"] * 1e9),
+
+        def level(key, slider, to_model):  # the calibrated value itself until the user moves the slider
+            w = s[slider]
+            return lv[key] if on_log_grid(v[slider], start[slider], w.base, w.step) else to_model(v[slider])
+        return ({"alpha_intra": level("alpha_intra", "alpha_intra_us", lambda x: x * 1e-6),
+                 "beta_intra": level("beta_intra", "bw_intra_gbs", lambda x: 1 / (x * 1e9)),
+                 "alpha_inter": level("alpha_inter", "alpha_inter_us", lambda x: x * 1e-6),
+                 "beta_inter": level("beta_inter", "bw_inter_gbs", lambda x: 1 / (x * 1e9)),
                  "source": lv["source"]}, v)
+
+    def label_html(levels_now, v):
+        lines = [f"<b>levels</b>: {html.escape(lv['source'])}; moving a slider overrides that value"]
+        for key, name in (("alpha_intra", "intra α"), ("alpha_inter", "inter α")):
+            if levels_now[key] == 0:
+                lines.append(f"<b>{name} = 0 µs</b> in the model (the level given above); the slider's lowest value, "
+                             f"{s[key + '_us'].value:.3g} µs, stands for it until you move it")
+        lines.append(f"<b>compute per rank</b>: fwd {compute['t_fwd'] * 1e3:.3g} ms, bwd "
+                     f"{compute['t_bwd_comp'] * 1e3:.3g} ms, opt {compute['t_opt'] * 1e3:.3g} ms "
+                     f"({html.escape(c_src)})")
+        if v["nodes"] == 1:
+            lines.append("<b>one node</b>: no network between nodes, so its controls (links, inter α and 1/β) "
+                         "are hidden until there are 2 nodes or more")
+        n = bucket_count(sizes, v["bucket_mb"])
+        lines.append(f"<b>buckets</b>: {n} at {v['bucket_mb']:.3g} MiB" if brange is not None else
+                     f"<b>buckets</b>: {n} at every bucket size: no bucket control")
+        return "<div style='font-size:90%'>" + "<br>".join(lines) + "</div>"
 
     def build():
         levels_now, v = current()
         table = levels_table(levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], compute,
-                             param_nbytes, v["bucket_mb"])
+                             sizes, v["bucket_mb"])
+        label.value = label_html(levels_now, v)
         return two_level_figure(levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], table), table
 
     fig0, table0 = build()
     figw = go.FigureWidget(fig0)
     box = widgets.VBox([label, widgets.VBox(list(s.values())), figw])
-    box.sliders, box.figure, box.table = s, figw, table0
+    box.sliders, box.figure, box.table, box.levels = s, figw, table0, current
+
+    def show_network_controls(change=None):  # one node has no network: its controls could change nothing
+        for k in ("nics_per_node", "alpha_inter_us", "bw_inter_gbs"):
+            s[k].layout.display = "none" if s["nodes"].value == 1 else None
 
     def redraw(change=None):
         fig, box.table = build()
-        with figw.batch_update():
-            figw.layout = fig.layout
-            for tr, new in zip(figw.data, fig.data):
-                tr.update(new.to_plotly_json())
+        _sync(figw, fig)
+    s["nodes"].observe(show_network_controls, names="value")
     for w in s.values():
         w.observe(redraw, names="value")
     box.redraw = redraw

@@ -1,0 +1,264 @@
+"""Statements about outcomes, computed from the runs on screen: what the model says beside what was measured.
+
+A lab never prints "accumulation cuts T_comm per sample by K" as a fact: it measures both configurations,
+several times and interleaved, and prints a :class:`Claim`: the textbook statement, the model's value, the
+measured value with how many runs and their spread, and a verdict computed from those numbers:
+
+- ``holds``: the measured median agrees with the model (``test="within"``: within `rel_tol` of the model's
+  ratio; ``"below"`` / ``"above"``: every run's ratio lies on the model's side of 1);
+- ``contradicted``: every run disagrees (the whole range lies outside the band, or on the other side of 1);
+- ``inconclusive``: the runs disagree with each other (the range straddles the band or 1).
+
+Anything but ``holds`` must carry a `why` from the lab: the reason this machine differs (contention, fp16 on a
+CPU, cold start, oversubscription), with the measurement that shows it where there is one. The record goes
+into the cell's output under :data:`MIME` (``text/plain`` and ``text/html`` are what a student reads), so a test
+can check every printed claim against its own numbers (:func:`parse_claims`, :func:`consistent`).
+
+Runs for a comparison come from :func:`interleaved`: configurations in the order A B C, then C B A, ..., so a
+drift in the machine (a cold first launch, a neighbour's load) does not land on one configuration.
+Pure apart from :func:`interleaved` (which launches through the `run` function it is given) and
+:meth:`Claim.show` (which displays).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+from dtlab.units import fmt_bytes_exact, fmt_ratio, fmt_time
+
+MIME = "application/vnd.dtlab.claim+json"
+PREFIX = "DTLAB-CLAIM "
+TESTS = ("within", "below", "above")
+VERDICTS = ("holds", "inconclusive", "contradicted")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median, smallest and largest of `n` values (one per run)."""
+
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+
+def spread(values) -> Spread:
+    """The :class:`Spread` of finite values; ValueError naming what was given when there is none."""
+    vals = sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
+    if not vals:
+        raise ValueError(f"values must hold at least one finite number, got {list(values)!r}")
+    k = len(vals)
+    med = vals[k // 2] if k % 2 else (vals[k // 2 - 1] + vals[k // 2]) / 2
+    return Spread(med, vals[0], vals[-1], k)
+
+
+def verdict(ratios: Spread, expected: float, test: str, rel_tol: float) -> str:
+    """'holds', 'inconclusive' or 'contradicted' for measured ratios against the model's ratio `expected`
+    (see the module's docstring)."""
+    if test not in TESTS:
+        raise ValueError(f"test must be one of {TESTS}, got {test!r}")
+    if test == "within":
+        if not (rel_tol >= 0 and expected is not None and expected > 0):
+            raise ValueError(f"a 'within' claim needs expected > 0 and rel_tol >= 0, got {expected!r}, {rel_tol!r}")
+        lo_band, hi_band = expected * (1 - rel_tol), expected * (1 + rel_tol)
+        if lo_band <= ratios.median <= hi_band:
+            return "holds"
+        return "contradicted" if ratios.hi < lo_band or ratios.lo > hi_band else "inconclusive"
+    below = test == "below"
+    if (ratios.hi < 1) if below else (ratios.lo > 1):
+        return "holds"
+    if (ratios.lo > 1) if below else (ratios.hi < 1):
+        return "contradicted"
+    return "inconclusive"
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "s":
+        return fmt_time(value)
+    if unit == "B":
+        return fmt_bytes_exact(value)
+    return f"{value:.3g}" + (f" {unit}" if unit else "")
+
+
+@dataclass
+class Claim:
+    """A statement about an outcome and the measurement that tests it (build it with :func:`compare`).
+
+    cid: an id unique in its lab ('lab05.accumulate'); says: the statement as the textbook (or the lab's own
+    text) makes it; quantity: what is compared; a, b: the two configurations' labels; values: label ->
+    :class:`Spread` of the quantity per run, in `unit` ('s', 'B' or a unit name); ratios: the :class:`Spread`
+    of a / b over paired runs; expected: the model's a / b; model: where `expected` comes from; test and
+    rel_tol: how the verdict is reached (:func:`verdict`); why: the reason when it does not hold; how: how the
+    runs were made (count and order); per: what one value is ('run', 'step', 'size', 'call'); paired: whether
+    value i of a and of b were measured together (then `ratios` spans the ratios of pairs; otherwise it spans
+    Q1(a) / Q3(b) .. Q3(a) / Q1(b) around the ratio of the medians, the middle halves of both sets). expected
+    may be None for a "below" /
+    "above" claim (the model says only which side of 1)."""
+
+    cid: str
+    says: str
+    quantity: str
+    a: str
+    b: str
+    values: dict
+    unit: str
+    ratios: Spread
+    expected: float | None
+    model: str
+    test: str = "within"
+    rel_tol: float = 0.25
+    why: str | None = None
+    how: str = ""
+    per: str = "run"
+    paired: bool = True
+    result: str = field(init=False)
+
+    def __post_init__(self):
+        self.result = verdict(self.ratios, self.expected, self.test, self.rel_tol)
+        if self.result != "holds" and not self.why:
+            raise ValueError(f"claim {self.cid!r} is {self.result} on this machine: give `why` (what makes this "
+                             f"machine differ, with the measurement that shows it)")
+
+    @property
+    def holds(self) -> bool:
+        return self.result == "holds"
+
+    def lines(self) -> list:
+        """The claim as a person reads it: statement and model, measurement, verdict (and why)."""
+        va, vb = self.values[self.a], self.values[self.b]
+        r = self.ratios
+        rng = f"range {fmt_ratio(r.lo)} .. {fmt_ratio(r.hi)}" if r.n > 1 else f"a single {self.per}: no spread"
+        if not self.paired and r.n > 1:
+            rng += f": quartiles of {va.n} x {vb.n} unpaired {self.per}s"
+        band = {"within": f"within ±{self.rel_tol:.0%} of the model", "below": "below ×1 in every run",
+                "above": "above ×1 in every run"}[self.test]
+        model = (f"{self.a} / {self.b} = {fmt_ratio(self.expected)}" if self.expected is not None else
+                 f"{self.a} / {self.b} {'below' if self.test == 'below' else 'above'} ×1")
+        out = [f"Claim ({self.cid}): {self.says}. Model: {model} ({self.model}).",
+               f"Measured {self.quantity}: {self.a} {_fmt(va.median, self.unit)}, {self.b} {_fmt(vb.median, self.unit)}"
+               f" (medians of {va.n} {self.per}(s) each{', ' + self.how if self.how else ''}); {self.a} / {self.b} = "
+               f"{fmt_ratio(r.median)} ({rng}).",
+               f"Verdict: {self.result.upper()} on this machine (the test: {band})."]
+        if self.why:
+            out.append(f"Why: {self.why}")
+        return out
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+    def record(self) -> dict:
+        """The JSON record stored with the output (everything a test needs to re-derive the verdict)."""
+        rec = asdict(self)
+        rec["values"] = {k: asdict(v) for k, v in self.values.items()}
+        return rec
+
+    def show(self) -> "Claim":
+        """Display the claim in the notebook (text, HTML and the record), or print it outside IPython."""
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+            if get_ipython() is None:
+                raise ImportError
+        except ImportError:
+            print(self.text())
+            print(PREFIX + json.dumps(self.record()))
+            return self
+        color = {"holds": "#1a7f37", "inconclusive": "#8a6d00", "contradicted": "#b3261e"}[self.result]
+        body = "<br>".join(html.escape(line) for line in self.lines())
+        body = body.replace(html.escape(f"Verdict: {self.result.upper()}"),
+                            f"<b style='color:{color}'>Verdict: {self.result.upper()}</b>")
+        display({MIME: self.record(), "text/plain": self.text(),
+                 "text/html": f"<div style='border-left:4px solid {color};padding-left:8px'>{body}</div>"}, raw=True)
+        return self
+
+    def _ipython_display_(self):
+        self.show()
+
+
+def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected: float | None, model: str,
+            unit: str = "s", test: str = "within", rel_tol: float = 0.25, why=None, how: str = "",
+            per: str = "run", paired: bool = True) -> Claim:
+    """A :class:`Claim` that `a` relates to `b` as the model says. a, b: (label, values), one value per run
+    (paired by position: run i of a was made next to run i of b; `per`="step" for the steps of two runs), in
+    `unit`. why: a sentence, or a function of the verdict ('inconclusive' / 'contradicted') returning one,
+    used only when the claim does not hold."""
+    (la, xa), (lb, xb) = a, b
+    xa, xb = [float(v) for v in xa], [float(v) for v in xb]
+    if not xa or not xb or (paired and len(xa) != len(xb)):
+        raise ValueError(f"a and b need values{' in pairs' if paired else ''}, got {len(xa)} and {len(xb)}")
+    if paired:
+        ratios = spread([p / q for p, q in zip(xa, xb) if q])
+    else:  # the middle half of each set: one stray call does not decide
+        (a1, am, a3), (b1, bm, b3) = _quartiles(xa), _quartiles(xb)
+        ratios = Spread(am / bm, a1 / b3, a3 / b1, min(len(xa), len(xb)))
+    result = verdict(ratios, expected, test, rel_tol)
+    reason = (why(result) if callable(why) else why) if result != "holds" else None
+    return Claim(cid, says, quantity, la, lb, {la: spread(xa), lb: spread(xb)}, unit, ratios, expected, model,
+                 test, rel_tol, reason, how, per, paired)
+
+
+def _quartiles(values) -> tuple:
+    """(first quartile, median, third quartile) of finite values (linear interpolation)."""
+    import numpy as np
+    return tuple(float(q) for q in np.percentile(sorted(values), [25, 50, 75]))
+
+
+def consistent(record: dict) -> list:
+    """What is wrong with a claim record read back from a notebook (empty when nothing): its verdict must
+    follow from its own numbers, a claim that does not hold must say why, its median ratio must lie in its
+    range, and there are as many ratios as paired runs."""
+    problems = []
+    r = Spread(**record["ratios"])
+    want = verdict(r, record["expected"], record["test"], record["rel_tol"])
+    if record["result"] != want:
+        problems.append(f"{record['cid']}: prints {record['result']!r}, its numbers give {want!r}")
+    if record["result"] != "holds" and not record.get("why"):
+        problems.append(f"{record['cid']}: {record['result']} without a reason")
+    if not r.lo <= r.median <= r.hi:
+        problems.append(f"{record['cid']}: median ratio {r.median} outside its range {r.lo}..{r.hi}")
+    va, vb = (Spread(**record["values"][k]) for k in (record["a"], record["b"]))
+    if record.get("paired", True) and (va.n != vb.n or r.n > va.n):
+        problems.append(f"{record['cid']}: {va.n} and {vb.n} runs, {r.n} ratios")
+    return problems
+
+
+def parse_claims(notebook_path) -> list:
+    """Every claim record in an executed notebook's outputs, in cell order (the MIME output, or the
+    ``DTLAB-CLAIM {json}`` line printed outside IPython)."""
+    with open(notebook_path, encoding="utf-8") as f:
+        nb = json.load(f)
+    out = []
+    for cell in nb.get("cells", []):
+        for o in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            data = o.get("data", {})
+            if MIME in data:
+                d = data[MIME]
+                out.append(json.loads(d) if isinstance(d, str) else dict(d))
+            elif o.get("output_type") == "stream":
+                text = o.get("text", "")
+                text = "".join(text) if isinstance(text, list) else text
+                out += [json.loads(ln[len(PREFIX):]) for ln in text.splitlines() if ln.startswith(PREFIX)]
+    return out
+
+
+def interleaved(configs: dict, repeats: int, run) -> dict:
+    """Run every configuration `repeats` times, interleaved: A B C, C B A, A B C, ... (a drift of the machine
+    spreads over all of them). configs: label -> RunConfig; run: the function that runs one (dtlab.run).
+    Returns label -> list of runs, in repeat order, so run i of one label was made next to run i of another."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    labels = list(configs)
+    out = {k: [] for k in labels}
+    for i in range(repeats):
+        for k in (labels if i % 2 == 0 else labels[::-1]):
+            out[k].append(run(configs[k]))
+    return out
+
+
+def order_text(labels, repeats: int) -> str:
+    """'interleaved: A B, then B A' for the order :func:`interleaved` used."""
+    rounds = [" ".join(labels if i % 2 == 0 else labels[::-1]) for i in range(repeats)]
+    return "interleaved: " + ", then ".join(rounds)
