@@ -26,7 +26,7 @@ def main():
 
     profile = None
     if a.profile:
-        from dtlab.model.profile import load_profile
+        from dtlab.results.calibration import load_profile
         profile = load_profile(a.profile)
     t0 = time.perf_counter()
     ex = explorer(profile=profile)

@@ -110,10 +110,10 @@ def main(argv=None) -> int:
 
 
 def _timed_wait_us(calls: int) -> float:
-    """Host time dtlab's timed wait (dtlab.rank.zero3.comm._TimedWork) adds to one wait, on CPU."""
+    """Host time dtlab's timed wait (dtlab.rank.strategies.zero3.comm._TimedWork) adds to one wait, on CPU."""
     import torch
 
-    from dtlab.rank.zero3.comm import CollectiveRecorder, _TimedWork
+    from dtlab.rank.strategies.zero3.comm import CollectiveRecorder, _TimedWork
 
     class Done:
         def wait(self, *a, **k):

@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 
 import dtlab
-from dtlab.launcher import free_port
+from dtlab.launching.torchrun import free_port
 from dtlab.model.prediction import prediction_summary
 
 # 3 x 2^k: between the calibration sizes (powers of 2), never equal to one

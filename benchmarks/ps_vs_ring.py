@@ -19,7 +19,7 @@ import os
 import pandas as pd
 
 import dtlab
-from dtlab.cli import parse_bytes
+from dtlab.cli.flags import parse_bytes
 from dtlab.model.fit import fit_alpha_beta
 from dtlab.model.psmodel import forms_table
 

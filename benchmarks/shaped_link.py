@@ -2,7 +2,7 @@
 it needs root and Linux network namespaces (it says why and exits 3 without them), and it prints a table.
 
 Two nodes, one rank each, each in its own network namespace, joined by a veth pair shaped by tc tbf to --rate
-each way (dtlab.emulate). All-reduce is calibrated across them (sizes 1 to 32 MiB, the bandwidth-bound regime)
+each way (dtlab.launching.emulate). All-reduce is calibrated across them (sizes 1 to 32 MiB, the bandwidth-bound regime)
 and the ring fit's 1/beta compared with the set rate: for 2 ranks the ring moves n bytes each way per
 all-reduce, so 1/beta should be the link's rate (less TCP/IP headers, about 4.4% at a 1500-byte MTU).
 
@@ -15,8 +15,9 @@ of the two at the largest size is how much the inter-node level dominates a step
 import argparse
 import sys
 
-from dtlab.calibration import CalibConfig, calibrate
-from dtlab.emulate import Emulation, EmulationUnavailable, parse_rate, shaping_unavailable
+from dtlab.config.calibration import CalibConfig
+from dtlab.launching.calibration import calibrate
+from dtlab.launching.emulate import Emulation, EmulationUnavailable, parse_rate, shaping_unavailable
 
 SIZES = tuple(1 << k for k in range(20, 26))  # 1 MiB .. 32 MiB
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 import dtlab
-from dtlab.cli import main as dtlab_main
+from dtlab.cli.main import main as dtlab_main
 
 SCONTROL = """#!/bin/bash
 [ "$1 $2" = "show hostnames" ] || exit 1

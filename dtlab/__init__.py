@@ -12,12 +12,13 @@ import importlib
 __version__ = "0.1.0"
 
 _WHERE = {
-    "RunConfig": "config", "ZeroConfig": "config", "tiny": "config",
-    "launch": "launcher", "run": "launcher", "Handle": "launcher",
-    "Run": "results", "RunFailed": "results", "load_run": "results",
-    "rank_waits": "waits", "run_waits": "waits", "sync_step_model": "waits",
-    "calibrate": "calibration", "Profile": "model.profile", "load_profile": "model.profile", "predict": "model.prediction", "sweep": "sweeps",
-    "submit": "slurm", "Emulation": "emulate",
+    "RunConfig": "config.run", "ZeroConfig": "config.run", "tiny": "config.run", "CalibConfig": "config.calibration",
+    "launch": "launching.handle", "run": "launching.handle", "Handle": "launching.handle",
+    "calibrate": "launching.calibration", "sweep": "launching.sweeps", "submit": "launching.slurm",
+    "Emulation": "launching.emulate",
+    "Run": "results.run", "load_run": "results.run", "RunFailed": "results.status",
+    "rank_waits": "results.waits", "run_waits": "results.waits", "sync_step_model": "results.waits",
+    "Profile": "model.profile", "load_profile": "results.calibration", "predict": "model.prediction",
 }
 
 __all__ = list(_WHERE)

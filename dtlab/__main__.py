@@ -2,6 +2,6 @@
 
 import sys
 
-from dtlab.cli import main
+from dtlab.cli.main import main
 
 sys.exit(main())

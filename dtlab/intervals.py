@@ -17,3 +17,8 @@ def union_length(intervals) -> float:
     if cur_e is not None:
         total += cur_e - cur_s
     return float(total)
+
+
+def frame_union_length(df) -> float:
+    """Length of the union of a DataFrame's [t_start, t_end] rows (concurrent collectives counted once)."""
+    return union_length(zip(df["t_start"], df["t_end"]))

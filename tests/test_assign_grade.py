@@ -25,7 +25,7 @@ import sys
 import pandas as pd
 import pytest
 
-from dtlab.course.assign import FORBIDDEN, MANIFEST, assign, read_manifest
+from dtlab.course.assign import FORBIDDEN, assign, read_manifest
 from dtlab.course.batch import grade
 from dtlab.course.checks import MIME, parse_answers, score
 
@@ -85,7 +85,7 @@ def test_student_versions_have_no_keys_and_are_the_labs(dist):
 def test_lab08_stubs_stay_stubs(dist, tmp_path):
     import importlib.util
 
-    from dtlab.course.exercises import not_implemented
+    from dtlab.course.shipping import not_implemented
     cells = [src for src in _sources(dist / "student" / "08_build_it_yourself.ipynb") if src.startswith("# EXERCISE")]
     assert len(cells) == 2
     for src in cells:
@@ -164,7 +164,7 @@ def _trimmed(student):
     """Lab 01's student version with only what its checks need (setup, predictions, the run, the check cells):
     the cheats' base, cheap to execute."""
     nb = copy_.deepcopy(student)
-    keep = ("from dtlab.labs import", "my_bytes_guess = None", "run = dtlab.run(cfg)", "dtlab.course.checks",
+    keep = ("from dtlab.course.labs import", "my_bytes_guess = None", "run = dtlab.run(cfg)", "dtlab.course.checks",
             "my_unhidden_bucket = None")
     nb["cells"] = [c for c in nb["cells"] if c["cell_type"] == "code" and any(k in "".join(c["source"]) for k in keep)]
     return nb
@@ -187,7 +187,7 @@ def _forged(nb):
 def lab01_batch(dist, tmp_path_factory):
     """One quick lab 01 run recorded once, copied into every submission; one batch graded from them."""
     import dtlab
-    from dtlab.labs import lab_config
+    from dtlab.course.labs import lab_config
     root = tmp_path_factory.mktemp("lab01")
     rec = root / "recorded"
     rec.mkdir()
@@ -279,7 +279,7 @@ def test_a_blank_run_shows_no_key(lab01_batch, tmp_path):
     nb = nbformat.reads(json.dumps(_trimmed(_nb(d / LAB01))), as_version=4)
     env = dict(os.environ, DTLAB_REPLAY=str(d), HF_HUB_OFFLINE="1")
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(d)}}).execute(env=env)
-    from dtlab.results import load_run
+    from dtlab.results.run import load_run
     run = load_run(str(d / "runs" / "lab01"))
     grad = run.resolved["grad_bytes"]
     outs = [o for c in nb.cells for o in c.get("outputs", []) if MIME in o.get("data", {})]

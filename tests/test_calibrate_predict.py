@@ -3,8 +3,8 @@
 import pytest
 
 import dtlab
-from dtlab.calibration import CalibConfig
-from dtlab.cli import main as cli_main
+from dtlab.config.calibration import CalibConfig
+from dtlab.cli.main import main as cli_main
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Checkpoint and resume (dtlab.restarts, dtlab.rank.checkpoint): a rank killed with SIGKILL makes torchrun restart the
+"""Checkpoint and resume (dtlab.results.restarts, dtlab.rank.checkpoint): a rank killed with SIGKILL makes torchrun restart the
 group, training resumes from the newest checkpoint and finishes with every step once, on one timeline, with the same
 losses as a run never interrupted; without restarts left the run fails naming the rank (with max_restarts 0: the kill
 drill of tests/test_faults.py, which runs with checkpoints on). Plus the pure parts: checks
@@ -16,9 +16,9 @@ import time
 import pytest
 
 import dtlab
-from dtlab.events import read_events
+from dtlab.results.events import read_events
 from dtlab.model.checkpointing import checkpoint_tradeoff, daly_interval, measured_costs, young_interval
-from dtlab.restarts import final_timeline
+from dtlab.results.restarts import final_timeline
 
 # The uninterrupted reference is conftest's shared `tiny_run` (never checkpointed): the runs here use its config.
 REFERENCE = dict(steps=4, baseline_steps=2, bucket_mb=0.05)
@@ -177,14 +177,14 @@ def test_fault_injection_fires_on_the_attempt_it_names(monkeypatch):
 
 
 def test_the_watchdog_waits_for_a_restart_but_only_while_restarts_remain(tmp_path):
-    from dtlab.launching.watchdog import STARTUP_ALLOWANCE_S, StallWatch, _Feed
+    from dtlab.launching.watchdog import STARTUP_ALLOWANCE_S, StallWatch, RankFeed
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a rank whose process is gone
 
     class Watch(StallWatch):
         def __init__(self, max_restarts):
             self.stall_s, self.max_restarts, self.run_dir = 2.0, max_restarts, str(tmp_path)
-            self._feeds = [_Feed(0, str(tmp_path / "rank0.jsonl"), time.monotonic())]
+            self._feeds = [RankFeed(0, str(tmp_path / "rank0.jsonl"), time.monotonic())]
             self._feeds[0].pid, self._feeds[0].progress = dead.pid, 3
             self._feeds[0].last_seen -= 5.0  # silent past stall_s
 

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from dtlab.course.claims import (Spread, compare, consistent, interleaved, order_text, parse_claims, spread,
-                                 verdict)
+from dtlab.course.claims import Spread, compare, consistent, interleaved, order_text, parse_claims, spread, verdict
 
 
 def test_spread_and_the_three_verdicts():

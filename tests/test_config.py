@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from dtlab import RunConfig, ZeroConfig, tiny
-from dtlab.cli import main as cli_main
+from dtlab.config.run import RunConfig, ZeroConfig, tiny
+from dtlab.cli.main import main as cli_main
 
 
 @pytest.mark.parametrize("field,value,needle", [
@@ -118,7 +118,8 @@ GOOD_ROWS = [("a gripping film", 1), ("a dull , tedious film", 0)] * 4  # 8 rows
     ("d.json", "[" + ",".join(f'{{"sentence": "{s}", "label": {y}.0}}' for s, y in GOOD_ROWS) + "]"),
 ])
 def test_good_data_files_pass_and_are_what_the_ranks_read(tmp_path, name, text):
-    from dtlab.rank.data import load_sentences, read_data_file
+    from dtlab.rank.data import load_sentences
+    from dtlab.config.datafile import read_data_file
     path = _write(tmp_path, name, text)
     tiny(data=path).validate(cuda_device_count=0)
     assert read_data_file(path) == ([s for s, _ in GOOD_ROWS], [y for _, y in GOOD_ROWS])
@@ -187,6 +188,6 @@ def test_cli_bad_input_exits_2_with_one_line(args, needle, capsys, tmp_path):
 
 
 def test_cli_entry_point_exit_code(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "dtlab.cli", "run", "--nproc", "0", "--out", str(tmp_path / "y")],
+    r = subprocess.run([sys.executable, "-m", "dtlab.cli.main", "run", "--nproc", "0", "--out", str(tmp_path / "y")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "nproc must be an integer >= 1" in r.stderr

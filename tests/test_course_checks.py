@@ -11,8 +11,8 @@ import pytest
 from nbclient import NotebookClient
 
 from dtlab.course import checks, rubric
-from dtlab.course.checks import (check, check_choice, check_formula, check_number, eval_expr, parse_answers, score,
-                                 tol_from_spread)
+from dtlab.course.checks import check, check_choice, check_formula, check_number, parse_answers, score, tol_from_spread
+from dtlab.course.verdicts import eval_expr
 from dtlab.course.verdicts import MAX_REL_TOL, Key, judge
 
 N_PARAMS = 66_955_010

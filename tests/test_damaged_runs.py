@@ -11,9 +11,11 @@ import warnings
 
 import pytest
 
-from dtlab.cli import main as cli_main
-from dtlab.events import scan_events
-from dtlab.results import DamagedRun, RunDamageWarning, load_run
+from dtlab.cli.main import main as cli_main
+from dtlab.results.events import scan_events
+from dtlab.runfiles import DamagedRun
+from dtlab.results.run import load_run
+from dtlab.runfiles import RunDamageWarning
 
 
 @pytest.fixture
@@ -164,7 +166,7 @@ def test_a_line_torn_by_a_restart_is_tolerated(tmp_path):
 
 
 def test_a_damaged_node_status_is_named(tmp_path):
-    from dtlab.multinode import merged_status
+    from dtlab.results.status import merged_status
     (tmp_path / "nodes").mkdir()
     (tmp_path / "nodes" / "node0.status.json").write_text(json.dumps({"state": "finished"}))
     (tmp_path / "nodes" / "node1.status.json").write_text("{oops")

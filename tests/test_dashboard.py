@@ -236,7 +236,7 @@ def test_explorer_custom_sizes_and_bad_inputs():
 
 
 def test_compute_from_run():
-    from dtlab.results import BUCKET_COLUMNS, STEP_COLUMNS, Run
+    from dtlab.results.run import BUCKET_COLUMNS, STEP_COLUMNS, Run
 
     steps = pd.DataFrame([[r, s, 0.010 + r * 0.001, 0.030, 0.003, 0.045 + r * 0.001, 1.0]
                           for s in range(3) for r in range(2)], columns=STEP_COLUMNS)
@@ -328,7 +328,8 @@ def test_explorer_labels_defaults_and_reused_fits_as_estimates():
 
 def test_explorer_state_is_pure_and_says_where_alpha_beta_come_from():
     """The slider/label logic without widgets: values in, model parameters and label lines out."""
-    from dtlab.viz.explorer_state import ExplorerState, log_range, on_log_grid
+    from dtlab.viz.explorer_state import ExplorerState
+    from dtlab.viz.loggrid import log_range, on_log_grid
 
     lo, hi = log_range(25.0, -7, 10, 2, 0.05)  # 25 MiB lies on the bucket slider's grid
     k = (np.log2(25.0) - lo) / 0.05
@@ -384,10 +385,10 @@ def test_a_reloaded_page_draws_what_the_sliders_show():
 
 
 def test_an_update_removes_shapes_the_new_figure_lacks():
-    from dtlab.viz.dashboard import _sync
+    from dtlab.viz.dashboard import sync_widget
 
     w = go.FigureWidget(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])).add_vline(x=1.5))
-    _sync(w, go.Figure(go.Scatter(x=[1, 2], y=[3, 4])))
+    sync_widget(w, go.Figure(go.Scatter(x=[1, 2], y=[3, 4])))
     assert len(w.layout.shapes) == 0 and list(w.data[0].y) == [3, 4]
     assert not w._widget_layout.get("shapes")
 

@@ -67,7 +67,7 @@ def test_memory_is_from_tensors(tiny_run):
 
 
 def test_show_prints_the_breakdown(tiny_run, capsys):
-    from dtlab.cli import main
+    from dtlab.cli.main import main
     assert main(["show", tiny_run.path]) == 0
     out = capsys.readouterr().out
     assert "T_comm" in out and "ms" in out and "exposed" in out

@@ -12,8 +12,8 @@ import warnings
 import pytest
 
 import dtlab
-from dtlab.events import scan_events
-from dtlab.results import load_run
+from dtlab.results.events import scan_events
+from dtlab.results.run import load_run
 from dtlab.runfiles import DiskFull, dump_json
 
 
@@ -87,7 +87,7 @@ def test_event_writer_stops_on_a_full_disk_and_stays_stopped(tmpfs):
 
 
 def test_a_launch_on_a_full_disk_starts_nothing(tmpfs, capsys):
-    from dtlab.cli import main as cli_main
+    from dtlab.cli.main import main as cli_main
     mnt = tmpfs(leave=0)
     with pytest.raises(dtlab.RunFailed) as info:
         dtlab.launch(dtlab.tiny(out=str(mnt / "run")))
@@ -126,6 +126,6 @@ def test_a_run_that_fills_the_disk_fails_naming_it(tmpfs, capsys):
         warnings.simplefilter("error")  # only torn last lines: tolerated, no warning
         run = load_run(str(out))
     assert run.status["state"] == "failed" and len(run.steps) > 20 and run.damage["tolerated"].all()
-    from dtlab.cli import main as cli_main
+    from dtlab.cli.main import main as cli_main
     assert cli_main(["show", str(out)]) == 1
     assert "status: failed: the disk holding" in capsys.readouterr().out

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from dtlab.doctor import lab_files, lab_placements
-from dtlab.labs import LABS
+from dtlab.cli.doctor import lab_files, lab_placements
+from dtlab.course.labs import LABS
 
 LABS_DIR = pathlib.Path(__file__).resolve().parent.parent / "labs"
 NOTEBOOKS = sorted(p.stem for p in LABS_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -72,14 +72,14 @@ def test_one_gpu_with_nccl_230_and_eight_gpus():
 
 
 def test_the_gpu_docs_say_what_the_code_does():
-    """docs/gpus.md's lab table and timing words are what dtlab.labs and dtlab.placement say (a changed
+    """docs/gpus.md's lab table and timing words are what dtlab.course.labs and dtlab.config.placement say (a changed
     placement or timing that the page does not follow fails here)."""
     import re
 
-    from dtlab.doctor import doc_blocks
+    from dtlab.cli.doctor import doc_blocks
     text = (LABS_DIR.parent / "docs" / "gpus.md").read_text()
     for name, block in doc_blocks().items():
         m = re.search(rf"<!-- {name}: begin -->\n(.*?)\n<!-- {name}: end -->", text, re.S)
-        assert m and m.group(1) == block, f"docs/gpus.md's {name} is stale: paste dtlab.doctor.doc_blocks()"
+        assert m and m.group(1) == block, f"docs/gpus.md's {name} is stale: paste dtlab.cli.doctor.doc_blocks()"
     for machine in ("CPU machine", "One GPU, NCCL 2.28.9", "One GPU, NCCL >= 2.30", "Several GPUs"):
         assert f"**{machine}.**" in text

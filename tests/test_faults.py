@@ -18,8 +18,8 @@ import time
 import pytest
 
 import dtlab
-from dtlab.cli import main as cli_main
-from dtlab.results import load_run
+from dtlab.cli.main import main as cli_main
+from dtlab.results.run import load_run
 
 STALL_S = 4.0
 DRILLS = {  # name: DTLAB_FAULT. Launched together, so they also drill simultaneous launches.
@@ -81,7 +81,7 @@ def test_kill_9_names_the_rank_that_died_not_the_survivor(drills):
     assert json.load(open(os.path.join(h.run_dir, "exits.json")))["1"]["signal"] == "SIGKILL"
     run = load_run(h.run_dir)
     assert run.status["state"] == "failed"
-    # checkpoints on, max_restarts 0 (dtlab.restarts): step-2 was written before the kill, and nothing restarted
+    # checkpoints on, max_restarts 0 (dtlab.results.restarts): step-2 was written before the kill, and nothing restarted
     assert os.path.isfile(os.path.join(h.run_dir, "checkpoints", "step-2", ".metadata")) and run.restarts.empty
 
 
@@ -147,7 +147,8 @@ def test_interrupt_stops_every_rank_within_5_s(tmp_path):
 
 def test_runs_and_a_calibration_started_together_never_collide(tmp_path, monkeypatch):
     """Default run directories (named by the second they start in) and rendezvous ports, under a race."""
-    from dtlab.calibration import CalibConfig, launch_calibration
+    from dtlab.config.calibration import CalibConfig
+    from dtlab.launching.calibration import launch_calibration
     monkeypatch.chdir(tmp_path)
     go = threading.Barrier(3)
     handles, errors = [None] * 3, []

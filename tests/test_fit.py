@@ -7,7 +7,8 @@ import pytest
 
 from dtlab.model import costmodel as cm
 from dtlab.model.fit import AlphaBetaFit, fit_alpha_beta
-from dtlab.model.profile import Profile, load_profile
+from dtlab.model.profile import Profile
+from dtlab.results.calibration import load_profile
 
 ALPHA, BETA = 2e-5, 1e-10  # s, s/B (10 GB/s)
 SIZES = [2 ** k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB
@@ -172,7 +173,8 @@ def test_piecewise_keeps_one_regime_when_one_fits():
 
 
 def test_profile_predicts_by_regime_and_round_trips(tmp_path):
-    from dtlab.model.profile import Profile, load_profile
+    from dtlab.model.profile import Profile
+    from dtlab.results.calibration import load_profile
     prof = Profile.from_samples(_two_regime_samples(), meta={"backend": "synthetic"})
     true_big = 2e-3 * 2 + 1e-9 * 3 * 2 ** 20  # 3 MiB, second regime, ring p=2
     true_small = 50e-6 * 2 + 3 * 2 ** 16 / 4e9  # 192 KiB, first regime

@@ -13,8 +13,8 @@ import pathlib
 import pytest
 
 import dtlab
-from dtlab.config import device_count
-from dtlab.placement import machine_gpus, nccl_allows_shared_gpu
+from dtlab.config.placement import device_count
+from dtlab.config.placement import machine_gpus, nccl_allows_shared_gpu
 
 NGPU, NCCL = machine_gpus()
 pytestmark = [pytest.mark.gpu,
@@ -153,7 +153,7 @@ def test_calibration_on_cuda(tmp_path):
 
 
 def test_doctor_names_the_gpus():
-    from dtlab.doctor import facts, report
+    from dtlab.cli.doctor import facts, report
     f = facts(check_hub=False)
     assert len(f["gpus"]) == device_count() and all(g["name"] for g in f["gpus"])
     assert "GPU 0:" in report(f)

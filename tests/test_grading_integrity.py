@@ -11,7 +11,7 @@ import pytest
 
 from dtlab.course import grader, integrity
 from dtlab.course.recordings import Recordings
-from dtlab.results import load_run
+from dtlab.results.run import load_run
 
 LABS = pathlib.Path(__file__).resolve().parent.parent / "labs"
 LAB01 = "01_ddp_breakdown"
@@ -91,7 +91,7 @@ def test_a_tampered_run_is_flagged_and_its_questions_not_graded(copy, tmp_path, 
 
 
 def test_a_run_of_another_config_or_an_unfinished_one_is_not_the_labs(copy, tmp_path, tiny_run):
-    from dtlab.config import tiny
+    from dtlab.config.run import tiny
     want = tiny(bucket_mb=1.0, steps=4, baseline_steps=2).to_dict()
     assert any("bucket_mb" in p for p in integrity.run_problems(load_run(str(copy)), want))
     (copy / "status.json").write_text(json.dumps({"state": "failed"}))

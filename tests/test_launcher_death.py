@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 import dtlab
-from dtlab.cli import main as cli_main
-from dtlab.liveness import identity, judge
-from dtlab.results import load_run
+from dtlab.cli.main import main as cli_main
+from dtlab.results.liveness import identity, judge
+from dtlab.results.run import load_run
 
 
 def _alive(pid):
@@ -141,7 +141,7 @@ def test_load_run_reports_a_dead_launcher(tmp_path):
 
 
 def test_a_node_whose_launcher_died_is_abandoned(tmp_path):
-    from dtlab.multinode import merged_status
+    from dtlab.results.status import merged_status
     dead = identity(_gone_pid())
     (tmp_path / "nodes").mkdir()
     (tmp_path / "nodes" / "node0.status.json").write_text(json.dumps({"state": "finished"}))
@@ -173,7 +173,7 @@ def _calibration_dir(tmp_path, state):
 
 
 def test_an_interrupted_calibration_says_so(tmp_path):
-    from dtlab.calibration import load_calibration
+    from dtlab.results.calibration import load_calibration
     d = _calibration_dir(tmp_path, "interrupted")
     with pytest.raises(dtlab.RunFailed) as info:
         dtlab.load_profile(d)

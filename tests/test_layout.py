@@ -1,9 +1,13 @@
-"""The package's shape: no import circle among dtlab modules (top-level or deferred imports alike), no module
-over 450 lines (files split by idea stay around 400), CLI flags and defaults that are the config's own, `python -m dtlab`."""
+"""The package's shape: the layers of pyproject.toml's import contracts hold (`lint-imports`), no import circle
+among dtlab modules (top-level or deferred imports alike), no private name imported across modules, no module over
+450 lines (files split by idea stay around 400), every public name and CLI command there, CLI flags and defaults
+that are the config's own, `python -m dtlab`."""
 
 import ast
 import dataclasses
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -69,6 +73,51 @@ def find_cycle(graph):
     return None
 
 
+ROOT = PKG.parent
+
+#: The public API (dtlab.__all__) and the command line: a move inside the package must keep every one of them.
+PUBLIC_NAMES = {"RunConfig", "ZeroConfig", "CalibConfig", "tiny", "launch", "run", "Handle", "calibrate", "sweep",
+                "submit", "Emulation", "Run", "load_run", "RunFailed", "rank_waits", "run_waits", "sync_step_model",
+                "Profile", "load_profile", "predict"}
+COMMANDS = ("run", "show", "trace", "calibrate", "assign", "grade", "slurm", "emulate", "doctor")
+
+
+def test_import_contracts_hold():
+    """pyproject.toml's contracts: the layers (cli > course > launching | viz > results > model | rank > config >
+    runfiles > units | intervals) and no torch or widgets in the pure layers."""
+    exe = pathlib.Path(sys.executable).with_name("lint-imports")
+    cp = subprocess.run([str(exe), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    assert "0 broken" in cp.stdout
+
+
+def test_no_private_name_is_imported_across_modules():
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dtlab"):
+                bad += [f"{path.relative_to(ROOT)}: from {node.module} import {a.name}" for a in node.names
+                        if a.name.startswith("_") and a.name != "__version__"]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_public_name_resolves():
+    import dtlab
+    assert set(dtlab.__all__) == PUBLIC_NAMES
+    for name in sorted(PUBLIC_NAMES):
+        assert getattr(dtlab, name) is not None, name
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_answers_help(command, capsys):
+    from dtlab.cli.main import main
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    assert f"dtlab {command}" in capsys.readouterr().out
+
+
 def test_no_import_circle():
     cycle = find_cycle(import_graph())
     assert cycle is None, " -> ".join(cycle)
@@ -93,9 +142,10 @@ def _defaults(cls, prefix=""):
 @pytest.mark.parametrize("command,cls", [("run", "RunConfig"), ("calibrate", "CalibConfig")])
 def test_cli_defaults_are_the_config_defaults(command, cls):
     """Every config field has a flag, and parsing no flags gives the config's own default for each."""
-    from dtlab import calibration, config
-    from dtlab.cli import build_parser
-    klass = {"RunConfig": config.RunConfig, "CalibConfig": calibration.CalibConfig}[cls]
+    from dtlab.cli.main import build_parser
+    from dtlab.config.calibration import CalibConfig
+    from dtlab.config.run import RunConfig
+    klass = {"RunConfig": RunConfig, "CalibConfig": CalibConfig}[cls]
     args = vars(build_parser().parse_args([command]))
     want = _defaults(klass)
     skipped = {"ops", "sizes", "fit_min_bytes", "fit_max_bytes"} if command == "calibrate" else set()

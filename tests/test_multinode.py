@@ -10,11 +10,11 @@ import sys
 import pytest
 
 import dtlab
-from dtlab.calibration import CalibConfig
-from dtlab.launcher import free_port
+from dtlab.config.calibration import CalibConfig
+from dtlab.launching.torchrun import free_port
 from dtlab.launching.nodes import _claim
-from dtlab.multinode import merged_status
-from dtlab.results import load_run
+from dtlab.results.status import merged_status
+from dtlab.results.run import load_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "tiny", "--model-source", "random", "--data", "offline", "--batch-size", "4", "--seq-len", "32",
@@ -74,7 +74,7 @@ def test_a_rank_killed_on_one_node_is_named_by_both_nodes(tmp_path, monkeypatch)
     """Failure detection per node: node 1's rank is SIGKILLed; node 0's rank only loses its peer."""
     import threading
 
-    from dtlab.emulate import Emulation
+    from dtlab.launching.emulate import Emulation
     monkeypatch.setenv("DTLAB_FAULT", "1:1:kill")  # handed to both agents: only global rank 1 acts on it
     with Emulation(2) as em:
         handles = em.launch(dtlab.tiny(out=str(tmp_path / "kill"), nproc=1, steps=4))
@@ -99,7 +99,7 @@ def test_a_rank_killed_on_one_node_is_named_by_both_nodes(tmp_path, monkeypatch)
 
 
 def test_calibration_across_two_nodes_records_where_ranks_ran(tmp_path):
-    from dtlab.emulate import Emulation
+    from dtlab.launching.emulate import Emulation
     with Emulation(2) as em:
         prof = em.calibrate(CalibConfig(nproc=1, out=str(tmp_path / "cal"), sizes=(1 << 16, 1 << 18, 1 << 20, 1 << 21),
                                         iters=2, rounds=1, warmup=1), progress=False)
@@ -165,7 +165,7 @@ def test_merged_status_waits_for_every_node_and_keeps_the_worst(tmp_path):
 
 def test_a_node_whose_rank_lost_its_peer_names_the_rank_another_node_found_frozen(tmp_path):
     """No launch: node 0's rank failed with a lost connection because node 1's watchdog stopped a frozen rank."""
-    from dtlab.launching.failures import _failure
+    from dtlab.launching.failures import run_failure
     from dtlab.launching.nodes import NodeLaunch
     run = tmp_path / "run"
     (run / "events").mkdir(parents=True)
@@ -180,11 +180,11 @@ def test_a_node_whose_rank_lost_its_peer_names_the_rank_another_node_found_froze
         {"state": "stalled", "stalled_ranks": [1], "frozen_ranks": [1],
          "error": "rank 1 stalled: no event for 4 s (stall_s=4 s); frozen (SIGSTOP); after step 0"}))
     node0 = NodeLaunch(str(run), 1, 2, 0, "10.0.0.1:29500", "job")
-    e = _failure("failed", str(run), None, node=node0)
+    e = run_failure("failed", str(run), None, node=node0)
     assert (e.rank, e.signal) == (1, "SIGSTOP")
     assert str(e).startswith("rank 1 stalled on node slot 1: frozen (SIGSTOP), named by that node's launcher")
     assert "On this node rank 0 only waited on it or lost it: rank 0 (node 0, host a) failed: RuntimeError: " \
            "Connection closed by peer" in str(e)
     assert e.consequences[0]["rank"] == 0
     (run / "nodes" / "node1.status.json").write_text(json.dumps({"state": "failed"}))  # nothing to blame there
-    assert _failure("failed", str(run), None, node=node0).rank == 0
+    assert run_failure("failed", str(run), None, node=node0).rank == 0

@@ -106,7 +106,7 @@ def lab07(run, text):
     """Two emulated nodes make one run; both levels calibrated (the shaped link where this machine permits it)."""
     assert "one job: 2 ranks on 2 nodes (1 per node" in text and "between nodes (" in text and "inside a node:" in text
     assert "np.int64" not in text and "1 ranks" not in text
-    from dtlab.emulate import shaping_unavailable
+    from dtlab.launching.emulate import shaping_unavailable
     if shaping_unavailable() is None:  # root with namespaces (CI): the shaped link really was used
         assert "shaped by tc tbf to 1gbit" in text
 

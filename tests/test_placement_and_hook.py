@@ -7,7 +7,7 @@ import torch
 
 import dtlab
 from dtlab.rank import recorder as rec_mod
-from dtlab.placement import plan
+from dtlab.config.placement import plan
 
 
 @pytest.mark.parametrize("ngpu,nccl,nproc,backend,device,expect", [
@@ -61,7 +61,7 @@ def test_config_uses_the_placement_for_every_strategy():
 def test_each_placement_names_how_it_is_timed(path, device, backend):
     """The banner, the doctor and the run record say how times are taken, from one table (and so does the
     rank, which picks its marks by the same rule)."""
-    from dtlab.placement import TIMING, timing_path
+    from dtlab.config.placement import TIMING, timing_path
     assert timing_path(device, backend) == path
     ngpu = 0 if device == "cpu" else 1
     p = plan(2 if backend == "gloo" else 1, backend, "auto", ngpu, "2.28.9")
@@ -156,7 +156,7 @@ def test_backend_duration_reads_nccl_timing():
 def _run_with(buckets, ddp_stats, backend="nccl"):
     import pandas as pd
 
-    from dtlab.results import Run
+    from dtlab.results.run import Run
     empty = pd.DataFrame()
     return Run(path="x", config={"warmup": 1, "strategy": "ddp"}, resolved={"backend": backend, "world_size": 2},
                status={}, steps=empty, baseline_steps=empty, buckets=pd.DataFrame(buckets), collectives=empty,
@@ -201,7 +201,7 @@ def test_ddp_run_records_ddp_timer_beside_its_own(tiny_run):
 def test_crosscheck_does_not_compare_durations_on_one_nccl_rank():
     """One NCCL rank reduces nothing and launches no kernel: NCCL's duration is ~0 there, so a relative
     difference against it means nothing and is not computed."""
-    from dtlab.results import Run
+    from dtlab.results.run import Run
     import pandas as pd
     cols = ["rank", "step", "bucket", "nbytes", "t_ready", "t_start", "t_end", "backend_ms"]
     run = _run_with([dict(zip(cols, (0, 1, 0, 8, 0.0, 0.0, 1e-3, 1e-5)))], [])
@@ -301,7 +301,7 @@ def test_ddp_hook_on_gloo_cuda_times_buckets_on_the_ranks_gpu(monkeypatch):
 
 def test_emulated_nodes_run_gloo():
     """Nodes emulated on one machine share its GPUs and talk over gloo's sockets (the emulated link)."""
-    from dtlab.emulate import Emulation
+    from dtlab.launching.emulate import Emulation
     em = Emulation(2)
     assert em.prepare(dtlab.RunConfig(nproc=1, out="/tmp/x"), "runs/x").backend == "gloo"
     assert em.prepare(dtlab.RunConfig(nproc=1, backend="nccl", out="/tmp/x"), "runs/x").backend == "nccl"

@@ -1,4 +1,4 @@
-"""Strategy 'ps' (reduce to rank 0 + broadcast, dtlab.rank.ps) against DDP's ring all-reduce: the same training,
+"""Strategy 'ps' (reduce to rank 0 + broadcast, dtlab.rank.strategies.ps) against DDP's ring all-reduce: the same training,
 bytes conserved, the transport's arithmetic and order on 2 and 3 gloo ranks, and the measured shapes in n and p."""
 
 import json
@@ -19,7 +19,7 @@ def _transport_rank(rank, world, store, out, sizes):
     import torch
     import torch.distributed as dist
 
-    from dtlab.rank.ps import OrderedThreadPS
+    from dtlab.rank.strategies.ps import OrderedThreadPS
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     ps = OrderedThreadPS(world, torch.device("cpu"))
     issued = []
@@ -93,7 +93,7 @@ def test_ps_bad_combinations_refused_by_name(changes, needle):
 
 
 def test_calibration_group_sizes_checked_and_sizes_rounded_for_every_group():
-    from dtlab.calibration import CalibConfig
+    from dtlab.config.calibration import CalibConfig
     for bad in ((2, 5), (1, 2), ("two",), ()):
         with pytest.raises(ValueError, match="group_sizes must be"):
             CalibConfig(nproc=4, group_sizes=bad).validate(cuda_device_count=0)

@@ -1,4 +1,4 @@
-"""dtlab.course.replay on hand-made run directories: the recorded machine, matching a config, and a clear
+"""dtlab.launching.replay on hand-made run directories: the recorded machine, matching a config, and a clear
 error when the submission lacks the run a notebook asks for (no launch happens in replay mode)."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 import dtlab
-from dtlab.config import tiny
-from dtlab.course import replay
-from dtlab.labs import lab_config, quick_mode
+from dtlab.config.run import tiny
+from dtlab.launching import replay
+from dtlab.course.labs import lab_config, quick_mode
 
 
 def _record(root, name, cfg, quick, gpus, t, state="finished"):

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from dtlab.results import _union_length, load_run
+from dtlab.intervals import frame_union_length
+from dtlab.results.run import load_run
 
 
 def write_run(tmp_path, events_by_rank, config=None, torn_tail=False, state="finished"):
@@ -38,7 +39,7 @@ def bucket(rank, s, i, nbytes, ready, start, end):
 def test_union_length_counts_overlaps_once():
     import pandas as pd
     df = pd.DataFrame({"t_start": [0.0, 1.0, 1.5, 5.0], "t_end": [2.0, 3.0, 2.5, 6.0]})
-    assert _union_length(df) == pytest.approx(3.0 + 1.0)
+    assert frame_union_length(df) == pytest.approx(3.0 + 1.0)
 
 
 def test_summary_by_hand(tmp_path):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dtlab.launching.handle import Handle
-from dtlab.results import RunFailed
+from dtlab.results.status import RunFailed
 
 
 def _run_dir(tmp_path, kinds_by_rank, exits):

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from dtlab import emulate
-from dtlab.cli import main
-from dtlab.emulate import Emulation, EmulationUnavailable, parse_rate, shaping_unavailable
+from dtlab.launching import emulate
+from dtlab.cli.main import main
+from dtlab.launching.emulate import Emulation, EmulationUnavailable, parse_rate, shaping_unavailable
 
 TINY = ["--model", "tiny", "--model-source", "random", "--data", "offline", "--steps", "3", "--warmup", "1"]
 

@@ -5,14 +5,14 @@ import pandas as pd
 import pytest
 
 import dtlab
-from dtlab.cli import main as cli_main
-from dtlab.config import tiny
-from dtlab.rank.straggle import Straggler, ddp_compute_s
-from dtlab.stragglers import Straggle, parse_straggler
+from dtlab.cli.main import main as cli_main
+from dtlab.config.run import tiny
+from dtlab.rank.stragglers import Straggler, ddp_compute_s
+from dtlab.config.stragglers import Straggle, parse_straggler
 from dtlab.viz.figures import bucket_timeline
 from dtlab.viz.report import write_report
 from dtlab.viz.straggler_plots import wait_per_step, who_waited
-from dtlab.waits import bucket_waits, rank_waits, run_waits, sync_step_model, wait_summary
+from dtlab.results.waits import bucket_waits, rank_waits, run_waits, sync_step_model, wait_summary
 
 
 # ---- the spec, refused by name before launch --------------------------------------------------------------

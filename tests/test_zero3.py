@@ -6,7 +6,7 @@ import os
 import pytest
 
 import dtlab
-from dtlab.results import read_events
+from dtlab.results.events import read_events
 
 pytest.importorskip("deepspeed")
 
@@ -179,8 +179,8 @@ def test_launch_refuses_bad_zero_config_before_starting(tmp_path):
 
 
 def test_ds_config_follows_zero_config():
-    from dtlab import ZeroConfig
-    from dtlab.rank.zero3.engine import ds_config
+    from dtlab.config.run import ZeroConfig
+    from dtlab.rank.strategies.zero3.engine import ds_config
     cfg = dtlab.tiny(strategy="zero3", zero=ZeroConfig(reduce_bucket_size=1234, stage3_max_reuse_distance=0,
                                                        stage3_prefetch_bucket_size=0, overlap_comm=False))
     z = ds_config(cfg, 2, hidden=768)["zero_optimization"]
@@ -192,8 +192,8 @@ def test_ds_config_follows_zero_config():
 
 
 def test_ds_config_auto_knobs_follow_the_hidden_size():
-    from dtlab import ZeroConfig
-    from dtlab.rank.zero3.engine import ds_config
+    from dtlab.config.run import ZeroConfig
+    from dtlab.rank.strategies.zero3.engine import ds_config
     cfg = dtlab.tiny(strategy="zero3")
     assert cfg.zero == ZeroConfig() and cfg.zero.reduce_bucket_size is None
     cfg.validate(cuda_device_count=0)  # None (auto) is a valid value

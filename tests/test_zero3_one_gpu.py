@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import dtlab
-from dtlab.calibration import CalibConfig
-from dtlab.labs import calibration_ranks, config_for, lab_parts
+from dtlab.config.calibration import CalibConfig
+from dtlab.course.labs import calibration_ranks, config_for, lab_parts
 
 OLD, NEW = "2.28.9", "2.30.1"  # torch 2.11's pinned NCCL; the first NCCL that lets 2 ranks share a GPU
 
@@ -66,7 +66,7 @@ def test_calibration_ranks_are_at_least_two():
 
 def test_deepspeed_gets_the_gpu_index_as_local_rank(monkeypatch):
     """DeepSpeed sets its device from LOCAL_RANK: torchrun's 1 on a one-GPU machine would ask for cuda:1."""
-    from dtlab.rank.zero3.engine import remap_local_rank
+    from dtlab.rank.strategies.zero3.engine import remap_local_rank
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.delenv("DTLAB_TORCHRUN_LOCAL_RANK", raising=False)
     p = dtlab.tiny(strategy="zero3", baseline_steps=0).placement(1, OLD)
@@ -81,7 +81,7 @@ def test_deepspeed_gets_the_gpu_index_as_local_rank(monkeypatch):
 
 def test_deepspeed_accelerator_follows_the_device_not_the_backend(monkeypatch):
     """gloo on CUDA tensors needs DeepSpeed's CUDA accelerator (its tensors live on the GPU)."""
-    from dtlab.rank.zero3 import engine
+    from dtlab.rank.strategies.zero3 import engine
     fake = types.ModuleType("deepspeed")
     monkeypatch.setitem(sys.modules, "deepspeed", fake)
     monkeypatch.setitem(sys.modules, "deepspeed.comm", types.ModuleType("deepspeed.comm"))
@@ -108,7 +108,7 @@ def _group_index(method: str) -> int:
 def test_group_sits_just_before_async_op_in_every_wrapped_method():
     """The recorder reads a collective's group at async_op's index - 1 (one owned end stream per group)."""
     pytest.importorskip("deepspeed")
-    from dtlab.rank.zero3.comm import _METHODS
+    from dtlab.rank.strategies.zero3.comm import _METHODS
     for method, (_, _, async_spec) in _METHODS.items():
         if async_spec is not None:
             assert _group_index(method) == async_spec[0] - 1, method
@@ -119,7 +119,7 @@ def test_nccl_collective_end_is_taken_on_an_owned_stream_per_group():
     made to wait on the CUDA future at issue, not on the pool stream a CUDA future's callback would get."""
     from fake_cuda import Clock, FakeCudaFuture, FakeTorch, make_owned
     from dtlab.rank.marks import Marks
-    from dtlab.rank.zero3.comm import CollectiveRecorder
+    from dtlab.rank.strategies.zero3.comm import CollectiveRecorder
 
     clock, calls = Clock(0.0), []
     fake = FakeTorch(clock)

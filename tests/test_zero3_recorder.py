@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from dtlab.model.prediction import replay_zero3
-from dtlab.rank.zero3.blocked import blocked_seconds
-from dtlab.rank.zero3.comm import _METHODS, CollectiveRecorder, _TimedWork
+from dtlab.rank.strategies.zero3.blocked import blocked_seconds
+from dtlab.rank.strategies.zero3.comm import _METHODS, CollectiveRecorder, _TimedWork
 
 SUM = "sum"
 
@@ -384,7 +384,7 @@ def _write_run(tmp_path, with_blocked=True):
                            "op": "reduce_scatter", "how": "blocking_call", "seq": 2 * step + 1,
                            "t_start": 0.6 + 0.1 * rank - blocked / 2, "t_end": 0.6 + 0.1 * rank})
         (d / "events" / f"rank{rank}.jsonl").write_text("\n".join(json.dumps(e) for e in ev) + "\n")
-    from dtlab.results import load_run
+    from dtlab.results.run import load_run
     return load_run(str(d))
 
 

@@ -16,7 +16,7 @@ def _records(df) -> list:
 def ddp_figures(run_dir: str) -> tuple[dict, bool]:
     """T_step, T_comp, T_comm, exposed, overlap (ms), bytes and buckets per step, the cross-checks, and how the
     times were taken (the placement's timing and the recorder's end stream)."""
-    from dtlab.results import load_run
+    from dtlab.results.run import load_run
 
     run = load_run(run_dir)
     summ = run.summary()
@@ -36,7 +36,7 @@ def ddp_figures(run_dir: str) -> tuple[dict, bool]:
 
 def zero3_figures(run_dir: str) -> tuple[dict, bool]:
     """Bytes per rank and step by phase and op, memory per rank, the summary, where the ranks ran."""
-    from dtlab.results import load_run
+    from dtlab.results.run import load_run
 
     run = load_run(run_dir)
     c = run.collectives[run.collectives["step"] >= run.warmup]
@@ -53,7 +53,7 @@ def zero3_figures(run_dir: str) -> tuple[dict, bool]:
 
 def calibration_figures(profile_dir: str) -> tuple[dict, bool]:
     """alpha (us, with its interval), the bandwidth 1/beta implies (GB/s), form and fit error, per op."""
-    from dtlab.model.profile import load_profile
+    from dtlab.results.calibration import load_profile
 
     prof = load_profile(profile_dir)
     figs = {op: {"alpha_us": f.alpha * 1e6, "alpha_ci_us": [a * 1e6 for a in f.alpha_ci],
@@ -65,9 +65,9 @@ def calibration_figures(profile_dir: str) -> tuple[dict, bool]:
 
 
 def lab04_plan() -> list:
-    """Where lab 04's launches place their ranks on this machine (dtlab.labs, quick mode as the runbook runs it)."""
-    from dtlab.labs import lab_parts
-    from dtlab.placement import machine_gpus
+    """Where lab 04's launches place their ranks on this machine (dtlab.course.labs, quick mode as the runbook runs it)."""
+    from dtlab.course.labs import lab_parts
+    from dtlab.config.placement import machine_gpus
 
     ngpu, nccl = machine_gpus()
     return lab_parts("04", ngpu, nccl, quick=True)
@@ -78,7 +78,7 @@ def lab_runs(where: str) -> list:
     import glob
     import os
 
-    from dtlab.results import load_run
+    from dtlab.results.run import load_run
 
     out = []
     for d in sorted(glob.glob(os.path.join(where, "runs", "*", "config.json"))):

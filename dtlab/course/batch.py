@@ -105,7 +105,7 @@ def _metadata_lab(nb_path: str) -> str | None:
 def _has_runs(directory: str | None) -> bool:
     if not directory:
         return False
-    from dtlab.course.replay import recorded_in
+    from dtlab.launching.replay import recorded_in
     return bool(recorded_in(directory))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 
-from dtlab.course.verdicts import Key, eval_expr, judge  # noqa: F401 - eval_expr re-exported (its old home)
+from dtlab.course.verdicts import Key, judge
 
 MIME = "application/vnd.dtlab.answer+json"
 PREFIX = "DTLAB-ANSWER "

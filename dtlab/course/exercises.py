@@ -1,7 +1,7 @@
 """Check a student's own distributed code from the notebook: `check_comm_hook(fn)`, `check_ring_allreduce(fn)`.
 
 The function's source goes to the ranks as RUN_DIR/student.py (dtlab.course.shipping); the ranks
-(dtlab.course.harness) check it on gloo with CPU tensors; this side reads their events back and returns an
+(dtlab.rank.harness) check it on gloo with CPU tensors; this side reads their events back and returns an
 `ExerciseResult`: one row per check, the numbers behind it, and a printed verdict that names the problem. When
 a rank raises, aborts or hangs, the verdict quotes its own log (dtlab.course.diagnose): the native message and
 the line of the student's function. A stub whose body only raises NotImplementedError is reported as "not
@@ -259,7 +259,8 @@ def ring_timings(samples, nproc: int, profile=None) -> pd.DataFrame:
     out = pd.DataFrame({"nbytes": slow.index, "ring_ms": slow["ring"].values * 1e3,
                         "all_reduce_ms": slow["all_reduce"].values * 1e3})
     if profile is not None:
-        from dtlab.model.profile import Profile, load_profile
+        from dtlab.model.profile import Profile
+        from dtlab.results.calibration import load_profile
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
         fit = prof.fits["all_reduce"]
         if fit.form != "ring":

@@ -28,7 +28,7 @@ import types
 
 from dtlab.course import integrity, recordings, rubric, verdicts
 
-PRELOAD = ("dtlab.results", "dtlab.calibration", "dtlab.labs", "dtlab.multinode", "dtlab.waits", "dtlab.emulate",
+PRELOAD = ("dtlab.results.run", "dtlab.launching.calibration", "dtlab.course.labs", "dtlab.config.nodes", "dtlab.results.waits", "dtlab.launching.emulate",
            "dtlab.model.whatif", "dtlab.model.costmodel", "dtlab.model.compression", "dtlab.model.hierarchy",
            "dtlab.model.checkpointing", "dtlab.course.exercises", "dtlab.course.checks")
 # modules a lab 8 function may name (imported for it by the ranks that run it)

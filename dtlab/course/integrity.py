@@ -58,9 +58,9 @@ def _time_order(run_dir: str, launch_time) -> list[str]:
 
 
 def _field_diff(want: dict, got: dict, defaults: dict | None) -> list[str]:
-    from dtlab.course.replay import RUN_SPECIFIC, _field_same
+    from dtlab.launching.replay import RUN_SPECIFIC, field_same
     return [f"{k}: the lab's {v!r}, recorded {got.get(k)!r}" for k, v in want.items()
-            if k not in RUN_SPECIFIC and not _field_same(k, v, got, defaults)]
+            if k not in RUN_SPECIFIC and not field_same(k, v, got, defaults)]
 
 
 def run_problems(run, want: dict | None = None, defaults: dict | None = None) -> list[str]:
@@ -142,8 +142,8 @@ def _timing_problems(run) -> list[str]:
 
 def calibration_problems(run_dir: str, want: dict | None = None) -> list[str]:
     """What is inconsistent in a calibration directory (see the module's docstring); [] when nothing."""
-    from dtlab.calibration import samples_frame
-    from dtlab.course.replay import status_of
+    from dtlab.results.calibration import samples_frame
+    from dtlab.launching.replay import status_of
     with open(os.path.join(run_dir, "config.json")) as f:
         doc = json.load(f)
     cal = doc.get("calibration", {})
@@ -196,7 +196,7 @@ def check_cells(nb: dict) -> list[dict]:
     return out
 
 
-TOUCHES_CHECKS = r"dtlab\.course\.checks|_dtlab_answers|\bRECORDED\b|\bcheck(_number|_choice|_formula)?\("
+TOUCHES_CHECKS = r"dtlab\.course\.checks|_dtlab_answers|\bRECORDED\b|\bcheck(_number|choice|_formula)?\("
 
 
 def cell_flags(distributed: list[dict], nb: dict) -> list[str]:

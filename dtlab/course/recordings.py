@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from dtlab.course import replay
+from dtlab.launching import replay
 
 
 class SourceProblem(Exception):
@@ -53,13 +53,13 @@ class Recordings:
     @property
     def quick(self) -> bool:
         """Quick mode for the lab configs: the recordings' mode when replaying, else True."""
-        from dtlab.labs import quick_mode
+        from dtlab.course.labs import quick_mode
         with self._context():
             return quick_mode()
 
     def lab_config(self, **overrides):
-        """dtlab.labs.lab_config(**overrides) for the machine the recordings were made on."""
-        from dtlab.labs import lab_config
+        """dtlab.course.labs.lab_config(**overrides) for the machine the recordings were made on."""
+        from dtlab.course.labs import lab_config
         with self._context():
             return lab_config(**overrides)
 
@@ -73,7 +73,7 @@ class Recordings:
     def run(self, cfg, what: str):
         """The newest finished run of `cfg` (a RunConfig; `out` ignored), checked and loaded."""
         from dtlab.course.integrity import run_problems
-        from dtlab.results import load_run
+        from dtlab.results.run import load_run
         fields, defaults = cfg.to_dict(), type(cfg)().to_dict()
         d = self._find("config", fields, defaults, what)
         if d not in self._cache:
@@ -92,7 +92,7 @@ class Recordings:
 
     def calibration(self, fields: dict, what: str):
         """The newest finished calibration with these `fields`, checked and fitted again from its samples."""
-        from dtlab.calibration import load_calibration
+        from dtlab.results.calibration import load_calibration
         d = self.calib_dir(fields, what)
         if d not in self._cache:
             self._cache[d] = load_calibration(d)

@@ -3,7 +3,7 @@
 Ranks cannot see notebook globals, so the function's source (`inspect.getsource`) is written into the check's
 run directory as RUN_DIR/student.py, after an import line for every module the function names (torch, dist,
 math, ...), and config.json records where its `def` is (in student.py and in the notebook cell) so a verdict
-can quote the line a rank failed at. The ranks (dtlab.course.harness) start through dtlab's launcher like any
+can quote the line a rank failed at. The ranks (dtlab.rank.harness) start through dtlab's launcher like any
 run, watched by a stall limit of seconds (not the start-up allowance of a training run): a deadlocked ring is
 reported as a hang quickly.
 """
@@ -19,10 +19,11 @@ import textwrap
 import time
 import types
 
-from dtlab.config import dump_json
+from dtlab.runfiles import dump_json
 from dtlab.launching.handle import Handle
-from dtlab.launching.torchrun import _write_status, prepare_dir, start_torchrun, unique_dir
-from dtlab.results import RunFailed, read_events
+from dtlab.launching.torchrun import write_status, prepare_dir, start_torchrun, unique_dir
+from dtlab.results.status import RunFailed
+from dtlab.results.events import read_events
 
 
 def not_implemented(fn) -> bool:
@@ -92,8 +93,8 @@ def launch_check(kind: str, fn, nproc: int, params: dict, out, timeout_s: float,
                   written_in="its cell" if in_cell else os.path.basename(code.co_filename))
     dump_json({"exercise": {"kind": kind, "name": fn.__name__, "nproc": nproc, **params},
                "launch": {"time": time.time(), "backend": "gloo"}}, os.path.join(out, "config.json"))
-    proc = start_torchrun(out, nproc, "dtlab.course.harness", gloo_threads=True)
-    _write_status(out, "running", pid=proc.pid, started=time.time())
+    proc = start_torchrun(out, nproc, "dtlab.rank.harness", gloo_threads=True)
+    write_status(out, "running", pid=proc.pid, started=time.time())
     handle = _ExerciseHandle(out, proc, nproc, 1, timeout_s, f"exercise {kind} x{nproc} (gloo)", loader=_events,
                              unit="check", stall_s=stall_s)
     said = io.StringIO()

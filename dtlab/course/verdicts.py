@@ -55,11 +55,11 @@ class Key:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
-        if self.kind == "number" and not _finite(self.expected):
+        if self.kind == "number" and not finite(self.expected):
             raise ValueError(f"{self.qid}: expected must be a finite number, got {self.expected!r}")
 
 
-def _finite(x) -> bool:
+def finite(x) -> bool:
     try:
         return math.isfinite(float(x))
     except (TypeError, ValueError):
@@ -68,7 +68,7 @@ def _finite(x) -> bool:
 
 def fmt(x, unit: str = "") -> str:
     """A number as a verdict writes it: thousands separators for large values, 4 significant digits otherwise."""
-    if isinstance(x, bool) or not _finite(x):
+    if isinstance(x, bool) or not finite(x):
         s = str(x)
     elif isinstance(x, int) or float(x) == int(float(x)) and abs(float(x)) >= 1e4:
         s = f"{int(float(x)):,}"

@@ -1,12 +1,12 @@
 """Why a run failed: the rank that caused it, the ranks that only followed, and the RunFailed that says so.
 
-- `_failure(state, run_dir, run, stall)`: the RunFailed for a run that ended in `state`. For a failed run the
+- `run_failure(state, run_dir, run, stall)`: the RunFailed for a run that ended in `state`. For a failed run the
   culprit is chosen from RUN_DIR/exits.json (torchrun's exit code / signal per rank) and the ranks' own error
   events: a rank that died without recording an error beats one that raised, which beats one SIGTERMed by
   torchrun, which beats one that only lost its peer. The others are reported as consequences, with the
   culprit's log tail.
-- `_stall_failure` / `_stall_sentence`: the report for a run the watchdog stopped (see dtlab.launching.watchdog).
-- `_where`: where a rank had got to, from its events (shared with the watchdog).
+- `_stall_failure` / `stall_sentence`: the report for a run the watchdog stopped (see dtlab.launching.watchdog).
+- `progress_of`: where a rank had got to, from its events (shared with the watchdog).
 - Multi-node jobs: every node's exit records (nodes/node{k}.exits.json) are read, so a node whose ranks only
   lost their peer names the rank that died on another node; ranks are labelled with their node and host; a
   failed rendezvous is reported by dtlab.launching.nodes.rendezvous_sentence (endpoint, missing nodes).
@@ -20,15 +20,16 @@ import os
 import re
 
 from dtlab.launching.nodes import rendezvous_sentence
-from dtlab.launching.torchrun import _tail
-from dtlab.restarts import attempt_of, final_attempt_events
-from dtlab.results import RunFailed, read_events
+from dtlab.launching.torchrun import log_tail
+from dtlab.results.restarts import attempt_of, final_attempt_events
+from dtlab.results.status import RunFailed
+from dtlab.results.events import read_events
 from dtlab.runfiles import RANK_EXIT_DISK_FULL, disk_sentence, looks_full
 
 PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mean "this rank is stepping"
 
 
-def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None, disk=None) -> RunFailed:
+def run_failure(state: str, run_dir: str, run, stall: dict | None = None, node=None, disk=None) -> RunFailed:
     """Build the RunFailed for a run that ended in `state`, naming the rank that caused it (`node`: the
     dtlab.launching.nodes.NodeLaunch of the node reporting, for its rendezvous and its own torchrun log; `disk`:
     the DiskFull the launcher met writing the end state)."""
@@ -44,7 +45,7 @@ def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None
     rdzv = rendezvous_sentence(node) if node is not None and state == "failed" else None
     log = node.log_path() if node is not None else os.path.join(run_dir, "logs", "torchrun.log")
     if rdzv:
-        tail = _tail(log)
+        tail = log_tail(log)
         return RunFailed(f"{rdzv} Run directory: {run_dir}\n--- {os.path.relpath(log, run_dir)} (last lines) ---\n"
                          f"{tail}", error="rendezvous failed: " + rdzv, traceback_tail=tail, run_dir=run_dir,
                          run=run, state=state, log_tail=tail)
@@ -59,7 +60,7 @@ def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None
         if others:
             cons = " As a consequence: " + "; ".join(f"rank {o['rank']}{o['on']} {_how(o, short=True)}"
                                                      for o in others) + "."
-        log_tail = _tail(os.path.join(run_dir, "logs", f"rank{r}.log"))
+        log_tail = log_tail(os.path.join(run_dir, "logs", f"rank{r}.log"))
         msg = (f"rank {r}{cause['on']} {how}{where}.{cons} Run directory: {run_dir}\n"
                f"--- logs/rank{r}.log (last lines) ---\n{log_tail or '(empty)'}")
         failed = RunFailed(msg, rank=r, error=cause.get("error") or how, traceback_tail=cause.get("traceback_tail", ""),
@@ -70,7 +71,7 @@ def _failure(state: str, run_dir: str, run, stall: dict | None = None, node=None
         # a rank here that only lost its peer (or was stopped): another node's watchdog may have stopped that peer
         remote = _stalled_elsewhere(node, frozen=False) if multi and cause["class"] >= 2 else None
         return _blame_remote(failed, remote) if remote else failed
-    tail = _tail(log)
+    tail = log_tail(log)
     what = {"timeout": "run timeout: timeout_s exceeded, every rank was stopped",
             "interrupted": "run interrupted: every rank was stopped",
             "stopped": "run stopped: every rank was stopped"}.get(state, f"run {state}: no rank recorded an error")
@@ -93,7 +94,7 @@ def _disk_failure(run_dir: str, run, disk) -> RunFailed | None:
         return None
     full = str(disk) if disk is not None else disk_sentence(run_dir)
     where = "; ".join(f"rank {o['rank']} {o['where']}" for o in _last_events(run_dir))
-    tail = _tail(os.path.join(run_dir, "logs", "torchrun.log"))
+    tail = log_tail(os.path.join(run_dir, "logs", "torchrun.log"))
     return RunFailed(f"disk full: {full}. Writing the run's records failed and every rank was stopped"
                      f"{' (' + where + ')' if where else ''}; what was recorded before loads with dtlab.load_run. "
                      f"Free space there, or choose another `out`. Run directory: {run_dir}",
@@ -105,8 +106,8 @@ def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:
     rows = {row["rank"]: row for row in stall["rows"]}
     named = stall["ranks"]
     first = rows[named[0]]
-    log_tail = _tail(os.path.join(run_dir, "logs", f"rank{named[0]}.log"), 30)
-    msg = (f"{_stall_sentence(stall)} Each rank's Python stack is in its log. Run directory: {run_dir}\n"
+    log_tail = log_tail(os.path.join(run_dir, "logs", f"rank{named[0]}.log"), 30)
+    msg = (f"{stall_sentence(stall)} Each rank's Python stack is in its log. Run directory: {run_dir}\n"
            f"--- logs/rank{named[0]}.log (last lines) ---\n{log_tail or '(empty)'}")
     return RunFailed(msg, rank=named[0], ranks=named, error=f"stalled: {first['where']}, silent {first['silent_s']:g} s",
                      traceback_tail=first["stack"], run_dir=run_dir, run=run, state="stalled",
@@ -120,7 +121,7 @@ def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:
 def _stalled_elsewhere(node, frozen: bool) -> dict | None:
     """Multi-node: the status of another node whose watchdog stopped the run (with `frozen`, only one that found
     a frozen rank): what held up, or cut off, this node's ranks. None if no node says so."""
-    from dtlab.multinode import node_statuses
+    from dtlab.results.status import node_statuses
     for slot, st in sorted(node_statuses(node.run_dir).items()):
         if slot != node.slot and st.get("state") == "stalled" and st.get("frozen_ranks" if frozen else "stalled_ranks"):
             return {"slot": slot, **st}
@@ -144,7 +145,7 @@ def _blame_remote(local: RunFailed, remote: dict) -> RunFailed:
                      + local.consequences)
 
 
-def _stall_sentence(stall: dict) -> str:
+def stall_sentence(stall: dict) -> str:
     rows = {row["rank"]: row for row in stall["rows"]}
     limit = (f"stall_s={stall['stall_s']:g} s" if stall["stall_s"] is not None
              else f"derived limit {stall['threshold_s']:g} s")
@@ -203,7 +204,7 @@ def _rank_outcomes(run_dir: str) -> list[dict]:
         ex, err = exits.get(r, {}), errors.get(r)
         code = ex.get("exitcode")
         sig = ex.get("signal") if isinstance(code, int) and code < 0 else None
-        o = {"rank": r, "exitcode": code, "signal": sig, "where": _where(last.get(r)), "on": _on(last, r)}
+        o = {"rank": r, "exitcode": code, "signal": sig, "where": progress_of(last.get(r)), "on": _on(last, r)}
         if err is not None:
             o.update(error=err.get("error", ""), time=float(err.get("time") or 0),
                      traceback_tail="\n".join(err.get("traceback", "").strip().splitlines()[-12:]),
@@ -225,7 +226,7 @@ def _on(last: dict, rank: int) -> str:
     return f" (node {starts[rank].get('node')}, host {starts[rank].get('host')})"
 
 
-def _crashed_after_done(run_dir: str, ranks) -> str | None:
+def crashed_after_done(run_dir: str, ranks) -> str | None:
     """A sentence naming the ranks that exited badly after recording `done` (a crash in process-group or
     interpreter shutdown, e.g. a backend thread aborting), when every one of `ranks` (an int n: ranks 0..n-1)
     recorded `done` and no rank recorded an error; None otherwise (the run really failed)."""
@@ -268,7 +269,7 @@ def _how(o: dict, short: bool = False) -> str:
             f"event file opened; see its log)")
 
 
-def _where(events: list | None) -> str:
+def progress_of(events: list | None) -> str:
     """Where a rank had got to, from its events: the last step it recorded (or that it had none yet)."""
     if not events:
         return ""
@@ -282,7 +283,7 @@ def _where(events: list | None) -> str:
 
 
 def _final_attempt(run_dir: str) -> list[list[dict]]:
-    """Each rank's events of the run's last attempt (torchrun restarts the group: dtlab.restarts): what torchrun's
+    """Each rank's events of the run's last attempt (torchrun restarts the group: dtlab.results.restarts): what torchrun's
     exit record (exits.json) describes. Without restarts, all of them."""
     per_rank = [read_events(p) for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))]
     last = max((attempt_of(e) for evs in per_rank for e in evs), default=0)
@@ -293,5 +294,5 @@ def _last_events(run_dir: str) -> list[dict]:
     out = []
     for evs in _final_attempt(run_dir):
         if evs and "rank" in evs[0]:
-            out.append({"rank": evs[0]["rank"], "where": _where(evs)})
+            out.append({"rank": evs[0]["rank"], "where": progress_of(evs)})
     return out

@@ -3,7 +3,7 @@
 - `Handle`: `status()`, `wait()` (progress bar, timeout, the stall watchdog of dtlab.launching.watchdog, and
   RunFailed from dtlab.launching.failures when the run did not finish), `stop()`, `result()`, `rank_pids()`.
   Every rank PID of the run is gone before `wait()` or `stop()` returns. On one node of a multi-node job
-  (dtlab.multinode) a Handle watches, stops and reports that node's ranks (found by their slot); its failure
+  (dtlab.config.nodes) a Handle watches, stops and reports that node's ranks (found by their slot); its failure
   report still names a culprit on another node, from the files that node's launcher left in the shared run directory.
 - `_LIVE` and `_stop_all`: every running handle is stopped when the Python process exits (registered with atexit
   once, when this module is first imported).
@@ -18,13 +18,14 @@ import subprocess
 import sys
 import time
 
-from dtlab.config import RunConfig, dump_json
-from dtlab.launching.failures import _crashed_after_done, _failure
+from dtlab.config.run import RunConfig
+from dtlab.runfiles import dump_json
+from dtlab.launching.failures import crashed_after_done, run_failure
 from dtlab.launching.nodes import NodeLaunch, NodeSpec, start_job, wait_for_nodes
-from dtlab.launching.torchrun import (_is_rank_of, _kill, _rank_processes, _signal_group, default_out,
-                                      release_lifeline)
-from dtlab.launching.watchdog import StallWatch, _Feed
-from dtlab.results import Run, load_run, read_events
+from dtlab.launching.torchrun import is_rank_of, kill_pid, rank_processes, signal_group, default_out, release_lifeline
+from dtlab.launching.watchdog import StallWatch, RankFeed
+from dtlab.results.run import Run, load_run
+from dtlab.results.events import read_events
 from dtlab.runfiles import DiskFull, disk_sentence, looks_full
 
 _LIVE: "set[Handle]" = set()  # strong references: a handle dropped by the user must still be stopped at exit
@@ -48,7 +49,7 @@ class Handle(StallWatch):
         self._state = "running"
         self._stall: dict | None = None
         self._feeds = ([] if self.node.multi else
-                       [_Feed(r, os.path.join(run_dir, "events", f"rank{r}.jsonl"), self._t0) for r in range(nproc)])
+                       [RankFeed(r, os.path.join(run_dir, "events", f"rank{r}.jsonl"), self._t0) for r in range(nproc)])
         self._foreign: set[str] = set()  # event files of other nodes' ranks
         self._disk: DiskFull | None = None  # set when the run's end state could not be written: disk full
         _LIVE.add(self)
@@ -67,7 +68,7 @@ class Handle(StallWatch):
             if start is None:  # opened, first line not written yet
                 continue
             if start.get("slot") == self.node.slot:
-                self._feeds.append(_Feed(start["rank"], path, self._t0))
+                self._feeds.append(RankFeed(start["rank"], path, self._t0))
                 self._feeds.sort(key=lambda f: f.rank)
             else:
                 self._foreign.add(path)
@@ -80,7 +81,7 @@ class Handle(StallWatch):
                 self._finish("finished")
             else:
                 ranks = [f.rank for f in self._feeds] if self.node.multi else list(range(self.nproc))
-                late = _crashed_after_done(self.run_dir, ranks) if len(ranks) == self.nproc else None
+                late = crashed_after_done(self.run_dir, ranks) if len(ranks) == self.nproc else None
                 if late:  # every rank recorded `done`: the results are whole, only the shutdown crashed
                     print(f"dtlab: {late} Every rank had recorded `done`, so the run's results are complete.",
                           file=sys.stderr)
@@ -93,7 +94,7 @@ class Handle(StallWatch):
         self._state = state
         _LIVE.discard(self)
         release_lifeline(self.proc)
-        if self.max_restarts:  # how often torchrun restarted the group (dtlab.restarts), from every event written
+        if self.max_restarts:  # how often torchrun restarted the group (dtlab.results.restarts), from every event written
             self._follow(None)
             extra.setdefault("restarts", max((f.attempt for f in self._feeds), default=0))
         if looks_full(self.run_dir):
@@ -119,13 +120,13 @@ class Handle(StallWatch):
 
     def _terminate(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
+            signal_group(self.proc.pid, signal.SIGTERM)
             for pid in self.live_rank_pids():
-                _kill(pid, signal.SIGCONT)
+                kill_pid(pid, signal.SIGCONT)
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
-                _signal_group(self.proc.pid, signal.SIGKILL)
+                signal_group(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         release_lifeline(self.proc)
         deadline = time.monotonic() + 10.0
@@ -134,7 +135,7 @@ class Handle(StallWatch):
             if not live or time.monotonic() > deadline:
                 break
             for pid in live:
-                _kill(pid, signal.SIGKILL)
+                kill_pid(pid, signal.SIGKILL)
             time.sleep(0.02)
 
     def rank_pids(self) -> list[int]:
@@ -150,8 +151,8 @@ class Handle(StallWatch):
         """Rank processes of this run still alive: the recorded PIDs, plus any process started for this run
         directory that had not recorded itself yet (a rank still importing torch)."""
         slot = self.node.slot
-        pids = set(self.rank_pids()) | set(_rank_processes(self.run_dir, slot))
-        return sorted(p for p in pids if _is_rank_of(p, self.run_dir, slot))
+        pids = set(self.rank_pids()) | set(rank_processes(self.run_dir, slot))
+        return sorted(p for p in pids if is_rank_of(p, self.run_dir, slot))
 
     # ---- waiting ----------------------------------------------------------------------------------------
     def wait(self, progress: bool = True, poll_s: float = 0.2):
@@ -194,7 +195,7 @@ class Handle(StallWatch):
         except Exception:  # noqa: BLE001 - a failed job may not load; the events still name the cause
             partial = None
         state = "failed" if self._state == "finished" else self._state  # finished, but its record is not whole
-        raise _failure(state, self.run_dir, partial, self._stall, node=self.node, disk=self._disk)
+        raise run_failure(state, self.run_dir, partial, self._stall, node=self.node, disk=self._disk)
 
     def _follow(self, bar) -> None:
         """Read the new complete lines of every rank's events; rank 0's drive the progress bar."""
@@ -223,11 +224,11 @@ class Handle(StallWatch):
 def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
     """Validate `config` (fields, data file, machine), write the run directory and start the ranks; return
     at once with a `Handle`. Nothing is created or started when validation fails. When grading a submission
-    (DTLAB_REPLAY, see dtlab.course.replay), returns its recorded run instead, or raises ReplayMissing.
+    (DTLAB_REPLAY, see dtlab.launching.replay), returns its recorded run instead, or raises ReplayMissing.
 
-    With `nnodes` > 1 this starts this node's part of the job (see dtlab.multinode): call it on every node with
-    the same config; `node` says how to start this node's agent where the defaults do not fit (dtlab.emulate)."""
-    from dtlab.course import replay
+    With `nnodes` > 1 this starts this node's part of the job (see dtlab.config.nodes): call it on every node with
+    the same config; `node` says how to start this node's agent where the defaults do not fit (dtlab.launching.emulate)."""
+    from dtlab.launching import replay
     if replay.replay_root():  # grading a submission: load its recorded run, on whatever machine grades it
         return replay.Replayed(replay.require("config", config.to_dict(), type(config)().to_dict()), load_run)
     cfg = config.validate()
@@ -245,7 +246,7 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
 
 def launch_facts() -> dict:
     """What a replay needs to rebuild a lab's configs on another machine: quick mode and the GPU count."""
-    from dtlab.placement import device_count
+    from dtlab.config.placement import device_count
     return {"quick": os.environ.get("DTLAB_QUICK", "0") == "1", "gpus": device_count()}
 
 

@@ -1,7 +1,7 @@
 """One node's part of a job: claiming the (shared) run directory, starting this node's torchrun agent, and
-saying which node is missing when the rendezvous fails. The fields and the file layout are dtlab.multinode's.
+saying which node is missing when the rendezvous fails. The fields and the file layout are dtlab.config.nodes's.
 
-- `NodeSpec`: how this node's agent is started where dtlab.emulate needs more than the defaults (a command
+- `NodeSpec`: how this node's agent is started where dtlab.launching.emulate needs more than the defaults (a command
   prefix such as `ip netns exec NS`, extra environment, the address other nodes reach it at, whether it hosts
   the rendezvous store).
 - `NodeLaunch`: what the agent and the Handle need (run directory, slot, rendezvous), and where this node's
@@ -24,12 +24,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from dtlab.config import dump_json
-from dtlab.launching.torchrun import (_signal_group, _write_status, check_omp_threads, prepare_dir, release_lifeline,
-                                      start_torchrun)
-from dtlab.liveness import identity
-from dtlab.multinode import is_loopback, node_statuses, parse_endpoint
-from dtlab.results import RunFailed
+from dtlab.runfiles import dump_json
+from dtlab.launching.torchrun import signal_group, write_status, check_omp_threads, prepare_dir, release_lifeline, start_torchrun
+from dtlab.results.liveness import identity
+from dtlab.config.nodes import is_loopback, parse_endpoint
+from dtlab.results.status import node_statuses
+from dtlab.results.status import RunFailed
 from dtlab.runfiles import DiskFull
 
 CONFIG_WAIT_S = 60.0  # how long a joining node waits for slot 0 to write config.json
@@ -122,9 +122,9 @@ def start_job(cfg, key: str, body: dict, facts: dict, module: str, gloo_threads:
             dump_json({"state": "running", "pid": proc.pid, "started": time.time(), "agent": identity(proc.pid),
                        "launcher": identity(os.getpid())}, node.path("status"))
         else:
-            _write_status(out, "running", pid=proc.pid, started=time.time())
+            write_status(out, "running", pid=proc.pid, started=time.time())
     except DiskFull as e:  # nothing could say the run is running: stop it before it writes anything more
-        _signal_group(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
         release_lifeline(proc)
         raise _disk_full_at_launch(e, out, started=True) from None

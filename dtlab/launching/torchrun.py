@@ -1,14 +1,14 @@
 """Starting torchrun and the processes it owns: run directories, the agent shim, finding and signalling PIDs.
 
 - Run directories: `unique_dir` / `default_out` pick a fresh one, `prepare_dir` claims it (mkdir of events/),
-  `_write_status` writes status.json.
+  `write_status` writes status.json.
 - `start_torchrun`: torchrun's agent in its own session through a shim that dies with the launching process
   (whichever thread started it; `release_lifeline` once it exited) and writes what torchrun knows of each
   failed rank to RUN_DIR/exits.json (and a failed rendezvous to rendezvous.json); c10d rendezvous on
   127.0.0.1 port 0, or one node's part of a multi-node job (dtlab.launching.nodes: per-node file names, the
   shared endpoint, DTLAB_NODE_SLOT in the ranks' environment).
 - Processes: the ranks of a run found by their command line in /proc, their kernel state, signals to a PID or a
-  process group, and small log readers (`_size`, `_read_from`, `_tail`).
+  process group, and small log readers (`file_size`, `read_from`, `log_tail`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ import sys
 import time
 import uuid
 
-from dtlab.config import RunConfig, dump_json
-from dtlab.liveness import identity
+from dtlab.config.run import RunConfig
+from dtlab.runfiles import dump_json
+from dtlab.results.liveness import identity
 
-RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.course.harness")
+RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.rank.harness")
 
 
 def free_port() -> int:
     """A TCP port free on loopback right now. Racy by nature (someone may take it before it is used): a
-    single-node launch never uses it (port 0 rendezvous); emulated nodes on loopback (dtlab.emulate) must agree
+    single-node launch never uses it (port 0 rendezvous); emulated nodes on loopback (dtlab.launching.emulate) must agree
     on a port before any of them binds it, so they take one from here."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -68,9 +69,9 @@ def prepare_dir(out: str) -> str:
     return out
 
 
-def _write_status(run_dir: str, state: str, **fields) -> None:
+def write_status(run_dir: str, state: str, **fields) -> None:
     """Write status.json. A 'running' status with the agent's `pid` also records who to check later: the agent
-    and this launching process, each by pid, start time, host and boot (dtlab.liveness)."""
+    and this launching process, each by pid, start time, host and boot (dtlab.results.liveness)."""
     if state == "running" and isinstance(fields.get("pid"), int):
         fields.setdefault("agent", identity(fields["pid"]))
         fields.setdefault("launcher", identity(os.getpid()))
@@ -203,7 +204,7 @@ def _argv(pid: int) -> list[bytes]:
         return []
 
 
-def _is_rank_of(pid: int, run_dir: str, slot: int | None = None) -> bool:
+def is_rank_of(pid: int, run_dir: str, slot: int | None = None) -> bool:
     """True if `pid` is alive and is a rank started for `run_dir`: its arguments include the run directory
     itself (not merely a path that starts with it) and a dtlab rank module. Never a reused PID. With `slot`,
     only a rank of that node of a multi-node job (two emulated nodes share one machine's process table)."""
@@ -219,16 +220,16 @@ def _is_rank_of(pid: int, run_dir: str, slot: int | None = None) -> bool:
     return ok
 
 
-def _rank_processes(run_dir: str, slot: int | None = None) -> list[int]:
+def rank_processes(run_dir: str, slot: int | None = None) -> list[int]:
     """Every live rank process of `run_dir` (of node `slot` only, when given), found in /proc."""
     pids = []
     for name in os.listdir("/proc"):
-        if name.isdigit() and _is_rank_of(int(name), run_dir, slot):
+        if name.isdigit() and is_rank_of(int(name), run_dir, slot):
             pids.append(int(name))
     return pids
 
 
-def _proc_state(pid: int | None) -> str | None:
+def proc_state(pid: int | None) -> str | None:
     """The kernel's one-letter state of a process (R, S, D, T stopped, Z zombie, ...), None if gone."""
     if pid is None:
         return None
@@ -239,7 +240,7 @@ def _proc_state(pid: int | None) -> str | None:
         return None
 
 
-def _kill(pid: int | None, sig: int) -> None:
+def kill_pid(pid: int | None, sig: int) -> None:
     if pid is None:
         return
     try:
@@ -248,7 +249,7 @@ def _kill(pid: int | None, sig: int) -> None:
         pass
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(os.getpgid(pid), sig)
     except (ProcessLookupError, PermissionError):
@@ -256,14 +257,14 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 # ---- logs -------------------------------------------------------------------------------------------------
-def _size(path: str) -> int:
+def file_size(path: str) -> int:
     try:
         return os.path.getsize(path)
     except OSError:
         return 0
 
 
-def _read_from(path: str, offset: int) -> str:
+def read_from(path: str, offset: int) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -272,7 +273,7 @@ def _read_from(path: str, offset: int) -> str:
         return ""
 
 
-def _tail(path: str, n: int = 12) -> str:
+def log_tail(path: str, n: int = 12) -> str:
     if not os.path.exists(path):
         return ""
     with open(path, errors="replace") as f:

@@ -1,6 +1,6 @@
 """The watchdog in `Handle.wait()`: follow every rank's event file, catch a rank that goes silent, get its stack.
 
-- `_Feed`: what the launcher has seen of one rank (its events read incrementally, when it last spoke).
+- `RankFeed`: what the launcher has seen of one rank (its events read incrementally, when it last spoke).
 - `StallWatch`: the mixin Handle inherits. `stall_threshold` says how long a rank may be silent; `_watch` finds
   the ranks past it; `_on_stall` names the culprit(s) (a frozen rank, else the ranks behind the others, else all
   that went silent), asks every live rank for its Python stacks (SIGUSR1 to faulthandler, SIGCONT to a frozen
@@ -16,9 +16,9 @@ import signal
 import statistics
 import time
 
-from dtlab.events import check_event, parse_line
-from dtlab.launching.failures import PROGRESS_KINDS, _stall_sentence, _where
-from dtlab.launching.torchrun import _kill, _proc_state, _read_from, _size
+from dtlab.results.events import check_event, parse_line
+from dtlab.launching.failures import PROGRESS_KINDS, stall_sentence, progress_of
+from dtlab.launching.torchrun import kill_pid, proc_state, read_from, file_size
 
 # The watchdog's defaults (RunConfig.stall_s = None). Before its first step a rank imports torch, joins the
 # rendezvous, builds (or downloads) the model, tokenises its data and, under ZeRO-3, builds DeepSpeed's engine:
@@ -29,7 +29,7 @@ STALL_STEPS = 10  # derived stall_s = max(MIN_STALL_S, STALL_STEPS x the median 
 STACK_WAIT_S = 3.0  # how long a stall waits for the ranks' stack dumps to land in their logs
 
 
-class _Feed:
+class RankFeed:
     """What the launcher has seen of one rank: its event file read incrementally, and when it last spoke."""
 
     def __init__(self, rank: int, path: str, now: float):
@@ -57,7 +57,7 @@ class _Feed:
         for line in lines:
             ev, why = parse_line(line)
             if why is not None or check_event(ev, self.rank) is not None:
-                continue  # damaged: skipped here as by every reader (dtlab.events); load_run reports it
+                continue  # damaged: skipped here as by every reader (dtlab.results.events); load_run reports it
             events.append(ev)
             kind = ev.get("kind")
             self.last = ev
@@ -79,7 +79,7 @@ class _Feed:
     def where(self) -> str:
         if not self.last:
             return "no event yet"
-        return _where(self.progress_events + [self.last] if self.progress_events else [self.last])
+        return progress_of(self.progress_events + [self.last] if self.progress_events else [self.last])
 
 
 class StallWatch:
@@ -122,14 +122,14 @@ class StallWatch:
             return
         for f in self._feeds:
             finished = f.last.get("kind") == "done"  # gone because it is done: nothing to restart
-            if f.pid is not None and not f.restarting and not finished and _proc_state(f.pid) in (None, "Z", "X"):
+            if f.pid is not None and not f.restarting and not finished and proc_state(f.pid) in (None, "Z", "X"):
                 f.restarting, f.ended, f.progress, f.progress_events, f.last_seen = True, False, 0, [], now
 
     def _on_stall(self, over: list) -> None:
         """Name the stalled rank(s), get every live rank's Python stack into its log, stop the run."""
         now = time.monotonic()
         watched = [f for f in self._feeds if not f.ended]
-        states = {f.rank: _proc_state(f.pid) for f in watched}
+        states = {f.rank: proc_state(f.pid) for f in watched}
         frozen = [f for f in watched if states[f.rank] in ("T", "t")]
         lowest = min(f.progress for f in watched)
         behind = [f for f in watched if f.progress == lowest]
@@ -151,7 +151,7 @@ class StallWatch:
         threshold = self.stall_threshold(max(f.progress for f in culprits) > 0)
         self._stall = {"ranks": [f.rank for f in culprits], "why": why, "threshold_s": threshold,
                        "stall_s": self.stall_s, "rows": rows}
-        self._end("stalled", error=_stall_sentence(self._stall),
+        self._end("stalled", error=stall_sentence(self._stall),
                   stalled_ranks=self._stall["ranks"], frozen_ranks=[f.rank for f in frozen],
                   silent_s={str(k): v for k, v in silent.items()})
 
@@ -160,11 +160,11 @@ class StallWatch:
         frozen ones: the pending SIGUSR1 is delivered as soon as they resume, before they run another line,
         so the stack shows where they were frozen. Returns {rank: the text that landed in its log}."""
         logs = {f.rank: os.path.join(self.run_dir, "logs", f"rank{f.rank}.log") for f in feeds}
-        size = {r: _size(p) for r, p in logs.items()}
+        size = {r: file_size(p) for r, p in logs.items()}
         for f in feeds:
-            _kill(f.pid, signal.SIGUSR1)
+            kill_pid(f.pid, signal.SIGUSR1)
         for pid in resume:
-            _kill(pid, signal.SIGCONT)
+            kill_pid(pid, signal.SIGCONT)
         prev: dict[int, str] = {}
         done: dict[int, str] = {}
         deadline = time.monotonic() + STACK_WAIT_S
@@ -173,7 +173,7 @@ class StallWatch:
             for r, p in logs.items():
                 if r in done:
                     continue
-                text = _read_from(p, size[r])
+                text = read_from(p, size[r])
                 if "(most recent call first)" in text and text == prev.get(r):  # stopped growing: complete
                     done[r] = text
                 prev[r] = text

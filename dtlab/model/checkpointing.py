@@ -14,7 +14,7 @@ order estimate of the optimum checkpoint interval for restart dumps", Future Gen
 otherwise; the two agree while C << M.
 
 `measured_costs(run)` reads C, the checkpoint size, t_step and what a restart really cost from a recorded run
-(dtlab.restarts); `checkpoint_tradeoff` tabulates the trade-off for a few N.
+(dtlab.results.restarts); `checkpoint_tradeoff` tabulates the trade-off for a few N.
 """
 
 from __future__ import annotations

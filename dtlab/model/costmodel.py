@@ -54,7 +54,7 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather", "ps")
 FORMS = ("textbook", "ring")
 
 
-def _out(x):
+def scalar_or_array(x):
     """Return a Python float for 0-d results, else the ndarray unchanged."""
     x = np.asarray(x, dtype=float)
     return float(x) if x.ndim == 0 else x
@@ -67,7 +67,7 @@ def _check_nproc(nproc) -> np.ndarray:
     return p
 
 
-def _check_nbytes(nbytes) -> np.ndarray:
+def check_nbytes(nbytes) -> np.ndarray:
     n = np.asarray(nbytes, dtype=float)
     if np.any(~np.isfinite(n)) or np.any(n < 0):
         raise ValueError(f"nbytes must be finite and >= 0 (bytes), got {nbytes!r}")
@@ -104,9 +104,9 @@ def textbook_zero3(alpha, beta, nbytes, nproc):
     Returns 0 for p = 1.
     """
     p = _check_nproc(nproc)
-    n = _check_nbytes(nbytes)
+    n = check_nbytes(nbytes)
     a, b = coefficients("all_reduce", "textbook", p)
-    return _out(alpha * a + 2.0 * beta * b * n)
+    return scalar_or_array(alpha * a + 2.0 * beta * b * n)
 
 
 def parameter_server(alpha, beta, nbytes, nproc):
@@ -152,7 +152,7 @@ def textbook_compressed_allreduce(alpha, beta, nbytes, nproc, ratio):
     r = np.asarray(ratio, dtype=float)
     if np.any(~np.isfinite(r)) or np.any(r <= 0):
         raise ValueError(f"ratio must be > 0 (compressed bytes / original bytes), got {ratio!r}")
-    return textbook_allreduce(alpha, beta, r * _check_nbytes(nbytes), nproc)
+    return textbook_allreduce(alpha, beta, r * check_nbytes(nbytes), nproc)
 
 
 # -------------------------------------------------------------------- ring
@@ -193,7 +193,7 @@ def coefficients(op: str, form: str, nproc):
     p = _check_nproc(nproc)
     if op == "ps":  # per worker (textbook) or at the server's link (ring family): see ps_server
         one = np.where(p > 1, 1.0, 0.0)
-        return (_out(one), _out(one)) if form == "textbook" else (_out(2.0 * one), _out(2.0 * (p - 1)))
+        return (scalar_or_array(one), scalar_or_array(one)) if form == "textbook" else (scalar_or_array(2.0 * one), scalar_or_array(2.0 * (p - 1)))
     if form == "ring":
         steps = 2.0 if op == "all_reduce" else 1.0
         a = steps * (p - 1)
@@ -203,7 +203,7 @@ def coefficients(op: str, form: str, nproc):
         # textbook n/p would leave a non-zero term at p = 1; force it to 0
         # so that a single process never "communicates".
         b = np.where(p > 1, 1.0 / p, 0.0)
-    return _out(a), _out(b)
+    return scalar_or_array(a), scalar_or_array(b)
 
 
 def collective_time(op: str, form: str, alpha, beta, nbytes, nproc):
@@ -214,18 +214,18 @@ def collective_time(op: str, form: str, alpha, beta, nbytes, nproc):
     alpha/beta are not sign-checked so that a fitted negative value can
     still be evaluated and inspected.
     """
-    n = _check_nbytes(nbytes)
+    n = check_nbytes(nbytes)
     a, b = coefficients(op, form, nproc)
-    return _out(np.asarray(alpha, dtype=float) * a + np.asarray(beta, dtype=float) * b * n)
+    return scalar_or_array(np.asarray(alpha, dtype=float) * a + np.asarray(beta, dtype=float) * b * n)
 
 
 def algbw(nbytes, seconds):
     """Algorithm bandwidth in bytes per second: nbytes / seconds."""
-    n = _check_nbytes(nbytes)
+    n = check_nbytes(nbytes)
     t = np.asarray(seconds, dtype=float)
     if np.any(~np.isfinite(t)) or np.any(t <= 0):
         raise ValueError(f"seconds must be finite and > 0, got {seconds!r}")
-    return _out(n / t)
+    return scalar_or_array(n / t)
 
 
 def busbw(op: str, nbytes, seconds, nproc):
@@ -239,7 +239,7 @@ def busbw(op: str, nbytes, seconds, nproc):
     _check_op(op)
     p = _check_nproc(nproc)
     factor = 2.0 * (p - 1) if op == "ps" else (2.0 if op == "all_reduce" else 1.0) * (p - 1) / p
-    return _out(np.asarray(algbw(nbytes, seconds)) * factor)
+    return scalar_or_array(np.asarray(algbw(nbytes, seconds)) * factor)
 
 
 def zero3_step_comm(form: str, alpha, beta, param_bytes, grad_bytes, nproc,
@@ -259,7 +259,7 @@ def zero3_step_comm(form: str, alpha, beta, param_bytes, grad_bytes, nproc,
     reduce-scatter and the latency only once.
     """
     _check_form(form)
-    p_bytes = _check_nbytes(param_bytes)
+    p_bytes = check_nbytes(param_bytes)
     pers = np.asarray(persistent_bytes, dtype=float)
     if np.any(pers < 0) or np.any(pers > p_bytes):
         raise ValueError(
@@ -268,4 +268,4 @@ def zero3_step_comm(form: str, alpha, beta, param_bytes, grad_bytes, nproc,
     ag = collective_time("all_gather", form, alpha, beta, gathered, nproc)
     rs = collective_time("reduce_scatter", form, alpha, beta, grad_bytes, nproc)
     return {"all_gather_fwd": ag, "all_gather_bwd": ag, "reduce_scatter": rs,
-            "total": _out(np.asarray(ag) * 2 + np.asarray(rs))}
+            "total": scalar_or_array(np.asarray(ag) * 2 + np.asarray(rs))}

@@ -85,7 +85,7 @@ class AlphaBetaFit:
         return cls(**d)
 
 
-def _check_samples(samples) -> None:
+def check_samples(samples) -> None:
     if not isinstance(samples, pd.DataFrame):
         raise ValueError(f"samples must be a pandas DataFrame, got {type(samples).__name__}")
     missing = [c for c in REQUIRED_COLUMNS if c not in samples.columns]
@@ -106,7 +106,7 @@ def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes
     when the free fit would make one negative: a latency-bound range, where time barely grows with size,
     then gets beta = 0 and a warning that says so. Intervals stay those of the free fit.
     """
-    _check_samples(samples)
+    check_samples(samples)
     costmodel.coefficients(op, form, 2)  # validates op and form with clear messages
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
@@ -205,7 +205,7 @@ def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segmen
     ascending."""
     import itertools
 
-    _check_samples(samples)
+    check_samples(samples)
     sub = samples[samples["op"] == op]
     sizes = np.sort(sub["nbytes"].unique())
     if min_bytes is not None:

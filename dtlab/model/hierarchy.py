@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dtlab.model.costmodel import _check_nbytes, _out
+from dtlab.model.costmodel import check_nbytes, scalar_or_array
 
 ALGORITHMS = ("flat", "hierarchical")
 
@@ -48,12 +48,12 @@ def flat_ring_allreduce(alpha_intra, beta_intra, alpha_inter, beta_inter, nbytes
     uniform signature)."""
     nodes, g = _check_levels(nodes, gpus_per_node)
     p = nodes * g
-    n = _check_nbytes(nbytes)
+    n = check_nbytes(nbytes)
     if p == 1:
-        return _out(np.zeros_like(n))
+        return scalar_or_array(np.zeros_like(n))
     intra = alpha_intra + beta_intra * n / p if g > 1 else np.zeros_like(n)
     inter = alpha_inter + beta_inter * n / p if nodes > 1 else np.zeros_like(n)
-    return _out(2 * (p - 1) * np.maximum(intra, inter))
+    return scalar_or_array(2 * (p - 1) * np.maximum(intra, inter))
 
 
 def hierarchical_allreduce(alpha_intra, beta_intra, alpha_inter, beta_inter, nbytes, nodes: int,
@@ -62,11 +62,11 @@ def hierarchical_allreduce(alpha_intra, beta_intra, alpha_inter, beta_inter, nby
     links), all-gather in the node (seconds)."""
     nodes, g = _check_levels(nodes, gpus_per_node)
     _, nics = _check_levels(1, nics_per_node)
-    n = _check_nbytes(nbytes)
+    n = check_nbytes(nbytes)
     intra = 2 * ((g - 1) * alpha_intra + (g - 1) / g * n * beta_intra)
     share = g / min(g, nics)  # each of the g concurrent rings gets min(1, nics/g) of a link
     inter = 2 * (nodes - 1) * alpha_inter + 2 * (nodes - 1) / nodes * (n / g) * beta_inter * share
-    return _out(intra + inter)
+    return scalar_or_array(intra + inter)
 
 
 def two_level_time(algorithm: str, alpha_intra, beta_intra, alpha_inter, beta_inter, nbytes, nodes: int,
@@ -82,14 +82,14 @@ def network_bytes_per_node(algorithm: str, nbytes, nodes: int, gpus_per_node: in
     """Bytes one node sends into the network per all-reduce: the flat ring's one boundary edge carries
     2(p-1)/p n; the hierarchical form's g shard rings 2(N-1)/N n/g each, 2(N-1)/N n in all."""
     nodes, g = _check_levels(nodes, gpus_per_node)
-    n = _check_nbytes(nbytes)
+    n = check_nbytes(nbytes)
     p = nodes * g
     if nodes == 1:
-        return _out(np.zeros_like(n))
+        return scalar_or_array(np.zeros_like(n))
     if algorithm == "flat":
-        return _out(2 * (p - 1) / p * n)
+        return scalar_or_array(2 * (p - 1) / p * n)
     if algorithm == "hierarchical":
-        return _out(2 * (nodes - 1) / nodes * n)
+        return scalar_or_array(2 * (nodes - 1) / nodes * n)
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 

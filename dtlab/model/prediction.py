@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.model.buckets import predict_step
-from dtlab.results import _union_length
+from dtlab.intervals import frame_union_length
 
 COLUMNS = ["step", "rank", "measured_t_step", "predicted_t_step", "measured_t_comm", "predicted_t_comm",
            "measured_exposed", "predicted_exposed", "t_step_error", "t_comm_error"]
@@ -168,17 +168,17 @@ def replay_zero3(collectives: pd.DataFrame, blocked: pd.DataFrame, durations) ->
         exposed += b2 - a2
         shift += (b2 - a2) - (b - a)
     issue_until(np.inf)
-    measured_comm = _union_length(c.dropna(subset=["t_end"]))
+    measured_comm = frame_union_length(c.dropna(subset=["t_end"]))
     pred = pd.DataFrame({"t_start": issued_at, "t_end": end_pred})
     return {"measured_exposed": float(sum(b - a for a, b, _ in segs)), "predicted_exposed": float(exposed),
-            "measured_t_comm": float(measured_comm), "predicted_t_comm": float(_union_length(pred)),
+            "measured_t_comm": float(measured_comm), "predicted_t_comm": float(frame_union_length(pred)),
             "shift": float(shift)}
 
 
 def _longest_comm(intervals: pd.DataFrame, step: int) -> float:
     """T_comm of a step as Run.summary defines it: the in-flight union on the rank where it is longest."""
     d = intervals[intervals["step"] == step]
-    return float(max((_union_length(g) for _, g in d.groupby("rank")), default=0.0))
+    return float(max((frame_union_length(g) for _, g in d.groupby("rank")), default=0.0))
 
 
 def prediction_summary(pred: pd.DataFrame) -> dict:

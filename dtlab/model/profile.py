@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from dtlab.model.fit import (PROFILE_FILE, REQUIRED_COLUMNS, AlphaBetaFit, _check_samples, fit_alpha_beta,
-                             fit_piecewise)
+from dtlab.model.fit import PROFILE_FILE, REQUIRED_COLUMNS, AlphaBetaFit, check_samples, fit_alpha_beta, fit_piecewise
 
 
 @dataclass(kw_only=True)
@@ -57,7 +56,7 @@ class Profile:
         An op that cannot be fitted (e.g. too few sizes) is skipped and a
         caveat says why, so one thin op does not lose the whole profile.
         """
-        _check_samples(self.samples)
+        check_samples(self.samples)
         self.fits, self.segments = {}, {}
         for op in sorted(self.samples["op"].unique()):
             try:
@@ -97,35 +96,6 @@ class Profile:
             # default=str so an odd meta value (a Path, a version object) never blocks saving
             json.dump(doc, fh, indent=1, default=str)
         return out
-
-
-def load_profile(path) -> Profile:
-    """Load a Profile from a directory containing profile.json, or from the file itself. For a calibration
-    directory without profile.json (a sweep that did not finish) RunFailed says how it ended (`state`:
-    interrupted, stopped, failed, abandoned, ...)."""
-    file = os.path.join(path, PROFILE_FILE) if os.path.isdir(path) else path
-    if not os.path.isfile(file) and os.path.isfile(os.path.join(path, "config.json")):
-        from dtlab.rundir import read_run_dir, require_finished, sweep_progress  # a sweep without a profile
-        rec = read_run_dir(path, key="calibration")
-        require_finished(rec, "the calibration", hint=f"{sweep_progress(rec)}; no profile was written. "
-                         "dtlab.calibration.load_calibration(path, partial=True) fits what was recorded, labelled "
-                         "as partial.")
-        raise ValueError(f"path: {path!r} holds a finished calibration without {PROFILE_FILE}: "
-                         "dtlab.calibration.load_calibration(path) fits its samples and writes it")
-    if not os.path.isfile(file):
-        raise ValueError(f"path must be a profile directory or a {PROFILE_FILE} file, got {path!r}")
-    with open(file, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    samples = pd.DataFrame.from_records(doc.get("samples", []))
-    if samples.empty and len(samples.columns) == 0:
-        samples = pd.DataFrame(columns=list(REQUIRED_COLUMNS))
-    return Profile(
-        meta=doc.get("meta", {}),
-        samples=samples,
-        fits={op: AlphaBetaFit.from_dict(d) for op, d in doc.get("fits", {}).items()},
-        caveats=list(doc.get("caveats", [])),
-        segments={op: [AlphaBetaFit.from_dict(d) for d in segs] for op, segs in doc.get("segments", {}).items()},
-    )
 
 
 def profile_table(profile) -> str:

@@ -3,7 +3,7 @@
 Pure (numpy, pandas). Units: alpha in seconds, beta in seconds per byte, n (`nbytes`) the gradient bytes every
 worker contributes, p workers (`nproc`), results in seconds.
 
-dtlab's strategy 'ps' (dtlab.rank.ps) reduces each gradient bucket to rank 0 and broadcasts it back, through
+dtlab's strategy 'ps' (dtlab.rank.strategies.ps) reduces each gradient bucket to rank 0 and broadcasts it back, through
 torch.distributed's `reduce` and `broadcast`: rank 0 is the server, colocated with worker 0. Four ways to
 price that, all at p = 1 free (no peer):
 

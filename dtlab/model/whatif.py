@@ -17,7 +17,7 @@ import pandas as pd
 
 from dtlab.model import buckets as bk
 from dtlab.model import costmodel
-from dtlab.rank.data import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
+from dtlab.config.models import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
 from dtlab.units import fmt_mib
 
 

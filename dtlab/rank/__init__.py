@@ -1,2 +1,5 @@
-"""What runs inside a rank process (started by torchrun): the lifecycle, process-group setup, model and data,
-the recorders, and one module per strategy (ddp, zero3). Nothing here is imported by the notebook kernel."""
+"""What runs inside a rank process started by torchrun: `worker` (the entry point), `lifecycle` (logs, events,
+errors, process-group setup and teardown), `data` (model, tokenizer, sentences), `recorder` and `marks` (how
+buckets and steps are timed), `checkpoint`, `compression`, `stragglers`, `calibration` (the collective sweep's
+rank side), `harness` (the build-it-yourself exercises' rank side) and `strategies/` (one module per strategy).
+The notebook kernel never imports this package (the import contracts in pyproject.toml hold that)."""

@@ -1,5 +1,5 @@
-"""A calibration rank (`torchrun ... -m dtlab.rank.calibration RUN_DIR`): the sweep that dtlab.calibration
-configures, inside the one rank lifecycle. See dtlab.calibration for how samples are timed on gloo and CUDA."""
+"""A calibration rank (`torchrun ... -m dtlab.rank.calibration RUN_DIR`): the sweep that dtlab.launching.calibration
+configures, inside the one rank lifecycle. See dtlab.launching.calibration for how samples are timed on gloo and CUDA."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import sys
 import time
 
-from dtlab.calibration import CalibConfig
+from dtlab.config.calibration import CalibConfig
 
 # ---- the rank side ----------------------------------------------------------------------------------------
 
@@ -26,7 +26,7 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     import torch
     import torch.distributed as dist
 
-    from dtlab.config import RunConfig
+    from dtlab.config.run import RunConfig
     from dtlab.rank.lifecycle import record_resolved, setup_distributed
 
     rc = RunConfig(nproc=cfg.nproc, backend=cfg.backend)

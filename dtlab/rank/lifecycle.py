@@ -19,7 +19,8 @@ import sys
 import time
 import traceback
 
-from dtlab.config import RunConfig, dump_json
+from dtlab.config.run import RunConfig
+from dtlab.runfiles import dump_json
 from dtlab.runfiles import RANK_EXIT_DISK_FULL, is_disk_error
 
 

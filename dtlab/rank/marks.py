@@ -1,7 +1,7 @@
 """Time marks for a rank's communication records: which clock, which stream, which device.
 
-Three paths, chosen once per rank from where it runs (`dtlab.placement.timing_path`), with the same words in
-the docs (docs/gpus.md) and on screen (`dtlab.placement.TIMING`):
+Three paths, chosen once per rank from where it runs (`dtlab.config.placement.timing_path`), with the same words in
+the docs (docs/gpus.md) and on screen (`dtlab.config.placement.TIMING`):
 
 - `wall` (CPU ranks, gloo): every mark is `time.perf_counter()`. A completion callback runs in gloo's thread
   the moment the collective completes.
@@ -32,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 
-from dtlab.placement import timing_path  # noqa: F401 - the path rule lives with the placement (pure)
+from dtlab.config.placement import timing_path  # noqa: F401 - the path rule lives with the placement (pure)
 
 
 def owned_stream(device, torch_mod=None):

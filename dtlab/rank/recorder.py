@@ -135,14 +135,14 @@ class BucketRecorder:
     more on a GPU, where the marks are CUDA events), which the measured steps pay, and T_step - T_comp would
     count it as exposed communication.
     Steps 3 and 4 are the `transport`'s (default `AllReduceTransport`, DDP's all-reduce); strategy 'ps' passes
-    its reduce + broadcast (dtlab.rank.ps), which may add marks of its own (`rec["_t_<name>"]` -> `t_<name>`).
+    its reduce + broadcast (dtlab.rank.strategies.ps), which may add marks of its own (`rec["_t_<name>"]` -> `t_<name>`).
     """
 
     def __init__(self, world_size: int, device: torch.device, codec=None, transport=None, backend: str | None = None,
                  marks=None):
         self.world = world_size
         self.codec = codec  # dtlab.rank.compression.Codec, or None for the plain fp32 all-reduce
-        # how a divided bucket is reduced: DDP's all-reduce, or a strategy's own (dtlab.rank.ps)
+        # how a divided bucket is reduced: DDP's all-reduce, or a strategy's own (dtlab.rank.strategies.ps)
         self.transport = transport if transport is not None else AllReduceTransport()
         self.cuda = device.type == "cuda"
         if marks is None:
@@ -242,7 +242,7 @@ class BucketRecorder:
 
 def recorder_facts(recorder: BucketRecorder) -> dict:
     """How this rank's bucket marks were taken, for config.json's resolved facts (see dtlab.rank.marks)."""
-    from dtlab.placement import TIMING
+    from dtlab.config.placement import TIMING
     m = recorder.marks
     return {"bucket_timing": {"path": m.path, "how": TIMING[m.path], "end_stream": m.stream_how,
                               "baseline": "the recording hook minus the collective (same division, marks and "

@@ -1,7 +1,7 @@
 """The training rank's entry point, started by torchrun: `python -m dtlab.rank.worker RUN_DIR`.
 
 Thin on purpose: the lifecycle (logs, events, errors, teardown) is dtlab.rank.lifecycle's, shared with calibration;
-this module only picks the strategy from dtlab.config.STRATEGY_MODULES (adding a strategy means one module with
+this module only picks the strategy from dtlab.config.strategies.STRATEGY_MODULES (adding a strategy means one module with
 `train(cfg, run_dir, rank, world, writer)` and one entry there).
 """
 
@@ -11,7 +11,8 @@ import importlib
 import os
 import sys
 
-from dtlab.config import STRATEGY_MODULES, RunConfig
+from dtlab.config.run import STRATEGY_MODULES
+from dtlab.config.run import RunConfig
 from dtlab.rank.lifecycle import rank_main, read_config
 
 

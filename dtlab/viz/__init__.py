@@ -1,2 +1,2 @@
-"""What a person looks at: plotly figures (pure DataFrame -> Figure functions), the explorer widgets, the HTML
-report and the Chrome/Perfetto trace export."""
+"""What a person looks at: plotly figures (pure DataFrame -> Figure functions), the explorer widgets and the HTML
+report."""

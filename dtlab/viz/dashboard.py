@@ -21,7 +21,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from dtlab.model.whatif import config_label
-from dtlab.viz.explorer_state import LOG_SLIDERS, ExplorerState, anchored_min, log_range
+from dtlab.viz.explorer_state import LOG_SLIDERS, ExplorerState
+from dtlab.viz.loggrid import anchored_min, log_range
 from dtlab.viz.model_plots import predicted_breakdown_figure, whatif_timeline_figure
 
 _STYLE = {"description_width": "150px"}
@@ -151,8 +152,8 @@ class Explorer(widgets.VBox):
         """Recompute the model for the current sliders and update both figures in place (timed)."""
         t0 = time.perf_counter()
         self._compute_model()
-        _sync(self.figures["breakdown"], self._breakdown_fig())
-        _sync(self.figures["timeline"], self._timeline_fig())
+        sync_widget(self.figures["breakdown"], self._breakdown_fig())
+        sync_widget(self.figures["timeline"], self._timeline_fig())
         self._update_source_label()  # compression and bucket lines follow their sliders
         dt = time.perf_counter() - t0
         self.last_redraw_s = dt
@@ -184,7 +185,7 @@ class Explorer(widgets.VBox):
         self._source_label.value = self.state.source_html(self.values())
 
 
-def _sync(widget: go.FigureWidget, fig: go.Figure) -> None:
+def sync_widget(widget: go.FigureWidget, fig: go.Figure) -> None:
     """Copy `fig`'s traces and layout into `widget` in one batch (one message to the browser), then store
     the result as the widget's state.
 

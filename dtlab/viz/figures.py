@@ -89,7 +89,7 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
     c = (run.collectives[(run.collectives["rank"] == rank) & (run.collectives["step"] == step)]
          if not run.collectives.empty else run.collectives)
     fig = go.Figure()
-    delay = row.get("straggle_s", 0.0)  # a straggler's injected sleep, part of t_bwd (dtlab.stragglers)
+    delay = row.get("straggle_s", 0.0)  # a straggler's injected sleep, part of t_bwd (dtlab.config.stragglers)
     delay = float(delay) if pd.notna(delay) else 0.0
     phases = [("forward", 0.0, row["t_fwd"], COLORS["fwd"]),
               ("injected delay", row["t_fwd"], delay, "#B279A2"),

@@ -17,7 +17,7 @@ def write_report(run, path: str | None = None) -> str:
             bucket_timeline(run), bytes_by_op(run), memory_bars({run.config.get("strategy", "run"): run})]
     if run.config.get("straggler") and not run.buckets.empty:  # who waited for whom
         from dtlab.viz.straggler_plots import who_waited
-        from dtlab.waits import run_waits
+        from dtlab.results.waits import run_waits
         figs.insert(2, who_waited(run_waits(run), f"straggler {run.config['straggler']}"))
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = run.summary().to_html(index=False, float_format=lambda v: f"{v:.4g}")

@@ -117,7 +117,7 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
     import ipywidgets as widgets
 
     from dtlab.viz.controls import bucket_count, bucket_slider_range, clip_to_range
-    from dtlab.viz.dashboard import _sync
+    from dtlab.viz.dashboard import sync_widget
     from dtlab.viz.loggrid import on_log_grid
 
     lv = _check(levels if levels is not None else ASSUMED_LEVELS)
@@ -197,7 +197,7 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
 
     def redraw(change=None):
         fig, box.table = build()
-        _sync(figw, fig)
+        sync_widget(figw, fig)
     s["nodes"].observe(show_network_controls, names="value")
     for w in s.values():
         w.observe(redraw, names="value")

@@ -1,5 +1,5 @@
 """Lab 0 (setup check): the order of magnitude and the time of a 1 MiB all-reduce, against the doctor's smoke test
-(`dtlab.doctor.smoke_allreduce`, a 2-rank calibration of 4 KiB and 1 MiB)."""
+(`dtlab.cli.doctor.smoke_allreduce`, a 2-rank calibration of 4 KiB and 1 MiB)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def sources(rec) -> dict:
 
 
 def _ms(smoke_dir) -> dict:
-    from dtlab.calibration import samples_frame
+    from dtlab.results.calibration import samples_frame
     _, s = samples_frame(smoke_dir)
     if s.empty or MIB not in set(s["nbytes"]):
         raise ValueError(f"{smoke_dir}: no timed 1 MiB all-reduce in the smoke test's samples")

@@ -26,7 +26,7 @@ def _runs(sweep) -> dict:
     """{bucket_mb: Run} from the notebook's sweep table (dtlab.sweep's rows with a path) or such a dict."""
     if isinstance(sweep, dict):
         return dict(sweep)
-    from dtlab.results import load_run
+    from dtlab.results.run import load_run
     ran = sweep[(sweep["nproc"] == 2) & sweep["status"].isin(["ran", "reused"])]
     return {float(r.bucket_mb): load_run(r.path) for r in ran.itertuples()}
 

@@ -31,7 +31,7 @@ def _levels(intra, inter) -> dict:
 
 
 def _link(inter) -> Key:
-    from dtlab.emulate import parse_rate
+    from dtlab.launching.emulate import parse_rate
     from dtlab.model.hierarchy import level_from_profile
     link = inter.meta.get("emulation", {}).get("link", "loopback")
     shaped = link != "loopback" and "shaped" in link

@@ -1,0 +1,27 @@
+"""Checkpoint and restart fields, checked before launch (the rank side is dtlab.rank.checkpoint; the timeline a
+restarted run leaves is read by dtlab.results.restarts)."""
+
+from __future__ import annotations
+
+from dtlab.config.checks import int_at_least
+
+
+def validate_restarts(cfg) -> None:
+    """Refuse bad checkpoint / restart settings by name before launch (ValueError)."""
+    int_at_least("checkpoint_every", cfg.checkpoint_every, 0)
+    int_at_least("max_restarts", cfg.max_restarts, 0)
+    if cfg.checkpoint_every > cfg.steps:
+        raise ValueError(f"checkpoint_every must be <= steps ({cfg.steps}) so that a checkpoint is written "
+                         f"(0 turns checkpoints off), got {cfg.checkpoint_every}")
+    if cfg.strategy != "ddp" and (cfg.checkpoint_every or cfg.max_restarts):
+        which = "checkpoint_every" if cfg.checkpoint_every else "max_restarts"
+        raise ValueError(f"{which} applies to strategy 'ddp' only: ZeRO-3 would need DeepSpeed's "
+                         f"save_checkpoint / load_checkpoint, which dtlab does not wire")
+    if cfg.max_restarts and getattr(cfg, "nnodes", 1) > 1:
+        raise ValueError("max_restarts applies to single-node runs (nnodes 1): a restarted attempt keys its "
+                         "rendezvous by the restart count, which every node's agent would have to agree on; "
+                         "use checkpoint_every and relaunch the job instead")
+    if cfg.checkpoint_every and cfg.comm_hook == "powersgd":
+        raise ValueError("checkpoint_every with comm_hook 'powersgd' is refused: PowerSGD's error-feedback state "
+                         "is not checkpointed, so a resumed run would not continue the same training; use "
+                         "comm_hook 'none', 'fp16' or 'bf16'")

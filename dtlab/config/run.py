@@ -1,0 +1,290 @@
+"""RunConfig: the one typed, validated description of a training run.
+
+Validation is pure (no torch.distributed, no CUDA initialisation in the caller's process) so that every bad
+field is refused before any process starts. `validate()` checks the fields against each other and against the
+machine (GPU count) and raises `ValueError` naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from dtlab.config.checks import choice, finite, int_at_least, refuse_unknown
+
+#: The strategy registry: name -> the rank-side module with `train(cfg, run_dir, rank, world, writer)`. Adding a
+#: strategy means adding that module and one entry here (validation, the CLI and the worker all read it).
+STRATEGY_MODULES = {"ddp": "dtlab.rank.strategies.ddp", "zero3": "dtlab.rank.strategies.zero3", "ps": "dtlab.rank.strategies.ps"}
+STRATEGIES = tuple(STRATEGY_MODULES)
+BACKENDS = ("auto", "nccl", "gloo")
+DEVICES = ("auto", "cuda", "cpu")
+MODELS = ("distilbert", "tiny")
+MODEL_SOURCES = ("auto", "hub", "random")
+DATA_SOURCES = ("auto", "glue", "offline")
+MAX_BUCKET_MB = 1024 * 1024  # 1 TiB
+
+
+@dataclass(kw_only=True)
+class ZeroConfig:
+    """DeepSpeed ZeRO-3 knobs that shape communication.
+
+    None means "auto": sized from the model's hidden size h when the run starts, with Hugging Face's rule for
+    DeepSpeed's "auto" values (reduce_bucket_size = h^2, stage3_prefetch_bucket_size = int(0.9 h^2),
+    stage3_param_persistence_threshold = 10 h). DeepSpeed's own defaults (5e8, 5e7, 1e5 elements) are sized for
+    models of billions of parameters: its 5e8-element reduce bucket alone is 2 GB of fp32 on every GPU, more
+    than DistilBERT's parameters, gradients and optimizer state per rank together. The resolved values and the
+    rule are recorded in `run.resolved["zero_effective"]` / `["zero_auto"]`.
+    """
+
+    reduce_bucket_size: int | None = None
+    """Elements per reduce-scatter bucket of gradients (auto: h^2; DistilBERT 589,824 = 2.4 MB fp32)."""
+    stage3_prefetch_bucket_size: int | None = None
+    """Elements of parameters prefetched (all-gathered) ahead of use; 0 turns prefetching off
+    (auto: int(0.9 h^2); DistilBERT 530,841)."""
+    stage3_param_persistence_threshold: int | None = None
+    """Parameters with at most this many elements stay whole on every rank: never gathered in forward or
+    backward, re-gathered once per step after the optimizer update (auto: 10 h; DistilBERT 7,680)."""
+    stage3_max_reuse_distance: int = 1_000_000_000
+    """Elements. A parameter gathered in forward is kept for backward if it is used again within this
+    distance; the default keeps every parameter of a model under 5e8 parameters, so backward gathers
+    nothing. 0 (with prefetch 0) gives the textbook pattern: gather in forward and again in backward."""
+    overlap_comm: bool = True
+    """Overlap gradient reduce-scatter with backward compute."""
+
+    AUTO_FIELDS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+    def resolve(self, hidden: int) -> dict:
+        """The three sized knobs for a model of hidden size `hidden` (explicit values win over auto)."""
+        auto = {"reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+                "stage3_param_persistence_threshold": 10 * hidden}
+        return {k: (auto[k] if getattr(self, k) is None else getattr(self, k)) for k in self.AUTO_FIELDS}
+
+    def validate(self) -> None:
+        for name, low in (("reduce_bucket_size", 1), ("stage3_prefetch_bucket_size", 0),
+                          ("stage3_param_persistence_threshold", 0), ("stage3_max_reuse_distance", 0)):
+            v = getattr(self, name)
+            if v is None and name in self.AUTO_FIELDS:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                auto = " or None (auto: sized from the model)" if name in self.AUTO_FIELDS else ""
+                raise ValueError(f"zero.{name} must be an integer >= {low} (elements){auto}, got {v!r}")
+        if not isinstance(self.overlap_comm, bool):
+            raise ValueError(f"zero.overlap_comm must be true or false, got {self.overlap_comm!r}")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Everything that defines one run. Times are seconds, sizes are as named (MiB, tokens, samples)."""
+
+    strategy: str = "ddp"
+    """'ddp' (PyTorch DistributedDataParallel), 'zero3' (DeepSpeed ZeRO stage 3) or 'ps' (DDP's buckets reduced
+    to rank 0 and broadcast back: a parameter server colocated with rank 0, dtlab.rank.strategies.ps)."""
+    nproc: int | None = None
+    """Number of ranks (processes) on this machine. None: one per GPU and at least 2 (2 gloo ranks on a machine
+    without a GPU; on one GPU, 2 ranks share it: see dtlab.config.placement)."""
+    backend: str = "auto"
+    """'auto', 'nccl' or 'gloo'. 'auto' picks NCCL when the GPUs can host nproc ranks (one GPU each, or two
+    ranks per GPU on NCCL >= 2.30), gloo otherwise; see dtlab.config.placement for the full rule."""
+    device: str = "auto"
+    """'auto' (CUDA whenever the machine has a GPU: a GPU machine never runs silently on the CPU), 'cuda' or
+    'cpu' (gloo ranks on the CPU even when GPUs are present)."""
+    bucket_mb: float = 25.0
+    """DDP gradient bucket cap in MiB (DDP's bucket_cap_mb; 1 MiB = 1,048,576 bytes)."""
+    steps: int = 8
+    """Timed optimizer steps (the first `warmup` of them are excluded from summaries)."""
+    warmup: int = 2
+    """Leading steps excluded from medians: step 0 allocates and runs DDP's single first-iteration bucket,
+    step 1 rebuilds the buckets in gradient-ready order."""
+    baseline_steps: int | None = None
+    """Extra steps run after the timed ones with DDP's no-op comm hook: they measure T_comp. None: 3 for
+    strategies 'ddp' and 'ps', 0 for 'zero3' (which has no no-op baseline)."""
+    batch_size: int = 8
+    """Samples per rank per step (the global batch is batch_size x nproc)."""
+    seq_len: int = 128
+    """Tokens per sample; every input is padded/truncated to exactly this length."""
+    model: str = "distilbert"
+    """'distilbert' (distilbert-base-uncased architecture) or 'tiny' (2 layers, dim 32, for tests)."""
+    model_source: str = "auto"
+    """'auto' (local path, then HF cache, then hub if reachable, else random init), 'hub', or 'random'."""
+    model_path: str | None = None
+    """Local folder in Hugging Face format to load weights from (must exist)."""
+    data: str = "auto"
+    """'auto' (GLUE SST-2 via datasets if reachable, else the offline set), 'glue', 'offline',
+    or a path to a local .csv/.tsv/.json/.jsonl/.parquet file with columns `sentence` and `label`. A file is
+    read and checked by `validate()` before anything starts (non-empty sentences, labels 0/1, at least
+    batch_size x nproc rows); a run needing more rows than it has cycles through it (dtlab.rank.data)."""
+    record: bool = True
+    """Record every bucket with the comm hook; False runs plain DDP (its built-in all-reduce, no hook), which
+    the overhead benchmark compares against."""
+    lr: float = 2e-5
+    """AdamW learning rate."""
+    seed: int = 0
+    """Seed for weights (random init), data order and dropout. Same config + same seed = same losses: on CPU
+    with gloo bit for bit on every rank (tested); on CUDA only with `deterministic`."""
+    deterministic: bool = False
+    """Ask for bit-identical reruns on CUDA: deterministic kernels (torch.use_deterministic_algorithms,
+    CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN benchmark off) and one fixed NCCL reduction order (NCCL_ALGO=Ring,
+    NCCL_PROTO=Simple) for a given world size and topology. It can cost speed, so it is off by default; CPU runs
+    with gloo are bit-identical without it."""
+    out: str | None = None
+    """Run directory; default runs/<strategy>-<model>-p<nproc>-b<bucket_mb>-<timestamp>."""
+    timeout_s: float = 1800.0
+    """Wall-clock limit for the whole run in seconds; past it every rank is stopped."""
+    stall_s: float | None = None
+    """Watchdog: seconds a rank may go without writing a new event once it has started stepping; past it the
+    ranks' Python stacks are dumped into their logs, the run is stopped and RunFailed names the silent rank.
+    None derives it from the run: max(60 s, 10 x the median step time seen so far). Before a rank's first
+    step (imports, rendezvous, model download and build, DeepSpeed setup) it gets max(stall_s, 600 s)."""
+    comm_hook: str = "none"
+    """How DDP reduces each gradient bucket: 'none' (fp32 all-reduce, averaged), 'fp16' or 'bf16' (torch's
+    fp16_compress_hook / bf16_compress_hook: half the bytes on the wire), 'powersgd' (torch's PowerSGD: an n x m
+    gradient travels as (n + m) x powersgd_rank numbers). Strategy 'ddp' only; see dtlab.config.levers."""
+    powersgd_rank: int = 1
+    """PowerSGD's matrix approximation rank r (comm_hook 'powersgd')."""
+    powersgd_start_iter: int = 2
+    """PowerSGD all-reduces uncompressed for this many steps first (DDP rebuilds its buckets after step 0;
+    torch requires at least 2 with error feedback)."""
+    accumulate: int = 1
+    """Micro-batches per optimizer step: the first accumulate - 1 run under DDP's no_sync() (no communication),
+    the last all-reduces the accumulated gradients. Strategy 'ddp' only."""
+    straggler: str | None = None
+    """Slow ranks down: 'RANK:FACTOR' (compute x FACTOR) or 'RANK:+MSms', comma-separated (dtlab.config.stragglers)."""
+    checkpoint_every: int = 0
+    """Save a torch.distributed.checkpoint every N training steps into RUN/checkpoints/ (0: off); see dtlab.results.restarts."""
+    max_restarts: int = 0
+    """torchrun --max-restarts: restarts of a group whose rank died, each resuming from the newest checkpoint."""
+    nnodes: int = 1
+    """Nodes (machines, one torchrun agent each) in the job, nproc ranks on each; see dtlab.config.nodes."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous, the same on every node (needed when nnodes > 1; None: local, any port)."""
+    rdzv_id: str | None = None
+    """Job id that every node of one job gives (None: derived from the run directory `out`)."""
+    rdzv_timeout_s: float = 600.0
+    """Seconds to wait for all nnodes nodes to join; past it the run fails naming the missing ones."""
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    """ZeRO-3 knobs (used when strategy == 'zero3')."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.zero, dict):
+            refuse_unknown("zero", self.zero, ZeroConfig)
+            self.zero = ZeroConfig(**self.zero)
+
+    # ---- validation -------------------------------------------------------------------------------------
+    def validate(self, cuda_device_count: int | None = None, nccl_version=None) -> "RunConfig":
+        """Check every field; raise ValueError naming the field and what is allowed. Returns self.
+
+        `cuda_device_count` and `nccl_version` default to this machine's (asked without initialising CUDA). The
+        "auto" fields (nproc, baseline_steps: None) are resolved here, so a validated config is fully explicit."""
+        choice("strategy", self.strategy, STRATEGIES)
+        self._resolve_auto(cuda_device_count)
+        int_at_least("nproc", self.nproc, 1)
+        choice("backend", self.backend, BACKENDS)
+        # 1 TiB: any larger cap is one bucket anyway, and int(bucket_mb * 2**20) must stay a sane integer.
+        finite("bucket_mb", self.bucket_mb, "(MiB)", low=0.0, high=MAX_BUCKET_MB)
+        int_at_least("steps", self.steps, 1)
+        int_at_least("warmup", self.warmup, 0)
+        if self.warmup >= self.steps:
+            raise ValueError(f"warmup must be smaller than steps ({self.steps}) so some steps are measured, "
+                             f"got {self.warmup}")
+        int_at_least("baseline_steps", self.baseline_steps, 0)
+        if self.strategy == "zero3" and self.baseline_steps:
+            raise ValueError("baseline_steps (the no-op comm hook baseline) is only available for strategies "
+                             "'ddp' and 'ps'")
+        int_at_least("batch_size", self.batch_size, 1)
+        int_at_least("seq_len", self.seq_len, 1)
+        if self.seq_len > 512:
+            raise ValueError(f"seq_len must be <= 512 (DistilBERT's position embeddings), got {self.seq_len}")
+        choice("model", self.model, MODELS)
+        choice("model_source", self.model_source, MODEL_SOURCES)
+        if self.model_path is not None and not os.path.isdir(self.model_path):
+            raise ValueError(f"model_path must be an existing folder with a Hugging Face model, "
+                             f"got {self.model_path!r} (not found)")
+        if not isinstance(self.data, str):
+            raise ValueError(f"data must be a string (a source name or a file path), got {self.data!r}")
+        if self.data not in DATA_SOURCES:
+            if not os.path.isfile(self.data):
+                raise ValueError(f"data must be one of {', '.join(DATA_SOURCES)} or an existing local file "
+                                 f"(.csv, .tsv, .json, .jsonl, .parquet), got {self.data!r} (not found)")
+            if not self.data.lower().endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet")):
+                raise ValueError(f"data file must end in .csv, .tsv, .json, .jsonl or .parquet, got {self.data!r}")
+            # Read and checked here, in the caller's process, so a bad file never reaches a rank.
+            from dtlab.config.datafile import check_data_file
+            check_data_file(self.data, min_rows=self.batch_size * self.nproc)
+        if not isinstance(self.record, bool):
+            raise ValueError(f"record must be true or false, got {self.record!r}")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
+        finite("lr", self.lr, "", low=0.0, high=10.0)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
+            raise ValueError(f"seed must be an integer in [0, 2**32) (numpy's range), got {self.seed!r}")
+        for name in ("out", "model_path"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a path (string) or None, got {getattr(self, name)!r}")
+        finite("timeout_s", self.timeout_s, "(seconds)", low=0.0)
+        if self.stall_s is not None:
+            finite("stall_s", self.stall_s, "(seconds) or None (derived from the step time)", low=0.0)
+        if not isinstance(self.zero, ZeroConfig):
+            raise ValueError(f"zero must be a ZeroConfig or a dict of its fields, got {type(self.zero).__name__}")
+        self.zero.validate()
+        # Machine checks last: they need the device count.
+        choice("device", self.device, DEVICES)
+        placed = self.placement(cuda_device_count, nccl_version)  # ValueError when the GPUs cannot host the ranks
+        from dtlab.config.levers import validate_levers
+        from dtlab.config.restarts import validate_restarts
+        validate_levers(self, placed)
+        from dtlab.config.stragglers import validate_straggler
+        validate_straggler(self)
+        validate_restarts(self)
+        from dtlab.config.nodes import validate_nodes
+        validate_nodes(self)
+        return self
+
+    def _resolve_auto(self, cuda_device_count: int | None = None) -> None:
+        if self.nproc is None:
+            from dtlab.config.placement import device_count
+            self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
+        if self.baseline_steps is None:
+            self.baseline_steps = 0 if self.strategy == "zero3" else 3
+
+    def placement(self, cuda_device_count: int | None = None, nccl_version=None):
+        """Where the ranks run (backend, device, ranks per GPU, banner text): `dtlab.config.placement.plan` for this
+        config on this machine (or on `cuda_device_count` GPUs with `nccl_version`, for tests)."""
+        from dtlab.config.placement import machine_gpus, plan
+        self._resolve_auto(cuda_device_count)
+        if cuda_device_count is None:
+            cuda_device_count, found = machine_gpus()
+            nccl_version = nccl_version if nccl_version is not None else found
+        return plan(self.nproc, self.backend, self.device, cuda_device_count, nccl_version, strategy=self.strategy)
+
+    def resolved_backend(self, cuda_device_count: int | None = None, nccl_version=None) -> str:
+        """The torch.distributed backend the ranks use ('nccl' or 'gloo'): see `placement()`."""
+        return self.placement(cuda_device_count, nccl_version).backend
+
+    # ---- serialisation ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        """Build from `to_dict()` output; unknown keys, top-level or in `zero`, are refused by name."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a RunConfig is built from a dict of its fields, got {type(d).__name__}")
+        refuse_unknown("RunConfig", d, cls)
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        """A copy with some fields changed (the run directory is reset unless given)."""
+        changes.setdefault("out", None)
+        return dataclasses.replace(self, **changes)
+
+
+def tiny(**overrides: Any) -> RunConfig:
+    """Preset for tests and quick labs: the tiny model, 2 ranks, few short steps."""
+    base = dict(model="tiny", nproc=2, steps=4, warmup=1, batch_size=4, seq_len=32, bucket_mb=1.0,
+                model_source="random", data="offline", timeout_s=300.0)
+    base.update(overrides)
+    return RunConfig.from_dict(base)
+

@@ -1,0 +1,157 @@
+"""Strategy 'ddp': DistributedDataParallel with a recording comm hook, one rank per process."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from dtlab.config.run import RunConfig
+
+
+def make_batches(cfg: RunConfig, tokenizer, sentences, labels, rank: int, world: int, device):
+    """Tokenise this rank's share once, padded/truncated to exactly seq_len so every step has one shape."""
+    import torch
+
+    mine_s, mine_l = sentences[rank::world], labels[rank::world]
+    enc = tokenizer(mine_s, padding="max_length", truncation=True, max_length=cfg.seq_len, return_tensors="pt")
+    y = torch.tensor(mine_l, dtype=torch.long)
+    out = []
+    for i in range(0, len(mine_s) - cfg.batch_size + 1, cfg.batch_size):
+        sl = slice(i, i + cfg.batch_size)
+        out.append({"input_ids": enc["input_ids"][sl].to(device),
+                    "attention_mask": enc["attention_mask"][sl].to(device), "labels": y[sl].to(device)})
+    return out
+
+
+def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
+    """Process group, model, tokenizer and batches, shared by the DDP and ZeRO-3 paths."""
+    import torch
+
+    from dtlab.rank.data import build_model, load_sentences
+    from dtlab.rank.lifecycle import setup_distributed
+
+    device, backend = setup_distributed(cfg, rank, world)
+    torch.manual_seed(cfg.seed)
+    built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
+    total_steps = cfg.steps + cfg.baseline_steps
+    sentences, labels, data_src = load_sentences(cfg.data, total_steps * cfg.accumulate * cfg.batch_size * world,
+                                                 cfg.seed)
+    batches = make_batches(cfg, built.tokenizer, sentences, labels, rank, world, device)
+    nparams = sum(p.numel() for p in built.model.parameters())
+    sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
+               "data_source": data_src, "num_parameters": nparams,
+               "grad_bytes": sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad),
+               # per-parameter gradient bytes in registration order: what-if bucket layouts are built from it
+               "param_nbytes": [p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad]}
+    return device, backend, built, batches, sources
+
+
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_transport=None) -> None:
+    """The DDP training loop. `make_transport(world, device, backend)`, when given, builds how each divided
+    bucket is reduced inside the recording hook (strategy 'ps': reduce to rank 0 + broadcast); None keeps
+    DDP's all-reduce."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dtlab.rank.checkpoint import Checkpointer
+    from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, recorder_facts, tensor_bytes
+    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.stragglers import Straggler, ddp_compute_s
+    from dtlab.config.stragglers import straggler_plan
+
+    device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
+    straggler = Straggler(cfg.straggler, rank, world, device)
+    model = built.model.to(device)
+    model.train()
+    # broadcast_buffers=False: dtlab's models have one buffer, the constant position ids (512 int64, 4,096 B);
+    # DDP would broadcast it at the start of every forward, a collective that T_fwd and T_comp would count as
+    # compute. Nothing needs it: no buffer changes during training (no BatchNorm statistics).
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_mb,
+              broadcast_buffers=False)
+    codec = None
+    if cfg.comm_hook != "none":
+        from dtlab.rank.compression import Codec
+        codec = Codec(cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed, serialize=backend == "gloo")
+    transport = make_transport(world, device, backend) if make_transport is not None else None
+    recorder = BucketRecorder(world, device, codec, transport, backend=backend)
+    if cfg.record or cfg.baseline_steps:  # the baseline needs the hook to switch to no-op
+        ddp.register_comm_hook(None, recorder.hook)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
+    if rank == 0:
+        record_resolved(run_dir, cfg, backend, device, {**sources, "straggler": straggler_plan(cfg.straggler, world),
+                                                        **recorder_facts(recorder)}, world)
+    writer.write("ready", rank=rank, time=time.time(), **sources)
+    ckpt = Checkpointer(cfg, run_dir, rank, world, device, writer)
+    first = ckpt.resume(ddp, opt)  # 0, or where a group restarted by torchrun goes on (dtlab.rank.checkpoint)
+
+    clock = StepClock(device)
+    for step in range(first, cfg.steps + cfg.baseline_steps):
+        maybe_inject_fault(rank, step)
+        baseline = step >= cfg.steps
+        recorder.mode = "noop" if baseline else "allreduce"
+        clock.mark("start")
+        recorder.begin_step(clock.start)
+        straggler.begin_step()
+        slept = 0.0
+        k_last = cfg.accumulate - 1
+        for k in range(cfg.accumulate):  # micro-batches; only the last one communicates
+            batch = batches[(step * cfg.accumulate + k) % len(batches)]
+            with ddp.no_sync() if k < k_last else contextlib.nullcontext():
+                out = ddp(**batch)
+                clock.mark(f"fwd{k}")
+                if k == k_last:  # every bucket this rank issues is late by the delay (see dtlab.config.stragglers)
+                    slept = straggler.pause()
+                # DDP's hook fires per bucket in the last backward, which returns once all buckets are reduced
+                (out.loss / cfg.accumulate if cfg.accumulate > 1 else out.loss).backward()
+                clock.mark(f"bwd{k}")
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        clock.mark("opt")
+        t = clock.read()  # the step's one sync point on GPU
+        t_fwd = sum(t[f"fwd{k}"] - (t[f"bwd{k - 1}"] if k else 0.0) for k in range(cfg.accumulate))
+        rec = {"rank": rank, "step": step, "t_fwd": t_fwd, "t_bwd": t[f"bwd{k_last}"] - t_fwd,
+               "t_opt": t["opt"] - t[f"bwd{k_last}"], "t_step": t["opt"], "loss": float(out.loss.detach()),
+               "micro_batches": cfg.accumulate, "straggle_s": slept, "time": time.time()}
+        writer.write("baseline_step" if baseline else "step", **rec)
+        buckets = recorder.collect() if not baseline and cfg.record else []
+        for b in buckets:
+            writer.write("bucket", rank=rank, step=step, **b)
+        straggler.observe(step, ddp_compute_s(buckets, rec["t_opt"], slept))
+        ckpt.after_step(step, ddp, opt)  # every checkpoint_every training steps, after the step's records
+        # DDP logs a step's runtime stats in the next step's forward (these are step - 1's), and only for its
+        # sampled iterations (<= 10 and every 100th): skip the logging-data call on the others.
+        if step >= 1 and (step <= 10 or step % 100 == 0):
+            _write_ddp_stats(ddp, writer, rank, step - 1)
+        if step == 0:
+            writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
+                         grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
+                         optim_bytes=optimizer_state_bytes(opt), peak_bytes=None, peak_kind=None)
+
+    recorder.transport.close()
+    peak, kind = peak_memory(device)
+    writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
+                 grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
+                 optim_bytes=optimizer_state_bytes(opt), peak_bytes=peak, peak_kind=kind)
+    try:  # DDP's own view (bucket sizes, comm hook, ...), a free cross-check
+        data = ddp._get_ddp_logging_data()
+        writer.write("ddp_logging", rank=rank, data={k: (v if isinstance(v, (int, float, str)) else str(v))
+                                                     for k, v in data.items()})
+    except Exception as e:  # noqa: BLE001 - private API, may change between torch versions
+        writer.write("ddp_logging", rank=rank, data={"error": repr(e)})
+
+
+_DDP_STATS = ("backward_comm_time", "backward_compute_time", "backward_compute_comm_overlap_time",
+              "forward_compute_time")
+
+
+def _write_ddp_stats(ddp, writer, rank: int, step: int) -> None:
+    """DDP's own runtime stats for `step` (its timers: CUDA events on GPU, wall clock on CPU; nanoseconds,
+    written here in seconds): a cross-check of dtlab's events that costs nothing inside the step."""
+    try:
+        data = ddp._get_ddp_logging_data()
+        if int(data.get("iteration", -1)) != step + 1:  # DDP samples iterations <= 10 and every 100th only
+            return
+        writer.write("ddp_stats", rank=rank, step=step,
+                     **{k: data[k] / 1e9 for k in _DDP_STATS if isinstance(data.get(k), (int, float))})
+    except Exception:  # noqa: BLE001 - private API, may change between torch versions
+        pass

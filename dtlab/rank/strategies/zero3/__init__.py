@@ -1,0 +1,133 @@
+"""Strategy 'zero3': DeepSpeed ZeRO stage 3, one rank per process, every collective recorded.
+
+What a rank writes (times in seconds from the step's start, on the step's clock; sizes in bytes):
+
+- `ready`, then per step a `step` event (forward = `engine(**batch)`, backward = `engine.backward(loss)`,
+  optimizer = `engine.step()`), followed by the step's `collective` events; collectives issued inside
+  `deepspeed.initialize` are written once with step -1 and phase "init" (times from the start of initialize).
+  Step events also carry `allgather_expected_{fwd,bwd,opt}_bytes`: what the engine had to gather in that
+  phase, read from the parameters' ZeRO status when the phase began (no communication, no sync), so the
+  recorded all-gather bytes can be checked whatever the ZeRO settings.
+- `memory` after step 0 (no peak) and after the last step, from the tensors the rank holds.
+- `blocked`: each interval during which the rank waited for a collective (`how`: wait, blocking_call,
+  stream_sync; `seq` names the collective waited for, matching the collective record's `seq`). Step events
+  carry their union, `t_blocked` (and per phase `t_blocked_{fwd,bwd,opt}`): the measured exposed
+  communication. See dtlab.rank.strategies.zero3.blocked for how each kind is timed on CPU and on GPU.
+
+Definitions (ZeRO-3 has no no-op-hook baseline, and DeepSpeed overlaps its collectives with compute on side
+streams, so T_step - T_comm is not compute time):
+- T_comm: the union of the step's [t_start, t_end] in-flight intervals (a union, not a sum: prefetched
+  all-gathers overlap each other and compute).
+- exposed: t_blocked, the time the training thread (CPU) or the compute stream (GPU) was blocked waiting for
+  collectives. Measured, not inferred.
+- T_comp: T_step - t_blocked ("measured: T_step - time blocked on collectives").
+- overlap: 1 - exposed / T_comm.
+
+How the collectives are recorded (wrapped deepspeed.comm backend methods) and their byte convention:
+dtlab.rank.strategies.zero3.comm; how blocked time is timed and summed: dtlab.rank.strategies.zero3.blocked; DeepSpeed's import and
+config: dtlab.rank.strategies.zero3.engine; the traffic and memory read from the engine: dtlab.rank.strategies.zero3.facts.
+
+CPU path (tested): DS_ACCELERATOR=cpu before deepspeed is imported, gloo, and DeepSpeed's shared-memory comm
+op build patched out. GPU paths (DS_ACCELERATOR=cuda; NCCL, or gloo on CUDA tensors where NCCL cannot place the
+ranks, e.g. 2 ranks on one GPU before NCCL 2.30; LOCAL_RANK set to the rank's GPU index, CUDA events): written
+to the same contract but NOT run in the session that wrote them (no GPU was available); tests/test_gpu.py and
+tools/gpu_runbook.py are their first run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dtlab.config.run import RunConfig
+from dtlab.rank.strategies.zero3.blocked import blocked_recording, blocked_seconds
+from dtlab.rank.strategies.zero3.comm import COLLECTIVE_RECORDING, CollectiveRecorder
+from dtlab.rank.strategies.zero3.engine import ds_config, import_deepspeed, model_hidden_size, remap_local_rank, zero_auto
+from dtlab.rank.strategies.zero3.facts import memory_record, nonresident_bytes, zero_facts
+
+
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    """The rank's ZeRO-3 training loop: build, initialize DeepSpeed with the recorder installed, run
+    cfg.steps steps and write the events listed in the module docstring."""
+    deepspeed = import_deepspeed(cfg.placement().device)  # DeepSpeed's accelerator follows the device
+    import torch
+
+    from dtlab.rank.strategies.ddp import build_everything
+    from dtlab.rank.recorder import StepClock, peak_memory
+    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+
+    # build_everything's process group suits DeepSpeed: init_distributed finds torch.distributed initialised
+    # and only builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).
+    device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
+    local_rank = remap_local_rank(device)  # before DeepSpeed reads LOCAL_RANK (engine, partitioning)
+    deepspeed.init_distributed(dist_backend=backend)
+    recorder = CollectiveRecorder(device, backend)
+    wrapped = recorder.install()
+
+    hidden = model_hidden_size(built.model)
+    conf = ds_config(cfg, world, hidden)
+    model = built.model
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    recorder.begin(-1, "init", recorder.now())
+    t0 = time.perf_counter()
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf)
+    t_initialize = time.perf_counter() - t0
+    for r in recorder.collect():
+        writer.write("collective", rank=rank, **r)
+    for b in recorder.collect_blocked():
+        writer.write("blocked", rank=rank, **b)
+    watched = recorder.watch_stream(getattr(engine.optimizer, "reduce_and_partition_stream", None),
+                                    "reduce_and_partition_stream")
+
+    sources = {**sources, **zero_facts(engine, world), "ds_config": conf, "zero_auto": zero_auto(cfg, hidden),
+               "blocked_recording": blocked_recording(device.type == "cuda", watched),
+               "ds_accelerator": os.environ.get("DS_ACCELERATOR"), "deepspeed_initialize_s": t_initialize,
+               "collective_recording": COLLECTIVE_RECORDING, "wrapped_methods": wrapped,
+               "deepspeed_local_rank": local_rank, "collective_timing": {
+                   "path": recorder.marks.path, "end_stream": recorder.marks.stream_how}}
+    if device.type == "cuda":
+        sources["zero3_note"] = ("the ZeRO-3 GPU path (CUDA events; NCCL, or DeepSpeed's CUDA accelerator over "
+                                 "gloo) was written without a GPU to test it")
+    if rank == 0:
+        record_resolved(run_dir, cfg, backend, device, sources, world)
+    writer.write("ready", rank=rank, time=time.time(), **sources)
+
+    params = list(engine.module.parameters())
+    expect_opt = sources["expected_allgather_bytes_optimizer"]
+    clock = StepClock(device)
+    for step in range(cfg.steps):
+        maybe_inject_fault(rank, step)
+        batch = batches[step % len(batches)]
+        expect_fwd = nonresident_bytes(params, world)
+        clock.mark("start")
+        recorder.begin(step, "forward", clock.start)
+        out = engine(**batch)
+        clock.mark("fwd")
+        expect_bwd = nonresident_bytes(params, world)  # forward's leftovers decide backward's gathers
+        recorder.phase = "backward"
+        engine.backward(out.loss)
+        clock.mark("bwd")
+        recorder.phase = "optimizer"
+        engine.step()
+        clock.mark("opt")
+        recorder.phase = "between_steps"
+        t = clock.read()  # the step's one sync point on GPU
+        blocked = recorder.collect_blocked()
+        in_step = [b for b in blocked if b["step"] == step and b["phase"] != "between_steps"]
+        writer.write("step", rank=rank, step=step, t_fwd=t["fwd"], t_bwd=t["bwd"] - t["fwd"],
+                     t_opt=t["opt"] - t["bwd"], t_step=t["opt"], loss=float(out.loss.detach()), time=time.time(),
+                     allgather_expected_fwd_bytes=expect_fwd, allgather_expected_bwd_bytes=expect_bwd,
+                     allgather_expected_opt_bytes=expect_opt, t_blocked=blocked_seconds(in_step),
+                     **{f"t_blocked_{k}": blocked_seconds(in_step, ph) for k, ph in
+                        (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))},
+                     n_blocked=len(in_step))
+        for r in recorder.collect():
+            writer.write("collective", rank=rank, **r)
+        for b in blocked:
+            writer.write("blocked", rank=rank, **b)
+        if step == 0:
+            writer.write("memory", rank=rank, **memory_record(engine), peak_bytes=None, peak_kind=None)
+
+    peak, kind = peak_memory(device)
+    writer.write("memory", rank=rank, **memory_record(engine), peak_bytes=peak, peak_kind=kind)

@@ -1,0 +1,165 @@
+"""Chrome / Perfetto trace export of a run: `dtlab trace RUN_DIR -o trace.json`, `run.to_chrome_trace()`.
+
+Pure (no torch). The file is the Trace Event Format that chrome://tracing and ui.perfetto.dev open:
+
+- one process per rank ("rank 0", "rank 1", ...);
+- a "compute" track per rank: one slice per step ("step 3", or "step 9 (no-op baseline)" for the baseline steps
+  that measure T_comp), with forward, backward and optimizer slices nested inside it;
+- "communication" tracks per rank: one slice per DDP bucket all-reduce or ZeRO-3 collective, from t_start to
+  t_end, with its bytes, op, phase and bucket index as args. Intervals that overlap on one rank (a bucket queued
+  behind another, ZeRO-3's prefetch) go to extra lanes ("communication 2", ...), because a trace track must nest.
+  ZeRO-3's collectives inside `deepspeed.initialize` (step -1) have no step to anchor them and are left out;
+- after a restart (dtlab.results.restarts): a "checkpoint" track (one slice per save), a "lost work" track (the steps an
+  attempt recorded that the restarted group redid) and an instant marker where each rank restarted.
+
+Steps are placed on the time axis by the wall clock each rank wrote when the step ended (`time` in its events,
+the same clock for all ranks of one machine) minus the step's own duration; everything inside a step is
+placed by the step's own clock (CUDA events on GPU), so durations are exact and step starts are good to the
+time between the end of a step and its `time` stamp (well under a millisecond). Time zero is the earliest
+step start of any rank.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+COMPUTE_TID, LOST_TID, CKPT_TID, COMM_TID = 1, 2, 3, 10
+
+
+def _step_times(run_dir: str) -> dict[tuple[int, int, str], float]:
+    """(rank, step, kind) -> wall time written at the end of the step (seconds since the epoch)."""
+    from dtlab.results.events import read_events
+    out = {}
+    for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))):
+        for e in read_events(p):
+            if e.get("kind") in ("step", "baseline_step") and "time" in e:
+                out[(int(e["rank"]), int(e["step"]), e["kind"])] = float(e["time"])
+    return out
+
+
+def _lanes(intervals: list[tuple[float, float]]) -> list[int]:
+    """Greedy interval partitioning: the lane of each interval so that no two in one lane overlap."""
+    order = sorted(range(len(intervals)), key=lambda i: intervals[i][0])
+    ends: list[float] = []
+    lane = [0] * len(intervals)
+    for i in order:
+        s, e = intervals[i]
+        for k, end in enumerate(ends):
+            if s >= end:
+                lane[i], ends[k] = k, e
+                break
+        else:
+            lane[i] = len(ends)
+            ends.append(e)
+    return lane
+
+
+def chrome_trace(run) -> dict:
+    """The run as a Trace Event Format dict (see the module docstring); times in microseconds."""
+    stamps = _step_times(run.path)
+    steps = [("step", r) for r in run.steps.itertuples()] + [("baseline_step", r) for r in run.baseline_steps.itertuples()]
+    starts = {}
+    for kind, r in steps:
+        t_end = stamps.get((int(r.rank), int(r.step), kind))
+        if t_end is not None:
+            starts[(int(r.rank), int(r.step))] = t_end - float(r.t_step)
+    t0 = min(starts.values()) if starts else 0.0
+    us = lambda s: round(s * 1e6, 3)  # noqa: E731
+    strategy = run.config.get("strategy", "ddp")
+    ev: list[dict] = []
+    for rank in sorted({int(r.rank) for _, r in steps}):
+        ev.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+        ev.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": COMPUTE_TID, "args": {"name": "compute"}})
+    for kind, r in steps:
+        key = (int(r.rank), int(r.step))
+        if key not in starts:
+            continue
+        base = starts[key] - t0
+        baseline = kind == "baseline_step"
+        common = {"pid": key[0], "tid": COMPUTE_TID, "ph": "X"}
+        ev.append({**common, "name": f"step {key[1]}" + (" (no-op baseline)" if baseline else ""),
+                   "cat": "baseline" if baseline else "step", "ts": us(base), "dur": us(r.t_step),
+                   "args": {"step": key[1], "baseline": baseline, "t_step_ms": r.t_step * 1e3,
+                            "loss": getattr(r, "loss", None)}})
+        t = base
+        for name, dur in (("forward", r.t_fwd), ("backward", r.t_bwd), ("optimizer", r.t_opt)):
+            ev.append({**common, "name": name, "cat": "compute", "ts": us(t), "dur": us(dur),
+                       "args": {"step": key[1], "baseline": baseline}})
+            t += dur
+    comm = run.buckets if not run.buckets.empty else run.collectives
+    lanes_used: dict[int, int] = {}
+    if not comm.empty:
+        comm = comm.dropna(subset=["t_start", "t_end"])
+        for rank, g in comm.groupby("rank"):
+            rows = [r for r in g.itertuples() if (int(r.rank), int(r.step)) in starts]
+            ivs = [(starts[(int(r.rank), int(r.step))] - t0 + r.t_start, starts[(int(r.rank), int(r.step))] - t0 + r.t_end)
+                   for r in rows]
+            for r, (s, e), lane in zip(rows, ivs, _lanes(ivs)):
+                lanes_used[int(rank)] = max(lanes_used.get(int(rank), 0), lane + 1)
+                if strategy in ("ddp", "ps"):
+                    op = "reduce+broadcast" if strategy == "ps" else "all_reduce"
+                    name, args = f"{op} bucket {int(r.bucket)}", {"op": op, "bucket": int(r.bucket),
+                                                                  "phase": "backward", "nparams": int(r.nparams)}
+                else:
+                    name, args = f"{r.op} ({r.phase})", {"op": r.op, "phase": r.phase, "fn": getattr(r, "fn", None)}
+                ev.append({"ph": "X", "pid": int(rank), "tid": COMM_TID + lane, "name": name, "cat": "communication",
+                           "ts": us(s), "dur": us(e - s),
+                           "args": {**args, "step": int(r.step), "nbytes": int(r.nbytes)}})
+    ev += _recovery_events(run, t0, us)
+    for rank, n in lanes_used.items():
+        for lane in range(n):
+            ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": COMM_TID + lane,
+                       "args": {"name": "communication" + (f" {lane + 1}" if lane else "")}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms",
+            "otherData": {"run": os.path.abspath(run.path), "strategy": strategy,
+                          "backend": run.resolved.get("backend"),
+                          "placement": run.resolved.get("placement", {}).get("label"),
+                          "clock": "step starts from each rank's wall clock at step end minus t_step; "
+                                   "slices inside a step from the step's own clock"}}
+
+
+def _recovery_events(run, t0: float, us) -> list[dict]:
+    """Checkpoint and restart (dtlab.results.restarts), placed by wall clock: a "checkpoint" track with one slice per save,
+    a "lost work" track with the steps an attempt recorded and a restart redid, and an instant marker per restart."""
+    ev: list[dict] = []
+    named: set = set()
+
+    def track(rank: int, tid: int, name: str) -> None:
+        if (rank, tid) not in named:
+            named.add((rank, tid))
+            ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
+
+    for r in getattr(run, "checkpoints", _empty()).itertuples():
+        track(int(r.rank), CKPT_TID, "checkpoint")
+        ev.append({"ph": "X", "pid": int(r.rank), "tid": CKPT_TID, "name": f"checkpoint step-{int(r.step)}",
+                   "cat": "checkpoint", "ts": us(r.wall_time - r.t_save - t0), "dur": us(r.t_save),
+                   "args": {"steps_done": int(r.step), "nbytes": int(r.nbytes), "attempt": int(r.attempt)}})
+    for r in getattr(run, "lost", _empty()).itertuples():
+        track(int(r.rank), LOST_TID, "lost work (redone after a restart)")
+        ev.append({"ph": "X", "pid": int(r.rank), "tid": LOST_TID, "name": f"step {int(r.step)} (lost)", "cat": "lost",
+                   "ts": us(r.wall_time - r.t_step - t0), "dur": us(r.t_step),
+                   "args": {"step": int(r.step), "attempt": int(r.attempt), "loss": r.loss}})
+    for r in getattr(run, "restarts", _empty()).itertuples():
+        ev.append({"ph": "i", "s": "p", "pid": int(r.rank), "tid": COMPUTE_TID, "cat": "restart",
+                   "name": f"restart {int(r.attempt)}: resumed from step {int(r.resumed_from)}",
+                   "ts": us(r.wall_time - t0), "args": {"attempt": int(r.attempt), "t_load_s": r.t_load,
+                                                        "down_s": r.down_s, "checkpoint": r.checkpoint}})
+    return ev
+
+
+def _empty():
+    """An empty frame, for runs loaded before checkpoints existed."""
+    import pandas as pd
+    return pd.DataFrame()
+
+
+def write_chrome_trace(run, path: str) -> str:
+    """Write `chrome_trace(run)` as JSON to `path`; returns the path. Open it in ui.perfetto.dev or
+    chrome://tracing."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(chrome_trace(run), f)
+    return path
