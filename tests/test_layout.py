@@ -102,6 +102,35 @@ def test_no_private_name_is_imported_across_modules():
     assert not bad, "\n".join(bad)
 
 
+def _strategy_comparisons(tree) -> list[int]:
+    """Lines comparing something named like a strategy with a string (or strings): `cfg.strategy == "zero3"`."""
+    def strategyish(node):
+        return any(isinstance(n, (ast.Name, ast.Attribute, ast.Constant)) and "strategy" in str(
+            getattr(n, "id", getattr(n, "attr", getattr(n, "value", "")))) for n in ast.walk(node))
+
+    def strings(node):
+        return (isinstance(node, ast.Constant) and isinstance(node.value, str)) or (
+            isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(strings(e) for e in node.elts))
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(strategyish(s) for s in sides) and any(strings(s) for s in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_strategy_names_are_compared_only_in_their_specs():
+    """What a strategy supports is its spec in dtlab.config.strategies; no other module compares names."""
+    bad = [f"{path.relative_to(ROOT)}:{line}" for path in sorted(PKG.rglob("*.py"))
+           if path.name != "strategies.py" or path.parent.name != "config"
+           for line in _strategy_comparisons(ast.parse(path.read_text()))]
+    assert not bad, "strategy names compared outside dtlab/config/strategies.py: " + ", ".join(bad)
+    planted = ast.parse('if cfg.strategy == "zero3":\n    pass\nif run.config.get("strategy") in ("ddp", "ps"):\n    pass')
+    assert _strategy_comparisons(planted) == [1, 3]
+
+
 def test_every_public_name_resolves():
     import dtlab
     assert set(dtlab.__all__) == PUBLIC_NAMES

@@ -19,15 +19,25 @@ from functools import lru_cache
 
 @lru_cache(maxsize=None)
 def field_docs(cls) -> dict[str, str]:
-    """{field: docstring} from the string literal that follows each field in the class body."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    """{field: docstring} from the string literal that follows each field in the class body (a base dataclass's
+    fields, e.g. JobConfig's, from its own body; a subclass's docstring wins)."""
     docs = {}
-    for node, nxt in zip(body, body[1:] + [None]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
-                and isinstance(getattr(nxt, "value", None), ast.Constant) and isinstance(nxt.value.value, str):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass) or "__dataclass_fields__" not in vars(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, nxt in zip(body, body[1:] + [None]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
+                    and isinstance(getattr(nxt, "value", None), ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+def own_fields_first(cls) -> list:
+    """The dataclass's fields, its own before those it inherits (so `dtlab run --help` opens with the run's)."""
+    own = set(vars(cls).get("__annotations__", {}))
+    fields = dataclasses.fields(cls)
+    return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
 
 
 def _base_type(cls, f):
@@ -67,7 +77,7 @@ def add_arguments(parser, cls, prefix: str = "", skip: tuple = (), group_titles:
     """Add one flag per field of dataclass `cls` (recursing into nested config dataclasses). `aliases` maps a
     field to extra flag spellings kept for compatibility (e.g. {"timeout_s": ["--timeout"]})."""
     docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
+    for f in own_fields_first(cls):
         if f.name in skip:
             continue
         if _nested(cls, f):

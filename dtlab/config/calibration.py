@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dtlab.config.checks import choice, int_at_least
+from dtlab.config.job import JobConfig
+from dtlab.config.run import RunConfig
 
 # "ps": a parameter-server round, dist.reduce to rank 0 then dist.broadcast from it (dtlab.rank.strategies.ps, one bucket)
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "ps")
-
 
 # Powers of 2 from 4 KiB to 64 MiB: 15 sizes spanning the latency- and bandwidth-bound regimes, dense
 # enough that each protocol regime gets several points (see dtlab.model.fit.fit_piecewise).
@@ -15,7 +17,7 @@ DEFAULT_SIZES = tuple(2 ** k for k in range(12, 27))
 
 
 @dataclass(kw_only=True)
-class CalibConfig:
+class CalibConfig(JobConfig):
     """What to measure. Sizes are full message bytes (nccl-tests convention), rounded up to a multiple of
     4 x lcm(nproc, group_sizes) so every rank's share is a whole number of fp32 elements."""
 
@@ -34,26 +36,12 @@ class CalibConfig:
     (where one call is milliseconds and each sample keeps its own barrier)."""
     rounds: int = 3
     """Passes over all sizes, each in a freshly shuffled order (1 = one block per size, as nccl-tests)."""
-    backend: str = "auto"
-    """'auto', 'nccl' or 'gloo', resolved like a run's backend."""
     form: str = "ring"
     """Which alpha-beta form the profile fits: 'ring' or 'textbook' (see dtlab.model.costmodel)."""
     fit_min_bytes: int | None = None
     """Fit only sizes >= this (collectives switch protocol between small and large messages)."""
     fit_max_bytes: int | None = None
     """Fit only sizes <= this."""
-    out: str | None = None
-    """Profile directory; default profiles/calib-p<nproc>-<timestamp>."""
-    timeout_s: float = 1800.0
-    """Wall-clock limit for the whole sweep in seconds; past it every rank is stopped."""
-    nnodes: int = 1
-    """Nodes in the sweep, nproc ranks on each (one rank per node times the inter-node link); see dtlab.config.nodes."""
-    rdzv_endpoint: str | None = None
-    """HOST:PORT of the c10d rendezvous, the same on every node (needed when nnodes > 1)."""
-    rdzv_id: str | None = None
-    """Job id that every node of one sweep gives (None: derived from `out`)."""
-    rdzv_timeout_s: float = 600.0
-    """Seconds to wait for all nnodes nodes to join; past it the sweep fails naming the missing ones."""
     group_sizes: tuple | None = None
     """Also time every op on the first k ranks, for each k here (e.g. 2,3,4 with nproc 4; the other ranks wait at
     the barrier), so several p are measured in one launch, interleaved under the same load. None: nproc only."""
@@ -69,8 +57,6 @@ class CalibConfig:
 
     def validate(self, cuda_device_count: int | None = None) -> "CalibConfig":
         """Refuse bad fields by name, before anything starts."""
-        from dtlab.config.run import BACKENDS, RunConfig
-        from dtlab.config.checks import choice, int_at_least
         int_at_least("nproc", self.nproc, 1)
         if isinstance(self.nnodes, int) and self.nproc * self.nnodes < 2:
             raise ValueError(f"nproc x nnodes must be >= 2 (a collective needs peers), got nproc={self.nproc}, "
@@ -92,21 +78,17 @@ class CalibConfig:
                              f"({self.nproc * self.nnodes}), got {list(self.group_sizes)!r}")
         if self.rounds > self.iters:
             raise ValueError(f"rounds must be <= iters ({self.iters}) so every round times each size, got {self.rounds}")
-        choice("backend", self.backend, BACKENDS)
         choice("form", self.form, ("ring", "textbook"))
         for name in ("fit_min_bytes", "fit_max_bytes"):
             if getattr(self, name) is not None:
                 int_at_least(name, getattr(self, name), 0)
-        from dtlab.config.checks import finite
-        finite("timeout_s", self.timeout_s, "(seconds)", low=0.0)
         # The machine checks (nccl needs CUDA, one GPU per rank) are the training runs' own.
         RunConfig(nproc=self.nproc, backend=self.backend).validate(cuda_device_count)
-        from dtlab.config.nodes import validate_nodes
-        validate_nodes(self)
+        self.validate_job()
         return self
 
     def resolved_backend(self) -> str:
-        from dtlab.config.run import RunConfig
+        """The torch.distributed backend the ranks use, placed like a run's (dtlab.config.placement)."""
         return RunConfig(nproc=self.nproc, backend=self.backend).resolved_backend()
 
     def ranks_timed(self) -> list[int]:

@@ -14,6 +14,7 @@ DDP comm hooks, and communicating once per `accumulate` micro-batches. Pure: che
 
 from __future__ import annotations
 
+from dtlab.config.strategies import strategy_spec
 from dtlab.config.checks import choice, int_at_least
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -31,22 +32,15 @@ def validate_levers(cfg, placed) -> None:
     int_at_least("accumulate", cfg.accumulate, 1)
     int_at_least("powersgd_rank", cfg.powersgd_rank, 1)
     int_at_least("powersgd_start_iter", cfg.powersgd_start_iter, 2)
-    if cfg.strategy == "zero3":
-        if cfg.comm_hook != "none":
-            raise ValueError(f"comm_hook {cfg.comm_hook!r} applies to strategy 'ddp' only: ZeRO-3 reduce-scatters "
-                             f"sharded gradients inside DeepSpeed, which no DDP comm hook reaches")
-        if cfg.accumulate != 1:
-            raise ValueError("accumulate applies to strategy 'ddp' only (DeepSpeed has its own "
-                             "gradient_accumulation_steps, not wired here)")
-    if cfg.strategy == "ps":  # dtlab.rank.strategies.ps: its reduce + broadcast is the comm hook
-        if cfg.comm_hook != "none":
-            raise ValueError(f"comm_hook {cfg.comm_hook!r} applies to strategy 'ddp' only: strategy 'ps' reduces "
-                             "each bucket with its own reduce + broadcast hook, uncompressed")
-        if cfg.accumulate != 1:
-            raise ValueError("accumulate applies to strategy 'ddp' only (not wired or tested for 'ps')")
-        if not cfg.record:
-            raise ValueError("strategy 'ps' needs record=True: the recording hook is what reduces to rank 0 "
-                             "(without it DDP would all-reduce)")
+    spec = strategy_spec(cfg.strategy)
+    if cfg.comm_hook != "none" and not spec.comm_hooks:
+        raise spec.refuse("comm_hook", "a DDP compression hook reaches only the buckets DDP all-reduces itself "
+                                       "(ZeRO-3 reduce-scatters inside DeepSpeed; ps reduces with its own hook)")
+    if cfg.accumulate != 1 and not spec.accumulate:
+        raise spec.refuse("accumulate", "gradient accumulation is wired through DDP's no_sync only")
+    if spec.needs_record and not cfg.record:
+        raise ValueError(f"strategy {spec.name!r} needs record=True: the recording hook is what reduces each "
+                         "bucket (without it DDP would all-reduce)")
     if cfg.comm_hook != "none" and not cfg.record:
         raise ValueError(f"comm_hook {cfg.comm_hook!r} needs record=True: the recorder is what installs the hook")
     if cfg.comm_hook == "bf16" and placed.backend == "gloo" and placed.device == "cuda":

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from dtlab.config.strategies import strategy_spec
+
 #: First NCCL release that lets two ranks of one communicator share a GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1).
 NCCL_SHARED_GPU_MIN = (2, 30, 0)
 #: At most this many ranks per GPU under NCCL's multi-rank mode.
@@ -118,14 +120,15 @@ def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
 
 def strategy_note(strategy: str | None, p: Placement, nproc: int) -> str:
     """What a placement means for a strategy's numbers beyond what it means for DDP ('' when nothing)."""
-    if strategy != "zero3":
+    spec = strategy_spec(strategy) if strategy is not None else None
+    if spec is None or not spec.shards:
         return ""
     if nproc == 1:
-        return ("ZeRO-3 on one rank partitions nothing (p = 1): each rank holds everything and no byte travels "
-                "between ranks; use 2 or more ranks to see sharding")
+        return (f"{spec.title} on one rank partitions nothing (p = 1): each rank holds everything and no byte "
+                "travels between ranks; use 2 or more ranks to see sharding")
     if p.backend == "gloo" and p.device == "cuda":
-        return ("ZeRO-3 runs DeepSpeed's CUDA accelerator over gloo: each all-gather and reduce-scatter is copied "
-                "to host memory and back, and gloo's reduce-scatter is an all-reduce then a chunk (twice the data)")
+        return (f"{spec.title} over gloo on CUDA tensors: each all-gather and reduce-scatter is copied to host "
+                "memory and back, and gloo's reduce-scatter is an all-reduce then a chunk (twice the data)")
     return ""
 
 

@@ -4,6 +4,7 @@ restarted run leaves is read by dtlab.results.restarts)."""
 from __future__ import annotations
 
 from dtlab.config.checks import int_at_least
+from dtlab.config.strategies import strategy_spec
 
 
 def validate_restarts(cfg) -> None:
@@ -13,10 +14,10 @@ def validate_restarts(cfg) -> None:
     if cfg.checkpoint_every > cfg.steps:
         raise ValueError(f"checkpoint_every must be <= steps ({cfg.steps}) so that a checkpoint is written "
                          f"(0 turns checkpoints off), got {cfg.checkpoint_every}")
-    if cfg.strategy != "ddp" and (cfg.checkpoint_every or cfg.max_restarts):
-        which = "checkpoint_every" if cfg.checkpoint_every else "max_restarts"
-        raise ValueError(f"{which} applies to strategy 'ddp' only: ZeRO-3 would need DeepSpeed's "
-                         f"save_checkpoint / load_checkpoint, which dtlab does not wire")
+    spec = strategy_spec(cfg.strategy)
+    if (cfg.checkpoint_every or cfg.max_restarts) and not spec.checkpoints:
+        raise spec.refuse("checkpoint_every" if cfg.checkpoint_every else "max_restarts",
+                          "its rank loop does not save or resume torch.distributed.checkpoint state")
     if cfg.max_restarts and getattr(cfg, "nnodes", 1) > 1:
         raise ValueError("max_restarts applies to single-node runs (nnodes 1): a restarted attempt keys its "
                          "rendezvous by the restart count, which every node's agent would have to agree on; "

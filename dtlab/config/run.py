@@ -13,13 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtlab.config.checks import choice, finite, int_at_least, refuse_unknown
+from dtlab.config.job import JobConfig
+from dtlab.config.placement import BACKENDS, DEVICES
+from dtlab.config.strategies import STRATEGIES, strategy_spec
 
-#: The strategy registry: name -> the rank-side module with `train(cfg, run_dir, rank, world, writer)`. Adding a
-#: strategy means adding that module and one entry here (validation, the CLI and the worker all read it).
-STRATEGY_MODULES = {"ddp": "dtlab.rank.strategies.ddp", "zero3": "dtlab.rank.strategies.zero3", "ps": "dtlab.rank.strategies.ps"}
-STRATEGIES = tuple(STRATEGY_MODULES)
-BACKENDS = ("auto", "nccl", "gloo")
-DEVICES = ("auto", "cuda", "cpu")
 MODELS = ("distilbert", "tiny")
 MODEL_SOURCES = ("auto", "hub", "random")
 DATA_SOURCES = ("auto", "glue", "offline")
@@ -75,18 +72,16 @@ class ZeroConfig:
 
 
 @dataclass(kw_only=True)
-class RunConfig:
-    """Everything that defines one run. Times are seconds, sizes are as named (MiB, tokens, samples)."""
+class RunConfig(JobConfig):
+    """Everything that defines one run. Times are seconds, sizes are as named (MiB, tokens, samples). The launch
+    fields (backend, out, timeout_s, nodes and rendezvous) are JobConfig's, shared with CalibConfig."""
 
     strategy: str = "ddp"
     """'ddp' (PyTorch DistributedDataParallel), 'zero3' (DeepSpeed ZeRO stage 3) or 'ps' (DDP's buckets reduced
-    to rank 0 and broadcast back: a parameter server colocated with rank 0, dtlab.rank.strategies.ps)."""
+    to rank 0 and broadcast back: a parameter server colocated with rank 0); see dtlab.config.strategies."""
     nproc: int | None = None
-    """Number of ranks (processes) on this machine. None: one per GPU and at least 2 (2 gloo ranks on a machine
+    """Number of ranks (processes) on each node. None: one per GPU and at least 2 (2 gloo ranks on a machine
     without a GPU; on one GPU, 2 ranks share it: see dtlab.config.placement)."""
-    backend: str = "auto"
-    """'auto', 'nccl' or 'gloo'. 'auto' picks NCCL when the GPUs can host nproc ranks (one GPU each, or two
-    ranks per GPU on NCCL >= 2.30), gloo otherwise; see dtlab.config.placement for the full rule."""
     device: str = "auto"
     """'auto' (CUDA whenever the machine has a GPU: a GPU machine never runs silently on the CPU), 'cuda' or
     'cpu' (gloo ranks on the CPU even when GPUs are present)."""
@@ -128,10 +123,6 @@ class RunConfig:
     CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN benchmark off) and one fixed NCCL reduction order (NCCL_ALGO=Ring,
     NCCL_PROTO=Simple) for a given world size and topology. It can cost speed, so it is off by default; CPU runs
     with gloo are bit-identical without it."""
-    out: str | None = None
-    """Run directory; default runs/<strategy>-<model>-p<nproc>-b<bucket_mb>-<timestamp>."""
-    timeout_s: float = 1800.0
-    """Wall-clock limit for the whole run in seconds; past it every rank is stopped."""
     stall_s: float | None = None
     """Watchdog: seconds a rank may go without writing a new event once it has started stepping; past it the
     ranks' Python stacks are dumped into their logs, the run is stopped and RunFailed names the silent rank.
@@ -155,14 +146,6 @@ class RunConfig:
     """Save a torch.distributed.checkpoint every N training steps into RUN/checkpoints/ (0: off); see dtlab.results.restarts."""
     max_restarts: int = 0
     """torchrun --max-restarts: restarts of a group whose rank died, each resuming from the newest checkpoint."""
-    nnodes: int = 1
-    """Nodes (machines, one torchrun agent each) in the job, nproc ranks on each; see dtlab.config.nodes."""
-    rdzv_endpoint: str | None = None
-    """HOST:PORT of the c10d rendezvous, the same on every node (needed when nnodes > 1; None: local, any port)."""
-    rdzv_id: str | None = None
-    """Job id that every node of one job gives (None: derived from the run directory `out`)."""
-    rdzv_timeout_s: float = 600.0
-    """Seconds to wait for all nnodes nodes to join; past it the run fails naming the missing ones."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -177,7 +160,8 @@ class RunConfig:
 
         `cuda_device_count` and `nccl_version` default to this machine's (asked without initialising CUDA). The
         "auto" fields (nproc, baseline_steps: None) are resolved here, so a validated config is fully explicit."""
-        choice("strategy", self.strategy, STRATEGIES)
+        choice("strategy", self.strategy, tuple(STRATEGIES))
+        spec = strategy_spec(self.strategy)
         self._resolve_auto(cuda_device_count)
         int_at_least("nproc", self.nproc, 1)
         choice("backend", self.backend, BACKENDS)
@@ -189,9 +173,8 @@ class RunConfig:
             raise ValueError(f"warmup must be smaller than steps ({self.steps}) so some steps are measured, "
                              f"got {self.warmup}")
         int_at_least("baseline_steps", self.baseline_steps, 0)
-        if self.strategy == "zero3" and self.baseline_steps:
-            raise ValueError("baseline_steps (the no-op comm hook baseline) is only available for strategies "
-                             "'ddp' and 'ps'")
+        if self.baseline_steps and not spec.compute_baseline:
+            raise spec.refuse("baseline_steps", "the no-op comm hook baseline")
         int_at_least("batch_size", self.batch_size, 1)
         int_at_least("seq_len", self.seq_len, 1)
         if self.seq_len > 512:
@@ -219,10 +202,8 @@ class RunConfig:
         finite("lr", self.lr, "", low=0.0, high=10.0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
             raise ValueError(f"seed must be an integer in [0, 2**32) (numpy's range), got {self.seed!r}")
-        for name in ("out", "model_path"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise ValueError(f"{name} must be a path (string) or None, got {getattr(self, name)!r}")
-        finite("timeout_s", self.timeout_s, "(seconds)", low=0.0)
+        if self.model_path is not None and not isinstance(self.model_path, str):
+            raise ValueError(f"model_path must be a path (string) or None, got {self.model_path!r}")
         if self.stall_s is not None:
             finite("stall_s", self.stall_s, "(seconds) or None (derived from the step time)", low=0.0)
         if not isinstance(self.zero, ZeroConfig):
@@ -237,8 +218,7 @@ class RunConfig:
         from dtlab.config.stragglers import validate_straggler
         validate_straggler(self)
         validate_restarts(self)
-        from dtlab.config.nodes import validate_nodes
-        validate_nodes(self)
+        self.validate_job()  # the launch fields, nodes and rendezvous last (they fill in rdzv_id)
         return self
 
     def _resolve_auto(self, cuda_device_count: int | None = None) -> None:
@@ -246,7 +226,7 @@ class RunConfig:
             from dtlab.config.placement import device_count
             self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
         if self.baseline_steps is None:
-            self.baseline_steps = 0 if self.strategy == "zero3" else 3
+            self.baseline_steps = 3 if strategy_spec(self.strategy).compute_baseline else 0
 
     def placement(self, cuda_device_count: int | None = None, nccl_version=None):
         """Where the ranks run (backend, device, ranks per GPU, banner text): `dtlab.config.placement.plan` for this

@@ -22,9 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 
-#: Strategies whose rank loop calls `dtlab.rank.stragglers.Straggler`. A new strategy (e.g. 'ps') adds its name
-#: here once its loop calls `begin_step()`, `pause()` and `observe()` like dtlab.rank.strategies.ddp does.
-STRAGGLER_STRATEGIES = ("ddp", "ps")  # ps runs DDP's training loop (dtlab.rank.strategies.ddp.train)
+from dtlab.config.strategies import strategy_spec
 
 #: How many of the rank's own earlier steps the FACTOR rule takes the median of.
 HISTORY_STEPS = 3
@@ -107,13 +105,14 @@ def _number(text: str, low: float, what: str, entry: str) -> float:
 
 def validate_straggler(cfg) -> None:
     """Refuse a bad `cfg.straggler` by name before launch (called from `RunConfig.validate`, after nproc is
-    resolved). Any strategy in STRAGGLER_STRATEGIES may call it; it needs the recorder (record=True), which
-    is where the wait times and the FACTOR rule's compute times come from."""
+    resolved). Strategies whose spec says `stragglers` (their rank loop calls dtlab.rank.stragglers.Straggler's
+    `begin_step()`, `pause()` and `observe()`) accept it; it needs the recorder (record=True), which is where the
+    wait times and the FACTOR rule's compute times come from."""
     if cfg.straggler is None:
         return
-    if cfg.strategy not in STRAGGLER_STRATEGIES:
-        raise ValueError(f"straggler applies to strategy {' or '.join(repr(s) for s in STRAGGLER_STRATEGIES)} "
-                         f"only, got strategy {cfg.strategy!r} (its rank loop does not inject delays)")
+    spec = strategy_spec(cfg.strategy)
+    if not spec.stragglers:
+        raise spec.refuse("straggler", "its rank loop does not inject delays")
     parse_straggler(cfg.straggler, cfg.nproc)
     if not cfg.record:
         raise ValueError("straggler needs record=True: the wait times and the FACTOR rule's compute times are "

@@ -24,6 +24,8 @@ import json
 import os
 import re
 
+from dtlab.config.strategies import strategy_spec
+
 EPS_S = 1e-6          # float noise in recorded seconds
 SLACK_S = 1.0         # wall-clock slack between processes (launch time vs a rank's first event)
 
@@ -81,7 +83,7 @@ def run_problems(run, want: dict | None = None, defaults: dict | None = None) ->
         if got != steps:
             problems.append(f"rank {r} recorded steps {sorted(got)}, the config asks {sorted(steps)}")
         n_base = int((run.baseline_steps["rank"] == r).sum()) if not run.baseline_steps.empty else 0
-        if cfg.get("strategy") != "zero3" and n_base != int(cfg.get("baseline_steps") or 0):
+        if strategy_spec(cfg.get("strategy")).compute_baseline and n_base != int(cfg.get("baseline_steps") or 0):
             problems.append(f"rank {r} recorded {n_base} baseline steps, the config asks {cfg.get('baseline_steps')}")
     problems += _byte_problems(run)
     problems += _timing_problems(run)
@@ -99,7 +101,8 @@ def _byte_problems(run) -> list[str]:
     if int(res.get("grad_bytes", -1)) != want or 4 * int(res.get("num_parameters", -1)) != want:
         return [f"it claims {res.get('grad_bytes')} gradient bytes ({res.get('num_parameters')} parameters); "
                 f"{run.config['model']}'s architecture has {want:,} B"]
-    if run.config.get("strategy") in ("ddp", "ps"):
+    records = strategy_spec(run.config.get("strategy")).records
+    if records == "buckets":
         b = run.buckets
         per = b.groupby(["rank", "step"])["nbytes"].sum() if not b.empty else b
         rank_steps = set(zip(run.steps["rank"].astype(int), run.steps["step"].astype(int)))
@@ -109,7 +112,7 @@ def _byte_problems(run) -> list[str]:
         if len(off):
             return [f"rank {off.index[0][0]} step {off.index[0][1]} all-reduced {int(off.iloc[0]):,} B, not the "
                     f"{want:,} B of its gradients"]
-    elif run.config.get("strategy") == "zero3":
+    elif records == "collectives":
         c = run.collectives
         rs = c[c["op"] == "reduce_scatter"].groupby(["rank", "step"])["nbytes"].sum() if not c.empty else c
         exp = res.get("expected_reduce_scatter_bytes_per_step")

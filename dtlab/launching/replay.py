@@ -21,6 +21,8 @@ import glob
 import json
 import os
 
+from dtlab.results.status import recorded_status
+
 ENV = "DTLAB_REPLAY"
 LOG_ENV = "DTLAB_REPLAY_LOG"  # set by `dtlab grade`: one JSON line per recording loaded or missing
 
@@ -46,15 +48,7 @@ def replay_root() -> str | None:
 def status_of(run_dir: str, cfg: dict) -> dict:
     """A recording's status.json; for a multi-node one (nnodes > 1 in its config), the nodes' merged status."""
     nnodes = int(cfg.get("nnodes") or 1) if isinstance(cfg, dict) else 1
-    if nnodes > 1:
-        from dtlab.results.status import merged_status
-        return merged_status(run_dir, nnodes)
-    try:
-        with open(os.path.join(run_dir, "status.json")) as f:
-            st = json.load(f)
-        return st if isinstance(st, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return recorded_status(run_dir, nnodes)[0] or {}
 
 
 def recorded_in(root: str) -> list[tuple[str, dict]]:

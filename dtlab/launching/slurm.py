@@ -20,7 +20,6 @@ the ranks' error events still name the culprit.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shlex
@@ -29,6 +28,7 @@ import sys
 import time
 
 from dtlab.config.run import RunConfig
+from dtlab.results.status import recorded_status
 from dtlab.runfiles import dump_json
 
 PORT_BASE, PORT_SPAN = 20000, 20000  # rendezvous port = PORT_BASE + job id % PORT_SPAN
@@ -138,12 +138,7 @@ def mark(run_dir: str, what: str, **extra) -> None:
     if what.lstrip("-").isdigit():
         extra["returncode"] = int(what)
         what = "finished" if int(what) == 0 else "failed"
-    old = {}
-    try:
-        with open(os.path.join(run_dir, "status.json")) as f:
-            old = json.load(f)
-    except (OSError, ValueError):
-        pass
+    old = recorded_status(run_dir)[0] or {}
     dump_json({**old, "state": what, f"{what}_time": time.time(), **extra}, os.path.join(run_dir, "status.json"))
 
 

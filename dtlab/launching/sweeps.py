@@ -10,6 +10,7 @@ import pandas as pd
 
 from dtlab.config.run import RunConfig
 from dtlab.model.whatif import config_label
+from dtlab.results.status import recorded_status
 
 SWEEP_COLUMNS = ["label", "strategy", "nproc", "bucket_mb", "status", "reason", "t_step", "t_comp", "t_comm", "exposed", "overlap",
                  "t_comp_how", "oversubscribed", "path"]
@@ -24,11 +25,10 @@ def _same_config(path: str, cfg: RunConfig) -> bool:
     try:
         with open(os.path.join(path, "config.json")) as f:
             old = json.load(f)["config"]
-        with open(os.path.join(path, "status.json")) as f:
-            state = json.load(f)["state"]
     except (OSError, ValueError, KeyError):
         return False
-    return state == "finished" and {**old, "out": None} == {**cfg.to_dict(), "out": None}
+    status = recorded_status(path, int(old.get("nnodes") or 1))[0] or {}
+    return status.get("state") == "finished" and {**old, "out": None} == {**cfg.to_dict(), "out": None}
 
 
 def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", progress: bool = True,

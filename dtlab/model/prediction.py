@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dtlab.config.strategies import strategy_spec
 from dtlab.model.buckets import predict_step
 from dtlab.intervals import frame_union_length
 
@@ -37,7 +38,8 @@ COLUMNS = ["step", "rank", "measured_t_step", "predicted_t_step", "measured_t_co
 def predict(run, profile) -> pd.DataFrame:
     """One row per measured step: measured vs predicted T_step (slowest rank), T_comm (rank where longest) and exposed
     communication in seconds, and the relative errors (predicted - measured) / measured."""
-    if run.config.get("strategy", "ddp") == "zero3":
+    spec = strategy_spec(run.config.get("strategy"))
+    if spec.records == "collectives":
         df = _predict_zero3(run, profile)
     else:
         df = _predict_ddp(run, profile)
@@ -56,7 +58,7 @@ def _slowest(run) -> pd.DataFrame:
 def _predict_ddp(run, profile) -> pd.DataFrame:
     rows = []
     p = run.nproc
-    op = "ps" if run.config.get("strategy") == "ps" else "all_reduce"  # ps: calibrate with ops including "ps"
+    op = strategy_spec(run.config.get("strategy")).bucket_op  # ps: calibrate with ops including "ps"
     for s in _slowest(run).itertuples():
         b = run.buckets[(run.buckets["rank"] == s.rank) & (run.buckets["step"] == s.step)].sort_values("t_start")
         if b.empty:

@@ -1,8 +1,8 @@
 """The training rank's entry point, started by torchrun: `python -m dtlab.rank.worker RUN_DIR`.
 
 Thin on purpose: the lifecycle (logs, events, errors, teardown) is dtlab.rank.lifecycle's, shared with calibration;
-this module only picks the strategy from dtlab.config.strategies.STRATEGY_MODULES (adding a strategy means one module with
-`train(cfg, run_dir, rank, world, writer)` and one entry there).
+this module only imports the strategy's rank module named by its spec (dtlab.config.strategies: adding a strategy
+means one module with `train(cfg, run_dir, rank, world, writer)` and one spec there).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import importlib
 import os
 import sys
 
-from dtlab.config.run import STRATEGY_MODULES
+from dtlab.config.strategies import strategy_spec
 from dtlab.config.run import RunConfig
 from dtlab.rank.lifecycle import rank_main, read_config
 
 
 def _train(run_dir: str, rank: int, world: int, writer) -> None:
     cfg = RunConfig.from_dict(read_config(run_dir)["config"])
-    importlib.import_module(STRATEGY_MODULES[cfg.strategy]).train(cfg, run_dir, rank, world, writer)
+    importlib.import_module(strategy_spec(cfg.strategy).module).train(cfg, run_dir, rank, world, writer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from dtlab.config.strategies import strategy_spec
 from dtlab.intervals import frame_union_length
 from dtlab.results.restarts import FRAMES, recovery, restart_lines
 from dtlab.runfiles import RunDamageWarning
@@ -91,9 +92,14 @@ class Run:
         return self.steps[self.steps["step"] >= self.warmup]
 
     @property
+    def spec(self):
+        """The run's strategy spec (dtlab.config.strategies): how its communication was recorded."""
+        return strategy_spec(self.config.get("strategy"))
+
+    @property
     def measures_blocked(self) -> bool:
         """True for ZeRO-3 runs whose step events carry t_blocked (measured exposed communication)."""
-        return (self.config.get("strategy") == "zero3" and "t_blocked" in self.steps.columns
+        return (self.spec.blocked_time and "t_blocked" in self.steps.columns
                 and self.steps["t_blocked"].notna().any())
 
     def per_step(self) -> pd.DataFrame:
@@ -174,7 +180,7 @@ class Run:
             ("T_step", t_step, "s", f"median over {n} steps of the slowest rank's step time"),
             ("T_comp", t_comp, "s", how_comp),
             ("T_comm", t_comm, "s", "median of the time collectives were in flight per step"
-             + (" (union of intervals on the rank where longest)" if self.config.get("strategy") == "zero3" else "")),
+             + (" (union of intervals on the rank where longest)" if self.spec.records == "collectives" else "")),
             ("exposed", exposed, "s", how_exposed),
             ("overlap", overlap, "fraction", how_overlap),
         ], columns=["quantity", "value", "unit", "how"])
@@ -196,7 +202,7 @@ class Run:
         lines = [f"run {self.path}",
                  f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
                  + (f" on {self.resolved['nnodes']} nodes | " if self.resolved.get("nnodes", 1) > 1 else " | ")
-                 + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.config.get("strategy") in ("ddp", "ps") else "")
+                 + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.spec.records == "buckets" else "")
                  + f"batch {self.config.get('batch_size')}/rank | "
                  f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
                  f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",

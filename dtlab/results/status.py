@@ -154,7 +154,6 @@ def _status(rec: RunRecord, key: str) -> dict:
     body = rec.doc[key]
     nnodes = body.get("nnodes") if isinstance(body.get("nnodes"), int) else 1
     if nnodes > 1 and os.path.isdir(os.path.join(rec.path, "nodes")):  # each node reports on its own
-        from dtlab.results.status import merged_status
         problems: list = []
         status = merged_status(rec.path, nnodes, problems)
         rec.warnings += problems
@@ -173,18 +172,28 @@ def _status(rec: RunRecord, key: str) -> dict:
     return status
 
 
-def _single_status(rec: RunRecord, key: str) -> dict:
-    path = os.path.join(rec.path, "status.json")
+def recorded_status(run_dir: str, nnodes: int = 1) -> tuple[dict | None, str]:
+    """What the launcher(s) recorded in status.json, as written (no liveness check): (status, '') or (None, why
+    it cannot be read). A multi-node run's nodes each report on their own and are merged (`merged_status`).
+    The one reader of status.json: `read_run_dir`, replay and sweeps all go through it."""
+    if nnodes > 1 and os.path.isdir(os.path.join(run_dir, "nodes")):
+        return merged_status(run_dir, nnodes), ""
+    path = os.path.join(run_dir, "status.json")
     if not os.path.exists(path):
-        why = "no status.json (the launcher recorded no state)"
-    else:
-        try:
-            status = read_json(path)
-            if isinstance(status.get("state"), str):
-                return status
-            why = f"{path}: no 'state' (got {status.get('state')!r})"
-        except (DamagedRun, OSError) as e:
-            why = str(e)
+        return None, "no status.json (the launcher recorded no state)"
+    try:
+        status = read_json(path)
+    except (DamagedRun, OSError) as e:
+        return None, str(e)
+    if not isinstance(status.get("state"), str):
+        return None, f"{path}: no 'state' (got {status.get('state')!r})"
+    return status, ""
+
+
+def _single_status(rec: RunRecord, key: str) -> dict:
+    status, why = recorded_status(rec.path)
+    if status is not None:
+        return status
     errors = any(v == "error" for v in rec.ended.values())
     state = "failed" if errors else "finished" if _all_done(rec, key) else "unknown"
     rec.warnings.append(f"{why}; the state was read from the ranks' events instead: {state}")

@@ -25,6 +25,8 @@ import glob
 import json
 import os
 
+from dtlab.config.strategies import strategy_spec
+
 COMPUTE_TID, LOST_TID, CKPT_TID, COMM_TID = 1, 2, 3, 10
 
 
@@ -68,6 +70,7 @@ def chrome_trace(run) -> dict:
     t0 = min(starts.values()) if starts else 0.0
     us = lambda s: round(s * 1e6, 3)  # noqa: E731
     strategy = run.config.get("strategy", "ddp")
+    spec = strategy_spec(strategy)
     ev: list[dict] = []
     for rank in sorted({int(r.rank) for _, r in steps}):
         ev.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
@@ -99,8 +102,8 @@ def chrome_trace(run) -> dict:
                    for r in rows]
             for r, (s, e), lane in zip(rows, ivs, _lanes(ivs)):
                 lanes_used[int(rank)] = max(lanes_used.get(int(rank), 0), lane + 1)
-                if strategy in ("ddp", "ps"):
-                    op = "reduce+broadcast" if strategy == "ps" else "all_reduce"
+                if spec.records == "buckets":
+                    op = "reduce+broadcast" if spec.bucket_op == "ps" else spec.bucket_op
                     name, args = f"{op} bucket {int(r.bucket)}", {"op": op, "bucket": int(r.bucket),
                                                                   "phase": "backward", "nparams": int(r.nparams)}
                 else:

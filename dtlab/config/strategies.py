@@ -1,0 +1,78 @@
+"""The strategies, one spec each: which rank module trains, how its communication is recorded and priced, and what
+it supports. Every check reads these specs; nothing else compares strategy names.
+
+A new strategy = a module in dtlab/rank/strategies/ with `train(cfg, run_dir, rank, world, writer)` plus one spec
+here. A new lever names the strategies that support it by adding a field below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategySpec:
+    """What one strategy is and supports (the names used in error messages are the field docs)."""
+
+    name: str
+    """The `RunConfig.strategy` value."""
+    module: str
+    """The rank-side module that trains (`python -m dtlab.rank.worker` imports it)."""
+    title: str
+    """One line for tables and help."""
+    records: str
+    """What the run directory holds of its communication: 'buckets' (DDP's gradient buckets through the recording
+    comm hook, one row per bucket) or 'collectives' (every collective with its op, bytes and phase)."""
+    bucket_op: str | None = None
+    """For 'buckets': the calibrated op that prices one bucket ('all_reduce', or 'ps' for reduce + broadcast)."""
+    compute_baseline: bool = False
+    """No-op comm hook steps after the timed ones measure T_comp (`baseline_steps`)."""
+    comm_hooks: bool = False
+    """DDP compression hooks (`comm_hook` fp16, bf16, powersgd) apply."""
+    accumulate: bool = False
+    """Gradient accumulation (`accumulate` K) with DDP's no_sync."""
+    stragglers: bool = False
+    """Its rank loop injects `straggler` delays and the recorded buckets give each rank's wait."""
+    checkpoints: bool = False
+    """`checkpoint_every` / `max_restarts` (torch.distributed.checkpoint, torchrun restarts) are wired."""
+    needs_record: bool = False
+    """The recording hook is the strategy's own transport: `record=False` is refused."""
+    blocked_time: bool = False
+    """Its collectives overlap compute on side streams, so exposed communication is measured as time blocked
+    (T_comp = T_step - t_blocked), not as T_step minus a no-op baseline."""
+    shards: bool = False
+    """Parameters, gradients and optimizer state are partitioned over the ranks (one rank shards nothing)."""
+
+    def refuse(self, field: str, why: str = "") -> ValueError:
+        """The ValueError for a field this strategy does not support, naming those that do."""
+        allowed = [s.name for s in STRATEGIES.values() if _supports(s, field)]
+        return ValueError(f"{field} applies to strategy {' or '.join(repr(a) for a in allowed)} only, got strategy "
+                          f"{self.name!r}" + (f": {why}" if why else ""))
+
+
+#: Which spec field says whether a strategy supports a RunConfig field.
+SUPPORT_FIELDS = {"baseline_steps": "compute_baseline", "comm_hook": "comm_hooks", "accumulate": "accumulate",
+                  "straggler": "stragglers", "checkpoint_every": "checkpoints", "max_restarts": "checkpoints"}
+
+
+def _supports(spec: StrategySpec, field: str) -> bool:
+    return bool(getattr(spec, SUPPORT_FIELDS[field]))
+
+
+STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in (
+    StrategySpec(name="ddp", module="dtlab.rank.strategies.ddp", title="ring all-reduce (ddp)",
+                 records="buckets", bucket_op="all_reduce", compute_baseline=True, comm_hooks=True, accumulate=True,
+                 stragglers=True, checkpoints=True),
+    StrategySpec(name="ps", module="dtlab.rank.strategies.ps", title="reduce + broadcast (ps)",
+                 records="buckets", bucket_op="ps", compute_baseline=True, stragglers=True, needs_record=True),
+    StrategySpec(name="zero3", module="dtlab.rank.strategies.zero3", title="DeepSpeed ZeRO-3 (zero3)",
+                 records="collectives", blocked_time=True, shards=True),
+)}
+
+
+def strategy_spec(name: str | None) -> StrategySpec:
+    """The spec of strategy `name` (None: 'ddp', what a recording from before the field existed ran)."""
+    name = "ddp" if name is None else name
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {name!r}")
+    return STRATEGIES[name]
