@@ -1,4 +1,4 @@
-"""Seed 002's straggler example, measured: three workers whose compute takes 1000, 1200 and 1100 ms; every
+"""A straggler example, measured: three workers whose compute takes 1000, 1200 and 1100 ms; every
 synchronous step takes the slowest one's 1200 ms, and the others wait 200 and 100 ms.
 
 Runs DDP with `straggler` (default '1:1.2,2:1.1': rank 1's compute x 1.2, rank 2's x 1.1) and prints, per rank,

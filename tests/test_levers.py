@@ -1,4 +1,4 @@
-"""Issue 12's first levers on the tiny model with 2 gloo ranks: compression through torch's own DDP hooks
+"""The communication levers on the tiny model with 2 gloo ranks: compression through torch's own DDP hooks
 (bytes on the wire recorded per bucket) and gradient accumulation; bad combinations refused before launch."""
 
 import types

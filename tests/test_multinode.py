@@ -1,4 +1,4 @@
-"""Multi-node jobs on one machine (issue 13): two `dtlab run --nnodes 2` processes make one run, a node that never
+"""Multi-node jobs on one machine: two `dtlab run --nnodes 2` processes make one run, a node that never
 joins is named, a rank that dies on one node is named by both, calibration across nodes records where its
 ranks ran; the checks on the fields and the shared run directory need no launch."""
 

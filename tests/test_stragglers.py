@@ -1,4 +1,4 @@
-"""Stragglers (issue 12): `straggler` slows a rank's compute by a known, recorded amount; each rank's wait time is
+"""Stragglers: `straggler` slows a rank's compute by a known, recorded amount; each rank's wait time is
 measured from the recorded buckets without comparing clocks; bad specs are refused before launch by name."""
 
 import pandas as pd
@@ -115,12 +115,12 @@ def test_sync_step_model_refuses_nonsense():
 
 def test_figures_say_who_waited_for_whom():
     w = rank_waits(*_synthetic([1.0, 1.2, 1.1], [0.0, 0.0, 0.0]))
-    fig = who_waited(w, "seed 002")
+    fig = who_waited(w, "three ranks")
     assert [t.name for t in fig.data] == ["compute", "injected delay", "waiting for the slowest peer"]
     notes = [a.text for a in fig.layout.annotations]
     assert any("rank 0 waited 200 ms for rank 1 (model 200 ms)" in n for n in notes), notes
     assert any("rank 1 waited for nobody" in n for n in notes)
-    assert "Who waited for whom (seed 002)" in fig.layout.title.text
+    assert "Who waited for whom (three ranks)" in fig.layout.title.text
     assert len(wait_per_step(w).data) == 3  # no delay injected: one wait line per rank
     assert "no recorded bucket waits" in who_waited(rank_waits(pd.DataFrame(), None)).layout.title.text
 

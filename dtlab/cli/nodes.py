@@ -1,4 +1,4 @@
-"""`dtlab slurm` and `dtlab emulate`: the command lines of dtlab.launching.slurm and dtlab.launching.emulate (issue 13).
+"""`dtlab slurm` and `dtlab emulate`: the command lines of dtlab.launching.slurm and dtlab.launching.emulate.
 
     dtlab slurm [run flags] --out /shared/runs/x --nodes 2 --gpus-per-node 4 [--partition gpu] [--dry-run]
     dtlab emulate check                                   # can this machine shape a link? (exit 0 yes, 3 no)

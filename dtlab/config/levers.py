@@ -1,4 +1,4 @@
-"""The levers that shrink or hide T_comm besides buckets (issue 12): gradient compression through torch's own
+"""The levers that shrink or hide T_comm besides buckets: gradient compression through torch's own
 DDP comm hooks, and communicating once per `accumulate` micro-batches. Pure: checked before launch.
 
 - fp16 / bf16 (`default_hooks.fp16_compress_hook`, `bf16_compress_hook`): each bucket is cast to 16 bits and

@@ -1,4 +1,4 @@
-"""Multi-node jobs (issue 13): the fields every node must agree on, checked before launch, and the status of a
+"""Multi-node jobs: the fields every node must agree on, checked before launch, and the status of a
 run whose nodes each report on their own. Pure: no torch, no processes (the launching side is
 dtlab.launching.nodes; emulation on one host is dtlab.launching.emulate; Slurm is dtlab.launching.slurm).
 

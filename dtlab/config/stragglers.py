@@ -1,10 +1,10 @@
-"""Stragglers (issue 12): slow one rank's compute by a known amount and watch the others wait for it.
+"""Stragglers: slow one rank's compute by a known amount and watch the others wait for it.
 
 `RunConfig.straggler` (`--straggler`) is a comma-separated list of `RANK:FACTOR` or `RANK:+MSms` entries:
 
 - `1:2`       rank 1's compute takes 2x as long: it sleeps (FACTOR - 1) x its own compute time per step;
 - `1:+150ms`  rank 1 sleeps exactly 150 ms per step;
-- `1:1.2,2:1.1` seed 002's example (compute 1000 / 1200 / 1100 ms on three ranks).
+- `1:1.2,2:1.1`: three ranks whose compute takes 1.0, 1.2 and 1.1 times the first's (1000 / 1200 / 1100 ms).
 
 Where and how much (`DELAY_RULE`, also recorded in config.json as `resolved.straggler`): the straggler sleeps
 once per step, after its (last micro-batch's) forward pass and before that backward, so every gradient bucket

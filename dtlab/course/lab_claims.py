@@ -156,7 +156,7 @@ def straggler_claim(waits: pd.DataFrame, waiter: int = 0, slow: int = 1):
                 f"(range {fmt_time(d.lo)} .. {fmt_time(d.hi)}): compute on shared cores varies by tens of percent "
                 "from step to step.")
     return compare("lab06.straggler_wait", f"rank {waiter} waits for rank {slow}'s injected delay every step",
-                   f"time per step", (f"rank {waiter}'s wait", wait), (f"rank {slow}'s injected delay", delay),
+                   "time per step", (f"rank {waiter}'s wait", wait), (f"rank {slow}'s injected delay", delay),
                    expected=1.0, model="synchronous steps with equal compute: wait = the delay", rel_tol=0.5,
                    why=why, per="step", how=f"pairs of the same step of one run ({len(steps)} steps)")
 

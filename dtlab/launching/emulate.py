@@ -1,4 +1,4 @@
-"""A multi-node job emulated on one machine (issue 13, item 4): one torchrun agent per emulated node.
+"""A multi-node job emulated on one machine: one torchrun agent per emulated node.
 
 Two modes, one API (`Emulation` is a context manager; `dtlab emulate ...` is its command line):
 

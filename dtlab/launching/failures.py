@@ -20,7 +20,7 @@ import os
 import re
 
 from dtlab.launching.nodes import rendezvous_sentence
-from dtlab.launching.torchrun import log_tail
+from dtlab.launching.torchrun import last_lines
 from dtlab.results.restarts import attempt_of, final_attempt_events
 from dtlab.results.status import RunFailed
 from dtlab.results.events import read_events
@@ -45,7 +45,7 @@ def run_failure(state: str, run_dir: str, run, stall: dict | None = None, node=N
     rdzv = rendezvous_sentence(node) if node is not None and state == "failed" else None
     log = node.log_path() if node is not None else os.path.join(run_dir, "logs", "torchrun.log")
     if rdzv:
-        tail = log_tail(log)
+        tail = last_lines(log)
         return RunFailed(f"{rdzv} Run directory: {run_dir}\n--- {os.path.relpath(log, run_dir)} (last lines) ---\n"
                          f"{tail}", error="rendezvous failed: " + rdzv, traceback_tail=tail, run_dir=run_dir,
                          run=run, state=state, log_tail=tail)
@@ -60,7 +60,7 @@ def run_failure(state: str, run_dir: str, run, stall: dict | None = None, node=N
         if others:
             cons = " As a consequence: " + "; ".join(f"rank {o['rank']}{o['on']} {_how(o, short=True)}"
                                                      for o in others) + "."
-        log_tail = log_tail(os.path.join(run_dir, "logs", f"rank{r}.log"))
+        log_tail = last_lines(os.path.join(run_dir, "logs", f"rank{r}.log"))
         msg = (f"rank {r}{cause['on']} {how}{where}.{cons} Run directory: {run_dir}\n"
                f"--- logs/rank{r}.log (last lines) ---\n{log_tail or '(empty)'}")
         failed = RunFailed(msg, rank=r, error=cause.get("error") or how, traceback_tail=cause.get("traceback_tail", ""),
@@ -71,7 +71,7 @@ def run_failure(state: str, run_dir: str, run, stall: dict | None = None, node=N
         # a rank here that only lost its peer (or was stopped): another node's watchdog may have stopped that peer
         remote = _stalled_elsewhere(node, frozen=False) if multi and cause["class"] >= 2 else None
         return _blame_remote(failed, remote) if remote else failed
-    tail = log_tail(log)
+    tail = last_lines(log)
     what = {"timeout": "run timeout: timeout_s exceeded, every rank was stopped",
             "interrupted": "run interrupted: every rank was stopped",
             "stopped": "run stopped: every rank was stopped"}.get(state, f"run {state}: no rank recorded an error")
@@ -94,7 +94,7 @@ def _disk_failure(run_dir: str, run, disk) -> RunFailed | None:
         return None
     full = str(disk) if disk is not None else disk_sentence(run_dir)
     where = "; ".join(f"rank {o['rank']} {o['where']}" for o in _last_events(run_dir))
-    tail = log_tail(os.path.join(run_dir, "logs", "torchrun.log"))
+    tail = last_lines(os.path.join(run_dir, "logs", "torchrun.log"))
     return RunFailed(f"disk full: {full}. Writing the run's records failed and every rank was stopped"
                      f"{' (' + where + ')' if where else ''}; what was recorded before loads with dtlab.load_run. "
                      f"Free space there, or choose another `out`. Run directory: {run_dir}",
@@ -106,7 +106,7 @@ def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:
     rows = {row["rank"]: row for row in stall["rows"]}
     named = stall["ranks"]
     first = rows[named[0]]
-    log_tail = log_tail(os.path.join(run_dir, "logs", f"rank{named[0]}.log"), 30)
+    log_tail = last_lines(os.path.join(run_dir, "logs", f"rank{named[0]}.log"), 30)
     msg = (f"{stall_sentence(stall)} Each rank's Python stack is in its log. Run directory: {run_dir}\n"
            f"--- logs/rank{named[0]}.log (last lines) ---\n{log_tail or '(empty)'}")
     return RunFailed(msg, rank=named[0], ranks=named, error=f"stalled: {first['where']}, silent {first['silent_s']:g} s",

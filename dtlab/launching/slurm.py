@@ -1,4 +1,4 @@
-"""Slurm (issue 13, item 2): an sbatch script that runs `srun torchrun` across the allocation's nodes, and
+"""Slurm: an sbatch script that runs `srun torchrun` across the allocation's nodes, and
 `submit()` for notebooks through submitit (an optional extra: pip install submitit; see its docstring).
 
 `dtlab slurm [run flags] --nodes N --gpus-per-node G [--partition P] [--time HH:MM:SS] [--dry-run]`:

@@ -8,7 +8,7 @@
   127.0.0.1 port 0, or one node's part of a multi-node job (dtlab.launching.nodes: per-node file names, the
   shared endpoint, DTLAB_NODE_SLOT in the ranks' environment).
 - Processes: the ranks of a run found by their command line in /proc, their kernel state, signals to a PID or a
-  process group, and small log readers (`file_size`, `read_from`, `log_tail`).
+  process group, and small log readers (`file_size`, `read_from`, `last_lines`).
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def read_from(path: str, offset: int) -> str:
         return ""
 
 
-def log_tail(path: str, n: int = 12) -> str:
+def last_lines(path: str, n: int = 12) -> str:
     if not os.path.exists(path):
         return ""
     with open(path, errors="replace") as f:

@@ -1,4 +1,4 @@
-"""Issue 12's levers measured and modelled: compression (bytes on the wire), and communicating once per K
+"""The communication levers measured and modelled: compression (bytes on the wire), and communicating once per K
 micro-batches (accumulation). Functions of recorded runs and pure formulas; nothing here launches anything.
 
 - :func:`powersgd_wire_numel`: what torch's PowerSGD hook sends for a list of gradient shapes at rank r (the

@@ -9,7 +9,7 @@ Flat ring (one ring over all p ranks, every step in lockstep)
     edge: T = 2(p-1) max(alpha_intra + beta_intra n/p, alpha_inter + beta_inter n/p). With one node it is
     the single-level ring.
 
-Hierarchical (seed 001's two-level all-reduce)
+Hierarchical (the two-level all-reduce)
     1. reduce-scatter inside each node over g = gpus_per_node ranks: (g-1) alpha_intra + (g-1)/g n beta_intra;
     2. all-reduce of each rank's n/g shard across the N = nodes ranks holding the same shard, one per node:
        g such N-rank rings run at once and share the node's `nics_per_node` network links (each link at

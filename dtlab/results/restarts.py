@@ -1,4 +1,5 @@
-"""Checkpoint and resume (issue 12), the pure half: checks before launch, and one timeline from a restarted run.
+"""Checkpoint and resume, the reading half: one timeline from a restarted run (the checks before launch are
+dtlab.config.restarts's).
 
 How a restarted run works (the rank side is dtlab.rank.checkpoint):
 

@@ -16,7 +16,7 @@ computes), so a sum would count one wait once per bucket; the max is the longest
 nobody). The ends coincide only to within the backend's completion latency and thread wake-ups (gloo: tens to
 hundreds of us on loopback, more on a loaded CPU), which is the floor of what this can resolve.
 
-The synchronous-step model (seed 002): T_step = max_i T_comp,i + T_comm, wait_i = max_j T_comp,j - T_comp,i.
+The synchronous-step model (a synchronous step waits for its slowest rank): T_step = max_i T_comp,i + T_comm, wait_i = max_j T_comp,j - T_comp,i.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def sync_step_model(t_comp_s, t_comm_s: float = 0.0) -> pd.DataFrame:
 
     `t_comp_s`: per-rank compute in seconds (a sequence indexed by rank, or {rank: s}); `t_comm_s`: T_comm (s).
     Returns rank, t_comp_s, wait_s = max_j T_comp,j - T_comp,i, t_step_s = max_j T_comp,j + T_comm, and
-    waited_for (the slowest rank, None for the slowest itself). Seed 002: [1.0, 1.2, 1.1] -> waits 0.2, 0, 0.1.
+    waited_for (the slowest rank, None for the slowest itself). Example: [1.0, 1.2, 1.1] -> waits 0.2, 0, 0.1.
     """
     comp = dict(t_comp_s) if isinstance(t_comp_s, dict) else dict(enumerate(t_comp_s))
     if not comp:

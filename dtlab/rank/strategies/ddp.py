@@ -54,7 +54,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from dtlab.rank.checkpoint import Checkpointer
-    from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, recorder_facts, tensor_bytes
+    from dtlab.rank.recorder import (BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, recorder_facts,
+                                     tensor_bytes)
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
     from dtlab.rank.stragglers import Straggler, ddp_compute_s
     from dtlab.config.stragglers import straggler_plan
