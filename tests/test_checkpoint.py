@@ -120,8 +120,8 @@ def test_when_restarts_run_out_the_run_fails_naming_the_rank(runs):
     (dict(max_restarts=-2), "max_restarts must be an integer >= 0"),
     (dict(checkpoint_every=5, steps=4), "checkpoint_every must be <= steps (4)"),
     (dict(checkpoint_every=True), "checkpoint_every must be an integer"),
-    (dict(strategy="zero3", checkpoint_every=2, baseline_steps=0), "checkpoint_every applies to strategy 'ddp' only"),
-    (dict(strategy="zero3", max_restarts=1, baseline_steps=0), "max_restarts applies to strategy 'ddp' only"),
+    (dict(strategy="zero3", checkpoint_every=2, baseline_steps=0), "checkpoint_every 2 applies to strategy 'ddp' only"),
+    (dict(strategy="zero3", max_restarts=1, baseline_steps=0), "max_restarts 1 applies to strategy 'ddp' only"),
     (dict(comm_hook="powersgd", checkpoint_every=2), "PowerSGD's error-feedback state"),
 ])
 def test_bad_settings_are_refused_before_launch(tmp_path, fields, needle):

@@ -92,14 +92,29 @@ def test_import_contracts_hold():
     assert "0 broken" in cp.stdout
 
 
-def test_no_private_name_is_imported_across_modules():
-    bad = []
-    for path in sorted(PKG.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dtlab"):
-                bad += [f"{path.relative_to(ROOT)}: from {node.module} import {a.name}" for a in node.names
-                        if a.name.startswith("_") and a.name != "__version__"]
+def private_uses(tree, where: str) -> list[str]:
+    """`from dtlab.x import _name`, and `mod._name` where `mod` is a dtlab module imported by name."""
+    bad, modules = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dtlab"):
+            bad += [f"{where}: from {node.module} import {a.name}" for a in node.names
+                    if a.name.startswith("_") and a.name != "__version__"]
+            modules |= {a.asname or a.name for a in node.names}  # may be modules: dtlab.model import costmodel
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.name.startswith("dtlab") and a.asname}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            bad.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr}")
+    return bad
+
+
+def test_no_private_name_is_used_across_modules():
+    bad = [b for path in sorted(PKG.rglob("*.py"))
+           for b in private_uses(ast.parse(path.read_text()), str(path.relative_to(ROOT)))]
     assert not bad, "\n".join(bad)
+    planted = ast.parse("from dtlab.model import costmodel\nfrom dtlab.x import _y\ncostmodel._out(1)")
+    assert private_uses(planted, "m") == ["m: from dtlab.x import _y", "m:3: costmodel._out"]
 
 
 def _strategy_comparisons(tree) -> list[int]:

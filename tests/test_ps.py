@@ -83,7 +83,7 @@ def test_ps_trains_like_ddp_and_conserves_bytes(tiny_run, tmp_path):
 
 @pytest.mark.parametrize("changes, needle", [
     (dict(strategy="ps", comm_hook="fp16"), "comm_hook 'fp16' applies to strategy 'ddp' only"),
-    (dict(strategy="ps", accumulate=2), "accumulate applies to strategy 'ddp' only"),
+    (dict(strategy="ps", accumulate=2), "accumulate 2 applies to strategy 'ddp' only"),
     (dict(strategy="ps", record=False), "strategy 'ps' needs record=True"),
     (dict(strategy="pserver"), "strategy must be one of")])
 def test_ps_bad_combinations_refused_by_name(changes, needle):

@@ -29,7 +29,7 @@ from dtlab.results.waits import bucket_waits, rank_waits, run_waits, sync_step_m
     (dict(straggler="1"), r"straggler entry '1' is not 'RANK:FACTOR' or 'RANK:\+MSms'"),
     (dict(straggler="1:2,1:3"), r"straggler names rank 1 twice"),
     (dict(straggler=" "), r"straggler must be a string"),
-    (dict(straggler="1:2", strategy="zero3"), r"straggler applies to strategy 'ddp' or 'ps' only"),
+    (dict(straggler="1:2", strategy="zero3"), r"straggler '1:2' applies to strategy 'ddp' or 'ps' only"),
     (dict(straggler="1:2", record=False), r"straggler needs record=True")])
 def test_bad_stragglers_are_refused_by_name(changes, needle):
     with pytest.raises(ValueError, match=needle):

@@ -34,10 +34,10 @@ def validate_levers(cfg, placed) -> None:
     int_at_least("powersgd_start_iter", cfg.powersgd_start_iter, 2)
     spec = strategy_spec(cfg.strategy)
     if cfg.comm_hook != "none" and not spec.comm_hooks:
-        raise spec.refuse("comm_hook", "a DDP compression hook reaches only the buckets DDP all-reduces itself "
+        raise spec.refuse("comm_hook", cfg.comm_hook, "a DDP compression hook reaches only the buckets DDP all-reduces itself "
                                        "(ZeRO-3 reduce-scatters inside DeepSpeed; ps reduces with its own hook)")
     if cfg.accumulate != 1 and not spec.accumulate:
-        raise spec.refuse("accumulate", "gradient accumulation is wired through DDP's no_sync only")
+        raise spec.refuse("accumulate", cfg.accumulate, "gradient accumulation is wired through DDP's no_sync only")
     if spec.needs_record and not cfg.record:
         raise ValueError(f"strategy {spec.name!r} needs record=True: the recording hook is what reduces each "
                          "bucket (without it DDP would all-reduce)")

@@ -16,8 +16,8 @@ def validate_restarts(cfg) -> None:
                          f"(0 turns checkpoints off), got {cfg.checkpoint_every}")
     spec = strategy_spec(cfg.strategy)
     if (cfg.checkpoint_every or cfg.max_restarts) and not spec.checkpoints:
-        raise spec.refuse("checkpoint_every" if cfg.checkpoint_every else "max_restarts",
-                          "its rank loop does not save or resume torch.distributed.checkpoint state")
+        field = "checkpoint_every" if cfg.checkpoint_every else "max_restarts"
+        raise spec.refuse(field, getattr(cfg, field), "its rank loop does not save or resume torch.distributed.checkpoint state")
     if cfg.max_restarts and getattr(cfg, "nnodes", 1) > 1:
         raise ValueError("max_restarts applies to single-node runs (nnodes 1): a restarted attempt keys its "
                          "rendezvous by the restart count, which every node's agent would have to agree on; "

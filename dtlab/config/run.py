@@ -174,7 +174,7 @@ class RunConfig(JobConfig):
                              f"got {self.warmup}")
         int_at_least("baseline_steps", self.baseline_steps, 0)
         if self.baseline_steps and not spec.compute_baseline:
-            raise spec.refuse("baseline_steps", "the no-op comm hook baseline")
+            raise spec.refuse("baseline_steps", self.baseline_steps, "the no-op comm hook baseline")
         int_at_least("batch_size", self.batch_size, 1)
         int_at_least("seq_len", self.seq_len, 1)
         if self.seq_len > 512:

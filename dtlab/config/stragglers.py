@@ -112,7 +112,7 @@ def validate_straggler(cfg) -> None:
         return
     spec = strategy_spec(cfg.strategy)
     if not spec.stragglers:
-        raise spec.refuse("straggler", "its rank loop does not inject delays")
+        raise spec.refuse("straggler", cfg.straggler, "its rank loop does not inject delays")
     parse_straggler(cfg.straggler, cfg.nproc)
     if not cfg.record:
         raise ValueError("straggler needs record=True: the wait times and the FACTOR rule's compute times are "

@@ -43,11 +43,11 @@ class StrategySpec:
     shards: bool = False
     """Parameters, gradients and optimizer state are partitioned over the ranks (one rank shards nothing)."""
 
-    def refuse(self, field: str, why: str = "") -> ValueError:
-        """The ValueError for a field this strategy does not support, naming those that do."""
+    def refuse(self, field: str, value, why: str = "") -> ValueError:
+        """The ValueError for a field (set to `value`) this strategy does not support, naming those that do."""
         allowed = [s.name for s in STRATEGIES.values() if _supports(s, field)]
-        return ValueError(f"{field} applies to strategy {' or '.join(repr(a) for a in allowed)} only, got strategy "
-                          f"{self.name!r}" + (f": {why}" if why else ""))
+        return ValueError(f"{field} {value!r} applies to strategy {' or '.join(repr(a) for a in allowed)} only, "
+                          f"got strategy {self.name!r}" + (f": {why}" if why else ""))
 
 
 #: Which spec field says whether a strategy supports a RunConfig field.

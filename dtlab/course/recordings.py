@@ -41,7 +41,7 @@ class Recordings:
         self.recs = replay.recorded_in(self.root)
         for d in extra:  # recordings outside root that the notebook named (the setup check's smoke test in /tmp)
             self.recs = sorted(self.recs + [r for r in replay.recorded_in(d) if r not in self.recs],
-                               key=lambda dc: (replay._launch_time(dc[1]), dc[0]))
+                               key=lambda dc: (replay.launch_time(dc[1]), dc[0]))
         self.used: list[str] = []
         self.problems: list[str] = []   # one line per inconsistent recording a question asked for
         self._cache: dict = {}

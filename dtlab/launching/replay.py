@@ -67,10 +67,10 @@ def recorded_in(root: str) -> list[tuple[str, dict]]:
         inner = cfg.get("config") or cfg.get("calibration") or {}
         if status_of(d, inner).get("state") == "finished":
             out.append((d, cfg))
-    return sorted(out, key=lambda dc: (_launch_time(dc[1]), dc[0]))
+    return sorted(out, key=lambda dc: (launch_time(dc[1]), dc[0]))
 
 
-def _launch_time(cfg: dict) -> float:
+def launch_time(cfg: dict) -> float:
     t = cfg.get("launch", {}).get("time", 0.0) if isinstance(cfg.get("launch"), dict) else 0.0
     return float(t) if isinstance(t, (int, float)) else 0.0
 

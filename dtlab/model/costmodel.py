@@ -60,7 +60,7 @@ def scalar_or_array(x):
     return float(x) if x.ndim == 0 else x
 
 
-def _check_nproc(nproc) -> np.ndarray:
+def check_nproc(nproc) -> np.ndarray:
     p = np.asarray(nproc, dtype=float)
     if np.any(~np.isfinite(p)) or np.any(p < 1) or np.any(p != np.round(p)):
         raise ValueError(f"nproc must be an integer >= 1 (number of processes), got {nproc!r}")
@@ -103,7 +103,7 @@ def textbook_zero3(alpha, beta, nbytes, nproc):
     once); :func:`zero3_step_comm` gives the per-collective breakdown.
     Returns 0 for p = 1.
     """
-    p = _check_nproc(nproc)
+    p = check_nproc(nproc)
     n = check_nbytes(nbytes)
     a, b = coefficients("all_reduce", "textbook", p)
     return scalar_or_array(alpha * a + 2.0 * beta * b * n)
@@ -190,7 +190,7 @@ def coefficients(op: str, form: str, nproc):
     """
     _check_op(op)
     _check_form(form)
-    p = _check_nproc(nproc)
+    p = check_nproc(nproc)
     if op == "ps":  # per worker (textbook) or at the server's link (ring family): see ps_server
         one = np.where(p > 1, 1.0, 0.0)
         return (scalar_or_array(one), scalar_or_array(one)) if form == "textbook" else (scalar_or_array(2.0 * one), scalar_or_array(2.0 * (p - 1)))
@@ -237,7 +237,7 @@ def busbw(op: str, nbytes, seconds, nproc):
     of p; it is 0 for p = 1 because no bytes cross a link.
     """
     _check_op(op)
-    p = _check_nproc(nproc)
+    p = check_nproc(nproc)
     factor = 2.0 * (p - 1) if op == "ps" else (2.0 if op == "all_reduce" else 1.0) * (p - 1) / p
     return scalar_or_array(np.asarray(algbw(nbytes, seconds)) * factor)
 

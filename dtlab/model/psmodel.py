@@ -53,11 +53,11 @@ def ps_gloo(alpha, beta, nbytes, nproc):
     L = ceil(log2 p); 0 for p = 1. Sources: facebookincubator/gloo gloo/reduce.cc, gloo/broadcast.cc; torch's
     ProcessGroupGloo calls gloo::reduce and gloo::broadcast for CPU tensors.
     """
-    p = costmodel._check_nproc(nproc)
-    n = costmodel._check_nbytes(nbytes)
+    p = costmodel.check_nproc(nproc)
+    n = costmodel.check_nbytes(nbytes)
     L = _log2ceil(p)
     t = (p + L) * np.asarray(alpha, dtype=float) + (2 * (p - 1) / p + L) * n * np.asarray(beta, dtype=float)
-    return costmodel._out(np.where(p > 1, t, 0.0))
+    return costmodel.scalar_or_array(np.where(p > 1, t, 0.0))
 
 
 def ps_nccl(alpha, beta, nbytes, nproc):
@@ -67,10 +67,10 @@ def ps_nccl(alpha, beta, nbytes, nproc):
     full (nccl-tests, doc/PERFORMANCE.md: busbw = algbw for both). Not measured here (no GPU on the CI
     machine). 0 for p = 1.
     """
-    p = costmodel._check_nproc(nproc)
-    n = costmodel._check_nbytes(nbytes)
+    p = costmodel.check_nproc(nproc)
+    n = costmodel.check_nbytes(nbytes)
     t = 2 * (p - 1) * np.asarray(alpha, dtype=float) + 2 * n * np.asarray(beta, dtype=float)
-    return costmodel._out(np.where(p > 1, t, 0.0))
+    return costmodel.scalar_or_array(np.where(p > 1, t, 0.0))
 
 
 def forms_table(alpha: float, beta: float, nbytes, nproc) -> pd.DataFrame:
