@@ -1,4 +1,4 @@
-"""`dtlab assign` and `dtlab grade` on the labs' otter master notebooks (labs/instructor/).
+"""`dtlab assign` and `dtlab grade` on the labs' otter master notebooks (instructor/).
 
 - assign: the student notebooks hold no answer key, no hidden test and no key of a check (no formula, no
   expected value), they are what labs/ holds, and every autograder zip carries dtlab's manifest and README;
@@ -30,13 +30,14 @@ from dtlab.course.batch import grade
 from dtlab.course.checks import MIME, parse_answers, score
 
 LABS = pathlib.Path(__file__).resolve().parent.parent / "labs"
+MASTERS = LABS.parent / "instructor"
 LAB01 = "01_ddp_breakdown.ipynb"
 
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    assign(str(LABS / "instructor"), str(out))
+    assign(str(MASTERS), str(out))
     return out
 
 
@@ -58,7 +59,7 @@ def _key_lines(master):
 
 
 def test_student_versions_have_no_keys_and_are_the_labs(dist):
-    masters = sorted(glob.glob(str(LABS / "instructor" / "*.ipynb")))
+    masters = sorted(glob.glob(str(MASTERS / "*.ipynb")))
     # one master per student lab, and the other way round
     assert [os.path.basename(m) for m in masters] == sorted(p.name for p in LABS.glob("*.ipynb")) and masters
     for master in masters:

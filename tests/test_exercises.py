@@ -18,7 +18,7 @@ import torch.distributed as dist
 from dtlab.course.exercises import check_comm_hook, check_ring_allreduce, ring_timings
 from dtlab.course.shipping import not_implemented, ship
 
-MASTER = pathlib.Path(__file__).resolve().parent.parent / "labs" / "instructor" / "08_build_it_yourself.ipynb"
+MASTER = pathlib.Path(__file__).resolve().parent.parent / "instructor" / "08_build_it_yourself.ipynb"
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_calib_arguments(c)
     a = sub.add_parser("assign", help="student notebooks and autograders from otter master notebooks "
                                       "(needs the course extra: pip install -e \".[course]\")")
-    a.add_argument("source", help="a master notebook or a directory of them (the labs' masters: labs/instructor)")
+    a.add_argument("source", help="a master notebook or a directory of them (the labs' masters: instructor)")
     a.add_argument("out", help="writes OUT/student/*.ipynb, OUT/autograder/<lab>.zip, OUT/instructor/*.ipynb")
     g = sub.add_parser("grade", help="grade submitted notebooks headless (from their recorded runs when they "
                                      "have them, else in quick mode); one row per student and question")

@@ -1,6 +1,6 @@
 """Instructor and student versions from one source: `dtlab assign` (grading: dtlab.course.batch, `dtlab grade`).
 
-The labs are authored once, as otter-grader master notebooks in `labs/instructor/` (raw cells `# ASSIGNMENT
+The labs are authored once, as otter-grader master notebooks in `instructor/` (raw cells `# ASSIGNMENT
 CONFIG`, `# BEGIN QUESTION`, `# BEGIN SOLUTION`, `# BEGIN TESTS`). Each graded question is a block whose
 solution is the instructor's answer key (a cell between `# BEGIN SOLUTION NO PROMPT` / `# END SOLUTION`
 comments, which otter removes from the student version) and whose hidden test is
