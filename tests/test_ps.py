@@ -123,7 +123,7 @@ def test_ps_forms_per_worker_and_at_the_server():
 def test_measured_ps_and_ring_follow_their_shapes_in_n_and_p(tmp_path):
     """One launch of 4 ranks times both ops on the first 2 ranks and on all 4, interleaved, so the machine's
     load is shared by every point. p = 4 oversubscribes 2 cores (flagged). Asserted only what every form and
-    this machine agree on, with wide margins (README, "Parameter server vs ring")."""
+    this machine agree on, with wide margins (docs/parameter-server.md)."""
     mib = 2 ** 20
     prof = dtlab.calibrate(nproc=4, group_sizes=(2, 4), ops=("all_reduce", "ps"), sizes=[4 * mib, 16 * mib, 64 * mib],
                            iters=4, rounds=2, warmup=1, out=str(tmp_path / "cal"), progress=False)
@@ -142,7 +142,7 @@ def test_measured_ps_and_ring_follow_their_shapes_in_n_and_p(tmp_path):
         # in p: neither gets cheaper with more ranks (the textbook ring's beta n / p would halve it at p = 4)
         assert med[(op, 4, big)] > med[(op, 2, big)], op
     # p = 2, not oversubscribed: every form says PS -> 2x the ring at large n, and even a CPU so loaded that
-    # every copy is serialised gives the bytes-moved ratio 1.25 (README). Measured 1.6-2.4 on this machine,
+    # every copy is serialised gives the bytes-moved ratio 1.25 (docs/parameter-server.md). Measured 1.6-2.4 on this machine,
     # 1.1 with 2-4 extra busy loops on its 2 cores: asserted is only that the ring wins, at 16 and 64 MiB together
     two = sorted(s["nbytes"].unique())[-2:]
     assert sum(med[("ps", 2, n)] for n in two) > sum(med[("all_reduce", 2, n)] for n in two)

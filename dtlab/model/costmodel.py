@@ -9,7 +9,7 @@ all_gather, the (unreduced) input for reduce_scatter.
 
 Two families are provided so that they can be shown side by side.
 
-``textbook`` (the seed texts)
+``textbook`` (the simplified forms many course texts teach)
     all_reduce:      T = alpha (p-1) + beta n / p
     ZeRO-3 step:     T = alpha (p-1) + 2 beta n / p
     parameter server T = alpha + beta n
@@ -112,13 +112,13 @@ def textbook_zero3(alpha, beta, nbytes, nproc):
 def parameter_server(alpha, beta, nbytes, nproc):
     """Textbook parameter-server time in seconds, **per worker**: alpha + beta n.
 
-    One message of n bytes over the worker's own link (the seed text's form;
+    One message of n bytes over the worker's own link (the simplified textbook form;
     like its all-reduce form it counts the data once: push, with the pull
     not counted or overlapped). Assumes the server is never the bottleneck
     (its link is p-1 times faster, or the server is sharded), so it is flat
     in p while the textbook all-reduce beta n / p shrinks: the PS/ring
     bandwidth ratio is p. nproc is accepted for a uniform signature; 0 for
-    p = 1 (no peer). Source: the course's seed texts; :func:`ps_server`
+    p = 1 (no peer). Source: the simplified forms course texts teach; :func:`ps_server`
     gives the time at one server link.
     """
     return collective_time("ps", "textbook", alpha, beta, nbytes, nproc)

@@ -26,7 +26,7 @@ p = 2, and grows only like log2 p. NCCL runs both as pipelined rings (nccl-tests
 and broadcast), about n beta each for large n, so its PS / ring is p / (p-1): 2 at p = 2, falling towards 1.
 A through-one-link server (the incast) needs point-to-point sends to one rank, which these collectives
 avoid by design. On a CPU machine with fewer cores than ranks every form is further off: loopback "links"
-are memory copies by the same cores that compute (see README, "Parameter server vs ring").
+are memory copies by the same cores that compute (see docs/parameter-server.md).
 """
 
 from __future__ import annotations

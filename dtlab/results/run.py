@@ -6,8 +6,8 @@ Definitions used everywhere (seconds; each measured step is first reduced over r
 taken over the measured steps, i.e. steps >= config.warmup):
 
 - T_step: wall time of one optimizer step (forward + backward + optimizer) on the slowest rank.
-- T_comp: the same step with communication removed, measured with DDP's no-op comm hook
-  (`baseline_steps`); without a baseline it is estimated as forward + backward up to the moment the last
+- T_comp: the same step with communication removed, measured in `baseline_steps` extra steps whose comm hook
+  does everything dtlab's recording hook does except the collective (dtlab.rank.recorder); without a baseline it is estimated as forward + backward up to the moment the last
   gradient bucket became ready + optimizer, and labelled "estimated".
 - T_comm: time collectives are in flight in a step: the length of the union of the [t_start, t_end]
   intervals of the step's buckets (or ZeRO-3 collectives), on the rank where it is longest.
