@@ -3,7 +3,7 @@
 For each N (--every; 0 = no checkpoints) one 2-rank gloo run is killed the same way: rank 1 SIGKILLs itself at the
 start of step --kill-at (DTLAB_FAULT="1:K:kill"), torchrun restarts the group (--max-restarts 1) and every rank
 resumes from the newest complete checkpoint (from step 0 without one). Per N, from the run's own records
-(dtlab.model.checkpointing.measured_costs):
+(dtlab.model.restarts.measured_costs):
 
 - what checkpointing costs while nothing fails: checkpoints saved, C (median over checkpoints of the slowest rank's
   save time), bytes per checkpoint (all ranks' files), and the total time spent saving;
@@ -23,7 +23,7 @@ import statistics
 import tempfile
 
 import dtlab
-from dtlab.model.checkpointing import checkpoint_tradeoff, measured_costs
+from dtlab.model.restarts import checkpoint_tradeoff, measured_costs
 
 
 def run_one(every: int, args, root: str):

@@ -2,12 +2,12 @@
 
 Part 1 (collectives alone): one calibration launch of max(p) ranks times both ops on the first k ranks for every
 k in --nprocs (the others wait at the barrier), at --sizes, interleaved, so every p sees the same machine load.
-Prints the median time per (op, p, size), the PS / ring ratio beside the forms' ratios (dtlab.model.psmodel),
+Prints the median time per (op, p, size), the PS / ring ratio beside the forms' ratios (dtlab.model.ps),
 and the alpha-beta fit per (op, p).
 Part 2 (real training): `dtlab.sweep(strategy=["ddp", "ps"], nproc=..., bucket_mb=...)`, the same model and data
 for both: T_step, T_comm, exposed per point.
 Oversubscribed points (more ranks than CPU cores) are flagged in both tables. Figures: OUT/ps_shapes.html and
-OUT/ps_vs_ring.html (dtlab.viz.ps_plots).
+OUT/ps_vs_ring.html (dtlab.viz.ps).
 
     python benchmarks/ps_vs_ring.py --nprocs 2,3,4 --sizes 1M,4M,16M,64M --buckets 1,25 --model tiny --out runs/ps_vs_ring
 """
@@ -21,7 +21,7 @@ import pandas as pd
 import dtlab
 from dtlab.cli.flags import parse_bytes
 from dtlab.model.fit import fit_alpha_beta
-from dtlab.model.psmodel import forms_table
+from dtlab.model.ps import forms_table
 
 
 def collectives(out: str, nprocs: list, sizes: list, iters: int) -> tuple:
@@ -70,7 +70,7 @@ def main() -> None:
     nprocs = [int(x) for x in a.nprocs.split(",")]
     sizes = [parse_bytes(x, "--sizes") for x in a.sizes.split(",")]
     os.makedirs(a.out, exist_ok=True)
-    from dtlab.viz.ps_plots import ps_shapes_figure, ps_vs_ring_figure
+    from dtlab.viz.ps import ps_shapes_figure, ps_vs_ring_figure
 
     prof, med, fits = collectives(a.out, nprocs, sizes, a.iters)
     pd.set_option("display.width", 160)

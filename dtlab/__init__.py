@@ -17,7 +17,7 @@ _WHERE = {
     "calibrate": "launching.calibration", "sweep": "launching.sweeps", "submit": "launching.slurm",
     "Emulation": "launching.emulate",
     "Run": "results.run", "load_run": "results.run", "RunFailed": "results.status",
-    "rank_waits": "results.waits", "run_waits": "results.waits", "sync_step_model": "results.waits",
+    "rank_waits": "results.stragglers", "run_waits": "results.stragglers", "sync_step_model": "results.stragglers",
     "Profile": "model.profile", "load_profile": "results.calibration", "predict": "model.prediction",
 }
 

@@ -1,4 +1,4 @@
-"""Checkpoint and resume (dtlab.results.restarts, dtlab.rank.checkpoint): a rank killed with SIGKILL makes torchrun restart the
+"""Checkpoint and resume (dtlab.results.restarts, dtlab.rank.restarts): a rank killed with SIGKILL makes torchrun restart the
 group, training resumes from the newest checkpoint and finishes with every step once, on one timeline, with the same
 losses as a run never interrupted; without restarts left the run fails naming the rank (with max_restarts 0: the kill
 drill of tests/test_faults.py, which runs with checkpoints on). Plus the pure parts: checks
@@ -17,7 +17,7 @@ import pytest
 
 import dtlab
 from dtlab.results.events import read_events
-from dtlab.model.checkpointing import checkpoint_tradeoff, daly_interval, measured_costs, young_interval
+from dtlab.model.restarts import checkpoint_tradeoff, daly_interval, measured_costs, young_interval
 from dtlab.results.restarts import final_timeline
 
 # The uninterrupted reference is conftest's shared `tiny_run` (never checkpointed): the runs here use its config.
@@ -217,7 +217,7 @@ def test_young_and_daly_intervals():
 _ROUND_TRIP = r'''
 import json, os, sys, types
 import torch, torch.distributed as dist
-from dtlab.rank.checkpoint import Checkpointer
+from dtlab.rank.restarts import Checkpointer
 from dtlab.rank.recorder import EventWriter
 tmp = sys.argv[1]
 dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)

@@ -1,4 +1,4 @@
-"""The explorer's pure model (dtlab.model.whatif), its figures (dtlab.viz.model_plots, dtlab.viz.calibration_plots),
+"""The explorer's pure model (dtlab.model.whatif), its figures (dtlab.viz.model_plots, dtlab.viz.calibration),
 its state (dtlab.viz.explorer_state) and its widget wiring (dtlab.viz.dashboard).
 
 No torch, no runs: synthetic profiles and sweeps only. Redraw times are recorded, never asserted."""
@@ -12,7 +12,7 @@ import pytest
 
 from dtlab.model import costmodel as cm
 from dtlab.model import whatif as wi
-from dtlab.viz import calibration_plots as cp
+from dtlab.viz import calibration as cp
 from dtlab.viz import model_plots as mf
 from dtlab.model.profile import Profile
 

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from dtlab.model import costmodel as cm
-from dtlab.model.hierarchy import (crossover_bytes, flat_ring_allreduce, hierarchical_allreduce,
-                                   network_bytes_per_node, two_level_time)
+from dtlab.model.hierarchy import crossover_bytes, flat_ring_allreduce, hierarchical_allreduce, network_bytes_per_node, two_level_time
 
 A_I, B_I, A_E, B_E = 5e-6, 1 / 100e9, 30e-6, 1 / 12.5e9  # NVLink-ish inside, 100 Gbit/s-ish between nodes
 N = np.array([1e3, 1e6, 1e9])

@@ -7,7 +7,7 @@ import pytest
 
 import dtlab
 from dtlab.config.run import tiny
-from dtlab.config.levers import validate_levers, wire_factor
+from dtlab.config.compression import validate_levers, wire_factor
 from dtlab.model.compression import comm_per_sample, compression_from_run, loss_beside, powersgd_wire_numel
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import dtlab
 from dtlab.model import costmodel as cm
-from dtlab.model import psmodel
+from dtlab.model import ps as psmodel
 
 
 # ---- the transport alone: 2 and 3 real gloo ranks, many buckets issued back to back -------------------------
@@ -149,7 +149,7 @@ def test_measured_ps_and_ring_follow_their_shapes_in_n_and_p(tmp_path):
 
 
 def test_ps_figures_mark_oversubscribed_points():
-    from dtlab.viz.ps_plots import ps_shapes_figure, ps_vs_ring_figure
+    from dtlab.viz.ps import ps_shapes_figure, ps_vs_ring_figure
     df = pd.DataFrame([{"strategy": st, "nproc": p, "bucket_mb": 1.0, "t_step": 0.1 * p, "t_comm": 0.05 * p,
                         "oversubscribed": p > 2, "status": "ran"} for st in ("ddp", "ps") for p in (2, 3)])
     fig = ps_vs_ring_figure(df)

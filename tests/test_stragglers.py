@@ -11,8 +11,8 @@ from dtlab.rank.stragglers import Straggler, ddp_compute_s
 from dtlab.config.stragglers import Straggle, parse_straggler
 from dtlab.viz.figures import bucket_timeline
 from dtlab.viz.report import write_report
-from dtlab.viz.straggler_plots import wait_per_step, who_waited
-from dtlab.results.waits import bucket_waits, rank_waits, run_waits, sync_step_model, wait_summary
+from dtlab.viz.stragglers import wait_per_step, who_waited
+from dtlab.results.stragglers import bucket_waits, rank_waits, run_waits, sync_step_model, wait_summary
 
 
 # ---- the spec, refused by name before launch --------------------------------------------------------------

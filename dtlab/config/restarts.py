@@ -1,4 +1,4 @@
-"""Checkpoint and restart fields, checked before launch (the rank side is dtlab.rank.checkpoint; the timeline a
+"""Checkpoint and restart fields, checked before launch (the rank side is dtlab.rank.restarts; the timeline a
 restarted run leaves is read by dtlab.results.restarts)."""
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class RunConfig(JobConfig):
     comm_hook: str = "none"
     """How DDP reduces each gradient bucket: 'none' (fp32 all-reduce, averaged), 'fp16' or 'bf16' (torch's
     fp16_compress_hook / bf16_compress_hook: half the bytes on the wire), 'powersgd' (torch's PowerSGD: an n x m
-    gradient travels as (n + m) x powersgd_rank numbers). Strategy 'ddp' only; see dtlab.config.levers."""
+    gradient travels as (n + m) x powersgd_rank numbers). Strategy 'ddp' only; see dtlab.config.compression."""
     powersgd_rank: int = 1
     """PowerSGD's matrix approximation rank r (comm_hook 'powersgd')."""
     powersgd_start_iter: int = 2
@@ -212,7 +212,7 @@ class RunConfig(JobConfig):
         # Machine checks last: they need the device count.
         choice("device", self.device, DEVICES)
         placed = self.placement(cuda_device_count, nccl_version)  # ValueError when the GPUs cannot host the ranks
-        from dtlab.config.levers import validate_levers
+        from dtlab.config.compression import validate_levers
         from dtlab.config.restarts import validate_restarts
         validate_levers(self, placed)
         from dtlab.config.stragglers import validate_straggler

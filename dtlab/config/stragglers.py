@@ -13,7 +13,7 @@ it issues is late by the delay. The sleep is part of its backward time (`t_bwd`)
 (the wall clock around the sleep: the "known amount" is what was slept, not what was asked for). Baseline steps
 (no-op comm hook) sleep too, so the measured T_comp is the slowest rank's compute, straggle included.
 
-Pure and dependency-free: the ranks import it. Per-rank wait times are computed in `dtlab.results.waits`.
+Pure and dependency-free: the ranks import it. Per-rank wait times are computed in `dtlab.results.stragglers`.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ import types
 
 from dtlab.course import integrity, recordings, rubric, verdicts
 
-PRELOAD = ("dtlab.results.run", "dtlab.launching.calibration", "dtlab.course.labs", "dtlab.config.nodes", "dtlab.results.waits", "dtlab.launching.emulate",
+PRELOAD = ("dtlab.results.run", "dtlab.launching.calibration", "dtlab.course.labs", "dtlab.config.nodes", "dtlab.results.stragglers", "dtlab.launching.emulate",
            "dtlab.model.whatif", "dtlab.model.costmodel", "dtlab.model.compression", "dtlab.model.hierarchy",
-           "dtlab.model.checkpointing", "dtlab.course.exercises", "dtlab.course.checks")
+           "dtlab.model.restarts", "dtlab.course.exercises", "dtlab.course.checks")
 # modules a lab 8 function may name (imported for it by the ranks that run it)
 ALLOWED_MODULES = ("torch", "torch.distributed", "torch.nn", "torch.nn.functional", "math", "time", "numpy",
                    "functools", "itertools", "collections", "operator")

@@ -19,8 +19,8 @@ from dtlab.units import fmt_ratio, fmt_time
 
 def step_wait(run) -> float:
     """Median over the measured steps of the longest wait of any rank for a peer to join its all-reduce (s):
-    the part of T_comm that is waiting, not transfer (dtlab.results.waits)."""
-    from dtlab.results.waits import run_waits
+    the part of T_comm that is waiting, not transfer (dtlab.results.stragglers)."""
+    from dtlab.results.stragglers import run_waits
     w = run_waits(run)
     return float(w.groupby("step")["wait_s"].max().median()) if len(w) else 0.0
 
@@ -81,7 +81,7 @@ def accumulation_claim(timed: dict, k: int, how: str, reference: str = "none"):
                  f"from {fmt_time(comm[reference].median)} to {fmt_time(comm[acc].median)}. ")
         if wait[acc].median > wait[reference].median:
             text += (f"Waiting for the other rank to join took {fmt_time(wait[acc].median)} of it per step, "
-                     f"against {fmt_time(wait[reference].median)} (dtlab.results.waits): over K micro-batches the two ranks' "
+                     f"against {fmt_time(wait[reference].median)} (dtlab.results.stragglers): over K micro-batches the two ranks' "
                      "compute drifts apart before they meet, and the rank that arrives first counts its wait as "
                      "T_comm.")
             grew, waited = comm[acc].median - comm[reference].median, wait[acc].median - wait[reference].median
@@ -141,7 +141,7 @@ def fp16_time_claim(timed: dict, profile, how: str):
 
 def straggler_claim(waits: pd.DataFrame, waiter: int = 0, slow: int = 1):
     """'Rank `waiter` waits about rank `slow`'s injected delay each step' (the synchronous-step model with equal
-    compute), paired step by step within one run (dtlab.results.waits.run_waits frame)."""
+    compute), paired step by step within one run (dtlab.results.stragglers.run_waits frame)."""
     w = waits.set_index(["step", "rank"])
     steps = sorted(set(waits["step"]))
     wait = [float(w.loc[(s, waiter), "wait_s"]) for s in steps]
@@ -185,7 +185,7 @@ def ps_ring_claim(timed: dict, forms: pd.DataFrame, samples: pd.DataFrame, how: 
         return head + f" The collectives alone at p = 2 (the calibration above) gave PS / ring = {alone}."
     return compare("lab06.ps_vs_ring", "a parameter server is slower than the ring all-reduce",
                    "T_comm per step", (ps, comm[ps]), (ring, comm[ring]), expected=expect,
-                   model="gloo's reduce + broadcast over its ring all-reduce at p = 2 (dtlab.model.psmodel), "
+                   model="gloo's reduce + broadcast over its ring all-reduce at p = 2 (dtlab.model.ps), "
                          "with this machine's all-reduce fit", test="above", why=why, how=how)
 
 

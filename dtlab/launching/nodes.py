@@ -25,8 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from dtlab.runfiles import dump_json
-from dtlab.launching.torchrun import (signal_group, write_status, check_omp_threads, prepare_dir, release_lifeline,
-                                      start_torchrun)
+from dtlab.launching.torchrun import signal_group, write_status, check_omp_threads, prepare_dir, release_lifeline, start_torchrun
 from dtlab.results.liveness import identity
 from dtlab.config.nodes import is_loopback, parse_endpoint
 from dtlab.results.status import node_statuses

@@ -37,7 +37,7 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
 
     `strategy` (e.g. ["ddp", "ps"]: ring all-reduce vs parameter server), `nproc` and `bucket_mb` are lists;
     None keeps base's value. `oversubscribed` flags CPU runs with more ranks than cores (their compute and
-    communication share the cores: read their times as such, see dtlab.model.psmodel).
+    communication share the cores: read their times as such, see dtlab.model.ps).
 
     A finished run with the same config under `out` is reused, not rerun (unless rerun=True). A pair the
     machine cannot host (e.g. more ranks than GPUs under NCCL) is skipped with the reason in `reason`; a run

@@ -27,7 +27,7 @@ Two families are provided so that they can be shown side by side.
 Op ``ps`` (parameter server: reduce to rank 0, broadcast back) is per worker in
 the textbook family (alpha + beta n, flat in p) and at the server's one link in
 the other (2 alpha + 2(p-1) n beta, growing with p); in both, its bandwidth
-term is p times the same family's all-reduce term. :mod:`dtlab.model.psmodel`
+term is p times the same family's all-reduce term. :mod:`dtlab.model.ps`
 sets these beside what gloo's and NCCL's reduce + broadcast really do.
 
 Where and why they differ: a ring all-reduce *is* a reduce-scatter followed

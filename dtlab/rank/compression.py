@@ -1,4 +1,4 @@
-"""torch's own DDP compression hooks for one run (dtlab.config.levers), and the bytes each bucket puts on the wire.
+"""torch's own DDP compression hooks for one run (dtlab.config.compression), and the bytes each bucket puts on the wire.
 
 `Codec(name, ...)` is called by the recorder's hook with a bucket; it returns the hook's future (whose value is
 the averaged, decompressed bucket) and the bucket's bytes on the wire:

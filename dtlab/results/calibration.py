@@ -69,7 +69,7 @@ def load_calibration(run_dir: str, partial: bool = False):
                            "reduce-scatter formula; compare its fit with the all-reduce fit.")
         if "ps" in cal["ops"]:
             caveats.append("ps on gloo is its reduce (a ring reduce-scatter + a gather into rank 0) then its "
-                           "broadcast (a binomial tree), not one server link: see dtlab.model.psmodel.")
+                           "broadcast (a binomial tree), not one server link: see dtlab.model.ps.")
     if meta.get("oversubscribed"):
         caveats.append(f"{meta.get('world_size')} ranks on {meta.get('cpu_cores')} cores: oversubscribed.")
         over = [int(k) for k in sorted(samples["nproc"].unique()) if k > (meta.get("cpu_cores") or k)] \

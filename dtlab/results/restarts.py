@@ -1,7 +1,7 @@
 """Checkpoint and resume, the reading half: one timeline from a restarted run (the checks before launch are
 dtlab.config.restarts's).
 
-How a restarted run works (the rank side is dtlab.rank.checkpoint):
+How a restarted run works (the rank side is dtlab.rank.restarts):
 
 - `checkpoint_every` N: after every N training steps the ranks save model, optimizer, the number of steps done and
   every rank's RNG states with torch.distributed.checkpoint into RUN/checkpoints/step-K (K = steps done, so a resumed

@@ -17,8 +17,7 @@ import pandas as pd
 
 from dtlab.model import whatif as wi
 from dtlab.units import fmt_bytes
-from dtlab.viz.controls import (R_STEP, all_reduce_fits, bucket_count, bucket_slider_range, clip_to_range,
-                                compression_setting)
+from dtlab.viz.controls import R_STEP, all_reduce_fits, bucket_count, bucket_slider_range, clip_to_range, compression_setting
 from dtlab.viz.loggrid import on_log_grid
 
 #: Defaults when no profile is given: plausible for one NVLink/InfiniBand-class ring, *not calibrated*.

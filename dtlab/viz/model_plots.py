@@ -4,7 +4,7 @@ of one predicted step.
 Pure functions: data in, `plotly.graph_objects.Figure` out. Nothing here imports torch or ipywidgets, so the
 module is cheap to import and test; :mod:`dtlab.viz.dashboard` wraps these figures in widgets. The model
 itself (whatif, whatif_sweep, compute_from_run, ...) is in :mod:`dtlab.model.whatif`; the calibration and
-textbook-vs-ring figures are in :mod:`dtlab.viz.calibration_plots`.
+textbook-vs-ring figures are in :mod:`dtlab.viz.calibration`.
 
 Units: data in seconds and bytes; on screen times are milliseconds, sizes MiB. Every axis names its unit.
 """

@@ -16,8 +16,8 @@ def write_report(run, path: str | None = None) -> str:
     figs = [breakdown_bar(run.summary(), title=f"{run.config.get('strategy')} x{run.nproc}"),
             bucket_timeline(run), bytes_by_op(run), memory_bars({run.config.get("strategy", "run"): run})]
     if run.config.get("straggler") and not run.buckets.empty:  # who waited for whom
-        from dtlab.viz.straggler_plots import who_waited
-        from dtlab.results.waits import run_waits
+        from dtlab.viz.stragglers import who_waited
+        from dtlab.results.stragglers import run_waits
         figs.insert(2, who_waited(run_waits(run), f"straggler {run.config['straggler']}"))
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = run.summary().to_html(index=False, float_format=lambda v: f"{v:.4g}")

@@ -22,7 +22,7 @@ def sources(rec) -> dict:
 
 
 def _wait0(run) -> float:
-    from dtlab.results.waits import run_waits, wait_summary
+    from dtlab.results.stragglers import run_waits, wait_summary
     return float(wait_summary(run_waits(run)).set_index("rank").loc[0, "wait_s"])
 
 
@@ -35,7 +35,7 @@ def _growth(ref, slow) -> Key:
 
 
 def _example(*_) -> Key:
-    from dtlab.results.waits import sync_step_model
+    from dtlab.results.stragglers import sync_step_model
     seed = sync_step_model(list(EXAMPLE_S))
     return Key("lab06.q2", "number", 1e3 * float(seed.loc[0, "wait_s"]), abs_tol=1.0, unit="ms",
                tol_source="derived from the synchronous-step model (dtlab.sync_step_model): exact; 1 ms for rounding",
@@ -58,7 +58,7 @@ def _server(*_) -> Key:
 
 
 def _redone(crashed) -> Key:
-    from dtlab.model.checkpointing import measured_costs
+    from dtlab.model.restarts import measured_costs
     return Key("lab06.q4", "number", int(measured_costs(crashed)["lost_steps"]), abs_tol=0, unit="steps",
                tol_source="counted from the run's records (run.lost): exact",
                hint="the restart resumes from the newest complete checkpoint: steps after it are trained again")

@@ -53,9 +53,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dtlab.rank.checkpoint import Checkpointer
-    from dtlab.rank.recorder import (BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, recorder_facts,
-                                     tensor_bytes)
+    from dtlab.rank.restarts import Checkpointer
+    from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, recorder_facts, tensor_bytes
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
     from dtlab.rank.stragglers import Straggler, ddp_compute_s
     from dtlab.config.stragglers import straggler_plan
@@ -83,7 +82,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
                                                         **recorder_facts(recorder)}, world)
     writer.write("ready", rank=rank, time=time.time(), **sources)
     ckpt = Checkpointer(cfg, run_dir, rank, world, device, writer)
-    first = ckpt.resume(ddp, opt)  # 0, or where a group restarted by torchrun goes on (dtlab.rank.checkpoint)
+    first = ckpt.resume(ddp, opt)  # 0, or where a group restarted by torchrun goes on (dtlab.rank.restarts)
 
     clock = StepClock(device)
     for step in range(first, cfg.steps + cfg.baseline_steps):

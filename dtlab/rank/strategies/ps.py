@@ -34,7 +34,7 @@ its collectives, the same nbytes: no compression): `t_reduced`, and `server_byte
 bytes a parameter server's one link carries for this bucket (p-1 workers push nbytes in, then pull nbytes
 out; the server's own share stays local). That is the PS *model's* traffic (dtlab.model.costmodel.ps_server);
 the backends do not route everything through rank 0's link: gloo's reduce is a ring reduce-scatter plus a
-gather into the root, its broadcast a binomial tree (dtlab.model.psmodel).
+gather into the root, its broadcast a binomial tree (dtlab.model.ps).
 """
 
 from __future__ import annotations

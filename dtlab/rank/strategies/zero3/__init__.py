@@ -42,8 +42,7 @@ import time
 from dtlab.config.run import RunConfig
 from dtlab.rank.strategies.zero3.blocked import blocked_recording, blocked_seconds
 from dtlab.rank.strategies.zero3.comm import COLLECTIVE_RECORDING, CollectiveRecorder
-from dtlab.rank.strategies.zero3.engine import (ds_config, import_deepspeed, model_hidden_size, remap_local_rank,
-                                                zero_auto)
+from dtlab.rank.strategies.zero3.engine import ds_config, import_deepspeed, model_hidden_size, remap_local_rank, zero_auto
 from dtlab.rank.strategies.zero3.facts import memory_record, nonresident_bytes, zero_facts
 
 

@@ -4,7 +4,7 @@
   bucket_mb=...)`: T_step and T_comm against the number of ranks, one line per strategy and bucket size.
 - `ps_shapes_figure(samples)`: collective samples from `dtlab.calibrate(ops=("all_reduce", "ps"), group_sizes=...)`:
   time against message size per p, and the PS / ring time ratio against p beside each form's ratio
-  (dtlab.model.psmodel).
+  (dtlab.model.ps).
 
 Oversubscribed points (more CPU ranks than cores) are drawn as open markers and named in the hover text and the
 legend: their time includes waiting for a core.
@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dtlab.model import psmodel
+from dtlab.model import ps as psmodel
 from dtlab.viz.figures import set_title
 
 STRATEGY_COLORS = {"ddp": "#4C78A8", "ps": "#E45756", "zero3": "#54A24B"}

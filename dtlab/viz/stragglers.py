@@ -1,4 +1,4 @@
-"""Pure figures for stragglers: who waited for whom. Data in (`dtlab.results.waits` frames), `go.Figure` out; ms on screen."""
+"""Pure figures for stragglers: who waited for whom. Data in (`dtlab.results.stragglers` frames), `go.Figure` out; ms on screen."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dtlab.viz.figures import COLORS, set_title
-from dtlab.results.waits import sync_step_model, wait_summary
+from dtlab.results.stragglers import sync_step_model, wait_summary
 
 STRAGGLE_COLOR = "#B279A2"
 WAIT_COLOR = COLORS["exposed"]
@@ -20,7 +20,7 @@ def _who(row, model_wait_s: float) -> str:
 
 
 def who_waited(waits: pd.DataFrame, title: str = "") -> go.Figure:
-    """One horizontal bar per rank, medians over the steps of a `dtlab.results.waits.rank_waits` frame: its compute
+    """One horizontal bar per rank, medians over the steps of a `dtlab.results.stragglers.rank_waits` frame: its compute
     (without the injected delay), the injected delay and its measured wait for the slowest peer, stacked, in
     ms. The synchronous-step model (`sync_step_model` on the measured compute) says every bar ends at the
     slowest rank's compute: a dotted line there, and each rank's model wait beside its measured one."""
