@@ -1,10 +1,31 @@
-"""Shared fixtures. Real runs use the tiny model on CPU with gloo and 2 ranks; nothing needs the hub."""
+"""Shared fixtures and the tiers. Real runs use the tiny model on CPU with gloo and 2 ranks; nothing needs the hub.
+
+Tiers, one folder each, marked by folder (select with -m):
+- tests/unit: no launch, no torchrun, no notebook kernel; the whole tier in under 30 s (`pytest tests/unit`);
+- tests/integration: real torchrun launches on gloo (the tiny model, 2-4 ranks);
+- tests/e2e: notebooks executed in JupyterLab and Chromium, grading, the GPU runbook's dry run, the docs build;
+- tests/gpu: needs a CUDA GPU; skips with the reason on a machine without one.
+"""
 
 import os
+import pathlib
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never wait on the hub in tests
+
+TIERS = ("unit", "integration", "e2e", "gpu")
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its folder's tier; a test outside the tier folders is an error, not a silent extra."""
+    for item in items:
+        rel = pathlib.Path(str(item.path)).resolve().relative_to(HERE)
+        tier = rel.parts[0] if len(rel.parts) > 1 else None
+        if tier not in TIERS:
+            raise pytest.UsageError(f"tests/{rel}: every test lives in one of tests/{', tests/'.join(TIERS)}")
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,15 @@ import time
 from dataclasses import dataclass, field
 
 import nbformat
-
-from labserver import CHROMIUM, CHROMIUM_ARGS, LabServer, browser_missing, page_checks, run_all, screenshots
+from labserver import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    LabServer,
+    browser_missing,
+    page_checks,
+    run_all,
+    screenshots,
+)
 
 LABS_DIR = pathlib.Path(__file__).resolve().parent.parent / "labs"
 #: every lab, in order; a new lab needs no line here (it only needs its rubric rows in labs/README.md)

@@ -121,14 +121,13 @@ def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
 def strategy_note(strategy: str | None, p: Placement, nproc: int) -> str:
     """What a placement means for a strategy's numbers beyond what it means for DDP ('' when nothing)."""
     spec = strategy_spec(strategy) if strategy is not None else None
-    if spec is None or not spec.shards:
+    if spec is None:
         return ""
-    if nproc == 1:
+    if spec.shards and nproc == 1:
         return (f"{spec.title} on one rank partitions nothing (p = 1): each rank holds everything and no byte "
                 "travels between ranks; use 2 or more ranks to see sharding")
     if p.backend == "gloo" and p.device == "cuda":
-        return (f"{spec.title} over gloo on CUDA tensors: each all-gather and reduce-scatter is copied to host "
-                "memory and back, and gloo's reduce-scatter is an all-reduce then a chunk (twice the data)")
+        return spec.gloo_cuda_note
     return ""
 
 

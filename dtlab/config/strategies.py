@@ -42,6 +42,8 @@ class StrategySpec:
     (T_comp = T_step - t_blocked), not as T_step minus a no-op baseline."""
     shards: bool = False
     """Parameters, gradients and optimizer state are partitioned over the ranks (one rank shards nothing)."""
+    gloo_cuda_note: str = ""
+    """What gloo on CUDA tensors (ranks sharing a GPU before NCCL 2.30) means for this strategy's numbers."""
 
     def refuse(self, field: str, value, why: str = "") -> ValueError:
         """The ValueError for a field (set to `value`) this strategy does not support, naming those that do."""
@@ -66,7 +68,10 @@ STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in (
     StrategySpec(name="ps", module="dtlab.rank.strategies.ps", title="reduce + broadcast (ps)",
                  records="buckets", bucket_op="ps", compute_baseline=True, stragglers=True, needs_record=True),
     StrategySpec(name="zero3", module="dtlab.rank.strategies.zero3", title="DeepSpeed ZeRO-3 (zero3)",
-                 records="collectives", blocked_time=True, shards=True),
+                 records="collectives", blocked_time=True, shards=True,
+                 gloo_cuda_note="ZeRO-3 runs DeepSpeed's CUDA accelerator over gloo: each all-gather and reduce-scatter "
+                                "is copied to host memory and back, and gloo's reduce-scatter is an all-reduce then a "
+                                "chunk (twice the data)"),
 )}
 
 

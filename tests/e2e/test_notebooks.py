@@ -1,0 +1,165 @@
+"""What each lab printed and recorded, top to bottom in quick mode (tiny model, few steps).
+
+Each lab is executed once per test session by tests/labrun.py: in JupyterLab with a real browser when one is
+available (tests/test_browser.py checks the page of the same run), headless otherwise. Here: every graded
+question of the rubric was checked (no key in its record), every claim the lab printed follows from its
+own numbers (dtlab.course.claims), and each lab's own outputs are there. A new lab needs no line here to be
+run and checked; its own output checks are one entry in OUTPUT_CHECKS.
+"""
+import re
+
+import nbformat
+import pytest
+from labrun import LABS, LABS_DIR, STUDENT_ANSWERS, drive, error_outputs, outputs_text
+
+from dtlab.course.checks import parse_answers
+from dtlab.course.claims import consistent, parse_claims
+
+
+def rubric(lab):
+    """{qid: points} of one lab, from the rubric's tables in labs/README.md."""
+    rows = re.findall(r"^\| `(lab\d\d\.\w+)` \| (\d+) \|", (LABS_DIR / "README.md").read_text(), flags=re.M)
+    return {q: int(pts) for q, pts in rows if q.startswith(lab + ".")}
+
+
+def assert_unanswered_and_expected(path, lab, answered=()):
+    """Every graded question of the rubric was checked and none raised; no record holds its key; an unanswered
+    one says so with 0 points."""
+    got = {a["qid"]: a for a in parse_answers(path)}
+    want = rubric(lab)
+    assert want, f"no rubric rows for {lab} in labs/README.md"
+    assert set(got) == set(want), f"recorded {sorted(got)}, rubric {sorted(want)}"
+    for qid, a in got.items():
+        assert a["max_points"] == want[qid], (qid, a)
+        assert "expected" not in a, (qid, a)  # the autograder computes keys itself: dtlab.course.rubric
+        if qid in answered:
+            continue
+        assert a["answer"] in (None, "not implemented") and a["ok"] is None and a["points"] == 0, (qid, a)
+        assert "not answered yet" in a["verdict"] or "not implemented" in a["verdict"], (qid, a)
+        if a["kind"] == "number":
+            assert a["tolerance"] >= 0 and a["tol_source"], (qid, a)
+        elif a["kind"] == "choice":
+            assert a["choices"], (qid, a)
+        elif a["kind"] == "exercise":   # a stub: not implemented, so not answered
+            assert a["feedback"], (qid, a)
+        else:
+            assert a["kind"] == "formula", (qid, a)
+    return got
+
+
+def lab00(run, text):
+    assert "dtlab doctor" in text and "where each lab's ranks run" in text
+    assert "GPUs: none visible to torch" in text  # this suite runs on CPU machines
+    assert "all_reduce of 1,048,576 bytes" in text and "placement: gloo on CPU" in text
+
+
+def lab01(run, text):
+    assert "T_comm" in text and "gradient bytes per rank and step" in text
+    assert "all-reduced bytes per rank and step: 4,045,448 B" in text  # formatted, not a list of numpy ints
+    assert "trace written" in text and list((run.folder / "runs").glob("*/trace.json"))  # the Perfetto link
+    got = {a["qid"]: a for a in parse_answers(run.path)}
+    q1, q2 = got["lab01.q1"], got["lab01.q2"]  # the answers typed in by labrun.STUDENT_ANSWERS
+    assert q1["ok"] is True and q1["points"] == q1["max_points"] == 2 and q1["answer"] > 0
+    assert q2["ok"] is False and q2["answer"] == 1000 and q2["points"] == 0
+    assert "never splits a tensor" in text
+
+
+def lab02(run, text):
+    assert "alpha" in text and "prediction error" in text and "ratios textbook/ring" in text
+    assert list((run.folder / "profiles").glob("*/profile.json"))
+
+
+def lab03(run, text):
+    assert "replay_t_step_ms" in text and "whatif_t_step_ms" in text
+    assert len(list((run.folder / "runs" / "lab03-sweep").iterdir())) == 2
+
+
+def lab04(run, text):
+    assert "ZeRO-3 / DDP per rank" in text and "reduce-scatter expected" in text and "ZeRO-3 step communication" in text
+
+
+def lab05(run, text):
+    """Three levers run twice each, interleaved, and PowerSGD once; the explorer starts from the measured r."""
+    assert "powersgd r=1" in text and "largest relative loss difference" in text
+    assert "measured: powersgd hook" in text
+    assert "times: 2 runs per configuration, interleaved: none fp16 accumulate 4, then accumulate 4 fp16 none" in text
+    assert len(list((run.folder / "runs").iterdir())) == 7
+
+
+def lab06(run, text):
+    """A straggler beside a reference, ps beside the ring (interleaved), a PS/ring calibration, a crash resumed
+    from a checkpoint; numbers formatted with their units."""
+    diff = re.search(r"largest loss difference ps vs ring: (\S+)", text)
+    assert diff and float(diff.group(1)) < 1e-5  # the server and the ring average the same gradients
+    assert "restart: attempt 1 resumed from step 2" in text and "Young's optimum" in text
+    assert "exposed " not in text and "overlap " not in text  # the crash run's noisy breakdown is not printed
+    assert "bytes per rank-step 4,045,448 B" in text and "np.int64" not in text
+    t_step = re.search(r"status finished, T_step ([\d.]+) ms", text)  # the T_step Young's line uses
+    young = re.search(r"t_step = ([\d.]+) ms: the T_step printed with the restart above", text)
+    assert t_step and young and abs(float(t_step.group(1)) - float(young.group(1))) < 0.1, (t_step, young)
+
+
+def lab07(run, text):
+    """Two emulated nodes make one run; both levels calibrated (the shaped link where this machine permits it)."""
+    assert "one job: 2 ranks on 2 nodes (1 per node" in text and "between nodes (" in text and "inside a node:" in text
+    assert "np.int64" not in text and "1 ranks" not in text
+    from dtlab.launching.emulate import shaping_unavailable
+    if shaping_unavailable() is None:  # root with namespaces (CI): the shaped link really was used
+        assert "shaped by tc tbf to 1gbit" in text
+
+
+def lab08(run, text):
+    """As committed, lab 8's exercises are stubs: both checks say so, nothing raises, the profile still
+    prices the ring."""
+    assert "comm_hook: not implemented yet" in text and "ring_allreduce: not implemented yet" in text
+    assert "all_reduce, ring form: alpha" in text and "the model with your profile predicts" in text
+    assert list((run.folder / "profiles").glob("*/profile.json")) and not (run.folder / "runs").exists()
+
+
+OUTPUT_CHECKS = {"00_setup_check.ipynb": lab00, "01_ddp_breakdown.ipynb": lab01,
+                 "02_collectives_alpha_beta.ipynb": lab02, "03_buckets_and_gpu_count.ipynb": lab03,
+                 "04_zero3_vs_ddp.ipynb": lab04,
+                 "05_shrinking_comm.ipynb": lab05, "06_stragglers_ps_faults.ipynb": lab06,
+                 "07_beyond_one_machine.ipynb": lab07, "08_build_it_yourself.ipynb": lab08}
+#: claims each lab must print (ids): the statements about outcomes its text relies on
+
+
+CLAIMS = {"00_setup_check.ipynb": {"lab00.sizes"}, "01_ddp_breakdown.ipynb": {"lab01.exposed"},
+          "05_shrinking_comm.ipynb": {"lab05.fp16_bytes", "lab05.accumulate", "lab05.fp16_time"},
+          "06_stragglers_ps_faults.ipynb": {"lab06.straggler_wait", "lab06.ps_vs_ring"},
+          "07_beyond_one_machine.ipynb": {"lab07.levels", "lab07.backward"}}
+
+
+@pytest.mark.parametrize("name", LABS)
+def test_lab_runs_top_to_bottom(name):
+    run = drive(name)
+    errors = error_outputs(run.nb)
+    assert not errors, f"{name}: error output:\n" + "\n".join(errors)
+    lab = "lab" + name[:2]
+    answered = (f"{lab}.q1", f"{lab}.q2") if name in STUDENT_ANSWERS else ()  # typed in by labrun
+    assert_unanswered_and_expected(run.path, lab, answered=answered)
+    OUTPUT_CHECKS.get(name, lambda run, text: None)(run, outputs_text(run.nb))
+    print(f"{name}: ran in {run.seconds:.0f} s ({'browser' if run.browser else 'headless'})")
+
+
+@pytest.mark.parametrize("name", LABS)
+def test_no_printed_claim_contradicts_its_own_numbers(name):
+    """Every claim a lab printed: its verdict follows from its numbers, one that does not hold says why, and
+    the lab printed the claims its text relies on."""
+    run = drive(name)
+    claims = parse_claims(run.path)
+    assert {c["cid"] for c in claims} >= CLAIMS.get(name, set()), f"{name}: claims {[c['cid'] for c in claims]}"
+    problems = [p for c in claims for p in consistent(c)]
+    assert not problems, "\n".join(problems)
+    text = outputs_text(run.nb)
+    assert not re.search(r"\bnan\b", text, flags=re.I), f"{name}: 'nan' in an output"
+    for c in claims:  # the sentence on screen is the record's own
+        assert f"Verdict: {c['result'].upper()}" in text and c["says"] in text, c["cid"]
+
+
+def test_notebooks_are_committed_without_outputs():
+    for path in list(LABS_DIR.glob("*.ipynb")) + list((LABS_DIR.parent / "instructor").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for c in nb.cells:
+            if c.cell_type == "code":
+                assert not c.outputs and c.execution_count is None, f"{path.name} has stored outputs"

@@ -1,0 +1,109 @@
+"""The GPU runbook (tools/gpu_runbook.py, tools/gpu_wheels.py): its wheel-folder check, its limits (three
+commands under 600 s, small flat output folders, a summary rewritten after every step), and a whole dry run of
+its three parts on this CPU machine."""
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+TOOLS = ROOT / "tools"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+sys.path = [p for p in sys.path if p not in (str(ROOT), str(TOOLS))]
+runbook = _load("gpu_runbook")   # puts the checkout and tools/ on sys.path itself, before any step
+wheels = _load("gpu_wheels")
+
+
+def _wheel(folder, name, version, requires=(), tag="py3-none-any"):
+    fn = folder / f"{name.replace('-', '_')}-{version}-{tag}.whl"
+    meta = "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires))
+    with zipfile.ZipFile(fn, "w") as z:
+        z.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", meta)
+    return fn
+
+
+def _fake_folder(tmp_path):
+    """Every listed wheel, with requirements only on each other and on what the GPU machine has."""
+    folder = tmp_path / "whl"
+    folder.mkdir()
+    for line in wheels.listed(str(TOOLS / "gpu-wheels.txt")):
+        name, _, version = line.partition("==")
+        reqs = ["torch", "numpy>=1.24", "hjson"] if name == "deepspeed" else []
+        reqs += ["typing-extensions>=4.14.1"] if name == "pydantic" else []
+        reqs += ['pywin32; sys_platform == "win32"']  # a marker that does not apply on Linux
+        _wheel(folder, name, version, reqs)
+    return folder
+
+
+def _part(part, tmp_path, wheel_dir, *extra):
+    out, work = tmp_path / part / "out", tmp_path / part / "work"
+    cmd = [sys.executable, str(TOOLS / "gpu_runbook.py"), part, "--dry-run", "--wheels", str(wheel_dir),
+           "--out", str(out), "--work", str(work), "--site", str(tmp_path / "site"), *extra]
+    return out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env=dict(os.environ, HF_HUB_OFFLINE="1"))
+
+
+def _fits(out):
+    listing = runbook.out_listing(str(out))
+    assert len(listing["files"]) <= runbook.MAX_FILES and listing["depth"] <= runbook.MAX_DEPTH, listing
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for f, _ in listing["files"] for part in f.split(os.sep))
+    return {f for f, _ in listing["files"]}
+
+
+def test_dry_run_walks_the_three_parts_within_the_limits(tmp_path):
+    wheel_dir = _fake_folder(tmp_path)
+    seen = {}
+    for part, steps in runbook.PARTS.items():
+        t0 = time.monotonic()
+        out, proc = _part(part, tmp_path, wheel_dir)
+        partial = set()
+        while proc.poll() is None:  # the summary is rewritten after every step, not only at the end
+            try:
+                s = json.loads((out / "summary.json").read_text())
+                partial.add(tuple(s["steps"]))
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        log = proc.stdout.read()
+        wall = time.monotonic() - t0
+        assert proc.returncode == 0, log[-3000:]
+        assert wall < runbook.COMMAND_LIMIT_S, f"{part} took {wall:.0f} s"
+        s = json.loads((out / "summary.json").read_text())
+        assert s["dry_run"] and s["ok"] and list(s["steps"]) == list(steps) and s["planned"] == list(steps)
+        assert all(v["ok"] for v in s["steps"].values())
+        assert s["writes"] >= len(steps) + 2 and s["out_files"]["depth"] <= runbook.MAX_DEPTH
+        files = _fits(out)
+        assert {"summary.json", "logs.tar.gz"} <= files
+        assert not (out / "site").exists() and not runbook._inside(s["work"], str(out))
+        with tarfile.open(out / "logs.tar.gz") as tar:
+            seen[part] = (set(tar.getnames()), s, partial)
+    names, s, partial = seen["runs"]
+    assert {"main-job.log", "zero3.log", "first/config.json", "zero3/config.json"} <= names
+    assert ("install", "main-job") in partial  # seen while zero3 was still running
+    m = s["main_job"]
+    assert m["bytes_per_rank_step"] == [m["grad_bytes"]] and m["T_step_ms"] > 0
+    assert "gloo on CPU" in m["placement"]["label"] and m["bucket_timing"]["path"] == "wall"
+    assert s["zero3"]["unfinished_collectives"] == 0
+    setup = seen["setup"][1]["steps"]
+    suite = setup["gpu-suite"]
+    assert suite["tests"] >= 10 and suite["skipped"] == suite["tests"]  # no GPU here: every GPU test skips...
+    assert all("CUDA" in r for r in suite["skip_reasons"])                # ...with a reason naming CUDA
+    assert setup["wheels"]["travels_mib"] < wheels.TREE_MAX_BYTES / 2**20
+    cal = seen["calibrate"][1]
+    assert set(cal["calibration"]) >= {"all_reduce", "reduce_scatter", "all_gather"}
+    assert {p["what"] for p in cal["steps"]["lab04"]["placed"]} == {"ZeRO-3 run", "DDP run", "calibration"}

@@ -1,0 +1,71 @@
+"""Same inputs in every process, same losses in every launch.
+
+Python salts str hashes per process (PYTHONHASHSEED), so anything keyed on the built-in hash() differs between
+ranks and between runs. These tests run the code in separate processes with different salts, so they fail if any
+per-process state leaks into tokenization or training.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import dtlab
+
+_TOKENIZE = """
+import json, sys
+from dtlab.rank.data import HashingTokenizer, offline_sentences
+sents, _ = offline_sentences(16, seed=3)
+ids = HashingTokenizer()(sents + ["Zürich naïve café", "the film is dull"], max_length=24)["input_ids"]
+print(json.dumps(ids.tolist()))
+"""
+
+
+def _tokenize_in_subprocess(hashseed: str) -> list:
+    env = dict(os.environ, PYTHONHASHSEED=hashseed)
+    out = subprocess.run([sys.executable, "-c", _TOKENIZE], env=env, capture_output=True, text=True, check=True,
+                         timeout=120)
+    return json.loads(out.stdout)
+
+
+def test_hashing_tokenizer_is_the_same_in_every_process():
+    a, b = _tokenize_in_subprocess("1"), _tokenize_in_subprocess("2")
+    assert a == b
+    # and it is a real mapping: different words get different ids, every id inside the vocabulary
+    flat = {i for row in a for i in row}
+    assert len(flat) > 20
+    assert max(flat) < 30522 and min(flat) >= 0
+
+
+def test_distilbert_source_names_the_reason(tmp_path):
+    """The run table once said 'distilbert-base-uncased: OSError'; the source must say why in words. Run in a
+    fresh process with an empty Hugging Face cache, so a cache on the developer's machine cannot change it."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "empty-hf-home"))
+    code = ("from dtlab.rank.data import build_model; "
+            "print(build_model('distilbert', 'auto', None, seed=0).model_source)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         timeout=300).stdout
+    assert "random init" in out
+    assert "not in the local Hugging Face cache" in out
+    assert "HF_HUB_OFFLINE is set" in out
+
+
+def _losses(run) -> dict:
+    df = run.steps.sort_values(["rank", "step"])
+    return {int(r): g["loss"].tolist() for r, g in df.groupby("rank")}
+
+
+def test_same_seed_runs_in_separate_launches_have_bit_identical_losses(tmp_path, monkeypatch):
+    """Two launches of one tiny config, each with its own hash salt: every rank's every loss is equal bit for bit
+    (on CPU with gloo; see RunConfig.deterministic for CUDA). A different seed must change them, or the test
+    would pass for a run that ignored its data."""
+    runs = []
+    for salt, seed in (("11", 5), ("22", 5), ("33", 6)):
+        monkeypatch.setenv("PYTHONHASHSEED", salt)
+        cfg = dtlab.tiny(out=str(tmp_path / f"r{salt}"), steps=3, warmup=1, baseline_steps=0, seed=seed)
+        runs.append(dtlab.run(cfg, progress=False))
+    a, b, c = (_losses(r) for r in runs)
+    assert set(a) == {0, 1} and all(len(v) == 3 for v in a.values())
+    assert a == b  # exact float equality, every rank, every step
+    assert a[0] != a[1]  # the ranks see different data
+    assert a != c  # the seed matters
+    assert "bit-identical" in runs[0].resolved["determinism"]
