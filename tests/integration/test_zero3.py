@@ -169,7 +169,7 @@ def test_blocked_time_is_measured_and_bounded(z3):
 
 
 def test_zero3_trace_matches_the_run(z3):
-    from test_trace import check_trace
+    from integration.test_trace import check_trace
     xs = check_trace(z3, z3.to_chrome_trace())
     ops = {e["args"]["op"] for e in xs if e["cat"] == "communication"}
     assert {"all_gather", "reduce_scatter"} <= ops
