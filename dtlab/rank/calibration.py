@@ -115,4 +115,5 @@ def _collective(op: str, nbytes: int, world: int, device, group=None):
 
 
 if __name__ == "__main__":
-    sys.exit(_rank_main(sys.argv[1]))
+    from dtlab.rank.lifecycle import exit_rank
+    exit_rank(_rank_main(sys.argv[1]))

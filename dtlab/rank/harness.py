@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from dtlab.rank.lifecycle import rank_main, read_config
+from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
 
 P2P = ("send", "recv", "isend", "irecv")
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce", "broadcast",
@@ -249,4 +249,4 @@ def _chunk_state(got, want, mine, ex) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(rank_main(sys.argv[1], body))
+    exit_rank(rank_main(sys.argv[1], body))

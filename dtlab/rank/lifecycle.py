@@ -59,6 +59,16 @@ def rank_main(run_dir: str, body) -> int:
         writer.close()
 
 
+def exit_rank(code: int) -> None:
+    """End the rank process now, with `code`. Every event was written with os.write and the process group torn down
+    (after success) or left for the peers' exits to free (after a failure), so the interpreter's own teardown has
+    nothing left to do but unload torch and transformers (about half a second per rank on this project's 2-core
+    machine), and after a failure it can block on a process group whose peer is gone."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _disk_error_in(e: BaseException | None) -> bool:
     """True when `e`, or an exception it was raised from, is a full disk (ENOSPC, EDQUOT)."""
     seen = set()

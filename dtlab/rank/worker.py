@@ -8,12 +8,11 @@ means one module with `train(cfg, run_dir, rank, world, writer)` and one spec th
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from dtlab.config.strategies import strategy_spec
 from dtlab.config.run import RunConfig
-from dtlab.rank.lifecycle import rank_main, read_config
+from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
 
 
 def _train(run_dir: str, rank: int, world: int, writer) -> None:
@@ -27,9 +26,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    if code:  # failed: skip the interpreter's teardown, which can block on a process group whose peer is gone
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    exit_rank(main())
