@@ -6,11 +6,13 @@ from dataclasses import dataclass
 
 from dtlab.config.checks import choice, int_at_least
 from dtlab.config.job import JobConfig
-from dtlab.config.run import RunConfig
+from dtlab.config.run import MODELS, RunConfig
 
 # "ps": a parameter-server round, dist.reduce to rank 0 then dist.broadcast from it (dtlab.rank.strategies.ps, one bucket)
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "ps")
 
+#: What runs beside the timed collectives: nothing, or a training rank's backward pass (see CalibConfig.load).
+LOADS = ("idle", "backward")
 # Powers of 2 from 4 KiB to 64 MiB: 15 sizes spanning the latency- and bandwidth-bound regimes, dense
 # enough that each protocol regime gets several points (see dtlab.model.fit.fit_piecewise).
 DEFAULT_SIZES = tuple(2 ** k for k in range(12, 27))
@@ -45,6 +47,17 @@ class CalibConfig(JobConfig):
     group_sizes: tuple | None = None
     """Also time every op on the first k ranks, for each k here (e.g. 2,3,4 with nproc 4; the other ranks wait at
     the barrier), so several p are measured in one launch, interleaved under the same load. None: nproc only."""
+    load: str = "idle"
+    """'idle' (nothing else runs) or 'backward': every size is also timed while each rank replays a training
+    rank's backward pass in a thread of its own (the model's own layers and shapes, on the rank's device and thread
+    budget), interleaved with the idle blocks, so the profile holds a loaded fit beside the idle one: what a
+    bucket costs while backward compute shares the cores (on a GPU: the SMs and memory bandwidth)."""
+    load_model: str = "distilbert"
+    """The model whose backward pass is the load: 'distilbert' or 'tiny' (load 'backward' only)."""
+    load_batch_size: int = 8
+    """Samples per rank in the load's backward pass (a training rank's batch_size)."""
+    load_seq_len: int = 64
+    """Tokens per sample in the load's backward pass (a training rank's seq_len)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ops, str):
@@ -79,6 +92,12 @@ class CalibConfig(JobConfig):
         if self.rounds > self.iters:
             raise ValueError(f"rounds must be <= iters ({self.iters}) so every round times each size, got {self.rounds}")
         choice("form", self.form, ("ring", "textbook"))
+        choice("load", self.load, LOADS)
+        choice("load_model", self.load_model, MODELS)
+        int_at_least("load_batch_size", self.load_batch_size, 1)
+        int_at_least("load_seq_len", self.load_seq_len, 1)
+        if self.load_seq_len > 512:
+            raise ValueError(f"load_seq_len must be <= 512 (DistilBERT's position embeddings), got {self.load_seq_len}")
         for name in ("fit_min_bytes", "fit_max_bytes"):
             if getattr(self, name) is not None:
                 int_at_least(name, getattr(self, name), 0)

@@ -32,17 +32,22 @@ from dtlab.results.calibration import load_calibration
 def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmup: int = 3, iters: int = 12,
               rounds: int = 3, backend: str = "auto", form: str = "ring", fit_min_bytes: int | None = None,
               fit_max_bytes: int | None = None, out: str | None = None, timeout_s: float = 1800.0,
-              batch: int | None = None, group_sizes=None, progress: bool = True):
+              batch: int | None = None, group_sizes=None, load: str = "idle", load_model: str = "distilbert",
+              load_batch_size: int = 8, load_seq_len: int = 64, progress: bool = True):
     """Measure the collectives, fit alpha and beta, save and return the machine `Profile` (see dtlab.model.profile).
 
     sizes are full message bytes; `batch` calls are timed back to back per sample (default: 20 on CUDA, 1 on
     gloo-CPU); `group_sizes` (e.g. (2, 3, 4) with nproc=4) also times the first k ranks for each k, interleaved
-    in the same launch; the fit can be limited to [fit_min_bytes, fit_max_bytes]; the profile is
-    written to OUT/profile.json and read back with `dtlab.load_profile(OUT)`."""
+    in the same launch; the fit can be limited to [fit_min_bytes, fit_max_bytes]; `load='backward'` also times
+    every size while each rank replays `load_model`'s backward pass (batch `load_batch_size` x `load_seq_len`),
+    which gives the profile its loaded fits (what a bucket costs while backward compute shares the machine); the
+    profile is written to OUT/profile.json and read back with `dtlab.load_profile(OUT)`."""
     return launch_calibration(CalibConfig(nproc=nproc, ops=ops, sizes=tuple(sizes), warmup=warmup, iters=iters,
                                           rounds=min(rounds, iters), backend=backend, form=form, fit_min_bytes=fit_min_bytes,
                                           fit_max_bytes=fit_max_bytes, out=out, timeout_s=timeout_s,
-                                          batch=batch, group_sizes=group_sizes)).wait(progress=progress)
+                                          batch=batch, group_sizes=group_sizes, load=load, load_model=load_model,
+                                          load_batch_size=load_batch_size,
+                                          load_seq_len=load_seq_len)).wait(progress=progress)
 
 
 def launch_calibration(cfg: CalibConfig, spec=None):

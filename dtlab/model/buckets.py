@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dtlab.intervals import union_length
+
 #: DDP's default cap for the first bucket (torch's _DEFAULT_FIRST_BUCKET_BYTES).
 DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
 
@@ -86,7 +88,7 @@ def _as_1d(name: str, x) -> np.ndarray:
     return a
 
 
-def simulate_queue(ready, durations) -> tuple[np.ndarray, np.ndarray]:
+def simulate_queue(ready, durations, loaded=None, busy_until=None) -> tuple[np.ndarray, np.ndarray]:
     """Simulate buckets sharing one communication channel, in the order given.
 
     ready[i]: seconds at which bucket i's last gradient is ready;
@@ -94,6 +96,14 @@ def simulate_queue(ready, durations) -> tuple[np.ndarray, np.ndarray]:
     at max(ready[i], end[i-1]) and ends at start[i] + durations[i]; order is
     launch order, so a bucket never overtakes an earlier one even if it is
     ready first. Returns (start, end) arrays in seconds.
+
+    Contention: with `loaded` (seconds each all-reduce takes while backward
+    compute shares the machine, from a loaded calibration) and `busy_until`
+    (seconds at which backward compute ends), a bucket in service before
+    `busy_until` progresses at the loaded rate (1 / loaded[i] of its work per
+    second) and at the idle rate (1 / durations[i]) after it: a bucket that
+    starts loaded and finishes idle ends at busy_until + (1 - f) durations[i],
+    where f = (busy_until - start[i]) / loaded[i] is the part done under load.
     """
     r = _as_1d("ready", ready)
     d = _as_1d("durations", durations)
@@ -101,27 +111,47 @@ def simulate_queue(ready, durations) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"ready and durations must have the same length, got {r.size} and {d.size}")
     if np.any(d < 0):
         raise ValueError("durations must be >= 0 (seconds)")
+    if (loaded is None) != (busy_until is None):
+        raise ValueError("loaded and busy_until go together: both (contention) or neither")
+    ld = None
+    if loaded is not None:
+        ld = _as_1d("loaded", loaded)
+        if ld.shape != d.shape or np.any(ld < 0):
+            raise ValueError("loaded must have one duration >= 0 (seconds) per bucket")
+        if not np.isfinite(busy_until):
+            raise ValueError(f"busy_until must be finite (seconds), got {busy_until!r}")
     start = np.empty_like(r)
     end = np.empty_like(r)
     prev_end = -np.inf
     for i in range(r.size):
         start[i] = max(r[i], prev_end)
-        end[i] = start[i] + d[i]
+        if ld is None or start[i] >= busy_until or ld[i] == 0:
+            end[i] = start[i] + d[i]
+        elif start[i] + ld[i] <= busy_until:
+            end[i] = start[i] + ld[i]
+        else:
+            done = (busy_until - start[i]) / ld[i]
+            end[i] = busy_until + (1.0 - done) * d[i]
         prev_end = end[i]
     return start, end
 
 
-def predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations) -> dict:
+def predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations, loaded=None) -> dict:
     """Predict one DDP step from compute times and bucket communication.
 
     t_fwd, t_bwd_comp, t_opt: seconds of forward, backward compute and
     optimizer. ready: seconds from *step start* at which each bucket is
     ready (typically between t_fwd and t_fwd + t_bwd_comp); durations:
-    all-reduce seconds per bucket. The optimizer waits for both backward
-    compute (ends at t_fwd + t_bwd_comp) and the last all-reduce.
+    all-reduce seconds per bucket; loaded: the same while backward compute
+    still runs (contention, see simulate_queue; None: the idle price throughout).
+    The optimizer waits for both backward compute (ends at t_fwd + t_bwd_comp)
+    and the last all-reduce.
 
     Returns a dict (seconds unless noted):
-      t_comm      sum of durations
+      t_comm      time in flight: the length of the union of [ready, end]
+                  intervals (a queued bucket is in flight from its issue, as
+                  the recorder measures it)
+      t_busy      sum of service times (end - start)
       t_comm_end  end of the last all-reduce (0.0 when there are no buckets)
       exposed     max(0, t_comm_end - (t_fwd + t_bwd_comp)), communication
                   not hidden behind backward compute
@@ -135,13 +165,15 @@ def predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations) -> dict:
     for name, v in (("t_fwd", t_fwd), ("t_bwd_comp", t_bwd_comp), ("t_opt", t_opt)):
         if not np.isfinite(v) or v < 0:
             raise ValueError(f"{name} must be finite and >= 0 (seconds), got {v!r}")
-    start, end = simulate_queue(ready, durations)
-    t_comm = float(np.sum(end - start))
-    t_comm_end = float(end[-1]) if end.size else 0.0
     bwd_end = t_fwd + t_bwd_comp
+    start, end = simulate_queue(ready, durations, loaded, None if loaded is None else bwd_end)
+    t_busy = float(np.sum(end - start))
+    t_comm = union_length(zip(np.minimum(_as_1d("ready", ready), start), end))
+    t_comm_end = float(end[-1]) if end.size else 0.0
     exposed = max(0.0, t_comm_end - bwd_end)
     return {
         "t_comm": t_comm,
+        "t_busy": t_busy,
         "t_comm_end": t_comm_end,
         "exposed": exposed,
         "t_step": float(t_fwd + max(t_bwd_comp, t_comm_end - t_fwd) + t_opt),

@@ -7,6 +7,12 @@ compute is taken to end when the last bucket became ready. So the prediction tes
 not a compute model. Strategy 'ps' is replayed the same way with the profile's "ps" fit (reduce + broadcast
 per bucket: calibrate with ops including "ps"; a profile without it is refused by name).
 
+Contention: a profile calibrated with load='backward' also holds what each collective costs while a training
+rank's backward pass runs beside it. Then each step is replayed twice: with the idle price throughout (the
+`predicted_*` columns) and with the loaded price while backward compute runs and the idle price after it (the
+`contended_*` columns, dtlab.model.buckets.simulate_queue); the gap between the two is what contention costs.
+Predicted T_comm is the time in flight, the union of each bucket's [issue, end], as the recorder measures it.
+
 ZeRO-3: each step's collectives (all-gather, reduce-scatter, all-reduce) are priced with the profile's fit
 for their op (ops the profile did not calibrate fall back to the all-reduce fit; `ops_priced_with` says so),
 then the rank's step is replayed on its own recorded clock (`replay_zero3`):
@@ -33,6 +39,9 @@ from dtlab.intervals import frame_union_length
 
 COLUMNS = ["step", "rank", "measured_t_step", "predicted_t_step", "measured_t_comm", "predicted_t_comm",
            "measured_exposed", "predicted_exposed", "t_step_error", "t_comm_error"]
+#: With a loaded profile: the same step priced with contention (loaded fit while backward runs, idle after).
+CONTENDED = ["contended_t_step", "contended_t_comm", "contended_exposed", "contended_t_step_error",
+             "contended_t_comm_error"]
 
 
 def predict(run, profile) -> pd.DataFrame:
@@ -47,6 +56,9 @@ def predict(run, profile) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     df["t_step_error"] = df["predicted_t_step"] / df["measured_t_step"] - 1
     df["t_comm_error"] = df["predicted_t_comm"] / df["measured_t_comm"].replace(0, np.nan) - 1
+    if "contended_t_step" in df.columns:
+        df["contended_t_step_error"] = df["contended_t_step"] / df["measured_t_step"] - 1
+        df["contended_t_comm_error"] = df["contended_t_comm"] / df["measured_t_comm"].replace(0, np.nan) - 1
     return df
 
 
@@ -72,11 +84,17 @@ def _predict_ddp(run, profile) -> pd.DataFrame:
         durations = np.asarray(profile.predict(op, sizes.to_numpy(), p), dtype=float)
         bwd_comp = float(ready.max()) - s.t_fwd
         pred = predict_step(s.t_fwd, bwd_comp, s.t_opt, ready, durations)
-        rows.append({"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,
-                     "predicted_t_step": pred["t_step"], "measured_t_comm": _longest_comm(run.buckets, s.step),
-                     "predicted_t_comm": pred["t_comm"],
-                     "measured_exposed": s.t_fwd + s.t_bwd - float(ready.max()),
-                     "predicted_exposed": pred["exposed"], "n_buckets": len(b)})
+        row = {"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,
+               "predicted_t_step": pred["t_step"], "measured_t_comm": _longest_comm(run.buckets, s.step),
+               "predicted_t_comm": pred["t_comm"],
+               "measured_exposed": s.t_fwd + s.t_bwd - float(ready.max()),
+               "predicted_exposed": pred["exposed"], "n_buckets": len(b)}
+        if profile.has_load(op):
+            loaded = np.asarray(profile.predict(op, sizes.to_numpy(), p, load="backward"), dtype=float)
+            con = predict_step(s.t_fwd, bwd_comp, s.t_opt, ready, durations, loaded=loaded)
+            row.update(contended_t_step=con["t_step"], contended_t_comm=con["t_comm"],
+                       contended_exposed=con["exposed"])
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -184,6 +202,11 @@ def _longest_comm(intervals: pd.DataFrame, step: int) -> float:
 
 
 def prediction_summary(pred: pd.DataFrame) -> dict:
-    """Median absolute relative errors of T_step and T_comm over the steps (fractions)."""
-    return {"median_abs_t_step_error": float(pred["t_step_error"].abs().median()),
-            "median_abs_t_comm_error": float(pred["t_comm_error"].abs().median()), "steps": len(pred)}
+    """Median absolute relative errors of T_step and T_comm over the steps (fractions); with a loaded profile also
+    those of the contended prediction (`contended_*`)."""
+    out = {"median_abs_t_step_error": float(pred["t_step_error"].abs().median()),
+           "median_abs_t_comm_error": float(pred["t_comm_error"].abs().median()), "steps": len(pred)}
+    if "contended_t_step_error" in pred.columns:
+        out["contended_median_abs_t_step_error"] = float(pred["contended_t_step_error"].abs().median())
+        out["contended_median_abs_t_comm_error"] = float(pred["contended_t_comm_error"].abs().median())
+    return out

@@ -29,18 +29,31 @@ class Profile:
     caveats: list[str] = field(default_factory=list)
     segments: dict[str, list[AlphaBetaFit]] = field(default_factory=dict)
     """op -> alpha-beta fits per size regime (protocol switches), ascending; see fit_piecewise."""
+    loaded_fits: dict[str, AlphaBetaFit] = field(default_factory=dict)
+    """op -> the fit of samples timed under load ('backward': beside a replayed backward pass, `meta['load']`)."""
+    loaded_segments: dict[str, list[AlphaBetaFit]] = field(default_factory=dict)
+    """op -> the loaded fits per size regime."""
 
-    def predict(self, op: str, nbytes, nproc, piecewise: bool = True):
-        """Predicted seconds of `op` for nbytes (bytes) on nproc processes.
+    def has_load(self, op: str) -> bool:
+        """True when `op` was also timed under load, so `predict(..., load='backward')` prices it."""
+        return op in self.loaded_fits
+
+    def predict(self, op: str, nbytes, nproc, piecewise: bool = True, load: str = "idle"):
+        """Predicted seconds of `op` for nbytes (bytes) on nproc processes; `load` 'backward' prices it with the
+        fit of the samples timed beside a replayed backward pass (ValueError when the profile has none).
 
         With piecewise=True (default) and regimes fitted, each size is priced by the regime it falls in
         (boundaries at the geometric midpoint between neighbouring regimes; regimes are fitted with alpha,
         beta >= 0, so predictions never fall with size); otherwise the unconstrained full-range fit is used."""
-        if op not in self.fits:
-            raise ValueError(f"op {op!r} has no fit in this profile; fitted ops: {sorted(self.fits)}")
-        segs = self.segments.get(op) or []
+        if load not in ("idle", "backward"):
+            raise ValueError(f"load must be 'idle' or 'backward', got {load!r}")
+        fits, segments = (self.fits, self.segments) if load == "idle" else (self.loaded_fits, self.loaded_segments)
+        if op not in fits:
+            what = "fit" if load == "idle" else "loaded fit (calibrate with load='backward')"
+            raise ValueError(f"op {op!r} has no {what} in this profile; fitted ops: {sorted(fits)}")
+        segs = segments.get(op) or []
         if not piecewise or not segs:
-            return self.fits[op].predict(nbytes, nproc)
+            return fits[op].predict(nbytes, nproc)
         if len(segs) == 1:
             return segs[0].predict(nbytes, nproc)
         n = np.asarray(nbytes, dtype=float)
@@ -57,16 +70,22 @@ class Profile:
         caveat says why, so one thin op does not lose the whole profile.
         """
         check_samples(self.samples)
-        self.fits, self.segments = {}, {}
-        for op in sorted(self.samples["op"].unique()):
-            try:
-                self.fits[op] = fit_alpha_beta(self.samples, op, form, min_bytes, max_bytes, confidence)
-                self.segments[op] = fit_piecewise(self.samples, op, form, min_bytes=min_bytes, max_bytes=max_bytes,
-                                                  confidence=confidence)
-            except ValueError as err:
-                note = f"{op} not fitted: {err}"
-                if note not in self.caveats:
-                    self.caveats.append(note)
+        self.fits, self.segments, self.loaded_fits, self.loaded_segments = {}, {}, {}, {}
+        load = self.samples["load"].fillna("idle") if "load" in self.samples.columns else None
+        for how, fits, segments in (("idle", self.fits, self.segments),
+                                    ("backward", self.loaded_fits, self.loaded_segments)):
+            s = self.samples if load is None else self.samples[load == how]
+            if s.empty:
+                continue
+            for op in sorted(s["op"].unique()):
+                try:
+                    fits[op] = fit_alpha_beta(s, op, form, min_bytes, max_bytes, confidence)
+                    segments[op] = fit_piecewise(s, op, form, min_bytes=min_bytes, max_bytes=max_bytes,
+                                                 confidence=confidence)
+                except ValueError as err:
+                    note = f"{op}{'' if how == 'idle' else ' (loaded)'} not fitted: {err}"
+                    if note not in self.caveats:
+                        self.caveats.append(note)
         return self
 
     @classmethod
@@ -88,6 +107,8 @@ class Profile:
             "fits": {op: f.to_dict() for op, f in self.fits.items()},
             "caveats": list(self.caveats),
             "segments": {op: [f.to_dict() for f in segs] for op, segs in self.segments.items()},
+            "loaded_fits": {op: f.to_dict() for op, f in self.loaded_fits.items()},
+            "loaded_segments": {op: [f.to_dict() for f in segs] for op, segs in self.loaded_segments.items()},
             # to_json handles numpy scalars and NaN (-> null) for us
             "samples": json.loads(self.samples.to_json(orient="records")),
         }

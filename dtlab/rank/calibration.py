@@ -50,11 +50,20 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     # One group per timed size p: the first p ranks (the whole world: the default group). Every rank creates
     # every group, in the same order (torch requires it); a rank outside a group only joins the barriers.
     groups = {k: None if k == world else dist.new_group(list(range(k))) for k in cfg.ranks_timed()}
+    loads = ("idle",) if cfg.load == "idle" else ("idle", cfg.load)
+    load = None
+    if cfg.load == "backward":
+        from dtlab.rank.contention import BackwardLoad
+        load = BackwardLoad(cfg.load_model, cfg.load_batch_size, cfg.load_seq_len, device, seed=rank)
+        if rank == 0:
+            writer.write("load", rank=rank, model=cfg.load_model, batch_size=cfg.load_batch_size,
+                         seq_len=cfg.load_seq_len, threads=torch.get_num_threads(), time=time.time())
     calls = {}
     for op in cfg.ops:
         for nbytes in cfg.rounded_sizes():
             for k, group in groups.items():
-                calls[(op, nbytes, k)] = _collective(op, nbytes, k, device, group) if rank < k else None
+                for how in loads:
+                    calls[(op, nbytes, k, how)] = _collective(op, nbytes, k, device, group) if rank < k else None
     # Rounds of warmed-up blocks: each round visits every (op, size) in an order shuffled per round (same on
     # all ranks), and times a short block of it after `warmup` untimed calls, as nccl-tests does per size. The
     # blocks give each size its steady state (a 4 KiB all-reduce right after a 64 MiB one is slower); the
@@ -66,8 +75,10 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     for rnd, n_timed in enumerate(per_round):
         rng.shuffle(order)
         first = it
-        for op, nbytes, p in order:
-            call = calls[(op, nbytes, p)]
+        for op, nbytes, p, how in order:
+            call = calls[(op, nbytes, p, how)]
+            if how != "idle":
+                load.start()  # every rank, in or out of the timed group: training ranks all compute at once
             for _ in range(cfg.warmup if call else 0):
                 call()
             for k in range(n_timed):
@@ -89,9 +100,15 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
                     for _ in range(k_calls):
                         call()  # blocking on gloo: returns when the collective has completed on this rank
                     t = (time.perf_counter() - t0) / k_calls
-                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=p, iter=first + k, seconds=t)
+                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=p, iter=first + k, seconds=t,
+                             load=how)
+            if how != "idle":
+                load.pause()
         it += n_timed
         writer.write("calib", rank=rank, round=rnd, rounds=cfg.rounds)
+    if load is not None:
+        load.close()
+        writer.write("load_done", rank=rank, passes=load.passes, busy_s=load.busy_s, time=time.time())
 
 
 def _collective(op: str, nbytes: int, world: int, device, group=None):

@@ -16,16 +16,17 @@ from dtlab.results.events import read_events
 
 def samples_frame(run_dir: str):
     """The raw samples of a calibration directory: one row per rank and timed iteration, plus the slowest
-    rank per iteration as `seconds` (columns op, nbytes, nproc, iter, seconds, rank_spread)."""
+    rank per iteration as `seconds` (columns op, nbytes, nproc, load, iter, seconds, rank_spread). `load` is
+    'idle', or 'backward' for samples timed beside a replayed backward pass (CalibConfig.load)."""
     import glob
-
 
     rows = [e for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))
             for e in read_events(p) if e.get("kind") == "sample"]
-    raw = pd.DataFrame(rows, columns=["rank", "op", "nbytes", "nproc", "iter", "seconds"])
+    raw = pd.DataFrame(rows, columns=["rank", "op", "nbytes", "nproc", "load", "iter", "seconds"])
+    raw["load"] = raw["load"].fillna("idle")  # sweeps recorded before loads existed were idle
     if raw.empty:
         return raw, raw
-    g = raw.groupby(["op", "nbytes", "nproc", "iter"])["seconds"]
+    g = raw.groupby(["op", "nbytes", "nproc", "load", "iter"])["seconds"]
     slow = g.max().rename("seconds").to_frame()
     slow["rank_spread"] = g.max() - g.min()
     return raw, slow.reset_index()
@@ -58,7 +59,7 @@ def load_calibration(run_dir: str, partial: bool = False):
     meta = {**doc.get("resolved", {}), "calibration": cal, "rank_samples": len(raw),
             "timing": doc.get("resolved", {}).get("timing",
                                                    "slowest rank per iteration; barrier before each iteration (not timed)")}
-    caveats = _node_facts(run_dir, meta) + ([unfinished] if unfinished else [])
+    caveats = _node_facts(run_dir, meta) + ([unfinished] if unfinished else []) + _load_facts(run_dir, meta)
     meta["partial"] = unfinished is not None
     if meta.get("backend") == "gloo" and meta.get("nnodes", 1) == 1:
         caveats.append("gloo over loopback TCP on shared CPU cores: alpha and beta describe this host's memory "
@@ -82,6 +83,27 @@ def load_calibration(run_dir: str, partial: bool = False):
                                    min_bytes=cal.get("fit_min_bytes"), max_bytes=cal.get("fit_max_bytes"))
     profile.save(run_dir)
     return profile
+
+
+def _load_facts(run_dir: str, meta: dict) -> list[str]:
+    """meta['load']: how the loaded samples were made (the model, batch and threads of the replayed backward pass,
+    how many passes each rank replayed); the caveat a loaded profile needs. [] for an idle sweep."""
+    import glob
+
+    events = [e for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))) for e in read_events(p)
+              if e.get("kind") in ("load", "load_done")]
+    made = next((e for e in events if e["kind"] == "load"), None)
+    if made is None:
+        return []
+    done = {e["rank"]: e for e in events if e["kind"] == "load_done"}
+    meta["load"] = {"what": "backward", "model": made.get("model"), "batch_size": made.get("batch_size"),
+                    "seq_len": made.get("seq_len"), "threads_per_rank": made.get("threads"),
+                    "passes": {str(r): e.get("passes") for r, e in sorted(done.items())},
+                    "how": "each rank replays its backward pass (loss.backward(retain_graph=True)) in a thread of its "
+                           "own while the main thread times the collective; loaded and idle blocks interleaved"}
+    return [f"loaded fits ('backward'): timed while every rank replayed the backward pass of {made.get('model')} "
+            f"(batch {made.get('batch_size')} x {made.get('seq_len')} tokens, {made.get('threads')} thread(s)), what "
+            "a bucket in flight during backward shares the cores with"]
 
 
 def _node_facts(run_dir: str, meta: dict) -> list[str]:
@@ -133,4 +155,7 @@ def load_profile(path) -> Profile:
         fits={op: AlphaBetaFit.from_dict(d) for op, d in doc.get("fits", {}).items()},
         caveats=list(doc.get("caveats", [])),
         segments={op: [AlphaBetaFit.from_dict(d) for d in segs] for op, segs in doc.get("segments", {}).items()},
+        loaded_fits={op: AlphaBetaFit.from_dict(d) for op, d in doc.get("loaded_fits", {}).items()},
+        loaded_segments={op: [AlphaBetaFit.from_dict(d) for d in segs]
+                         for op, segs in doc.get("loaded_segments", {}).items()},
     )

@@ -2,6 +2,7 @@
 import pytest
 
 import dtlab
+from dtlab.intervals import union_length
 
 
 @pytest.fixture(scope="module")
@@ -9,15 +10,19 @@ def profile(tmp_path_factory):
     out = tmp_path_factory.mktemp("calib") / "p"
     # small sizes, fast on 2 cores, up to 4 MiB: there the bandwidth term dwarfs the timing noise of a busy
     # machine (up to 1 MiB only, a noisy sweep once fitted beta = 0 and predicted 1 GiB as fast as 4 KiB)
+    # load='backward' with the tiny model: every size is also timed beside a replayed backward pass
     return dtlab.calibrate(nproc=2, ops=("all_reduce", "reduce_scatter", "all_gather"),
-                           sizes=[2 ** k for k in range(12, 23, 2)], iters=4, warmup=2, out=str(out), progress=False)
+                           sizes=[2 ** k for k in range(12, 23, 2)], iters=4, warmup=2, out=str(out),
+                           load="backward", load_model="tiny", load_batch_size=4, load_seq_len=32, progress=False)
 
 
 def test_real_calibration_profile(profile):
     assert set(profile.fits) == {"all_reduce", "reduce_scatter", "all_gather"}
     s = profile.samples
     assert set(s["nbytes"]) == {2 ** k for k in range(12, 23, 2)}
-    assert (s.groupby(["op", "nbytes"]).size() == 4).all()  # slowest rank per timed iteration
+    assert (s.groupby(["op", "nbytes", "load"]).size() == 4).all()  # slowest rank per timed iteration
+    assert set(s["load"]) == {"idle", "backward"} and set(profile.loaded_fits) == set(profile.fits)
+    assert profile.meta["load"]["model"] == "tiny" and all(n > 0 for n in profile.meta["load"]["passes"].values())
     assert (s["seconds"] > 0).all()
     for f in profile.fits.values():
         assert f.n_points == 6 and f.form == "ring"
@@ -47,15 +52,24 @@ def test_predict_ddp_run(profile, tiny_run):
     for row in pred.itertuples():
         st = tiny_run.steps.set_index(["rank", "step"]).loc[(row.rank, row.step)]
         b = tiny_run.buckets[(tiny_run.buckets["rank"] == row.rank) & (tiny_run.buckets["step"] == row.step)]
-        end, busy = 0.0, 0.0
-        for ready, nbytes in sorted(zip(b["t_ready"], b["nbytes"])):
-            d = float(profile.predict("all_reduce", int(nbytes), 2))
-            end = max(ready, end) + d
-            busy += d
         compute_end = float(b["t_ready"].max())
-        assert row.predicted_t_comm == pytest.approx(busy, rel=1e-9)
-        assert row.predicted_t_step == pytest.approx(max(compute_end, end) + st["t_opt"], rel=1e-9)
-        assert row.predicted_exposed == pytest.approx(max(0.0, end - compute_end), rel=1e-9, abs=1e-12)
+        for load, t_comm, t_step, exposed in (("idle", row.predicted_t_comm, row.predicted_t_step,
+                                               row.predicted_exposed),
+                                              ("backward", row.contended_t_comm, row.contended_t_step,
+                                               row.contended_exposed)):
+            end, spans = 0.0, []
+            for ready, nbytes in sorted(zip(b["t_ready"], b["nbytes"])):
+                idle = float(profile.predict("all_reduce", int(nbytes), 2))
+                busy = float(profile.predict("all_reduce", int(nbytes), 2, load=load))
+                start = max(ready, end)
+                # loaded while backward compute runs (until the last bucket is ready), idle after it
+                end = start + busy if start + busy <= compute_end or start >= compute_end else \
+                    compute_end + (1 - (compute_end - start) / busy) * idle
+                spans.append((ready, end))
+            in_flight = union_length(spans)  # T_comm: a queued bucket is in flight from its issue
+            assert t_comm == pytest.approx(in_flight, rel=1e-9)
+            assert t_step == pytest.approx(max(compute_end, end) + st["t_opt"], rel=1e-9)
+            assert exposed == pytest.approx(max(0.0, end - compute_end), rel=1e-9, abs=1e-12)
 
 
 def test_sweep_reuses_and_skips(tmp_path, capsys):

@@ -1,0 +1,126 @@
+"""Pricing communication under compute contention: a bucket in flight while backward compute runs is priced with
+the loaded fit, after it with the idle fit; T_comm is the time in flight (a queued bucket counts from its issue);
+the profile keeps loaded fits beside idle ones; the calibration's load fields are checked by name."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dtlab.config.calibration import CalibConfig
+from dtlab.model.buckets import predict_step, simulate_queue
+from dtlab.model.profile import Profile
+from dtlab.model.prediction import predict, prediction_summary
+from dtlab.results.calibration import load_profile
+
+
+def test_a_bucket_is_loaded_before_backward_ends_and_idle_after():
+    # three buckets, idle 1 s each, loaded 4 s each; backward compute runs until t = 6
+    ready, idle, loaded = [0.0, 1.0, 9.0], [1.0, 1.0, 1.0], [4.0, 4.0, 4.0]
+    start, end = simulate_queue(ready, idle, loaded=loaded, busy_until=6.0)
+    assert start.tolist() == [0.0, 4.0, 9.0]
+    # bucket 0: all of it under load (0..4); bucket 1 starts at 4 under load, half done at 6, the other half idle
+    # (0.5 s); bucket 2 starts after backward: idle
+    assert end.tolist() == pytest.approx([4.0, 6.5, 10.0])
+    # without contention every bucket takes its idle time
+    assert simulate_queue(ready, idle)[1].tolist() == [1.0, 2.0, 10.0]
+
+
+def test_loaded_and_busy_until_go_together():
+    with pytest.raises(ValueError, match="go together"):
+        simulate_queue([0.0], [1.0], loaded=[2.0])
+    with pytest.raises(ValueError, match="one duration"):
+        simulate_queue([0.0, 1.0], [1.0, 1.0], loaded=[2.0], busy_until=3.0)
+
+
+def test_t_comm_is_the_time_in_flight_not_the_service_time():
+    # two buckets ready together, 1 s each: the second waits 1 s in the queue, in flight from its issue
+    pred = predict_step(t_fwd=1.0, t_bwd_comp=1.0, t_opt=0.5, ready=[2.0, 2.0], durations=[1.0, 1.0])
+    assert pred["t_busy"] == pytest.approx(2.0) and pred["t_comm"] == pytest.approx(2.0)
+    pred = predict_step(t_fwd=1.0, t_bwd_comp=3.0, t_opt=0.5, ready=[1.5, 2.0, 3.5], durations=[1.0, 0.2, 0.2])
+    # [1.5, 2.5] and [2.0, 2.7] overlap: in flight 1.5..2.7 and 3.5..3.7
+    assert pred["t_comm"] == pytest.approx(1.4) and pred["t_busy"] == pytest.approx(1.4)
+    contended = predict_step(t_fwd=1.0, t_bwd_comp=3.0, t_opt=0.5, ready=[1.5, 2.0, 3.5], durations=[1.0, 0.2, 0.2],
+                             loaded=[2.0, 0.4, 0.4])
+    # backward ends at 4.0: bucket 0 loaded 1.5..3.5, bucket 1 loaded 3.5..3.9, bucket 2 from 3.9: a quarter of it
+    # loaded (0.1 s of 0.4), the rest idle (0.75 x 0.2 s) -> ends 4.15; in flight 1.5..4.15
+    assert contended["t_comm"] == pytest.approx(4.15 - 1.5)
+    assert contended["t_step"] > pred["t_step"] - 1e-12
+
+
+def _samples(alpha, beta, load, sizes=(4096, 65536, 1 << 20, 1 << 22)):
+    # ring all-reduce on p = 2: t = 2 alpha + n beta (2(p-1)/p = 1)
+    return [{"op": "all_reduce", "nbytes": n, "nproc": 2, "seconds": 2 * alpha + beta * n, "load": load, "iter": i}
+            for n in sizes for i in range(3)]
+
+
+def _profile():
+    s = pd.DataFrame(_samples(10e-6, 1e-9, "idle") + _samples(30e-6, 4e-9, "backward"))
+    return Profile.from_samples(s, meta={"backend": "gloo"})
+
+
+def test_profile_fits_loaded_samples_apart_and_keeps_them_on_disk(tmp_path):
+    prof = _profile()
+    assert prof.fits["all_reduce"].beta == pytest.approx(1e-9, rel=1e-6)
+    assert prof.loaded_fits["all_reduce"].beta == pytest.approx(4e-9, rel=1e-6)
+    assert prof.has_load("all_reduce")
+    n = 3 << 20
+    assert prof.predict("all_reduce", n, 2, load="backward") == pytest.approx(60e-6 + 4e-9 * n, rel=1e-6)
+    prof.save(str(tmp_path))
+    again = load_profile(str(tmp_path))
+    assert again.predict("all_reduce", n, 2, load="backward") == pytest.approx(
+        prof.predict("all_reduce", n, 2, load="backward"))
+    assert json.loads((tmp_path / "profile.json").read_text())["loaded_fits"]["all_reduce"]["beta"] > 0
+    idle_only = Profile.from_samples(pd.DataFrame(_samples(10e-6, 1e-9, "idle")))
+    assert not idle_only.has_load("all_reduce")
+    with pytest.raises(ValueError, match="load='backward'"):
+        idle_only.predict("all_reduce", n, 2, load="backward")
+
+
+class _Run:
+    """The parts of a Run that predict reads: one rank-step with two buckets, backward ending at 0.030 s."""
+
+    nproc = 2
+    config = {"strategy": "ddp"}
+
+    def __init__(self):
+        self.steps = pd.DataFrame([{"rank": 0, "step": 1, "t_fwd": 0.010, "t_bwd": 0.030, "t_opt": 0.002,
+                                    "t_step": 0.060, "loss": 0.69}])
+        self.buckets = pd.DataFrame([
+            {"rank": 0, "step": 1, "bucket": 0, "nbytes": 1 << 22, "wire_bytes": 1 << 22, "t_ready": 0.015,
+             "t_start": 0.015, "t_end": 0.045},
+            {"rank": 0, "step": 1, "bucket": 1, "nbytes": 1 << 20, "wire_bytes": 1 << 20, "t_ready": 0.030,
+             "t_start": 0.030, "t_end": 0.048}])
+
+    def measured_steps(self):
+        return self.steps
+
+
+def test_predict_reports_the_idle_and_the_contended_replay():
+    run, prof = _Run(), _profile()
+    pred = predict(run, prof)
+    row = pred.iloc[0]
+    idle = [float(prof.predict("all_reduce", n, 2)) for n in (1 << 22, 1 << 20)]
+    loaded = [float(prof.predict("all_reduce", n, 2, load="backward")) for n in (1 << 22, 1 << 20)]
+    # idle: bucket 0 0.015..0.015+idle0, bucket 1 from 0.030
+    assert row.predicted_t_comm == pytest.approx(idle[0] + idle[1])
+    # contended: bucket 0 starts loaded at 0.015; backward ends at 0.030 (the last bucket's ready time)
+    e0 = 0.015 + loaded[0] if 0.015 + loaded[0] <= 0.030 else 0.030 + (1 - 0.015 / loaded[0]) * idle[0]
+    s1 = max(0.030, e0)
+    assert row.contended_t_comm == pytest.approx((s1 + idle[1]) - 0.015)
+    assert row.contended_t_comm > row.predicted_t_comm
+    assert row.contended_t_comm_error == pytest.approx(row.contended_t_comm / (0.048 - 0.015) - 1)
+    summary = prediction_summary(pred)
+    assert summary["contended_median_abs_t_comm_error"] == pytest.approx(abs(row.contended_t_comm_error))
+    assert "contended_t_step" not in predict(run, Profile.from_samples(
+        pd.DataFrame(_samples(10e-6, 1e-9, "idle")))).columns
+    assert np.isfinite(row.contended_t_step)
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(load="busy"), "load must be one of"), (dict(load="backward", load_model="gpt2"), "load_model"),
+    (dict(load="backward", load_batch_size=0), "load_batch_size"), (dict(load_seq_len=1000), "load_seq_len")])
+def test_calibration_load_fields_are_checked_by_name(changes, field):
+    with pytest.raises(ValueError, match=field):
+        CalibConfig(**changes).validate(cuda_device_count=0)
