@@ -74,7 +74,10 @@ class Profile:
         load = self.samples["load"].fillna("idle") if "load" in self.samples.columns else None
         for how, fits, segments in (("idle", self.fits, self.segments),
                                     ("backward", self.loaded_fits, self.loaded_segments)):
-            s = self.samples if load is None else self.samples[load == how]
+            if load is None:  # samples from before loads were recorded: all of them idle
+                s = self.samples if how == "idle" else self.samples.iloc[:0]
+            else:
+                s = self.samples[load == how]
             if s.empty:
                 continue
             for op in sorted(s["op"].unique()):

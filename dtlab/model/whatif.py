@@ -17,7 +17,7 @@ import pandas as pd
 
 from dtlab.model import buckets as bk
 from dtlab.model import costmodel
-from dtlab.config.models import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
+from dtlab.config.models import TINY_ARCH
 from dtlab.units import fmt_mib
 
 
@@ -104,7 +104,8 @@ def _distilbert_shapes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072
 
 
 def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta,
-           form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0, collective=None) -> dict:
+           form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0, collective=None,
+           contention: float = 1.0) -> dict:
     """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
 
     t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds *per rank*. They are
@@ -118,6 +119,9 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     Both from :func:`dtlab.model.compression.compression_from_run` for a measured hook.
     collective: optional function bytes -> seconds pricing one bucket's all-reduce instead of alpha, beta
     and form (e.g. a two-level model from :mod:`dtlab.model.hierarchy`); it gets the bytes on the wire.
+    contention: how many times longer an all-reduce takes while backward compute runs beside it (1: none;
+    :func:`contention_from_profile` gives the measured factor); a bucket in flight before backward ends is priced
+    at that rate, after it at the idle one (:func:`dtlab.model.buckets.simulate_queue`).
 
     Steps: :func:`dtlab.model.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
     does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`, ready times
@@ -144,17 +148,21 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     durations = np.asarray(collective(wire) if collective is not None else
                            costmodel.collective_time("all_reduce", form, alpha, beta, wire, nproc), dtype=float)
     durations = np.atleast_1d(durations)
+    if not np.isfinite(contention) or contention < 1:
+        raise ValueError(f"contention (loaded / idle all-reduce time) must be a finite number >= 1, got {contention!r}")
     ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes)
-    out = bk.predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations)
+    out = bk.predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations,
+                          loaded=None if contention == 1 else contention * durations)
     out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations,
                t_fwd=float(t_fwd), t_bwd_comp=float(t_bwd_comp), t_opt=float(t_opt), bucket_mb=float(bucket_mb),
                nproc=int(nproc), alpha=float(alpha), beta=float(beta), form=form, ratio=float(ratio),
-               encode_s_per_byte=float(encode_s_per_byte))
+               encode_s_per_byte=float(encode_s_per_byte), contention=float(contention))
     return out
 
 
 def whatif_sweep(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs, alpha, beta,
-                 form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0) -> pd.DataFrame:
+                 form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0,
+                 contention: float = 1.0) -> pd.DataFrame:
     """Run :func:`whatif` for each (nproc, bucket_mb) in `configs`; one row per configuration.
 
     Same units and assumptions as :func:`whatif` (per-rank compute independent of nproc). Columns:
@@ -165,12 +173,28 @@ def whatif_sweep(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs,
     rows = []
     for nproc, bucket_mb in configs:
         r = whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta, form,
-                   ratio, encode_s_per_byte)
+                   ratio, encode_s_per_byte, contention=contention)
         rows.append({"label": config_label(nproc, bucket_mb), "nproc": int(nproc), "bucket_mb": float(bucket_mb),
                      "n_buckets": r["n_buckets"], "t_comp": r["t_comp"], "t_comm": r["t_comm"],
                      "exposed": r["exposed"], "t_step": r["t_step"], "overlap": r["overlap"]})
     return pd.DataFrame(rows, columns=["label", "nproc", "bucket_mb", "n_buckets", "t_comp", "t_comm",
                                        "exposed", "t_step", "overlap"])
+
+
+def contention_from_profile(profile, nbytes: float, nproc: int | None = None) -> tuple[float, str]:
+    """(factor, where it comes from): how many times longer an all-reduce of `nbytes` took beside a replayed
+    backward pass than idle in `profile` (its loaded and idle fits, at p = `nproc` or the largest p timed), at
+    least 1; (1.0, why not) for a profile without a loaded fit."""
+    if profile is None or not profile.has_load("all_reduce"):
+        return 1.0, "none assumed: no loaded calibration (dtlab.calibrate(..., load='backward') measures it)"
+    timed = profile.samples["nproc"] if "nproc" in profile.samples.columns else []
+    p = int(nproc or (max(timed) if len(timed) else 2))
+    idle = float(profile.predict("all_reduce", nbytes, p))
+    loaded = float(profile.predict("all_reduce", nbytes, p, load="backward"))
+    factor = max(1.0, loaded / idle) if idle > 0 else 1.0
+    model = profile.meta.get("load", {}).get("model", "a model")
+    return factor, (f"measured: loaded / idle all-reduce fit at {nbytes / 2 ** 20:.3g} MiB, p = {p}, this profile "
+                    f"(beside {model}'s backward pass)")
 
 
 def compute_from_run(run) -> dict:

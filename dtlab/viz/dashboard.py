@@ -21,7 +21,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from dtlab.model.whatif import config_label
-from dtlab.viz.explorer_state import LOG_SLIDERS, ExplorerState
+from dtlab.viz.explorer_state import CONTENTION_MAX, CONTENTION_STEP, LOG_SLIDERS, ExplorerState
 from dtlab.viz.loggrid import anchored_min, log_range
 from dtlab.viz.model_plots import predicted_breakdown_figure, whatif_timeline_figure
 
@@ -56,7 +56,7 @@ class Explorer(widgets.VBox):
     """The explorer widget returned by :func:`explorer`.
 
     Attributes for notebooks and tests:
-      sliders        dict of the controls: nproc, bucket_mb, alpha_us, bandwidth_gbs, ratio, form, sweep
+      sliders        dict of the controls: nproc, bucket_mb, alpha_us, bandwidth_gbs, ratio, contention, form, sweep
       figures        dict of FigureWidgets: breakdown, timeline
       state          the :class:`dtlab.viz.explorer_state.ExplorerState` (inputs, where alpha/beta come from)
       result         the latest :func:`dtlab.model.whatif.whatif` dict (current setting)
@@ -77,6 +77,10 @@ class Explorer(widgets.VBox):
             "alpha_us": _log_slider("alpha_us", st.ref["alpha"] * 1e6),
             "bandwidth_gbs": _log_slider("bandwidth_gbs", 1.0 / st.ref["beta"] / 1e9),
             "ratio": _log_slider("ratio", st.comp["ratio"]),
+            "contention": widgets.FloatSlider(value=st.contention0, min=1.0, max=CONTENTION_MAX, step=CONTENTION_STEP,
+                                              description="contention ×", readout_format=".2f",
+                                              continuous_update=True, style=_STYLE,
+                                              layout=widgets.Layout(width="480px")),
             "form": widgets.ToggleButtons(options=["ring", "textbook"], value=st.form0, description="model form",
                                           style=buttons),
             "sweep": widgets.ToggleButtons(options=[("GPU count", "nproc"), ("bucket size", "bucket_mb")],
@@ -95,10 +99,10 @@ class Explorer(widgets.VBox):
         self._compute_model()
         self.figures = {"breakdown": go.FigureWidget(self._breakdown_fig()),
                         "timeline": go.FigureWidget(self._timeline_fig())}
-        for name in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs", "ratio", "sweep"):
+        for name in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs", "ratio", "contention", "sweep"):
             self.sliders[name].observe(self._on_change, names="value")
         self.sliders["form"].observe(self._on_form, names="value")
-        for name in ("alpha_us", "bandwidth_gbs"):
+        for name in ("alpha_us", "bandwidth_gbs", "contention"):  # their origin line in the label changes too
             self.sliders[name].observe(self._on_ab_change, names="value")
 
         if st.bucket_range is None:  # one bucket at every size: a slider here could change nothing
@@ -106,7 +110,8 @@ class Explorer(widgets.VBox):
             self.sliders["sweep"].layout.display = "none"
         self._update_source_label()
         controls = widgets.VBox([self.sliders[k] for k in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs",
-                                                           "ratio", "form", "sweep")] + [self.redraw_label])
+                                                           "ratio", "contention", "form", "sweep")]
+                                + [self.redraw_label])
         super().__init__(children=[self._source_label, controls, self.figures["breakdown"],
                                    self.figures["timeline"]])
         self.redraw()  # warms plotly's update path, so the first slider move is as fast as the rest

@@ -15,6 +15,7 @@ import html
 import numpy as np
 import pandas as pd
 
+from dtlab.model import buckets as bk
 from dtlab.model import whatif as wi
 from dtlab.units import fmt_bytes
 from dtlab.viz.controls import R_STEP, all_reduce_fits, bucket_count, bucket_slider_range, clip_to_range, compression_setting
@@ -29,6 +30,9 @@ DEFAULT_COMPUTE = {"t_fwd": 0.010, "t_bwd_comp": 0.020, "t_opt": 0.003}
 DEFAULT_COMPUTE_SOURCE = ("placeholder, not measured: a rough guess for DistilBERT, batch 32 x 128 tokens "
                           "per rank on one data-center GPU")
 DEFAULT_BUCKET_MB = 25.0
+#: The contention control: loaded / idle all-reduce time, from 1 (none) up to this, in these steps.
+CONTENTION_MAX = 10.0
+CONTENTION_STEP = 0.05
 #: x values of the breakdown figure (the current slider value is always added).
 SWEEP_NPROC = (1, 2, 4, 8, 16, 32, 64)
 SWEEP_BUCKET_MB = (0.25, 1.0, 5.0, 25.0, 100.0, 400.0, 1024.0)
@@ -116,6 +120,12 @@ class ExplorerState:
         lo, hi, _, step, _ = LOG_SLIDERS["bucket_mb"]
         self.bucket_range = bucket_slider_range(self.sizes, lo, hi, step)
         self.bucket0 = clip_to_range(DEFAULT_BUCKET_MB, self.bucket_range)
+        # ---- contention: loaded / idle all-reduce time at the starting bucket size, from a loaded calibration
+        cap = bk.mb_to_bytes(self.bucket0)
+        start_bytes = float(np.median(bk.bucket_sizes(self.sizes, bk.bucket_layout(self.sizes, cap, cap))))
+        factor, how = wi.contention_from_profile(profile, start_bytes)
+        self.contention0 = float(np.clip(round(factor / CONTENTION_STEP) * CONTENTION_STEP, 1.0, CONTENTION_MAX))
+        self.contention_how = how
         self.notes = notes
         c_ms = {k: compute[k] * 1e3 for k in ("t_fwd", "t_bwd_comp", "t_opt")}
         info = [f"<b>compute per rank</b>: fwd {c_ms['t_fwd']:.3g} ms, bwd {c_ms['t_bwd_comp']:.3g} ms, "
@@ -150,7 +160,17 @@ class ExplorerState:
         beta = self.ref["beta"] if not self.moved("beta", values) else 1.0 / (float(values["bandwidth_gbs"]) * 1e9)
         r, encode, _ = compression_setting(self.comp, values.get("ratio", self.comp["ratio"]))
         return {"nproc": int(values["nproc"]), "bucket_mb": float(values["bucket_mb"]), "alpha": alpha,
-                "beta": beta, "form": values["form"], "ratio": r, "encode_s_per_byte": encode}
+                "beta": beta, "form": values["form"], "ratio": r, "encode_s_per_byte": encode,
+                "contention": float(values.get("contention", self.contention0))}
+
+    def contention_line(self, values: dict) -> str:
+        """What the contention control means now and where its value comes from."""
+        c = float(values.get("contention", self.contention0))
+        what = ("none: every all-reduce at its idle price" if c == 1 else
+                f"an all-reduce in flight while backward runs takes ×{c:.3g} its idle time, the idle time after")
+        origin = self.contention_how if abs(c - self.contention0) < CONTENTION_STEP / 2 else \
+            f"moved by you (from ×{self.contention0:.3g}: {self.contention_how})"
+        return f"{what} ({origin})"
 
     def sources(self, values: dict) -> dict:
         """'alpha' and 'beta' -> one line saying which value the model uses and where it comes from."""
@@ -177,6 +197,7 @@ class ExplorerState:
                      f"{html.escape(compression_setting(self.comp, values.get('ratio', self.comp['ratio']))[2])} "
                      "(r = bytes on the wire / gradient bytes)")
         lines.append(f"<b>buckets</b>: {self.bucket_line(values['bucket_mb'])}")
+        lines.append(f"<b>compute contention</b>: {html.escape(self.contention_line(values))}")
         return f"<div style='font-size:90%;line-height:1.35'>{'<br>'.join(lines)}<br>{self.static_info}</div>"
 
     def bucket_line(self, bucket_mb: float) -> str:
@@ -271,7 +292,7 @@ class ExplorerState:
         c = self.compute
         lever = (p["ratio"], p["encode_s_per_byte"])
         result = wi.whatif(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, p["bucket_mb"], p["nproc"],
-                           p["alpha"], p["beta"], p["form"], *lever)
+                           p["alpha"], p["beta"], p["form"], *lever, contention=p["contention"])
         sweep = wi.whatif_sweep(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, self.configs(p, values["sweep"]),
-                                p["alpha"], p["beta"], p["form"], *lever)
+                                p["alpha"], p["beta"], p["form"], *lever, contention=p["contention"])
         return result, sweep

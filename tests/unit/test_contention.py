@@ -124,3 +124,27 @@ def test_predict_reports_the_idle_and_the_contended_replay():
 def test_calibration_load_fields_are_checked_by_name(changes, field):
     with pytest.raises(ValueError, match=field):
         CalibConfig(**changes).validate(cuda_device_count=0)
+
+
+def test_samples_without_a_load_column_are_idle_and_give_no_loaded_fit():
+    s = pd.DataFrame(_samples(10e-6, 1e-9, "idle")).drop(columns="load")
+    prof = Profile.from_samples(s)
+    assert "all_reduce" in prof.fits and not prof.has_load("all_reduce")
+
+
+def test_the_explorer_starts_at_the_measured_contention_and_says_where_it_comes_from():
+    from dtlab.model.whatif import contention_from_profile, whatif
+    from dtlab.viz.explorer_state import ExplorerState
+    prof = _profile()
+    factor, how = contention_from_profile(prof, 25 * 2 ** 20, 2)
+    n = 25 * 2 ** 20
+    assert factor == pytest.approx((60e-6 + 4e-9 * n) / (20e-6 + 1e-9 * n)) and "measured" in how
+    st = ExplorerState(profile=prof, compute={"t_fwd": 0.01, "t_bwd_comp": 0.02, "t_opt": 0.003})
+    assert st.contention0 == pytest.approx(round(contention_from_profile(prof, 28351488.0)[0] / 0.05) * 0.05)
+    values = {"nproc": 2, "bucket_mb": 25.0, "alpha_us": 10.0, "bandwidth_gbs": 1.0, "form": "ring", "sweep": "nproc"}
+    assert "measured" in st.contention_line(values) and "moved by you" in st.contention_line({**values, "contention": 1.0})
+    # contention slows only what is in flight while backward runs: the step cannot get faster
+    args = (0.01, 0.02, 0.003, [4 << 20] * 8, 25.0, 2, 10e-6, 1e-9)
+    assert whatif(*args, contention=3.0)["t_step"] > whatif(*args)["t_step"]
+    with pytest.raises(ValueError, match="contention"):
+        whatif(*args, contention=0.5)
