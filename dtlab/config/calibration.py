@@ -48,10 +48,10 @@ class CalibConfig(JobConfig):
     """Also time every op on the first k ranks, for each k here (e.g. 2,3,4 with nproc 4; the other ranks wait at
     the barrier), so several p are measured in one launch, interleaved under the same load. None: nproc only."""
     load: str = "idle"
-    """'idle' (nothing else runs) or 'backward': every size is also timed while each rank replays a training
-    rank's backward pass in a thread of its own (the model's own layers and shapes, on the rank's device and thread
-    budget), interleaved with the idle blocks, so the profile holds a loaded fit beside the idle one: what a
-    bucket costs while backward compute shares the cores (on a GPU: the SMs and memory bandwidth)."""
+    """'idle' (nothing else runs) or 'backward': in every round each size is also timed issued from inside a
+    replayed backward pass of a training rank (the model's own layers and shapes, on the rank's device and thread
+    budget), as DDP issues a bucket, so the profile holds a loaded fit beside the idle one: what a bucket costs
+    while backward compute shares the cores (on a GPU: the SMs and memory bandwidth); dtlab.rank.contention."""
     load_model: str = "distilbert"
     """The model whose backward pass is the load: 'distilbert' or 'tiny' (load 'backward' only)."""
     load_batch_size: int = 8

@@ -136,6 +136,24 @@ def simulate_queue(ready, durations, loaded=None, busy_until=None) -> tuple[np.n
     return start, end
 
 
+def replay_ranks(issues, durations, loaded=None, busy_until=None) -> dict:
+    """Replay one step's buckets as every rank issued them, on one shared clock (seconds).
+
+    issues: one row per rank, one column per bucket (the same collective on every rank, in issue order): when
+    that rank issued it. A collective can run only once the last rank has issued it, and one at a time (one
+    channel): bucket k starts at max(max over ranks of issues[:, k], end of bucket k-1) and ends after its
+    duration (idle `durations`; with contention, `loaded` until `busy_until`, see :func:`simulate_queue`). A rank
+    that issued early waits for its peers: that wait is in its T_comm, as the recorder measures it.
+
+    Returns start, end (arrays per bucket) and t_comm (per rank: the union of its [issue, end] intervals)."""
+    iss = np.atleast_2d(np.asarray(issues, dtype=float))
+    if iss.ndim != 2 or iss.shape[1] != _as_1d("durations", durations).size:
+        raise ValueError(f"issues must have one row per rank and one column per bucket, got shape {iss.shape}")
+    start, end = simulate_queue(iss.max(axis=0), durations, loaded, busy_until)
+    t_comm = np.array([union_length(zip(row, end)) for row in iss])
+    return {"start": start, "end": end, "t_comm": t_comm}
+
+
 def predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations, loaded=None) -> dict:
     """Predict one DDP step from compute times and bucket communication.
 

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.config.strategies import strategy_spec
-from dtlab.model.buckets import predict_step
+from dtlab.model.buckets import predict_step, replay_ranks
 from dtlab.intervals import frame_union_length
 
 COLUMNS = ["step", "rank", "measured_t_step", "predicted_t_step", "measured_t_comm", "predicted_t_comm",
@@ -68,6 +68,9 @@ def _slowest(run) -> pd.DataFrame:
 
 
 def _predict_ddp(run, profile) -> pd.DataFrame:
+    shared = _shared_clock(run)
+    if shared is not None:
+        return _predict_ddp_ranks(run, profile, shared)
     rows = []
     p = run.nproc
     op = strategy_spec(run.config.get("strategy")).bucket_op  # ps: calibrate with ops including "ps"
@@ -94,6 +97,60 @@ def _predict_ddp(run, profile) -> pd.DataFrame:
             con = predict_step(s.t_fwd, bwd_comp, s.t_opt, ready, durations, loaded=loaded)
             row.update(contended_t_step=con["t_step"], contended_t_comm=con["t_comm"],
                        contended_exposed=con["exposed"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _shared_clock(run) -> pd.DataFrame | None:
+    """Each rank-step's start on a clock shared by the ranks (seconds, `start`): the wall time the rank stamped at
+    the step's end minus its duration (as the trace export places steps). None when a step lacks its stamp (a
+    recording from before the stamps) or a rank has no buckets."""
+    st = run.measured_steps()
+    if st.empty or "time" not in st.columns or st["time"].isna().any() or run.buckets.empty:
+        return None
+    return st.assign(start=st["time"] - st["t_step"]).set_index(["rank", "step"])
+
+
+def _sizes(b: pd.DataFrame) -> np.ndarray:
+    return (b["wire_bytes"] if "wire_bytes" in b.columns and b["wire_bytes"].notna().all() else b["nbytes"]).to_numpy()
+
+
+def _predict_ddp_ranks(run, profile, shared: pd.DataFrame) -> pd.DataFrame:
+    """Every rank's buckets replayed together on the shared clock (dtlab.model.buckets.replay_ranks): a bucket's
+    collective runs once the last rank has issued it; a rank that issued earlier waits, as it did. Each rank's
+    T_step = its compute up to its last bucket, then the later of that and the last collective's end, then its
+    optimizer; the prediction's T_step is the slowest rank's, its T_comm the longest rank's, as measured."""
+    rows = []
+    p = run.nproc
+    op = strategy_spec(run.config.get("strategy")).bucket_op  # ps: calibrate with ops including "ps"
+    loaded_fit = profile.has_load(op)
+    for s in _slowest(run).itertuples():
+        b = run.buckets[run.buckets["step"] == s.step]
+        ranks = sorted(b["rank"].unique())
+        per = {r: g.sort_values("bucket") for r, g in b.groupby("rank")}
+        if len({len(g) for g in per.values()}) != 1 or any((r, s.step) not in shared.index for r in ranks):
+            continue
+        # a compression hook encodes before it issues (t_start > t_ready) and sends wire_bytes: priced as one
+        # collective of its bytes on the wire from its issue (PowerSGD's extra latency terms are not priced)
+        issues = np.array([shared.loc[(r, s.step), "start"] + per[r]["t_start"].to_numpy() for r in ranks])
+        ends_of_compute = issues.max(axis=1)                  # each rank's backward compute: to its last bucket
+        sizes = _sizes(per[ranks[0]])
+        durations = np.asarray(profile.predict(op, sizes, p), dtype=float)
+        row = {"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,
+               "measured_t_comm": _longest_comm(run.buckets, s.step),
+               "measured_exposed": s.t_fwd + s.t_bwd - float(per[s.rank]["t_start"].max()), "n_buckets": len(sizes)}
+        prices = {"predicted": (durations, None)}
+        if loaded_fit:
+            prices["contended"] = (durations, np.asarray(profile.predict(op, sizes, p, load="backward"), dtype=float))
+        for name, (idle, loaded) in prices.items():
+            rep = replay_ranks(issues, idle, loaded, None if loaded is None else float(ends_of_compute.max()))
+            last = float(rep["end"][-1])
+            t_opt = {r: float(shared.loc[(r, s.step), "t_opt"]) for r in ranks}
+            starts = {r: float(shared.loc[(r, s.step), "start"]) for r in ranks}
+            t_steps = {r: max(ends_of_compute[i], last) + t_opt[r] - starts[r] for i, r in enumerate(ranks)}
+            me = ranks.index(s.rank)
+            row.update({f"{name}_t_step": max(t_steps.values()), f"{name}_t_comm": float(rep["t_comm"].max()),
+                        f"{name}_exposed": max(0.0, last - float(ends_of_compute[me]))})
         rows.append(row)
     return pd.DataFrame(rows)
 

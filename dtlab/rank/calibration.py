@@ -50,20 +50,23 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     # One group per timed size p: the first p ranks (the whole world: the default group). Every rank creates
     # every group, in the same order (torch requires it); a rank outside a group only joins the barriers.
     groups = {k: None if k == world else dist.new_group(list(range(k))) for k in cfg.ranks_timed()}
-    loads = ("idle",) if cfg.load == "idle" else ("idle", cfg.load)
     load = None
     if cfg.load == "backward":
         from dtlab.rank.contention import BackwardLoad
-        load = BackwardLoad(cfg.load_model, cfg.load_batch_size, cfg.load_seq_len, device, seed=rank)
+        from dtlab.rank.marks import Marks
+        marks = Marks(device, backend)
+        marks.prepare()
+        load = BackwardLoad(cfg.load_model, cfg.load_batch_size, cfg.load_seq_len, device, marks, seed=rank)
         if rank == 0:
             writer.write("load", rank=rank, model=cfg.load_model, batch_size=cfg.load_batch_size,
                          seq_len=cfg.load_seq_len, threads=torch.get_num_threads(), time=time.time())
+        issue = {(op, nbytes): _collective(op, nbytes, world, device, None, async_op=True)
+                 for op in cfg.ops for nbytes in cfg.rounded_sizes()}
     calls = {}
     for op in cfg.ops:
         for nbytes in cfg.rounded_sizes():
             for k, group in groups.items():
-                for how in loads:
-                    calls[(op, nbytes, k, how)] = _collective(op, nbytes, k, device, group) if rank < k else None
+                calls[(op, nbytes, k)] = _collective(op, nbytes, k, device, group) if rank < k else None
     # Rounds of warmed-up blocks: each round visits every (op, size) in an order shuffled per round (same on
     # all ranks), and times a short block of it after `warmup` untimed calls, as nccl-tests does per size. The
     # blocks give each size its steady state (a 4 KiB all-reduce right after a 64 MiB one is slower); the
@@ -75,10 +78,8 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     for rnd, n_timed in enumerate(per_round):
         rng.shuffle(order)
         first = it
-        for op, nbytes, p, how in order:
-            call = calls[(op, nbytes, p, how)]
-            if how != "idle":
-                load.start()  # every rank, in or out of the timed group: training ranks all compute at once
+        for op, nbytes, p in order:
+            call = calls[(op, nbytes, p)]
             for _ in range(cfg.warmup if call else 0):
                 call()
             for k in range(n_timed):
@@ -101,34 +102,40 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
                         call()  # blocking on gloo: returns when the collective has completed on this rank
                     t = (time.perf_counter() - t0) / k_calls
                 writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=p, iter=first + k, seconds=t,
-                             load=how)
-            if how != "idle":
-                load.pause()
+                             load="idle")
+        if load is not None:  # the same sizes, each issued from inside a replayed backward pass (whole world)
+            timed = [(op, nbytes, first + k) for op, nbytes in issue for k in range(n_timed)]
+            rng.shuffle(timed)
+            warm = [((op, nbytes, None), issue[(op, nbytes)]) for op, nbytes in issue for _ in range(cfg.warmup)]
+            for (op, nbytes, i), t in load.sample(warm + [((op, n, i), issue[(op, n)]) for op, n, i in timed]):
+                if i is not None:
+                    writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=i, seconds=t,
+                                 load="backward")
         it += n_timed
         writer.write("calib", rank=rank, round=rnd, rounds=cfg.rounds)
     if load is not None:
-        load.close()
-        writer.write("load_done", rank=rank, passes=load.passes, busy_s=load.busy_s, time=time.time())
+        writer.write("load_done", rank=rank, passes=load.passes, time=time.time())
 
 
-def _collective(op: str, nbytes: int, world: int, device, group=None):
-    """A zero-argument blocking call of `op` among `world` ranks (`group`; None: all) on preallocated fp32
-    buffers of `nbytes` (full message). 'ps' is strategy ps's round for one bucket: reduce to rank 0 (every
-    group's first rank), then broadcast from it."""
+def _collective(op: str, nbytes: int, world: int, device, group=None, async_op: bool = False):
+    """A zero-argument call of `op` among `world` ranks (`group`; None: all) on preallocated fp32 buffers of
+    `nbytes` (full message): blocking, or with `async_op` returning the Work of its last collective. 'ps' is
+    strategy ps's round for one bucket: reduce to rank 0 (every group's first rank), then broadcast from it."""
     import torch
     import torch.distributed as dist
     n = nbytes // 4
     if op == "all_reduce":
         x = torch.ones(n, device=device)
-        return lambda: dist.all_reduce(x, group=group)
+        return lambda: dist.all_reduce(x, group=group, async_op=async_op)
     if op == "ps":
         x = torch.ones(n, device=device)
-        return lambda: (dist.reduce(x, dst=0, group=group), dist.broadcast(x, src=0, group=group))
+        return lambda: (dist.reduce(x, dst=0, group=group), dist.broadcast(x, src=0, group=group,
+                                                                            async_op=async_op))[1]
     if op == "reduce_scatter":
         x, y = torch.ones(n, device=device), torch.empty(n // world, device=device)
-        return lambda: dist.reduce_scatter_tensor(y, x, group=group)
+        return lambda: dist.reduce_scatter_tensor(y, x, group=group, async_op=async_op)
     x, y = torch.ones(n // world, device=device), torch.empty(n, device=device)
-    return lambda: dist.all_gather_into_tensor(y, x, group=group)
+    return lambda: dist.all_gather_into_tensor(y, x, group=group, async_op=async_op)
 
 
 if __name__ == "__main__":

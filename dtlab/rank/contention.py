@@ -1,81 +1,99 @@
-"""A training rank's backward pass as a load, for timing collectives the way training meets them.
+"""Collectives timed the way DDP meets them: issued from inside a backward pass, while it goes on.
 
-During training a bucket's all-reduce runs while the rank is still computing the rest of its backward pass: on a
-CPU, gloo's threads share the cores with the autograd thread; on a GPU, NCCL's kernels share the SMs, memory
-bandwidth and copy engines with the backward kernels. `BackwardLoad` reproduces that beside a calibration sweep:
-a thread of its own replays the model's backward pass (`loss.backward(retain_graph=True)` on one forward of a
-batch of the run's shape, so the layers, matmul shapes and thread budget are a training rank's) while the main
-thread times collectives. On a GPU it launches on a stream of its own, so the timing events on the main thread's
-stream do not wait for its kernels.
+During training a bucket's all-reduce is issued by DDP's hook in the middle of the rank's backward pass, and the
+rest of the backward pass runs on while it is in flight. On a CPU, gloo's threads share the cores with the
+autograd thread; on a GPU, NCCL's kernels share the SMs, memory bandwidth and copy engines with the backward
+kernels. Timed in isolation, with a blocking call, the same all-reduce is several times faster (measured on this
+project's 2-core machine: a 27 MiB gloo all-reduce 38 ms alone, 150-300 ms issued from a DistilBERT backward pass;
+a load in another thread of the same process slowed it far less).
+
+`BackwardLoad` replays a training rank's backward pass (`loss.backward(retain_graph=True)` on one forward of a batch
+of the run's shape: the model's own layers, matmul shapes and thread budget) with a hook on every parameter's
+gradient (as DDP's reducer has). At fixed hooks of each pass, the same on every rank (DDP's buckets become ready at
+the same layers on every rank), the next collective is issued asynchronously: its issue is marked there, its end
+in its future's completion callback, the way dtlab.rank.recorder marks a bucket (dtlab.rank.marks). A sample is
+one collective's service time under load: from the later of its issue and the end of the collective before it.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 
 
 class BackwardLoad:
-    """Replays one model's backward pass in a background thread while `running()` is entered.
+    """A model's backward pass to issue collectives from. `model`: 'tiny' or 'distilbert' (random weights: the
+    arithmetic is what matters); `batch_size`, `seq_len`: a training rank's batch; `marks`: the rank's
+    dtlab.rank.marks.Marks. Construction builds the model and runs one forward and backward (counting the gradient
+    hooks a pass fires), so that the first timed pass does not pay for allocation. `passes` counts the backward
+    passes replayed."""
 
-    `model`: 'tiny' or 'distilbert' (random weights: the arithmetic is what matters); `batch_size`, `seq_len`: the
-    training rank's batch. Construction builds the model and runs one forward and backward (so the first timed
-    block does not pay for allocation); `close()` stops the thread. `passes` counts the backward passes replayed and
-    `busy_s` the seconds the thread spent in them (how much load there was)."""
+    #: Hooks a pass spends issuing: the last 15% of a backward pass is left without new collectives, so that a
+    #: sample rarely runs on after backward has ended (it would be priced idle).
+    SPREAD = 0.85
 
-    def __init__(self, model: str, batch_size: int, seq_len: int, device, seed: int = 0):
+    def __init__(self, model: str, batch_size: int, seq_len: int, device, marks, seed: int = 0,
+                 per_pass: int = 8):
         import torch
 
         from dtlab.rank.data import build_model
         torch.manual_seed(seed)
         self.model = build_model(model, "random", None, seed).model.to(device)
         self.model.train()
-        self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.marks = marks
+        self.per_pass = per_pass
         vocab = self.model.config.vocab_size
         ids = torch.randint(1000, vocab, (batch_size, seq_len), device=device)
         labels = torch.randint(0, 2, (batch_size,), device=device)
         self._loss = self.model(input_ids=ids, labels=labels).loss
+        self._fired = 0
+        self._queue: list = []
+        self._issued: list = []
+        self._at: set = set()
+        self._lock = threading.Lock()
+        for p in self.model.parameters():
+            p.register_post_accumulate_grad_hook(self._hook)
         self._loss.backward(retain_graph=True)
-        self.passes, self.busy_s = 0, 0.0
-        self._on = threading.Event()
-        self._stop = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._thread = threading.Thread(target=self._loop, name="dtlab-backward-load", daemon=True)
-        self._thread.start()
+        self.hooks = self._fired  # gradient hooks one pass fires (the same on every rank: the same model)
+        self.passes = 0
 
-    def _loop(self) -> None:
-        import contextlib
+    def _hook(self, _param) -> None:
+        """A gradient is ready. At the pass's issue points (the same hook counts on every rank, as DDP's buckets are
+        ready at the same layers on every rank) the next collective is issued, from the autograd thread."""
+        self._fired += 1
+        if self._fired not in self._at or not self._queue:
+            return
+        key, issue = self._queue.pop(0)
+        rec = {"key": key, "issue": self.marks.now()}
+        self._issued.append(rec)
+        work = issue()
+        work.get_future().then(lambda fut: self._finish(rec))
 
-        import torch
-        ctx = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-        with ctx:
-            while not self._stop.is_set():
-                if not self._on.wait(timeout=0.1):
-                    continue
-                self._idle.clear()
-                t0 = time.perf_counter()
-                while self._on.is_set() and not self._stop.is_set():
-                    self._loss.backward(retain_graph=True)  # the gradients accumulate: only the work matters
-                    if self.stream is not None:
-                        self.stream.synchronize()  # one pass at a time in flight, as a training rank has
-                    self.passes += 1
-                self.busy_s += time.perf_counter() - t0
-                self._idle.set()
+    def _finish(self, rec: dict) -> None:
+        rec["end"] = self.marks.end()
 
-    def start(self) -> None:
-        """Start replaying backward passes (returns at once)."""
-        self._idle.clear()
-        self._on.set()
-
-    def pause(self) -> None:
-        """Stop after the pass in progress and return once the thread is idle."""
-        self._on.clear()
-        self._idle.wait()
-
-    def close(self) -> None:
-        """Stop the thread."""
-        self._on.clear()
-        self._stop.set()
-        self._thread.join(timeout=60)
+    def sample(self, calls: list) -> list:
+        """Time `calls`, a list of (key, issue) where issue() starts one collective asynchronously and returns its
+        Work, in that order (the same on every rank), each issued from inside a replayed backward pass at
+        `per_pass` points spread over its first 85%. Returns [(key, seconds)] in issue order: a collective's
+        service time, from the later of its issue and the end of the one before it (one channel: a collective
+        issued while the previous one is still in flight waits for it, as in DDP's bucket queue) to its end."""
+        import time
+        self._queue, self._issued = list(calls), []
+        self._at = {max(1, round((i + 1) * self.SPREAD * self.hooks / self.per_pass)) for i in range(self.per_pass)}
+        import torch.distributed as dist
+        while self._queue:
+            self._fired = 0
+            # the ranks start each pass together, as training steps do (a step ends when every bucket is reduced):
+            # the i-th issue point is then the same moment on every rank, up to their compute's own skew
+            dist.barrier()
+            self._loss.backward(retain_graph=True)  # the gradients accumulate: only the work matters
+            self.passes += 1
+        while any("end" not in r for r in self._issued):  # the last one or two, issued late in the last pass
+            time.sleep(0.001)
+        ref = self._issued[0]["issue"] if self._issued else None
+        out, prev_end = [], float("-inf")
+        for r in self._issued:
+            issue, end = self.marks.seconds(ref, r["issue"]), self.marks.seconds(ref, r["end"])
+            out.append((r["key"], end - max(issue, prev_end)))
+            prev_end = end
+        return out

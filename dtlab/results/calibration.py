@@ -17,7 +17,8 @@ from dtlab.results.events import read_events
 def samples_frame(run_dir: str):
     """The raw samples of a calibration directory: one row per rank and timed iteration, plus the slowest
     rank per iteration as `seconds` (columns op, nbytes, nproc, load, iter, seconds, rank_spread). `load` is
-    'idle', or 'backward' for samples timed beside a replayed backward pass (CalibConfig.load)."""
+    'idle', or 'backward' for samples issued from inside a replayed backward pass (CalibConfig.load), whose
+    `seconds` are the rank's that issued last (see below)."""
     import glob
 
     rows = [e for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))
@@ -29,6 +30,11 @@ def samples_frame(run_dir: str):
     g = raw.groupby(["op", "nbytes", "nproc", "load", "iter"])["seconds"]
     slow = g.max().rename("seconds").to_frame()
     slow["rank_spread"] = g.max() - g.min()
+    # A loaded sample is issued from inside each rank's backward pass, where the ranks are not aligned: the rank
+    # that issued first also waited for its peer. The rank that issued last timed the collective itself (its
+    # service time under load); the wait is what the replay takes from the ranks' own recorded issue times.
+    loaded = slow.index.get_level_values("load") != "idle"
+    slow.loc[loaded, "seconds"] = g.min()[loaded]
     return raw, slow.reset_index()
 
 
@@ -99,11 +105,13 @@ def _load_facts(run_dir: str, meta: dict) -> list[str]:
     meta["load"] = {"what": "backward", "model": made.get("model"), "batch_size": made.get("batch_size"),
                     "seq_len": made.get("seq_len"), "threads_per_rank": made.get("threads"),
                     "passes": {str(r): e.get("passes") for r, e in sorted(done.items())},
-                    "how": "each rank replays its backward pass (loss.backward(retain_graph=True)) in a thread of its "
-                           "own while the main thread times the collective; loaded and idle blocks interleaved"}
-    return [f"loaded fits ('backward'): timed while every rank replayed the backward pass of {made.get('model')} "
-            f"(batch {made.get('batch_size')} x {made.get('seq_len')} tokens, {made.get('threads')} thread(s)), what "
-            "a bucket in flight during backward shares the cores with"]
+                    "how": "each collective issued from a gradient hook inside a replayed backward pass "
+                           "(loss.backward(retain_graph=True)) once the previous one completed, its end marked in "
+                           "its future's callback, as DDP issues and dtlab records a bucket"}
+    return [f"loaded fits ('backward'): each collective issued from inside a replayed backward pass of "
+            f"{made.get('model')} (batch {made.get('batch_size')} x {made.get('seq_len')} tokens, "
+            f"{made.get('threads')} thread(s) per rank), as a DDP bucket is: what it costs while backward compute "
+            "shares the machine, the wait for a peer that issues later included"]
 
 
 def _node_facts(run_dir: str, meta: dict) -> list[str]:

@@ -47,7 +47,7 @@ SCHEMA = {
     "restart": {"rank": (INT, _REQ), "resumed_from": (INT, _OPT)},
     "sample": {"rank": (INT, _REQ), "op": (STR, _REQ), "nbytes": (INT, _REQ), "nproc": (INT, _REQ),
                "iter": (INT, _REQ), "seconds": (NUM, _REQ), "load": (STR, _OPT)},
-    "load_done": {"rank": (INT, _REQ), "passes": (INT, _OPT), "busy_s": (NUM, _OPT)},
+    "load_done": {"rank": (INT, _REQ), "passes": (INT, _OPT)},
     "calib": {"rank": (INT, _REQ), "round": (INT, _REQ), "rounds": (INT, _REQ)},
 }
 

@@ -248,7 +248,10 @@ def load_run(path: str) -> Run:
     ranks["ended"] = ranks["rank"].map(rec.ended) if not ranks.empty else pd.Series(dtype=object)
     return Run(
         path=path, config=rec.doc["config"], resolved=rec.doc.get("resolved", {}), status=rec.status,
-        steps=_frame(rows["step"], STEP_COLUMNS), baseline_steps=_frame(rows["baseline_step"], STEP_COLUMNS),
+        # `time`: the wall clock each rank stamped at a step's end (s since the epoch), one clock for the ranks of a
+        # machine: with t_step it places the ranks' steps side by side (dtlab.model.prediction, the trace export)
+        steps=_frame(rows["step"], STEP_COLUMNS + ["time"]),
+        baseline_steps=_frame(rows["baseline_step"], STEP_COLUMNS + ["time"]),
         buckets=_frame(rows["bucket"], BUCKET_COLUMNS, sort=["rank", "step", "t_ready"]),
         collectives=_frame(rows["collective"], COLLECTIVE_COLUMNS, sort=["rank", "step", "t_start"]),
         memory=mem, errors=rows["error"], ddp_logging=ddp_logging,

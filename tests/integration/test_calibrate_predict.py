@@ -41,35 +41,33 @@ def test_profile_reloads_from_disk(profile):
 def test_predict_ddp_run(profile, tiny_run):
     pred = dtlab.predict(tiny_run, profile)
     cols = {"measured_t_step", "predicted_t_step", "measured_t_comm", "predicted_t_comm",
-            "measured_exposed", "predicted_exposed"}
+            "measured_exposed", "predicted_exposed", "contended_t_step", "contended_t_comm"}
     assert cols <= set(pred.columns)
     assert len(pred) == tiny_run.config["steps"] - tiny_run.config["warmup"]
     assert (pred["predicted_t_step"] > 0).all() and (pred["predicted_t_comm"] > 0).all()
-    # Replay one step by hand: each bucket's all-reduce is priced at its own bytes, starts when it is ready
-    # and the previous one has ended (one channel); the step ends after the later of backward compute and
-    # the last all-reduce, plus the optimizer. Pricing all bytes as one message, a queue that lets
-    # all-reduces overlap or ignores ready times, or the wrong rank's buckets would each fail this.
+    # Replay each step by hand, every rank on the wall clock the ranks stamped (step start = stamp - t_step): a
+    # bucket's all-reduce, priced at its own bytes, starts once the last rank has issued it and the previous one
+    # has ended (one channel), loaded while any rank still computes backward, idle after; a rank's T_comm is the
+    # union of its [issue, end]. Pricing all bytes as one message, a queue that lets all-reduces overlap, one
+    # rank's clock for all, or ignoring a rank's late issue would each fail this.
+    steps = tiny_run.steps.set_index(["rank", "step"])
     for row in pred.itertuples():
-        st = tiny_run.steps.set_index(["rank", "step"]).loc[(row.rank, row.step)]
-        b = tiny_run.buckets[(tiny_run.buckets["rank"] == row.rank) & (tiny_run.buckets["step"] == row.step)]
-        compute_end = float(b["t_ready"].max())
-        for load, t_comm, t_step, exposed in (("idle", row.predicted_t_comm, row.predicted_t_step,
-                                               row.predicted_exposed),
-                                              ("backward", row.contended_t_comm, row.contended_t_step,
-                                               row.contended_exposed)):
-            end, spans = 0.0, []
-            for ready, nbytes in sorted(zip(b["t_ready"], b["nbytes"])):
-                idle = float(profile.predict("all_reduce", int(nbytes), 2))
-                busy = float(profile.predict("all_reduce", int(nbytes), 2, load=load))
-                start = max(ready, end)
-                # loaded while backward compute runs (until the last bucket is ready), idle after it
-                end = start + busy if start + busy <= compute_end or start >= compute_end else \
-                    compute_end + (1 - (compute_end - start) / busy) * idle
-                spans.append((ready, end))
-            in_flight = union_length(spans)  # T_comm: a queued bucket is in flight from its issue
-            assert t_comm == pytest.approx(in_flight, rel=1e-9)
-            assert t_step == pytest.approx(max(compute_end, end) + st["t_opt"], rel=1e-9)
-            assert exposed == pytest.approx(max(0.0, end - compute_end), rel=1e-9, abs=1e-12)
+        b = tiny_run.buckets[tiny_run.buckets["step"] == row.step]
+        ranks = sorted(b["rank"].unique())
+        issue = {r: steps.loc[(r, row.step), "time"] - steps.loc[(r, row.step), "t_step"]
+                 + b[b["rank"] == r].sort_values("bucket")["t_start"].to_numpy() for r in ranks}
+        sizes = b[b["rank"] == ranks[0]].sort_values("bucket")["nbytes"].to_numpy()
+        busy_until = max(v.max() for v in issue.values())
+        for load, t_comm in (("idle", row.predicted_t_comm), ("backward", row.contended_t_comm)):
+            end, ends = float("-inf"), []
+            for k, n in enumerate(sizes):
+                idle = float(profile.predict("all_reduce", int(n), 2))
+                busy = float(profile.predict("all_reduce", int(n), 2, load=load))
+                start = max(max(v[k] for v in issue.values()), end)
+                end = start + busy if start + busy <= busy_until or start >= busy_until else \
+                    busy_until + (1 - (busy_until - start) / busy) * idle
+                ends.append(end)
+            assert t_comm == pytest.approx(max(union_length(zip(issue[r], ends)) for r in ranks), rel=1e-9)
 
 
 def test_sweep_reuses_and_skips(tmp_path, capsys):

@@ -148,3 +148,49 @@ def test_the_explorer_starts_at_the_measured_contention_and_says_where_it_comes_
     assert whatif(*args, contention=3.0)["t_step"] > whatif(*args)["t_step"]
     with pytest.raises(ValueError, match="contention"):
         whatif(*args, contention=0.5)
+
+
+def test_a_collective_starts_when_the_last_rank_issues_it_and_the_early_rank_waits():
+    from dtlab.model.buckets import replay_ranks
+    # rank 0 issues buckets at 0.0 and 1.0, rank 1 at 0.5 and 1.2 (one shared clock); 0.2 s each
+    rep = replay_ranks([[0.0, 1.0], [0.5, 1.2]], [0.2, 0.2])
+    assert rep["start"].tolist() == pytest.approx([0.5, 1.2]) and rep["end"].tolist() == pytest.approx([0.7, 1.4])
+    # rank 0 waited 0.5 s and 0.2 s for rank 1: in flight 0..0.7 and 1.0..1.4; rank 1 only its 2 x 0.2 s
+    assert rep["t_comm"].tolist() == pytest.approx([1.1, 0.4])
+    loaded = replay_ranks([[0.0, 1.0], [0.5, 1.2]], [0.2, 0.2], loaded=[0.4, 0.4], busy_until=1.3)
+    # bucket 0 all under load (0.5..0.9); bucket 1 from 1.2: a quarter loaded (0.1 s of 0.4), the rest idle (0.15 s)
+    assert loaded["end"].tolist() == pytest.approx([0.9, 1.45])
+
+
+class _TwoRanks(_Run):
+    """Two ranks of one step on a shared clock: rank 1 started 0.010 s later and issues each bucket later."""
+
+    nproc = 2
+
+    def __init__(self):
+        self.steps = pd.DataFrame([
+            {"rank": 0, "step": 1, "t_fwd": 0.010, "t_bwd": 0.030, "t_opt": 0.002, "t_step": 0.060, "time": 100.060},
+            {"rank": 1, "step": 1, "t_fwd": 0.010, "t_bwd": 0.035, "t_opt": 0.002, "t_step": 0.052, "time": 100.062}])
+        rows = []
+        for r, start, readies in ((0, 100.000, (0.015, 0.030)), (1, 100.010, (0.020, 0.032))):
+            for k, (ready, n) in enumerate(zip(readies, (1 << 22, 1 << 20))):
+                rows.append({"rank": r, "step": 1, "bucket": k, "nbytes": n, "wire_bytes": n, "t_ready": ready,
+                             "t_start": ready, "t_end": ready + 0.02})
+        self.buckets = pd.DataFrame(rows)
+
+
+def test_predict_replays_every_rank_on_the_shared_clock():
+    from dtlab.model.buckets import replay_ranks
+    run, prof = _TwoRanks(), _profile()
+    row = predict(run, prof).iloc[0]
+    # each rank's step start = its end stamp - t_step: rank 0 at 100.000, rank 1 at 100.010
+    issues = [[100.015, 100.030], [100.030, 100.042]]
+    idle = [float(prof.predict("all_reduce", n, 2)) for n in (1 << 22, 1 << 20)]
+    loaded = [float(prof.predict("all_reduce", n, 2, load="backward")) for n in (1 << 22, 1 << 20)]
+    rep = replay_ranks(issues, idle)
+    assert row.predicted_t_comm == pytest.approx(rep["t_comm"].max())
+    # T_step: each rank's compute to its last bucket, the later of that and the last end, its optimizer
+    t_steps = [max(100.030, rep["end"][-1]) + 0.002 - 100.000, max(100.042, rep["end"][-1]) + 0.002 - 100.010]
+    assert row.predicted_t_step == pytest.approx(max(t_steps))
+    con = replay_ranks(issues, idle, loaded=loaded, busy_until=100.042)
+    assert row.contended_t_comm == pytest.approx(con["t_comm"].max()) and row.contended_t_comm > row.predicted_t_comm
