@@ -10,9 +10,10 @@ a load in another thread of the same process slowed it far less).
 `BackwardLoad` replays a training rank's backward pass (`loss.backward(retain_graph=True)` on one forward of a batch
 of the run's shape: the model's own layers, matmul shapes and thread budget) with a hook on every parameter's
 gradient (as DDP's reducer has). At fixed hooks of each pass, the same on every rank (DDP's buckets become ready at
-the same layers on every rank), the next collective is issued asynchronously: its issue is marked there, its end
-in its future's completion callback, the way dtlab.rank.recorder marks a bucket (dtlab.rank.marks). A sample is
-one collective's service time under load: from the later of its issue and the end of the collective before it.
+the same layers on every rank), the next collective is issued asynchronously once the one before it has completed:
+its issue is marked there, its end in its future's completion callback, the way dtlab.rank.recorder marks a bucket
+(dtlab.rank.marks). A rank that reaches an issue point first waits for its peers; the rank that issued last times
+the collective itself, its service time under load (dtlab.results.calibration takes that rank's time).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class BackwardLoad:
         self._fired = 0
         self._queue: list = []
         self._issued: list = []
+        self._works: list = []
         self._at: set = set()
         self._lock = threading.Lock()
         for p in self.model.parameters():
@@ -62,23 +64,37 @@ class BackwardLoad:
         self._fired += 1
         if self._fired not in self._at or not self._queue:
             return
+        self._settle()  # one at a time, and every rank issues the same call at the same point: no skipping
         key, issue = self._queue.pop(0)
         rec = {"key": key, "issue": self.marks.now()}
         self._issued.append(rec)
         work = issue()
-        work.get_future().then(lambda fut: self._finish(rec))
+        self._works.append(work)
+        try:
+            work.get_future().then(lambda fut: self._finish(rec))
+        except RuntimeError:  # gloo's reduce_scatter has no future ("Work::getFuture not implemented"): a waiter
+            threading.Thread(target=lambda: (work.wait(), self._finish(rec)), daemon=True).start()
 
     def _finish(self, rec: dict) -> None:
         rec["end"] = self.marks.end()
 
+    def _settle(self) -> None:
+        """Wait until every issued collective has completed and been marked (rarely needed inside a pass: the
+        issue points are far enough apart for most collectives)."""
+        import time
+        for w in self._works:
+            w.wait()
+        self._works = []
+        while any("end" not in r for r in self._issued):
+            time.sleep(0.0005)
+
     def sample(self, calls: list) -> list:
         """Time `calls`, a list of (key, issue) where issue() starts one collective asynchronously and returns its
-        Work, in that order (the same on every rank), each issued from inside a replayed backward pass at
-        `per_pass` points spread over its first 85%. Returns [(key, seconds)] in issue order: a collective's
-        service time, from the later of its issue and the end of the one before it (one channel: a collective
-        issued while the previous one is still in flight waits for it, as in DDP's bucket queue) to its end."""
-        import time
-        self._queue, self._issued = list(calls), []
+        Work, in that order (the same on every rank), each issued from inside a replayed backward pass at one of
+        `per_pass` points spread over its first 85% (one at a time: at a point where the one before is still in
+        flight, the hook waits for it first, so a sample is one collective, not a queue). Returns
+        [(key, seconds from issue to end)] in issue order."""
+        self._queue, self._issued, self._works = list(calls), [], []
         self._at = {max(1, round((i + 1) * self.SPREAD * self.hooks / self.per_pass)) for i in range(self.per_pass)}
         import torch.distributed as dist
         while self._queue:
@@ -88,12 +104,5 @@ class BackwardLoad:
             dist.barrier()
             self._loss.backward(retain_graph=True)  # the gradients accumulate: only the work matters
             self.passes += 1
-        while any("end" not in r for r in self._issued):  # the last one or two, issued late in the last pass
-            time.sleep(0.001)
-        ref = self._issued[0]["issue"] if self._issued else None
-        out, prev_end = [], float("-inf")
-        for r in self._issued:
-            issue, end = self.marks.seconds(ref, r["issue"]), self.marks.seconds(ref, r["end"])
-            out.append((r["key"], end - max(issue, prev_end)))
-            prev_end = end
-        return out
+            self._settle()  # before the next pass's barrier, which every rank must reach with nothing pending
+        return [(r["key"], self.marks.seconds(r["issue"], r["end"])) for r in self._issued]

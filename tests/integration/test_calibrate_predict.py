@@ -64,8 +64,8 @@ def test_predict_ddp_run(profile, tiny_run):
                 idle = float(profile.predict("all_reduce", int(n), 2))
                 busy = float(profile.predict("all_reduce", int(n), 2, load=load))
                 start = max(max(v[k] for v in issue.values()), end)
-                end = start + busy if start + busy <= busy_until or start >= busy_until else \
-                    busy_until + (1 - (busy_until - start) / busy) * idle
+                end = (start + idle if start >= busy_until else start + busy if start + busy <= busy_until
+                       else busy_until + (1 - (busy_until - start) / busy) * idle)
                 ends.append(end)
             assert t_comm == pytest.approx(max(union_length(zip(issue[r], ends)) for r in ranks), rel=1e-9)
 
