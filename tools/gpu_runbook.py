@@ -229,7 +229,7 @@ class Runbook:
     def gpu_suite(self, timeout) -> bool:
         xml = os.path.join(self.out, "gpu-junit.xml")
         rc = self.sh("gpu-suite", [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-q", "-p", "no:cacheprovider",
-                                   "tests/test_gpu.py", f"--junitxml={xml}"], timeout)
+                                   "tests/gpu", f"--junitxml={xml}"], timeout)
         counts = {}
         if os.path.exists(xml):
             suite = ET.parse(xml).getroot()
@@ -283,7 +283,7 @@ class Runbook:
         plan = lab04_plan()
         if self.dry:
             ok = not any(p["label"].startswith("cannot run") for p in plan)
-            return self.record("lab04", ok, placed=plan, note="dry run: placed, not executed (tests/test_notebooks.py "
+            return self.record("lab04", ok, placed=plan, note="dry run: placed, not executed (tests/e2e/test_notebooks.py "
                                                               "executes it on CPU)")
         where = os.path.join(self.work, "lab04")
         os.makedirs(where, exist_ok=True)

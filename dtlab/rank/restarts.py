@@ -4,7 +4,7 @@ What a checkpoint holds: the model and AdamW state (`get_state_dict`, fully-qual
 training steps done K, and every rank's RNG states (CPU, and CUDA on a GPU), gathered so that each rank saves the
 same keys (DCP requires it) and DCP's de-duplication writes each replicated tensor once. The batch of a step depends
 only on the step index (dtlab.rank.strategies.ddp), so the data position is K itself. Together these make a resumed step
-compute exactly what the uninterrupted run computed (tests/test_checkpoint.py checks the losses).
+compute exactly what the uninterrupted run computed (tests/integration/test_checkpoint.py checks the losses).
 
 Complete or absent: DCP writes into checkpoints/.tmp-step-K-a<attempt>; DCP's save ends with a collective in which
 rank 0 writes the metadata after every rank reported its files written, so when it returns on rank 0 the folder is

@@ -10,7 +10,7 @@ no-op baseline and events. Only the reduction of each bucket differs. DDP's all-
 Rank 0 is both the server and worker 0 (colocated, as in a PS with one server on a worker's machine): it
 trains on its own shard like every rank, and its own contribution never crosses a link. Every rank ends
 with the same averaged gradients as DDP, so a 'ps' run's losses equal a 'ddp' run's with the same seed
-(tests/test_ps.py).
+(tests/integration/test_ps.py).
 
 Order. Collectives must be issued in the same order on every rank; DDP calls the hook in bucket order, the
 same on every rank, but the broadcast of a bucket may only start once its reduce has finished.

@@ -30,7 +30,7 @@ config: dtlab.rank.strategies.zero3.engine; the traffic and memory read from the
 CPU path (tested): DS_ACCELERATOR=cpu before deepspeed is imported, gloo, and DeepSpeed's shared-memory comm
 op build patched out. GPU paths (DS_ACCELERATOR=cuda; NCCL, or gloo on CUDA tensors where NCCL cannot place the
 ranks, e.g. 2 ranks on one GPU before NCCL 2.30; LOCAL_RANK set to the rank's GPU index, CUDA events): written
-to the same contract but NOT run in the session that wrote them (no GPU was available); tests/test_gpu.py and
+to the same contract but NOT run in the session that wrote them (no GPU was available); tests/gpu/test_gpu.py and
 tools/gpu_runbook.py are their first run.
 """
 
