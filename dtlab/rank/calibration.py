@@ -107,7 +107,10 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
             timed = [(op, nbytes, first + k) for op, nbytes in issue for k in range(n_timed)]
             rng.shuffle(timed)
             warm = [((op, nbytes, None), issue[(op, nbytes)]) for op, nbytes in issue for _ in range(cfg.warmup)]
-            for (op, nbytes, i), t in load.sample(warm + [((op, n, i), issue[(op, n)]) for op, n, i in timed]):
+            def progress(passes, left, rnd=rnd):
+                writer.write("load_pass", rank=rank, round=rnd, passes=passes, left=left, time=time.time())
+            for (op, nbytes, i), t in load.sample(warm + [((op, n, i), issue[(op, n)]) for op, n, i in timed],
+                                                  on_pass=progress):
                 if i is not None:
                     writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=i, seconds=t,
                                  load="backward")

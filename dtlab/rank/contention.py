@@ -88,12 +88,13 @@ class BackwardLoad:
         while any("end" not in r for r in self._issued):
             time.sleep(0.0005)
 
-    def sample(self, calls: list) -> list:
+    def sample(self, calls: list, on_pass=None) -> list:
         """Time `calls`, a list of (key, issue) where issue() starts one collective asynchronously and returns its
         Work, in that order (the same on every rank), each issued from inside a replayed backward pass at one of
         `per_pass` points spread over its first 85% (one at a time: at a point where the one before is still in
         flight, the hook waits for it first, so a sample is one collective, not a queue). Returns
-        [(key, seconds from issue to end)] in issue order."""
+        [(key, seconds from issue to end)] in issue order. `on_pass(passes, left)`, when given, is called after
+        every pass (a calibration rank writes an event there: a long loaded phase is progress, not a stall)."""
         self._queue, self._issued, self._works = list(calls), [], []
         self._at = {max(1, round((i + 1) * self.SPREAD * self.hooks / self.per_pass)) for i in range(self.per_pass)}
         import torch.distributed as dist
@@ -105,4 +106,6 @@ class BackwardLoad:
             self._loss.backward(retain_graph=True)  # the gradients accumulate: only the work matters
             self.passes += 1
             self._settle()  # before the next pass's barrier, which every rank must reach with nothing pending
+            if on_pass is not None:
+                on_pass(self.passes, len(self._queue))
         return [(r["key"], self.marks.seconds(r["issue"], r["end"])) for r in self._issued]

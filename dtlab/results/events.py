@@ -48,6 +48,7 @@ SCHEMA = {
     "sample": {"rank": (INT, _REQ), "op": (STR, _REQ), "nbytes": (INT, _REQ), "nproc": (INT, _REQ),
                "iter": (INT, _REQ), "seconds": (NUM, _REQ), "load": (STR, _OPT)},
     "load_done": {"rank": (INT, _REQ), "passes": (INT, _OPT)},
+    "load_pass": {"rank": (INT, _REQ), "round": (INT, _OPT), "passes": (INT, _OPT), "left": (INT, _OPT)},
     "calib": {"rank": (INT, _REQ), "round": (INT, _REQ), "rounds": (INT, _REQ)},
 }
 
