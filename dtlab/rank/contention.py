@@ -52,15 +52,24 @@ class BackwardLoad:
         self._works: list = []
         self._at: set = set()
         self._lock = threading.Lock()
-        for p in self.model.parameters():
+        # DDP's reducer copies every gradient into its bucket as it becomes ready: the same copies here, into one
+        # flat buffer, so the load moves the memory a training rank's backward moves
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self._flat = torch.empty(sum(p.numel() for p in params), device=device)
+        self._slot, off = {}, 0
+        for p in params:
+            self._slot[p] = self._flat[off:off + p.numel()]
+            off += p.numel()
             p.register_post_accumulate_grad_hook(self._hook)
         self._loss.backward(retain_graph=True)
         self.hooks = self._fired  # gradient hooks one pass fires (the same on every rank: the same model)
         self.passes = 0
 
-    def _hook(self, _param) -> None:
-        """A gradient is ready. At the pass's issue points (the same hook counts on every rank, as DDP's buckets are
-        ready at the same layers on every rank) the next collective is issued, from the autograd thread."""
+    def _hook(self, param) -> None:
+        """A gradient is ready: copied into its slot of the flat buffer, as DDP copies it into its bucket. At the
+        pass's issue points (the same hook counts on every rank, as DDP's buckets are ready at the same layers on
+        every rank) the next collective is issued, from the autograd thread."""
+        self._slot[param].copy_(param.grad.view(-1))
         self._fired += 1
         if self._fired not in self._at or not self._queue:
             return
