@@ -34,22 +34,11 @@ class Built:
     sources: dict
 
 
-def apply_dropout(model, p: float | None) -> None:
-    """Set every dropout layer's probability to `p` (None: leave the model's own). DistilBERT's attention reads
-    its dropout's `p` at call time, so this reaches the attention weights too."""
-    if p is None:
-        return
-    import torch
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = float(p)
-
-
 def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
     """Process group, mesh, model, tokenizer, this replica's batches and the reference."""
     import torch
 
-    from dtlab.rank.data import build_model, load_sentences
+    from dtlab.rank.data import apply_dropout, build_model, load_sentences
     from dtlab.rank.lifecycle import setup_distributed
     from dtlab.rank.strategies.ddp import make_batches
 

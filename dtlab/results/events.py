@@ -48,6 +48,10 @@ SCHEMA = {
     "sample": {"rank": (INT, _REQ), "op": (STR, _REQ), "nbytes": (INT, _REQ), "nproc": (INT, _REQ),
                "iter": (INT, _REQ), "seconds": (NUM, _REQ)},
     "calib": {"rank": (INT, _REQ), "round": (INT, _REQ), "rounds": (INT, _REQ)},
+    "microbatch": {"rank": (INT, _REQ), "step": (INT, _REQ), "stage": (INT, _REQ), "microbatch": (INT, _REQ),
+                   "phase": (STR, _REQ), "t_start": (NUM, _REQ), "t_end": (NUM, _REQ)},
+    "reference": {"rank": (INT, _REQ), "step": (INT, _REQ), "ref_loss": (NUM, _REQ), "loss": (NUM, _OPT),
+                  "grad_ratio": (NUM, _OPT), "grad_rel_err": (NUM, _OPT), "params_compared": (INT, _OPT)},
 }
 
 
