@@ -15,8 +15,8 @@ How collectives reach it:
 - The pipeline's sends and receives are recorded by dtlab.rank.strategies.pp from the schedule's p2p helpers.
 
 `LayerTracker` names the transformer block and sublayer ('attention' or 'ffn') a collective belongs to: a forward
-pre-hook on each sublayer in forward, and in backward a hook on the gradient of each sublayer's output, which
-fires when that sublayer's backward begins (its collective, the gradient of its input, comes at its end).
+pre-hook on each sublayer in forward, and in backward a hook on the gradient that each sublayer's backward starts
+from (its collective, the gradient of its input, comes at its end).
 
 Times are host wall clocks (time.perf_counter) in seconds from the step's start: exact on CPU (gloo); on CUDA
 they are host-side issue and wait times.
@@ -116,28 +116,31 @@ def _storage_key(t: torch.Tensor) -> int:
 class LayerTracker:
     """Which transformer block and sublayer of `blocks` (DistilBERT's TransformerBlocks, layer index = position +
     `first`) runs now, in forward and in backward (see the module docstring); `where()` -> (layer, sublayer) or
-    (None, None) outside them."""
+    (None, None) outside them.
+
+    Forward: a pre-hook on each block's `attention` and `ffn`. Backward: a hook on the gradient of the input of the
+    LayerNorm that follows each sublayer (`sa_layer_norm` after the attention, `output_layer_norm` after the
+    feed-forward): that gradient is what the sublayer's backward starts from. (A hook on the sublayer's own output
+    would sit on the AsyncCollectiveTensor a row-parallel layer returns.)"""
 
     def __init__(self, blocks, first: int = 0):
         self.current = (None, None)
         self._handles = []
         for i, block in enumerate(blocks):
-            for sub in ("attention", "ffn"):
-                mod = getattr(block, sub)
-                self._handles.append(mod.register_forward_pre_hook(self._enter(first + i, sub)))
-                self._handles.append(mod.register_forward_hook(self._on_output(first + i, sub)))
+            for sub, norm in (("attention", "sa_layer_norm"), ("ffn", "output_layer_norm")):
+                self._handles.append(getattr(block, sub).register_forward_pre_hook(self._enter(first + i, sub)))
+                self._handles.append(getattr(block, norm).register_forward_pre_hook(self._on_norm(first + i, sub)))
 
     def _enter(self, layer, sub):
         def hook(module, args):
             self.current = (layer, sub)
         return hook
 
-    def _on_output(self, layer, sub):
-        def hook(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(lambda grad: self._set(layer, sub))
-            self.current = (None, None)
+    def _on_norm(self, layer, sub):
+        def hook(module, args):
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(lambda grad: self._set(layer, sub))
         return hook
 
     def _set(self, layer, sub):

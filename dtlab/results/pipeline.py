@@ -25,13 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dtlab.model.parallel import bubble_fraction
+
 
 def theory(stages: int, microbatches: int) -> float:
-    """The bubble fraction (P - 1) / (M + P - 1) of P equal stages and M micro-batches."""
-    p, m = int(stages), int(microbatches)
-    if p < 1 or m < 1:
-        raise ValueError(f"stages and microbatches must be integers >= 1, got {stages!r}, {microbatches!r}")
-    return (p - 1) / (m + p - 1)
+    """The bubble fraction (P - 1) / (M + P - 1) of P equal stages and M micro-batches
+    (:func:`dtlab.model.parallel.bubble_fraction`)."""
+    return float(bubble_fraction(stages, microbatches))
 
 
 @dataclass
