@@ -108,14 +108,15 @@ def layout_memory(arch: dict, batch_per_replica: int, seq: int, dp: int, tp: int
     largest). arch: vocab_size, dim, n_layers, n_heads, hidden_dim, max_position_embeddings. Parameters: the
     stage's blocks split over tp (embeddings and head replicated over tp, as dtlab's 'tp' keeps them), x16 bytes,
     over dp too when `sharded`; activations: `activation_bytes_per_layer` of one micro-batch x the stage's layers
-    x `in_flight`. Returns params, states (bytes of parameters, gradients, optimizer), activations, total."""
+    x `in_flight` (without a pipeline, M micro-batches are gradient accumulation: one micro-batch's activations at a
+    time). Returns params, states (bytes of parameters, gradients, optimizer), activations, total."""
     h, L = int(arch["dim"]), int(arch["n_layers"])
-    m = int(microbatches) if pp > 1 else 1
+    m = int(microbatches)
     layers = -(-L // int(pp))  # the largest stage
     emb = (int(arch["vocab_size"]) + int(arch["max_position_embeddings"])) * h + 2 * h
     head = (h * h + h) + (h * 2 + 2)
     stage = layers * block_params(h, int(arch["hidden_dim"])) / tp + emb + (head if pp == 1 else 0)
     states = stage * BYTES_PER_PARAM / (dp if sharded else 1)
-    act = activation_bytes_per_layer(float(batch_per_replica) / m, seq, h, int(arch["n_heads"]), tp) * layers * \
-        in_flight(schedule, pp, m)
+    held = 1 if pp == 1 else in_flight(schedule, pp, m)  # one pipeline stage: gradient accumulation, one at a time
+    act = activation_bytes_per_layer(float(batch_per_replica) / m, seq, h, int(arch["n_heads"]), tp) * layers * held
     return {"params": stage, "states": states, "activations": act, "total": states + act}

@@ -6,6 +6,7 @@ GPU Clusters"): tensor-parallel ranks innermost (consecutive ranks, one node whe
 pipeline stages, then data-parallel replicas. Each axis's communication is priced with the alpha-beta model of
 the level it crosses (:mod:`dtlab.model.hierarchy`'s flat ring over the nodes a group spans):
 
+- M micro-batches per step: a pipeline's, or gradient accumulation without one (activations of one at a time);
 - TP: per micro-batch and stage, 4 all-reduces per layer of (b/M) s h x 4 bytes over t ranks, on the compute path;
 - PP: one hand-off of (b/M) s h x 4 bytes each way per micro-batch and stage boundary, alpha + beta n at the level
   between neighbouring stages (another node once t x p exceeds a node); the step is (M + P - 1) slots
@@ -87,7 +88,7 @@ def predict_layout(arch: dict, dp: int, tp: int, pp: int, *, gpus_per_node: int,
     """One layout's memory per GPU and predicted step (s), its parts and the level each axis crosses."""
     g = int(gpus_per_node)
     b = global_batch / dp
-    m = int(microbatches) if pp > 1 else 1
+    m = int(microbatches)
     mem = layout_memory(arch, b, seq, dp, tp, pp, m, schedule, sharded)
     scale = (nonembedding_params(arch) * seq) / (compute["nonembedding_params"] * compute["seq"])
     t_mb = compute["t_fb_per_sample"] * scale * b / (tp * pp) / m
@@ -119,7 +120,7 @@ def plan(arch: dict, gpus: int, *, gpus_per_node: int, gpu_memory: float, global
     _check_levels(levels)
     rows = []
     for dp, tp, pp in layouts(int(gpus), arch):
-        m = int(microbatches) if pp > 1 else 1
+        m = int(microbatches)
         if global_batch % dp or (global_batch // dp) % m:
             continue  # replicas of unequal batches, or micro-batches that do not divide one
         r = predict_layout(arch, dp, tp, pp, gpus_per_node=gpus_per_node, global_batch=global_batch, seq=seq,
