@@ -134,24 +134,36 @@ def plan(arch: dict, gpus: int, *, gpus_per_node: int, gpu_memory: float, global
     return df.sort_values(["fits", "t_step"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
-def compute_from_runs(run, global_batch: int | None = None) -> dict:
-    """The planner's compute from a measured data-parallel run with a no-op baseline (strategy 'ddp'): forward +
-    backward seconds per sample on one rank and the optimizer's seconds, with the run's model size; `source`
-    says so."""
-    base = run.baseline_steps
-    if base is None or base.empty:
-        raise ValueError(f"run {run.path} has no no-op baseline steps: the planner's compute needs T_comp measured")
-    slow = base.loc[base.groupby("step")["t_step"].idxmax()]
+def compute_from_run(run) -> dict:
+    """The planner's compute from a measured run: forward + backward seconds per sample of the whole model on one
+    rank, and the optimizer's seconds for all of it, with the run's model size; `source` says how.
+
+    A data-parallel run with a no-op baseline ('ddp'): its baseline steps (slowest rank, median). A pipeline
+    ('pp'): the sum over stages of every micro-batch's forward and backward (the whole model's compute, stage by
+    stage) and of the stages' optimizer steps, median over measured steps."""
     arch = MODELS.get(run.config.get("model"))
     if arch is None:
         raise ValueError(f"run {run.path}: model {run.config.get('model')!r} has no architecture in the planner")
-    bs = int(run.config["batch_size"])
-    return {"t_fb_per_sample": float((slow["t_fwd"] + slow["t_bwd"]).median()) / bs,
-            "t_opt": float(slow["t_opt"].median()), "seq": int(run.config["seq_len"]),
-            "nonembedding_params": nonembedding_params(arch), "params": int(run.resolved.get(
-                "num_parameters", total_params(arch))), "model": run.config.get("model"),
-            "source": (f"measured: the no-op baseline of {run.path} ({run.config.get('model')}, batch {bs} x "
-                       f"{run.config['seq_len']} tokens per rank, median of {len(slow)} steps)")}
+    bs, seq = int(run.config["batch_size"]), int(run.config["seq_len"])
+    out = {"seq": seq, "nonembedding_params": nonembedding_params(arch), "model": run.config.get("model"),
+           "params": int(run.resolved.get("num_parameters", total_params(arch)))}
+    base = run.baseline_steps
+    if base is not None and not base.empty:
+        slow = base.loc[base.groupby("step")["t_step"].idxmax()]
+        return {**out, "t_fb_per_sample": float((slow["t_fwd"] + slow["t_bwd"]).median()) / bs,
+                "t_opt": float(slow["t_opt"].median()),
+                "source": (f"measured: the no-op baseline of {run.path} ({run.config.get('model')}, batch {bs} x "
+                           f"{seq} tokens per rank, median of {len(slow)} steps)")}
+    mb = run.microbatches
+    if mb is not None and not mb.empty:
+        mb = mb[mb["step"] >= run.warmup]
+        busy = (mb["t_end"] - mb["t_start"]).groupby(mb["step"]).sum()
+        st = run.measured_steps()
+        opt = st.groupby("step")["t_opt"].sum()
+        return {**out, "t_fb_per_sample": float(busy.median()) / bs, "t_opt": float(opt.median()),
+                "source": (f"measured: every stage's forwards and backwards of {run.path} summed ({run.config.get('model')},"
+                           f" batch {bs} x {seq} tokens, median of {len(busy)} steps)")}
+    raise ValueError(f"run {run.path} measured no compute alone: give a 'ddp' run with baseline_steps or a 'pp' run")
 
 
 def measured_rows(runs: dict) -> pd.DataFrame:
@@ -181,3 +193,25 @@ def _check_levels(levels: dict) -> dict:
         if v is None or not np.isfinite(v) or v < 0:
             raise ValueError(f"levels[{k!r}] must be a finite number >= 0 (alpha in s, beta in s/B), got {v!r}")
     return levels
+
+
+def against_runs(runs: dict, levels: dict, compute: dict, gpus_per_node: int = 8) -> pd.DataFrame:
+    """The planner's prediction for each measured run's own layout and setting beside its measured T_step (s):
+    label, layout, microbatches, predicted, measured, error ((predicted - measured) / measured), and the compute
+    part of each (s per GPU and step: the prediction's compute + optimizer, the run's T_comp = T_step - time
+    blocked on its collectives, sends and receives)."""
+    rows = []
+    for label, run in runs.items():
+        lay = run.resolved.get("layout") or {"dp": run.nproc, "tp": 1, "pp": 1}
+        arch = MODELS[run.config["model"]]
+        m = int(run.config.get("microbatches", 1))
+        p = predict_layout(arch, int(lay["dp"]), int(lay["tp"]), int(lay["pp"]), gpus_per_node=gpus_per_node,
+                           global_batch=int(run.config["batch_size"]) * int(lay["dp"]), seq=int(run.config["seq_len"]),
+                           microbatches=m, schedule=run.config.get("pp_schedule", "gpipe"), sharded=False,
+                           levels=levels, compute=compute)
+        s = run.summary().set_index("quantity")["value"]
+        t = float(s["T_step"])
+        rows.append({"label": label, "layout": p["layout"], "microbatches": m, "predicted": p["t_step"],
+                     "measured": t, "error": p["t_step"] / t - 1, "predicted_compute": p["compute"] + p["optimizer"],
+                     "measured_compute": float(s["T_comp"])})
+    return pd.DataFrame(rows)

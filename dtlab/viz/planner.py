@@ -74,10 +74,11 @@ def planner_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def planner(levels: dict, compute: dict, measured: pd.DataFrame | None = None, measured_setting: dict | None = None,
-            model: str = "distilbert", gpus: int = 2, global_batch: int = 8, seq: int = 128, microbatches: int = 4):
+            model: str = "distilbert", gpus: int = 2, global_batch: int = 8, seq: int = 128, microbatches: int = 4,
+            schedule: str = "1f1b"):
     """The planner widget (display it as a cell's last expression). levels: alpha_intra, beta_intra, alpha_inter,
     beta_inter (s, s/B) and source (:func:`dtlab.model.planner.levels_from_profile`); compute:
-    :func:`dtlab.model.planner.compute_from_runs`; measured: :func:`dtlab.model.planner.measured_rows`, drawn
+    :func:`dtlab.model.planner.compute_from_run`; measured: :func:`dtlab.model.planner.measured_rows`, drawn
     while the controls show `measured_setting` (model, global_batch, seq, microbatches: what the runs ran)."""
     import ipywidgets as widgets
 
@@ -95,7 +96,7 @@ def planner(levels: dict, compute: dict, measured: pd.DataFrame | None = None, m
          "seq": sel(SEQ, seq, "sequence length"), "micro": sel(MICRO, microbatches, "micro-batches M"),
          "sharded": widgets.ToggleButtons(options=[("replicated", False), ("sharded (ZeRO-3, FSDP2)", True)],
                                           value=False, description="data parallel", style=style),
-         "schedule": widgets.ToggleButtons(options=["1f1b", "gpipe"], value="1f1b", description="schedule",
+         "schedule": widgets.ToggleButtons(options=["1f1b", "gpipe"], value=schedule, description="schedule",
                                            style=style)}
     label = widgets.HTML()
     setting = dict(measured_setting or {})
