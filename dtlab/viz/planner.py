@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dtlab.model import planner as pl
+from dtlab.units import fmt_time
 from dtlab.viz.figures import set_title
 
 PARTS = (("compute", "compute", "#4C78A8"), ("tp_comm", "TP all-reduces", "#F58518"),
@@ -136,7 +137,7 @@ def planner(levels: dict, compute: dict, measured: pd.DataFrame | None = None, m
 def _label(v, table, levels, compute, measured, setting, shown) -> str:
     fit = table[table["fits"]] if len(table) else table
     best = (f"fastest that fits: <b>{fit.iloc[0]['layout']}</b> (dp x tp x pp), "
-            f"{fit.iloc[0]['t_step'] * 1e3:.3g} ms predicted" if len(fit) else "no layout fits in "
+            f"{fmt_time(float(fit.iloc[0]['t_step']))} predicted" if len(fit) else "no layout fits in "
             f"{v['memory_gb']} GB per GPU")
     lines = [f"<b>interconnect</b>: {html.escape(levels.get('source', 'given by the caller'))}",
              f"<b>compute</b>: {html.escape(compute.get('source', 'given by the caller'))}; another model's is "

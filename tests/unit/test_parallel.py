@@ -202,3 +202,19 @@ def test_the_single_process_check_names_a_loss_or_gradient_that_differs():
     assert loss[0] == "differs" and "loss 0.7" in loss[1]
     pipe = pd.DataFrame([dict(base, loss=None), dict(base, rank=1)])   # a pipeline: only the last stage has a loss
     assert reference.step_table(pipe).loc[0, "loss"] == pytest.approx(0.69)
+
+
+def test_whatif_with_tensor_parallelism():
+    from dtlab.model import whatif as wi
+    sizes = wi.distilbert_param_nbytes()[::-1]
+    args = (0.01, 0.02, 0.004, sizes, 25.0, 8, 1e-5, 1e-9)
+    plain = wi.whatif(*args)
+    one = wi.whatif(*args, tp=wi.tp_setting(1, 6, 4096, 768))
+    assert one["t_step"] == plain["t_step"] and one["tp_comm"] == plain["tp_comm"] == 0 and one["dp"] == 8
+    tp = wi.whatif(*args, tp=wi.tp_setting(2, 6, 4096, 768))
+    each = mp.tp_step_comm("ring", 1e-5, 1e-9, 4096, 1, 768, 6, 2)  # 24 all-reduces of 4096 x 768 x 4 B
+    assert tp["tp_comm"] == pytest.approx(each) and tp["dp"] == 4 and tp["nproc"] == 8
+    assert tp["t_fwd"] == pytest.approx(0.005 + each / 2) and tp["t_opt"] == pytest.approx(0.002)
+    assert sum(tp["bucket_nbytes"]) == pytest.approx(sum(sizes) / 2, rel=1e-6)
+    free = wi.whatif(0.01, 0.02, 0.004, sizes, 25.0, 8, 0.0, 0.0, tp=wi.tp_setting(2, 6, 4096, 768))
+    assert free["t_step"] == pytest.approx(0.017)  # communication free: the step is compute / t
