@@ -13,7 +13,7 @@ LABELS = ("tp", "pp M=1", f"pp M={M}", f"pp M={M} 1f1b")
 #: lab10.q6: the planner's setting (model, GPUs, interconnect from this machine's calibration, compute from the
 #: M = 1 pipeline run)
 PLANNER_Q = dict(model="gpt3-6.7b", gpus=64, gpus_per_node=8, gpu_memory_gb=80, global_batch=512, seq=2048,
-                 microbatches=8, schedule="1f1b", sharded=False)
+                 microbatches=32, schedule="1f1b", sharded=False)
 
 
 def base(quick: bool) -> dict:
