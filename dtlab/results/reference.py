@@ -9,7 +9,7 @@ loss) beside the copy's, and per rank the gradient ratio <g, r> / <r, r> and rel
 Tolerances (float32, different summation orders; measured here with AdamW over a few steps: losses within
 1e-7 relative, gradients within 5e-6): LOSS_RTOL on the loss, GRAD_TOL on |ratio - 1| and on the relative error.
 The verdict names the known failure: a ratio near the number of ranks averaging the gradient is gradients summed
-instead of averaged (reported for FSDP2 on gloo, pytorch issue 162338).
+instead of averaged (reported for FSDP2 on gloo, github.com/pytorch/pytorch/issues/162338).
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def verdict(table: pd.DataFrame, world: int, loss_rtol: float = LOSS_RTOL, grad_
     lo, hi = float(table["grad_ratio_min"].min()), float(table["grad_ratio_max"].max())
     if world > 1 and abs(hi / world - 1) < 0.01:
         return "summed", (f"gradients are {hi:.4g} x the single-process ones on {world} ranks: summed over the ranks "
-                          "instead of averaged (reported for FSDP2 on gloo, pytorch issue 162338)")
+                          "instead of averaged (reported for FSDP2 on gloo, "
+                          "github.com/pytorch/pytorch/issues/162338)")
     bad_grad = table[((table["grad_ratio_min"] - 1).abs() > grad_tol) | ((table["grad_ratio_max"] - 1).abs() > grad_tol)
                      | (table["grad_rel_err_max"] > grad_tol) | table["grad_rel_err_max"].isna()]
     bad_loss = table[~(table["loss_rel_diff"] <= loss_rtol)]

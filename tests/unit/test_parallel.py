@@ -1,7 +1,7 @@
 """The pure parts beyond data parallelism: config refusals by field, the forms (tensor parallelism, the bubble, a
 pipeline step, memory per GPU), the planner's layouts, the bubble measured on hand-made events, TP collectives
 against the form, and the single-process check, including a planted summing bug (what FSDP2 on gloo was reported
-to do, pytorch issue 162338) that it must name."""
+to do, github.com/pytorch/pytorch/issues/162338) that it must name."""
 
 from types import SimpleNamespace
 

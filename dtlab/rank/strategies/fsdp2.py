@@ -11,7 +11,7 @@ on each unit, with subclasses of torch's default implementations that time each 
 nccl-tests convention, phase, the unit's layer, the reduce op). FSDP2 unshards synchronously unless it
 prefetches (async_op): a synchronous call is both its interval and time blocked; an asynchronous one is issued
 and its end is unknown to the wrapper (t_end None). The reduce op is recorded: FSDP2 on gloo was reported to sum
-gradients instead of averaging them (pytorch issue 162338), which `reference=True` catches
+gradients instead of averaging them (github.com/pytorch/pytorch/issues/162338), which `reference=True` catches
 (dtlab.rank.reference, dtlab.results.reference).
 
 `expected_bytes_per_step` (config.json) is what the units' padded sizes say a steady step moves: every unit

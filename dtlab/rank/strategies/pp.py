@@ -17,8 +17,8 @@ What a rank records, besides dtlab's step events:
   starts a step together (a barrier before the clock starts), so dtlab.results.pipeline measures the bubble on
   one clock: 1 - sum over stages of busy time / (P x the longest t_pipe).
 
-The schedules use batch_isend_irecv, reported to hang on gloo (pytorch issue 132644); with torch 2.13 on gloo
-they run (tested). t_fwd is the time until this stage's last forward ended, t_bwd from there to the end of its
+The schedules use batch_isend_irecv, reported to hang on gloo (github.com/pytorch/pytorch/issues/132644); with
+torch 2.13 on gloo they run (tested). t_fwd is the time until this stage's last forward ended, t_bwd from there to the end of its
 schedule and the gradient average (1F1B interleaves backwards before the last forward), t_opt the optimizer.
 """
 
