@@ -19,6 +19,7 @@ so is every wait for one; step events carry t_blocked.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from dtlab.config.run import RunConfig
@@ -70,7 +71,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     if rank == 0:
         record_resolved(run_dir, cfg, b.backend, b.device, {
             **b.sources, "tp_form": form, "local_param_bytes": local_grad,
-            "expected_bytes_per_step": {"all_reduce": world * per_rank},
+            "expected_bytes_per_step": {"all_reduce": world * per_rank} if cfg.record else {},
             "collective_recording": "TorchDispatchMode over DTensor's functional collectives (dtlab.rank.collectives)"},
             world)
     writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
@@ -83,10 +84,12 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         opt.zero_grad(set_to_none=True)  # before the clock: the reference compares the gradients after the step
         t0 = time.perf_counter()
         rec.begin(step, t0)
-        with FuncolMode(rec, "tp", tracker) as mode:
+        mode = FuncolMode(rec, "tp", tracker) if cfg.record else contextlib.nullcontext()
+        with mode:
             out = model(**batch)
             t_f = time.perf_counter()
             out.loss.backward()
+        if cfg.record:
             mode.close()
         rec.phase = "backward"
         dp_sync(params, b.mesh, rec)
