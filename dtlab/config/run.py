@@ -77,8 +77,9 @@ class RunConfig(JobConfig):
     fields (backend, out, timeout_s, nodes and rendezvous) are JobConfig's, shared with CalibConfig."""
 
     strategy: str = "ddp"
-    """'ddp' (PyTorch DistributedDataParallel), 'zero3' (DeepSpeed ZeRO stage 3) or 'ps' (DDP's buckets reduced
-    to rank 0 and broadcast back: a parameter server colocated with rank 0); see dtlab.config.strategies."""
+    """'ddp' (PyTorch DistributedDataParallel), 'zero3' (DeepSpeed ZeRO stage 3), 'ps' (DDP's buckets reduced
+    to rank 0 and broadcast back: a parameter server colocated with rank 0), 'fsdp2' (PyTorch's fully_shard),
+    'tp' (Megatron-style tensor parallelism) or 'pp' (a pipeline of stages); see dtlab.config.strategies."""
     nproc: int | None = None
     """Number of ranks (processes) on each node. None: one per GPU and at least 2 (2 gloo ranks on a machine
     without a GPU; on one GPU, 2 ranks share it: see dtlab.config.placement)."""
@@ -96,7 +97,8 @@ class RunConfig(JobConfig):
     """Extra steps run after the timed ones with DDP's no-op comm hook: they measure T_comp. None: 3 for
     strategies 'ddp' and 'ps', 0 for 'zero3' (which has no no-op baseline)."""
     batch_size: int = 8
-    """Samples per rank per step (the global batch is batch_size x nproc)."""
+    """Samples per rank per step (the global batch is batch_size x nproc); for 'tp' and 'pp', whose ranks share
+    one batch, per data-parallel replica (the global batch is batch_size x dp_degree)."""
     seq_len: int = 128
     """Tokens per sample; every input is padded/truncated to exactly this length."""
     model: str = "distilbert"
@@ -146,6 +148,21 @@ class RunConfig(JobConfig):
     """Save a torch.distributed.checkpoint every N training steps into RUN/checkpoints/ (0: off); see dtlab.results.restarts."""
     max_restarts: int = 0
     """torchrun --max-restarts: restarts of a group whose rank died, each resuming from the newest checkpoint."""
+    microbatches: int = 1
+    """Micro-batches M per step of a pipeline (strategy 'pp'): the batch is cut into M equal parts that flow
+    through the stages one after another (batch_size must divide by M); see dtlab.config.parallel."""
+    pp_schedule: str = "gpipe"
+    """A pipeline's schedule: 'gpipe' (every forward, then every backward) or '1f1b' (one forward, one backward:
+    at most P micro-batches' activations in flight; needs microbatches >= the P stages)."""
+    dp_degree: int = 1
+    """Data-parallel replicas of a model-parallel layout ('tp', 'pp'): the ranks form a dp_degree x
+    (ranks / dp_degree) DeviceMesh, each replica trains on its own batch and the replicas average gradients."""
+    dropout: float | None = None
+    """Dropout probability of every dropout layer; None keeps the model's own (DistilBERT: 0.1, and 0.2 before
+    the classifier). 0 makes a run comparable, step by step, with a single process (`reference`)."""
+    reference: bool = False
+    """Every rank also trains an unparallelised copy of the model on the step's global batch and records how its
+    loss and gradients compare with it (strategies 'tp', 'pp', 'fsdp2'; needs dropout 0); results.reference."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -218,6 +235,8 @@ class RunConfig(JobConfig):
         from dtlab.config.stragglers import validate_straggler
         validate_straggler(self)
         validate_restarts(self)
+        from dtlab.config.parallel import validate_parallel
+        validate_parallel(self)
         self.validate_job()  # the launch fields, nodes and rendezvous last (they fill in rdzv_id)
         return self
 

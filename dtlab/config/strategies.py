@@ -38,10 +38,20 @@ class StrategySpec:
     needs_record: bool = False
     """The recording hook is the strategy's own transport: `record=False` is refused."""
     blocked_time: bool = False
-    """Its collectives overlap compute on side streams, so exposed communication is measured as time blocked
-    (T_comp = T_step - t_blocked), not as T_step minus a no-op baseline."""
+    """Exposed communication is measured as the time the rank was blocked waiting for its collectives
+    (T_comp = T_step - t_blocked), not as T_step minus a no-op baseline: its collectives may overlap compute
+    (ZeRO-3's side streams) or sit on the compute path (tensor parallelism, a pipeline's sends and receives)."""
     shards: bool = False
     """Parameters, gradients and optimizer state are partitioned over the ranks (one rank shards nothing)."""
+    model_axis: str | None = None
+    """How one replica splits the model over its ranks: 'tp' (each layer's weights, Megatron-style), 'pp'
+    (the layers, into pipeline stages) or None (every rank runs the whole model)."""
+    microbatches: bool = False
+    """A pipeline's `microbatches` and `pp_schedule` apply."""
+    mesh: bool = False
+    """`dp_degree` > 1 applies: data-parallel replicas of its model-parallel layout on a 2-D DeviceMesh."""
+    reference: bool = False
+    """`reference`: every rank also trains a single-process copy and records how loss and gradients compare."""
     gloo_cuda_note: str = ""
     """What gloo on CUDA tensors (ranks sharing a GPU before NCCL 2.30) means for this strategy's numbers."""
 
@@ -54,7 +64,9 @@ class StrategySpec:
 
 #: Which spec field says whether a strategy supports a RunConfig field.
 SUPPORT_FIELDS = {"baseline_steps": "compute_baseline", "comm_hook": "comm_hooks", "accumulate": "accumulate",
-                  "straggler": "stragglers", "checkpoint_every": "checkpoints", "max_restarts": "checkpoints"}
+                  "straggler": "stragglers", "checkpoint_every": "checkpoints", "max_restarts": "checkpoints",
+                  "microbatches": "microbatches", "pp_schedule": "microbatches", "dp_degree": "mesh",
+                  "reference": "reference"}
 
 
 def _supports(spec: StrategySpec, field: str) -> bool:
@@ -72,6 +84,13 @@ STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in (
                  gloo_cuda_note="ZeRO-3 runs DeepSpeed's CUDA accelerator over gloo: each all-gather and reduce-scatter "
                                 "is copied to host memory and back, and gloo's reduce-scatter is an all-reduce then a "
                                 "chunk (twice the data)"),
+    StrategySpec(name="fsdp2", module="dtlab.rank.strategies.fsdp2", title="PyTorch FSDP2 fully_shard (fsdp2)",
+                 records="collectives", blocked_time=True, shards=True, reference=True),
+    StrategySpec(name="tp", module="dtlab.rank.strategies.tp", title="tensor parallel, Megatron-style (tp)",
+                 records="collectives", blocked_time=True, model_axis="tp", mesh=True, reference=True),
+    StrategySpec(name="pp", module="dtlab.rank.strategies.pp", title="pipeline parallel (pp)",
+                 records="collectives", blocked_time=True, model_axis="pp", microbatches=True, mesh=True,
+                 reference=True),
 )}
 
 

@@ -112,12 +112,26 @@ def _byte_problems(run) -> list[str]:
         if len(off):
             return [f"rank {off.index[0][0]} step {off.index[0][1]} all-reduced {int(off.iloc[0]):,} B, not the "
                     f"{want:,} B of its gradients"]
+    elif records == "collectives" and res.get("expected_bytes_per_step") is not None:
+        return _op_byte_problems(run, res["expected_bytes_per_step"])
     elif records == "collectives":
         c = run.collectives
         rs = c[c["op"] == "reduce_scatter"].groupby(["rank", "step"])["nbytes"].sum() if not c.empty else c
         exp = res.get("expected_reduce_scatter_bytes_per_step")
         if c.empty or exp is None or (rs != int(exp)).any():
             return ["its reduce-scatter bytes per rank-step are not the engine's expected bytes"]
+    return []
+
+
+def _op_byte_problems(run, expected: dict) -> list[str]:
+    """Runs that say what their layout moves per step (tp, pp, fsdp2: `expected_bytes_per_step`, op -> bytes over
+    all ranks): every step's recorded bytes of each op must be exactly that."""
+    c = run.collectives
+    steps = set(range(int(run.config.get("steps", 0))))
+    for op, want in expected.items():
+        got = c[(c["op"] == op) & (c["step"] >= 0)].groupby("step")["nbytes"].sum() if not c.empty else c
+        if set(int(s) for s in got.index) != steps or (got != int(want)).any():
+            return [f"its {op} bytes per step are not the {int(want):,} B its layout moves"]
     return []
 
 

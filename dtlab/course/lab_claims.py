@@ -1,6 +1,7 @@
 """The claims labs 5 to 8 print, each built from the runs on screen (dtlab.course.claims); the ones about noisy
-measurements themselves (labs 0, 1 and 7, and the note on a poor fit) are in dtlab.course.noise_claims and
-re-exported here, so a lab imports this one module.
+measurements themselves (labs 0, 1 and 7, and the note on a poor fit) are in dtlab.course.noise_claims, lab 10's
+about tensor and pipeline parallelism in dtlab.course.parallel_claims; both are re-exported here, so a lab imports
+this one module.
 
 One function per statement a lab makes about an outcome. Each takes what the lab measured, computes the
 model's expectation it names, and, when this machine disagrees, gives the reason with the measurement that
@@ -256,3 +257,4 @@ def ring_claim(timings: pd.DataFrame, rel_rms: float):
 
 # claims about noisy measurements themselves, in their own module (re-exported for the labs)
 from dtlab.course.noise_claims import backward_claim, exposed_claim, fit_note, smoke_claim  # noqa: E402,F401
+from dtlab.course.parallel_claims import bubble_falls_claim, bubble_theory_claim, tp_count_claim  # noqa: E402,F401

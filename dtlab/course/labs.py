@@ -92,6 +92,9 @@ LABS = {
          c(nproc=1, backend="gloo", nnodes=2)), ("calibration inside a node", _cal(2))]),
     "08": ("build it yourself", lambda c: [("exercises (2 ranks on CPU tensors, by design)", _cal(2).replace(
         device="cpu")), ("calibration", _cal(2, backend="gloo"))]),
+    "10": ("tensor and pipeline parallelism", lambda c: [
+        ("tensor-parallel and pipeline runs (2 ranks)", c(nproc=2, strategy="tp", baseline_steps=0)),
+        ("calibration", _cal(2))]),
 }
 
 

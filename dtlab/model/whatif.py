@@ -17,7 +17,7 @@ import pandas as pd
 
 from dtlab.model import buckets as bk
 from dtlab.model import costmodel
-from dtlab.config.models import TINY_ARCH
+from dtlab.config.models import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
 from dtlab.units import fmt_mib
 
 
@@ -105,7 +105,7 @@ def _distilbert_shapes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072
 
 def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta,
            form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0, collective=None,
-           contention: float = 1.0) -> dict:
+           tp: dict | None = None, contention: float = 1.0) -> dict:
     """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
 
     t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds *per rank*. They are
@@ -119,6 +119,10 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     Both from :func:`dtlab.model.compression.compression_from_run` for a measured hook.
     collective: optional function bytes -> seconds pricing one bucket's all-reduce instead of alpha, beta
     and form (e.g. a two-level model from :mod:`dtlab.model.hierarchy`); it gets the bytes on the wire.
+    tp: tensor parallelism inside each replica, {"degree": t, "allreduces": 4 L, "allreduce_bytes": b s h x 4}
+    (:func:`tp_setting`): the nproc GPUs form nproc // t replicas of t; compute, optimizer and gradients per rank
+    shrink by t (an estimate: the split is taken as even), and the 4 L all-reduces over t ranks, priced with
+    alpha, beta and form, sit on the compute path (half in forward, half in backward): `tp_comm` in the result.
     contention: how many times longer an all-reduce takes while backward compute runs beside it (1: none;
     :func:`contention_from_profile` gives the measured factor); a bucket in flight before backward ends is priced
     at that rate, after it at the idle one (:func:`dtlab.model.buckets.simulate_queue`).
@@ -134,6 +138,17 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     0: no communication.
     """
     sizes = list(param_nbytes_in_ready_order)
+    gpus = int(nproc)
+    tp_degree, tp_comm = 1, 0.0
+    if tp is not None and int(tp["degree"]) > 1:
+        tp_degree = int(tp["degree"])
+        tp_comm = float(tp["allreduces"]) * float(costmodel.collective_time("all_reduce", form, alpha, beta,
+                                                                            tp["allreduce_bytes"], tp_degree))
+        t_fwd = float(t_fwd) / tp_degree + tp_comm / 2
+        t_bwd_comp = float(t_bwd_comp) / tp_degree + tp_comm / 2
+        t_opt = float(t_opt) / tp_degree
+        sizes = [int(round(s / tp_degree)) for s in sizes]
+        nproc = max(1, gpus // tp_degree)
     if not np.isfinite(ratio) or not 0 < ratio <= 1:
         raise ValueError(f"ratio (bytes on the wire / gradient bytes) must be in (0, 1], got {ratio!r}")
     if not np.isfinite(encode_s_per_byte) or encode_s_per_byte < 0:
@@ -155,14 +170,23 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
                           loaded=None if contention == 1 else contention * durations)
     out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations,
                t_fwd=float(t_fwd), t_bwd_comp=float(t_bwd_comp), t_opt=float(t_opt), bucket_mb=float(bucket_mb),
-               nproc=int(nproc), alpha=float(alpha), beta=float(beta), form=form, ratio=float(ratio),
-               encode_s_per_byte=float(encode_s_per_byte), contention=float(contention))
+               nproc=gpus, alpha=float(alpha), beta=float(beta), form=form, ratio=float(ratio),
+               encode_s_per_byte=float(encode_s_per_byte), tp_degree=tp_degree, tp_comm=tp_comm,
+               dp=int(nproc), contention=float(contention))
     return out
+
+
+def tp_setting(degree: int, n_layers: int, tokens: int, hidden: int, itemsize: int = 4) -> dict:
+    """:func:`whatif`'s `tp`: Megatron tensor parallelism of degree t, 4 all-reduces per block and step of
+    tokens x hidden x itemsize bytes (tokens = batch x sequence length per rank)."""
+    from dtlab.model.parallel import tp_allreduces
+    return {"degree": int(degree), "allreduces": tp_allreduces(n_layers),
+            "allreduce_bytes": int(tokens) * int(hidden) * int(itemsize)}
 
 
 def whatif_sweep(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs, alpha, beta,
                  form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0,
-                 contention: float = 1.0) -> pd.DataFrame:
+                 tp: dict | None = None, contention: float = 1.0) -> pd.DataFrame:
     """Run :func:`whatif` for each (nproc, bucket_mb) in `configs`; one row per configuration.
 
     Same units and assumptions as :func:`whatif` (per-rank compute independent of nproc). Columns:
@@ -173,7 +197,7 @@ def whatif_sweep(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs,
     rows = []
     for nproc, bucket_mb in configs:
         r = whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta, form,
-                   ratio, encode_s_per_byte, contention=contention)
+                   ratio, encode_s_per_byte, tp=tp, contention=contention)
         rows.append({"label": config_label(nproc, bucket_mb), "nproc": int(nproc), "bucket_mb": float(bucket_mb),
                      "n_buckets": r["n_buckets"], "t_comp": r["t_comp"], "t_comm": r["t_comm"],
                      "exposed": r["exposed"], "t_step": r["t_step"], "overlap": r["overlap"]})

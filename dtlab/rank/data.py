@@ -58,6 +58,17 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
     return Built(m, tok, f"DistilBertConfig() random init, {why}", tok_src)
 
 
+def apply_dropout(model, p: float | None) -> None:
+    """Set every dropout layer's probability to `p` (`RunConfig.dropout`; None leaves the model's own).
+    DistilBERT's attention reads its dropout's `p` at call time, so this reaches the attention weights too."""
+    if p is None:
+        return
+    import torch
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = float(p)
+
+
 def load_failure_reason(e: BaseException, local_only: bool) -> str:
     """Why `from_pretrained` failed, in words a run table can show (not just the exception's class name)."""
     text = " ".join(str(e).split())

@@ -50,6 +50,10 @@ SCHEMA = {
     "load_done": {"rank": (INT, _REQ), "passes": (INT, _OPT)},
     "load_pass": {"rank": (INT, _REQ), "round": (INT, _OPT), "passes": (INT, _OPT), "left": (INT, _OPT)},
     "calib": {"rank": (INT, _REQ), "round": (INT, _REQ), "rounds": (INT, _REQ)},
+    "microbatch": {"rank": (INT, _REQ), "step": (INT, _REQ), "stage": (INT, _REQ), "microbatch": (INT, _REQ),
+                   "phase": (STR, _REQ), "t_start": (NUM, _REQ), "t_end": (NUM, _REQ)},
+    "reference": {"rank": (INT, _REQ), "step": (INT, _REQ), "ref_loss": (NUM, _REQ), "loss": (NUM, _OPT),
+                  "grad_ratio": (NUM, _OPT), "grad_rel_err": (NUM, _OPT), "params_compared": (INT, _OPT)},
 }
 
 

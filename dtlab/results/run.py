@@ -44,6 +44,8 @@ BLOCKED_COLUMNS = ["rank", "step", "phase", "op", "how", "seq", "t_start", "t_en
 MEMORY_COLUMNS = ["rank", "params_bytes", "grads_bytes", "optim_bytes", "peak_bytes", "peak_kind"]
 RANK_COLUMNS = ["rank", "node", "local_rank", "host", "pid", "slot"]
 DAMAGE_COLUMNS = ["file", "line", "what", "tolerated"]
+MICROBATCH_COLUMNS = ["rank", "step", "stage", "microbatch", "phase", "t_start", "t_end"]
+REFERENCE_COLUMNS = ["rank", "step", "loss", "ref_loss", "grad_ratio", "grad_rel_err", "grad_max_abs_diff"]
 
 
 @dataclass
@@ -78,6 +80,10 @@ class Run:
     """Recoverable damage found while reading (sentences naming file, line and what); see dtlab.results.status."""
     damage: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DAMAGE_COLUMNS))
     """One row per event line skipped (tolerated=False) or tolerated (a torn last line): file, line, what."""
+    microbatches: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MICROBATCH_COLUMNS))
+    """A pipeline ('pp'): every forward and backward a stage computed, per micro-batch (s from the step start)."""
+    references: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REFERENCE_COLUMNS))
+    """With `reference`: per rank and step, the single-process copy's loss and how the rank's gradients compare."""
 
     @property
     def warmup(self) -> int:
@@ -185,6 +191,16 @@ class Run:
             ("overlap", overlap, "fraction", how_overlap),
         ], columns=["quantity", "value", "unit", "how"])
 
+    def bubble(self):
+        """A pipeline run's measured bubble beside the (P-1)/(M+P-1) theory: `dtlab.results.pipeline.bubble`."""
+        from dtlab.results.pipeline import bubble
+        return bubble(self)
+
+    def reference_check(self):
+        """How a run with `reference` compares with its single-process copy: `dtlab.results.reference.check`."""
+        from dtlab.results.reference import check
+        return check(self)
+
     def to_chrome_trace(self, path: str | None = None):
         """The run as a Chrome / Perfetto trace (one process per rank; compute and communication tracks): the
         dict, or the path written when `path` is given. See `dtlab.results.trace`."""
@@ -231,7 +247,8 @@ def load_run(path: str) -> Run:
     for w in rec.warnings:
         warnings.warn(f"{path}: {w}", RunDamageWarning, stacklevel=2)
     rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
-                                             "ddp_stats", "blocked", "checkpoint", "restart", "start")}
+                                             "ddp_stats", "blocked", "checkpoint", "restart", "start",
+                                             "microbatch", "reference")}
     ddp_logging = {}
     for ev in rec.events():
         ev = dict(ev)
@@ -258,6 +275,8 @@ def load_run(path: str) -> Run:
         ddp_stats=_frame(rows["ddp_stats"], ["rank", "step"]),
         blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]), ranks=ranks,
         warnings=list(rec.warnings), damage=_frame(rec.damage(), DAMAGE_COLUMNS, sort=["file", "line"]),
+        microbatches=_frame(rows["microbatch"], MICROBATCH_COLUMNS, sort=["rank", "step", "t_start"]),
+        references=_frame(rows["reference"], REFERENCE_COLUMNS),
         **{name: _frame(rows_rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
            for name, cols in FRAMES.items()})
 

@@ -56,7 +56,8 @@ class Explorer(widgets.VBox):
     """The explorer widget returned by :func:`explorer`.
 
     Attributes for notebooks and tests:
-      sliders        dict of the controls: nproc, bucket_mb, alpha_us, bandwidth_gbs, ratio, contention, form, sweep
+      sliders        dict of the controls: nproc, tp, bucket_mb, alpha_us, bandwidth_gbs, ratio, contention, form,
+                     sweep
       figures        dict of FigureWidgets: breakdown, timeline
       state          the :class:`dtlab.viz.explorer_state.ExplorerState` (inputs, where alpha/beta come from)
       result         the latest :func:`dtlab.model.whatif.whatif` dict (current setting)
@@ -66,13 +67,16 @@ class Explorer(widgets.VBox):
       redraw_times   every redraw's seconds, oldest first (the first is the warm-up redraw at build time)
     """
 
-    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None):
+    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None,
+                 tp_shape=None):
         self.state = st = ExplorerState(profile=profile, compute=compute, measured=measured,
-                                        param_nbytes=param_nbytes, compression=compression)
+                                        param_nbytes=param_nbytes, compression=compression, tp_shape=tp_shape)
         buttons = dict(_STYLE, button_width="110px")
         self.sliders = {
             "nproc": widgets.IntSlider(value=st.nproc0, min=1, max=64, step=1, description="GPU count p",
                                        continuous_update=True, style=_STYLE, layout=widgets.Layout(width="480px")),
+            "tp": widgets.SelectionSlider(options=st.tp_options, value=1, description="TP degree t",
+                                          continuous_update=True, style=_STYLE, layout=widgets.Layout(width="480px")),
             "bucket_mb": _log_slider("bucket_mb", st.bucket0, st.bucket_range),
             "alpha_us": _log_slider("alpha_us", st.ref["alpha"] * 1e6),
             "bandwidth_gbs": _log_slider("bandwidth_gbs", 1.0 / st.ref["beta"] / 1e9),
@@ -99,7 +103,7 @@ class Explorer(widgets.VBox):
         self._compute_model()
         self.figures = {"breakdown": go.FigureWidget(self._breakdown_fig()),
                         "timeline": go.FigureWidget(self._timeline_fig())}
-        for name in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs", "ratio", "contention", "sweep"):
+        for name in ("nproc", "tp", "bucket_mb", "alpha_us", "bandwidth_gbs", "ratio", "contention", "sweep"):
             self.sliders[name].observe(self._on_change, names="value")
         self.sliders["form"].observe(self._on_form, names="value")
         for name in ("alpha_us", "bandwidth_gbs", "contention"):  # their origin line in the label changes too
@@ -109,7 +113,7 @@ class Explorer(widgets.VBox):
             self.sliders["bucket_mb"].layout.display = "none"
             self.sliders["sweep"].layout.display = "none"
         self._update_source_label()
-        controls = widgets.VBox([self.sliders[k] for k in ("nproc", "bucket_mb", "alpha_us", "bandwidth_gbs",
+        controls = widgets.VBox([self.sliders[k] for k in ("nproc", "tp", "bucket_mb", "alpha_us", "bandwidth_gbs",
                                                            "ratio", "contention", "form", "sweep")]
                                 + [self.redraw_label])
         super().__init__(children=[self._source_label, controls, self.figures["breakdown"],
@@ -139,8 +143,9 @@ class Explorer(widgets.VBox):
     def _breakdown_fig(self) -> go.Figure:
         p, sweep = self.params(), self.sliders["sweep"].value
         across = "GPU count" if sweep == "nproc" else "bucket size"
+        tp = f", TP degree t = {p['tp']}" if p["tp"] > 1 else ""
         title = (f"Predicted step across {across}<br>{p['form']} form, α = {p['alpha'] * 1e6:.3g} µs, "
-                 f"1/β = {1 / p['beta'] / 1e9:.3g} GB/s, compression r = {p['ratio']:.3g}; outlined bar: current setting")
+                 f"1/β = {1 / p['beta'] / 1e9:.3g} GB/s, compression r = {p['ratio']:.3g}{tp}; outlined bar: current setting")
         return predicted_breakdown_figure(self.sweep, self.state.measured_overlay(p, sweep),
                                           highlight=config_label(p["nproc"], p["bucket_mb"]), title=title)
 
@@ -225,7 +230,8 @@ def persist(widget: go.FigureWidget) -> None:
     widget._widget_layout = copy.deepcopy(widget._layout_obj._props)
 
 
-def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compression=None) -> Explorer:
+def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compression=None,
+             tp_shape=None) -> Explorer:
     """Build the interactive DDP step explorer (display it as the last expression of a cell).
 
     profile: a :class:`dtlab.model.profile.Profile`; alpha/beta start from its all_reduce fit (and its form),
@@ -246,11 +252,15 @@ def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compr
     compression: dict with ratio (bytes on the wire / gradient bytes), encode_s_per_byte (s/B) and source,
     e.g. :func:`dtlab.model.compression.compression_from_run` of a run with a comm hook; default r = 1.
 
-    Controls: GPU count, bucket size (MiB), alpha (µs), bandwidth 1/beta (GB/s), compression r (bytes on the
-    wire / gradient bytes: it scales the bandwidth term), ring/textbook, and whether
+    tp_shape: what the TP-degree control's all-reduces carry: n_layers, hidden, n_heads, tokens (batch x sequence
+    length per rank) and source; default DistilBERT at 32 x 128 tokens, labelled as assumed.
+
+    Controls: GPU count, TP degree t (Megatron tensor parallelism inside each of p // t replicas:
+    :func:`dtlab.model.whatif.whatif`'s `tp`), bucket size (MiB), alpha (µs), bandwidth 1/beta (GB/s), compression r
+    (bytes on the wire / gradient bytes: it scales the bandwidth term), ring/textbook, and whether
     the bars run across GPU counts or bucket sizes. A change only re-evaluates the model (nothing is run)
     and the redraw time is shown under the controls. Returns an :class:`Explorer` (an ipywidgets.VBox) with
     ``.sliders``, ``.figures``, ``.state``, ``.result``, ``.sweep`` and ``.last_redraw_s``.
     """
     return Explorer(profile=profile, compute=compute, measured=measured, param_nbytes=param_nbytes,
-                    compression=compression)
+                    compression=compression, tp_shape=tp_shape)

@@ -33,6 +33,10 @@ DEFAULT_BUCKET_MB = 25.0
 #: The contention control: loaded / idle all-reduce time, from 1 (none) up to this, in these steps.
 CONTENTION_MAX = 10.0
 CONTENTION_STEP = 0.05
+#: What the TP-degree control's all-reduces carry when no `tp_shape` is given: DistilBERT's blocks at the
+#: placeholder compute's batch, *assumed*.
+DEFAULT_TP_SHAPE = {"n_layers": 6, "hidden": 768, "n_heads": 12, "tokens": 32 * 128,
+                    "source": "assumed: DistilBERT's 6 blocks of hidden 768 at 32 x 128 tokens per rank"}
 #: x values of the breakdown figure (the current slider value is always added).
 SWEEP_NPROC = (1, 2, 4, 8, 16, 32, 64)
 SWEEP_BUCKET_MB = (0.25, 1.0, 5.0, 25.0, 100.0, 400.0, 1024.0)
@@ -60,8 +64,15 @@ class ExplorerState:
     control changes).
     """
 
-    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None):
+    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None,
+                 tp_shape=None):
         notes = []
+        # ---- tensor parallelism: the blocks and activations its all-reduces carry (the TP-degree control)
+        self.tp_shape = dict(tp_shape) if tp_shape is not None else dict(DEFAULT_TP_SHAPE)
+        for k in ("n_layers", "hidden", "n_heads", "tokens"):
+            if not isinstance(self.tp_shape.get(k), (int, np.integer)) or self.tp_shape[k] < 1:
+                raise ValueError(f"tp_shape must give {k} as an integer >= 1, got {self.tp_shape.get(k)!r}")
+        self.tp_options = [t for t in range(1, 65) if self.tp_shape["n_heads"] % t == 0]
         # ---- compression r (bytes on the wire / gradient bytes) and encode cost: a measured hook, else none
         self.comp = dict(compression) if compression is not None else \
             {"ratio": 1.0, "encode_s_per_byte": 0.0, "source": "no compression (r = 1)"}
@@ -161,7 +172,8 @@ class ExplorerState:
         r, encode, _ = compression_setting(self.comp, values.get("ratio", self.comp["ratio"]))
         return {"nproc": int(values["nproc"]), "bucket_mb": float(values["bucket_mb"]), "alpha": alpha,
                 "beta": beta, "form": values["form"], "ratio": r, "encode_s_per_byte": encode,
-                "contention": float(values.get("contention", self.contention0))}
+                "contention": float(values.get("contention", self.contention0)),
+                "tp": int(values.get("tp", 1))}
 
     def contention_line(self, values: dict) -> str:
         """What the contention control means now and where its value comes from."""
@@ -171,6 +183,31 @@ class ExplorerState:
         origin = self.contention_how if abs(c - self.contention0) < CONTENTION_STEP / 2 else \
             f"moved by you (from ×{self.contention0:.3g}: {self.contention_how})"
         return f"{what} ({origin})"
+
+    def tp(self, p: dict) -> dict | None:
+        """:func:`dtlab.model.whatif.tp_setting` for the setting's TP degree (None at t = 1)."""
+        if p["tp"] <= 1:
+            return None
+        s = self.tp_shape
+        return wi.tp_setting(p["tp"], s["n_layers"], s["tokens"], s["hidden"])
+
+    def tp_line(self, values: dict) -> str:
+        """The label's line on tensor parallelism: what t does to the model, where its sizes come from."""
+        p = self.params(values)
+        s = self.tp_shape
+        src = html.escape(s.get("source", "given by the caller"))
+        if p["tp"] <= 1:
+            return f"t = 1: no tensor parallelism (the control splits each block over t GPUs; sizes {src})"
+        tp = self.tp(p)
+        from dtlab.model import costmodel
+        each = float(costmodel.collective_time("all_reduce", p["form"], p["alpha"], p["beta"], tp["allreduce_bytes"],
+                                               p["tp"]))
+        dp = max(1, p["nproc"] // p["tp"])
+        warn = "" if p["nproc"] % p["tp"] == 0 and p["nproc"] >= p["tp"] else \
+            f" (p = {p['nproc']} is not a multiple of t: {dp} replica(s) of t)"
+        return (f"t = {p['tp']}: {dp} replica(s) of {p['tp']} GPUs{warn}; per step {tp['allreduces']} all-reduces of "
+                f"{fmt_bytes(tp['allreduce_bytes'])} over t ranks on the compute path ({each * tp['allreduces'] * 1e3:.3g} ms); "
+                f"compute, optimizer and gradients per GPU / t (an estimate); sizes {src}")
 
     def sources(self, values: dict) -> dict:
         """'alpha' and 'beta' -> one line saying which value the model uses and where it comes from."""
@@ -198,6 +235,7 @@ class ExplorerState:
                      "(r = bytes on the wire / gradient bytes)")
         lines.append(f"<b>buckets</b>: {self.bucket_line(values['bucket_mb'])}")
         lines.append(f"<b>compute contention</b>: {html.escape(self.contention_line(values))}")
+        lines.append(f"<b>tensor parallelism</b>: {self.tp_line(values)}")
         return f"<div style='font-size:90%;line-height:1.35'>{'<br>'.join(lines)}<br>{self.static_info}</div>"
 
     def bucket_line(self, bucket_mb: float) -> str:
@@ -292,7 +330,7 @@ class ExplorerState:
         c = self.compute
         lever = (p["ratio"], p["encode_s_per_byte"])
         result = wi.whatif(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, p["bucket_mb"], p["nproc"],
-                           p["alpha"], p["beta"], p["form"], *lever, contention=p["contention"])
+                           p["alpha"], p["beta"], p["form"], *lever, contention=p["contention"], tp=self.tp(p))
         sweep = wi.whatif_sweep(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, self.configs(p, values["sweep"]),
-                                p["alpha"], p["beta"], p["form"], *lever, contention=p["contention"])
+                                p["alpha"], p["beta"], p["form"], *lever, contention=p["contention"], tp=self.tp(p))
         return result, sweep

@@ -20,7 +20,8 @@ from labserver import browser_missing
 #: labs whose widgets must be there (the others may have none)
 
 
-WIDGETS = {"03_buckets_and_gpu_count.ipynb": 1, "05_shrinking_comm.ipynb": 1, "07_beyond_one_machine.ipynb": 1}
+WIDGETS = {"03_buckets_and_gpu_count.ipynb": 1, "05_shrinking_comm.ipynb": 1, "07_beyond_one_machine.ipynb": 1,
+           "10_tensor_and_pipeline.ipynb": 1}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -116,11 +116,23 @@ def lab08(run, text):
     assert list((run.folder / "profiles").glob("*/profile.json")) and not (run.folder / "runs").exists()
 
 
+def lab10(run, text):
+    """A tensor-parallel run that trains like one process, three pipeline runs with their bubbles, 1F1B holding P
+    micro-batches, the planner against the runs."""
+    assert "blocks: run.resolved['n_layers'] = 2; layout {'dp': 1, 'tp': 2, 'pp': 1}" in text
+    assert "verdict: equal: every step's loss within" in text
+    assert "1f1b, M = 4: micro-batches held at once per stage: {0: 2, 1: 1}" in text
+    assert "gpipe, M = 4: micro-batches held at once per stage: {0: 4, 1: 4}" in text
+    assert "compute: measured: every stage's forwards and backwards" in text and "interconnect: this machine" in text
+    assert len(list((run.folder / "runs").iterdir())) == 4 and list((run.folder / "profiles").glob("*/profile.json"))
+
+
 OUTPUT_CHECKS = {"00_setup_check.ipynb": lab00, "01_ddp_breakdown.ipynb": lab01,
                  "02_collectives_alpha_beta.ipynb": lab02, "03_buckets_and_gpu_count.ipynb": lab03,
                  "04_zero3_vs_ddp.ipynb": lab04,
                  "05_shrinking_comm.ipynb": lab05, "06_stragglers_ps_faults.ipynb": lab06,
-                 "07_beyond_one_machine.ipynb": lab07, "08_build_it_yourself.ipynb": lab08}
+                 "07_beyond_one_machine.ipynb": lab07, "08_build_it_yourself.ipynb": lab08,
+                 "10_tensor_and_pipeline.ipynb": lab10}
 #: claims each lab must print (ids): the statements about outcomes its text relies on
 
 
@@ -128,7 +140,8 @@ CLAIMS = {"00_setup_check.ipynb": {"lab00.sizes"}, "01_ddp_breakdown.ipynb": {"l
           "03_buckets_and_gpu_count.ipynb": {"lab03.contention"},
           "05_shrinking_comm.ipynb": {"lab05.fp16_bytes", "lab05.accumulate", "lab05.fp16_time"},
           "06_stragglers_ps_faults.ipynb": {"lab06.straggler_wait", "lab06.ps_vs_ring"},
-          "07_beyond_one_machine.ipynb": {"lab07.levels", "lab07.backward"}}
+          "07_beyond_one_machine.ipynb": {"lab07.levels", "lab07.backward"},
+          "10_tensor_and_pipeline.ipynb": {"lab10.tp_allreduces", "lab10.bubble_falls", "lab10.bubble_theory"}}
 
 
 @pytest.mark.parametrize("name", LABS)

@@ -27,12 +27,13 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
     """Process group, model, tokenizer and batches, shared by the DDP and ZeRO-3 paths."""
     import torch
 
-    from dtlab.rank.data import build_model, load_sentences
+    from dtlab.rank.data import apply_dropout, build_model, load_sentences
     from dtlab.rank.lifecycle import setup_distributed
 
     device, backend = setup_distributed(cfg, rank, world)
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
+    apply_dropout(built.model, getattr(cfg, "dropout", None))
     total_steps = cfg.steps + cfg.baseline_steps
     sentences, labels, data_src = load_sentences(cfg.data, total_steps * cfg.accumulate * cfg.batch_size * world,
                                                  cfg.seed)

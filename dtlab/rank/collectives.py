@@ -1,0 +1,218 @@
+"""The collective recorder of the strategies beyond data parallelism ('tp', 'pp', 'fsdp2'): every collective with
+its op, bytes (nccl-tests convention), phase, layer, mesh axis and interval, and every interval the training
+thread was blocked waiting for one, written as the `collective` and `blocked` events ZeRO-3 writes.
+
+How collectives reach it:
+- `FuncolMode`, a TorchDispatchMode, sees the functional collectives (`_c10d_functional.*`) that DTensor issues
+  for tensor parallelism. Their waits come two ways: an explicit `wait_tensor` op, or lazily when an
+  AsyncCollectiveTensor is first used by an aten op (the tensor-parallel styles issue with async_op=True). A mode
+  runs before the tensor subclass, so it sees that op first: it triggers the wait itself, where the subclass would
+  have, and times it. A collective's t_end is when its wait returned (on CPU the collective ran on gloo's thread
+  since its issue and the wait returns once it completed: an upper bound of its completion).
+- `record_call` times a collective issued by dtlab itself or through an extension point (FSDP2's custom
+  all-gather / reduce-scatter, the data-parallel gradient all-reduce): blocking calls, so the whole call is both
+  its interval and time blocked.
+- The pipeline's sends and receives are recorded by dtlab.rank.strategies.pp from the schedule's p2p helpers.
+
+`LayerTracker` names the transformer block and sublayer ('attention' or 'ffn') a collective belongs to: a forward
+pre-hook on each sublayer in forward, and in backward a hook on the gradient that each sublayer's backward starts
+from (its collective, the gradient of its input, comes at its end).
+
+Times are host wall clocks (time.perf_counter) in seconds from the step's start: exact on CPU (gloo); on CUDA
+they are host-side issue and wait times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from dtlab.intervals import union_length
+
+#: ops of the functional-collectives namespace that move no data
+_NOT_COLLECTIVES = {"_wrap_tensor_autograd", "wait_tensor"}
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward graph task on this thread."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def tensor_nbytes(t) -> int:
+    """Bytes of a tensor, or of a list of tensors."""
+    if isinstance(t, (list, tuple)):
+        return sum(tensor_nbytes(x) for x in t)
+    return int(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0
+
+
+class CommRecorder:
+    """Collects one step's collectives and blocked intervals; `flush()` writes them and returns the step's time
+    blocked (the union of its blocked intervals). `phase` is the loop's phase ('forward', 'optimizer'): a
+    collective issued while autograd runs backward is 'backward' whatever it says."""
+
+    def __init__(self, writer, rank: int):
+        self.writer, self.rank = writer, rank
+        self.step, self.phase, self._ref = -1, "init", time.perf_counter()
+        self._recs: list[dict] = []
+        self._blocked: list[dict] = []
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def begin(self, step: int, ref: float) -> None:
+        """Attribute what follows to `step`, times in seconds from `ref` (a perf_counter value)."""
+        self.step, self.phase, self._ref = step, "forward", ref
+
+    def now(self) -> float:
+        return time.perf_counter() - self._ref
+
+    def start(self, op: str, nbytes: int, axis: str, group_size: int, layer=None, sub=None, **extra) -> dict:
+        """A collective issued now; its `t_end` is set by `finish`."""
+        with self._lock:
+            seq, self._seq = self._seq, self._seq + 1
+        rec = {"step": self.step, "op": op, "nbytes": int(nbytes), "phase": "backward" if in_backward() else
+               self.phase, "axis": axis, "group_size": int(group_size), "layer": layer, "sublayer": sub,
+               "seq": seq, "t_start": self.now(), "t_end": None, **extra}
+        with self._lock:
+            self._recs.append(rec)
+        return rec
+
+    def finish(self, rec: dict, t_end: float | None = None) -> None:
+        rec["t_end"] = self.now() if t_end is None else t_end
+
+    def block(self, rec: dict, t_start: float, t_end: float, how: str) -> None:
+        """The training thread waited for `rec` from t_start to t_end (seconds from the step start)."""
+        with self._lock:
+            self._blocked.append({"step": rec["step"], "phase": rec["phase"], "op": rec["op"], "seq": rec["seq"],
+                                  "how": how, "t_start": t_start, "t_end": t_end})
+
+    def record_call(self, op: str, nbytes: int, axis: str, group_size: int, call, **extra):
+        """Run a blocking collective `call()` and record it: its interval is also time blocked."""
+        rec = self.start(op, nbytes, axis, group_size, **extra)
+        out = call()
+        self.finish(rec)
+        self.block(rec, rec["t_start"], rec["t_end"], "blocking_call")
+        return out
+
+    def flush(self) -> float:
+        """Write the recorded collectives and blocked intervals; return the union of the blocked intervals (s)."""
+        with self._lock:
+            recs, blocked, self._recs, self._blocked = self._recs, self._blocked, [], []
+        for r in recs:
+            self.writer.write("collective", rank=self.rank, **r)
+        for b in blocked:
+            self.writer.write("blocked", rank=self.rank, **b)
+        return float(union_length([(b["t_start"], b["t_end"]) for b in blocked if b["t_end"] is not None]))
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """A collective's output, keyed by its storage (views share it; c10d keys its work registry the same way)."""
+    return t.untyped_storage().data_ptr()
+
+
+class LayerTracker:
+    """Which transformer block and sublayer of `blocks` (DistilBERT's TransformerBlocks, layer index = position +
+    `first`) runs now, in forward and in backward (see the module docstring); `where()` -> (layer, sublayer) or
+    (None, None) outside them.
+
+    Forward: a pre-hook on each block's `attention` and `ffn`. Backward: a hook on the gradient of the input of the
+    LayerNorm that follows each sublayer (`sa_layer_norm` after the attention, `output_layer_norm` after the
+    feed-forward): that gradient is what the sublayer's backward starts from. (A hook on the sublayer's own output
+    would sit on the AsyncCollectiveTensor a row-parallel layer returns.)"""
+
+    def __init__(self, blocks, first: int = 0):
+        self.current = (None, None)
+        self._handles = []
+        for i, block in enumerate(blocks):
+            for sub, norm in (("attention", "sa_layer_norm"), ("ffn", "output_layer_norm")):
+                self._handles.append(getattr(block, sub).register_forward_pre_hook(self._enter(first + i, sub)))
+                self._handles.append(getattr(block, norm).register_forward_pre_hook(self._on_norm(first + i, sub)))
+
+    def _enter(self, layer, sub):
+        def hook(module, args):
+            self.current = (layer, sub)
+        return hook
+
+    def _on_norm(self, layer, sub):
+        def hook(module, args):
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(lambda grad: self._set(layer, sub))
+        return hook
+
+    def _set(self, layer, sub):
+        self.current = (layer, sub)
+
+    def where(self):
+        return self.current
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+class FuncolMode(TorchDispatchMode):
+    """Records DTensor's functional collectives into a CommRecorder (see the module docstring); `tracker` (a
+    LayerTracker) names the layer and sublayer of each."""
+
+    def __init__(self, recorder: CommRecorder, axis: str = "tp", tracker: LayerTracker | None = None):
+        super().__init__()
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor, _is_view_op
+        self.recorder, self.axis, self.tracker = recorder, axis, tracker
+        self._pending: dict[int, dict] = {}
+        self._act, self._is_view = AsyncCollectiveTensor, _is_view_op
+
+    def _where(self):
+        return self.tracker.where() if self.tracker is not None else (None, None)
+
+    def _waited(self, key: int, t0: float, how: str) -> None:
+        rec = self._pending.pop(key, None)
+        if rec is not None:
+            self.recorder.finish(rec)
+            self.recorder.block(rec, t0, rec["t_end"], how)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "_c10d_functional":
+            name = func.__name__.split(".")[0]
+            if name == "wait_tensor":
+                t0 = self.recorder.now()
+                out = func(*args, **kwargs)
+                self._waited(_storage_key(args[0]), t0, "wait")
+                return out
+            if name in _NOT_COLLECTIVES:
+                return func(*args, **kwargs)
+            layer, sub = self._where()
+            outs = None
+            rec = self.recorder.start(name, 0, self.axis, _group_size(args, kwargs), layer, sub)
+            out = func(*args, **kwargs)
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            # nccl-tests sizes: all-gather its output, every other op its input
+            rec["nbytes"] = tensor_nbytes(outs if "all_gather" in name else args[0])
+            for o in outs:
+                self._pending[_storage_key(o)] = rec
+            return out
+        if self._pending and not (func is torch.ops.aten.view.default or self._is_view(func)):
+            for a in tree_flatten((args, kwargs))[0]:
+                if isinstance(a, self._act) and not a.completed:  # its first use: the subclass would wait here
+                    t0 = self.recorder.now()
+                    a.trigger_wait()
+                    self._waited(_storage_key(a.elem), t0, "lazy_wait")
+        return func(*args, **kwargs)
+
+    def close(self) -> None:
+        """Collectives never waited for keep t_end None (their completion is unknown)."""
+        self._pending.clear()
+
+
+def _group_size(args, kwargs) -> int:
+    group = kwargs.get("group_name", args[-1] if args and isinstance(args[-1], str) else None)
+    try:
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        return dist.get_world_size(_resolve_process_group(group))
+    except Exception:  # noqa: BLE001 - a group the resolver does not know: size unknown
+        return -1

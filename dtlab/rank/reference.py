@@ -1,0 +1,73 @@
+"""The single-process reference a parallel run is checked against: an unparallelised copy of the model, made
+before the run split it, trained on each step's global batch (every replica's batch together) with the same
+optimizer. After each step a rank compares the gradients it holds with the copy's (`grad_agreement`): a
+tensor-parallel or FSDP2 shard through its full tensor, a pipeline stage its own layers.
+
+`grad_agreement` is the check: the ratio <g, r> / <r, r> (1 when the gradients agree; the world size when the
+ranks summed instead of averaging, as FSDP2 was reported to do on gloo,
+github.com/pytorch/pytorch/issues/162338), the relative error |g - r| / |r| and the largest absolute difference. dtlab.results.reference turns the records into a
+verdict.
+"""
+
+from __future__ import annotations
+
+
+def grad_agreement(pairs) -> dict:
+    """How gradients `got` agree with `ref`, over (got, ref) tensor pairs: grad_ratio <g, r> / <r, r>,
+    grad_rel_err |g - r| / |r| (2-norms over every pair), grad_max_abs_diff, ref_grad_max_abs and
+    params_compared. float64 sums, so the check itself adds no rounding worth the name."""
+    dot = rr = dd = 0.0
+    worst = ref_max = 0.0
+    n = 0
+    for got, ref in pairs:
+        g, r = got.detach().double().reshape(-1), ref.detach().double().reshape(-1)
+        if g.shape != r.shape:
+            raise ValueError(f"a gradient of {tuple(got.shape)} compared with a reference of {tuple(ref.shape)}")
+        dot += float(g @ r)
+        rr += float(r @ r)
+        dd += float((g - r) @ (g - r))
+        worst = max(worst, float((g - r).abs().max())) if g.numel() else worst
+        ref_max = max(ref_max, float(r.abs().max())) if r.numel() else ref_max
+        n += 1
+    return {"grad_ratio": dot / rr if rr > 0 else float("nan"),
+            "grad_rel_err": (dd / rr) ** 0.5 if rr > 0 else float("nan"),
+            "grad_max_abs_diff": worst, "ref_grad_max_abs": ref_max, "params_compared": n}
+
+
+def full_tensor(t):
+    """The whole tensor of a DTensor (a collective over its mesh), or `t` itself."""
+    from torch.distributed.tensor import DTensor
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class Reference:
+    """An unparallelised copy of the model trained on the global batch: `per_replica[r][i]` is replica r's batch
+    of step i; the reference's step i trains on all of them at once."""
+
+    def __init__(self, model, per_replica: list, lr: float):
+        import torch
+        self.model = model
+        self.model.train()
+        self.per_replica = per_replica
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.params = dict(self.model.named_parameters())
+
+    def batch(self, step: int) -> dict:
+        import torch
+        parts = [b[step % len(b)] for b in self.per_replica]
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def step_and_compare(self, step: int, named_params) -> dict:
+        """One reference step on step `step`'s global batch; compare `named_params` (the run's model, this rank's
+        gradients after its step) with the reference's gradients. Returns ref_loss and `grad_agreement`'s dict."""
+        self.opt.zero_grad(set_to_none=True)
+        out = self.model(**self.batch(step))
+        out.loss.backward()
+        pairs = []
+        for name, p in named_params:
+            if p.grad is None:  # a pipeline stage holds gradients only for its own layers
+                continue
+            pairs.append((full_tensor(p.grad), self.params[name].grad))
+        rec = {"ref_loss": float(out.loss.detach()), **grad_agreement(pairs)}
+        self.opt.step()
+        return rec

@@ -1,0 +1,128 @@
+"""Strategy 'fsdp2': PyTorch's own ZeRO-3, `torch.distributed.fsdp.fully_shard`, beside DeepSpeed's ('zero3').
+
+Every transformer block is one FSDP unit and the root (embeddings, head) another, on a 1-D mesh over all ranks:
+each rank holds 1/p of every parameter (a DTensor sharded on dim 0, padded to a multiple of p rows), its
+gradient and its optimizer state. A unit all-gathers its parameters before its forward and frees them after
+(reshard_after_forward; the root keeps its own for backward), all-gathers them again before its backward, and
+reduce-scatters its gradients after it (Rajbhandari et al., "ZeRO", 2020: stage 3).
+
+Collectives are recorded through FSDP2's own extension point, `set_custom_all_gather` / `set_custom_reduce_scatter`
+on each unit, with subclasses of torch's default implementations that time each call (op, bytes in the
+nccl-tests convention, phase, the unit's layer, the reduce op). FSDP2 unshards synchronously unless it
+prefetches (async_op): a synchronous call is both its interval and time blocked; an asynchronous one is issued
+and its end is unknown to the wrapper (t_end None). The reduce op is recorded: FSDP2 on gloo was reported to sum
+gradients instead of averaging them (github.com/pytorch/pytorch/issues/162338), which `reference=True` catches
+(dtlab.rank.reference, dtlab.results.reference).
+
+`expected_bytes_per_step` (config.json) is what the units' padded sizes say a steady step moves: every unit
+gathered in forward, every non-root unit again in backward, every unit's gradients reduce-scattered.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dtlab.config.run import RunConfig
+
+
+def _padded_bytes(p, world: int) -> int:
+    """Bytes of `p` as FSDP2 communicates it: dim 0 padded to a multiple of the ranks (the whole tensor)."""
+    rows = p.shape[0] if p.dim() else 1
+    per_row = p.numel() // rows if rows else 0
+    return int(-(-rows // world) * world * per_row * p.element_size())
+
+
+def _recorders(rec, label, layer):
+    """A recording all-gather and reduce-scatter for one FSDP unit (subclasses of torch's defaults)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    def run(op, nbytes, group, call, async_op, **extra):
+        r = rec.start(op, nbytes, "dp", group.size(), layer, None, unit=label, **extra)
+        work = call()
+        if async_op and work is not None:  # FSDP2 waits on it later, out of the wrapper's sight
+            r["async_op"] = True
+            return work
+        rec.finish(r)
+        rec.block(r, r["t_start"], r["t_end"], "blocking_call")
+        return work
+
+    class AllGather(DefaultAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            return run("all_gather", output_tensor.numel() * output_tensor.element_size(), group,
+                       lambda: super(AllGather, self).__call__(output_tensor, input_tensor, group, async_op),
+                       async_op)
+
+    class ReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            return run("reduce_scatter", input_tensor.numel() * input_tensor.element_size(), group,
+                       lambda: super(ReduceScatter, self).__call__(output_tensor, input_tensor, group, op, async_op),
+                       async_op, reduce_op=str(op))
+
+    return AllGather(), ReduceScatter()
+
+
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    """Shard the model with fully_shard, train cfg.steps steps and write step, collective, blocked, memory (and
+    reference) events."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from dtlab.rank.collectives import CommRecorder
+    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.replicas import build, check_reference, memory_record
+
+    b = build(cfg, run_dir, rank, world)
+    model = b.model.to(b.device)
+    model.train()
+    mesh = init_device_mesh(b.device.type, (world,), mesh_dim_names=("dp",))
+    blocks = list(model.distilbert.transformer.layer)
+    block_params = {id(p) for blk in blocks for p in blk.parameters()}
+    root_bytes = sum(_padded_bytes(p, world) for p in model.parameters() if id(p) not in block_params)
+    blocks_bytes = sum(_padded_bytes(p, world) for blk in blocks for p in blk.parameters())
+    for blk in blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    rec = CommRecorder(writer, rank)
+    if cfg.record:
+        for label, layer, unit in [("root", None, model)] + [(f"layer.{i}", i, blk) for i, blk in enumerate(blocks)]:
+            ag, rs = _recorders(rec, label, layer)
+            unit.set_custom_all_gather(ag)
+            unit.set_custom_reduce_scatter(rs)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    expected = {"all_gather_forward": root_bytes + blocks_bytes, "all_gather_backward": blocks_bytes,
+                "reduce_scatter": root_bytes + blocks_bytes}
+    if rank == 0:
+        record_resolved(run_dir, cfg, b.backend, b.device, {
+            **b.sources, "fsdp_units": 1 + len(blocks), "fsdp_expected": expected,
+            "expected_bytes_per_step": ({"all_gather": world * (expected["all_gather_forward"]
+                                                               + expected["all_gather_backward"]),
+                                         "reduce_scatter": world * expected["reduce_scatter"]} if cfg.record else {}),
+            "collective_recording": "FSDP2's set_custom_all_gather / set_custom_reduce_scatter, timed per call"},
+            world)
+    writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
+
+    for step in range(cfg.steps):
+        maybe_inject_fault(rank, step)
+        batch = b.batches[step % len(b.batches)]
+        opt.zero_grad(set_to_none=True)  # before the clock: the reference compares the gradients after the step
+        t0 = time.perf_counter()
+        rec.begin(step, t0)
+        out = model(**batch)
+        t_f = time.perf_counter()
+        out.loss.backward()
+        t_b = time.perf_counter()
+        rec.phase = "optimizer"
+        opt.step()
+        t_o = time.perf_counter()
+        t_blocked = rec.flush()
+        loss = float(out.loss.detach())
+        writer.write("step", rank=rank, step=step, t_fwd=t_f - t0, t_bwd=t_b - t_f, t_opt=t_o - t_b,
+                     t_step=t_o - t0, loss=loss, t_blocked=t_blocked, time=time.time())
+        if step == 0:
+            writer.write("memory", rank=rank, **{**memory_record(params, opt, b.device), "peak_bytes": None,
+                                                 "peak_kind": None})
+        if b.reference is not None:
+            check_reference(b.reference, step, model.named_parameters(), writer, rank, loss)
+    writer.write("memory", rank=rank, **memory_record(params, opt, b.device))

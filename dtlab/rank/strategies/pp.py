@@ -1,0 +1,198 @@
+"""Strategy 'pp': DistilBERT's layers split into P stages, one per rank of a replica, run by
+torch.distributed.pipelining (PipelineStage with ScheduleGPipe or Schedule1F1B).
+
+The batch is cut into M micro-batches (`microbatches`). GPipe (Huang et al., 2019) runs every forward, then every
+backward; 1F1B (Narayanan et al., "PipeDream", 2019; the flush variant of Megatron-LM, 2021) runs one forward, one
+backward once the pipeline is full, so at most P micro-batches' activations are held instead of M. Both leave
+the same bubble: each stage idles for (P - 1) of the M + P - 1 slots of a step, (P - 1) / (M + P - 1).
+
+What a rank records, besides dtlab's step events:
+- `microbatch`: every forward and backward this stage computed, per micro-batch (stage.forward_one_chunk and
+  backward_one_chunk, wrapped on this stage object), seconds from the step's start;
+- `collective`: every send and receive of activations (forward) and their gradients (backward), with bytes,
+  from the schedule's p2p helpers (`_batch_p2p` issues, `_wait_batch_p2p` waits: torch 2.13's module-level
+  functions, wrapped; if a later torch renames them, nothing is recorded and `p2p_recorded` says so); the
+  replicas' gradient all-reduce (dp_degree > 1); `blocked`: every wait for a transfer;
+- step events carry t_pipe, the time from the step's start to the end of this stage's schedule. Every stage
+  starts a step together (a barrier before the clock starts), so dtlab.results.pipeline measures the bubble on
+  one clock: 1 - sum over stages of busy time / (P x the longest t_pipe).
+
+The schedules use batch_isend_irecv, reported to hang on gloo (github.com/pytorch/pytorch/issues/132644); with
+torch 2.13 on gloo they run (tested). t_fwd is the time until this stage's last forward ended, t_bwd from there to the end of its
+schedule and the gradient average (1F1B interleaves backwards before the last forward), t_opt the optimizer.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dtlab.config.run import RunConfig
+
+_ACTIVE = {"recorder": None}  # the recorder the wrapped p2p helpers report to (one stage per process)
+
+
+def _install_p2p_recording() -> bool:
+    """Wrap torch.distributed.pipelining.schedules' p2p helpers once per process; False when absent."""
+    import torch.distributed.pipelining.schedules as sch
+    if getattr(sch, "_dtlab_recorded", False):
+        return True
+    if not (hasattr(sch, "_batch_p2p") and hasattr(sch, "_wait_batch_p2p")):
+        return False
+    issue, wait = sch._batch_p2p, sch._wait_batch_p2p
+    works: dict[int, dict] = {}
+
+    def batch_p2p(p2p_ops, desc=None):
+        rec = _ACTIVE["recorder"]
+        if rec is None:
+            return issue(p2p_ops, desc=desc)
+        recs = []
+        for op in p2p_ops:
+            send = op.op.__name__.endswith("send")
+            forward = ("fwd_send" in (desc or "")) if send else ("fwd_recv" in (desc or ""))
+            r = rec.start("send" if send else "recv", op.tensor.numel() * op.tensor.element_size(), "pp", 2,
+                          peer=int(op.peer), desc=desc)
+            r["phase"] = "forward" if forward else "backward"
+            recs.append(r)
+        out = issue(p2p_ops, desc=desc)
+        for i, w in enumerate(out):  # one Work per op (batch_isend_irecv on gloo returns one per op, too)
+            works[id(w)] = recs[i] if len(out) == len(recs) else recs[0]
+        return out
+
+    def wait_p2p(work):
+        rec = _ACTIVE["recorder"]
+        t0 = rec.now() if rec is not None else None
+        wait(work)
+        if rec is None:
+            return
+        t1 = rec.now()
+        for w in work:
+            r = works.pop(id(w), None)
+            if r is not None:
+                rec.finish(r, t1)
+                rec.block(r, t0, t1, "wait")
+
+    sch._batch_p2p, sch._wait_batch_p2p, sch._dtlab_recorded = batch_p2p, wait_p2p, True
+    return True
+
+
+class ComputeTimeline:
+    """Wraps a PipelineStage's forward_one_chunk and backward_one_chunk to time each micro-batch."""
+
+    def __init__(self, stage, index: int):
+        self.index, self.spans, self._ref = index, [], time.perf_counter()
+        fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+        def forward_one_chunk(chunk, *a, **k):
+            t0 = time.perf_counter() - self._ref
+            out = fwd(chunk, *a, **k)
+            self.spans.append(("forward", int(chunk), t0, time.perf_counter() - self._ref))
+            return out
+
+        def backward_one_chunk(chunk, *a, **k):
+            t0 = time.perf_counter() - self._ref
+            out = bwd(chunk, *a, **k)
+            self.spans.append(("backward", int(chunk), t0, time.perf_counter() - self._ref))
+            return out
+
+        stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+
+    def begin(self, ref: float) -> None:
+        self.spans, self._ref = [], ref
+
+    def flush(self, writer, rank: int, step: int) -> float:
+        """Write this step's spans; return the end of the last forward (s from the step start)."""
+        for kind, mb, a, b in self.spans:
+            writer.write("microbatch", rank=rank, step=step, stage=self.index, microbatch=mb, phase=kind,
+                         t_start=a, t_end=b)
+        return max((b for kind, _, _, b in self.spans if kind == "forward"), default=0.0)
+
+
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    """Build this rank's stage and schedule, train cfg.steps steps and write the events above."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from dtlab.rank.collectives import CommRecorder
+    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.replicas import build, check_reference, dp_sync, local_bytes, memory_record
+    from dtlab.rank.strategies.stages import make_stage, stage_param_names
+
+    b = build(cfg, run_dir, rank, world)
+    model = b.model.to(b.device)
+    model.train()
+    pp_mesh = b.mesh["pp"]
+    P, s = pp_mesh.size(), pp_mesh.get_local_rank()
+    stage_mod = make_stage(model, P, s)
+    names = stage_param_names(model, stage_mod)
+    mine = [(n, p) for n, p in model.named_parameters() if n in names]  # the stage's, named as in the model
+    n_layers = int(model.config.n_layers)
+    b.model = model = None  # the other stages' layers are not this rank's: let them go
+    stage = PipelineStage(stage_mod, s, P, b.device, group=pp_mesh.get_group())
+    schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pp_schedule]
+    sched = schedule(stage, n_microbatches=cfg.microbatches, loss_fn=F.cross_entropy)
+    timeline = ComputeTimeline(stage, s)
+    recorded = _install_p2p_recording() if cfg.record else False
+    params = list(stage_mod.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    M = cfg.microbatches
+    act = (cfg.batch_size // M) * cfg.seq_len * b.sources["hidden"] * 4  # one micro-batch's activations, fp32
+    dp = b.degrees["dp"]
+    p2p = dp * (P - 1) * 2 * M * act  # over all ranks per step: each boundary, both directions, every micro-batch
+    grads = local_bytes(params)
+    if rank == 0:
+        record_resolved(run_dir, cfg, b.backend, b.device, {
+            **b.sources, "stages": P, "stage_layers": _stage_layers(n_layers, P),
+            "microbatch_activation_bytes": act, "p2p_recorded": recorded, "pp_schedule": cfg.pp_schedule,
+            "expected_bytes_per_step": {"send": p2p, "recv": p2p} if recorded else {},
+            "pipeline_recording": "stage.forward_one_chunk / backward_one_chunk wrapped per micro-batch; sends and "
+                                  "receives from torch.distributed.pipelining.schedules' p2p helpers"}, world)
+    writer.write("ready", rank=rank, time=time.time(), stage=s, stage_params=len(mine), stage_grad_bytes=grads,
+                 **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
+    rec = CommRecorder(writer, rank)
+    _ACTIVE["recorder"] = rec if recorded else None
+
+    for step in range(cfg.steps):
+        maybe_inject_fault(rank, step)
+        batch = b.batches[step % len(b.batches)]
+        kwargs = {"attention_mask": batch["attention_mask"]}
+        losses: list = []
+        opt.zero_grad(set_to_none=True)  # before the clock: the reference compares the gradients after the step
+        dist.barrier()  # every stage starts the step together: the bubble is measured from one start
+        t0 = time.perf_counter()
+        rec.begin(step, t0)
+        timeline.begin(t0)
+        if s == 0 and s == P - 1:
+            sched.step(batch["input_ids"], target=batch["labels"], losses=losses, **kwargs)
+        elif s == 0:
+            sched.step(batch["input_ids"], **kwargs)
+        elif s == P - 1:
+            sched.step(target=batch["labels"], losses=losses, **kwargs)
+        else:
+            sched.step(**kwargs)
+        t_pipe = time.perf_counter() - t0
+        rec.phase = "backward"
+        dp_sync(params, b.mesh, rec)
+        t_b = time.perf_counter()
+        rec.phase = "optimizer"
+        opt.step()
+        t_o = time.perf_counter()
+        t_blocked = rec.flush()
+        t_f = timeline.flush(writer, rank, step)
+        loss = float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
+        writer.write("step", rank=rank, step=step, t_fwd=t_f, t_bwd=t_b - t0 - t_f, t_opt=t_o - t_b,
+                     t_step=t_o - t0, t_pipe=t_pipe, loss=loss, t_blocked=t_blocked, stage=s, dp_rank=b.dp_rank,
+                     microbatches=M, time=time.time())
+        if step == 0:
+            writer.write("memory", rank=rank, **{**memory_record(params, opt, b.device), "peak_bytes": None,
+                                                 "peak_kind": None})
+        if b.reference is not None:
+            check_reference(b.reference, step, mine, writer, rank, loss)
+    _ACTIVE["recorder"] = None
+    writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
+
+
+def _stage_layers(n_layers: int, stages: int) -> list:
+    from dtlab.config.parallel import split_layers
+    return [list(r) for r in split_layers(n_layers, stages)]
