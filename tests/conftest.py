@@ -13,6 +13,11 @@ import pathlib
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never wait on the hub in tests
+# Every process a test starts (notebook kernels, graders, the command line, torchrun's ranks) imports the dtlab of
+# this checkout, not whichever copy happens to be installed in the environment.
+_ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p and p != _ROOT])
 
 TIERS = ("unit", "integration", "e2e", "gpu")
 HERE = pathlib.Path(__file__).resolve().parent
