@@ -77,8 +77,9 @@ class RunConfig(JobConfig):
     fields (backend, out, timeout_s, nodes and rendezvous) are JobConfig's, shared with CalibConfig."""
 
     strategy: str = "ddp"
-    """'ddp' (PyTorch DistributedDataParallel), 'zero3' (DeepSpeed ZeRO stage 3) or 'ps' (DDP's buckets reduced
-    to rank 0 and broadcast back: a parameter server colocated with rank 0); see dtlab.config.strategies."""
+    """'ddp' (PyTorch DistributedDataParallel), 'zero3' (DeepSpeed ZeRO stage 3), 'ps' (DDP's buckets reduced
+    to rank 0 and broadcast back: a parameter server colocated with rank 0) or 'async' (rank 0 a server, the
+    others workers pushing gradients without waiting for each other); see dtlab.config.strategies."""
     nproc: int | None = None
     """Number of ranks (processes) on each node. None: one per GPU and at least 2 (2 gloo ranks on a machine
     without a GPU; on one GPU, 2 ranks share it: see dtlab.config.placement)."""
@@ -146,6 +147,28 @@ class RunConfig(JobConfig):
     """Save a torch.distributed.checkpoint every N training steps into RUN/checkpoints/ (0: off); see dtlab.results.restarts."""
     max_restarts: int = 0
     """torchrun --max-restarts: restarts of a group whose rank died, each resuming from the newest checkpoint."""
+    eval_every: int = 0
+    """Held-out accuracy every N optimizer steps, before step 0 and after the last (0: off): on rank 0 (the
+    server for 'async') between steps, outside the timed step, its time recorded apart (run.evals); see
+    dtlab.config.convergence."""
+    eval_samples: int | None = None
+    """Held-out sentences per evaluation (None: all 872, except full DistilBERT on a CPU: 64, recorded)."""
+    local_sgd: int = 0
+    """Local SGD: 0 off; H: no gradient all-reduce, each rank steps its own AdamW and the parameters are averaged
+    after steps 0, H, 2H, ... (1/H of the gradient bytes per step on average). Strategy 'ddp' only."""
+    max_staleness: int = 2
+    """Strategy 'async': the most server updates between a worker's pull and the update its gradient makes."""
+    staleness_policy: str = "drop"
+    """Strategy 'async': 'drop' (a staler gradient is not applied) or 'wait' (the server holds a worker's pull
+    until its next gradient cannot be staler: stale-synchronous, nothing dropped)."""
+    lr_scaling: str = "none"
+    """Scale lr with the batch: 'none', 'linear' (x k) or 'sqrt' (x sqrt(k)), k = samples per optimizer update
+    / base_batch (Goyal et al. 2017)."""
+    base_batch: int | None = None
+    """The batch `lr` was tuned for, in samples per update (None: batch_size, one rank's batch)."""
+    warmup_steps: int = 0
+    """Learning-rate warmup: step s < warmup_steps uses lr x (s + 1) / warmup_steps (not `warmup`, which only
+    leaves steps out of the medians)."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -218,6 +241,8 @@ class RunConfig(JobConfig):
         from dtlab.config.stragglers import validate_straggler
         validate_straggler(self)
         validate_restarts(self)
+        from dtlab.config.convergence import validate_convergence
+        validate_convergence(self)
         self.validate_job()  # the launch fields, nodes and rendezvous last (they fill in rdzv_id)
         return self
 

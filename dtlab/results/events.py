@@ -48,6 +48,11 @@ SCHEMA = {
     "sample": {"rank": (INT, _REQ), "op": (STR, _REQ), "nbytes": (INT, _REQ), "nproc": (INT, _REQ),
                "iter": (INT, _REQ), "seconds": (NUM, _REQ)},
     "calib": {"rank": (INT, _REQ), "round": (INT, _REQ), "rounds": (INT, _REQ)},
+    "eval": {"rank": (INT, _REQ), "step": (INT, _REQ), "t": (NUM, _REQ), "accuracy": (NUM, _REQ), "loss": (NUM, _OPT),
+             "t_eval": (NUM, _OPT)},
+    "update": {"rank": (INT, _REQ), "worker": (INT, _REQ), "step": (INT, _REQ), "staleness": (INT, _REQ),
+               "version": (INT, _REQ), "t": (NUM, _OPT)},
+    "params": {"rank": (INT, _REQ), "step": (INT, _REQ), "digest": (STR, _REQ)},
 }
 
 
