@@ -3,8 +3,8 @@
 - `eval_every` N: held-out accuracy every N optimizer steps (and before step 0 and after the last), on one rank,
   between steps: outside the timed step (dtlab.rank.evaluation);
 - `local_sgd` H: no gradient all-reduce; every rank steps its own optimizer and the parameters are averaged
-  after steps 0, H, 2H, ... (torch's PeriodicModelAverager(period=H, warmup_steps=0) rule;
-  Lin et al., "Don't use large mini-batches, use local SGD"): one all-reduce of every parameter per H steps;
+  after every H local steps (Lin et al., "Don't use large mini-batches, use local SGD"): one all-reduce of every
+  parameter per H steps (dtlab.rank.local_sgd);
 - strategy 'async' with `max_staleness` s and `staleness_policy`: an applied gradient was computed at most s
   server updates ago (Tsitsiklis et al. 1986: asynchronous SGD converges under bounded staleness);
 - `lr_scaling` with `base_batch` and `warmup_steps`: lr x k ('linear', Goyal et al. 2017) or x sqrt(k) ('sqrt',

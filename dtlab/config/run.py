@@ -155,7 +155,7 @@ class RunConfig(JobConfig):
     """Held-out sentences per evaluation (None: all 872, except full DistilBERT on a CPU: 64, recorded)."""
     local_sgd: int = 0
     """Local SGD: 0 off; H: no gradient all-reduce, each rank steps its own AdamW and the parameters are averaged
-    after steps 0, H, 2H, ... (1/H of the gradient bytes per step on average). Strategy 'ddp' only."""
+    after every H steps (1/H of the gradient bytes per step on average). Strategy 'ddp' only."""
     max_staleness: int = 2
     """Strategy 'async': the most server updates between a worker's pull and the update its gradient makes."""
     staleness_policy: str = "drop"

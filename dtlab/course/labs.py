@@ -93,6 +93,10 @@ LABS = {
     "08": ("build it yourself", lambda c: [("exercises (2 ranks on CPU tensors, by design)", _cal(2).replace(
         device="cpu")), ("calibration", _cal(2, backend="gloo"))]),
 }
+LABS["09"] = ("does it still learn?", lambda c: [
+    ("DDP, local SGD and PowerSGD runs", c()),
+    ("asynchronous server and its workers (one more rank)", c(strategy="async", nproc=c().nproc + 1, baseline_steps=0)),
+    ("calibration", _cal(calibration_ranks(c())))])
 
 
 def lab_parts(lab: str, ngpu: int, nccl=None, quick: bool = False) -> list[dict]:

@@ -86,10 +86,12 @@ class Evaluator:
         n = len(self.labels)
         return correct / n, loss / n, time.perf_counter() - t0
 
-    def run(self, model, steps_done: int, clock: TrainClock, writer, rank: int, **extra) -> dict | None:
-        """Evaluate after `steps_done` optimizer steps when due: write the `eval` event (rank, step, t, accuracy,
-        loss, t_eval, t_wall, n) and exclude its time from `clock`. Returns the event's fields, or None."""
-        if not self.due(steps_done):
+    def run(self, model, steps_done: int, clock: TrainClock, writer, rank: int, force: bool = False,
+            **extra) -> dict | None:
+        """Evaluate after `steps_done` optimizer steps when due (or `force`d, on an active evaluator): write the
+        `eval` event (rank, step, t, accuracy, loss, t_eval, t_wall, n) and exclude its time from `clock`.
+        Returns the event's fields, or None."""
+        if not (self.due(steps_done) or (force and self.active)):
             return None
         t_train, t_wall = clock.train(), clock.wall()
         acc, loss, dt = self.evaluate(model)

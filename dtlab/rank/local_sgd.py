@@ -1,6 +1,8 @@
 """Local SGD (`local_sgd` H): each rank trains its own copy with its own AdamW, and the parameters are averaged
-after steps 0, H, 2H, ...: the rule of torch's `PeriodicModelAverager(period=H, warmup_steps=0)` (Lin et al.,
-"Don't use large mini-batches, use local SGD"). No gradient is all-reduced.
+after every H local steps (after steps H-1, 2H-1, ...; Lin et al., "Don't use large mini-batches, use local SGD").
+No gradient is all-reduced. torch's `PeriodicModelAverager(period=H, warmup_steps=0)` averages as often, one step
+earlier (after steps 0, H, 2H, ...); here a run of k H steps makes exactly k averages, and an evaluation every H
+steps sees the averaged model.
 
 The average is torch's `model_averaging.utils.average_parameters` written out, so that its all-reduce is timed
 alone: the parameters are flattened into one fp32 buffer and divided by p (compute), the buffer is all-reduced
@@ -8,9 +10,9 @@ alone: the parameters are flattened into one fp32 buffer and divided by p (compu
 parameter's bytes, once), and copied back. It runs inside the step, after the optimizer (as
 PostLocalSGDOptimizer.step does), so T_step includes it and t_opt holds it.
 
-`params` events say what a test needs to see that the ranks agree right after each average: a checksum of every
-parameter's bits (`digest`), taken after the step's clock was read (outside the timed step) on averaging steps and
-once after the last step.
+`params` events say what a test needs to see that the ranks agree right after each average and drift apart between
+averages: a checksum of every parameter's bits (`digest`), taken after the step's clock was read (outside the timed
+step) on averaging steps, on the step before each (H >= 2) and after the last step.
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ import torch.distributed as dist
 
 
 def average_due(step: int, period: int) -> bool:
-    """PeriodicModelAverager(period, warmup_steps=0): average after steps 0, period, 2 period, ..."""
-    return period >= 1 and step % period == 0
+    """Average after step `step` (0-based): after every `period` local steps, steps period-1, 2 period-1, ..."""
+    return period >= 1 and (step + 1) % period == 0
+
+
+def digest_due(step: int, period: int, last: int) -> bool:
+    """Record the parameters' digest after `step`: averaging steps, the step before each, and the last step."""
+    return average_due(step, period) or (period >= 2 and average_due(step + 1, period)) or step == last
 
 
 def param_digest(params) -> str:

@@ -13,6 +13,10 @@ Messages are point to point (gloo's send/recv; the server receives from any sour
 Shutdown: a worker that has run its `steps` sends 'done' (a full-size message: a receive must match the size);
 the server stops when no worker is left, after waiting for every reply it sent.
 
+The messages always travel through gloo in host memory (a gloo group of their own when the run's backend is
+NCCL, which cannot receive from any source), and times are the host's wall clock: a message blocks the host.
+On a GPU the gradient's copy to host memory synchronises with the backward before the push.
+
 What is recorded:
 - workers: `step` events (t_fwd, t_bwd; t_opt = push + pull + loading the parameters, the worker's share of the
   optimizer step: it includes the wait while the server applies other updates or holds this worker back) and one
@@ -79,6 +83,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     from dtlab.rank.lifecycle import record_resolved
 
     device, backend, built, batches, sources = _build(cfg, run_dir, rank, world)
+    group = dist.new_group(backend="gloo") if backend != "gloo" else None  # host messages, any source
     model = built.model.to(device)
     model.train()
     if rank == SERVER:
@@ -89,10 +94,10 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
                                                         "staleness": {"max": cfg.max_staleness,
                                                                       "policy": cfg.staleness_policy}}, world)
         writer.write("ready", rank=rank, time=time.time(), **sources)
-        _serve(cfg, model, world, device, writer, evaluator)
+        _serve(cfg, model, world, device, writer, evaluator, group)
     else:
         writer.write("ready", rank=rank, time=time.time(), **sources)
-        _work(cfg, model, rank, batches, device, writer)
+        _work(cfg, model, rank, batches, device, writer, group)
     from dtlab.rank.recorder import peak_memory, tensor_bytes
     peak, kind = peak_memory(device)
     writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
@@ -100,7 +105,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
                  peak_bytes=peak, peak_kind=kind)
 
 
-def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator) -> None:
+def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) -> None:
     from dtlab.rank.evaluation import TrainClock
     from dtlab.rank.optim import Optimizer
     from dtlab.rank.staleness import Book
@@ -111,8 +116,8 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator) -> None
         p.grad = torch.zeros_like(p)
     optim = Optimizer(cfg, params)
     book = Book(cfg.max_staleness, cfg.staleness_policy)
-    inbox = torch.empty(HDR_PUSH + n, device=device)
-    outbox = {w: torch.empty(HDR_PULL + n, device=device) for w in range(1, world)}
+    inbox = torch.empty(HDR_PUSH + n)  # host memory: gloo's point-to-point messages
+    outbox = {w: torch.empty(HDR_PULL + n) for w in range(1, world)}
     sending: dict = {}  # worker -> the Work of its last reply (waited before its buffer is reused)
     active = set(range(1, world))
     clock = TrainClock()
@@ -125,11 +130,11 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator) -> None
         buf = outbox[w]
         buf[0], buf[1] = float(book.version), 0.0
         buf[HDR_PULL:] = _flat(params)
-        sending[w] = dist.isend(buf, dst=w, tag=PULL)
+        sending[w] = dist.isend(buf, dst=w, tag=PULL, group=group)
 
     def evaluate() -> None:
         nonlocal last_eval
-        evaluator.run(model, book.version, clock, writer, SERVER, updates=len(book.taken))
+        evaluator.run(model, book.version, clock, writer, SERVER, force=True, updates=len(book.taken))
         last_eval = book.version
 
     if evaluator.due(0):
@@ -142,7 +147,7 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator) -> None
         else:
             book.held.append(w)
     while active:
-        src = dist.recv(inbox, src=None, tag=PUSH)  # any worker (gloo returns the sender's rank)
+        src = dist.recv(inbox, src=None, tag=PUSH, group=group)  # any worker (gloo returns the sender's rank)
         kind, wstep, wver, loss = (float(x) for x in inbox[:HDR_PUSH])
         if kind == DONE:
             active.discard(src)
@@ -175,17 +180,33 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator) -> None
                  t=clock.train(), time=time.time())
 
 
-def _work(cfg: RunConfig, model, rank: int, batches, device, writer) -> None:
-    from dtlab.rank.recorder import StepClock
+class _Clock:
+    """Named marks on the host's wall clock; on a GPU each mark waits for the device first."""
 
+    def __init__(self, device):
+        self.cuda, self.marks = device.type == "cuda", {}
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.marks[name] = time.perf_counter()
+
+    def read(self) -> dict:
+        t0 = self.marks.pop("start")
+        out = {k: v - t0 for k, v in self.marks.items()}
+        self.marks = {}
+        return out
+
+
+def _work(cfg: RunConfig, model, rank: int, batches, device, writer, group) -> None:
     params = [p for p in model.parameters()]
     n = sum(p.numel() for p in params)
-    push = torch.zeros(HDR_PUSH + n, device=device)
-    pull = torch.empty(HDR_PULL + n, device=device)
-    dist.recv(pull, src=SERVER, tag=PULL)  # the initial parameters: before the first step, not timed
+    push = torch.zeros(HDR_PUSH + n)  # host memory: gloo's point-to-point messages
+    pull = torch.empty(HDR_PULL + n)
+    dist.recv(pull, src=SERVER, tag=PULL, group=group)  # the initial parameters: before the first step, not timed
     _unflat(pull[HDR_PULL:], params)
     version = int(pull[0])
-    clock = StepClock(device)
+    clock = _Clock(device)
     nbytes = {"push": push.numel() * push.element_size(), "pull": pull.numel() * pull.element_size()}
     for step in range(cfg.steps):
         batch = batches[step % len(batches)]
@@ -198,9 +219,9 @@ def _work(cfg: RunConfig, model, rank: int, batches, device, writer) -> None:
         push[0], push[1], push[2], push[3] = GRAD, float(step), float(version), float(out.loss.detach())
         push[HDR_PUSH:] = _flat(p.grad for p in params)
         clock.mark("push_start")
-        dist.send(push, dst=SERVER, tag=PUSH)
+        dist.send(push, dst=SERVER, tag=PUSH, group=group)
         clock.mark("push_end")
-        dist.recv(pull, src=SERVER, tag=PULL)
+        dist.recv(pull, src=SERVER, tag=PULL, group=group)
         clock.mark("pull_end")
         _unflat(pull[HDR_PULL:], params)
         version = int(pull[0])
@@ -213,4 +234,4 @@ def _work(cfg: RunConfig, model, rank: int, batches, device, writer) -> None:
             writer.write("collective", rank=rank, step=step, op=op, phase=op, nbytes=nbytes[op], t_start=t[a],
                          t_end=t[b])
     push[0] = DONE
-    dist.send(push, dst=SERVER, tag=PUSH)
+    dist.send(push, dst=SERVER, tag=PUSH, group=group)

@@ -59,7 +59,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     from dtlab.rank.stragglers import Straggler, ddp_compute_s
     from dtlab.config.stragglers import straggler_plan
     from dtlab.rank.evaluation import Evaluator, TrainClock, eval_pause
-    from dtlab.rank.local_sgd import LocalSGD
+    from dtlab.rank.local_sgd import LocalSGD, digest_due
     from dtlab.rank.optim import Optimizer
     from dtlab.config.convergence import lr_rule_text
 
@@ -132,7 +132,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
         writer.write("baseline_step" if baseline else "step", **rec)
         if averaged:
             writer.write("collective", rank=rank, step=step, **local.seconds(averaged, step_start))
-        if local and not baseline and (averaged or step == cfg.steps - 1):  # do the ranks agree? (not timed)
+        if local and not baseline and digest_due(step, cfg.local_sgd, cfg.steps - 1):  # ranks agree? (not timed)
             t0 = time.perf_counter()
             local.digest_event(writer, rank, step, averaged=averaged is not None)
             train_clock.exclude(time.perf_counter() - t0)
