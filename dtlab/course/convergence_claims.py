@@ -126,9 +126,9 @@ def composition_claim(runs: dict, target: float):
 
 
 def composition_note(runs: dict, target: float) -> str:
-    """One line per lever that never reached the target."""
-    missing = [k for k, r in runs.items() if r.time_to(target) is None]
-    return ("" if not missing else
-            f"not reached within the run: {', '.join(missing)} (best accuracy "
-            + ", ".join(f"{runs[k].evals['accuracy'].max():.3f}" for k in missing) + ")")
-
+    """Which levers reached the target within their run (step and training time), which did not (best accuracy)."""
+    hit = [f"{k} at step {r.steps_to(target)} ({r.time_to(target):.2f} s)" for k, r in runs.items()
+           if r.time_to(target) is not None]
+    miss = [f"{k} (best {r.evals['accuracy'].max():.3f})" for k, r in runs.items() if r.time_to(target) is None]
+    return (f"reached {target:g}: {', '.join(hit) if hit else 'none'}"
+            + (f"; not reached within the run: {', '.join(miss)}" if miss else ""))

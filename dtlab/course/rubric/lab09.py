@@ -18,8 +18,14 @@ LABELS = ("baseline", f"local SGD H={H}", "async", "PowerSGD r=1")
 OTHER = dict(nproc=8, bandwidth_gbs=0.125, alpha=50e-6)
 
 
+def base(cfg):
+    """The lab's baseline from lab_config(**FIELDS[quick]): lr tuned for DDP's global batch, scaled by the square-root
+    rule for the levers whose updates see fewer sentences."""
+    return cfg.replace(lr_scaling="sqrt", base_batch=cfg.batch_size * cfg.nproc)
+
+
 def configs(cfg) -> dict:
-    """The lab's four runs of `cfg` (lab_config(**FIELDS[quick])), by label: every synchronous lever on cfg.nproc
+    """The lab's four runs of `cfg` (base(lab_config(**FIELDS[quick]))), by label: every synchronous lever on cfg.nproc
     ranks, the asynchronous server with one more rank (cfg.nproc workers)."""
     return dict(zip(LABELS, (cfg, cfg.replace(local_sgd=H, baseline_steps=0),
                              cfg.replace(strategy="async", nproc=cfg.nproc + 1, baseline_steps=0),
@@ -29,7 +35,7 @@ def configs(cfg) -> dict:
 def sources(rec) -> dict:
     """The four lever runs, from one seed."""
     return {"runs": lambda: {label: rec.run(c, f"lab 9's {label!r} run")
-                             for label, c in configs(rec.lab_config(**FIELDS[rec.quick])).items()}}
+                             for label, c in configs(base(rec.lab_config(**FIELDS[rec.quick]))).items()}}
 
 
 def _need(runs):
