@@ -299,3 +299,38 @@ def test_updates_and_the_staleness_histogram(tmp_path):
     from dtlab.results.convergence import staleness_histogram
     h = staleness_histogram(run.updates).set_index("staleness")
     assert h.loc[1, "applied"] == 2 and h.loc[3, "dropped"] == 1 and h.loc[0, "applied"] == 1
+
+
+# ---- the figure and the explorer ----------------------------------------------------------------------------------
+
+def _curve(steps, accs, dt=0.05):
+    import pandas as pd
+    return pd.DataFrame({"step": steps, "t": [s * dt for s in steps], "accuracy": accs})
+
+
+def test_convergence_figure_draws_each_lever_against_steps_and_time_with_the_models_time():
+    from dtlab.viz.convergence import convergence_figure
+    curves = {"baseline": _curve([0, 5, 10], [0.5, 0.8, 0.95]), "local": _curve([0, 5, 10], [0.5, 0.7, 0.85])}
+    levers = [Lever("baseline", "sync", 10), Lever("local", "local_sgd", None, period=5)]
+    pred = time_to_target(levers, **KW)
+    fig = convergence_figure(curves, 0.9, pred)
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert len(lines) == 4 and {t.xaxis for t in lines} == {"x", "x2"}       # each lever in both panels
+    diamonds = [t for t in fig.data if t.mode == "markers"]
+    assert len(diamonds) == 1 and diamonds[0].x[0] == pytest.approx(pred.set_index("label").loc["baseline", "time"])
+    assert "0.9" in fig.layout.title.text
+
+
+def test_explorer_moves_redraw_the_bars_and_name_the_crossover():
+    from dtlab.viz.convergence import convergence_explorer
+    levers = [Lever("baseline", "sync", 50), Lever("local", "local_sgd", 60, period=4),
+              Lever("never", "compressed", None, ratio=0.1)]
+    ex = convergence_explorer(levers, t_comp=0.1, nbytes=4e8, nproc=2, alpha=1e-4, beta=1e-9, target=0.9,
+                              source="synthetic")
+    before_label, before_y = ex.label.value, list(ex.figure.data[0].y)
+    assert "local (60 steps against 50): beats baseline below" in before_label and "synthetic" in before_label
+    ex.sliders["bandwidth_gbs"].value = 1000.0                              # a fast link: the fewest steps win
+    assert list(ex.figure.data[0].y) != before_y and ex.label.value != before_label
+    assert "<b>baseline</b>" in ex.label.value
+    ex.sliders["nproc"].value = 16
+    assert "p = 16" in ex.figure.layout.title.text and "never reached" in ex.figure.data[0].x[2]
