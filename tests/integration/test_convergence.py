@@ -126,6 +126,8 @@ def test_local_sgd_moves_one_in_h_of_the_bytes_and_the_ranks_agree_after_each_av
         assert digests[(s, True, 0)] == digests[(s, True, 1)], s                 # bit-identical right after
         assert digests[(s - 1, False, 0)] != digests[(s - 1, False, 1)], s       # apart the step before
     assert "local SGD H = 3: 2 parameter averages" in printed
+    names = [e["name"] for e in run.to_chrome_trace()["traceEvents"] if e.get("cat") == "communication"]
+    assert names.count("all_reduce (average)") == 4                              # the trace shows the averages
     assert list(run.evals["step"]) == [0, 3, 6]
 
 
