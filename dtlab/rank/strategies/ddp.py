@@ -1,4 +1,6 @@
-"""Strategy 'ddp': DistributedDataParallel with a recording comm hook, one rank per process."""
+"""Strategy 'ddp': DistributedDataParallel with a recording comm hook, one rank per process. The same loop runs
+local SGD (`local_sgd`: a plain model per rank, dtlab.rank.local_sgd) and evaluates between steps (`eval_every`,
+dtlab.rank.evaluation)."""
 
 from __future__ import annotations
 
@@ -50,7 +52,6 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     """The DDP training loop. `make_transport(world, device, backend)`, when given, builds how each divided
     bucket is reduced inside the recording hook (strategy 'ps': reduce to rank 0 + broadcast); None keeps
     DDP's all-reduce."""
-    import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from dtlab.rank.restarts import Checkpointer
