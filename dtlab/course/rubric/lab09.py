@@ -12,7 +12,7 @@ TARGET = 0.9
 H = 5            # local SGD's period
 #: the lab's settings on top of lab_config(): quick mode (tiny model) and full mode
 FIELDS = {True: dict(steps=90, warmup=2, baseline_steps=2, batch_size=32, lr=3e-3, eval_every=5),
-          False: dict(steps=600, warmup=5, baseline_steps=3, lr=5e-5, eval_every=50)}
+          False: dict(steps=1000, warmup=5, baseline_steps=3, lr=5e-5, eval_every=100)}
 LABELS = ("baseline", f"local SGD H={H}", "async", "PowerSGD r=1")
 #: the other machine of question 6: p ranks, a 1 Gbit/s link (0.125 GB/s) with 50 us latency
 OTHER = dict(nproc=8, bandwidth_gbs=0.125, alpha=50e-6)
