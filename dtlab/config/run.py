@@ -78,8 +78,9 @@ class RunConfig(JobConfig):
 
     strategy: str = "ddp"
     """'ddp' (PyTorch DistributedDataParallel), 'zero3' (DeepSpeed ZeRO stage 3), 'ps' (DDP's buckets reduced
-    to rank 0 and broadcast back: a parameter server colocated with rank 0), 'fsdp2' (PyTorch's fully_shard),
-    'tp' (Megatron-style tensor parallelism) or 'pp' (a pipeline of stages); see dtlab.config.strategies."""
+    to rank 0 and broadcast back: a parameter server colocated with rank 0), 'async' (rank 0 a server, the
+    others workers pushing gradients without waiting for each other), 'fsdp2' (PyTorch's fully_shard), 'tp'
+    (Megatron-style tensor parallelism) or 'pp' (a pipeline of stages); see dtlab.config.strategies."""
     nproc: int | None = None
     """Number of ranks (processes) on each node. None: one per GPU and at least 2 (2 gloo ranks on a machine
     without a GPU; on one GPU, 2 ranks share it: see dtlab.config.placement)."""
@@ -163,6 +164,28 @@ class RunConfig(JobConfig):
     reference: bool = False
     """Every rank also trains an unparallelised copy of the model on the step's global batch and records how its
     loss and gradients compare with it (strategies 'tp', 'pp', 'fsdp2'; needs dropout 0); results.reference."""
+    eval_every: int = 0
+    """Held-out accuracy every N optimizer steps, before step 0 and after the last (0: off): on rank 0 (the
+    server for 'async') between steps, outside the timed step, its time recorded apart (run.evals); see
+    dtlab.config.convergence."""
+    eval_samples: int | None = None
+    """Held-out sentences per evaluation (None: all 872, except full DistilBERT on a CPU: 64, recorded)."""
+    local_sgd: int = 0
+    """Local SGD: 0 off; H: no gradient all-reduce, each rank steps its own AdamW and the parameters are averaged
+    after every H steps (1/H of the gradient bytes per step on average). Strategy 'ddp' only."""
+    max_staleness: int = 2
+    """Strategy 'async': the most server updates between a worker's pull and the update its gradient makes."""
+    staleness_policy: str = "drop"
+    """Strategy 'async': 'drop' (a staler gradient is not applied) or 'wait' (the server holds a worker's pull
+    until its next gradient cannot be staler: stale-synchronous, nothing dropped)."""
+    lr_scaling: str = "none"
+    """Scale lr with the batch: 'none', 'linear' (x k) or 'sqrt' (x sqrt(k)), k = samples per optimizer update
+    / base_batch (Goyal et al. 2017)."""
+    base_batch: int | None = None
+    """The batch `lr` was tuned for, in samples per update (None: batch_size, one rank's batch)."""
+    warmup_steps: int = 0
+    """Learning-rate warmup: step s < warmup_steps uses lr x (s + 1) / warmup_steps (not `warmup`, which only
+    leaves steps out of the medians)."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -237,6 +260,8 @@ class RunConfig(JobConfig):
         validate_restarts(self)
         from dtlab.config.parallel import validate_parallel
         validate_parallel(self)
+        from dtlab.config.convergence import validate_convergence
+        validate_convergence(self)
         self.validate_job()  # the launch fields, nodes and rendezvous last (they fill in rdzv_id)
         return self
 

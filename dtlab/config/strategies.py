@@ -22,7 +22,9 @@ class StrategySpec:
     """One line for tables and help."""
     records: str
     """What the run directory holds of its communication: 'buckets' (DDP's gradient buckets through the recording
-    comm hook, one row per bucket) or 'collectives' (every collective with its op, bytes and phase)."""
+    comm hook, one row per bucket) or 'collectives' (every collective with its op, bytes and phase; the
+    asynchronous server's messages as ops 'push' and 'pull'). Local SGD's parameter averages are collectives
+    (op 'all_reduce', phase 'average') whatever the strategy records otherwise."""
     bucket_op: str | None = None
     """For 'buckets': the calibrated op that prices one bucket ('all_reduce', or 'ps' for reduce + broadcast)."""
     compute_baseline: bool = False
@@ -54,6 +56,17 @@ class StrategySpec:
     """`reference`: every rank also trains a single-process copy and records how loss and gradients compare."""
     gloo_cuda_note: str = ""
     """What gloo on CUDA tensors (ranks sharing a GPU before NCCL 2.30) means for this strategy's numbers."""
+    evaluates: bool = False
+    """Held-out evaluation every `eval_every` steps on one rank, outside the timed step (dtlab.rank.evaluation)."""
+    lr_schedule: bool = False
+    """Its optimizer is dtlab's own AdamW: `lr_scaling` with the batch and `warmup_steps` apply."""
+    local_sgd: bool = False
+    """Local SGD (`local_sgd` H): no gradient all-reduce, parameters averaged every H steps (dtlab.rank.local_sgd)."""
+    asynchronous: bool = False
+    """Workers push gradients to a server and pull parameters without waiting for each other: one optimizer
+    update per pushed gradient, `max_staleness` and `staleness_policy` apply (dtlab.rank.strategies.async_ps)."""
+    server_ranks: int = 0
+    """Ranks (the lowest) that serve and take no training steps of their own (the asynchronous server: 1)."""
 
     def refuse(self, field: str, value, why: str = "") -> ValueError:
         """The ValueError for a field (set to `value`) this strategy does not support, naming those that do."""
@@ -67,6 +80,10 @@ SUPPORT_FIELDS = {"baseline_steps": "compute_baseline", "comm_hook": "comm_hooks
                   "straggler": "stragglers", "checkpoint_every": "checkpoints", "max_restarts": "checkpoints",
                   "microbatches": "microbatches", "pp_schedule": "microbatches", "dp_degree": "mesh",
                   "reference": "reference"}
+#: the convergence levers (dtlab.config.convergence)
+SUPPORT_FIELDS.update({"eval_every": "evaluates", "lr_scaling": "lr_schedule", "warmup_steps": "lr_schedule",
+                       "base_batch": "lr_schedule", "local_sgd": "local_sgd", "max_staleness": "asynchronous",
+                       "staleness_policy": "asynchronous"})
 
 
 def _supports(spec: StrategySpec, field: str) -> bool:
@@ -76,9 +93,10 @@ def _supports(spec: StrategySpec, field: str) -> bool:
 STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in (
     StrategySpec(name="ddp", module="dtlab.rank.strategies.ddp", title="ring all-reduce (ddp)",
                  records="buckets", bucket_op="all_reduce", compute_baseline=True, comm_hooks=True, accumulate=True,
-                 stragglers=True, checkpoints=True),
+                 stragglers=True, checkpoints=True, evaluates=True, lr_schedule=True, local_sgd=True),
     StrategySpec(name="ps", module="dtlab.rank.strategies.ps", title="reduce + broadcast (ps)",
-                 records="buckets", bucket_op="ps", compute_baseline=True, stragglers=True, needs_record=True),
+                 records="buckets", bucket_op="ps", compute_baseline=True, stragglers=True, needs_record=True,
+                 evaluates=True, lr_schedule=True),
     StrategySpec(name="zero3", module="dtlab.rank.strategies.zero3", title="DeepSpeed ZeRO-3 (zero3)",
                  records="collectives", blocked_time=True, shards=True,
                  gloo_cuda_note="ZeRO-3 runs DeepSpeed's CUDA accelerator over gloo: each all-gather and reduce-scatter "
@@ -91,6 +109,10 @@ STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in (
     StrategySpec(name="pp", module="dtlab.rank.strategies.pp", title="pipeline parallel (pp)",
                  records="collectives", blocked_time=True, model_axis="pp", microbatches=True, mesh=True,
                  reference=True),
+    StrategySpec(name="async", module="dtlab.rank.strategies.async_ps",
+                 title="asynchronous parameter server (async)", records="collectives", evaluates=True,
+                 lr_schedule=True, asynchronous=True, server_ranks=1,
+                 gloo_cuda_note="the server's parameters and every pushed gradient are staged through host memory"),
 )}
 
 

@@ -78,7 +78,7 @@ def run_problems(run, want: dict | None = None, defaults: dict | None = None) ->
     if ranks != set(range(world)):
         problems.append(f"ranks {sorted(set(range(world)) - ranks)} of {world} left no start event")
     steps = set(range(int(cfg.get("steps", 0))))
-    for r in range(world):
+    for r in range(strategy_spec(cfg.get("strategy")).server_ranks, world):  # an asynchronous server takes no steps
         got = set(int(s) for s in run.steps.loc[run.steps["rank"] == r, "step"])
         if got != steps:
             problems.append(f"rank {r} recorded steps {sorted(got)}, the config asks {sorted(steps)}")
@@ -101,7 +101,10 @@ def _byte_problems(run) -> list[str]:
     if int(res.get("grad_bytes", -1)) != want or 4 * int(res.get("num_parameters", -1)) != want:
         return [f"it claims {res.get('grad_bytes')} gradient bytes ({res.get('num_parameters')} parameters); "
                 f"{run.config['model']}'s architecture has {want:,} B"]
-    records = strategy_spec(run.config.get("strategy")).records
+    spec = strategy_spec(run.config.get("strategy"))
+    records = spec.records
+    if int(run.config.get("local_sgd") or 0) or spec.asynchronous:
+        return _convergence_byte_problems(run, want, spec)
     if records == "buckets":
         b = run.buckets
         per = b.groupby(["rank", "step"])["nbytes"].sum() if not b.empty else b
@@ -132,6 +135,30 @@ def _op_byte_problems(run, expected: dict) -> list[str]:
         got = c[(c["op"] == op) & (c["step"] >= 0)].groupby("step")["nbytes"].sum() if not c.empty else c
         if set(int(s) for s in got.index) != steps or (got != int(want)).any():
             return [f"its {op} bytes per step are not the {int(want):,} B its layout moves"]
+    return []
+
+
+def _convergence_byte_problems(run, want: int, spec) -> list[str]:
+    """Local SGD: one average of every parameter's bytes after every H steps on every rank, nothing else; the
+    asynchronous workers: one push and one pull of the gradient bytes plus the message header per step."""
+    c, st = run.collectives, run.steps
+    rank_steps = set(zip(st["rank"].astype(int), st["step"].astype(int)))
+    if spec.asynchronous:
+        header = {"push": 16, "pull": 8}
+        for op, extra in header.items():
+            m = c[c["op"] == op] if not c.empty else c
+            if set(zip(m["rank"].astype(int), m["step"].astype(int))) != rank_steps:
+                return [f"its {op} messages do not cover every worker step"]
+            if (m["nbytes"] != want + extra).any():
+                return [f"a {op} message carries other than the {want:,} B of the model plus its {extra} B header"]
+        return []
+    h = int(run.config["local_sgd"])
+    due = {(r, s) for r, s in rank_steps if (s + 1) % h == 0 and s < int(run.config.get("steps", 0))}
+    avg = c[c["phase"] == "average"] if not c.empty else c
+    if not run.buckets.empty or set(zip(avg["rank"].astype(int), avg["step"].astype(int))) != due:
+        return [f"its parameter averages are not one after every {h} steps on every rank"]
+    if (avg["nbytes"] != want).any():
+        return [f"a parameter average moved other than the {want:,} B of the model"]
     return []
 
 

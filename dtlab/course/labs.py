@@ -96,6 +96,10 @@ LABS = {
         ("tensor-parallel and pipeline runs (2 ranks)", c(nproc=2, strategy="tp", baseline_steps=0)),
         ("calibration", _cal(2))]),
 }
+LABS["09"] = ("does it still learn?", lambda c: [
+    ("DDP, local SGD and PowerSGD runs", c()),
+    ("asynchronous server and its workers (one more rank)", c(strategy="async", nproc=c().nproc + 1, baseline_steps=0)),
+    ("calibration", _cal(calibration_ranks(c())))])
 
 
 def lab_parts(lab: str, ngpu: int, nccl=None, quick: bool = False) -> list[dict]:

@@ -19,6 +19,7 @@ import sys
 import time
 
 from dtlab.config.run import RunConfig
+from dtlab.config.strategies import strategy_spec
 from dtlab.runfiles import dump_json
 from dtlab.launching.failures import crashed_after_done, run_failure
 from dtlab.launching.nodes import NodeLaunch, NodeSpec, start_job, wait_for_nodes
@@ -207,13 +208,15 @@ class Handle(StallWatch):
                 continue
             for ev in events:
                 kind = ev.get("kind")
-                if kind in ("step", "baseline_step", "calib"):
+                if kind in ("step", "baseline_step", "calib", "update"):
                     bar.update(1)
                 if kind in ("step", "baseline_step"):
                     bar.set_postfix_str(f"{'baseline ' if kind == 'baseline_step' else ''}"
                                         f"step {ev['t_step'] * 1e3:.0f} ms")
                 elif kind == "calib":
                     bar.set_postfix_str(f"round {ev['round'] + 1} of {ev['rounds']} done")
+                elif kind == "update":  # the asynchronous server's rank 0: one per pushed gradient
+                    bar.set_postfix_str(f"version {ev.get('version')}, staleness {ev.get('staleness')}")
                 elif kind == "ready":
                     bar.set_postfix_str("model built, training")
                 elif kind == "restart":  # torchrun restarted the group: the bar goes back to the resumed step
@@ -240,7 +243,9 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
     desc = f"{cfg.strategy} {cfg.model} x{cfg.nproc} ({backend})"
     if nl.multi:
         desc += f" node {nl.slot + 1} of {nl.nnodes}"
-    return Handle(nl.run_dir, proc, cfg.nproc, cfg.steps + cfg.baseline_steps, cfg.timeout_s, desc,
+    spec = strategy_spec(cfg.strategy)  # an asynchronous server (rank 0) takes one update per worker step
+    total = cfg.steps * (cfg.nproc * cfg.nnodes - spec.server_ranks) if spec.asynchronous else cfg.steps
+    return Handle(nl.run_dir, proc, cfg.nproc, total + cfg.baseline_steps, cfg.timeout_s, desc,
                   stall_s=cfg.stall_s, node=nl, max_restarts=cfg.max_restarts)
 
 

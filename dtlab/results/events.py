@@ -54,6 +54,11 @@ SCHEMA = {
                    "phase": (STR, _REQ), "t_start": (NUM, _REQ), "t_end": (NUM, _REQ)},
     "reference": {"rank": (INT, _REQ), "step": (INT, _REQ), "ref_loss": (NUM, _REQ), "loss": (NUM, _OPT),
                   "grad_ratio": (NUM, _OPT), "grad_rel_err": (NUM, _OPT), "params_compared": (INT, _OPT)},
+    "eval": {"rank": (INT, _REQ), "step": (INT, _REQ), "t": (NUM, _REQ), "accuracy": (NUM, _REQ), "loss": (NUM, _OPT),
+             "t_eval": (NUM, _OPT)},
+    "update": {"rank": (INT, _REQ), "worker": (INT, _REQ), "step": (INT, _REQ), "staleness": (INT, _REQ),
+               "version": (INT, _REQ), "t": (NUM, _OPT)},
+    "params": {"rank": (INT, _REQ), "step": (INT, _REQ), "digest": (STR, _REQ)},
 }
 
 

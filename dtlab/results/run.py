@@ -32,6 +32,7 @@ import pandas as pd
 
 from dtlab.config.strategies import strategy_spec
 from dtlab.intervals import frame_union_length
+from dtlab.results.convergence import convergence_lines, evals_frame, first_at, updates_frame
 from dtlab.results.restarts import FRAMES, recovery, restart_lines
 from dtlab.runfiles import RunDamageWarning
 from dtlab.results.status import read_run_dir, status_lines
@@ -84,6 +85,19 @@ class Run:
     """A pipeline ('pp'): every forward and backward a stage computed, per micro-batch (s from the step start)."""
     references: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REFERENCE_COLUMNS))
     """With `reference`: per rank and step, the single-process copy's loss and how the rank's gradients compare."""
+    evals: pd.DataFrame = field(default_factory=lambda: evals_frame([]))
+    """Held-out evaluations (`eval_every`): step, t (s of training time since the first step, evaluations left
+    out), accuracy, loss, t_eval, t_wall, n; see dtlab.results.convergence."""
+    updates: pd.DataFrame = field(default_factory=lambda: updates_frame([]))
+    """Strategy 'async': every pushed gradient the server took: rank (the worker), step, staleness, applied, ..."""
+
+    def time_to(self, accuracy: float) -> float | None:
+        """Seconds of training time until the first evaluation at or above `accuracy` (None: never reached)."""
+        return first_at(self.evals, accuracy, "t")
+
+    def steps_to(self, accuracy: float) -> int | None:
+        """Optimizer steps (the server's updates for 'async') until the first evaluation at or above `accuracy`."""
+        return first_at(self.evals, accuracy, "step")
 
     @property
     def warmup(self) -> int:
@@ -169,7 +183,7 @@ class Run:
             # A ZeRO-3 run recorded before blocked time was measured.
             t_comp = float((ps["t_step"] - ps["t_comm"]).median()) if not ps.empty else np.nan
             how_comp = ("estimated: T_step - T_comm (recorded without blocked-time measurement; assumes no "
-                        "overlap)")
+                        "overlap)") if self.spec.blocked_time else "estimated: T_step - T_comm (blocking collectives)"
             how_exposed, how_overlap = "assumed = T_comm (no baseline to measure it against)", "not measured"
         else:
             t_comp = float(ps["t_comp_est"].median()) if not ps.empty else np.nan
@@ -229,7 +243,7 @@ class Run:
         if self.resolved.get("oversubscribed"):
             lines.append(f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
                          "(oversubscribed: compute is slowed by sharing cores)")
-        lines += restart_lines(self) + status_lines(self)
+        lines += restart_lines(self) + status_lines(self) + convergence_lines(self)
         for r in s.itertuples():
             if r.value != r.value:  # NaN: not measured
                 val = fmt_ms(None, width=10)
@@ -248,7 +262,8 @@ def load_run(path: str) -> Run:
         warnings.warn(f"{path}: {w}", RunDamageWarning, stacklevel=2)
     rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
                                              "ddp_stats", "blocked", "checkpoint", "restart", "start",
-                                             "microbatch", "reference")}
+                                             "microbatch", "reference", "eval",
+                                             "update")}
     ddp_logging = {}
     for ev in rec.events():
         ev = dict(ev)
@@ -277,6 +292,7 @@ def load_run(path: str) -> Run:
         warnings=list(rec.warnings), damage=_frame(rec.damage(), DAMAGE_COLUMNS, sort=["file", "line"]),
         microbatches=_frame(rows["microbatch"], MICROBATCH_COLUMNS, sort=["rank", "step", "t_start"]),
         references=_frame(rows["reference"], REFERENCE_COLUMNS),
+        evals=evals_frame(rows["eval"]), updates=updates_frame(rows["update"]),
         **{name: _frame(rows_rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
            for name, cols in FRAMES.items()})
 

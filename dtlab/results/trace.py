@@ -102,7 +102,7 @@ def chrome_trace(run) -> dict:
                    for r in rows]
             for r, (s, e), lane in zip(rows, ivs, _lanes(ivs)):
                 lanes_used[int(rank)] = max(lanes_used.get(int(rank), 0), lane + 1)
-                if spec.records == "buckets":
+                if spec.records == "buckets" and not run.buckets.empty:  # local SGD records collectives
                     op = "reduce+broadcast" if spec.bucket_op == "ps" else spec.bucket_op
                     name, args = f"{op} bucket {int(r.bucket)}", {"op": op, "bucket": int(r.bucket),
                                                                   "phase": "backward", "nparams": int(r.nparams)}

@@ -151,9 +151,13 @@ def memory_bars(runs: dict) -> go.Figure:
     return set_title(fig, "Memory per rank (largest rank)")
 
 
-def bytes_by_op(run, step: int | None = None, rank: int = 0) -> go.Figure:
-    """Bytes moved in one step on one rank, per collective op and phase (MB = 1e6 bytes, nccl-tests sizes).
-    DDP buckets count as all_reduce in the backward phase."""
+def bytes_by_op(run, step: int | None = None, rank: int | None = None) -> go.Figure:
+    """Bytes moved in one step on one rank (default: the lowest rank that recorded any; an asynchronous server
+    records none), per collective op and phase (MB = 1e6 bytes, nccl-tests sizes). DDP buckets count as
+    all_reduce in the backward phase."""
+    if rank is None:
+        recorded = run.collectives if not run.collectives.empty else run.buckets
+        rank = int(recorded["rank"].min()) if not recorded.empty else 0
     if not run.collectives.empty:
         c = run.collectives[run.collectives["rank"] == rank]
         if step is None:

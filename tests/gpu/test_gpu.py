@@ -4,7 +4,8 @@ Every test is marked `gpu` and skips, with a reason naming CUDA, on a machine wi
 and CI). On a GPU machine (`tools/gpu_runbook.py setup` runs it) each test checks what only a GPU can show: the
 DDP hook's CUDA events, NCCL's own timing against them (with 2 or more NCCL ranks: one rank launches no
 kernel), gloo ranks sharing a GPU or spread over two with their end marks on their own GPU, ZeRO-3 on one NCCL
-rank and on 2 ranks of one GPU, calibration on CUDA and lab 01 on the GPU.
+rank and on 2 ranks of one GPU, calibration on CUDA, lab 01 on the GPU, and the convergence levers (evaluation,
+local SGD, the asynchronous server) on CUDA tensors.
 """
 import os
 import pathlib
@@ -170,3 +171,17 @@ def test_lab01_quick_mode_on_gpu(tmp_path, monkeypatch):
     runs = list((tmp_path / "runs").iterdir())
     assert runs and dtlab.load_run(str(runs[0])).resolved["device_type"] == "cuda"
     assert os.path.exists(runs[0] / "config.json")
+
+
+def test_convergence_levers_on_cuda(tmp_path):
+    """Held-out evaluation on the GPU, local SGD's averages timed with CUDA events, and the asynchronous server with
+    its messages through host memory (a gloo group of their own when the run's backend is NCCL)."""
+    base = dtlab.tiny(steps=6, warmup=1, baseline_steps=0, batch_size=16, eval_every=3, device="cuda")
+    local = dtlab.run(base.replace(out=str(tmp_path / "local"), local_sgd=3), progress=False)
+    assert local.resolved["device_type"] == "cuda" and list(local.evals["step"]) == [0, 3, 6]
+    avg = local.collectives[local.collectives["phase"] == "average"]
+    assert sorted(set(avg["step"])) == [2, 5] and (avg["t_end"] >= avg["t_start"]).all()
+    server = dtlab.run(base.replace(out=str(tmp_path / "async"), strategy="async", nproc=3), progress=False)
+    u = server.updates
+    assert len(u) == 12 and (u[u["applied"].astype(bool)]["staleness"] <= 2).all()
+    assert server.evals["step"].iloc[-1] == int(u["applied"].sum())

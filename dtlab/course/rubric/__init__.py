@@ -1,7 +1,7 @@
 """The labs' graded questions: for each, its points, the student's answer variable, and the function that computes
 its key (dtlab.course.verdicts.Key) from the objects the lab holds: a run, a profile, a sweep, ...
 
-One module per lab (`lab00` .. `lab08`, `lab10`). Each defines `LAB` (the notebook's name), `QUESTIONS` (a tuple of
+One module per lab (`lab00`, `lab01`, ...). Each defines `LAB` (the notebook's name), `QUESTIONS` (a tuple of
 `Question`) and `sources(rec)`: where the autograder finds each source among a submission's recordings
 (`rec`, a dtlab.course.recordings.Recordings), as {name: a function that loads it}. The same key functions run
 in the notebook (`dtlab.course.checks.check(qid, answer, run=run)`, formative) and in the autograder's own
@@ -20,7 +20,7 @@ from typing import Callable
 LAB_MODULES = {"00_setup_check": "lab00", "01_ddp_breakdown": "lab01", "02_collectives_alpha_beta": "lab02",
                "03_buckets_and_gpu_count": "lab03", "04_zero3_vs_ddp": "lab04", "05_shrinking_comm": "lab05",
                "06_stragglers_ps_faults": "lab06", "07_beyond_one_machine": "lab07", "08_build_it_yourself": "lab08",
-               "10_tensor_and_pipeline": "lab10"}
+               "09_does_it_still_learn": "lab09", "10_tensor_and_pipeline": "lab10"}
 
 
 @dataclass(frozen=True)

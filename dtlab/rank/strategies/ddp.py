@@ -1,4 +1,6 @@
-"""Strategy 'ddp': DistributedDataParallel with a recording comm hook, one rank per process."""
+"""Strategy 'ddp': DistributedDataParallel with a recording comm hook, one rank per process. The same loop runs
+local SGD (`local_sgd`: a plain model per rank, dtlab.rank.local_sgd) and evaluates between steps (`eval_every`,
+dtlab.rank.evaluation)."""
 
 from __future__ import annotations
 
@@ -51,7 +53,6 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     """The DDP training loop. `make_transport(world, device, backend)`, when given, builds how each divided
     bucket is reduced inside the recording hook (strategy 'ps': reduce to rank 0 + broadcast); None keeps
     DDP's all-reduce."""
-    import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from dtlab.rank.restarts import Checkpointer
@@ -59,37 +60,51 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
     from dtlab.rank.stragglers import Straggler, ddp_compute_s
     from dtlab.config.stragglers import straggler_plan
+    from dtlab.rank.evaluation import Evaluator, TrainClock, eval_pause
+    from dtlab.rank.local_sgd import LocalSGD, digest_due
+    from dtlab.rank.optim import Optimizer
+    from dtlab.config.convergence import lr_rule_text
 
     device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
     straggler = Straggler(cfg.straggler, rank, world, device)
     model = built.model.to(device)
     model.train()
+    # local SGD: a plain model per rank, its parameters averaged every H steps (dtlab.rank.local_sgd)
+    local = LocalSGD(model, cfg.local_sgd, world, device) if cfg.local_sgd else None
     # broadcast_buffers=False: dtlab's models have one buffer, the constant position ids (512 int64, 4,096 B);
     # DDP would broadcast it at the start of every forward, a collective that T_fwd and T_comp would count as
     # compute. Nothing needs it: no buffer changes during training (no BatchNorm statistics).
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_mb,
-              broadcast_buffers=False)
+    ddp = model if local else DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                  bucket_cap_mb=cfg.bucket_mb, broadcast_buffers=False)
     codec = None
     if cfg.comm_hook != "none":
         from dtlab.rank.compression import Codec
         codec = Codec(cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed, serialize=backend == "gloo")
     transport = make_transport(world, device, backend) if make_transport is not None else None
     recorder = BucketRecorder(world, device, codec, transport, backend=backend)
-    if cfg.record or cfg.baseline_steps:  # the baseline needs the hook to switch to no-op
+    if (cfg.record or cfg.baseline_steps) and not local:  # the baseline needs the hook to switch to no-op
         ddp.register_comm_hook(None, recorder.hook)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
+    optim = Optimizer(cfg, ddp.parameters())  # AdamW, lr scaled and warmed up (dtlab.config.convergence)
+    opt = optim.opt
+    evaluator = Evaluator(cfg, built.tokenizer, sources["data_source"], device, active=rank == 0)
     if rank == 0:
         record_resolved(run_dir, cfg, backend, device, {**sources, "straggler": straggler_plan(cfg.straggler, world),
-                                                        **recorder_facts(recorder)}, world)
+                                                        **recorder_facts(recorder), **evaluator.facts,
+                                                        "lr_rule": lr_rule_text(cfg)}, world)
     writer.write("ready", rank=rank, time=time.time(), **sources)
     ckpt = Checkpointer(cfg, run_dir, rank, world, device, writer)
     first = ckpt.resume(ddp, opt)  # 0, or where a group restarted by torchrun goes on (dtlab.rank.restarts)
+    optim.resume_at(first)
+    train_clock = TrainClock()  # training time for the evaluations: evaluations excluded
+    if first == 0:
+        eval_pause(evaluator, model, 0, train_clock, writer, rank)
 
     clock = StepClock(device)
     for step in range(first, cfg.steps + cfg.baseline_steps):
         maybe_inject_fault(rank, step)
         baseline = step >= cfg.steps
         recorder.mode = "noop" if baseline else "allreduce"
+        train_clock.start()
         clock.mark("start")
         recorder.begin_step(clock.start)
         straggler.begin_step()
@@ -97,7 +112,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
         k_last = cfg.accumulate - 1
         for k in range(cfg.accumulate):  # micro-batches; only the last one communicates
             batch = batches[(step * cfg.accumulate + k) % len(batches)]
-            with ddp.no_sync() if k < k_last else contextlib.nullcontext():
+            with ddp.no_sync() if k < k_last and not local else contextlib.nullcontext():
                 out = ddp(**batch)
                 clock.mark(f"fwd{k}")
                 if k == k_last:  # every bucket this rank issues is late by the delay (see dtlab.config.stragglers)
@@ -105,15 +120,24 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
                 # DDP's hook fires per bucket in the last backward, which returns once all buckets are reduced
                 (out.loss / cfg.accumulate if cfg.accumulate > 1 else out.loss).backward()
                 clock.mark(f"bwd{k}")
-        opt.step()
+        lr = optim.lr
+        optim.step()
         opt.zero_grad(set_to_none=False)
+        averaged = local.after_step(step) if local and not baseline else None  # inside the step, as t_opt
         clock.mark("opt")
+        step_start = clock.start
         t = clock.read()  # the step's one sync point on GPU
         t_fwd = sum(t[f"fwd{k}"] - (t[f"bwd{k - 1}"] if k else 0.0) for k in range(cfg.accumulate))
         rec = {"rank": rank, "step": step, "t_fwd": t_fwd, "t_bwd": t[f"bwd{k_last}"] - t_fwd,
                "t_opt": t["opt"] - t[f"bwd{k_last}"], "t_step": t["opt"], "loss": float(out.loss.detach()),
-               "micro_batches": cfg.accumulate, "straggle_s": slept, "time": time.time()}
+               "micro_batches": cfg.accumulate, "straggle_s": slept, "lr": lr, "time": time.time()}
         writer.write("baseline_step" if baseline else "step", **rec)
+        if averaged:
+            writer.write("collective", rank=rank, step=step, **local.seconds(averaged, step_start))
+        if local and not baseline and digest_due(step, cfg.local_sgd, cfg.steps - 1):  # ranks agree? (not timed)
+            t0 = time.perf_counter()
+            local.digest_event(writer, rank, step, averaged=averaged is not None)
+            train_clock.exclude(time.perf_counter() - t0)
         buckets = recorder.collect() if not baseline and cfg.record else []
         for b in buckets:
             writer.write("bucket", rank=rank, step=step, **b)
@@ -121,8 +145,10 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
         ckpt.after_step(step, ddp, opt)  # every checkpoint_every training steps, after the step's records
         # DDP logs a step's runtime stats in the next step's forward (these are step - 1's), and only for its
         # sampled iterations (<= 10 and every 100th): skip the logging-data call on the others.
-        if step >= 1 and (step <= 10 or step % 100 == 0):
+        if step >= 1 and (step <= 10 or step % 100 == 0) and not local:
             _write_ddp_stats(ddp, writer, rank, step - 1)
+        if not baseline:  # rank 0 evaluates when due, every rank waits: no step clock runs meanwhile
+            eval_pause(evaluator, model, step + 1, train_clock, writer, rank)
         if step == 0:
             writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
                          grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
@@ -134,6 +160,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
                  grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
                  optim_bytes=optimizer_state_bytes(opt), peak_bytes=peak, peak_kind=kind)
     try:  # DDP's own view (bucket sizes, comm hook, ...), a free cross-check
+        if local:
+            return
         data = ddp._get_ddp_logging_data()
         writer.write("ddp_logging", rank=rank, data={k: (v if isinstance(v, (int, float, str)) else str(v))
                                                      for k, v in data.items()})
