@@ -30,8 +30,8 @@ REPEATS = 3
 HELD_OUT = [3 << 13, 3 << 16, 3 << 19, 3 << 21, 3 << 23, 3 << 24]
 
 
-def held_out_check(root: str, nproc: int, model: str, batch_size: int, seq_len: int) -> dict:
-    prof = dtlab.calibrate(nproc=nproc, ops=("all_reduce",), out=os.path.join(root, "profile"), load="backward",
+def held_out_check(root: str, nproc: int, model: str, batch_size: int, seq_len: int, load: str) -> dict:
+    prof = dtlab.calibrate(nproc=nproc, ops=("all_reduce",), out=os.path.join(root, "profile"), load=load,
                            load_model=model, load_batch_size=batch_size, load_seq_len=seq_len, progress=False)
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -83,9 +83,11 @@ def main():
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--json", default=None)
     ap.add_argument("--skip-ddp", action="store_true", help="part 1 only")
+    ap.add_argument("--load", default="backward", choices=("idle", "backward"),
+                    help="also time every size issued from inside a replayed backward pass (default), or not")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="dtlab-model-error-")
-    part1 = held_out_check(root, a.nproc, a.model, a.batch_size, a.seq_len)
+    part1 = held_out_check(root, a.nproc, a.model, a.batch_size, a.seq_len, a.load)
     print("held-out all-reduce sizes (not in the calibration sweep), plain torch.distributed, medians:")
     print("regimes fitted (bytes):", ", ".join(f"{a:,}..{b:,}" for a, b in part1["regimes"]))
     print(f"{'bytes':>12} {'measured ms':>12} {'max/min of':>11} {'one-line ms':>12} {'error':>8} "
@@ -102,8 +104,9 @@ def main():
               "per bucket size (idle: every bucket at its idle price; contended: loaded while backward runs)")
     for r in part2:
         print(f"  bucket {r['bucket_mb']:>6g} MiB ({r['n_buckets']} buckets), {r['steps']} steps: idle T_step "
-              f"{r['median_abs_t_step_error']:.1%} T_comm {r['median_abs_t_comm_error']:.1%} | contended T_step "
-              f"{r['contended_median_abs_t_step_error']:.1%} T_comm {r['contended_median_abs_t_comm_error']:.1%}")
+              f"{r['median_abs_t_step_error']:.1%} T_comm {r['median_abs_t_comm_error']:.1%}"
+              + (f" | contended T_step {r['contended_median_abs_t_step_error']:.1%} T_comm "
+                 f"{r['contended_median_abs_t_comm_error']:.1%}" if "contended_median_abs_t_comm_error" in r else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"collectives": part1, "ddp": part2, "args": vars(a)}, f, indent=2)

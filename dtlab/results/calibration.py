@@ -24,7 +24,7 @@ def samples_frame(run_dir: str):
     rows = [e for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))
             for e in read_events(p) if e.get("kind") == "sample"]
     raw = pd.DataFrame(rows, columns=["rank", "op", "nbytes", "nproc", "load", "iter", "seconds"])
-    raw["load"] = raw["load"].fillna("idle")  # sweeps recorded before loads existed were idle
+    raw["load"] = raw["load"].astype(object).fillna("idle")  # sweeps recorded before loads existed were idle
     if raw.empty:
         return raw, raw
     g = raw.groupby(["op", "nbytes", "nproc", "load", "iter"])["seconds"]
