@@ -70,34 +70,62 @@ def _clean(path: str, student: bool) -> None:
         f.write(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
+#: Run otter's assign on several masters in one interpreter (otter's imports cost seconds; paid once): argv is
+#: a JSON list of [master, result folder]; one JSON line per master with its error, if any, goes to stdout.
+_ASSIGN_MANY = """\
+import contextlib, io, json, sys, traceback
+from otter.assign import main
+for master, result in json.loads(sys.argv[1]):
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            main(master, result, no_pdfs=True)
+        print(json.dumps({"master": master, "error": None}), flush=True)
+    except BaseException as e:
+        print(json.dumps({"master": master, "error": f"{type(e).__name__}: {e}",
+                          "log": log.getvalue()[-2000:] + traceback.format_exc()[-2000:]}), flush=True)
+"""
+
+
 def assign(source: str, out: str, quiet: bool = True) -> dict:
     """Write student notebooks and autograders for the masters in `source`. Returns {"student": [paths],
     "autograder": [zip paths]}: out/student/<lab>.ipynb, out/autograder/<lab>.zip (with dtlab's manifest), and
     the instructor's solution notebook (keys in, tests out) out/instructor/<lab>.ipynb."""
-    cmd = _otter()
+    _otter()
     result = {"student": [], "autograder": []}
     for d in ("student", "autograder", "instructor"):
         os.makedirs(os.path.join(out, d), exist_ok=True)
-    for master in masters(source):
-        stem = os.path.splitext(os.path.basename(master))[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            p = subprocess.run(cmd + ["assign"] + ([] if quiet else ["-v"]) + [os.path.abspath(master), tmp],
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                raise RuntimeError(f"otter assign failed on {master}:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    found = masters(source)
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [(os.path.abspath(m), os.path.join(tmp, os.path.splitext(os.path.basename(m))[0])) for m in found]
+        p = subprocess.run([sys.executable, "-c", _ASSIGN_MANY, json.dumps(jobs)], capture_output=True, text=True)
+        reports = {}
+        for line in p.stdout.splitlines():
+            try:
+                rec = json.loads(line)
+                reports[rec["master"]] = rec
+            except (ValueError, KeyError, TypeError):
+                if not quiet:
+                    print(line)
+        for master, res_dir in jobs:
+            rec = reports.get(master)
+            if rec is None or rec["error"]:
+                why = rec["error"] + "\n" + rec.get("log", "") if rec else (p.stdout[-2000:] + p.stderr[-2000:])
+                raise RuntimeError(f"otter assign failed on {master}:\n{why}")
+            stem = os.path.splitext(os.path.basename(master))[0]
             student = os.path.join(out, "student", f"{stem}.ipynb")
-            shutil.copy(os.path.join(tmp, "student", f"{stem}.ipynb"), student)
+            shutil.copy(os.path.join(res_dir, "student", f"{stem}.ipynb"), student)
             _clean(student, student=True)
             instructor = os.path.join(out, "instructor", f"{stem}.ipynb")
-            shutil.copy(os.path.join(tmp, "autograder", f"{stem}.ipynb"), instructor)
+            shutil.copy(os.path.join(res_dir, "autograder", f"{stem}.ipynb"), instructor)
             _clean(instructor, student=False)
-            zips = sorted(glob.glob(os.path.join(tmp, "autograder", "*.zip")))
+            zips = sorted(glob.glob(os.path.join(res_dir, "autograder", "*.zip")))
             zip_path = os.path.join(out, "autograder", f"{stem}.zip")
             shutil.copy(zips[0], zip_path)
             _add_manifest(zip_path, stem, student)
-        result["student"].append(student)
-        result["autograder"].append(zip_path)
-        print(f"{stem}: student {student}, autograder {zip_path}")
+            result["student"].append(student)
+            result["autograder"].append(zip_path)
+            print(f"{stem}: student {student}, autograder {zip_path}")
     return result
 
 

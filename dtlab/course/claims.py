@@ -260,5 +260,7 @@ def interleaved(configs: dict, repeats: int, run) -> dict:
 
 def order_text(labels, repeats: int) -> str:
     """'interleaved: A B, then B A' for the order :func:`interleaved` used."""
+    if repeats == 1:
+        return "one run each, in the order " + " ".join(labels)
     rounds = [" ".join(labels if i % 2 == 0 else labels[::-1]) for i in range(repeats)]
     return "interleaved: " + ", then ".join(rounds)

@@ -65,6 +65,7 @@ def test_interleaved_runs_alternate_the_order():
     out = interleaved({"A": "a", "B": "b", "C": "c"}, 3, run=lambda cfg: made.append(cfg) or cfg.upper())
     assert made == list("abccbaabc") and out == {"A": ["A"] * 3, "B": ["B"] * 3, "C": ["C"] * 3}
     assert order_text(["A", "B"], 2) == "interleaved: A B, then B A"
+    assert order_text(["A", "B"], 1) == "one run each, in the order A B"
     with pytest.raises(ValueError, match="repeats"):
         interleaved({"A": 1}, 0, run=print)
 
