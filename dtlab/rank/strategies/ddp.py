@@ -5,6 +5,7 @@ dtlab.rank.evaluation)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 
 from dtlab.config.run import RunConfig
@@ -73,9 +74,12 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     local = LocalSGD(model, cfg.local_sgd, world, device) if cfg.local_sgd else None
     # broadcast_buffers=False: dtlab's models have one buffer, the constant position ids (512 int64, 4,096 B);
     # DDP would broadcast it at the start of every forward, a collective that T_fwd and T_comp would count as
-    # compute. Nothing needs it: no buffer changes during training (no BatchNorm statistics).
+    # compute. Nothing needs it: no buffer changes during training (no BatchNorm statistics). torch 2.13 renamed
+    # the argument forward_sync_buffers (and warns on the old name); older versions only know broadcast_buffers.
+    no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+               else {"broadcast_buffers": False})
     ddp = model if local else DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                  bucket_cap_mb=cfg.bucket_mb, broadcast_buffers=False)
+                                  bucket_cap_mb=cfg.bucket_mb, **no_sync)
     codec = None
     if cfg.comm_hook != "none":
         from dtlab.rank.compression import Codec
