@@ -10,21 +10,28 @@ from dtlab.viz.figures import bucket_timeline
 from dtlab.viz.report import write_report
 
 
-def test_a_2x_straggler_makes_the_other_rank_wait_its_extra_compute(tmp_path, tiny_run, capsys):
-    # the same config as the shared no-straggler run (tiny_run), with rank 1's compute doubled
-    run = dtlab.run(tiny(out=str(tmp_path / "x2"), steps=6, warmup=2, baseline_steps=2, bucket_mb=0.05,
+def test_a_2x_straggler_makes_the_other_rank_wait_its_extra_compute(tmp_path, capsys):
+    # the tiny model with rank 1's compute doubled; 10 measured steps
+    run = dtlab.run(tiny(out=str(tmp_path / "x2"), steps=12, warmup=2, baseline_steps=2, bucket_mb=0.05,
                          straggler="1:2"), progress=False)
     plan = run.resolved["straggler"]
     assert plan["ranks"]["1"]["factor"] == 2.0 and "(FACTOR - 1) x C" in plan["rule"]
     for frame in (run.steps, run.baseline_steps):  # baseline steps straggle too: T_comp is the slowest rank's
         assert (frame[frame["rank"] == 1]["straggle_s"] > 0).all() and (frame[frame["rank"] == 0]["straggle_s"] == 0).all()
-    w, base = run_waits(run), run_waits(tiny_run)
-    r0, r1 = w[w["rank"] == 0], w[w["rank"] == 1]
+    w = run_waits(run)
+    r1 = w[w["rank"] == 1]
     delay = float(r1["straggle_s"].median())
     # FACTOR honoured: the delay is about (2 - 1) x the straggler's own compute (the delay taken out)
     assert 0.5 < delay / float((r1["t_comp_s"] - r1["straggle_s"]).median()) < 2.0
-    grew = float(r0["wait_s"].median()) - float(base[base["rank"] == 0]["wait_s"].median())
-    assert grew == pytest.approx(delay, rel=0.5), (w, base)
+    # rank 0 waits the straggler's extra compute: its wait, measured without clocks from the bucket durations,
+    # is the synchronous-step model's T_comp,1 - T_comp,0 from the same steps' own compute times (medians over
+    # the steps; gloo's completion and a sleep's wake-up add a few ms to the measured wait).
+    # (Not compared with another run's wait: on a loaded 2-core machine rank 0's own compute swings by more
+    # than the 20 ms delay from one run to the next, and a longer compute of its own shortens its wait.)
+    per_step = w.pivot(index="step", columns="rank")
+    model_wait = per_step["t_comp_s"][1] - per_step["t_comp_s"][0]
+    assert float(per_step["wait_s"][0].median()) == pytest.approx(float(model_wait.median()), rel=0.5), w
+    assert float(model_wait.median()) > 0.2 * delay, w  # the delay lands inside rank 1's compute: rank 0 waits
     assert float(r1["wait_s"].median()) < 0.25 * delay  # the straggler itself waits for nobody
     assert wait_summary(w).set_index("rank").loc[0, "waited_for"] == 1
     assert "injected delay" in [t.name for t in bucket_timeline(run, rank=1).data]
