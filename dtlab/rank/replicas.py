@@ -123,3 +123,14 @@ def check_reference(ref, step: int, named_params, writer, rank: int, loss) -> No
     rec = ref.step_and_compare(step, named_params)
     writer.write("reference", rank=rank, step=step, loss=loss, seconds=time.perf_counter() - t0, **rec)
     dist.barrier()
+
+
+def after_step(writer, rank: int, step: int, params, opt, device, reference, named_params, loss) -> None:
+    """What every split strategy (tp, pp, fsdp2) records after a step's event: at step 0 the memory it holds
+    once the optimizer state exists (peak not yet meaningful), and the comparison with the one-process
+    reference run when there is one."""
+    if step == 0:
+        writer.write("memory", rank=rank, **{**memory_record(params, opt, device), "peak_bytes": None,
+                                             "peak_kind": None})
+    if reference is not None:
+        check_reference(reference, step, named_params, writer, rank, loss)

@@ -167,3 +167,7 @@ def test_ci_runs_the_readme_commands_in_a_fresh_environment():
     assert re.search(r"python3 -m venv \"\$venv\"\s", ci) and "--system-site-packages" not in ci.replace(
         "no --system-site-packages", "")
     assert "readme_commands.py README.md" in ci
+    # CI runs the README's commands written out, each at the start of its own line and stopping CI with its own
+    # exit status when it fails, and refuses a README that differs from them
+    for cmd in cmds:
+        assert re.search("^" + re.escape(cmd) + r' \|\| \{ rc=\$\?;.*exit "\$rc"; \}$', ci, flags=re.M), cmd

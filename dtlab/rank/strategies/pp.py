@@ -116,7 +116,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     from dtlab.rank.collectives import CommRecorder
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-    from dtlab.rank.replicas import build, check_reference, dp_sync, local_bytes, memory_record
+    from dtlab.rank.replicas import after_step, build, dp_sync, local_bytes, memory_record
     from dtlab.rank.strategies.stages import make_stage, stage_param_names
 
     b = build(cfg, run_dir, rank, world)
@@ -184,11 +184,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         writer.write("step", rank=rank, step=step, t_fwd=t_f, t_bwd=t_b - t0 - t_f, t_opt=t_o - t_b,
                      t_step=t_o - t0, t_pipe=t_pipe, loss=loss, t_blocked=t_blocked, stage=s, dp_rank=b.dp_rank,
                      microbatches=M, time=time.time())
-        if step == 0:
-            writer.write("memory", rank=rank, **{**memory_record(params, opt, b.device), "peak_bytes": None,
-                                                 "peak_kind": None})
-        if b.reference is not None:
-            check_reference(b.reference, step, mine, writer, rank, loss)
+        after_step(writer, rank, step, params, opt, b.device, b.reference, mine, loss)
     _ACTIVE["recorder"] = None
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
 

@@ -52,7 +52,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     from dtlab.rank.collectives import CommRecorder, FuncolMode, LayerTracker
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-    from dtlab.rank.replicas import build, check_reference, dp_sync, local_bytes, memory_record
+    from dtlab.rank.replicas import after_step, build, dp_sync, local_bytes, memory_record
 
     b = build(cfg, run_dir, rank, world)
     model = b.model.to(b.device)
@@ -101,9 +101,5 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         loss = float(out.loss.detach())
         writer.write("step", rank=rank, step=step, t_fwd=t_f - t0, t_bwd=t_b - t_f, t_opt=t_o - t_b,
                      t_step=t_o - t0, loss=loss, t_blocked=t_blocked, dp_rank=b.dp_rank, time=time.time())
-        if step == 0:
-            writer.write("memory", rank=rank, **{**memory_record(params, opt, b.device), "peak_bytes": None,
-                                                 "peak_kind": None})
-        if b.reference is not None:
-            check_reference(b.reference, step, model.named_parameters(), writer, rank, loss)
+        after_step(writer, rank, step, params, opt, b.device, b.reference, model.named_parameters(), loss)
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
