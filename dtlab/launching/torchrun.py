@@ -21,6 +21,7 @@ import time
 import uuid
 
 from dtlab.config.run import RunConfig
+from dtlab.launching.agent import RANK_COMM, start_method
 from dtlab.runfiles import dump_json
 from dtlab.results.liveness import identity
 
@@ -83,7 +84,8 @@ def write_status(run_dir: str, state: str, **fields) -> None:
 # outright runs no atexit handler) makes it SIGTERM itself, so torchrun stops its ranks (which also die with it),
 # and SIGKILL itself if that takes longer than AGENT_GRACE_S. PR_SET_PDEATHSIG cannot do this: it fires when the
 # *thread* that started the agent exits (man 2 prctl), so a launch from a worker thread died with that thread.
-# (2) It writes what torchrun knows of each failed rank (exit code, signal, pid) to EXITS, so RunFailed can name
+# (2) It runs torchrun's main (dtlab.launching.agent: ranks forked from a warm agent on gloo, spawned otherwise) and
+# writes what torchrun knows of each failed rank (exit code, signal, pid) to EXITS, so RunFailed can name
 # the rank that died without guessing from the order of errors and without parsing torchrun's log; a failed
 # rendezvous (a node that never joined, a store nobody hosts) goes to RDZV the same way. Both are written
 # atomically; on a full disk they are left out (and no temporary file is left), the launcher says why.
@@ -103,28 +105,8 @@ def _lifeline(fd):
     time.sleep(%r)
     os.kill(os.getpid(), signal.SIGKILL)
 threading.Thread(target=_lifeline, args=(int(sys.argv[1]),), daemon=True).start()
-from dtlab.runfiles import dump_json
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousError
-from torch.distributed.run import main
-def _record(doc, path):
-    try:
-        dump_json(doc, path)
-    except OSError as err:
-        try:
-            print(f"dtlab: could not write {path}: {err}", file=sys.stderr, flush=True)
-        except OSError:
-            pass
-try:
-    main(sys.argv[4:])
-except RendezvousError as e:
-    _record({"error": type(e).__name__, "message": str(e)}, sys.argv[3])
-    raise
-except ChildFailedError as e:
-    _record({str(rank): {"rank": rank, "pid": f.pid, "exitcode": f.exitcode,
-                         "signal": f.signal_name() if f.exitcode < 0 else None, "timestamp": f.timestamp,
-                         "message": f.message} for rank, f in e.failures.items()}, sys.argv[2])
-    raise
+from dtlab.launching.agent import run_agent
+run_agent(sys.argv[2], sys.argv[3], sys.argv[4:])
 """ % AGENT_GRACE_S
 
 # The directory that holds the dtlab package (dtlab/launching/torchrun.py -> three levels up).
@@ -136,7 +118,9 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, no
     """Start `torchrun -m MODULE RUN_DIR` in its own session, rendezvous on a port the OS picks; or, given
     `node` (a dtlab.launching.nodes.NodeLaunch), this node's agent of a multi-node job (`is_host`: whether it
     hosts the rendezvous store, None: torch decides). With `max_restarts` > 0 torchrun restarts the whole group
-    when a rank dies (TORCHELASTIC_RESTART_COUNT counts)."""
+    when a rank dies (TORCHELASTIC_RESTART_COUNT counts). `gloo_threads`: the ranks run on CPU with gloo (each
+    gets its share of the cores, and they are forked from the warm agent unless DTLAB_START_METHOD=spawn)."""
+    method = start_method(gloo_threads)
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
     if node is not None:
@@ -161,7 +145,7 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, no
     prefix = list(node.spec.prefix) if node is not None else []
     life_r, life_w = os.pipe()  # both ends close-on-exec: only the agent is handed the read end (pass_fds)
     cmd = prefix + [sys.executable, "-c", _AGENT, str(life_r), files[0], files[1], *rdzv,
-                    f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+                    f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", f"--start-method={method}",
                     f"--log-dir={files[2][:-4]}", "-m", module, run_dir]
     try:
         with open(files[2], "ab") as log:
@@ -204,13 +188,24 @@ def _argv(pid: int) -> list[bytes]:
         return []
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def is_rank_of(pid: int, run_dir: str, slot: int | None = None) -> bool:
     """True if `pid` is alive and is a rank started for `run_dir`: its arguments include the run directory
-    itself (not merely a path that starts with it) and a dtlab rank module. Never a reused PID. With `slot`,
+    itself (not merely a path that starts with it) and a dtlab rank module; a rank forked from torchrun's agent
+    carries the agent's command line and is told from the agent by its name (RANK_COMM). Never a reused PID. With `slot`,
     only a rank of that node of a multi-node job (two emulated nodes share one machine's process table)."""
     argv = _argv(pid)  # a zombie has an empty command line: dead for our purposes
     ok = (os.path.abspath(run_dir).encode() in argv and any(m.encode() in argv for m in RANK_MODULES)
-          and argv[1:2] != [b"-c"] and pid != os.getpid())  # "-c": torchrun's agent (our shim), not a rank
+          and pid != os.getpid())
+    if ok and argv[1:2] == [b"-c"]:  # torchrun's agent (our shim), or a rank forked from it (same command line)
+        ok = _comm(pid) == RANK_COMM
     if ok and slot is not None:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:

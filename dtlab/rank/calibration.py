@@ -141,6 +141,16 @@ def _collective(op: str, nbytes: int, world: int, device, group=None, async_op: 
     return lambda: dist.all_gather_into_tensor(y, x, group=group, async_op=async_op)
 
 
+def entry(argv: list[str]) -> int:
+    """A calibration rank for the run directory argv[0]; returns the exit code."""
+    return _rank_main(argv[0])
+
+
+def warm(argv: list[str]) -> None:
+    """What a calibration rank imports: torch.distributed (torchrun's agent imports it before forking CPU ranks)."""
+    import torch.distributed  # noqa: F401
+
+
 if __name__ == "__main__":
     from dtlab.rank.lifecycle import exit_rank
-    exit_rank(_rank_main(sys.argv[1]))
+    exit_rank(entry(sys.argv[1:]))

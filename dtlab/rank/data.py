@@ -58,6 +58,13 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
     return Built(m, tok, f"DistilBertConfig() random init, {why}", tok_src)
 
 
+def warm_model() -> None:
+    """Import the model and tokenizer classes `build_model` uses (transformers' DistilBERT), without building
+    anything: torchrun's agent calls it once so that forked CPU ranks start with them imported."""
+    from transformers import (AutoModelForSequenceClassification, BertTokenizerFast,  # noqa: F401
+                              DistilBertConfig, DistilBertForSequenceClassification)
+
+
 def apply_dropout(model, p: float | None) -> None:
     """Set every dropout layer's probability to `p` (`RunConfig.dropout`; None leaves the model's own).
     DistilBERT's attention reads its dropout's `p` at call time, so this reaches the attention weights too."""

@@ -24,6 +24,11 @@ from dtlab.runfiles import dump_json
 from dtlab.runfiles import RANK_EXIT_DISK_FULL, is_disk_error
 
 
+#: How this rank process was started: 'spawn' (a fresh interpreter, `python -m MODULE`) or 'fork' (forked from
+#: torchrun's warm agent; dtlab.launching.agent sets it). Recorded in the rank's start event.
+START_METHOD = "spawn"
+
+
 def rank_main(run_dir: str, body) -> int:
     """Run `body(run_dir, rank, world, writer)` inside the rank lifecycle; returns the process exit code."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -37,7 +42,8 @@ def rank_main(run_dir: str, body) -> int:
     slot = os.environ.get("DTLAB_NODE_SLOT")  # which launcher started this rank (multi-node jobs only)
     writer.write("start", rank=rank, world_size=world, pid=os.getpid(), host=socket.gethostname(),
                  node=int(os.environ.get("GROUP_RANK", 0)), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-                 slot=int(slot) if slot else None, master_port=int(os.environ.get("MASTER_PORT", 0)), time=time.time())
+                 slot=int(slot) if slot else None, master_port=int(os.environ.get("MASTER_PORT", 0)),
+                 start_method=START_METHOD, time=time.time())
     ok = False
     try:
         body(run_dir, rank, world, writer)

@@ -20,9 +20,24 @@ def _train(run_dir: str, rank: int, world: int, writer) -> None:
     importlib.import_module(strategy_spec(cfg.strategy).module).train(cfg, run_dir, rank, world, writer)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def entry(argv: list[str]) -> int:
+    """A training rank for the run directory argv[0]; returns the exit code."""
     return rank_main(argv[0], _train)
+
+
+def warm(argv: list[str]) -> None:
+    """Import what a rank of the run directory argv[0] will import (torch.distributed, the strategy's module,
+    the model and tokenizer classes): torchrun's agent does this once before forking CPU ranks."""
+    import torch.distributed  # noqa: F401
+
+    cfg = RunConfig.from_dict(read_config(argv[0])["config"])
+    importlib.import_module(strategy_spec(cfg.strategy).module)
+    from dtlab.rank.data import warm_model
+    warm_model()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return entry(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -49,21 +49,35 @@ def test_distilbert_source_names_the_reason(tmp_path):
     assert "HF_HUB_OFFLINE is set" in out
 
 
+def _start_methods(run) -> set:
+    """How the run's ranks were started, from their start events."""
+    import glob
+    import json
+    out = set()
+    for path in glob.glob(f"{run.path}/events/rank*.jsonl"):
+        with open(path) as f:
+            out |= {e.get("start_method") for e in map(json.loads, f) if e.get("kind") == "start"}
+    return out
+
+
 def _losses(run) -> dict:
     df = run.steps.sort_values(["rank", "step"])
     return {int(r): g["loss"].tolist() for r, g in df.groupby("rank")}
 
 
 def test_same_seed_runs_in_separate_launches_have_bit_identical_losses(tmp_path, monkeypatch, tiny_run):
-    """Two launches of one tiny config, each with its own hash salt: every rank's every loss is equal bit for bit
-    (on CPU with gloo; see RunConfig.deterministic for CUDA). A different seed (the shared tiny run's, seed 0) must
-    change them, or the test would pass for a run that ignored its data."""
+    """Two launches of one tiny config, each with its own hash salt, one with ranks spawned as fresh interpreters
+    and one with ranks forked from torchrun's warm agent (the default on CPU): every rank's every loss is equal bit
+    for bit (on CPU with gloo; see RunConfig.deterministic for CUDA). A different seed (the shared tiny run's, seed
+    0) must change them, or the test would pass for a run that ignored its data."""
     runs = []
-    for salt in ("11", "22"):
+    for salt, method in (("11", "spawn"), ("22", "fork")):
         monkeypatch.setenv("PYTHONHASHSEED", salt)
+        monkeypatch.setenv("DTLAB_START_METHOD", method)
         cfg = dtlab.tiny(out=str(tmp_path / f"r{salt}"), steps=3, warmup=1, baseline_steps=0, seed=5)
         runs.append(dtlab.run(cfg, progress=False))
     a, b = (_losses(r) for r in runs)
+    assert [_start_methods(r) for r in runs] == [{"spawn"}, {"fork"}]
     c = {r: v[:3] for r, v in _losses(tiny_run).items()}
     assert tiny_run.config["seed"] != 5
     assert set(a) == {0, 1} and all(len(v) == 3 for v in a.values())

@@ -124,3 +124,17 @@ def test_an_interrupted_calibration_says_so(tmp_path):
     assert prof.meta["partial"] and "all_reduce" in prof.fits
     assert any(c.startswith("partial: the sweep interrupted") for c in prof.caveats)
     assert dtlab.load_profile(d).meta["partial"]  # the partial profile was saved
+
+
+@pytest.mark.parametrize("value", ["forkserver", "Fork", "x"])
+def test_a_start_method_other_than_fork_or_spawn_is_refused_before_anything_starts(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("DTLAB_START_METHOD", value)
+    with pytest.raises(ValueError, match=rf"DTLAB_START_METHOD must be one of fork, spawn, got {value!r}"):
+        dtlab.launch(dtlab.tiny(out=str(tmp_path / "never")))
+    assert not (tmp_path / "never").exists()
+
+
+def test_nccl_ranks_are_always_spawned_and_gloo_ranks_forked_unless_asked(monkeypatch):
+    from dtlab.launching.agent import start_method
+    assert start_method(True, {}) == "fork" and start_method(True, {"DTLAB_START_METHOD": "spawn"}) == "spawn"
+    assert start_method(False, {}) == "spawn" and start_method(False, {"DTLAB_START_METHOD": "fork"}) == "spawn"

@@ -1,0 +1,186 @@
+"""What runs inside torchrun's agent process (started by dtlab.launching.torchrun's shim), and how its ranks start.
+
+Two ways to start the ranks, both torch's elastic agent (the code behind `torchrun`), chosen by torchrun's own
+`--start-method` flag, which dtlab.launching.torchrun sets:
+
+- `spawn` (NCCL, and wherever DTLAB_START_METHOD=spawn): the agent runs `python -m dtlab.rank.worker RUN_DIR` in a
+  fresh interpreter per rank, as the `torchrun` command does. Each rank then imports torch and transformers itself:
+  about 3.5 CPU-seconds per rank on this project's reference machine (2 cores), most of a tiny run's cost.
+- `fork` (CPU ranks on gloo, the default there): the agent imports torch, transformers and the rank's modules once
+  (`warm`), then torch's elastic agent forks each rank from it (`torchrun --start-method fork` with a function
+  entry point). A rank starts with everything imported; the agent never initialises CUDA, runs no tensor op and
+  holds no process group, so the fork copies no live device, thread pool or connection. What a rank does after it
+  starts is the same code in both ways; a test checks that both give bit-identical losses.
+
+A forked rank is made to look like a spawned one: a session of its own (torchrun starts spawned ranks that way, so
+a signal to the agent's group does not reach them), default signal handlers (not the agent's), and the same exit
+codes. torch reports only the first failed rank of a forked group; the agent here watches every rank's exit
+(`waitid` without reaping) so exits.json names each rank that died, as it does for spawned ranks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+
+from dtlab.runfiles import dump_json
+
+#: DTLAB_START_METHOD: how CPU ranks start ('fork' by default; 'spawn' = a fresh interpreter per rank). NCCL ranks
+#: are always spawned: a CUDA process must not be forked, and an agent that imported torch could be one.
+START_METHODS = ("fork", "spawn")
+#: A forked rank's process name (/proc/PID/comm): its command line is the agent's, so this is how it is told apart.
+RANK_COMM = "dtlab-rank"
+
+
+def start_method(backend_gloo: bool, environ=os.environ) -> str:
+    """'fork' or 'spawn' for a job whose ranks use gloo (`backend_gloo`) or not. ValueError naming
+    DTLAB_START_METHOD when it holds anything else."""
+    want = environ.get("DTLAB_START_METHOD", "").strip() or "fork"
+    if want not in START_METHODS:
+        raise ValueError(f"DTLAB_START_METHOD must be one of {', '.join(START_METHODS)}, got {want!r} in the "
+                         "environment; unset it for the default (fork for CPU ranks on gloo, spawn for NCCL)")
+    return want if backend_gloo else "spawn"
+
+
+class _ExitWatch:
+    """Every forked rank's end, seen by the agent without reaping it (torch's process context reaps): each rank
+    writes 'RANK PID' to a pipe as it starts, and a thread per rank waits for that PID with WNOWAIT."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe()
+        self.ends: dict[int, dict] = {}  # pid -> {rank, pid, exitcode, signal, timestamp}
+        self.pids: dict[int, int] = {}   # rank -> its latest pid (torchrun may restart the group)
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def started(self, rank: int) -> None:
+        """Called in the forked rank."""
+        os.write(self.w, f"{rank} {os.getpid()}\n".encode())
+
+    def _read(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(self.r, 4096)
+            except InterruptedError:
+                continue
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                rank, pid = map(int, line.split())
+                with self.lock:
+                    self.pids[rank] = pid
+                threading.Thread(target=self._wait, args=(rank, pid), daemon=True).start()
+
+    def _wait(self, rank: int, pid: int) -> None:
+        while True:
+            try:
+                st = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:  # reaped before this thread looked: torch's record stands for it
+                return
+        killed = st.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        code = -st.si_status if killed else st.si_status
+        with self.lock:
+            self.ends[pid] = {"rank": rank, "pid": pid, "exitcode": code, "timestamp": time.time(),
+                              "signal": signal.Signals(st.si_status).name if killed else None}
+
+    def failures(self) -> dict[int, dict]:
+        """rank -> end of the ranks of the latest attempt that exited non-zero or by a signal."""
+        with self.lock:
+            latest = {self.pids[r]: r for r in self.pids}
+            return {e["rank"]: e for pid, e in self.ends.items() if pid in latest and e["exitcode"] != 0}
+
+
+_WATCH: _ExitWatch | None = None
+
+
+def forked_rank(module: str, *argv: str) -> int:
+    """The function torch's elastic agent runs in each forked rank: `module`'s entry(argv), as `python -m module
+    ARGV` would. Success returns 0 (torch's agent collects it); a failure ends the process at once with the
+    rank's exit code (dtlab.rank.lifecycle.exit_rank), as a spawned rank does."""
+    _set_name(RANK_COMM)
+    os.setsid()  # as torchrun's spawned ranks: a signal to the agent's group does not reach the ranks
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)  # torch's agent turns SIGTERM into an exception; a rank just dies
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _WATCH is not None:
+        _WATCH.started(int(os.environ["RANK"]))
+    from dtlab.rank import lifecycle
+
+    lifecycle.START_METHOD = "fork"
+    code = importlib.import_module(module).entry(list(argv))
+    if code:
+        lifecycle.exit_rank(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0
+
+
+def _set_name(name: str) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def warm(module: str, argv: list[str]) -> None:
+    """Import, in the agent, what `module`'s ranks will import (torch, transformers, the strategy's module), so
+    forked ranks start with it."""
+    mod = importlib.import_module(module)
+    warmer = getattr(mod, "warm", None)
+    if warmer is not None:
+        warmer(list(argv))
+
+
+def _record(doc: dict, path: str) -> None:
+    try:
+        dump_json(doc, path)
+    except OSError as err:
+        try:
+            print(f"dtlab: could not write {path}: {err}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+
+
+def run_agent(exits_path: str, rdzv_path: str, argv: list[str]) -> None:
+    """torchrun's `main(argv)`, with a function entry point when argv says --start-method=fork; writes what it knows
+    of each failed rank to `exits_path` and a failed rendezvous to `rdzv_path`."""
+    global _WATCH
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+    from torch.distributed.run import run as torchrun
+
+    args = parse_args(argv)
+    fork = args.start_method == "fork"
+    try:
+        if fork:
+            warm(args.training_script, args.training_script_args)
+            _WATCH = _ExitWatch()
+            config, _, _ = config_from_args(args)
+            elastic_launch(config=config, entrypoint=forked_rank)(args.training_script, *args.training_script_args)
+        else:
+            torchrun(args)
+    except RendezvousError as e:
+        _record({"error": type(e).__name__, "message": str(e)}, rdzv_path)
+        raise
+    except ChildFailedError as e:
+        doc = {str(rank): {"rank": rank, "pid": f.pid, "exitcode": f.exitcode,
+                           "signal": f.signal_name() if f.exitcode < 0 else None, "timestamp": f.timestamp,
+                           "message": f.message} for rank, f in e.failures.items()}
+        if fork:  # torch names only the first failed rank of a forked group: add every rank seen to fail
+            for rank, end in _WATCH.failures().items():
+                doc[str(rank)] = {**doc.get(str(rank), {}), **end, "message": doc.get(str(rank), {}).get("message")}
+        _record(doc, exits_path)
+        raise
