@@ -24,14 +24,16 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 #: Files whose tests share one execution of each lab (tests/labrun.py caches it per process): with pytest-xdist
-#: (`-n 2`) a lab's tests go to one worker together.
+#: (`-n 2`) every lab's tests go to one worker, which runs the labs one after another in one JupyterLab and one
+#: browser (two browsers rendering labs side by side on 2 cores took longer than one after the other).
 LAB_FILES = ("test_notebooks.py", "test_browser.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     """Mark every test with its folder's tier (a test outside the tier folders is an error, not a silent extra) and
-    with the group pytest-xdist keeps on one worker (`--dist loadgroup`): a lab's tests together, else a file's (so
-    a module's shared runs are made once)."""
+    with the group pytest-xdist keeps on one worker (`--dist loadgroup`): the labs' tests together, else a file's
+    (so a module's shared runs are made once)."""
     for item in items:
         rel = pathlib.Path(str(item.path)).resolve().relative_to(HERE)
         tier = rel.parts[0] if len(rel.parts) > 1 else None
@@ -39,8 +41,7 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"tests/{rel}: every test lives in one of tests/{', tests/'.join(TIERS)}")
         item.add_marker(getattr(pytest.mark, tier))
         if item.get_closest_marker("xdist_group") is None:
-            lab = getattr(getattr(item, "callspec", None), "params", {}).get("name")
-            group = f"lab {lab}" if rel.name in LAB_FILES and lab else str(rel)
+            group = "labs" if rel.name in LAB_FILES else str(rel)
             item.add_marker(pytest.mark.xdist_group(group))
 
 

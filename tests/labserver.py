@@ -213,7 +213,7 @@ def run_all(page, url: str, path: str, timeout_s: float) -> float:
     assert page.evaluate(JS_COMMAND, [path, "notebook:run-all-cells"]), f"{path} is not open"
     deadline = t0 + timeout_s
     while time.monotonic() < deadline:
-        page.wait_for_timeout(500)
+        page.wait_for_timeout(250)
         cells = page.evaluate(JS_CELLS, path)
         code = [c for c in cells if c["type"] == "code"]
         if any(o.get("output_type") == "error" for c in code for o in c["outputs"]):
@@ -241,7 +241,7 @@ def _settle(page, w: int, path: str, timeout_s: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout_s
     last = page.evaluate(JS_WIDGET_STATE, w)
     while time.monotonic() < deadline:
-        page.wait_for_timeout(600)
+        page.wait_for_timeout(300)
         now = page.evaluate(JS_WIDGET_STATE, w)
         drawn = all(f["title"] and f["data"] for f in now["figures"])  # not between a purge and a redraw
         if now == last and drawn and page.evaluate(JS_KERNEL_IDLE, path):
@@ -272,13 +272,13 @@ def _move(page, w: int, s: int, state: dict, path: str) -> dict:
         slider.locator(".noUi-handle").first.focus()
         for _ in range(3):
             page.keyboard.press(key)
-        page.wait_for_timeout(300)
+        page.wait_for_timeout(150)
         now = page.evaluate(JS_WIDGET_STATE, w)
         if now["sliders"][s]["readout"] != before:
             break
     deadline = time.monotonic() + REDRAW_WAIT_S
     while time.monotonic() < deadline and (now["figures"], now["labels"]) == (state["figures"], state["labels"]):
-        page.wait_for_timeout(250)
+        page.wait_for_timeout(150)
         now = page.evaluate(JS_WIDGET_STATE, w)
     now = _settle(page, w, path)
     return {"slider": state["sliders"][s]["label"], "from": before, "to": now["sliders"][s]["readout"],

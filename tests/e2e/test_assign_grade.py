@@ -115,16 +115,24 @@ def _planted(dist, tmp_path):
     return d
 
 
-def test_grade_full_marks_for_keys_and_exactly_the_planted_losses(dist, tmp_path):
+def test_grade_full_marks_for_the_instructors_solutions(dist, tmp_path):
     good = tmp_path / "alice"
     good.mkdir()
     shutil.copy(dist / "instructor" / "08_build_it_yourself.ipynb", good)
-    bad = _planted(dist, tmp_path)
     csv = tmp_path / "scores.csv"
-    df = grade(str(dist / "autograder"), [str(good), str(bad)], csv=str(csv), progress=False)
-    alice, bob = df[df.student == "alice"].set_index("question"), df[df.student == "bob"].set_index("question")
+    df = grade(str(dist / "autograder"), [str(good)], csv=str(csv), progress=False)
+    alice = df[df.student == "alice"].set_index("question")
     assert set(alice.index) == {"lab08.hook", "lab08.ring", "lab08.q1", "lab08.q2", "lab08.q3"}
     assert (alice.points == alice.max_points).all(), alice
+    assert set(df["mode"]) == {"quick"} and (df["replayed"] == 0).all() and set(df["status"]) == {"graded"}
+    assert len(csv.read_text().splitlines()) == 1 + len(df)
+
+
+def test_grade_takes_exactly_the_planted_mistakes_points(dist, tmp_path):
+    bad = _planted(dist, tmp_path)
+    df = grade(str(dist / "autograder"), [str(bad)], progress=False)
+    bob = df[df.student == "bob"].set_index("question")
+    assert set(bob.index) == {"lab08.hook", "lab08.ring", "lab08.q1", "lab08.q2", "lab08.q3"}
     lost = bob[bob.points < bob.max_points]
     assert set(lost.index) == {"lab08.q2", "lab08.hook", "lab08.ring"}, bob
     assert (lost.points == 0).all() and (bob.drop(lost.index).points == bob.drop(lost.index).max_points).all()
@@ -132,7 +140,8 @@ def test_grade_full_marks_for_keys_and_exactly_the_planted_losses(dist, tmp_path
     assert "never reduced" in lost.loc["lab08.ring", "feedback"] or "chunk" in lost.loc["lab08.ring", "feedback"]
     assert "you said 1" in lost.loc["lab08.q2", "feedback"] and "too low" in lost.loc["lab08.q2", "feedback"]
     assert set(df["mode"]) == {"quick"} and (df["replayed"] == 0).all() and set(df["status"]) == {"graded"}
-    assert len(csv.read_text().splitlines()) == 1 + len(df)
+
+
 # ---- lab 01: the keys, a blank notebook and the cheats, graded from one recorded quick run ----------------------
 
 

@@ -74,7 +74,7 @@ def test_quickstart_still_has_its_two_commands():
     cmds = _quickstart_commands((ROOT / "README.md").read_text())
     assert len(cmds) == 2, cmds
     assert all(c.startswith("pip install torch==") for c in cmds), cmds
-    assert cmds[1].endswith("python -m pytest -q"), cmds[1]
+    assert cmds[1].endswith("python -m pytest -q -n auto --dist loadgroup"), cmds[1]  # every test, on every core
 
 
 def test_no_internal_references():

@@ -12,6 +12,8 @@ import tarfile
 import time
 import zipfile
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -65,45 +67,48 @@ def _fits(out):
     return {f for f, _ in listing["files"]}
 
 
-def test_dry_run_walks_the_three_parts_within_the_limits(tmp_path):
+@pytest.mark.parametrize("part", list(runbook.PARTS))
+def test_dry_run_walks_each_part_within_the_limits(part, tmp_path):
+    """Each of the runbook's three parts, dry-run on this CPU machine, one test per part (each is its own command
+    on the GPU machine, under its limit)."""
     wheel_dir = _fake_folder(tmp_path)
-    seen = {}
-    for part, steps in runbook.PARTS.items():
-        t0 = time.monotonic()
-        out, proc = _part(part, tmp_path, wheel_dir)
-        partial = set()
-        while proc.poll() is None:  # the summary is rewritten after every step, not only at the end
-            try:
-                s = json.loads((out / "summary.json").read_text())
-                partial.add(tuple(s["steps"]))
-            except (OSError, ValueError, KeyError):
-                pass
-            time.sleep(0.2)
-        log = proc.stdout.read()
-        wall = time.monotonic() - t0
-        assert proc.returncode == 0, log[-3000:]
-        assert wall < runbook.COMMAND_LIMIT_S, f"{part} took {wall:.0f} s"
-        s = json.loads((out / "summary.json").read_text())
-        assert s["dry_run"] and s["ok"] and list(s["steps"]) == list(steps) and s["planned"] == list(steps)
-        assert all(v["ok"] for v in s["steps"].values())
-        assert s["writes"] >= len(steps) + 2 and s["out_files"]["depth"] <= runbook.MAX_DEPTH
-        files = _fits(out)
-        assert {"summary.json", "logs.tar.gz"} <= files
-        assert not (out / "site").exists() and not runbook._inside(s["work"], str(out))
-        with tarfile.open(out / "logs.tar.gz") as tar:
-            seen[part] = (set(tar.getnames()), s, partial)
-    names, s, partial = seen["runs"]
-    assert {"main-job.log", "zero3.log", "first/config.json", "zero3/config.json"} <= names
-    assert ("install", "main-job") in partial  # seen while zero3 was still running
-    m = s["main_job"]
-    assert m["bytes_per_rank_step"] == [m["grad_bytes"]] and m["T_step_ms"] > 0
-    assert "gloo on CPU" in m["placement"]["label"] and m["bucket_timing"]["path"] == "wall"
-    assert s["zero3"]["unfinished_collectives"] == 0
-    setup = seen["setup"][1]["steps"]
-    suite = setup["gpu-suite"]
-    assert suite["tests"] >= 10 and suite["skipped"] == suite["tests"]  # no GPU here: every GPU test skips...
-    assert all("CUDA" in r for r in suite["skip_reasons"])                # ...with a reason naming CUDA
-    assert setup["wheels"]["travels_mib"] < wheels.TREE_MAX_BYTES / 2**20
-    cal = seen["calibrate"][1]
-    assert set(cal["calibration"]) >= {"all_reduce", "reduce_scatter", "all_gather"}
-    assert {p["what"] for p in cal["steps"]["lab04"]["placed"]} == {"ZeRO-3 run", "DDP run", "calibration"}
+    steps = runbook.PARTS[part]
+    t0 = time.monotonic()
+    out, proc = _part(part, tmp_path, wheel_dir)
+    partial = set()
+    while proc.poll() is None:  # the summary is rewritten after every step, not only at the end
+        try:
+            s = json.loads((out / "summary.json").read_text())
+            partial.add(tuple(s["steps"]))
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    log = proc.stdout.read()
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, log[-3000:]
+    assert wall < runbook.COMMAND_LIMIT_S, f"{part} took {wall:.0f} s"
+    s = json.loads((out / "summary.json").read_text())
+    assert s["dry_run"] and s["ok"] and list(s["steps"]) == list(steps) and s["planned"] == list(steps)
+    assert all(v["ok"] for v in s["steps"].values())
+    assert s["writes"] >= len(steps) + 2 and s["out_files"]["depth"] <= runbook.MAX_DEPTH
+    files = _fits(out)
+    assert {"summary.json", "logs.tar.gz"} <= files
+    assert not (out / "site").exists() and not runbook._inside(s["work"], str(out))
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        names = set(tar.getnames())
+    if part == "runs":
+        assert {"main-job.log", "zero3.log", "first/config.json", "zero3/config.json"} <= names
+        assert ("install", "main-job") in partial  # seen while zero3 was still running
+        m = s["main_job"]
+        assert m["bytes_per_rank_step"] == [m["grad_bytes"]] and m["T_step_ms"] > 0
+        assert "gloo on CPU" in m["placement"]["label"] and m["bucket_timing"]["path"] == "wall"
+        assert s["zero3"]["unfinished_collectives"] == 0
+    elif part == "setup":
+        suite = s["steps"]["gpu-suite"]
+        assert suite["tests"] >= 10 and suite["skipped"] == suite["tests"]  # no GPU here: every GPU test skips...
+        assert all("CUDA" in r for r in suite["skip_reasons"])                # ...with a reason naming CUDA
+        assert s["steps"]["wheels"]["travels_mib"] < wheels.TREE_MAX_BYTES / 2**20
+    else:
+        assert part == "calibrate"
+        assert set(s["calibration"]) >= {"all_reduce", "reduce_scatter", "all_gather"}
+        assert {p["what"] for p in s["steps"]["lab04"]["placed"]} == {"ZeRO-3 run", "DDP run", "calibration"}
