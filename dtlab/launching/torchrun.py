@@ -7,7 +7,8 @@
   failed rank to RUN_DIR/exits.json (and a failed rendezvous to rendezvous.json); c10d rendezvous on
   127.0.0.1 port 0, or one node's part of a multi-node job (dtlab.launching.nodes: per-node file names, the
   shared endpoint, DTLAB_NODE_SLOT in the ranks' environment).
-- Processes: the ranks of a run found by their command line in /proc, their kernel state, signals to a PID or a
+- Processes: the ranks of a run found by their command line in /proc (forked ranks, which carry the agent's, by
+  their name too), their kernel state, signals to a PID or a
   process group, and small log readers (`file_size`, `read_from`, `last_lines`).
 """
 
