@@ -25,7 +25,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 #: Files whose tests share one execution of each lab (tests/labrun.py caches it per process): with pytest-xdist
 #: (`-n 2`) every lab's tests go to one worker, which runs the labs one after another in one JupyterLab and one
-#: browser (two browsers rendering labs side by side on 2 cores took longer than one after the other).
+#: browser, while the other worker takes the rest of the suite.
 LAB_FILES = ("test_notebooks.py", "test_browser.py")
 
 
