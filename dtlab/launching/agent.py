@@ -102,6 +102,10 @@ class _ExitWatch:
 
 
 _WATCH: _ExitWatch | None = None
+#: Seconds an agent whose launcher died waits for torch's agent to stop the ranks before it SIGKILLs itself.
+AGENT_GRACE_S = 60.0
+#: True in an agent forked from a warm server (dtlab.launching.warm); its ranks record it in their start event.
+WARM = False
 
 
 def forked_rank(module: str, *argv: str) -> int:
@@ -118,6 +122,7 @@ def forked_rank(module: str, *argv: str) -> int:
     from dtlab.rank import lifecycle
 
     lifecycle.START_METHOD = "fork"
+    lifecycle.WARM_AGENT = WARM
     code = importlib.import_module(module).entry(list(argv))
     if code:
         lifecycle.exit_rank(code)
@@ -150,6 +155,33 @@ def _record(doc: dict, path: str) -> None:
             print(f"dtlab: could not write {path}: {err}", file=sys.stderr, flush=True)
         except OSError:
             pass
+
+
+def start_lifeline(fd: int, grace_s: float) -> None:
+    """Tie this agent to the launching process: `fd` is the read end of a pipe only the launcher writes to. At end
+    of file (the launcher exited or died) the agent SIGTERMs itself, so torch's agent stops its ranks, and SIGKILLs
+    itself if that takes longer than `grace_s` seconds."""
+    def lifeline():
+        while True:
+            try:
+                if not os.read(fd, 1):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=lifeline, daemon=True, name="dtlab-lifeline").start()
+
+
+def agent_main(argv: list[str]) -> None:
+    """The agent process's main: argv = [LIFELINE_FD, EXITS_PATH, RDZV_PATH, *torchrun's arguments] (the shim's
+    arguments in dtlab.launching.torchrun; a warm server's forked agent gets the same)."""
+    start_lifeline(int(argv[0]), AGENT_GRACE_S)
+    run_agent(argv[1], argv[2], argv[3:])
 
 
 def run_agent(exits_path: str, rdzv_path: str, argv: list[str]) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from dtlab.runfiles import dump_json
 from dtlab.launching.torchrun import signal_group, write_status, check_omp_threads, prepare_dir, release_lifeline, start_torchrun
 from dtlab.launching.agent import start_method
+from dtlab.launching.warm import enabled as warm_enabled
 from dtlab.results.liveness import identity
 from dtlab.config.nodes import is_loopback, parse_endpoint
 from dtlab.results.status import node_statuses
@@ -96,6 +97,7 @@ def start_job(cfg, key: str, body: dict, facts: dict, module: str, gloo_threads:
     spec = spec or NodeSpec()
     check_omp_threads({**os.environ, **spec.env})
     start_method(gloo_threads, {**os.environ, **spec.env})  # a bad DTLAB_START_METHOD is refused here, by name
+    warm_enabled({**os.environ, **spec.env})  # and a bad DTLAB_WARM_AGENT
     doc = {key: body, "launch": facts}
     if cfg.nnodes == 1:
         existed = os.path.isdir(cfg.out)

@@ -23,6 +23,8 @@ import uuid
 
 from dtlab.config.run import RunConfig
 from dtlab.launching.agent import RANK_COMM, start_method
+from dtlab.launching.warm import enabled as warm_enabled
+from dtlab.launching.warm import fork_agent
 from dtlab.runfiles import dump_json
 from dtlab.results.liveness import identity
 
@@ -80,42 +82,25 @@ def write_status(run_dir: str, state: str, **fields) -> None:
     dump_json({"state": state, **fields}, os.path.join(run_dir, "status.json"))
 
 
-# The torchrun agent, started through a shim that (1) lives exactly as long as the launching *process*: it reads
-# a pipe whose write end only the launcher holds, and end-of-file there (the launcher died: a kernel killed
-# outright runs no atexit handler) makes it SIGTERM itself, so torchrun stops its ranks (which also die with it),
-# and SIGKILL itself if that takes longer than AGENT_GRACE_S. PR_SET_PDEATHSIG cannot do this: it fires when the
-# *thread* that started the agent exits (man 2 prctl), so a launch from a worker thread died with that thread.
-# (2) It runs torchrun's main (dtlab.launching.agent: ranks forked from a warm agent on gloo, spawned otherwise) and
-# writes what torchrun knows of each failed rank (exit code, signal, pid) to EXITS, so RunFailed can name
-# the rank that died without guessing from the order of errors and without parsing torchrun's log; a failed
-# rendezvous (a node that never joined, a store nobody hosts) goes to RDZV the same way. Both are written
-# atomically; on a full disk they are left out (and no temporary file is left), the launcher says why.
-AGENT_GRACE_S = 60.0
-_AGENT = """\
-import os, signal, sys, threading, time
-def _lifeline(fd):
-    while True:
-        try:
-            if not os.read(fd, 1):
-                break
-        except InterruptedError:
-            continue
-        except OSError:
-            break
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(%r)
-    os.kill(os.getpid(), signal.SIGKILL)
-threading.Thread(target=_lifeline, args=(int(sys.argv[1]),), daemon=True).start()
-from dtlab.launching.agent import run_agent
-run_agent(sys.argv[2], sys.argv[3], sys.argv[4:])
-""" % AGENT_GRACE_S
+# The torchrun agent, started through a shim (dtlab.launching.agent.agent_main) that (1) lives exactly as long as
+# the launching *process*: it reads a pipe whose write end only the launcher holds, and end-of-file there (the
+# launcher died: a kernel killed outright runs no atexit handler) makes it SIGTERM itself, so torchrun stops its
+# ranks (which also die with it), and SIGKILL itself if that takes longer than AGENT_GRACE_S. PR_SET_PDEATHSIG
+# cannot do this: it fires when the *thread* that started the agent exits (man 2 prctl), so a launch from a worker
+# thread died with that thread. (2) It runs torchrun's main (dtlab.launching.agent: ranks forked from a warm agent
+# on gloo, spawned otherwise) and writes what torchrun knows of each failed rank (exit code, signal, pid) to EXITS,
+# so RunFailed can name the rank that died without guessing from the order of errors and without parsing
+# torchrun's log; a failed rendezvous (a node that never joined, a store nobody hosts) goes to RDZV the same way.
+# Both are written atomically; on a full disk they are left out (and no temporary file is left), the launcher says
+# why. A single-node CPU job's agent is forked from a warm server with the same arguments (dtlab.launching.warm).
+_AGENT = "import sys\nfrom dtlab.launching.agent import agent_main\nagent_main(sys.argv[1:])\n"
 
 # The directory that holds the dtlab package (dtlab/launching/torchrun.py -> three levels up).
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, node=None,
-                   is_host: bool | None = None, max_restarts: int = 0) -> subprocess.Popen:
+                   is_host: bool | None = None, max_restarts: int = 0):
     """Start `torchrun -m MODULE RUN_DIR` in its own session, rendezvous on a port the OS picks; or, given
     `node` (a dtlab.launching.nodes.NodeLaunch), this node's agent of a multi-node job (`is_host`: whether it
     hosts the rendezvous store, None: torch decides). With `max_restarts` > 0 torchrun restarts the whole group
@@ -145,13 +130,16 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, no
         rdzv, files = node.agent_args(is_host), [node.path("exits"), node.path("rendezvous"), node.log_path()]
     prefix = list(node.spec.prefix) if node is not None else []
     life_r, life_w = os.pipe()  # both ends close-on-exec: only the agent is handed the read end (pass_fds)
-    cmd = prefix + [sys.executable, "-c", _AGENT, str(life_r), files[0], files[1], *rdzv,
-                    f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", f"--start-method={method}",
-                    f"--log-dir={files[2][:-4]}", "-m", module, run_dir]
+    args = [files[0], files[1], *rdzv, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+            f"--start-method={method}", f"--log-dir={files[2][:-4]}", "-m", module, run_dir]
+    warm = method == "fork" and not prefix and (node is None or not node.multi) and warm_enabled(env)
     try:
         with open(files[2], "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True, pass_fds=(life_r,))
+            proc = fork_agent(args, env, life_r, log.fileno()) if warm else None
+            if proc is None:
+                proc = subprocess.Popen(prefix + [sys.executable, "-c", _AGENT, str(life_r), *args], stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                        start_new_session=True, pass_fds=(life_r,))
     except BaseException:
         os.close(life_w)
         raise

@@ -27,6 +27,8 @@ from dtlab.runfiles import RANK_EXIT_DISK_FULL, is_disk_error
 #: How this rank process was started: 'spawn' (a fresh interpreter, `python -m MODULE`) or 'fork' (forked from
 #: torchrun's warm agent; dtlab.launching.agent sets it). Recorded in the rank's start event.
 START_METHOD = "spawn"
+#: True when that agent was itself forked from a warm server (dtlab.launching.warm) instead of started afresh.
+WARM_AGENT = False
 
 
 def rank_main(run_dir: str, body) -> int:
@@ -43,7 +45,7 @@ def rank_main(run_dir: str, body) -> int:
     writer.write("start", rank=rank, world_size=world, pid=os.getpid(), host=socket.gethostname(),
                  node=int(os.environ.get("GROUP_RANK", 0)), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
                  slot=int(slot) if slot else None, master_port=int(os.environ.get("MASTER_PORT", 0)),
-                 start_method=START_METHOD, time=time.time())
+                 start_method=START_METHOD, warm_agent=WARM_AGENT, time=time.time())
     ok = False
     try:
         body(run_dir, rank, world, writer)

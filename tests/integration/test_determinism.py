@@ -50,13 +50,13 @@ def test_distilbert_source_names_the_reason(tmp_path):
 
 
 def _start_methods(run) -> set:
-    """How the run's ranks were started, from their start events."""
+    """How the run's ranks were started, from their start events: (start method, agent forked from a warm server)."""
     import glob
     import json
     out = set()
     for path in glob.glob(f"{run.path}/events/rank*.jsonl"):
         with open(path) as f:
-            out |= {e.get("start_method") for e in map(json.loads, f) if e.get("kind") == "start"}
+            out |= {(e.get("start_method"), e.get("warm_agent")) for e in map(json.loads, f) if e.get("kind") == "start"}
     return out
 
 
@@ -66,18 +66,21 @@ def _losses(run) -> dict:
 
 
 def test_same_seed_runs_in_separate_launches_have_bit_identical_losses(tmp_path, monkeypatch, tiny_run):
-    """Two launches of one tiny config, each with its own hash salt, one with ranks spawned as fresh interpreters
-    and one with ranks forked from torchrun's warm agent (the default on CPU): every rank's every loss is equal bit
-    for bit (on CPU with gloo; see RunConfig.deterministic for CUDA). A different seed (the shared tiny run's, seed
-    0) must change them, or the test would pass for a run that ignored its data."""
+    """Three launches of one tiny config, each with its own hash salt: ranks spawned as fresh interpreters, ranks
+    forked from a torchrun agent started afresh, and ranks forked from an agent that a warm server forked (the
+    default on CPU): every rank's every loss is equal bit for bit (on CPU with gloo; see RunConfig.deterministic
+    for CUDA). A different seed (the shared tiny run's, seed 0) must change them, or the test would pass for a run
+    that ignored its data."""
     runs = []
-    for salt, method in (("11", "spawn"), ("22", "fork")):
+    for salt, method, warm in (("11", "spawn", "0"), ("22", "fork", "0"), ("33", "fork", "1")):
         monkeypatch.setenv("PYTHONHASHSEED", salt)
         monkeypatch.setenv("DTLAB_START_METHOD", method)
+        monkeypatch.setenv("DTLAB_WARM_AGENT", warm)
         cfg = dtlab.tiny(out=str(tmp_path / f"r{salt}"), steps=3, warmup=1, baseline_steps=0, seed=5)
         runs.append(dtlab.run(cfg, progress=False))
-    a, b = (_losses(r) for r in runs)
-    assert [_start_methods(r) for r in runs] == [{"spawn"}, {"fork"}]
+    a, b, w = (_losses(r) for r in runs)
+    assert [_start_methods(r) for r in runs] == [{("spawn", False)}, {("fork", False)}, {("fork", True)}]
+    assert a == w
     c = {r: v[:3] for r, v in _losses(tiny_run).items()}
     assert tiny_run.config["seed"] != 5
     assert set(a) == {0, 1} and all(len(v) == 3 for v in a.values())

@@ -1,0 +1,72 @@
+"""CPU runs whose torchrun agent is forked from a warm server (dtlab.launching.warm): one server per environment
+serves every launch of this process, each agent is found, stopped and reported as a cold one is, and a server that
+dies does not hang the runs it started."""
+import json
+import os
+import signal
+import time
+
+import dtlab
+from dtlab.launching.torchrun import is_rank_of
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a for a in f.read().split(b"\0") if a]
+
+
+def _live_ranks(handle, n: int, timeout_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = handle.live_rank_pids()
+        if len(pids) == n:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"{n} ranks never showed up: {handle.live_rank_pids()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _long(tmp_path, name):
+    return dtlab.tiny(out=str(tmp_path / name), steps=100000, timeout_s=120.0)
+
+
+def test_agents_of_one_environment_come_from_one_server_and_stop_like_cold_ones(tmp_path):
+    servers = []
+    for name in ("a", "b"):
+        h = dtlab.launch(_long(tmp_path, name))
+        ranks = _live_ranks(h, 2)
+        servers.append(_ppid(h.proc.pid))
+        argv = _cmdline(h.proc.pid)  # the agent's command line names its run and rank module, as a cold agent's
+        assert argv[1:3] == [b"-c", b"dtlab warm agent"] and argv[-3:] == [b"-m", b"dtlab.rank.worker",
+                                                                        h.run_dir.encode()], argv
+        assert all(is_rank_of(p, h.run_dir) for p in ranks) and not is_rank_of(h.proc.pid, h.run_dir)
+        h.stop(grace_s=10.0)
+        assert h.status() == "stopped" and h.proc.returncode is not None
+        assert not [p for p in ranks if _alive(p)] and not _alive(h.proc.pid)
+    assert servers[0] == servers[1] and _alive(servers[0]) and servers[0] != os.getpid()
+
+
+def test_a_killed_server_hangs_no_run_and_the_next_launch_gets_a_new_one(tmp_path):
+    h = dtlab.launch(_long(tmp_path, "orphan"))
+    ranks = _live_ranks(h, 2)
+    server = _ppid(h.proc.pid)
+    os.kill(server, signal.SIGKILL)
+    h.stop(grace_s=10.0)  # the agent's exit can no longer be reported by its server: seen from /proc instead
+    assert h.status() == "stopped" and not [p for p in ranks + [h.proc.pid] if _alive(p)]
+    run = dtlab.run(dtlab.tiny(out=str(tmp_path / "after"), steps=2, baseline_steps=0), progress=False)
+    assert run.status["state"] == "finished"
+    with open(os.path.join(run.path, "events", "rank0.jsonl")) as f:
+        start = json.loads(f.readline())
+    assert start["kind"] == "start" and start["warm_agent"] is True

@@ -1,0 +1,55 @@
+"""The warm agent server's pure parts: which environments share a server, the opt-out's check, and the command line
+a forked agent writes over the server's argument memory (so /proc names its run directory as a cold agent's does)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import dtlab
+from dtlab.launching import warm
+
+_CMDLINE = """
+import sys
+from dtlab.launching.warm import set_cmdline
+ok = set_cmdline([sys.executable, "-c", "dtlab warm agent", "7", "/runs/r1", "-m", "dtlab.rank.worker", "/runs/r1"])
+too_long = set_cmdline(["x" * 100000])
+with open("/proc/self/cmdline", "rb") as f:
+    print(ok, too_long, f.read().rstrip(b"\\0").split(b"\\0"))
+"""
+
+
+def test_a_forked_agent_rewrites_its_command_line_in_place_and_refuses_one_that_does_not_fit():
+    out = subprocess.run([sys.executable, "-c", _CMDLINE, " " * 2000], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.strip()
+    ok, too_long, rest = out.split(" ", 2)
+    assert (ok, too_long) == ("True", "False")
+    assert rest == repr([sys.executable.encode(), b"-c", b"dtlab warm agent", b"7", b"/runs/r1", b"-m",
+                         b"dtlab.rank.worker", b"/runs/r1"])
+
+
+def test_the_ranks_own_variables_and_pytests_do_not_split_servers_but_anything_else_does():
+    base = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    key = warm.server_key(base)
+    assert warm.server_key({**base, "DTLAB_FAULT": "1:3:kill", "PYTEST_CURRENT_TEST": "t (call)"}) == key
+    for name, value in (("OMP_NUM_THREADS", "2"), ("PYTHONHASHSEED", "1"), ("HF_HUB_OFFLINE", "1")):
+        assert warm.server_key({**base, name: value}) != key, name
+
+
+def test_an_edited_dtlab_gets_a_fresh_server(tmp_path, monkeypatch):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(warm, "_PKG_DIR", str(tmp_path))
+    before = warm.server_key({})
+    os.utime(tmp_path / "a.py", ns=(0, os.stat(tmp_path / "a.py").st_mtime_ns + 10**9))
+    assert warm.server_key({}) != before
+    (tmp_path / "b.py").write_text("")
+    assert warm.server_key({}) != before
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "true"])
+def test_a_warm_agent_setting_other_than_0_or_1_is_refused_before_anything_starts(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("DTLAB_WARM_AGENT", value)
+    with pytest.raises(ValueError, match=rf"DTLAB_WARM_AGENT must be 0 or 1, got {value!r}"):
+        dtlab.launch(dtlab.tiny(out=str(tmp_path / "never")))
+    assert not (tmp_path / "never").exists()
+    assert warm.enabled({}) and warm.enabled({"DTLAB_WARM_AGENT": "1"}) and not warm.enabled({"DTLAB_WARM_AGENT": "0"})
