@@ -24,6 +24,11 @@ def _alive(pid):
         return False
 
 
+def _ppid(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def _starts(run_dir):
     out = []
     for r in (0, 1):
@@ -58,14 +63,18 @@ def test_a_killed_launcher_takes_its_ranks_and_its_run_reads_abandoned(tmp_path,
         time.sleep(0.2)
     pids = [e["pid"] for e in _starts(str(out))]
     assert len(pids) == 2 and all(_alive(p) for p in pids)
+    status = json.loads((out / "status.json").read_text())
+    server = _ppid(status["agent"]["pid"])  # the warm agent server that forked the agent (a child of the launcher)
+    assert _ppid(server) == proc.pid
     proc.send_signal(signal.SIGKILL)  # a kernel killed outright: no atexit, no finally
     proc.wait()
     status = json.loads((out / "status.json").read_text())
     assert status["state"] == "running" and status["launcher"]["pid"] == proc.pid  # nobody wrote an end state
+    everyone = pids + [status["agent"]["pid"], server]
     deadline = time.monotonic() + 30
-    while any(_alive(p) for p in pids + [status["agent"]["pid"]]) and time.monotonic() < deadline:
+    while any(_alive(p) for p in everyone) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in pids + [status["agent"]["pid"]] if _alive(p)]  # the agent stopped them and went
+    assert not [p for p in everyone if _alive(p)]  # the agent stopped them and went; so did the server
     run = load_run(str(out))
     assert run.status["state"] == "abandoned" and run.status["recorded_state"] == "running"
     assert f"the process that launched it (pid {proc.pid}) is gone" in run.status["why"]

@@ -94,6 +94,18 @@ def test_heldout_goes_with_the_training_source():
         load_heldout("local file /x.csv (10 rows)")
 
 
+def test_a_run_longer_than_the_generated_set_cycles_through_it_instead_of_generating_more(monkeypatch):
+    """A 100,000-step run once generated and tokenised 1.6 million sentences before its first step (about 15 s):
+    the generated set stops at SST-2's training size, the source says so, and a shorter request is its prefix."""
+    from dtlab.rank import data
+    monkeypatch.setattr(data, "OFFLINE_ROWS", 500)
+    s, labels, src = data.load_sentences("offline", 1500, seed=4)
+    assert len(s) == len(labels) == 500 and src.endswith(", 500 generated, cycled 3 times")
+    short, _, short_src = data.load_sentences("offline", 200, seed=4)
+    assert short == s[:200] and short_src == data.OFFLINE_SOURCE
+    assert data.load_heldout(src, 10)[2].startswith("dtlab's held-out generated sentences")  # still offline's split
+
+
 # ---- the asynchronous server's bookkeeping ----------------------------------------------------------------------
 
 def test_drop_policy_takes_every_push_once_and_drops_only_stale_ones():
