@@ -47,6 +47,7 @@ CMDLINE_BYTES = 16384
 MARKER = "dtlab warm agent"   # a forked agent's `-c` argument (a cold agent's is the shim's source)
 _SERVE = "from dtlab.launching.warm import serve; serve()"
 MAX_SERVERS = 3               # idle servers kept per launching process (one per environment)
+READY_TIMEOUT_S = 300.0       # a server not ready by then (its imports hang) is stopped; launches start agents cold
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -287,9 +288,14 @@ class _Server:
                     self.replies[doc["req"]] = doc
                 self.cond.notify_all()
 
-    def wait_ready(self) -> dict:
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict:
+        """The server's ready message: {'ready': True, 'capacity': bytes} once its imports are done, else why not
+        (it failed, exited, or was not ready within `timeout_s` seconds: then it is stopped and stays unusable)."""
         with self.cond:
-            self.cond.wait_for(lambda: self.ready is not None or self.dead)
+            self.cond.wait_for(lambda: self.ready is not None or self.dead, timeout_s)
+            if self.ready is None and not self.dead:
+                self.ready = {"ready": False, "error": f"not ready within {timeout_s:.0f} s"}
+                self.proc.kill()
             return self.ready if self.ready is not None else {"ready": False, "error": "the server exited"}
 
     def fork_agent(self, args: list[str], env: dict, life_r: int, log_fd: int) -> int | None:
@@ -330,6 +336,7 @@ class WarmProc:
         self._ident = identity(pid)
 
     def poll(self) -> int | None:
+        """The agent's exit status (negative: the signal that ended it), None while it runs."""
         if self.returncode is None:
             with self._server.cond:
                 self._settle()
@@ -346,6 +353,7 @@ class WarmProc:
                   "and its exit status is unknown", file=sys.stderr)
 
     def wait(self, timeout: float | None = None) -> int:
+        """Wait for the agent to end and return its exit status; subprocess.TimeoutExpired after `timeout` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._server.cond:
             while True:
@@ -359,13 +367,16 @@ class WarmProc:
                 self._server.cond.wait(0.05 if self._server.dead else left)
 
     def send_signal(self, sig: int) -> None:
+        """Signal the agent, unless it has ended (its pid may be someone else's by then)."""
         if self.poll() is None:
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
+        """SIGTERM to the agent, as Popen.terminate."""
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
+        """SIGKILL to the agent, as Popen.kill."""
         self.send_signal(signal.SIGKILL)
 
 
@@ -386,16 +397,12 @@ def fork_agent(args: list[str], env: dict, life_r: int, log_fd: int) -> WarmProc
         if server is None:
             for old in [k for k, s in _SERVERS.items() if not s.agents][:max(0, len(_SERVERS) + 1 - MAX_SERVERS)]:
                 _SERVERS.pop(old).close()
-            server = _SERVERS[key] = _Server(env)
+            try:
+                server = _SERVERS[key] = _Server(env)
+            except OSError:  # no process could be started for it: this launch starts its agent cold instead
+                return None
     ready = server.wait_ready()
     if not ready.get("ready") or ready.get("capacity", 0) < need:
         return None
     pid = server.fork_agent(args, env, life_r, log_fd)
     return None if pid is None else WarmProc(server, pid, [sys.executable, "-c", MARKER, *args])
-
-
-def close_servers() -> None:
-    """Close every server of this process (at exit they end on their own: end of file on the socket)."""
-    with _LOCK:
-        for key in list(_SERVERS):
-            _SERVERS.pop(key).close()

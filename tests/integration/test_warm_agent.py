@@ -70,3 +70,21 @@ def test_a_killed_server_hangs_no_run_and_the_next_launch_gets_a_new_one(tmp_pat
     with open(os.path.join(run.path, "events", "rank0.jsonl")) as f:
         start = json.loads(f.readline())
     assert start["kind"] == "start" and start["warm_agent"] is True
+
+
+_NOT_READY = ("import json, socket, sys; socket.socket(fileno=int(sys.argv[1])).send("
+              "json.dumps({'ready': False, 'error': 'imports failed'}).encode())")
+
+
+def test_a_server_that_cannot_start_leaves_the_launch_to_a_cold_agent(tmp_path, monkeypatch):
+    from dtlab.launching import warm
+    monkeypatch.setattr(warm, "_SERVE", _NOT_READY)
+    monkeypatch.setenv("WARM_AGENT_TEST", str(tmp_path))  # an environment no server has served yet
+    runs = [dtlab.run(dtlab.tiny(out=str(tmp_path / f"cold{i}"), steps=2, baseline_steps=0), progress=False)
+            for i in range(2)]
+    for run in runs:
+        with open(os.path.join(run.path, "events", "rank0.jsonl")) as f:
+            start = json.loads(f.readline())
+        assert run.status["state"] == "finished" and start["warm_agent"] is False
+    # the server that could not start is kept, marked unusable: the second launch did not start another
+    assert sum(1 for k in warm._SERVERS if dict(k[2]).get("WARM_AGENT_TEST") == str(tmp_path)) == 1
