@@ -136,6 +136,10 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, no
     try:
         with open(files[2], "ab") as log:
             proc = fork_agent(args, env, life_r, log.fileno()) if warm else None
+            if proc is None and warm:  # a fresh lifeline: closing this one stops whatever the server may have forked
+                os.close(life_w)
+                os.close(life_r)
+                life_r, life_w = os.pipe()
             if proc is None:
                 proc = subprocess.Popen(prefix + [sys.executable, "-c", _AGENT, str(life_r), *args], stdout=log,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -172,7 +176,7 @@ def check_omp_threads(environ=os.environ) -> None:
 def _argv(pid: int) -> list[bytes]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")
+            return f.read().rstrip(b"\0").split(b"\0")  # a warm agent's is NUL-padded (dtlab.launching.warm)
     except OSError:
         return []
 

@@ -11,7 +11,7 @@ from dtlab.launching import warm
 
 _CMDLINE = """
 import sys
-from dtlab.launching.warm import set_cmdline
+from dtlab.launching.warmserver import set_cmdline
 ok = set_cmdline([sys.executable, "-c", "dtlab warm agent", "7", "/runs/r1", "-m", "dtlab.rank.worker", "/runs/r1"])
 too_long = set_cmdline(["x" * 100000])
 with open("/proc/self/cmdline", "rb") as f:
@@ -53,3 +53,38 @@ def test_a_warm_agent_setting_other_than_0_or_1_is_refused_before_anything_start
         dtlab.launch(dtlab.tiny(out=str(tmp_path / "never")))
     assert not (tmp_path / "never").exists()
     assert warm.enabled({}) and warm.enabled({"DTLAB_WARM_AGENT": "1"}) and not warm.enabled({"DTLAB_WARM_AGENT": "0"})
+
+
+class _FakeServer:
+    """What WarmProc reads of its server: the exit statuses by request, the lock, whether it still answers."""
+
+    def __init__(self, exits):
+        import threading
+        self.cond, self.exits, self.dead = threading.Condition(), exits, False
+
+
+def test_an_agent_ends_by_its_own_request_not_by_an_earlier_agent_with_the_same_pid():
+    """pids wrap around in a long notebook session: an ended agent's status must not end a later one."""
+    server = _FakeServer({1: 0})
+    earlier, later = warm.WarmProc(server, 1, 4242, []), warm.WarmProc(server, 2, 4242, [])
+    assert earlier.poll() == 0 and later.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        later.wait(timeout=0.05)
+    server.exits[2] = -9
+    assert later.wait(timeout=1) == -9 and later.returncode == -9 and not server.exits
+
+
+def test_a_child_forked_from_a_launcher_starts_its_own_servers(monkeypatch):
+    """The parent's servers answer the parent's reader thread only: a forked child must not wait on them."""
+    import socket
+    a, b = socket.socketpair()
+    fake = _FakeServer({})
+    fake.sock = a
+    monkeypatch.setitem(warm._SERVERS, ("key",), fake)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if not warm._SERVERS and a.fileno() == -1 else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert warm._SERVERS == {("key",): fake} and a.fileno() != -1  # the parent keeps its own
+    a.close()
+    b.close()
