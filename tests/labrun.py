@@ -99,7 +99,8 @@ def drive(name: str) -> LabRun:
         run = LabRun(name, nbformat.read(path, as_version=4), folder, path, time.monotonic() - t0, False,
                      {"skipped": why})
     _CACHE[name] = run
-    print(f"{name}: ran in {run.seconds:.0f} s ({'browser' if run.browser else 'headless'})")
+    print(f"{name}: ran in {run.seconds:.0f} s ({'browser' if run.browser else 'headless'}), page checks "
+          f"{run.page.get('check_s', 0):.0f} s, {time.monotonic() - t0:.0f} s in all")
     return run
 
 
@@ -158,7 +159,9 @@ def _in_browser(name: str, folder: pathlib.Path, path: pathlib.Path) -> LabRun:
     try:
         rel = path.relative_to(_ROOT).as_posix()
         seconds = run_all(page, f"{s['server'].url}/lab/tree/{rel}", rel, LAB_TIMEOUT_S)  # run and saved
+        t_checks = time.monotonic()
         report = page_checks(page, rel)
+        report["check_s"] = time.monotonic() - t_checks
         report["page_errors"], report["console_errors"] = errors, console
         ok = True
         if shots:

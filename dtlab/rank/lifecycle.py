@@ -206,7 +206,12 @@ def maybe_inject_fault(rank: int, step: int) -> None:
     alive but frozen, what the watchdog is for). Deterministic, unlike racing a `kill` from outside.
     ATTEMPT: on which attempt of a restarted group (torchrun's TORCHELASTIC_RESTART_COUNT) it fires: 0 (default,
     the first attempt only, so a group restarted by --max-restarts runs on) or '*' (every attempt: the restarts
-    run out)."""
+    run out).
+
+    Every rank of the group first meets the others at a barrier at that step, so that every step before it is
+    recorded on every rank when the fault fires: without it, a peer still finishing the previous step (its
+    optimizer, its event line) on a loaded machine is stopped by torchrun before it writes that step, and what a
+    run recorded would depend on the scheduler."""
     spec = os.environ.get("DTLAB_FAULT")
     if not spec:
         return
@@ -218,7 +223,12 @@ def maybe_inject_fault(rank: int, step: int) -> None:
     if when != "*" and not when.isdigit():
         raise ValueError(f"DTLAB_FAULT={spec!r}: attempt must be a number (0 = first) or '*' (every attempt)")
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if int(r) != rank or int(s) != step or (when != "*" and int(when) != attempt):
+    if int(s) != step or (when != "*" and int(when) != attempt):
+        return
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # every rank has finished and recorded the steps before this one
+    if int(r) != rank:
         return
     print(f"dtlab: injecting fault {mode!r} (DTLAB_FAULT={spec}) on rank {rank} at step {step} "
           f"(attempt {attempt}), time {time.time():.6f}", file=sys.stderr, flush=True)  # the fault drills time detection from here

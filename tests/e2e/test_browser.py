@@ -17,9 +17,8 @@ import pytest
 from labrun import LABS, drive, error_outputs
 from labserver import browser_missing
 
+
 #: labs whose widgets must be there (the others may have none)
-
-
 WIDGETS = {"03_buckets_and_gpu_count.ipynb": 1, "05_shrinking_comm.ipynb": 1, "07_beyond_one_machine.ipynb": 1,
            "10_tensor_and_pipeline.ipynb": 1}
 
@@ -49,7 +48,6 @@ def test_lab_in_a_real_browser(name):
           f"{page['widgets']} widget(s)")
 
 
-@pytest.mark.xdist_group("lab 03_buckets_and_gpu_count.ipynb")  # with that lab's other tests: one execution
 def test_lab03_explorer_says_where_alpha_and_beta_come_from():
     """Lab 3's explorer label: fitted (or a labelled default) before anything moves; the browser's echo of a
     snapped value is not a move; after the moves of the page checks, 'moved by you' names exactly the moved

@@ -75,6 +75,30 @@ def test_fault_injection_fires_on_the_attempt_it_names(monkeypatch):
         maybe_inject_fault(1, 3)
 
 
+def test_every_rank_meets_at_a_barrier_before_the_fault_fires(monkeypatch):
+    """The peers of the failing rank wait for it at the fault's step, so each has recorded the steps before it
+    (without the barrier a slow peer could be stopped by torchrun mid-step and the lost work would vary)."""
+    import torch.distributed as dist
+
+    from dtlab.rank.lifecycle import maybe_inject_fault
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))
+    monkeypatch.setenv("DTLAB_FAULT", "1:3")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    maybe_inject_fault(0, 2)
+    maybe_inject_fault(1, 2)
+    assert calls == []  # not at another step
+    maybe_inject_fault(0, 3)  # the peer: meets the barrier, then goes on
+    assert calls == ["barrier"]
+    with pytest.raises(RuntimeError, match="injected fault"):
+        maybe_inject_fault(1, 3)
+    assert calls == ["barrier", "barrier"]  # the failing rank met it too, before it failed
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    maybe_inject_fault(1, 3)  # another attempt: no fault and no barrier, on any rank
+    assert calls == ["barrier", "barrier"]
+
+
 def test_young_and_daly_intervals():
     # Daly (2006), figures 3-5: M = 24 h, 6 h and 15 min with a 5 min dump give 117, 57 and 9.1 min
     assert [round(daly_interval(5.0, m), 1) for m in (1440.0, 360.0, 15.0)] == [116.7, 56.7, 9.1]
