@@ -9,8 +9,8 @@ text that overlaps inside a figure. Results are cached for the whole pytest proc
 
 With the Python package `playwright` and Debian's chromium (`apt-get install -y chromium`), labs run in
 JupyterLab driven by headless Chromium; otherwise they run headless through nbclient (`browser` is False and
-the page checks are skipped). One JupyterLab server and one browser serve every lab; both stop when the
-process exits. $DTLAB_SCREENSHOTS: a folder for screenshots of every lab's outputs (always taken on failure);
+the page checks are skipped). One JupyterLab server, one browser and one page serve every lab (JupyterLab loads
+once; each lab closes the last one's documents and opens its own); all stop when the process exits. $DTLAB_SCREENSHOTS: a folder for screenshots of every lab's outputs (always taken on failure);
 $DTLAB_LAB_DIR: run the labs in this (new) folder and keep it, executed notebooks and runs included.
 """
 
@@ -29,6 +29,7 @@ import nbformat
 from labserver import (
     CHROMIUM,
     CHROMIUM_ARGS,
+    JS_CLOSE_ALL,
     LabServer,
     browser_missing,
     page_checks,
@@ -120,7 +121,8 @@ def _headless(path: pathlib.Path, folder: pathlib.Path) -> None:
 
 
 def _session():
-    """The shared JupyterLab server (rooted at the temporary folder) and headless Chromium."""
+    """The shared JupyterLab server (rooted at the temporary folder), headless Chromium and the page the labs run
+    in, one after another (JupyterLab loads once; see labserver.open_notebook)."""
     if not _SESSION:
         from playwright.sync_api import sync_playwright
         server = LabServer(_ROOT / ".jupyter", _ROOT)
@@ -129,10 +131,31 @@ def _session():
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         _SESSION.update(server=server, pw=pw, browser=browser)
         atexit.register(_close)
+    if "page" not in _SESSION:
+        context = _SESSION["browser"].new_context(viewport={"width": 1500, "height": 1000})
+        page = context.new_page()
+        errors: list[str] = []
+        console: list[str] = []  # kept for the report: JupyterLab logs harmless errors there too
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+        _SESSION.update(context=context, page=page, errors=errors, console=console)
     return _SESSION
 
 
+def _new_page() -> None:
+    """Drop the lab page (after a failure: whatever state it was left in), so the next lab gets a fresh one."""
+    context = _SESSION.pop("context", None)
+    for key in ("page", "errors", "console"):
+        _SESSION.pop(key, None)
+    if context is not None:
+        try:
+            context.close()
+        except Exception as e:  # noqa: BLE001 - a broken page must not stop the next lab
+            print(f"closing the lab page: {e}")
+
+
 def _close() -> None:
+    _new_page()
     s = dict(_SESSION)
     _SESSION.clear()
     for step in (lambda: s["browser"].close(), lambda: s["pw"].stop(), lambda: s["server"].stop()):
@@ -148,31 +171,30 @@ def _close() -> None:
 
 def _in_browser(name: str, folder: pathlib.Path, path: pathlib.Path) -> LabRun:
     s = _session()
-    context = s["browser"].new_context(viewport={"width": 1500, "height": 1000})  # nothing left from the last lab
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    console: list[str] = []  # kept for the report: JupyterLab logs harmless errors there too
-    page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+    page, errors, console = s["page"], s["errors"], s["console"]
+    errors.clear()
+    console.clear()
     shots = os.environ.get("DTLAB_SCREENSHOTS")
     ok = False
     try:
         rel = path.relative_to(_ROOT).as_posix()
-        seconds = run_all(page, f"{s['server'].url}/lab/tree/{rel}", rel, LAB_TIMEOUT_S)  # run and saved
+        seconds = run_all(page, s["server"].url, rel, LAB_TIMEOUT_S)  # run and saved
         t_checks = time.monotonic()
         report = page_checks(page, rel)
         report["check_s"] = time.monotonic() - t_checks
-        report["page_errors"], report["console_errors"] = errors, console
+        report["page_errors"], report["console_errors"] = list(errors), list(console)
         ok = True
         if shots:
             screenshots(page, pathlib.Path(shots) / name.removesuffix(".ipynb"))
+        if not page.evaluate(JS_CLOSE_ALL):  # this lab's documents are closed before its kernel goes
+            _new_page()
     finally:
         if not ok:
             _FAILED.append(name)
             folder_shots = pathlib.Path(shots or folder) / ("screenshots-" + name.removesuffix(".ipynb"))
             screenshots(page, folder_shots)
             print(f"{name}: screenshots of the failure in {folder_shots}\n{s['server'].log_tail()}")
-        context.close()
+            _new_page()  # the next lab starts on a fresh page
         s["server"].shutdown_kernels()  # this lab's kernel: the next lab starts its own
     nb = nbformat.read(path, as_version=4)
     return LabRun(name, nb, folder, path, seconds, True, report)

@@ -201,13 +201,37 @@ JS_OVERLAPS = """() => {
 }"""
 
 
+# every document in the main area closed at once, without a dialog (run-all saved the notebook; what the page
+# checks changed afterwards is not kept), so the page holds one lab at a time
+JS_CLOSE_ALL = """() => { const app = window.jupyterapp; if (!app) return false;
+  for (const w of Array.from(app.shell.widgets('main'))) w.dispose();
+  return Array.from(app.shell.widgets('main')).length === 0; }"""
+
+JS_OPEN = """(path) => { window.jupyterapp.commands.execute('docmanager:open', {path}); return true; }"""
+
+JS_HAS_CELLS = """(path) => { const nb = (""" + JS_PANEL + """)(path);
+  return !!(nb && nb.content && nb.content.widgets && nb.content.widgets.length); }"""
+
+
+def open_notebook(page, url: str, path: str) -> None:
+    """Open notebook `path` (relative to the server's root) alone on the page, with its kernel started and idle.
+    JupyterLab is loaded once per page (`url`/lab?reset: no tabs restored); a page that already runs it closes
+    every document and opens the next one in place, which saves loading JupyterLab again for every lab."""
+    if not page.evaluate("() => !!(window.jupyterapp && window.jupyterapp.shell)"):
+        page.goto(url + "/lab?reset", wait_until="domcontentloaded", timeout=90_000)
+        page.wait_for_function("() => !!(window.jupyterapp && window.jupyterapp.shell)", timeout=90_000)
+        page.evaluate("() => window.jupyterapp.restored")  # the (reset) workspace is in place
+    assert page.evaluate(JS_CLOSE_ALL), "a document of the last lab could not be closed"
+    page.evaluate(JS_OPEN, path)
+    page.wait_for_function(JS_HAS_CELLS, arg=path, timeout=90_000)
+    page.wait_for_function(JS_KERNEL_IDLE, arg=path, timeout=120_000)
+
+
 def run_all(page, url: str, path: str, timeout_s: float) -> float:
-    """Open the notebook `path` (relative to the server's root) at `url` in a fresh workspace, run every cell,
+    """Open the notebook `path` (relative to the server's root) at `url` (see `open_notebook`), run every cell,
     wait until all ran (or one raised) and its kernel is idle, save it; returns the seconds from run-all to
     idle."""
-    page.goto(url + "?reset", wait_until="domcontentloaded", timeout=90_000)  # ?reset: no tabs restored
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_function(JS_KERNEL_IDLE, arg=path, timeout=120_000)
+    open_notebook(page, url, path)
     n_code = sum(c["type"] == "code" for c in page.evaluate(JS_CELLS, path))
     t0 = time.monotonic()
     assert page.evaluate(JS_COMMAND, [path, "notebook:run-all-cells"]), f"{path} is not open"
@@ -262,18 +286,23 @@ def _show_figures(page, w: int) -> None:
 
 
 def _move(page, w: int, s: int, state: dict, path: str) -> dict:
-    """Move visible slider `s` of widget `w` with the keyboard (right, or left when it sits at its highest
-    value) and wait for a figure or label of that widget to change; returns what happened."""
+    """Move visible slider `s` of widget `w` with the keyboard, one step at a time until its readout changes
+    (at most 3 steps right, then 3 left: a slider at its highest value moves left), and wait for a figure or
+    label of that widget to change; returns what happened. Each step is a change the kernel redraws for, so no
+    more are sent than it takes to move the readout."""
     out = page.locator(".jp-OutputArea-output", has=page.locator(".widget-slider")).nth(w)
     slider = out.locator(".widget-slider").locator("visible=true").nth(s)
     slider.scroll_into_view_if_needed()
     before = state["sliders"][s]["readout"]
+    now = state
     for key in ("ArrowRight", "ArrowLeft"):
         slider.locator(".noUi-handle").first.focus()
         for _ in range(3):
             page.keyboard.press(key)
-        page.wait_for_timeout(150)
-        now = page.evaluate(JS_WIDGET_STATE, w)
+            page.wait_for_timeout(150)
+            now = page.evaluate(JS_WIDGET_STATE, w)
+            if now["sliders"][s]["readout"] != before:
+                break
         if now["sliders"][s]["readout"] != before:
             break
     deadline = time.monotonic() + REDRAW_WAIT_S
