@@ -10,8 +10,9 @@ text that overlaps inside a figure. Results are cached for the whole pytest proc
 With the Python package `playwright` and Debian's chromium (`apt-get install -y chromium`), labs run in
 JupyterLab driven by headless Chromium; otherwise they run headless through nbclient (`browser` is False and
 the page checks are skipped). One JupyterLab server, one browser and one page serve every lab (JupyterLab loads
-once; each lab closes the last one's documents and opens its own); all stop when the process exits. $DTLAB_SCREENSHOTS: a folder for screenshots of every lab's outputs (always taken on failure);
-$DTLAB_LAB_DIR: run the labs in this (new) folder and keep it, executed notebooks and runs included.
+once; each lab closes the last one's documents and opens its own; a lab that fails leaves a fresh page to the
+next); all stop when the process exits. $DTLAB_SCREENSHOTS: a folder for screenshots of every lab's outputs
+(always taken on failure); $DTLAB_LAB_DIR: run the labs in this (new) folder and keep it, executed notebooks and runs included.
 """
 
 from __future__ import annotations
@@ -183,10 +184,12 @@ def _in_browser(name: str, folder: pathlib.Path, path: pathlib.Path) -> LabRun:
         report = page_checks(page, rel)
         report["check_s"] = time.monotonic() - t_checks
         report["page_errors"], report["console_errors"] = list(errors), list(console)
-        ok = True
         if shots:
             screenshots(page, pathlib.Path(shots) / name.removesuffix(".ipynb"))
-        if not page.evaluate(JS_CLOSE_ALL):  # this lab's documents are closed before its kernel goes
+        closed = page.evaluate(JS_CLOSE_ALL)  # this lab's documents are closed before its kernel goes
+        page.wait_for_timeout(200)  # events of its teardown arrive now, and the next lab's start clears them
+        ok = True
+        if not closed:
             _new_page()
     finally:
         if not ok:

@@ -73,6 +73,10 @@ def test_fault_injection_fires_on_the_attempt_it_names(monkeypatch):
     monkeypatch.setenv("DTLAB_FAULT", "1:3:kill:first")
     with pytest.raises(ValueError, match="attempt must be a number"):
         maybe_inject_fault(1, 3)
+    for bad in ("x:3", "1", "1:y:kill"):  # refused at the first step, not only at the fault's
+        monkeypatch.setenv("DTLAB_FAULT", bad)
+        with pytest.raises(ValueError, match="RANK and STEP must be numbers"):
+            maybe_inject_fault(0, 0)
 
 
 def test_every_rank_meets_at_a_barrier_before_the_fault_fires(monkeypatch):
