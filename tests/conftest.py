@@ -47,9 +47,12 @@ def pytest_collection_modifyitems(config, items):
         if tier not in TIERS:
             raise pytest.UsageError(f"tests/{rel}: every test lives in one of tests/{', tests/'.join(TIERS)}")
         item.add_marker(getattr(pytest.mark, tier))
-        if item.get_closest_marker("xdist_group") is None:
-            group = "labs" if rel.name in LAB_FILES else str(rel)
-            item.add_marker(pytest.mark.xdist_group(group))
+        own = item.get_closest_marker("xdist_group")
+        if rel.name in LAB_FILES and own is not None:
+            raise pytest.UsageError(f"{item.nodeid}: a lab test names its own xdist group {own.args}: it would run its "
+                                    "lab a second time on another worker; lab tests share the group 'labs'")
+        if own is None:
+            item.add_marker(pytest.mark.xdist_group("labs" if rel.name in LAB_FILES else str(rel)))
 
 
 @pytest.fixture(scope="session")

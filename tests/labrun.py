@@ -12,7 +12,8 @@ JupyterLab driven by headless Chromium; otherwise they run headless through nbcl
 the page checks are skipped). One JupyterLab server, one browser and one page serve every lab (JupyterLab loads
 once; each lab closes the last one's documents and opens its own; a lab that fails leaves a fresh page to the
 next); all stop when the process exits. $DTLAB_SCREENSHOTS: a folder for screenshots of every lab's outputs
-(always taken on failure); $DTLAB_LAB_DIR: run the labs in this (new) folder and keep it, executed notebooks and runs included.
+(always taken on failure); $DTLAB_LAB_DIR: run the labs in this (new) folder and keep it, executed notebooks and
+runs included.
 """
 
 from __future__ import annotations

@@ -215,9 +215,10 @@ def maybe_inject_fault(rank: int, step: int) -> None:
     spec = os.environ.get("DTLAB_FAULT")
     if not spec:
         return
-    r, s, *rest = spec.split(":") + ([""] if ":" not in spec else [])
-    if not (r.isdigit() and s.isdigit()):  # checked on every rank at every step, not only at the fault's
+    parts = spec.split(":")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):  # on every rank, at every step
         raise ValueError(f"DTLAB_FAULT={spec!r}: RANK and STEP must be numbers (RANK:STEP[:MODE[:ATTEMPT]])")
+    r, s, *rest = parts
     mode = rest[0] if rest else "raise"
     when = rest[1] if len(rest) > 1 else "0"
     if mode not in FAULT_MODES:
