@@ -82,13 +82,29 @@ def out_listing(out: str) -> dict:
     return {"files": sorted(files), "depth": depth}
 
 
+def fresh_work(part: str) -> str:
+    """A new work folder for one invocation of `part`: TMP/dtlab-gpu-work/PART-YYYYmmdd-HHMMSS-PID (-2, -3, ... if
+    taken). A run never overwrites a directory, so a fixed folder made a second invocation on the same machine fail
+    at its first run ("already holds a run")."""
+    root = os.path.join(tempfile.gettempdir(), "dtlab-gpu-work")
+    os.makedirs(root, exist_ok=True)
+    base, k = os.path.join(root, f"{part}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"), 1
+    while True:
+        path = base if k == 1 else f"{base}-{k}"
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            k += 1
+
+
 class Runbook:
     """One part: its steps in order, each recorded in summary.json as soon as it ends."""
 
     def __init__(self, part: str, args):
         self.part, self.args, self.dry = part, args, args.dry_run
         self.out = os.path.abspath(args.out)
-        self.work = os.path.abspath(args.work or os.path.join(tempfile.gettempdir(), "dtlab-gpu-work", part))
+        self.work = os.path.abspath(args.work or fresh_work(part))
         self.site = os.path.abspath(args.site)
         for flag, path in (("--site", self.site), ("--work", self.work)):
             if _inside(path, self.out):
@@ -323,7 +339,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="gpu-proof", help="summary.json and logs.tar.gz go here (keep it $OUT)")
     ap.add_argument("--site", default=os.path.join(tempfile.gettempdir(), "dtlab-site"),
                     help="where the wheels are installed (outside --out)")
-    ap.add_argument("--work", default=None, help="run directories and logs (default TMP/dtlab-gpu-work/PART)")
+    ap.add_argument("--work", default=None, help="run directories and logs (default: a new TMP/dtlab-gpu-work/PART-TIME-PID "
+                    "each invocation; a folder given here must not hold this part's runs already)")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds a part plans for (default {BUDGET_S})")
     ap.add_argument("--steps", default=None, help="only these steps of the part, comma-separated")
     ap.add_argument("--dry-run", action="store_true", help="check every step, install nothing, run small")

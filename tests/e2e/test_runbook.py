@@ -112,3 +112,16 @@ def test_dry_run_walks_each_part_within_the_limits(part, tmp_path):
         assert part == "calibrate"
         assert set(s["calibration"]) >= {"all_reduce", "reduce_scatter", "all_gather"}
         assert {p["what"] for p in s["steps"]["lab04"]["placed"]} == {"ZeRO-3 run", "DDP run", "calibration"}
+
+
+def test_a_part_runs_again_on_the_same_machine(tmp_path):
+    """The same part twice in a row without --work (its first run step, the smallest): each invocation works in a
+    new folder, so the second does not stop at "already holds a run" as it did with one fixed folder per part."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
+    for i in (1, 2):
+        cp = subprocess.run([sys.executable, str(TOOLS / "gpu_runbook.py"), "runs", "--dry-run", "--steps", "main-job",
+                             "--out", str(tmp_path / f"out{i}")], env=env, capture_output=True, text=True, timeout=300)
+        assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+        s = json.loads((tmp_path / f"out{i}" / "summary.json").read_text())
+        assert s["ok"] and s["steps"]["main-job"]["ok"] and s["work"].startswith(str(tmp_path / "dtlab-gpu-work"))
+    assert len(list((tmp_path / "dtlab-gpu-work").iterdir())) == 2

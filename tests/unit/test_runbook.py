@@ -133,3 +133,18 @@ def test_missing_wheel_folder_fails_with_a_reason(tmp_path):
     cp = subprocess.run([sys.executable, str(TOOLS / "gpu_runbook.py"), "check-wheels", "--wheels",
                          str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 1 and "make_gpu_wheels.sh" in cp.stdout
+
+
+def test_each_invocation_gets_a_new_work_folder(tmp_path, monkeypatch):
+    """Without --work, each invocation of a part works in a new folder under TMP/dtlab-gpu-work: with the old fixed
+    TMP/dtlab-gpu-work/PART, a second run of a part on the same machine failed at its first run ("already holds a
+    run"). A --work given is used as it is."""
+    import types
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    args = types.SimpleNamespace(dry_run=True, out=str(tmp_path / "out"), work=None, site=str(tmp_path / "site"),
+                                 budget=60, wheels=str(tmp_path / "whl"))
+    first, second = (runbook.Runbook("calibrate", args).work for _ in range(2))
+    assert first != second and os.path.dirname(first) == os.path.dirname(second) == str(tmp_path / "dtlab-gpu-work")
+    assert all(os.path.basename(w).startswith("calibrate-") and os.path.isdir(w) for w in (first, second))
+    args.work = str(tmp_path / "mine")
+    assert runbook.Runbook("runs", args).work == args.work
