@@ -75,11 +75,12 @@ def _slurm(args) -> int:
               "and prints the script without submitting it)", file=sys.stderr)
         return 1
     path = prepare(cfg, args.nodes, args.gpus_per_node, partition=args.partition, time_limit=args.time,
-                   setup=args.setup, sbatch_args=tuple(args.sbatch_arg))
+                   setup=args.setup, sbatch_args=tuple(args.sbatch_arg), dry_run=args.dry_run)
     if args.dry_run:
         with open(path) as f:
             print(f.read(), end="")
-        print(f"# written to {path} (not submitted: --dry-run)", file=sys.stderr)
+        print(f"# written to {path} (not submitted: --dry-run; the same command without it submits it there)",
+              file=sys.stderr)
         return 0
     try:
         job = submit_script(path)

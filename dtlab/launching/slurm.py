@@ -11,7 +11,8 @@
   of `scontrol show hostnames $SLURM_JOB_NODELIST` and the port derived from the job id (two jobs sharing a
   head node get different ports); srun logs per node (RUN/logs/slurm-JOB-node{n}.log), the ranks' own logs
   and events in RUN as always, and status.json updated when the job starts and ends;
-- submits it with `sbatch` unless --dry-run (then prints it).
+- submits it with `sbatch` unless --dry-run (then prints it, and leaves the directory unclaimed: the same command
+  without --dry-run submits there).
 
 Read the result afterwards with `dtlab show RUN` / `dtlab.load_run(RUN)`. Under plain torchrun there is no dtlab
 launcher on the nodes: Slurm's --time bounds the run and srun --kill-on-bad-exit stops every node when one fails;
@@ -98,20 +99,47 @@ def sbatch_script(cfg: RunConfig, *, gpus_per_node: int = 0, partition: str | No
     return "\n".join(lines)
 
 
-def prepare(cfg: RunConfig, nodes: int, gpus_per_node: int = 0, **script_args) -> str:
+def dry_prepared(run_dir: str) -> bool:
+    """True when `run_dir` holds only what a dry run prepared: status 'prepared' by a dry run, and not claimed
+    (no events/ folder: nothing was submitted or ran there)."""
+    status = recorded_status(run_dir)[0] or {}
+    return (status.get("state") == "prepared" and status.get("dry_run") is True
+            and not os.path.exists(os.path.join(run_dir, "events")))
+
+
+def prepare(cfg: RunConfig, nodes: int, gpus_per_node: int = 0, dry_run: bool = False, **script_args) -> str:
     """Validate, create the run directory (config.json, status 'prepared') and write RUN/slurm.sbatch; the
-    script's path. Nothing is written when validation fails."""
+    script's path. Nothing is written when validation fails.
+
+    The run directory is claimed (mkdir of its events/ folder, as every launch claims one) only when `dry_run` is
+    False: a dry run writes the same files but leaves the claim to the submission, so the job can be submitted to
+    the same directory after its script was inspected (or the dry run repeated with other flags). A directory that
+    holds anything else (a submitted job, a run) is refused either way."""
     from dtlab.launching.handle import launch_facts
     from dtlab.launching.torchrun import prepare_dir
     job = job_config(cfg, nodes, gpus_per_node)
     script = sbatch_script(job, gpus_per_node=gpus_per_node, **script_args)
-    prepare_dir(job.out)
+    if dry_prepared(job.out):  # a dry run's files, written again
+        if not dry_run:
+            try:  # the claim: of two submissions to one dry-run directory, only one creates events/
+                os.mkdir(os.path.join(job.out, "events"))
+            except FileExistsError:
+                raise ValueError(f"out: {job.out!r} already holds a run (or another launch just claimed it); choose "
+                                 "a new directory (runs are never overwritten)") from None
+    elif dry_run:  # prepare_dir's refusal without its claim, which is the submission's
+        if any(os.path.exists(os.path.join(job.out, f)) for f in ("config.json", "events")):
+            raise ValueError(f"out: {job.out!r} already holds a run; choose a new directory (runs are never "
+                             "overwritten)")
+        os.makedirs(job.out, exist_ok=True)
+    else:
+        prepare_dir(job.out)
     os.makedirs(os.path.join(job.out, "logs"), exist_ok=True)
     dump_json({"config": job.to_dict(), "launch": {"time": time.time(), "python": sys.executable, "slurm": {
         "nodes": nodes, "gpus_per_node": gpus_per_node, "rdzv": "c10d on the allocation's first host, port "
         f"{PORT_BASE} + job id % {PORT_SPAN}, id = the job id"}, **launch_facts()}},
         os.path.join(job.out, "config.json"))
-    mark(job.out, "prepared")
+    dump_json({"state": "prepared", "prepared_time": time.time(), **({"dry_run": True} if dry_run else {})},
+              os.path.join(job.out, "status.json"))  # written whole: a submission drops a dry run's status
     path = os.path.join(job.out, "slurm.sbatch")
     with open(path, "w") as f:
         f.write(script)
