@@ -62,9 +62,9 @@ def read_data_file(path: str) -> tuple[list[str], list[int]]:
 def check_data_file(path: str, min_rows: int) -> int:
     """Read and check `path` (see `read_data_file`); refuse fewer than `min_rows` rows. Returns the row count.
 
-    A run takes (steps + baseline_steps) x batch_size x nproc samples and cycles through the file in a
-    shuffled order when it has fewer rows (epochs, as any training loop would); `min_rows` is one global
-    batch (batch_size x nproc), so no batch ever holds the same row twice."""
+    A run takes steps x batch_size x nproc samples (a baseline step computes its paired step's batch again) and
+    cycles through the file in a shuffled order when it has fewer rows (epochs, as any training loop would);
+    `min_rows` is one global batch (batch_size x nproc), so no batch ever holds the same row twice."""
     st = os.stat(path)
     key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
     if key not in _CHECKED:

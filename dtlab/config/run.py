@@ -95,8 +95,9 @@ class RunConfig(JobConfig):
     """Leading steps excluded from medians: step 0 allocates and runs DDP's single first-iteration bucket,
     step 1 rebuilds the buckets in gradient-ready order."""
     baseline_steps: int | None = None
-    """Extra steps run after the timed ones with DDP's no-op comm hook: they measure T_comp. None: 3 for
-    strategies 'ddp' and 'ps', 0 for 'zero3' (which has no no-op baseline)."""
+    """Extra steps with DDP's no-op comm hook that measure T_comp, interleaved with the timed ones: each runs right
+    after the measured step it is paired with (dtlab.config.baseline) and leaves the training untouched. None: 3
+    for strategies 'ddp' and 'ps', 0 for 'zero3' (which has no no-op baseline)."""
     batch_size: int = 8
     """Samples per rank per step (the global batch is batch_size x nproc); for 'tp' and 'pp', whose ranks share
     one batch, per data-parallel replica (the global batch is batch_size x dp_degree)."""

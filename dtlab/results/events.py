@@ -34,7 +34,7 @@ SCHEMA = {
     "done": {"rank": (INT, _REQ)},
     "error": {"rank": (INT, _REQ), "error": (STR, _REQ)},
     "step": _STEP,
-    "baseline_step": _STEP,
+    "baseline_step": {**_STEP, "paired_step": (INT, _OPT)},  # absent in runs recorded before the pairing
     "bucket": {"rank": (INT, _REQ), "step": (INT, _REQ), "bucket": (INT, _REQ), "nbytes": (INT, _REQ),
                "t_ready": (NUM, _OPT), "t_start": (NUM, _OPT), "t_end": (NUM, _OPT)},
     "collective": {"rank": (INT, _REQ), "step": (INT, _OPT), "nbytes": (INT, _REQ), "t_start": (NUM, _OPT),
@@ -59,6 +59,7 @@ SCHEMA = {
     "update": {"rank": (INT, _REQ), "worker": (INT, _REQ), "step": (INT, _REQ), "staleness": (INT, _REQ),
                "version": (INT, _REQ), "t": (NUM, _OPT)},
     "params": {"rank": (INT, _REQ), "step": (INT, _REQ), "digest": (STR, _REQ)},
+    "machine": {"rank": (INT, _REQ), "phase": (STR, _REQ), "time": (NUM, _REQ), "cpu_s": (NUM, _REQ)},
 }
 
 

@@ -4,7 +4,8 @@ Pure (no torch). The file is the Trace Event Format that chrome://tracing and ui
 
 - one process per rank ("rank 0", "rank 1", ...);
 - a "compute" track per rank: one slice per step ("step 3", or "step 9 (no-op baseline)" for the baseline steps
-  that measure T_comp), with forward, backward and optimizer slices nested inside it;
+  that measure T_comp), with forward, backward and optimizer slices nested inside it (a baseline step runs no
+  optimizer: dtlab.config.baseline; its optimizer slice is empty);
 - "communication" tracks per rank: one slice per DDP bucket all-reduce or ZeRO-3 collective, from t_start to
   t_end, with its bytes, op, phase and bucket index as args. Intervals that overlap on one rank (a bucket queued
   behind another, ZeRO-3's prefetch) go to extra lanes ("communication 2", ...), because a trace track must nest.
@@ -58,6 +59,15 @@ def _lanes(intervals: list[tuple[float, float]]) -> list[int]:
     return lane
 
 
+def _ran(kind: str, r) -> float:
+    """How long a step ran on its rank's clock (s): t_step, except for a baseline step paired with a training step
+    (dtlab.config.baseline), which runs forward and backward only and counts its paired step's optimizer time."""
+    paired = getattr(r, "paired_step", None)
+    if kind == "baseline_step" and paired is not None and paired == paired:
+        return float(r.t_fwd + r.t_bwd)
+    return float(r.t_step)
+
+
 def chrome_trace(run) -> dict:
     """The run as a Trace Event Format dict (see the module docstring); times in microseconds."""
     stamps = _step_times(run.path)
@@ -66,7 +76,7 @@ def chrome_trace(run) -> dict:
     for kind, r in steps:
         t_end = stamps.get((int(r.rank), int(r.step), kind))
         if t_end is not None:
-            starts[(int(r.rank), int(r.step))] = t_end - float(r.t_step)
+            starts[(int(r.rank), int(r.step))] = t_end - _ran(kind, r)
     t0 = min(starts.values()) if starts else 0.0
     us = lambda s: round(s * 1e6, 3)  # noqa: E731
     strategy = run.config.get("strategy", "ddp")
@@ -84,11 +94,12 @@ def chrome_trace(run) -> dict:
         baseline = kind == "baseline_step"
         common = {"pid": key[0], "tid": COMPUTE_TID, "ph": "X"}
         ev.append({**common, "name": f"step {key[1]}" + (" (no-op baseline)" if baseline else ""),
-                   "cat": "baseline" if baseline else "step", "ts": us(base), "dur": us(r.t_step),
+                   "cat": "baseline" if baseline else "step", "ts": us(base), "dur": us(_ran(kind, r)),
                    "args": {"step": key[1], "baseline": baseline, "t_step_ms": r.t_step * 1e3,
                             "loss": getattr(r, "loss", None)}})
         t = base
-        for name, dur in (("forward", r.t_fwd), ("backward", r.t_bwd), ("optimizer", r.t_opt)):
+        t_opt = r.t_opt if _ran(kind, r) == r.t_step else 0.0  # a paired baseline step ran no optimizer
+        for name, dur in (("forward", r.t_fwd), ("backward", r.t_bwd), ("optimizer", t_opt)):
             ev.append({**common, "name": name, "cat": "compute", "ts": us(t), "dur": us(dur),
                        "args": {"step": key[1], "baseline": baseline}})
             t += dur

@@ -6,6 +6,7 @@ import os
 import pytest
 
 import dtlab
+from dtlab.config.baseline import run_order
 
 
 def test_every_gradient_byte_is_all_reduced_once_per_step(tiny_run):
@@ -42,9 +43,14 @@ def test_steps_baseline_and_metadata(tiny_run):
     for r in (0, 1):
         ev = [json.loads(line) for line in open(os.path.join(run.path, "events", f"rank{r}.jsonl"))]
         st = [e for e in ev if e["kind"] in ("step", "baseline_step")]
-        assert [e["step"] for e in st] == list(range(run.config["steps"] + run.config["baseline_steps"]))
+        # baseline steps interleaved, each right after the training step it is paired with (dtlab.config.baseline)
+        order = run_order(run.config["steps"], run.config["warmup"], run.config["baseline_steps"])
+        assert [(e["step"], e.get("paired_step")) for e in st] == order
+        assert [e["step"] for e in st if e["kind"] == "baseline_step"] == [s for s, p in order if p is not None]
         for prev, cur in zip(st, st[1:]):
-            assert 0 < cur["t_step"] <= cur["time"] - prev["time"] + 1e-3
+            # a baseline step's t_opt is its paired step's optimizer time: its own clock ran forward and backward
+            own = cur["t_fwd"] + cur["t_bwd"] if cur["kind"] == "baseline_step" else cur["t_step"]
+            assert 0 < own <= cur["time"] - prev["time"] + 1e-3
     assert run.resolved["backend"] == "gloo" and run.resolved["world_size"] == 2
     assert "random init" in run.resolved["model_source"]
     assert "not SST-2" in run.resolved["data_source"]

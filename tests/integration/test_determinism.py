@@ -88,3 +88,18 @@ def test_same_seed_runs_in_separate_launches_have_bit_identical_losses(tmp_path,
     assert a[0] != a[1]  # the ranks see different data
     assert a != c  # the seed matters
     assert "bit-identical" in runs[0].resolved["determinism"]
+
+
+def test_interleaved_baseline_steps_leave_the_training_bit_identical(tmp_path):
+    """Baseline steps run between the training steps (dtlab.config.baseline), with dropout on: every rank's every
+    loss, and every held-out evaluation, equal bit for bit those of the same run without baseline steps. Fails for
+    a baseline step that steps the optimizer or the schedule, keeps its gradients, or draws dropout masks from the
+    training steps' generator without giving its state back."""
+    cfg = dict(steps=6, warmup=1, seed=5, eval_every=2, dropout=0.1)
+    paired = dtlab.run(dtlab.tiny(out=str(tmp_path / "paired"), baseline_steps=4, **cfg), progress=False)
+    plain = dtlab.run(dtlab.tiny(out=str(tmp_path / "plain"), baseline_steps=0, **cfg), progress=False)
+    assert _losses(paired) == _losses(plain) and set(_losses(paired)) == {0, 1}
+    assert list(paired.evals["loss"]) == list(plain.evals["loss"]) and len(plain.evals) == 4
+    b = paired.baseline_steps.sort_values(["rank", "step"])
+    assert list(b["paired_step"]) == [2, 3, 4, 5] * 2 and list(b["step"]) == [6, 7, 8, 9] * 2
+    assert (b["loss"].to_numpy() != 0).all()

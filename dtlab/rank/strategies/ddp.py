@@ -37,8 +37,9 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
     apply_dropout(built.model, getattr(cfg, "dropout", None))
-    total_steps = cfg.steps + cfg.baseline_steps
-    sentences, labels, data_src = load_sentences(cfg.data, total_steps * cfg.accumulate * cfg.batch_size * world,
+    # training steps only: a baseline step reuses the batch of the training step it is paired with, so the data (and
+    # the losses) of a run do not depend on how many baseline steps it has
+    sentences, labels, data_src = load_sentences(cfg.data, cfg.steps * cfg.accumulate * cfg.batch_size * world,
                                                  cfg.seed)
     batches = make_batches(cfg, built.tokenizer, sentences, labels, rank, world, device)
     nparams = sum(p.numel() for p in built.model.parameters())
@@ -65,6 +66,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     from dtlab.rank.local_sgd import LocalSGD, digest_due
     from dtlab.rank.optim import Optimizer
     from dtlab.config.convergence import lr_rule_text
+    from dtlab.config.baseline import run_order
+    from dtlab.config.busy import snapshot
 
     device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
     straggler = Straggler(cfg.straggler, rank, world, device)
@@ -104,18 +107,27 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
         eval_pause(evaluator, model, 0, train_clock, writer, rank)
 
     clock = StepClock(device)
-    for step in range(first, cfg.steps + cfg.baseline_steps):
+    ddp_forwards: list[int | None] = []  # per synchronised DDP forward in this process: its training step (None: baseline)
+    optim_s = 0.0  # the last training step's optimizer time: a baseline step's t_opt (see below)
+    # how busy the machine is while the steps run (dtlab.config.busy): this rank's CPU time, rank 0 the machine's
+    writer.write("machine", rank=rank, phase="start", **snapshot(machine=rank == 0))
+    for step, paired in run_order(cfg.steps, cfg.warmup, cfg.baseline_steps, first):
         maybe_inject_fault(rank, step)
-        baseline = step >= cfg.steps
+        baseline = paired is not None  # a no-op hook step right after the training step it is paired with
         recorder.mode = "noop" if baseline else "allreduce"
-        train_clock.start()
+        if baseline:
+            t_baseline = time.perf_counter()  # not training time: left out of the evaluations' clock
+            rng = rng_state(device)  # dropout draws from it: given back after the step
+        else:
+            train_clock.start()
         clock.mark("start")
         recorder.begin_step(clock.start)
         straggler.begin_step()
         slept = 0.0
         k_last = cfg.accumulate - 1
+        data_step = paired if baseline else step  # a baseline step computes its training step's batch again
         for k in range(cfg.accumulate):  # micro-batches; only the last one communicates
-            batch = batches[(step * cfg.accumulate + k) % len(batches)]
+            batch = batches[(data_step * cfg.accumulate + k) % len(batches)]
             with ddp.no_sync() if k < k_last and not local else contextlib.nullcontext():
                 out = ddp(**batch)
                 clock.mark(f"fwd{k}")
@@ -125,16 +137,31 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
                 (out.loss / cfg.accumulate if cfg.accumulate > 1 else out.loss).backward()
                 clock.mark(f"bwd{k}")
         lr = optim.lr
-        optim.step()
-        opt.zero_grad(set_to_none=False)
-        averaged = local.after_step(step) if local and not baseline else None  # inside the step, as t_opt
-        clock.mark("opt")
+        averaged = None
+        if not baseline:
+            optim.step()
+            opt.zero_grad(set_to_none=False)
+            if local:
+                clock.mark("optim")
+            averaged = local.after_step(step) if local else None  # inside the step, as t_opt
+            clock.mark("opt")
         step_start = clock.start
         t = clock.read()  # the step's one sync point on GPU
         t_fwd = sum(t[f"fwd{k}"] - (t[f"bwd{k - 1}"] if k else 0.0) for k in range(cfg.accumulate))
-        rec = {"rank": rank, "step": step, "t_fwd": t_fwd, "t_bwd": t[f"bwd{k_last}"] - t_fwd,
-               "t_opt": t["opt"] - t[f"bwd{k_last}"], "t_step": t["opt"], "loss": float(out.loss.detach()),
+        t_bwd_end = t[f"bwd{k_last}"]
+        if baseline:
+            # A baseline step does not step the optimizer: the model, the optimizer's state and the schedule stay
+            # those of the training steps. Its optimizer time is the one its paired training step measured just
+            # before (the optimizer communicates nothing), so its t_step is forward + backward + that time.
+            t_opt, t_step = optim_s, t_bwd_end + optim_s
+        else:
+            t_opt, t_step = t["opt"] - t_bwd_end, t["opt"]
+            optim_s = (t["optim"] if local else t["opt"]) - t_bwd_end
+        rec = {"rank": rank, "step": step, "t_fwd": t_fwd, "t_bwd": t_bwd_end - t_fwd,
+               "t_opt": t_opt, "t_step": t_step, "loss": float(out.loss.detach()),
                "micro_batches": cfg.accumulate, "straggle_s": slept, "lr": lr, "time": time.time()}
+        if baseline:
+            rec["paired_step"] = paired
         writer.write("baseline_step" if baseline else "step", **rec)
         if averaged:
             writer.write("collective", rank=rank, step=step, **local.seconds(averaged, step_start))
@@ -146,18 +173,29 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
         for b in buckets:
             writer.write("bucket", rank=rank, step=step, **b)
         straggler.observe(step, ddp_compute_s(buckets, rec["t_opt"], slept))
+        if not local:
+            # DDP logs a forward's runtime stats in the next synchronised forward (these are the previous one's),
+            # and only for its sampled iterations (<= 10 and every 100th): skip the logging-data call on the others.
+            ddp_forwards.append(None if baseline else step)
+            done = len(ddp_forwards) - 1  # DDP's count of finished iterations when this forward logged
+            if done >= 1 and (done <= 10 or done % 100 == 0) and ddp_forwards[done - 1] is not None:
+                _write_ddp_stats(ddp, writer, rank, ddp_forwards[done - 1], done)
+        if baseline:
+            opt.zero_grad(set_to_none=False)  # this rank's own gradients: never applied
+            set_rng_state(device, rng)
+            if world > 1:  # no collective aligned the ranks in this step: start the next training step together
+                barrier(device)
+            train_clock.exclude(time.perf_counter() - t_baseline)
+            continue
         ckpt.after_step(step, ddp, opt)  # every checkpoint_every training steps, after the step's records
-        # DDP logs a step's runtime stats in the next step's forward (these are step - 1's), and only for its
-        # sampled iterations (<= 10 and every 100th): skip the logging-data call on the others.
-        if step >= 1 and (step <= 10 or step % 100 == 0) and not local:
-            _write_ddp_stats(ddp, writer, rank, step - 1)
-        if not baseline:  # rank 0 evaluates when due, every rank waits: no step clock runs meanwhile
-            eval_pause(evaluator, model, step + 1, train_clock, writer, rank)
+        # rank 0 evaluates when due, every rank waits: no step clock runs meanwhile
+        eval_pause(evaluator, model, step + 1, train_clock, writer, rank)
         if step == 0:
             writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
                          grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
                          optim_bytes=optimizer_state_bytes(opt), peak_bytes=None, peak_kind=None)
 
+    writer.write("machine", rank=rank, phase="end", **snapshot(machine=rank == 0))
     recorder.transport.close()
     peak, kind = peak_memory(device)
     writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
@@ -177,12 +215,39 @@ _DDP_STATS = ("backward_comm_time", "backward_compute_time", "backward_compute_c
               "forward_compute_time")
 
 
-def _write_ddp_stats(ddp, writer, rank: int, step: int) -> None:
-    """DDP's own runtime stats for `step` (its timers: CUDA events on GPU, wall clock on CPU; nanoseconds,
-    written here in seconds): a cross-check of dtlab's events that costs nothing inside the step."""
+def rng_state(device) -> dict:
+    """The random number generators a step draws from (dropout): the CPU's, and the GPU's on CUDA."""
+    import torch
+    out = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def set_rng_state(device, state: dict) -> None:
+    """Give back what `rng_state` took: a baseline step leaves the training steps' dropout masks as they were."""
+    import torch
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def barrier(device) -> None:
+    """Every rank waits for the others (not timed); NCCL is told which GPU this rank uses."""
+    import torch.distributed as dist
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def _write_ddp_stats(ddp, writer, rank: int, step: int, iteration: int) -> None:
+    """DDP's own runtime stats for training `step`, logged by DDP when its finished-iteration count was `iteration`
+    (its timers: CUDA events on GPU, wall clock on CPU; nanoseconds, written here in seconds): a cross-check of
+    dtlab's events that costs nothing inside the step."""
     try:
         data = ddp._get_ddp_logging_data()
-        if int(data.get("iteration", -1)) != step + 1:  # DDP samples iterations <= 10 and every 100th only
+        if int(data.get("iteration", -1)) != iteration:  # DDP samples iterations <= 10 and every 100th only
             return
         writer.write("ddp_stats", rank=rank, step=step,
                      **{k: data[k] / 1e9 for k in _DDP_STATS if isinstance(data.get(k), (int, float))})
