@@ -78,7 +78,10 @@ def _cuda() -> bool:
 
 
 def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
-    """Everything `report` prints, as a dict (JSON-safe). The torch/CUDA/DeepSpeed part runs in a child."""
+    """Everything `report` prints, as a dict (JSON-safe). The torch/CUDA/DeepSpeed part runs in a child; the
+    machine's load is sampled first, for half a second, before the child adds its own (dtlab.config.busy)."""
+    from dtlab.config.busy import sample
+    load = sample(0.5)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] + [p for p in os.environ.get(
             "PYTHONPATH", "").split(os.pathsep) if p]))
@@ -90,6 +93,7 @@ def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
     except subprocess.TimeoutExpired:
         found = {"probe_error": f"probe did not answer within {timeout_s:g} s"}
     found["cpu_cores"] = os.cpu_count()
+    found["machine_load"] = load
     if check_hub:
         from dtlab.config.models import hub_reachable
         found["hub_reachable"] = hub_reachable()
@@ -180,6 +184,7 @@ def report(f: dict) -> str:
     else:
         lines.append("  GPUs: none visible to torch: every run uses gloo on the CPU"
                      + ("" if f.get("cuda_build") is None else " (this torch is a CUDA build; no device or driver)"))
+    lines += load_lines(f.get("machine_load"))
     lines.append(f"  backends: gloo {'yes' if f.get('gloo') else 'NO'}, nccl {'yes' if f.get('nccl_backend') else 'no'}")
     lines.append(f"  deepspeed {f.get('deepspeed') or 'not installed'}: {f.get('deepspeed_import')}")
     lines.append(f"  transformers {f.get('transformers')}, datasets {f.get('datasets')}, "
@@ -200,6 +205,20 @@ def report(f: dict) -> str:
     for t in sorted({q["timing"] for q in parts if q.get("timing")}):
         lines.append(f"  timed with {t}")
     return "\n".join(lines)
+
+
+def load_lines(load: dict | None) -> list:
+    """The machine's load as `facts` sampled it, and a warning when it is busy: a run made now measures the other
+    processes too (its breakdown says so and widens its intervals)."""
+    if not load:
+        return []
+    from dtlab.config.busy import sample_words
+    lines = [f"  {sample_words(load)}"]
+    if load.get("busy"):
+        lines.append("  warning: this machine is busy: a run started now shares its cores with other processes, so "
+                     "its step times move with their load (the breakdown says so and widens its intervals). Wait "
+                     "for the load to go, or compare runs made side by side.")
+    return lines
 
 
 def doctor(check_hub: bool = True) -> dict:

@@ -114,6 +114,9 @@ class Claim:
     how: str = ""
     per: str = "run"
     paired: bool = True
+    interval: str = ""
+    """What `ratios`' lo .. hi are when not the measured range ('' for the range, or the quartiles when unpaired):
+    e.g. a bootstrap interval of the median (dtlab.results.spread)."""
     result: str = field(init=False)
 
     def __post_init__(self):
@@ -131,10 +134,14 @@ class Claim:
         va, vb = self.values[self.a], self.values[self.b]
         r = self.ratios
         rng = f"range {fmt_ratio(r.lo)} .. {fmt_ratio(r.hi)}" if r.n > 1 else f"a single {self.per}: no spread"
-        if not self.paired and r.n > 1:
+        if self.interval:
+            rng = f"{self.interval} {fmt_ratio(r.lo)} .. {fmt_ratio(r.hi)}"
+        elif not self.paired and r.n > 1:
             rng += f": quartiles of {va.n} x {vb.n} unpaired {self.per}s"
         band = {"within": f"within ±{self.rel_tol:.0%} of the model", "below": "below ×1 in every run",
                 "above": "above ×1 in every run"}[self.test]
+        if self.interval and self.test != "within":
+            band = f"{self.test} ×1 over the whole {self.interval}"
         model = (f"{self.a} / {self.b} = {fmt_ratio(self.expected)}" if self.expected is not None else
                  f"{self.a} / {self.b} {'below' if self.test == 'below' else 'above'} ×1")
         out = [f"Claim ({self.cid}): {self.says}. Model: {model} ({self.model}).",
@@ -180,16 +187,19 @@ class Claim:
 
 def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected: float | None, model: str,
             unit: str = "s", test: str = "within", rel_tol: float = 0.25, why=None, how: str = "",
-            per: str = "run", paired: bool = True) -> Claim:
+            per: str = "run", paired: bool = True, ratios: Spread | None = None, interval: str = "") -> Claim:
     """A :class:`Claim` that `a` relates to `b` as the model says. a, b: (label, values), one value per run
     (paired by position: run i of a was made next to run i of b; `per`="step" for the steps of two runs), in
     `unit`. why: a sentence, or a function of the verdict ('inconclusive' / 'contradicted') returning one,
-    used only when the claim does not hold."""
+    used only when the claim does not hold. ratios: the a / b spread to judge by, when the lab computed it (a
+    bootstrap interval of the median, named by `interval`) instead of the range of the values."""
     (la, xa), (lb, xb) = a, b
     xa, xb = [float(v) for v in xa], [float(v) for v in xb]
     if not xa or not xb or (paired and len(xa) != len(xb)):
         raise ValueError(f"a and b need values{' in pairs' if paired else ''}, got {len(xa)} and {len(xb)}")
-    if paired:
+    if ratios is not None:
+        pass
+    elif paired:
         ratios = spread([p / q for p, q in zip(xa, xb) if q])
     else:  # the middle half of each set: one stray call does not decide
         (a1, am, a3), (b1, bm, b3) = _quartiles(xa), _quartiles(xb)
@@ -197,7 +207,7 @@ def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected:
     result = verdict(ratios, expected, test, rel_tol)
     reason = (why(result) if callable(why) else why) if result != "holds" else None
     return Claim(cid, says, quantity, la, lb, {la: spread(xa), lb: spread(xb)}, unit, ratios, expected, model,
-                 test, rel_tol, reason, how, per, paired)
+                 test, rel_tol, reason, how, per, paired, interval)
 
 
 def _quartiles(values) -> tuple:

@@ -7,12 +7,18 @@ taken over the measured steps, i.e. steps >= config.warmup):
 
 - T_step: wall time of one optimizer step (forward + backward + optimizer) on the slowest rank.
 - T_comp: the same step with communication removed, measured in `baseline_steps` extra steps whose comm hook
-  does everything dtlab's recording hook does except the collective (dtlab.rank.recorder); without a baseline it is estimated as forward + backward up to the moment the last
-  gradient bucket became ready + optimizer, and labelled "estimated".
+  does everything dtlab's recording hook does except the collective (dtlab.rank.recorder), each run right after
+  the training step it is paired with (dtlab.config.baseline): T_comp = T_step - exposed. Without a baseline it is
+  estimated as forward + backward up to the moment the last gradient bucket became ready + optimizer, and
+  labelled "estimated".
 - T_comm: time collectives are in flight in a step: the length of the union of the [t_start, t_end]
   intervals of the step's buckets (or ZeRO-3 collectives), on the rank where it is longest.
-- Exposed communication: T_step - T_comp, the part of T_comm that overlap did not hide.
-- Overlap: 1 - exposed / T_comm (1 = fully hidden, 0 = fully exposed; noise can push it past either end).
+- Exposed communication: T_step - T_comp, the part of T_comm that overlap did not hide: the median over the pairs
+  of (the training step's time - its no-op-hook step's time), both on their slowest rank.
+- Overlap: 1 - exposed / T_comm (1 = fully hidden, 0 = fully exposed).
+
+Each figure comes with a 90% bootstrap interval, and an exposed time whose interval is not above 0 is said to be
+below the machine's noise instead of shown: dtlab.results.breakdown and dtlab.results.spread.
 
 ZeRO-3 (strategy 'zero3') has no no-op baseline, and DeepSpeed overlaps its collectives with compute on side
 streams, so T_step - T_comm is not its compute time. There, exposed communication is measured directly:
@@ -27,16 +33,15 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from dtlab.config.strategies import strategy_spec
-from dtlab.intervals import frame_union_length
+from dtlab.results.breakdown import per_step, summary, summary_lines
 from dtlab.results.convergence import convergence_lines, evals_frame, first_at, updates_frame
 from dtlab.results.restarts import FRAMES, recovery, restart_lines
 from dtlab.runfiles import RunDamageWarning
 from dtlab.results.status import read_run_dir, status_lines
-from dtlab.units import fmt_mib, fmt_ms
+from dtlab.units import fmt_mib
 
 STEP_COLUMNS = ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
 BUCKET_COLUMNS = ["rank", "step", "bucket", "nbytes", "nparams", "t_ready", "t_start", "t_end", "backend_ms"]
@@ -90,6 +95,9 @@ class Run:
     out), accuracy, loss, t_eval, t_wall, n; see dtlab.results.convergence."""
     updates: pd.DataFrame = field(default_factory=lambda: updates_frame([]))
     """Strategy 'async': every pushed gradient the server took: rank (the worker), step, staleness, applied, ..."""
+    machine: list = field(default_factory=list)
+    """The `machine` events: each rank's CPU time, and rank 0's machine counters, when its steps started and ended
+    (dtlab.config.busy); `dtlab.results.busy.machine_load(run)` turns them into other processes' CPU time."""
 
     def time_to(self, accuracy: float) -> float | None:
         """Seconds of training time until the first evaluation at or above `accuracy` (None: never reached)."""
@@ -126,24 +134,7 @@ class Run:
         """One row per measured step: t_step (slowest rank), t_comm (longest in-flight union across ranks),
         t_comp_est (estimated compute on the slowest rank), seconds. ZeRO-3 runs that measured blocked time
         add t_blocked (the slowest rank's time blocked on collectives) and t_comp_est = t_step - t_blocked."""
-        st = self.measured_steps()
-        if st.empty:
-            return pd.DataFrame(columns=["step", "t_step", "t_comm", "t_comp_est"])
-        blocked = self.measures_blocked
-        comm = self.comm_intervals()
-        rows = []
-        for step, g in st.groupby("step"):
-            slow = g.loc[g["t_step"].idxmax()]
-            c = comm[comm["step"] == step] if not comm.empty else comm
-            t_comm = c.groupby("rank").apply(frame_union_length, include_groups=False).max() if not c.empty else 0.0
-            last_ready = self._compute_end(int(slow["rank"]), step, float(slow["t_fwd"] + slow["t_bwd"]))
-            row = {"step": step, "t_step": float(slow["t_step"]), "t_comm": float(t_comm),
-                   "t_comp_est": last_ready + float(slow["t_opt"])}
-            if blocked:
-                row["t_blocked"] = float(slow["t_blocked"])
-                row["t_comp_est"] = row["t_step"] - row["t_blocked"]
-            rows.append(row)
-        return pd.DataFrame(rows)
+        return per_step(self)
 
     def comm_intervals(self) -> pd.DataFrame:
         """rank, step, t_start, t_end of every recorded collective (DDP buckets or ZeRO-3 collectives)."""
@@ -151,59 +142,15 @@ class Run:
         return pd.concat(frames, ignore_index=True).dropna() if frames else pd.DataFrame(
             columns=["rank", "step", "t_start", "t_end"])
 
-    def _compute_end(self, rank: int, step: int, default: float) -> float:
-        if self.buckets.empty:
-            return default
-        b = self.buckets[(self.buckets["rank"] == rank) & (self.buckets["step"] == step)]
-        return float(b["t_ready"].max()) if not b.empty else default
-
     def summary(self) -> pd.DataFrame:
-        """Medians over measured steps of T_step, T_comp, T_comm, exposed communication and overlap.
+        """Medians over measured steps of T_step, T_comp, T_comm, exposed communication and overlap, each with its
+        90% interval, and how busy the machine was (dtlab.results.breakdown).
 
-        Columns: quantity, value, unit, how (where the number comes from). See the module docstring for
-        the definitions."""
-        ps = self.per_step()
-        t_step = float(ps["t_step"].median()) if not ps.empty else np.nan
-        t_comm = float(ps["t_comm"].median()) if not ps.empty else np.nan
-        how_exposed, how_overlap = "T_step - T_comp", "1 - exposed / T_comm"
-        exposed_med = None  # set where exposed communication is measured directly (ZeRO-3)
-        if not self.baseline_steps.empty:
-            t_comp = float(self.baseline_steps.groupby("step")["t_step"].max().median())
-            how_comp = f"measured: median of {self.baseline_steps['step'].nunique()} no-op comm hook steps"
-        elif self.measures_blocked and "t_blocked" in ps.columns:
-            # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.rank.strategies.zero3.blocked).
-            exposed_med = float(ps["t_blocked"].median())
-            t_comp = float((ps["t_step"] - ps["t_blocked"]).median())
-            where = "compute stream" if self.resolved.get("device_type") == "cuda" else "training thread"
-            how_comp = "measured: T_step - time blocked on collectives (slowest rank, per step)"
-            how_exposed = (f"measured: time the slowest rank's {where} was blocked waiting for collectives "
-                           "(timed waits + blocking calls)")
-            how_overlap = "1 - exposed / T_comm (exposed measured, T_comm = in-flight union)"
-        elif not self.collectives.empty and self.buckets.empty:
-            # A ZeRO-3 run recorded before blocked time was measured.
-            t_comp = float((ps["t_step"] - ps["t_comm"]).median()) if not ps.empty else np.nan
-            how_comp = ("estimated: T_step - T_comm (recorded without blocked-time measurement; assumes no "
-                        "overlap)") if self.spec.blocked_time else "estimated: T_step - T_comm (blocking collectives)"
-            how_exposed, how_overlap = "assumed = T_comm (no baseline to measure it against)", "not measured"
-        else:
-            t_comp = float(ps["t_comp_est"].median()) if not ps.empty else np.nan
-            how_comp = "estimated: fwd + bwd until the last bucket was ready + opt (no baseline run)"
-        if how_overlap == "not measured":
-            exposed = t_comm
-        elif exposed_med is not None:
-            exposed = exposed_med
-        else:
-            exposed = t_step - t_comp
-        overlap = 1.0 - exposed / t_comm if t_comm > 0 and how_overlap != "not measured" else np.nan
-        n = len(ps)
-        return pd.DataFrame([
-            ("T_step", t_step, "s", f"median over {n} steps of the slowest rank's step time"),
-            ("T_comp", t_comp, "s", how_comp),
-            ("T_comm", t_comm, "s", "median of the time collectives were in flight per step"
-             + (" (union of intervals on the rank where longest)" if self.spec.records == "collectives" else "")),
-            ("exposed", exposed, "s", how_exposed),
-            ("overlap", overlap, "fraction", how_overlap),
-        ], columns=["quantity", "value", "unit", "how"])
+        Columns: quantity, value, unit, how (where the number comes from), lo and hi (the interval); a last row
+        `machine` holds other processes' CPU (cores' worth) and the verdict. An exposed time inside the machine's
+        noise has no value (NaN): its `how` says so, with the noise's size. See the module docstring for the
+        definitions."""
+        return summary(self)
 
     def bubble(self):
         """A pipeline run's measured bubble beside the (P-1)/(M+P-1) theory: `dtlab.results.pipeline.bubble`."""
@@ -244,12 +191,7 @@ class Run:
             lines.append(f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
                          "(oversubscribed: compute is slowed by sharing cores)")
         lines += restart_lines(self) + status_lines(self) + convergence_lines(self)
-        for r in s.itertuples():
-            if r.value != r.value:  # NaN: not measured
-                val = fmt_ms(None, width=10)
-            else:
-                val = fmt_ms(r.value, width=10) if r.unit == "s" else f"{r.value:10.2f}   "
-            lines.append(f"  {r.quantity:<8}{val}   {r.how}")
+        lines += summary_lines(s)
         return "\n".join(lines)
 
 
@@ -263,7 +205,7 @@ def load_run(path: str) -> Run:
     rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
                                              "ddp_stats", "blocked", "checkpoint", "restart", "start",
                                              "microbatch", "reference", "eval",
-                                             "update")}
+                                             "update", "machine")}
     ddp_logging = {}
     for ev in rec.events():
         ev = dict(ev)
@@ -292,7 +234,7 @@ def load_run(path: str) -> Run:
         warnings=list(rec.warnings), damage=_frame(rec.damage(), DAMAGE_COLUMNS, sort=["file", "line"]),
         microbatches=_frame(rows["microbatch"], MICROBATCH_COLUMNS, sort=["rank", "step", "t_start"]),
         references=_frame(rows["reference"], REFERENCE_COLUMNS),
-        evals=evals_frame(rows["eval"]), updates=updates_frame(rows["update"]),
+        evals=evals_frame(rows["eval"]), updates=updates_frame(rows["update"]), machine=rows["machine"],
         **{name: _frame(rows_rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
            for name, cols in FRAMES.items()})
 

@@ -62,18 +62,28 @@ def breakdown_bar(summary: pd.DataFrame, title: str = "") -> go.Figure:
     """Bars for T_step, T_comp, T_comm and exposed communication (ms), from `Run.summary()`."""
     s = summary.set_index("quantity")
     names = ["T_step", "T_comp", "T_comm", "exposed"]
-    vals = [float(s.loc[n, "value"]) * 1e3 for n in names]
+    raw = [float(s.loc[n, "value"]) * 1e3 for n in names]
+    vals = [v if v == v else 0.0 for v in raw]  # NaN: exposed inside the machine's noise, drawn as no bar
     colors = ["#888888", COLORS["T_comp"], COLORS["T_comm"], COLORS["exposed"]]
     hover = [str(s.loc[n, "how"]) for n in names]
     # an estimated quantity says so under its bar, not only in the hover text
     labels = [f"{n}<br>(estimated)" if h.lower().startswith("estimated") else n for n, h in zip(names, hover)]
-    fig = go.Figure(go.Bar(x=labels, y=vals, marker_color=colors, text=[f"{v:.0f} ms" for v in vals],
-                           textposition="outside", cliponaxis=False,  # the value above the tallest bar stays whole
-                           hovertext=hover, hoverinfo="text+y"))
+    text = [f"{v:.0f} ms" if v == v else "below the noise" for v in raw]
+    bar = dict(x=labels, y=vals, marker_color=colors, text=text, textposition="outside",
+               cliponaxis=False, hovertext=hover, hoverinfo="text+y")  # the value above the tallest bar stays whole
+    if {"lo", "hi"} <= set(s.columns):  # each figure's 90% interval (dtlab.results.spread)
+        lo = [float(s.loc[n, "lo"]) * 1e3 for n in names]
+        hi = [float(s.loc[n, "hi"]) * 1e3 for n in names]
+        bar["error_y"] = dict(type="data", symmetric=False, color="#444444",
+                              array=[h - v if h == h and r == r else 0.0 for h, v, r in zip(hi, vals, raw)],
+                              arrayminus=[v - x if x == x and r == r else 0.0 for x, v, r in zip(lo, vals, raw)])
+    fig = go.Figure(go.Bar(**bar))
     ov = float(s.loc["overlap", "value"])
+    said = (f"overlap = {ov:.0%}" if ov == ov else "overlap not measured" if s.loc["overlap", "how"] == "not measured"
+            else "overlap within the noise")
     fig.update_layout(yaxis_title="time per step (ms)", showlegend=False, height=380)
-    return set_title(fig, f"{title} step breakdown (medians; overlap = {ov:.0%})" if title
-                     else f"Step breakdown (medians; overlap = {ov:.0%})")
+    return set_title(fig, f"{title} step breakdown (medians, 90% intervals; {said})" if title
+                     else f"Step breakdown (medians, 90% intervals; {said})")
 
 
 def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:

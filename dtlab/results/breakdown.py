@@ -1,0 +1,222 @@
+"""The breakdown `Run.summary()` prints: T_step, T_comp, T_comm, exposed communication and overlap, each with its
+spread, and how busy the machine was (pure; the definitions are dtlab.results.run's).
+
+Everything is computed on whole columns (one groupby per frame, no loop over steps), so a 3,000-step run reads
+as fast as a short one. Each figure comes with a 90% bootstrap interval (dtlab.results.spread): over the measured
+steps for T_step and T_comm, over the pairs of a no-op-hook step and the training step it followed for exposed
+communication (dtlab.config.baseline), both for T_comp = T_step - exposed and for the overlap. An exposed time
+whose interval is not above 0 is not shown as a figure: its row says, in words, how large the noise is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dtlab.results.busy import verdict
+from dtlab.results.spread import (SEED, block_for, exposed_words, interval, medians, overlap_words, resample_index,
+                                  resolved)
+from dtlab.units import fmt_ms
+
+PER_STEP_COLUMNS = ["step", "t_step", "t_comm", "t_comp_est"]
+SUMMARY_COLUMNS = ["quantity", "value", "unit", "how", "lo", "hi"]
+
+
+def union_lengths(intervals: pd.DataFrame) -> pd.Series:
+    """Length of the union of the [t_start, t_end] rows of each (rank, step), concurrent intervals counted once
+    (dtlab.intervals.union_length, on whole columns): a Series indexed by (rank, step)."""
+    if intervals.empty:
+        return pd.Series(dtype=float, index=pd.MultiIndex.from_arrays([[], []], names=["rank", "step"]))
+    rank, step = intervals["rank"].to_numpy(), intervals["step"].to_numpy()
+    start, end = intervals["t_start"].to_numpy(dtype=float), intervals["t_end"].to_numpy(dtype=float)
+    order = np.lexsort((end, start, step, rank))
+    rank, step, start, end = rank[order], step[order], start[order], end[order]
+    first = np.ones(len(rank), dtype=bool)
+    first[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
+    group = np.cumsum(first) - 1
+    # one running maximum over every group at once: each group lifted above the last by more than any span
+    lift = group * (np.nanmax(end) - np.nanmin(start) + 1.0)
+    reach = np.maximum.accumulate(end + lift)  # the furthest end so far in the (rank, step)
+    new = first.copy()
+    new[1:] |= start[1:] + lift[1:] > reach[:-1]  # a gap starts a new segment
+    heads = np.flatnonzero(new)
+    length = np.maximum.reduceat(end, heads) - start[heads]
+    g0 = np.flatnonzero(first)
+    total = np.add.reduceat(length, np.searchsorted(heads, g0))
+    return pd.Series(total, index=pd.MultiIndex.from_arrays([rank[g0], step[g0]], names=["rank", "step"]))
+
+
+def per_step(run) -> pd.DataFrame:
+    """One row per measured step (see `Run.per_step`): the slowest rank's t_step, the longest in-flight union
+    over ranks (t_comm), the estimated compute on the slowest rank (t_comp_est) and, for ZeRO-3 runs that measured
+    it, t_blocked, with t_comp_est = t_step - t_blocked."""
+    st = run.measured_steps()
+    st = st[st["t_step"].notna()]
+    if st.empty:
+        return pd.DataFrame(columns=PER_STEP_COLUMNS)
+    slow = st.loc[st.groupby("step")["t_step"].idxmax()].sort_values("step")
+    comm = run.comm_intervals()
+    if comm.empty:
+        t_comm = np.zeros(len(slow))
+    else:
+        lengths = union_lengths(comm).groupby(level="step").max()
+        t_comm = slow["step"].map(lengths).fillna(0.0).to_numpy(dtype=float)
+    compute_end = (slow["t_fwd"] + slow["t_bwd"]).to_numpy(dtype=float)
+    if not run.buckets.empty:
+        ready = run.buckets.groupby(["rank", "step"])["t_ready"].max()
+        key = pd.MultiIndex.from_arrays([slow["rank"], slow["step"]])
+        found = ready.reindex(key).to_numpy(dtype=float)
+        compute_end = np.where(np.isnan(found), compute_end, found)
+    out = pd.DataFrame({"step": slow["step"].to_numpy(), "t_step": slow["t_step"].to_numpy(dtype=float),
+                        "t_comm": t_comm, "t_comp_est": compute_end + slow["t_opt"].to_numpy(dtype=float)})
+    if run.measures_blocked:
+        out["t_blocked"] = slow["t_blocked"].to_numpy(dtype=float)
+        out["t_comp_est"] = out["t_step"] - out["t_blocked"]
+    return out
+
+
+def pairs(run, ps: pd.DataFrame) -> pd.DataFrame | None:
+    """One row per baseline step recorded with the training step it followed (`paired_step`): baseline, step,
+    t_comp (slowest rank of the baseline step), t_step and t_comm (of the paired step), diff = t_step - t_comp.
+    A baseline step whose paired step is not a measured step of the run is left out. None for a run whose
+    baseline steps carry no pairing (recorded before it, or no baseline steps)."""
+    b = run.baseline_steps
+    if b.empty or "paired_step" not in b.columns or b["paired_step"].isna().all():
+        return None
+    g = b.groupby("step").agg(t_comp=("t_step", "max"), paired=("paired_step", "first")).reset_index()
+    g = g.rename(columns={"step": "baseline"}).dropna(subset=["paired"])
+    g["paired"] = g["paired"].astype(int)
+    out = g.merge(ps[["step", "t_step", "t_comm"]], left_on="paired", right_on="step", how="inner")
+    out = out.sort_values("baseline").reset_index(drop=True)
+    out["diff"] = out["t_step"] - out["t_comp"]
+    return out[["baseline", "step", "t_comp", "t_step", "t_comm", "diff"]]
+
+
+def _median(v) -> float:
+    v = np.asarray(v, dtype=float)
+    return float(np.median(v)) if v.size else math.nan
+
+
+def figures(run) -> dict:
+    """Everything `summary` shows, before the noise rule: ps (per_step), pairs (or None), verdict (dtlab.results.busy),
+    for each of t_step, t_comm, t_comp and exposed its median and `<name>_rep` (bootstrap replicates of it), `how_*`
+    (where each comes from), noise_rule (exposed is a difference, shown only above the noise), assumed (exposed is
+    T_comm, not measured), n_diff and per (how many values exposed's median is over, and what they are)."""
+    ps = per_step(run)
+    n = len(ps)
+    said = verdict(run, ps["t_step"])
+    busy = bool(said["busy"])
+    rng = np.random.default_rng(SEED)
+    idx = resample_index(n, block_for(n, busy), rng)
+    ts, tc = ps["t_step"].to_numpy(dtype=float), ps["t_comm"].to_numpy(dtype=float)
+    ts_rep, tc_rep = medians(ts, idx), medians(tc, idx)
+    t_step, t_comm = _median(ts), _median(tc)
+    how_exposed, how_overlap = "T_step - T_comp", "1 - exposed / T_comm"
+    per, n_diff = "steps", n
+    noise_rule = True  # exposed is a difference of two measurements: shown only when it stands out of the noise
+    assumed = False
+    pr = pairs(run, ps)
+    if pr is not None and not pr.empty:
+        m = len(pr)
+        d_rep = medians(pr["diff"], resample_index(m, block_for(m, busy), rng))
+        exposed = _median(pr["diff"])
+        t_comp, comp_rep = t_step - exposed, ts_rep - d_rep
+        how_comp = (f"measured: T_step - exposed, from {m} no-op comm hook steps each paired with the training "
+                    f"step just before it (alone: median {fmt_ms(_median(pr['t_comp']))})")
+        how_exposed = f"median over {m} pairs of T_step - T_comp (a training step, then a no-op comm hook step)"
+        per, n_diff = "pairs", m
+    elif not run.baseline_steps.empty:
+        base = run.baseline_steps.groupby("step")["t_step"].max().to_numpy(dtype=float)
+        comp_rep = medians(base, resample_index(len(base), block_for(len(base), busy), rng))
+        t_comp = _median(base)
+        exposed, d_rep = t_step - t_comp, ts_rep - comp_rep
+        how_comp = (f"measured: median of {len(base)} no-op comm hook steps (run after the training steps, "
+                    "unpaired: recorded before baseline steps were interleaved)")
+        n_diff = len(base)
+    elif run.measures_blocked and "t_blocked" in ps.columns:
+        # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.rank.strategies.zero3.blocked).
+        tb = ps["t_blocked"].to_numpy(dtype=float)
+        exposed, d_rep = _median(tb), medians(tb, idx)
+        t_comp, comp_rep = _median(ts - tb), medians(ts - tb, idx)
+        where = "compute stream" if run.resolved.get("device_type") == "cuda" else "training thread"
+        how_comp = "measured: T_step - time blocked on collectives (slowest rank, per step)"
+        how_exposed = (f"measured: time the slowest rank's {where} was blocked waiting for collectives "
+                       "(timed waits + blocking calls)")
+        how_overlap = "1 - exposed / T_comm (exposed measured, T_comm = in-flight union)"
+        noise_rule = False  # measured directly, never negative: a 0 is a measured 0
+    elif not run.collectives.empty and run.buckets.empty:
+        # A ZeRO-3 run recorded before blocked time was measured.
+        t_comp, comp_rep = _median(ts - tc), medians(ts - tc, idx)
+        how_comp = ("estimated: T_step - T_comm (recorded without blocked-time measurement; assumes no "
+                    "overlap)") if run.spec.blocked_time else "estimated: T_step - T_comm (blocking collectives)"
+        how_exposed, how_overlap = "assumed = T_comm (no baseline to measure it against)", "not measured"
+        exposed, d_rep, noise_rule, assumed = t_comm, tc_rep, False, True
+    else:
+        te = ps["t_comp_est"].to_numpy(dtype=float)
+        t_comp, comp_rep = _median(te), medians(te, idx)
+        exposed, d_rep = t_step - t_comp, ts_rep - comp_rep
+        how_comp = "estimated: fwd + bwd until the last bucket was ready + opt (no baseline run)"
+    return {"ps": ps, "n": n, "pairs": pr, "verdict": said, "t_step": t_step, "t_step_rep": ts_rep,
+            "t_comm": t_comm, "t_comm_rep": tc_rep, "t_comp": t_comp, "t_comp_rep": comp_rep, "exposed": exposed,
+            "exposed_rep": d_rep, "how_comp": how_comp, "how_exposed": how_exposed, "how_overlap": how_overlap,
+            "noise_rule": noise_rule, "assumed": assumed, "n_diff": n_diff, "per": per}
+
+
+def summary(run) -> pd.DataFrame:
+    """The headline figures with their 90% intervals (columns quantity, value, unit, how, lo, hi) and a `machine`
+    row (value: other processes' CPU in cores' worth; how: the verdict). See the module docstring."""
+    f = figures(run)
+    exposed, t_comm = f["exposed"], f["t_comm"]
+    e_lo, e_hi = interval(f["exposed_rep"])
+    rows = [("T_step", f["t_step"], "s", f"median over {f['n']} steps of the slowest rank's step time",
+             *interval(f["t_step_rep"])),
+            ("T_comp", f["t_comp"], "s", f["how_comp"], *interval(f["t_comp_rep"])),
+            ("T_comm", t_comm, "s", "median of the time collectives were in flight per step"
+             + (" (union of intervals on the rank where longest)" if run.spec.records == "collectives" else ""),
+             *interval(f["t_comm_rep"]))]
+    if f["noise_rule"] and not resolved(e_lo):
+        rows.append(("exposed", math.nan, "s", exposed_words(exposed, e_lo, e_hi, f["n_diff"], f["per"]), math.nan,
+                     math.nan))
+        rows.append(("overlap", math.nan, "fraction", overlap_words(e_hi, t_comm), math.nan, math.nan))
+    else:
+        rows.append(("exposed", exposed, "s", f["how_exposed"], e_lo, e_hi))
+        rows.append(_overlap(exposed, t_comm, f["exposed_rep"], f["t_comm_rep"], f["how_overlap"], f["assumed"]))
+    other = f["verdict"].get("other_cores")
+    rows.append(("machine", other if other is not None else math.nan, "cores", f["verdict"]["line"], math.nan,
+                 math.nan))
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _overlap(exposed: float, t_comm: float, d_rep, tc_rep, how: str, assumed: bool) -> tuple:
+    if assumed or not t_comm > 0:
+        return ("overlap", math.nan, "fraction", how, math.nan, math.nan)
+    ov = 1.0 - exposed / t_comm
+    if not 0.0 <= ov <= 1.0:  # exposed longer than the time in flight: not physical, so not a figure
+        return ("overlap", math.nan, "fraction", f"not measurable here: exposed ({fmt_ms(exposed)}) is longer than "
+                f"the time collectives were in flight ({fmt_ms(t_comm)}), which only noise explains", math.nan,
+                math.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = interval(1.0 - np.asarray(d_rep) / np.asarray(tc_rep))
+    return ("overlap", ov, "fraction", how, min(max(lo, 0.0), ov), max(min(hi, 1.0), ov))
+
+
+def summary_lines(s: pd.DataFrame) -> list[str]:
+    """The summary as the breakdown's aligned lines: each figure in ms (or a fraction) with its 90% interval and how
+    it was obtained; a figure inside the noise as the word "noise" and the sentence that says why; the machine's
+    verdict last."""
+    lines = [f"  {'':<8}{'median':>10}     {'[90% interval]':<20} how"]
+    for r in s.itertuples():
+        if r.quantity == "machine":
+            lines.append(f"  {r.how}")
+            continue
+        ms = r.unit == "s"
+        if r.value != r.value:  # NaN: inside the noise, or not measured
+            val = f"{'noise' if 'noise' in r.how else 'n/a':>10}   "
+        else:
+            val = fmt_ms(r.value, width=10) if ms else f"{r.value:10.2f}   "
+        lo, hi = getattr(r, "lo", math.nan), getattr(r, "hi", math.nan)
+        iv = "" if lo != lo or hi != hi else (f"[{lo * 1e3:.1f}, {hi * 1e3:.1f}]" if ms else f"[{lo:.2f}, {hi:.2f}]")
+        lines.append(f"  {r.quantity:<8}{val}  {iv:<20} {r.how}")
+    return lines
