@@ -339,8 +339,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="gpu-proof", help="summary.json and logs.tar.gz go here (keep it $OUT)")
     ap.add_argument("--site", default=os.path.join(tempfile.gettempdir(), "dtlab-site"),
                     help="where the wheels are installed (outside --out)")
-    ap.add_argument("--work", default=None, help="run directories and logs (default: a new TMP/dtlab-gpu-work/PART-TIME-PID "
-                    "each invocation; a folder given here must not hold this part's runs already)")
+    ap.add_argument("--work", default=None, help="run directories and logs (default: a new "
+                    "TMP/dtlab-gpu-work/PART-TIME-PID each invocation; a folder given here must not hold its runs yet)")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds a part plans for (default {BUDGET_S})")
     ap.add_argument("--steps", default=None, help="only these steps of the part, comma-separated")
     ap.add_argument("--dry-run", action="store_true", help="check every step, install nothing, run small")
