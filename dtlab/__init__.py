@@ -19,6 +19,7 @@ _WHERE = {
     "Run": "results.run", "load_run": "results.run", "RunFailed": "results.status",
     "rank_waits": "results.stragglers", "run_waits": "results.stragglers", "sync_step_model": "results.stragglers",
     "Profile": "model.profile", "load_profile": "results.calibration", "predict": "model.prediction",
+    "recorded_runs": "results.recorded", "recorded_run": "results.recorded", "recorded_calibration": "results.recorded",
 }
 
 __all__ = list(_WHERE)

@@ -62,11 +62,13 @@ def lab01(run, text):
     assert q1["ok"] is True and q1["points"] == q1["max_points"] == 2 and q1["answer"] > 0
     assert q2["ok"] is False and q2["answer"] == 1000 and q2["points"] == 0
     assert "never splits a tensor" in text
+    assert "The same job on one NVIDIA H200" in text and "DDP, yours" in text  # the recorded run beside this one
 
 
 def lab02(run, text):
     assert "alpha" in text and "prediction error" in text and "ratios textbook/ring" in text
     assert list((run.folder / "profiles").glob("*/profile.json"))
+    assert "The same calibration on one NVIDIA H200" in text and "alpha, H200" in text
 
 
 def lab03(run, text):
@@ -76,6 +78,7 @@ def lab03(run, text):
 
 def lab04(run, text):
     assert "ZeRO-3 / DDP per rank" in text and "reduce-scatter expected" in text and "ZeRO-3 step communication" in text
+    assert "ZeRO-3, yours" in text and "ZeRO-3, H200" in text and "535,640,088" in text  # the recorded runs beside
 
 
 def lab05(run, text):
