@@ -104,13 +104,14 @@ class Runbook:
     def __init__(self, part: str, args):
         self.part, self.args, self.dry = part, args, args.dry_run
         self.out = os.path.abspath(args.out)
-        self.work = os.path.abspath(args.work or fresh_work(part))
         self.site = os.path.abspath(args.site)
-        for flag, path in (("--site", self.site), ("--work", self.work)):
+        work = os.path.abspath(args.work or os.path.join(tempfile.gettempdir(), "dtlab-gpu-work"))
+        for flag, path in (("--site", self.site), ("--work", work)):
             if _inside(path, self.out):
                 raise SystemExit(f"{flag} {path} is inside --out {self.out}: only the summary and the log archive "
                                  "may go there (at most 8 files come back)")
         os.makedirs(self.out, exist_ok=True)
+        self.work = os.path.abspath(args.work or fresh_work(part))  # after the checks: a refusal makes no folder
         os.makedirs(self.work, exist_ok=True)
         self.t0, self.budget = time.monotonic(), float(args.budget)
         self.summary = {"part": part, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "dry_run": self.dry,

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -148,3 +150,7 @@ def test_each_invocation_gets_a_new_work_folder(tmp_path, monkeypatch):
     assert all(os.path.basename(w).startswith("calibrate-") and os.path.isdir(w) for w in (first, second))
     args.work = str(tmp_path / "mine")
     assert runbook.Runbook("runs", args).work == args.work
+    args.work, args.site = None, str(tmp_path / "out" / "site")
+    with pytest.raises(SystemExit, match="inside --out"):
+        runbook.Runbook("setup", args)
+    assert len(list((tmp_path / "dtlab-gpu-work").iterdir())) == 2  # a refused invocation makes no work folder
