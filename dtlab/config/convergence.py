@@ -8,7 +8,9 @@
 - strategy 'async' with `max_staleness` s and `staleness_policy`: an applied gradient was computed at most s
   server updates ago (Tsitsiklis et al. 1986: asynchronous SGD converges under bounded staleness);
 - `lr_scaling` with `base_batch` and `warmup_steps`: lr x k ('linear', Goyal et al. 2017) or x sqrt(k) ('sqrt',
-  for adaptive optimizers), k = the samples behind one optimizer update / base_batch, with a linear warmup.
+  for adaptive optimizers), k = the samples behind one optimizer update / base_batch, with a linear warmup;
+- `lr` None (the default): the base rate is resolved by the rank once the model is built (`resolve_lr`):
+  FINE_TUNING_LR for pretrained weights, RANDOM_INIT_LR[model] for random ones; scaling and warmup apply on top.
 
 Pure: the ranks build their schedule from `lr_factor`, the model and the tests read the same function.
 """
@@ -27,6 +29,64 @@ DEFAULT_MAX_STALENESS = 2
 HELDOUT_SENTENCES = 872
 #: evaluating full DistilBERT on a CPU costs about 75-115 ms a sentence: a subset of this many, said so in the run
 CPU_DISTILBERT_EVAL_SAMPLES = 64
+
+
+#: AdamW's base rate for fine-tuning pretrained weights: the low end of BERT's GLUE fine-tuning range (2e-5 to
+#: 5e-5, Devlin et al. 2019), what DistilBERT is fine-tuned with on SST-2.
+FINE_TUNING_LR = 2e-5
+#: A base rate that trains each model from random weights, and where it comes from (docs/convergence.md). The
+#: fine-tuning rate does not train the tiny model (a 200-step run at 2e-5 stays at the majority class, 0.534);
+#: random-init DistilBERT learned at 2e-5 on the GPU too, less reliably than at 1e-4 (0.764 to 0.992 over 4 seeds).
+RANDOM_INIT_LR = {
+    "tiny": (1e-3, "measured: `dtlab run --model tiny --steps 200 --eval-every 50`, 2 CPU ranks, seeds 0, 1, 2 reached "
+                   "0.955 to 1.0 held-out accuracy at step 200, where 2e-5 stays at 0.466 to 0.534"),
+    "distilbert": (1e-4, "taken from BERT's pre-training from scratch, Devlin et al. 2019; checked on one H200 GPU: 150 "
+                         "steps of 16 sentences, seeds 0 to 3, 0.89 to 0.96 held-out accuracy at step 150, where 3e-4 "
+                         "and 1e-3 stay at 0.466 to 0.534; not measured on a CPU, for longer runs or larger batches"),
+}
+
+
+def default_lr(model: str, pretrained: bool) -> dict:
+    """The base learning rate a run of `model` takes when `lr` is not set, and why: {"value", "source"}."""
+    if pretrained:
+        return {"value": FINE_TUNING_LR, "source": f"default for pretrained weights: the fine-tuning rate "
+                                                   f"{FINE_TUNING_LR:g} (BERT's GLUE range 2e-5 to 5e-5)"}
+    if model not in RANDOM_INIT_LR:
+        raise ValueError(f"model must be one of {', '.join(map(repr, RANDOM_INIT_LR))}, got {model!r}")
+    value, why = RANDOM_INIT_LR[model]
+    return {"value": value, "source": f"default for a randomly initialised {model} model ({why})"}
+
+
+def weights_known(cfg) -> bool | None:
+    """Whether the run's weights will be pretrained, as far as the config alone decides it: False for the tiny model
+    or model_source 'random', True for model_source 'hub' or a model_path (those runs fail rather than fall back to
+    random weights), None for 'auto' (the local cache or the hub decide, in the rank)."""
+    if cfg.model == "tiny" or cfg.model_source == "random":
+        return False
+    if cfg.model_source == "hub" or cfg.model_path:
+        return True
+    return None
+
+
+def resolve_lr(cfg, pretrained: bool | None = None) -> dict:
+    """The run's base learning rate (before `lr_scaling` and the warmup) and why: {"value", "source"}. An explicit
+    `cfg.lr` wins; otherwise `default_lr` for the weights: `pretrained` as the rank found them once the model was
+    built (dtlab.rank.optim.settle_lr), or None: as the config decides (`weights_known`), and a ValueError where
+    only the rank can tell (model_source 'auto'; read `run.lr` or `run.resolved["lr"]` of a run)."""
+    if cfg.lr is not None:
+        return {"value": cfg.lr, "source": "set explicitly (RunConfig.lr, --lr)"}
+    if pretrained is None:
+        pretrained = weights_known(cfg)
+    if pretrained is None:
+        raise ValueError(f"lr is None (auto) with model_source {cfg.model_source!r}: the run picks "
+                         f"{FINE_TUNING_LR:g} if pretrained weights load, else the rate for random weights "
+                         f"({RANDOM_INIT_LR[cfg.model][0]:g}); read run.lr of a run, or set lr")
+    return default_lr(cfg.model, pretrained)
+
+
+def base_lr(cfg, pretrained: bool | None = None) -> float:
+    """`resolve_lr`'s value: the rate `peak_lr` scales."""
+    return resolve_lr(cfg, pretrained)["value"]
 
 
 def update_batch(cfg) -> int:
@@ -59,9 +119,10 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
 
 
 def peak_lr(cfg) -> float:
-    """`cfg.lr` scaled by `cfg.lr_scaling` for this run's update batch over `cfg.base_batch` (None: batch_size)."""
+    """The base rate (`base_lr`: `cfg.lr` or its default) scaled by `cfg.lr_scaling` for this run's update batch
+    over `cfg.base_batch` (None: batch_size)."""
     base = cfg.base_batch if cfg.base_batch is not None else cfg.batch_size
-    return cfg.lr * lr_multiplier(cfg.lr_scaling, update_batch(cfg) / base)
+    return base_lr(cfg) * lr_multiplier(cfg.lr_scaling, update_batch(cfg) / base)
 
 
 def lr_at(cfg, step: int) -> float:
@@ -73,7 +134,7 @@ def lr_rule_text(cfg) -> str:
     """The rule in words, with this run's numbers (recorded in config.json)."""
     base = cfg.base_batch if cfg.base_batch is not None else cfg.batch_size
     k = update_batch(cfg) / base
-    text = (f"lr {cfg.lr:g} x {lr_multiplier(cfg.lr_scaling, k):.4g} ({cfg.lr_scaling}, k = update batch "
+    text = (f"lr {base_lr(cfg):g} x {lr_multiplier(cfg.lr_scaling, k):.4g} ({cfg.lr_scaling}, k = update batch "
             f"{update_batch(cfg)} / base batch {base} = {k:.4g}) = {peak_lr(cfg):.4g}")
     if cfg.warmup_steps:
         text += f", warmed up linearly over {cfg.warmup_steps} steps: step s uses (s + 1) / {cfg.warmup_steps} of it"

@@ -117,8 +117,12 @@ class RunConfig(JobConfig):
     record: bool = True
     """Record every bucket with the comm hook; False runs plain DDP (its built-in all-reduce, no hook), which
     the overhead benchmark compares against."""
-    lr: float = 2e-5
-    """AdamW learning rate."""
+    lr: float | None = None
+    """AdamW's base learning rate (before `lr_scaling` and the warmup). None (auto): set by each rank once the model
+    is built, from the weights it got: 2e-5 (the fine-tuning rate) for pretrained weights, a rate that trains the
+    model from random weights otherwise (tiny 1e-3, measured; DistilBERT 1e-4, BERT pre-training's rate, checked on
+    one GPU). The run records the rate and why in `run.resolved["lr"]` (`run.lr`); see
+    dtlab.config.convergence.resolve_lr."""
     seed: int = 0
     """Seed for weights (random init), data order and dropout. Same config + same seed = same losses: on CPU
     with gloo bit for bit on every rank (tested); on CUDA only with `deterministic`."""
@@ -200,7 +204,8 @@ class RunConfig(JobConfig):
         """Check every field; raise ValueError naming the field and what is allowed. Returns self.
 
         `cuda_device_count` and `nccl_version` default to this machine's (asked without initialising CUDA). The
-        "auto" fields (nproc, baseline_steps: None) are resolved here, so a validated config is fully explicit."""
+        "auto" fields (nproc, baseline_steps: None) are resolved here; `lr` None stays None, as it depends on the
+        weights the rank loads (dtlab.config.convergence.resolve_lr)."""
         choice("strategy", self.strategy, tuple(STRATEGIES))
         spec = strategy_spec(self.strategy)
         self._resolve_auto(cuda_device_count)
@@ -240,7 +245,8 @@ class RunConfig(JobConfig):
             raise ValueError(f"record must be true or false, got {self.record!r}")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
-        finite("lr", self.lr, "", low=0.0, high=10.0)
+        if self.lr is not None:
+            finite("lr", self.lr, "or None (auto: chosen by the run from the weights it loads)", low=0.0, high=10.0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
             raise ValueError(f"seed must be an integer in [0, 2**32) (numpy's range), got {self.seed!r}")
         if self.model_path is not None and not isinstance(self.model_path, str):

@@ -108,10 +108,12 @@ def loss_beside(run, reference) -> pd.DataFrame:
     loss). Both runs must share model, data, seed, batch, sequence length, learning rate and rank count, so the
     only difference is the lever (compression hook, bucket size, ...): otherwise ValueError naming the fields.
     Columns: step, loss, loss_reference, diff (loss - loss_reference), rel_diff (diff / loss_reference)."""
-    differ = [f for f in _SAME if run.config.get(f) != reference.config.get(f)]
+    def field(r, f):  # the learning rate the run trained at (`lr` None in its config means the default it chose)
+        return getattr(r, "lr", r.config.get(f)) if f == "lr" else r.config.get(f)
+    differ = [f for f in _SAME if field(run, f) != field(reference, f)]
     if differ:
-        raise ValueError("the runs differ in " + ", ".join(f"{f} ({run.config.get(f)!r} vs "
-                                                            f"{reference.config.get(f)!r})" for f in differ)
+        raise ValueError("the runs differ in " + ", ".join(f"{f} ({field(run, f)!r} vs "
+                                                            f"{field(reference, f)!r})" for f in differ)
                          + ": the loss comparison needs runs that differ only in the lever")
     a = run.steps.groupby("step")["loss"].mean()
     r = reference.steps.groupby("step")["loss"].mean()

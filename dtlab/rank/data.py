@@ -22,6 +22,8 @@ class Built:
     tokenizer: object
     model_source: str
     tokenizer_source: str
+    pretrained: bool = False
+    """True when the weights came from `from_pretrained` (the run's default lr then is the fine-tuning rate)."""
 
 
 def build_model(model: str, model_source: str, model_path: str | None, seed: int) -> Built:
@@ -47,7 +49,8 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
             try:
                 m = AutoModelForSequenceClassification.from_pretrained(where, num_labels=2, **kwargs)
                 tok, tok_src = build_tokenizer(model_source, model_path)
-                return Built(m, tok, f"pretrained {where} ({'local files' if kwargs else 'hub'})", tok_src)
+                return Built(m, tok, f"pretrained {where} ({'local files' if kwargs else 'hub'})", tok_src,
+                             pretrained=True)
             except Exception as e:  # noqa: BLE001 - every failure falls through to the next source
                 errors.append(f"{where}: {load_failure_reason(e, kwargs.get('local_files_only', False))}")
         if model_source == "hub" or model_path:

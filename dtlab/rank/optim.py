@@ -3,13 +3,26 @@ by the rule of dtlab.config.convergence (`lr_scaling`, `base_batch`, `warmup_ste
 
 The scheduler steps once after each optimizer step (torch's order: `opt.step()` then `sched.step()`), so optimizer
 step s uses `dtlab.config.convergence.lr_at(cfg, s)`; each step event records the lr it used (`lr`).
+
+The base rate is settled once the model is built (`settle_lr`): an explicit `cfg.lr`, else the default for the weights
+the rank got (dtlab.config.convergence.resolve_lr). Every strategy's optimizer reads `cfg.lr` after that.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dtlab.config.convergence import peak_lr, warmup_factor
+from dtlab.config.convergence import peak_lr, resolve_lr, warmup_factor
+
+
+def settle_lr(cfg, built) -> dict:
+    """Resolve `cfg.lr` for the model `built` (dtlab.rank.data.Built: pretrained weights or random ones) and set it
+    on this rank's config, as validate() does for the other auto fields, so every optimizer, the schedule, the
+    rule's text and the reference read the rate the run trains at. Returns {"value", "source"} for config.json's
+    resolved["lr"]. Call it right after build_model, before any optimizer exists."""
+    rec = resolve_lr(cfg, built.pretrained)
+    cfg.lr = rec["value"]
+    return rec
 
 
 class Optimizer:

@@ -40,6 +40,7 @@ def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
 
     from dtlab.rank.data import apply_dropout, build_model, load_sentences
     from dtlab.rank.lifecycle import setup_distributed
+    from dtlab.rank.optim import settle_lr
     from dtlab.rank.strategies.ddp import make_batches
 
     device, backend = setup_distributed(cfg, rank, world)
@@ -53,6 +54,7 @@ def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
     dp_rank = rank // (world // dp)
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
+    lr = settle_lr(cfg, built)  # cfg.lr: explicit, or the default for these weights (the strategies' AdamW reads it)
     apply_dropout(built.model, cfg.dropout)
     sentences, labels, data_src = load_sentences(cfg.data, cfg.steps * cfg.batch_size * dp, cfg.seed)
     per_replica = [make_batches(cfg, built.tokenizer, sentences, labels, r, dp, device) for r in range(dp)]
@@ -62,7 +64,7 @@ def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
         ref = Reference(copy.deepcopy(built.model), per_replica, cfg.lr)
     params = list(built.model.parameters())
     sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
-               "data_source": data_src, "num_parameters": sum(p.numel() for p in params),
+               "data_source": data_src, "lr": lr, "num_parameters": sum(p.numel() for p in params),
                "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
                "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
                "layout": deg, "n_layers": int(built.model.config.n_layers), "hidden": int(built.model.config.dim),

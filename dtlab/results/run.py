@@ -115,6 +115,14 @@ class Run:
     def nproc(self) -> int:
         return int(self.resolved.get("world_size", self.config.get("nproc", 1)))
 
+    @property
+    def lr(self) -> float | None:
+        """The base learning rate the run trained at (before lr_scaling and the warmup): `resolved["lr"]["value"]`,
+        which the rank settled once the model was built (`config["lr"]` None means "auto"; `resolved["lr"]["source"]`
+        says why), else `config["lr"]` (None: the run stopped before its rank settled it)."""
+        rec = self.resolved.get("lr")
+        return float(rec["value"]) if isinstance(rec, dict) and rec.get("value") is not None else self.config.get("lr")
+
     def measured_steps(self) -> pd.DataFrame:
         """`steps` without the warm-up steps."""
         return self.steps[self.steps["step"] >= self.warmup]
@@ -185,6 +193,8 @@ class Run:
                  f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",
                  f"  model: {self.resolved.get('model_source', '?')}",
                  f"  data:  {self.resolved.get('data_source', '?')}"]
+        if isinstance(self.resolved.get("lr"), dict):
+            lines.append(f"  lr:    {self.lr:g}, {self.resolved['lr'].get('source', '?')}")
         placed = self.resolved.get("placement", {})
         lines += [f"  {k}: {placed[k]}" for k in ("note", "timing") if placed.get(k)]  # what it means, how timed
         if self.resolved.get("oversubscribed"):

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import dtlab
-from dtlab.config.convergence import lr_at
+from dtlab.config.convergence import default_lr, lr_at
 from dtlab.results.convergence import bytes_per_step, staleness_histogram
 
 TINY = ["--model", "tiny", "--model-source", "random", "--data", "offline", "--seq-len", "32", "--bucket-mb", "1",
@@ -68,7 +68,9 @@ def test_the_lr_rule_sets_the_lr_it_claims(learning, local):
         assert run.steps["lr"].tolist() == pytest.approx(want, rel=1e-12)
     assert learning.steps.loc[learning.steps["step"] == 10, "lr"].iloc[0] == pytest.approx(3e-3)   # 1.5e-3 x 2
     assert learning.steps.loc[learning.steps["step"] == 0, "lr"].iloc[0] == pytest.approx(3e-3 / 4)
-    assert local[0].steps.loc[local[0].steps["step"] == 5, "lr"].iloc[0] == pytest.approx(2e-5 * 2)  # sqrt(8 / 2)
+    # local SGD ran without --lr: the default for the random tiny model, scaled by sqrt(8 / 2) on top
+    assert local[0].config["lr"] is None and local[0].lr == default_lr("tiny", pretrained=False)["value"]
+    assert local[0].steps.loc[local[0].steps["step"] == 5, "lr"].iloc[0] == pytest.approx(local[0].lr * 2)
     assert "linear" in learning.resolved["lr_rule"] and "warmed up" in learning.resolved["lr_rule"]
 
 
@@ -133,6 +135,7 @@ def test_local_sgd_moves_one_in_h_of_the_bytes_and_the_ranks_agree_after_each_av
 
 def test_async_server_applies_every_push_once_and_records_staleness(asynchronous):
     run, printed = asynchronous
+    assert run.resolved["lr"] == default_lr("tiny", pretrained=False)            # the server's AdamW, no --lr given
     pushes = run.collectives[run.collectives["op"] == "push"]
     pushed = sorted(zip(pushes["rank"].astype(int), pushes["step"].astype(int)))
     u = run.updates

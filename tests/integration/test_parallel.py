@@ -80,6 +80,16 @@ def test_tp_trains_like_one_process(others):
     assert len(check.steps) == 3 and check.world == 2
 
 
+def test_every_split_strategy_trains_at_the_default_lr_it_records(others):
+    """No lr given: each rank settles the default for the random tiny model before its optimizer exists, and the
+    reference (which trains at the same settled rate) agrees with the parallel run step by step."""
+    from dtlab.config.convergence import default_lr
+    for name, run in others.items():
+        assert run.config["lr"] is None and run.resolved["lr"] == default_lr("tiny", pretrained=False), name
+        check = run.reference_check()
+        assert check.ok, (name, check.why)
+
+
 def test_bubble_falls_with_microbatches_and_meets_the_theory(pipelines):
     m1, m4 = (r.bubble() for r in pipelines)
     assert (m1.stages, m1.microbatches, m4.microbatches) == (2, 1, 4)

@@ -59,18 +59,20 @@ def _unflat(flat: torch.Tensor, tensors) -> None:
 def _build(cfg: RunConfig, run_dir: str, rank: int, world: int):
     from dtlab.rank.data import build_model, load_sentences
     from dtlab.rank.lifecycle import setup_distributed
+    from dtlab.rank.optim import settle_lr
     from dtlab.rank.strategies.ddp import make_batches
 
     device, backend = setup_distributed(cfg, rank, world)
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
+    lr = settle_lr(cfg, built)  # cfg.lr: explicit, or the default for these weights
     workers = world - 1
     sentences, labels, data_src = load_sentences(cfg.data, cfg.steps * cfg.batch_size * workers, cfg.seed)
     batches = make_batches(cfg, built.tokenizer, sentences, labels, rank - 1, workers, device) if rank else []
     params = [p for p in built.model.parameters()]
     nparams = sum(p.numel() for p in params)
     sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
-               "data_source": data_src, "num_parameters": nparams,
+               "data_source": data_src, "lr": lr, "num_parameters": nparams,
                "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
                "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
                "server_rank": SERVER, "workers": workers,

@@ -32,10 +32,12 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
 
     from dtlab.rank.data import apply_dropout, build_model, load_sentences
     from dtlab.rank.lifecycle import setup_distributed
+    from dtlab.rank.optim import settle_lr
 
     device, backend = setup_distributed(cfg, rank, world)
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
+    lr = settle_lr(cfg, built)  # cfg.lr: explicit, or the default for these weights
     apply_dropout(built.model, getattr(cfg, "dropout", None))
     # training steps only: a baseline step reuses the batch of the training step it is paired with, so the data (and
     # the losses) of a run do not depend on how many baseline steps it has
@@ -44,7 +46,7 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
     batches = make_batches(cfg, built.tokenizer, sentences, labels, rank, world, device)
     nparams = sum(p.numel() for p in built.model.parameters())
     sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
-               "data_source": data_src, "num_parameters": nparams,
+               "data_source": data_src, "lr": lr, "num_parameters": nparams,
                "grad_bytes": sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad),
                # per-parameter gradient bytes in registration order: what-if bucket layouts are built from it
                "param_nbytes": [p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad]}
