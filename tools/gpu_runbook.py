@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Prove dtlab's GPU path on a bare GPU machine in three short commands, each under 600 s with margin.
+"""Prove dtlab's GPU path on a bare GPU machine in two short commands, each under 600 s with margin.
 
-    python3 tools/gpu_runbook.py setup     --wheels .whl --out $OUT   # install, deps, doctor, the GPU suite
-    python3 tools/gpu_runbook.py runs      --wheels .whl --out $OUT   # the README's main job, a ZeRO-3 run
-    python3 tools/gpu_runbook.py calibrate --wheels .whl --out $OUT   # a 3-op calibration, lab 04 (quick mode)
-    python3 tools/gpu_runbook.py all --dry-run --wheels .whl --out /tmp/dry   # anywhere: the three, small
+    python3 tools/gpu_runbook.py suite --wheels .whl --out $OUT   # install, doctor, the GPU suite, the README's
+                                                                  # main job, ZeRO-3, the recorder's overhead
+    python3 tools/gpu_runbook.py labs  --wheels .whl --out $OUT   # a 3-op calibration, every lab in quick mode,
+                                                                  # the model's error
+    python3 tools/gpu_runbook.py all --dry-run --wheels .whl --out /tmp/dry   # anywhere: both, small
     python3 tools/gpu_runbook.py check-wheels --wheels .whl                   # only the wheel folder
 
 Made for machines reached through short remote commands (at most 600 s each; at most 8 files, 2 folders deep,
@@ -13,18 +14,21 @@ come back from the output folder; the working tree and the carried wheel folder 
 - each part stops starting steps when its budget (BUDGET_S = 540 s, 60 s under the limit) runs short: a step's
   timeout is its cap (STEP_CAP) or what is left, and a step that cannot get MIN_STEP_S is skipped, saying so;
 - `--out` stays small and flat: `summary.json`, rewritten after every step (a command cut off still leaves the
-  figures of every finished step), `logs.tar.gz` (every step's log and the runs' small files, also rewritten
-  after every step) and, for setup, `gpu-junit.xml`;
+  figures of every finished step), `logs.tar.gz` (every step's log, the runs' small files and the executed labs,
+  also rewritten after every step), for suite `gpu-junit.xml` and for labs `labs.json` (per lab: seconds, the
+  error outputs, every claim with its verdict, where its runs were placed);
 - the runs go to `--work` and the packages to `--site` (default /tmp/dtlab-site), both outside `--out`. Every part
   installs the wheel folder there if it is not already (`pip --no-index --no-deps --target`, never touching the
-  machine's torch), so the parts run in any order and on a fresh machine;
+  machine's torch), so the parts run in any order and on a fresh machine; without `--work`, each invocation
+  works in a new folder, so a part run again on the same machine runs again;
 - dtlab itself runs from this checkout: its path is set before any step, so one failed step loses no later
   figure.
 
 The GPU machine is assumed to have python3 with torch (CUDA), transformers and the packages listed in
 tools/gpu-device-packages.txt, and no package index; tools/make_gpu_wheels.sh builds the folder elsewhere and
 tools/gpu_wheels.py checks it. `--dry-run` walks every step on any machine: the wheel check is real, nothing is
-installed, the runs use the tiny model and lab 04 is only placed, not executed. Exit code 0 when every step passed.
+installed, the runs use the tiny model and the labs are planned (each lab's placements and its time cap), not
+executed. Exit code 0 when every step passed.
 """
 
 from __future__ import annotations
@@ -50,12 +54,12 @@ BUDGET_S = 540         # what a part plans for: the rest is margin for Python's 
 MIN_STEP_S = 20        # a step that cannot get this long is skipped, not started
 RESERVE_S = 10         # kept back from each step's timeout for writing the summary and the archive
 MAX_FILES, MAX_DEPTH = 8, 2
-PARTS = {"setup": ("wheels", "install", "deps", "doctor", "gpu-suite"),
-         "runs": ("install", "main-job", "zero3"),
-         "calibrate": ("install", "calibrate", "lab04")}
-STEP_CAP = {"wheels": 60, "install": 180, "deps": 90, "doctor": 150, "gpu-suite": 420, "main-job": 240,
-            "zero3": 270, "calibrate": 270, "lab04": 300}
-ARCHIVED = (".log", ".json", ".jsonl", ".xml", ".txt")
+PARTS = {"suite": ("wheels", "install", "deps", "doctor", "gpu-suite", "main-job", "zero3", "overhead"),
+         "labs": ("install", "calibrate", "labs", "model-error")}
+STEP_CAP = {"wheels": 60, "install": 180, "deps": 90, "doctor": 150, "gpu-suite": 300, "main-job": 120,
+            "zero3": 120, "overhead": 150, "calibrate": 120, "labs": 420, "model-error": 200}
+LAB_CAP_S = 90         # one lab in quick mode (the H200 took 21-41 s for each of the 11, 344 s in all)
+ARCHIVED = (".log", ".json", ".jsonl", ".xml", ".txt", ".ipynb")
 ARCHIVE_FILE_MAX = 8 * 2**20
 
 
@@ -295,20 +299,78 @@ class Runbook:
         self.summary["calibration"], ok = calibration_figures(out)
         return self.record("calibrate", ok, profile=out)
 
-    def lab04(self, timeout) -> bool:
-        from runbook_figures import lab_runs, lab04_plan
-        plan = lab04_plan()
+    def labs(self, timeout) -> bool:
+        """Every lab top to bottom in quick mode, each in a fresh folder; labs.json in --out after every lab."""
+        from runbook_figures import lab_plan, lab_record, lab_runs, recorded_lab_seconds
+        names = sorted(n for n in os.listdir(os.path.join(ROOT, "labs")) if n.endswith(".ipynb"))
+        seconds = recorded_lab_seconds()
+        plan = {n: {"placed": lab_plan(n), "cap_s": LAB_CAP_S, "h200_s": seconds.get(n)} for n in names}
         if self.dry:
-            ok = not any(p["label"].startswith("cannot run") for p in plan)
-            return self.record("lab04", ok, placed=plan, note="dry run: placed, not executed (tests/e2e/test_notebooks.py "
-                                                              "executes it on CPU)")
-        where = os.path.join(self.work, "lab04")
-        os.makedirs(where, exist_ok=True)
-        env = dict(self.env, DTLAB_QUICK="1")
-        rc = self.sh("lab04", [sys.executable, os.path.join(HERE, "run_notebook.py"),
-                               os.path.join(ROOT, "labs", "04_zero3_vs_ddp.ipynb"), where], timeout, env=env)
-        self.summary["lab04"] = {"placed": plan, "runs": lab_runs(where)}
-        return self.record("lab04", rc == 0, where=where)
+            refused = [n for n, p in plan.items() if any(x["label"].startswith("cannot run") for x in p["placed"])]
+            recorded = sum(v for v in seconds.values() if v)
+            ok = not refused and len(seconds) == len(names) and recorded <= STEP_CAP["labs"] - RESERVE_S
+            return self.record("labs", ok, planned=plan, refused=refused, h200_total_s=round(recorded, 1),
+                               note="dry run: planned, not executed (tests/e2e/test_notebooks.py executes them on "
+                                    "CPU); h200_total_s is the last H200 record's time for all of them")
+        record, t_end = {}, time.monotonic() + timeout
+        for n in names:
+            left = t_end - time.monotonic()
+            if left < MIN_STEP_S:
+                record[n] = {"skipped": f"{left:.0f} s left of the labs step: not started", "placed": plan[n]["placed"]}
+                continue
+            where = os.path.join(self.work, "labs", n[:-len(".ipynb")])
+            os.makedirs(where, exist_ok=True)
+            executed = os.path.join(self.work, "labs", n)
+            t0 = time.monotonic()
+            rc = self.sh(f"lab-{n[:2]}", [sys.executable, os.path.join(HERE, "run_notebook.py"),
+                                          os.path.join(ROOT, "labs", n), where, "--save", executed],
+                         min(LAB_CAP_S, left), env=dict(self.env, DTLAB_QUICK="1"))
+            record[n] = {**lab_record(executed), "rc": rc, "seconds": round(time.monotonic() - t0, 1),
+                         "placed": plan[n]["placed"], "runs": lab_runs(where)}
+            self._write_json("labs.json", record)
+        self._write_json("labs.json", record)
+        failed = sorted(n for n, r in record.items() if r.get("rc") != 0)
+        contradicted = sorted(c["cid"] for r in record.values() for c in r.get("claims", [])
+                              if c.get("result") == "contradicted")
+        return self.record("labs", not failed, failed=failed, contradicted=contradicted,
+                           seconds={n: r.get("seconds") for n, r in record.items()})
+
+    def _write_json(self, name: str, doc) -> None:
+        tmp = os.path.join(self.out, f".{name}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+        os.replace(tmp, os.path.join(self.out, name))
+
+    def _benchmark(self, name: str, script: str, args: list, timeout) -> tuple[bool, dict]:
+        """Run benchmarks/SCRIPT with --json; (ok, its figures). A dry run only checks that it starts (--help)."""
+        path = os.path.join(ROOT, "benchmarks", script)
+        if self.dry:
+            return self.sh(name, [sys.executable, path, "--help"], timeout) == 0, {
+                "note": "dry run: planned, not run (measured on the GPU)", "args": args}
+        out = os.path.join(self.work, f"{name}.json")
+        if self.sh(name, [sys.executable, path, *args, "--json", out], timeout) != 0:
+            return False, {}
+        with open(out) as f:
+            return True, json.load(f)
+
+    def overhead(self, timeout) -> bool:
+        """The recorder's overhead on this machine: the README's job with recording on and off, interleaved."""
+        ok, figs = self._benchmark("overhead", "recorder_overhead.py",
+                                   ["--pairs", "3", "--model", "distilbert", "--steps", "6"], timeout)
+        if ok and not self.dry:
+            figs = {"overhead": figs["overhead"], "plain_T_step_ms": [t * 1e3 for t in figs["plain_s"]],
+                    "recorded_T_step_ms": [t * 1e3 for t in figs["recorded_s"]], "pairs": 3}
+        self.summary["overhead"] = figs
+        return self.record("overhead", ok)
+
+    def model_error(self, timeout) -> bool:
+        """benchmarks/model_error.py: the alpha-beta model's T_step and T_comm errors on this machine."""
+        ok, figs = self._benchmark("model-error", "model_error.py",
+                                   ["--model", "distilbert", "--buckets", "1,25", "--steps", "6"], timeout)
+        if ok and not self.dry:
+            figs = {"held_out": figs["collectives"].get("rows"), "ddp": figs["ddp"]}
+        self.summary["model_error"] = figs
+        return self.record("model-error", ok)
 
     # ---- the part -----------------------------------------------------------------------------------------
     def run(self, only=None) -> int:
@@ -356,7 +418,7 @@ def main(argv=None) -> int:
     if args.part != "all":
         return Runbook(args.part, args).run(only)
     rc, out = 0, args.out
-    for part in PARTS:  # a dry run of the three commands, each into its own folder
+    for part in PARTS:  # a dry run of both commands, each into its own folder
         args.out = os.path.join(out, part)
         rc |= Runbook(part, args).run(only)
     return rc

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Execute a lab notebook headless in a working folder (its runs/ and profiles/ land there); exit 1 on an error.
 
-    python3 tools/run_notebook.py labs/04_zero3_vs_ddp.ipynb WORKDIR [--timeout 300]
+    python3 tools/run_notebook.py labs/04_zero3_vs_ddp.ipynb WORKDIR [--timeout 300] [--save EXECUTED.ipynb]
 
 Prints what the cells printed and, if a cell raised, its error. Used by tools/gpu_runbook.py (set
 DTLAB_QUICK=1 for quick mode).
@@ -18,6 +18,7 @@ def main(argv=None) -> int:
     ap.add_argument("notebook")
     ap.add_argument("workdir")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
+    ap.add_argument("--save", default=None, help="write the executed notebook (its outputs, claims and errors) here")
     args = ap.parse_args(argv)
     import nbformat
     from nbclient import NotebookClient
@@ -31,6 +32,8 @@ def main(argv=None) -> int:
         failed = None
     except CellExecutionError as e:
         failed = str(e)
+    if args.save:
+        nbformat.write(nb, args.save)
     for cell in nb.cells:
         for o in cell.get("outputs", []):
             if o.get("output_type") == "stream":

@@ -64,13 +64,53 @@ def calibration_figures(profile_dir: str) -> tuple[dict, bool]:
     return figs, bool(prof.fits)
 
 
-def lab04_plan() -> list:
-    """Where lab 04's launches place their ranks on this machine (dtlab.course.labs, quick mode as the runbook runs it)."""
-    from dtlab.course.labs import lab_parts
+def lab_plan(notebook: str) -> list:
+    """Where the launches of lab NOTEBOOK ("04_zero3_vs_ddp.ipynb") place their ranks on this machine
+    (dtlab.course.labs, quick mode as the runbook runs it)."""
     from dtlab.config.placement import machine_gpus
+    from dtlab.course.labs import lab_parts
 
     ngpu, nccl = machine_gpus()
-    return lab_parts("04", ngpu, nccl, quick=True)
+    return lab_parts(notebook[:2], ngpu, nccl, quick=True)
+
+
+def recorded_lab_seconds() -> dict:
+    """{notebook: seconds} of every lab in the last H200 record shipped with dtlab (its labs.json)."""
+    import glob
+    import os
+
+    import dtlab.results as results
+
+    found = sorted(glob.glob(os.path.join(os.path.dirname(results.__file__), "recorded-runs", "*", "labs.json")))
+    if not found:
+        return {}
+    with open(found[-1]) as f:
+        return {name: rec.get("seconds") for name, rec in json.load(f).items()}
+
+
+def lab_record(executed: str) -> dict:
+    """What an executed lab notebook shows: the error outputs (ename: evalue) and every claim it printed with its
+    verdict and, where the claim's own numbers disagree with its verdict, the problems
+    (dtlab.course.claims.consistent)."""
+    import os
+
+    from dtlab.course.claims import consistent, parse_claims
+
+    if not os.path.exists(executed):
+        return {"errors": ["the executed notebook was not written"], "claims": []}
+    with open(executed) as f:
+        nb = json.load(f)
+    errors = [f"{o.get('ename')}: {o.get('evalue')}" for c in nb.get("cells", []) for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    claims = []
+    for c in parse_claims(executed):
+        try:
+            problems = consistent(c)
+        except Exception as e:  # noqa: BLE001 - a malformed record is itself a finding
+            problems = [f"unreadable claim record: {type(e).__name__}: {e}"]
+        claims.append({"cid": c.get("cid"), "result": c.get("result"), "says": c.get("says"), "why": c.get("why"),
+                       "problems": problems})
+    return {"errors": errors, "claims": claims}
 
 
 def lab_runs(where: str) -> list:

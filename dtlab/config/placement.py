@@ -112,6 +112,16 @@ def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
     `strategy` only adds what the placement means for it to the note (ZeRO-3 over gloo, ZeRO-3 on one rank).
     Raises ValueError naming the field when the request cannot run here."""
     p = _plan(nproc, backend, device, ngpu, nccl_version)
+    refused = strategy_spec(strategy).gloo_cuda_refused if strategy is not None else ""
+    if refused and p.backend == "gloo" and p.device == "cuda":
+        if device == "cuda":
+            raise ValueError(f"device 'cuda' cannot host strategy {strategy!r} with {nproc} ranks on {ngpu} GPU(s) "
+                             f"here: the ranks would use gloo on CUDA tensors, and {refused}. Use device 'cpu' "
+                             f"or 'auto' (CPU), or NCCL: one GPU per rank, or NCCL >= "
+                             f"{'.'.join(map(str, NCCL_SHARED_GPU_MIN))} for ranks sharing a GPU")
+        cpu = _cpu(nproc, explicit=False)
+        p = replace(cpu, label=f"gloo on CPU, {_ranks(nproc)} ({strategy!r} cannot use gloo on CUDA tensors)",
+                    note=f"{cpu.note}; the GPU is not used: NCCL cannot place these ranks here, and {refused}")
     extra = strategy_note(strategy, p, nproc)
     if extra:
         p = replace(p, note=f"{p.note}; {extra}" if p.note else extra)

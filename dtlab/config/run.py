@@ -20,6 +20,7 @@ from dtlab.config.strategies import STRATEGIES, strategy_spec
 MODELS = ("distilbert", "tiny")
 MODEL_SOURCES = ("auto", "hub", "random")
 DATA_SOURCES = ("auto", "glue", "offline")
+OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")  # torch.optim.AdamW's implementations
 MAX_BUCKET_MB = 1024 * 1024  # 1 TiB
 
 
@@ -131,6 +132,11 @@ class RunConfig(JobConfig):
     CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN benchmark off) and one fixed NCCL reduction order (NCCL_ALGO=Ring,
     NCCL_PROTO=Simple) for a given world size and topology. It can cost speed, so it is off by default; CPU runs
     with gloo are bit-identical without it."""
+    optimizer_impl: str = "auto"
+    """Which of torch's AdamW implementations every rank runs: 'auto' (torch's default for the device:
+    multi-tensor on CUDA, a per-parameter loop on CPU), 'foreach' (multi-tensor), 'fused' (one kernel) or
+    'for-loop'. Forcing 'foreach' on a CPU runs the code path a GPU takes by default; the one used is recorded
+    in `run.resolved["optimizer"]`."""
     stall_s: float | None = None
     """Watchdog: seconds a rank may go without writing a new event once it has started stepping; past it the
     ranks' Python stacks are dumped into their logs, the run is stopped and RunFailed names the silent rank.
@@ -257,6 +263,7 @@ class RunConfig(JobConfig):
             raise ValueError(f"zero must be a ZeroConfig or a dict of its fields, got {type(self.zero).__name__}")
         self.zero.validate()
         # Machine checks last: they need the device count.
+        choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         choice("device", self.device, DEVICES)
         placed = self.placement(cuda_device_count, nccl_version)  # ValueError when the GPUs cannot host the ranks
         from dtlab.config.compression import validate_levers

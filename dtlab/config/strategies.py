@@ -56,6 +56,9 @@ class StrategySpec:
     """`reference`: every rank also trains a single-process copy and records how loss and gradients compare."""
     gloo_cuda_note: str = ""
     """What gloo on CUDA tensors (ranks sharing a GPU before NCCL 2.30) means for this strategy's numbers."""
+    gloo_cuda_refused: str = ""
+    """Why this strategy cannot run on gloo with CUDA tensors ('' when it can): a placement that would put it there
+    runs it on CPU instead when the device is 'auto', and is refused when 'cuda' was asked for."""
     evaluates: bool = False
     """Held-out evaluation every `eval_every` steps on one rank, outside the timed step (dtlab.rank.evaluation)."""
     lr_schedule: bool = False
@@ -108,7 +111,11 @@ STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in (
                  records="collectives", blocked_time=True, model_axis="tp", mesh=True, reference=True),
     StrategySpec(name="pp", module="dtlab.rank.strategies.pp", title="pipeline parallel (pp)",
                  records="collectives", blocked_time=True, model_axis="pp", microbatches=True, mesh=True,
-                 reference=True),
+                 reference=True,
+                 gloo_cuda_refused="torch.distributed.pipelining sends activations point to point "
+                                   "(batch_isend_irecv), and gloo's send of a CUDA tensor reads device memory as "
+                                   "host memory: every stage fails with 'writev: Bad address' (torch 2.11, gloo "
+                                   "on an H200)"),
     StrategySpec(name="async", module="dtlab.rank.strategies.async_ps",
                  title="asynchronous parameter server (async)", records="collectives", evaluates=True,
                  lr_schedule=True, asynchronous=True, server_ranks=1,

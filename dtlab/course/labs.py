@@ -93,7 +93,8 @@ LABS = {
     "08": ("build it yourself", lambda c: [("exercises (2 ranks on CPU tensors, by design)", _cal(2).replace(
         device="cpu")), ("calibration", _cal(2, backend="gloo"))]),
     "10": ("tensor and pipeline parallelism", lambda c: [
-        ("tensor-parallel and pipeline runs (2 ranks)", c(nproc=2, strategy="tp", baseline_steps=0)),
+        ("tensor-parallel runs (2 ranks)", c(nproc=2, strategy="tp", baseline_steps=0)),
+        ("pipeline runs (2 stages)", c(nproc=2, strategy="pp", baseline_steps=0)),
         ("calibration", _cal(2))]),
 }
 LABS["09"] = ("does it still learn?", lambda c: [

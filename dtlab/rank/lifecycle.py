@@ -180,9 +180,19 @@ def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources:
                      "transformers": transformers.__version__, **_optional_versions()},
         "cuda": torch.version.cuda, "nccl": _nccl_version() if backend == "nccl" else None,
         "determinism": determinism_note(cfg, device.type),
+        "optimizer": optimizer_note(cfg, device.type),
         **sources,
     }
     dump_json(doc, path)
+
+
+def optimizer_note(cfg, device_type: str) -> dict:
+    """Which AdamW implementation the ranks run: `cfg.optimizer_impl`, and for 'auto' torch's default for the
+    device (multi-tensor on CUDA, the per-parameter loop on CPU; dtlab.rank.compat.default_adamw_impl)."""
+    impl = getattr(cfg, "optimizer_impl", "auto")
+    runs = impl if impl != "auto" else ("foreach" if device_type == "cuda" else "for-loop")
+    return {"impl": impl, "runs": runs, "why": "set explicitly (optimizer_impl)" if impl != "auto"
+            else f"torch's default for {device_type} tensors"}
 
 
 def determinism_note(cfg, device_type: str) -> str:

@@ -29,7 +29,7 @@ class Optimizer:
     """AdamW with the run's schedule: `step()` steps both, `lr` is what the next optimizer step uses."""
 
     def __init__(self, cfg, params):
-        self.opt = torch.optim.AdamW(params, lr=peak_lr(cfg))
+        self.opt = adamw(params, peak_lr(cfg), cfg.optimizer_impl)
         warm = cfg.warmup_steps
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: warmup_factor(s, warm))
 
@@ -51,3 +51,14 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         self.opt.zero_grad(set_to_none=set_to_none)
+
+
+def adamw(params, lr: float, impl: str = "auto") -> torch.optim.AdamW:
+    """AdamW over `params` at `lr` with the implementation `impl` (RunConfig.optimizer_impl): 'auto' (torch's
+    default for the device: multi-tensor on CUDA, for-loop on CPU), 'foreach', 'fused' or 'for-loop'.
+
+    Parameters are grouped by tensor kind (dtlab.rank.compat.param_groups_by_kind), so a tensor-parallel model's
+    DTensors and plain tensors never share one multi-tensor or fused kernel call, which torch refuses."""
+    from dtlab.rank.compat import adamw_kwargs, param_groups_by_kind
+    return torch.optim.AdamW(param_groups_by_kind(params), lr=lr, **adamw_kwargs(impl))
+

@@ -44,9 +44,11 @@ class Reference:
     """An unparallelised copy of the model trained on the global batch: `per_replica[r][i]` is replica r's batch
     of step i; the reference's step i trains on all of them at once."""
 
-    def __init__(self, model, per_replica: list, lr: float):
+    def __init__(self, model, per_replica: list, lr: float, device=None):
         import torch
-        self.model = model
+        # on the batches' device: the copy is taken before the run's model moves to its GPU, and a CPU copy fed
+        # CUDA batches fails at its first embedding lookup (seen on an H200)
+        self.model = model.to(device) if device is not None else model
         self.model.train()
         self.per_replica = per_replica
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)

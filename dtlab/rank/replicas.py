@@ -61,7 +61,7 @@ def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
     ref = None
     if cfg.reference:
         from dtlab.rank.reference import Reference
-        ref = Reference(copy.deepcopy(built.model), per_replica, cfg.lr)
+        ref = Reference(copy.deepcopy(built.model), per_replica, cfg.lr, device)
     params = list(built.model.parameters())
     sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
                "data_source": data_src, "lr": lr, "num_parameters": sum(p.numel() for p in params),

@@ -8,7 +8,8 @@ compute exactly what the uninterrupted run computed (tests/integration/test_chec
 
 Complete or absent: DCP writes into checkpoints/.tmp-step-K-a<attempt>; DCP's save ends with a collective in which
 rank 0 writes the metadata after every rank reported its files written, so when it returns on rank 0 the folder is
-complete, and rank 0 renames it to checkpoints/step-K (a rename is atomic). Older ones beyond the last `KEEP` are
+complete; after a barrier at which every rank has measured the bytes of its own files there (from the files:
+torch 2.11's `dcp.save` returns no sizes), rank 0 renames it to checkpoints/step-K (a rename is atomic). Older ones beyond the last `KEEP` are
 renamed away before they are deleted, so a half-deleted folder never carries a `step-K` name.
 """
 
@@ -21,6 +22,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from dtlab.rank.compat import checkpoint_bytes_written
 
 KEEP = 2  # checkpoints kept: the newest, and one in case the newest turns out unreadable
 _NAME = re.compile(r"^step-(\d+)$")
@@ -93,10 +96,9 @@ class Checkpointer:
         t0 = time.perf_counter()
         state = self._state(model, opt, done, self._gathered_rng())
         tmp = os.path.join(self.root, f".tmp-step-{done}-a{self.attempt}")
-        meta = dcp.save(state, checkpoint_id=tmp)
-        mine = f"__{self.rank}_"
-        nbytes = sum(int(info.length) for info in meta.storage_data.values()
-                     if str(info.relative_path).startswith(mine))
+        dcp.save(state, checkpoint_id=tmp)  # returns when every rank's files and the metadata are written
+        nbytes = checkpoint_bytes_written(tmp, self.rank)  # from the files: torch 2.11's metadata lacks the sizes
+        dist.barrier()  # every rank has measured its files in the .tmp folder before rank 0 renames it
         dir_bytes = None
         if self.rank == 0:  # save returned on rank 0: every rank's files and the metadata are written
             final = os.path.join(self.root, f"step-{done}")

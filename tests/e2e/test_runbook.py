@@ -1,6 +1,6 @@
-"""The GPU runbook (tools/gpu_runbook.py, tools/gpu_wheels.py): its wheel-folder check, its limits (three
+"""The GPU runbook (tools/gpu_runbook.py, tools/gpu_wheels.py): its wheel-folder check, its limits (two
 commands under 600 s, small flat output folders, a summary rewritten after every step), and a whole dry run of
-its three parts on this CPU machine."""
+its two parts on this CPU machine."""
 import importlib.util
 import json
 import os
@@ -69,7 +69,7 @@ def _fits(out):
 
 @pytest.mark.parametrize("part", list(runbook.PARTS))
 def test_dry_run_walks_each_part_within_the_limits(part, tmp_path):
-    """Each of the runbook's three parts, dry-run on this CPU machine, one test per part (each is its own command
+    """Each of the runbook's two parts, dry-run on this CPU machine, one test per part (each is its own command
     on the GPU machine, under its limit)."""
     wheel_dir = _fake_folder(tmp_path)
     steps = runbook.PARTS[part]
@@ -96,22 +96,28 @@ def test_dry_run_walks_each_part_within_the_limits(part, tmp_path):
     assert not (out / "site").exists() and not runbook._inside(s["work"], str(out))
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = set(tar.getnames())
-    if part == "runs":
+    if part == "suite":
         assert {"main-job.log", "zero3.log", "first/config.json", "zero3/config.json"} <= names
-        assert ("install", "main-job") in partial  # seen while zero3 was still running
+        assert ("wheels", "install", "deps", "doctor", "gpu-suite", "main-job") in partial  # seen while zero3 ran
         m = s["main_job"]
         assert m["bytes_per_rank_step"] == [m["grad_bytes"]] and m["T_step_ms"] > 0
         assert "gloo on CPU" in m["placement"]["label"] and m["bucket_timing"]["path"] == "wall"
         assert s["zero3"]["unfinished_collectives"] == 0
-    elif part == "setup":
         suite = s["steps"]["gpu-suite"]
-        assert suite["tests"] >= 10 and suite["skipped"] == suite["tests"]  # no GPU here: every GPU test skips...
+        assert suite["tests"] >= 20 and suite["skipped"] == suite["tests"]  # no GPU here: every GPU test skips...
         assert all("CUDA" in r for r in suite["skip_reasons"])                # ...with a reason naming CUDA
         assert s["steps"]["wheels"]["travels_mib"] < wheels.TREE_MAX_BYTES / 2**20
+        assert "planned, not run" in s["overhead"]["note"]  # the overhead is measured on the GPU
     else:
-        assert part == "calibrate"
+        assert part == "labs"
         assert set(s["calibration"]) >= {"all_reduce", "reduce_scatter", "all_gather"}
-        assert {p["what"] for p in s["steps"]["lab04"]["placed"]} == {"ZeRO-3 run", "DDP run", "calibration"}
+        labs = s["steps"]["labs"]
+        notebooks = sorted(p.name for p in (ROOT / "labs").glob("*.ipynb"))
+        assert sorted(labs["planned"]) == notebooks and not labs["refused"]  # every lab planned, none refused
+        assert all(p["placed"] and p["h200_s"] for p in labs["planned"].values())
+        assert labs["h200_total_s"] <= runbook.STEP_CAP["labs"]  # the last H200 record's time fits the step
+        assert {p["what"] for p in labs["planned"]["04_zero3_vs_ddp.ipynb"]["placed"]} == {"ZeRO-3 run", "DDP run",
+                                                                                          "calibration"}
 
 
 def test_a_part_runs_again_on_the_same_machine(tmp_path):
@@ -119,7 +125,7 @@ def test_a_part_runs_again_on_the_same_machine(tmp_path):
     new folder, so the second does not stop at "already holds a run" as it did with one fixed folder per part."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
     for i in (1, 2):
-        cp = subprocess.run([sys.executable, str(TOOLS / "gpu_runbook.py"), "runs", "--dry-run", "--steps", "main-job",
+        cp = subprocess.run([sys.executable, str(TOOLS / "gpu_runbook.py"), "suite", "--dry-run", "--steps", "main-job",
                              "--out", str(tmp_path / f"out{i}")], env=env, capture_output=True, text=True, timeout=300)
         assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
         s = json.loads((tmp_path / f"out{i}" / "summary.json").read_text())

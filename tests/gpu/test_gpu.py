@@ -1,7 +1,7 @@
 """The GPU suite: real NCCL / CUDA runs of the tiny model. `python -m pytest -m gpu -rs`.
 
 Every test is marked `gpu` and skips, with a reason naming CUDA, on a machine without a CUDA GPU (the CPU suite
-and CI). On a GPU machine (`tools/gpu_runbook.py setup` runs it) each test checks what only a GPU can show: the
+and CI). On a GPU machine (`tools/gpu_runbook.py suite` runs it) each test checks what only a GPU can show: the
 DDP hook's CUDA events, NCCL's own timing against them (with 2 or more NCCL ranks: one rank launches no
 kernel), gloo ranks sharing a GPU or spread over two with their end marks on their own GPU, ZeRO-3 on one NCCL
 rank and on 2 ranks of one GPU, calibration on CUDA, lab 01 on the GPU, and the convergence levers (evaluation,

@@ -46,6 +46,24 @@ def test_placement_refuses_by_name(ngpu, nccl, nproc, backend, device, field):
         plan(nproc, backend, device, ngpu, nccl)
 
 
+@pytest.mark.parametrize("ngpu,nccl,nproc,expect", [
+    (1, "2.28.9", 2, ("gloo", "cpu")),    # gloo would carry CUDA tensors: the pipeline runs on CPU, labelled
+    (1, "2.30.1", 2, ("nccl", "cuda")),   # NCCL's multi-rank mode sends CUDA tensors itself
+    (2, "2.28.9", 2, ("nccl", "cuda")),   # one GPU per rank
+    (2, "2.28.9", 4, ("gloo", "cpu")),    # 4 ranks on 2 GPUs without multi-rank NCCL: gloo again
+])
+def test_a_pipeline_never_sends_cuda_tensors_over_gloo(ngpu, nccl, nproc, expect):
+    """On an H200 (torch 2.11) every pipeline stage on gloo with CUDA tensors failed at its first send with
+    'writev: Bad address'; tensor parallelism and FSDP2 on gloo with CUDA tensors ran."""
+    p = plan(nproc, "auto", "auto", ngpu, nccl, strategy="pp")
+    assert (p.backend, p.device) == expect
+    if p.device == "cpu":
+        assert "cannot use gloo on CUDA tensors" in p.label and "Bad address" in p.note and "not used" in p.note
+        with pytest.raises(ValueError, match="device 'cuda' cannot host strategy 'pp'"):
+            plan(nproc, "auto", "cuda", ngpu, nccl, strategy="pp")
+    assert plan(nproc, "auto", "auto", ngpu, nccl, strategy="tp").device == "cuda"
+
+
 def test_config_uses_the_placement_for_every_strategy():
     cfg = dtlab.tiny(nproc=2)
     assert cfg.resolved_backend(1, "2.30.0") == "nccl" and cfg.resolved_backend(1, "2.28.9") == "gloo"

@@ -1,6 +1,6 @@
-"""The GPU runbook (tools/gpu_runbook.py, tools/gpu_wheels.py): its wheel-folder check, its limits (three
+"""The GPU runbook (tools/gpu_runbook.py, tools/gpu_wheels.py): its wheel-folder check, its limits (two
 commands under 600 s, small flat output folders, a summary rewritten after every step), and a whole dry run of
-its three parts on this CPU machine."""
+its two parts on this CPU machine."""
 import importlib.util
 import json
 import os
@@ -101,7 +101,7 @@ def test_abi3_wheels_for_older_pythons_are_accepted(tmp_path):
 
 
 def test_every_part_plans_within_one_command():
-    """Three parts; each step's cap fits the budget, the budget leaves margin under the 600 s command limit, and
+    """Two parts; each step's cap fits the budget, the budget leaves margin under the 600 s command limit, and
     a step is never started with less than MIN_STEP_S."""
     assert len(runbook.PARTS) <= 3 and runbook.BUDGET_S <= runbook.COMMAND_LIMIT_S - 60
     assert all(runbook.STEP_CAP[s] <= runbook.BUDGET_S - runbook.RESERVE_S for p in runbook.PARTS.values() for s in p)
@@ -118,7 +118,7 @@ def _part(part, tmp_path, wheel_dir, *extra):
 
 
 def test_a_part_that_runs_out_of_budget_skips_steps_and_says_so(tmp_path):
-    out, proc = _part("runs", tmp_path, _fake_folder(tmp_path), "--budget", "25")
+    out, proc = _part("suite", tmp_path, _fake_folder(tmp_path), "--budget", "25")
     log = proc.communicate(timeout=120)[0]
     assert proc.returncode == 1, log
     s = json.loads((out / "summary.json").read_text())
@@ -126,7 +126,7 @@ def test_a_part_that_runs_out_of_budget_skips_steps_and_says_so(tmp_path):
 
 
 def test_site_inside_out_is_refused(tmp_path):
-    cp = subprocess.run([sys.executable, str(TOOLS / "gpu_runbook.py"), "setup", "--dry-run", "--out",
+    cp = subprocess.run([sys.executable, str(TOOLS / "gpu_runbook.py"), "suite", "--dry-run", "--out",
                          str(tmp_path), "--site", str(tmp_path / "site")], capture_output=True, text=True, timeout=60)
     assert cp.returncode != 0 and "inside --out" in cp.stderr
 
@@ -145,12 +145,12 @@ def test_each_invocation_gets_a_new_work_folder(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     args = types.SimpleNamespace(dry_run=True, out=str(tmp_path / "out"), work=None, site=str(tmp_path / "site"),
                                  budget=60, wheels=str(tmp_path / "whl"))
-    first, second = (runbook.Runbook("calibrate", args).work for _ in range(2))
+    first, second = (runbook.Runbook("labs", args).work for _ in range(2))
     assert first != second and os.path.dirname(first) == os.path.dirname(second) == str(tmp_path / "dtlab-gpu-work")
-    assert all(os.path.basename(w).startswith("calibrate-") and os.path.isdir(w) for w in (first, second))
+    assert all(os.path.basename(w).startswith("labs-") and os.path.isdir(w) for w in (first, second))
     args.work = str(tmp_path / "mine")
-    assert runbook.Runbook("runs", args).work == args.work
+    assert runbook.Runbook("suite", args).work == args.work
     args.work, args.site = None, str(tmp_path / "out" / "site")
     with pytest.raises(SystemExit, match="inside --out"):
-        runbook.Runbook("setup", args)
+        runbook.Runbook("suite", args)
     assert len(list((tmp_path / "dtlab-gpu-work").iterdir())) == 2  # a refused invocation makes no work folder

@@ -70,6 +70,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     from dtlab.rank.collectives import CommRecorder
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.optim import adamw
     from dtlab.rank.replicas import after_step, build, memory_record
 
     b = build(cfg, run_dir, rank, world)
@@ -90,7 +91,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             unit.set_custom_all_gather(ag)
             unit.set_custom_reduce_scatter(rs)
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    opt = adamw(params, cfg.lr, cfg.optimizer_impl)
     expected = {"all_gather_forward": root_bytes + blocks_bytes, "all_gather_backward": blocks_bytes,
                 "reduce_scatter": root_bytes + blocks_bytes}
     if rank == 0:

@@ -10,8 +10,9 @@ What a rank records, besides dtlab's step events:
 - `microbatch`: every forward and backward this stage computed, per micro-batch (stage.forward_one_chunk and
   backward_one_chunk, wrapped on this stage object), seconds from the step's start;
 - `collective`: every send and receive of activations (forward) and their gradients (backward), with bytes,
-  from the schedule's p2p helpers (`_batch_p2p` issues, `_wait_batch_p2p` waits: torch 2.13's module-level
-  functions, wrapped; if a later torch renames them, nothing is recorded and `p2p_recorded` says so); the
+  from the schedule's p2p helpers (`_batch_p2p` issues, `_wait_batch_p2p` waits: the module-level functions of
+  torch 2.11 to 2.14, wrapped by P2PRecorder whether the backend returns one Work per op or one per batch; if a
+  later torch renames them, nothing is recorded and `p2p_recorded` says so); the
   replicas' gradient all-reduce (dp_degree > 1); `blocked`: every wait for a transfer;
 - step events carry t_pipe, the time from the step's start to the end of this stage's schedule. Every stage
   starts a step together (a barrier before the clock starts), so dtlab.results.pipeline measures the bubble on
@@ -33,46 +34,76 @@ _ACTIVE = {"recorder": None}  # the recorder the wrapped p2p helpers report to (
 
 def _install_p2p_recording() -> bool:
     """Wrap torch.distributed.pipelining.schedules' p2p helpers once per process; False when absent."""
-    import torch.distributed.pipelining.schedules as sch
+    from dtlab.rank.compat import pipelining_p2p_helpers
+    found = pipelining_p2p_helpers()
+    if found is None:
+        return False
+    sch, issue, wait = found
     if getattr(sch, "_dtlab_recorded", False):
         return True
-    if not (hasattr(sch, "_batch_p2p") and hasattr(sch, "_wait_batch_p2p")):
-        return False
-    issue, wait = sch._batch_p2p, sch._wait_batch_p2p
-    works: dict[int, dict] = {}
+    recorder = P2PRecorder(issue, wait)
+    sch._batch_p2p, sch._wait_batch_p2p, sch._dtlab_recorded = recorder.batch_p2p, recorder.wait_p2p, True
+    return True
 
-    def batch_p2p(p2p_ops, desc=None):
+
+class P2PRecorder:
+    """Records every send and receive a schedule issues through `_batch_p2p`, and ends each when the Work that
+    carries it is waited for.
+
+    A backend may return one Work per op (gloo) or one Work for the whole batch (NCCL coalesces
+    `batch_isend_irecv`, and 1F1B fuses a forward send with a backward receive in one batch): each Work ends
+    every record it carries, so no send or receive is left open whichever it does. A call made from inside the
+    wrapper (a torch whose `_batch_p2p` calls itself through the module) is not recorded twice, and the schedule's
+    communicator warm-up (dtlab.rank.compat.is_pipeline_transfer) is not counted as a transfer."""
+
+    def __init__(self, issue, wait):
+        self.issue, self.wait = issue, wait
+        self.open: dict[int, list] = {}  # id(Work) -> the records it carries
+        self.depth = 0
+
+    def batch_p2p(self, p2p_ops, desc=None):
+        from dtlab.rank.compat import is_pipeline_transfer
         rec = _ACTIVE["recorder"]
-        if rec is None:
-            return issue(p2p_ops, desc=desc)
+        if rec is None or self.depth or not is_pipeline_transfer(desc):
+            return self._issue(p2p_ops, desc)
         recs = []
         for op in p2p_ops:
             send = op.op.__name__.endswith("send")
-            forward = ("fwd_send" in (desc or "")) if send else ("fwd_recv" in (desc or ""))
+            forward = ("fwd_send" in desc) if send else ("fwd_recv" in desc)
             r = rec.start("send" if send else "recv", op.tensor.numel() * op.tensor.element_size(), "pp", 2,
                           peer=int(op.peer), desc=desc)
             r["phase"] = "forward" if forward else "backward"
             recs.append(r)
-        out = issue(p2p_ops, desc=desc)
-        for i, w in enumerate(out):  # one Work per op (batch_isend_irecv on gloo returns one per op, too)
-            works[id(w)] = recs[i] if len(out) == len(recs) else recs[0]
+        out = self._issue(p2p_ops, desc)
+        works = [w for w in (out or []) if w is not None]
+        if len(works) == len(recs):  # one Work per op
+            for w, r in zip(works, recs):
+                self.open[id(w)] = [r]
+        else:  # coalesced: any Work of the batch ends all of its records (the first waited for takes them)
+            for w in works:
+                self.open[id(w)] = recs
         return out
 
-    def wait_p2p(work):
+    def _issue(self, p2p_ops, desc):
+        self.depth += 1
+        try:
+            return self.issue(p2p_ops, desc=desc)
+        finally:
+            self.depth -= 1
+
+    def wait_p2p(self, work):
         rec = _ACTIVE["recorder"]
         t0 = rec.now() if rec is not None else None
-        wait(work)
+        self.wait(work)
         if rec is None:
             return
         t1 = rec.now()
-        for w in work:
-            r = works.pop(id(w), None)
-            if r is not None:
+        for w in work or []:
+            for r in self.open.pop(id(w), []):
+                if r.get("t_end") is not None:  # already ended by an earlier Work of its coalesced batch
+                    continue
                 rec.finish(r, t1)
                 rec.block(r, t0, t1, "wait")
-
-    sch._batch_p2p, sch._wait_batch_p2p, sch._dtlab_recorded = batch_p2p, wait_p2p, True
-    return True
 
 
 class ComputeTimeline:
@@ -116,6 +147,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     from dtlab.rank.collectives import CommRecorder
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.optim import adamw
     from dtlab.rank.replicas import after_step, build, dp_sync, local_bytes, memory_record
     from dtlab.rank.strategies.stages import make_stage, stage_param_names
 
@@ -135,7 +167,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     timeline = ComputeTimeline(stage, s)
     recorded = _install_p2p_recording() if cfg.record else False
     params = list(stage_mod.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    opt = adamw(params, cfg.lr, cfg.optimizer_impl)
     M = cfg.microbatches
     act = (cfg.batch_size // M) * cfg.seq_len * b.sources["hidden"] * 4  # one micro-batch's activations, fp32
     dp = b.degrees["dp"]

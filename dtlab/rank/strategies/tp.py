@@ -52,6 +52,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     from dtlab.rank.collectives import CommRecorder, FuncolMode, LayerTracker
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.optim import adamw
     from dtlab.rank.replicas import after_step, build, dp_sync, local_bytes, memory_record
 
     b = build(cfg, run_dir, rank, world)
@@ -64,7 +65,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         parallelize_module(block, tp_mesh, megatron_plan(), src_data_rank=None)
         block.attention.n_heads = block.attention.n_heads // tp  # not read in forward; kept truthful
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    opt = adamw(params, cfg.lr, cfg.optimizer_impl)
     form = expected_allreduce_bytes(cfg.batch_size, cfg.seq_len, b.sources["hidden"], b.sources["n_layers"])
     local_grad = local_bytes(params)
     per_rank = form["bytes_per_step"] + (local_grad if b.degrees["dp"] > 1 else 0)

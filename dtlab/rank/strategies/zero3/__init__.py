@@ -40,6 +40,7 @@ import os
 import time
 
 from dtlab.config.run import RunConfig
+from dtlab.rank.optim import adamw
 from dtlab.rank.strategies.zero3.blocked import blocked_recording, blocked_seconds
 from dtlab.rank.strategies.zero3.comm import COLLECTIVE_RECORDING, CollectiveRecorder
 from dtlab.rank.strategies.zero3.engine import ds_config, import_deepspeed, model_hidden_size, remap_local_rank, zero_auto
@@ -68,7 +69,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     conf = ds_config(cfg, world, hidden)
     model = built.model
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = adamw(model.parameters(), cfg.lr, cfg.optimizer_impl)
     recorder.begin(-1, "init", recorder.now())
     t0 = time.perf_counter()
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf)
