@@ -165,6 +165,21 @@ def doc_blocks() -> dict:
     return {"labs table": labs_markdown(), "timing words": timing_markdown()}
 
 
+def nccl_upgrade_lines(cuda_build, torch_version, nccl) -> list:
+    """How to get NCCL >= 2.30 under this torch, so two NCCL ranks can share a GPU instead of gloo on CUDA tensors.
+
+    torch's CUDA wheels load NCCL from the `nvidia-nccl-cuXX` wheel beside them (torch 2.11.0+cu130 pins
+    nvidia-nccl-cu13==2.28.9), so installing a newer wheel of it changes the library torch loads; pip installs it
+    and warns that torch asks for the pinned version. `torch.cuda.nccl.version()` reports the library actually
+    loaded, and dtlab's placement reads it: no setting to change."""
+    major = str(cuda_build or "").split(".")[0]
+    wheel = f"nvidia-nccl-cu{major}" if major.isdigit() else "nvidia-nccl-cuXX (XX: this torch's CUDA major)"
+    return [f"    to let 2 NCCL ranks share a GPU: pip install '{wheel}>=2.30' (a ~216 MB wheel; pip then warns that "
+            f"torch {torch_version or '?'} requires the NCCL {nccl} it shipped with: expected, torch loads the new one),",
+            "    then check: python -c 'import torch; print(torch.cuda.nccl.version())' shows (2, 30, ...) or later, "
+            "and `dtlab doctor` places 2 NCCL ranks per GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, set by dtlab)"]
+
+
 def report(f: dict) -> str:
     """The facts as text, one fact a line, each with its unit or its meaning."""
     gpus = f.get("gpus") or []
@@ -181,6 +196,8 @@ def report(f: dict) -> str:
         lines.append(f"  NCCL {f.get('nccl') or 'not found'}: two ranks per GPU "
                      + ("allowed (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1, experimental)" if shared else
                         "not allowed (needs NCCL >= 2.30); gloo on CUDA tensors is the fallback"))
+        if not shared and f.get("nccl"):
+            lines += nccl_upgrade_lines(f.get("cuda_build"), f.get("torch"), f.get("nccl"))
     else:
         lines.append("  GPUs: none visible to torch: every run uses gloo on the CPU"
                      + ("" if f.get("cuda_build") is None else " (this torch is a CUDA build; no device or driver)"))

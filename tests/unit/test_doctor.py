@@ -48,6 +48,18 @@ def test_one_gpu_with_older_nccl(nccl):
     assert emulated["label"].startswith("gloo on CUDA tensors")
 
 
+def test_doctor_says_how_to_get_an_nccl_that_shares_a_gpu():
+    from dtlab.cli.doctor import report
+    base = {"python": "3.12.3", "torch": "2.11.0+cu130", "cuda_build": "13.0", "cpu_cores": 16,
+            "gpus": [{"name": "NVIDIA H200", "memory_gib": 139.8}], "labs": {}}
+    old = report({**base, "nccl": "2.28.9"})
+    assert "pip install 'nvidia-nccl-cu13>=2.30'" in old and "torch.cuda.nccl.version()" in old
+    assert "requires the NCCL 2.28.9" in old
+    assert "pip install" not in report({**base, "nccl": "2.30.1"})  # nothing to do: ranks already share it
+    assert "pip install" not in report({**base, "gpus": [], "nccl": None})  # no GPU: no NCCL advice
+    assert "nvidia-nccl-cu12>=2.30" in report({**base, "cuda_build": "12.8", "nccl": "2.27.5"})
+
+
 def test_one_gpu_with_nccl_230_and_eight_gpus():
     assert _parts(1, "2.30.1", "01")["DDP run"]["label"].startswith("NCCL, 2 ranks sharing 1 GPU")
     assert _parts(1, "2.30.1", "04")["ZeRO-3 run"]["label"].startswith("NCCL, 2 ranks sharing 1 GPU")
