@@ -99,6 +99,8 @@ def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
         found["hub_reachable"] = hub_reachable()
         found["hub_offline_env"] = os.environ.get("HF_HUB_OFFLINE", "")
     found["labs"] = lab_placements(len(found.get("gpus", [])), found.get("nccl"))
+    from dtlab.course.sandbox import available
+    found["sandbox"] = available()   # {mechanism: None if dtlab grade can use it here, else why not}
     return found
 
 
@@ -211,6 +213,8 @@ def report(f: dict) -> str:
                                                if f["hub_reachable"] else
                                                "not reachable (or HF_HUB_OFFLINE set): random-init DistilBERT and "
                                                "dtlab's offline SST-2-format data, labelled in every run"))
+    if "sandbox" in f:
+        lines.append(sandbox_line(f["sandbox"]))
     lines.append("  where each lab's ranks run:")
     parts = [q for p in f.get("labs", {}).values() for q in p.get("parts", [])]
     for lab, p in f.get("labs", {}).items():
@@ -222,6 +226,15 @@ def report(f: dict) -> str:
     for t in sorted({q["timing"] for q in parts if q.get("timing")}):
         lines.append(f"  timed with {t}")
     return "\n".join(lines)
+
+
+def sandbox_line(av: dict) -> str:
+    """Which sandbox `dtlab grade` would put each submission in here (dtlab.course.sandbox), and why not the others."""
+    best = next((m for m, why in av.items() if why is None), None)
+    others = "; ".join(f"{m}: {why}" for m, why in av.items() if why is not None)
+    return ("  grading sandbox (dtlab grade --sandbox auto): " + (best or "NONE: dtlab grade refuses to run submissions "
+            "unless given --sandbox none; install bubblewrap (apt-get install -y bubblewrap)")
+            + (f" (unavailable: {others})" if others else ""))
 
 
 def load_lines(load: dict | None) -> list:

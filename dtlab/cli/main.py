@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lab", default=None, help="the lab of every submitted notebook (e.g. 01_ddp_breakdown), for "
                                                "names that do not say it; default: the name, else the metadata")
     g.add_argument("--timeout", type=float, default=3600.0, help="seconds one notebook may take (default 3600)")
+    g.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "namespaces", "none"),
+                   help="where each notebook runs: auto (the strongest available here, default; refuses when none "
+                        "is), bwrap (bubblewrap), namespaces (unshare), none (the students' code with your "
+                        "permissions: only when given explicitly)")
+    g.add_argument("--memory", default="4G", help="memory limit per process in the sandbox (default 4G)")
+    g.add_argument("--disk", default="1G", help="size of the sandbox's scratch disk, /tmp (default 1G)")
+    g.add_argument("--max-procs", type=int, default=512, help="processes and threads in the sandbox (default 512)")
     add_parsers(sub)
     sub.add_parser("doctor", help="what this machine can run and how each lab will run on it "
                                   "(dtlab doctor --help)", add_help=False)
@@ -100,7 +107,10 @@ def _cmd_course(args) -> int:
         if args.cmd == "assign":
             assign(args.source, args.out)
             return 0
-        df = grade(args.autograder, args.submissions, csv=args.csv, lab=args.lab, timeout_s=args.timeout)
+        from dtlab.course.sandbox import parse_size
+        df = grade(args.autograder, args.submissions, csv=args.csv, lab=args.lab, timeout_s=args.timeout,
+                   sandbox=args.sandbox, memory=parse_size(args.memory), disk=parse_size(args.disk),
+                   procs=args.max_procs)
     except RuntimeError as e:  # otter-grader missing, or otter failed: say so in one paragraph
         print(f"dtlab {args.cmd}: error: {e}", file=sys.stderr)
         return 1

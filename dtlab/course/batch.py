@@ -9,6 +9,10 @@ LMS download such as alice_lab01.ipynb) or its own metadata (the assignment name
 every student notebook). A notebook that cannot be read, matched or graded gets error rows with the reason in one
 line; the others are graded as usual. The CSV is rewritten after every notebook, so even an interrupted batch
 keeps the grades already computed.
+
+Each notebook is graded in a sandbox of its own (dtlab.course.sandbox: bubblewrap, or plain namespaces): its own
+copy of its submission, no network, no other file that matters, limits on memory, processes, scratch disk and time;
+the CSV's `sandbox` column says which. A limit that is hit is named in the notebook's rows.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import sys
 import tempfile
 
 COLUMNS = ["student", "notebook", "lab", "question", "points", "max_points", "feedback", "status", "mode",
-           "replayed", "flags", "errors"]
+           "replayed", "flags", "errors", "sandbox"]
 
 
 def autograders(path: str) -> dict:
@@ -133,23 +137,56 @@ def _stop_group(p) -> None:
             continue
 
 
-def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: float = 3600.0) -> list[dict]:
-    """Grade one notebook in a worker process; its rows (error rows when the worker failed)."""
+def _stage(tmp: str, nb: str, directory: str | None, replay: bool) -> str:
+    """The sandbox's read-only inbox: a copy of the notebook and, when replayed, of its directory without any other
+    notebook (a folder of lone notebooks holds the other students' too)."""
+    import shutil
+    inbox = os.path.join(tmp, "in")
+    os.makedirs(inbox)
+    if replay:
+        # links stay links: one pointing at another student's folder points at nothing in the sandbox
+        shutil.copytree(directory, os.path.join(inbox, "submission"), symlinks=True,
+                        ignore=shutil.ignore_patterns("*.ipynb"))
+    shutil.copy(nb, os.path.join(inbox, os.path.basename(nb)))
+    return inbox
+
+
+def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: float = 3600.0,
+              sandbox: str = "none", memory: int | None = None, disk: int | None = None,
+              procs: int | None = None) -> list[dict]:
+    """Grade one notebook in a worker process (in the sandbox `sandbox`: dtlab.course.sandbox); its rows (error
+    rows when the worker failed, naming the limit it hit if it hit one)."""
+    from dtlab.course import sandbox as sb
+    memory, disk, procs = memory or sb.DEFAULT_MEMORY, disk or sb.DEFAULT_DISK, procs or sb.DEFAULT_PROCS
     replay = _has_runs(directory)
     with tempfile.TemporaryDirectory(prefix="dtlab-batch-") as tmp:
-        out = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "dtlab.course.grader", "notebook", os.path.abspath(nb), "--lab", lab, "--out", out,
-               "--cell-timeout", str(timeout_s)]
+        boxed = sandbox != "none"
+        if boxed:
+            inbox, outbox = _stage(tmp, nb, directory, replay), os.path.join(tmp, "out")
+            os.makedirs(outbox)
+            os.chmod(tmp, 0o755)
+            where = {"nb": f"{sb.IN}/{os.path.basename(nb)}", "sub": f"{sb.IN}/submission", "dir": sb.IN,
+                     "out": f"{sb.OUT}/result.json"}
+            out = os.path.join(outbox, "result.json")
+        else:
+            out = os.path.join(tmp, "result.json")
+            where = {"nb": os.path.abspath(nb), "sub": os.path.abspath(directory or "."), "dir": tmp, "out": out}
+        cmd = [sys.executable, "-m", "dtlab.course.grader", "notebook", where["nb"], "--lab", lab, "--out",
+               where["out"], "--cell-timeout", str(timeout_s)]
         if ag.get("manifest"):
-            cells = os.path.join(tmp, "cells.json")
+            cells = os.path.join(inbox if boxed else tmp, "cells.json")
             with open(cells, "w") as f:
                 json.dump(ag["manifest"]["check_cells"], f)
-            cmd += ["--cells", cells]
+            cmd += ["--cells", f"{where['dir']}/cells.json"]
         if replay:
-            cmd += ["--submission", os.path.abspath(directory)]
+            cmd += ["--submission", where["sub"]]
+        kw = {}
+        if boxed:
+            cmd = sb.command(sandbox, cmd, inbox, outbox, disk=disk)
+            kw["preexec_fn"] = sb.limits_preexec(memory, procs)
         # a session of its own: a notebook that runs over its time is stopped with its kernel, not left behind
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
-                             start_new_session=True)
+                             start_new_session=True, **kw)
         try:
             stdout, stderr = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -157,24 +194,48 @@ def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: flo
             return _error_rows(lab, f"grading took longer than {timeout_s:.0f} s and was stopped")
         if p.returncode != 0 or not os.path.exists(out):
             tail = [ln for ln in (stderr or stdout or "").strip().splitlines() if ln.strip()]
-            return _error_rows(lab, f"could not be graded: {tail[-1] if tail else f'exit code {p.returncode}'}")
-        with open(out) as f:
-            res = json.load(f)
-    common = {"status": "graded", "mode": res["mode"], "replayed": res["replayed"], "flags": " | ".join(res["flags"]),
-              "errors": " | ".join(res["errors"][:3])}
-    return [{**{k: r[k] for k in ("question", "points", "max_points", "feedback")}, **common} for r in res["rows"]]
+            why = f"could not be graded: {tail[-1] if tail else f'exit code {p.returncode}'}"
+            hit = sb.limit_hit(why, memory, disk) if boxed else None
+            return _error_rows(lab, f"{hit}: {why}" if hit else why)
+        try:
+            with open(out) as f:
+                res = json.load(f)
+            flags = list(res["flags"])
+            errors = [str(e) for e in res["errors"]]
+            rows = [{k: r[k] for k in ("question", "points", "max_points", "feedback")} for r in res["rows"]]
+            mode, replayed = res["mode"], res["replayed"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return _error_rows(lab, f"could not be graded: its result could not be read ({type(e).__name__})")
+    hit = sb.limit_hit(" ".join(errors), memory, disk) if boxed else None
+    if hit:
+        flags.append(hit)
+    common = {"status": "graded", "mode": mode, "replayed": replayed, "flags": " | ".join(flags),
+              "errors": " | ".join(errors[:3])}
+    return [{**r, **common} for r in rows]
 
 
 def grade(autograder: str, submissions_, csv: str | None = None, progress: bool = True, lab: str | None = None,
-          timeout_s: float = 3600.0):
+          timeout_s: float = 3600.0, sandbox: str = "auto", memory: int | None = None, disk: int | None = None,
+          procs: int | None = None):
     """Grade `submissions_` (notebooks, or directories of a student's notebooks and runs) with `dtlab assign`'s
     autograders (`autograder`: one zip or the OUT/autograder directory). Returns a DataFrame, one row per student,
-    notebook and question (COLUMNS); writes it to `csv` after every notebook. Never stops at a bad notebook."""
+    notebook and question (COLUMNS); writes it to `csv` after every notebook. Never stops at a bad notebook.
+    `sandbox`: auto (the strongest available here; ValueError when none is), bwrap, namespaces or none (runs the
+    students' code with your permissions); `memory`, `disk` (bytes) and `procs`: its limits
+    (dtlab.course.sandbox's defaults)."""
     import pandas as pd
+    from dtlab.course import sandbox as sb
 
     ags = autograders(autograder)
+    subs = submissions(submissions_)
+    mech = sb.choose(sandbox)
+    if progress:
+        m, d, n = memory or sb.DEFAULT_MEMORY, disk or sb.DEFAULT_DISK, procs or sb.DEFAULT_PROCS
+        print(f"dtlab grade: sandbox {mech}" + (f" (memory {sb.size_text(m)} per process, scratch disk "
+              f"{sb.size_text(d)}, {n} processes, no network)" if mech != "none" else
+              ": UNSANDBOXED, every submission's code runs with your permissions"), flush=True)
     rows = []
-    for student, nb, directory in submissions(submissions_):
+    for student, nb, directory in subs:
         found, how = lab_of(nb, ags, lab)
         meta = _metadata_lab(nb)
         if found is None:
@@ -184,8 +245,9 @@ def grade(autograder: str, submissions_, csv: str | None = None, progress: bool 
         elif meta and meta != found and how != "--lab":
             got = _error_rows(found, f"its metadata says it is {meta}, its name says {found}: rename it or pass --lab")
         else:
-            got = grade_one(ags[found], found, nb, directory, timeout_s)
-        rows += [{"student": student, "notebook": os.path.basename(nb), "lab": found or "", **r} for r in got]
+            got = grade_one(ags[found], found, nb, directory, timeout_s, mech, memory, disk, procs)
+        rows += [{"student": student, "notebook": os.path.basename(nb), "lab": found or "", **r, "sandbox": mech}
+                 for r in got]
         df = pd.DataFrame(rows, columns=COLUMNS)
         if csv:
             df.to_csv(csv, index=False)

@@ -195,8 +195,12 @@ def execute(nb_path: str, cwd: str, env: dict, scratch: str, cell_timeout_s: flo
     if not os.path.exists(path):
         raise RuntimeError("could not read the answers back from the kernel" +
                            (f" (the notebook raised {errors[-1]})" if errors else ""))
-    with open(path) as f:
-        exported = json.load(f)
+    try:
+        with open(path) as f:
+            exported = json.load(f)
+    except ValueError:   # written in part: the scratch disk filled up under it, say
+        raise RuntimeError("could not read the answers back from the kernel" +
+                           (f" (the notebook raised {errors[-1]})" if errors else "")) from None
     return exported if isinstance(exported, dict) else {}, student_errors
 
 

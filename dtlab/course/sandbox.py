@@ -1,0 +1,205 @@
+"""The sandbox each submission is graded in (`dtlab grade --sandbox auto|bwrap|namespaces|none`).
+
+`dtlab grade` executes every notebook again, so it runs code written by whoever submitted it. Each notebook's
+grader (`python -m dtlab.course.grader`, with the notebook's kernel and every process the notebook starts) runs in a
+sandbox of its own:
+
+- filesystem: a read-only view of the system (/usr, /etc, the libraries) and of the Python environment (dtlab
+  included); /sandbox/in, read-only, holding its own copy of its notebook and of the runs handed in with it (no
+  other notebook); /sandbox/out, where the grader writes its result; /tmp and /dev/shm, empty size-limited tmpfs
+  (the scratch disk, also HOME and TMPDIR). Nothing else: not the other submissions, not the autograder zips, not
+  the CSV, not the home of whoever grades;
+- network: a network namespace of its own with loopback only (gloo ranks still meet on 127.0.0.1);
+- processes: a PID namespace: every process the notebook starts is killed when its grader ends (and when `dtlab
+  grade` dies); an unprivileged uid (65534) in a user namespace of its own;
+- limits: memory (RLIMIT_AS per process, default 4 GiB), processes (RLIMIT_NPROC, default 512; the kernel does not
+  enforce it for root, so grade as an ordinary user for it to bind), scratch disk (the tmpfs size, default 1 GiB),
+  wall time (`--timeout`, as before).
+
+Two mechanisms: bubblewrap (`bwrap`, where installed and allowed) and plain Linux namespaces through util-linux's
+`unshare`, `mount` and `pivot_root` (the same layout built by a short shell script). `auto` takes the first that
+works here; with neither, `dtlab grade` refuses to run untrusted code unless `--sandbox none` is given.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+MECHANISMS = ("bwrap", "namespaces")
+CHOICES = ("auto",) + MECHANISMS + ("none",)
+UID = 65534                       # nobody
+GiB, MiB = 2 ** 30, 2 ** 20
+DEFAULT_MEMORY = 4 * GiB
+DEFAULT_DISK = 1 * GiB
+DEFAULT_PROCS = 512
+IN, OUT, SCRATCH = "/sandbox/in", "/sandbox/out", "/tmp"
+
+
+def size_text(n: int) -> str:
+    return f"{n / GiB:g} GiB" if n >= GiB else f"{n / MiB:g} MiB"
+
+
+def parse_size(text) -> int:
+    """'4G', '512M', '4GiB', or bytes."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 2 ** 10, "M": MiB, "G": GiB, "T": 2 ** 40}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (e.g. 4G, 512M)") from None
+
+
+def ro_paths() -> tuple[list[str], list[str]]:
+    """What the sandbox sees read-only: the system and the Python environment (dtlab included)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the dtlab package (not its checkout)
+    want = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", sys.prefix, sys.base_prefix, here]
+    want += [os.path.realpath(p) for p in want]
+    want += [os.path.dirname(os.path.realpath(sys.executable))]
+    out = []
+    for p in sorted(set(want), key=len):
+        if os.path.exists(p) and not os.path.islink(p) and not any(p == q or p.startswith(q + "/") for q in out):
+            out.append(p)
+    links = [p for p in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32") if os.path.islink(p)]
+    return out, links
+
+
+def _env(extra: dict) -> dict:
+    env = {"PATH": os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin", "HOME": SCRATCH + "/home",
+           "TMPDIR": SCRATCH, "LANG": os.environ.get("LANG", "C.UTF-8"), "PYTHONNOUSERSITE": "1",
+           "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
+    for k, v in os.environ.items():   # dtlab's and torch's own settings pass; secrets and paths do not
+        if k.startswith(("DTLAB_", "OMP_", "MKL_", "GLOO_", "TORCH_")) and k != "DTLAB_REPLAY":
+            env[k] = v
+    env.update(extra)
+    return env
+
+
+def command(mech: str, argv: list[str], inbox: str, outbox: str, disk: int = DEFAULT_DISK,
+            env: dict | None = None) -> list[str]:
+    """The command that runs `argv` in the sandbox `mech`, with `inbox` read-only at /sandbox/in and `outbox`
+    writable at /sandbox/out."""
+    env = _env(env or {})
+    ro, links = ro_paths()
+    if mech == "bwrap":
+        cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(UID), "--gid", str(UID),
+               "--hostname", "dtlab-grade", "--clearenv"]
+        for p in ro:
+            cmd += ["--ro-bind", p, p]
+        for p in links:
+            cmd += ["--symlink", os.readlink(p), p]
+        cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(disk), "--tmpfs", "/dev/shm",
+                "--size", str(disk), "--tmpfs", SCRATCH, "--dir", SCRATCH + "/home",
+                "--ro-bind", inbox, IN, "--bind", outbox, OUT, "--chdir", SCRATCH]
+        for k, v in env.items():
+            cmd += ["--setenv", k, v]
+        return cmd + ["--remount-ro", "/", "--"] + argv
+    if mech == "namespaces":
+        return ["unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child",
+                "--propagation", "private", "sh", "-c", _script(ro, links, inbox, outbox, disk, env, argv)]
+    raise ValueError(f"no sandbox {mech!r} ({MECHANISMS})")
+
+
+def _script(ro, links, inbox, outbox, disk, env, argv) -> str:
+    """The namespaces' sandbox, built as root of a new user namespace: a tmpfs root holding read-only binds, a new
+    /proc, a few devices, the scratch tmpfs; pivot_root into it, loopback up, then a nested user namespace as
+    uid 65534 runs the grader."""
+    q = shlex.quote
+    root = os.path.join(os.path.dirname(os.path.abspath(outbox)), "sandbox-root")
+    lines = ["set -e", f"R={q(root)}", "mkdir -p $R", "mount -t tmpfs -o size=64m,mode=755 tmpfs $R"]
+    for p in ro:
+        lines += [f"mkdir -p $R{q(p)}", f"mount --rbind {q(p)} $R{q(p)}", f"mount -o remount,bind,ro $R{q(p)}"]
+    for p in links:
+        lines.append(f"ln -s {q(os.readlink(p))} $R{q(p)}")
+    lines += ["mkdir -p $R/proc $R/dev/shm $R/tmp $R/sandbox/in $R/sandbox/out $R/old",
+              "mount -t proc proc $R/proc"]
+    for d in ("null", "zero", "full", "random", "urandom", "tty"):
+        lines += [f"touch $R/dev/{d}", f"mount --bind /dev/{d} $R/dev/{d}"]
+    lines += ["ln -s /proc/self/fd $R/dev/fd", "ln -s /proc/self/fd/0 $R/dev/stdin",
+              "ln -s /proc/self/fd/1 $R/dev/stdout", "ln -s /proc/self/fd/2 $R/dev/stderr",
+              f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/dev/shm",
+              f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/tmp", "mkdir -m 777 $R/tmp/home",
+              f"mount --bind {q(inbox)} $R/sandbox/in", "mount -o remount,bind,ro $R/sandbox/in",
+              f"mount --bind {q(outbox)} $R/sandbox/out",
+              "ip link set lo up 2>/dev/null || true",
+              "mount -o remount,ro $R", "cd $R", "pivot_root . old", "umount -l /old", "cd /tmp",
+              "exec unshare --user --map-user=%d --map-group=%d -- env -i %s %s" % (
+                  UID, UID, " ".join(q(f"{k}={v}") for k, v in env.items()), " ".join(q(a) for a in argv))]
+    return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=None)
+def probe(mech: str) -> str | None:
+    """None when `mech` works here (a sandbox is made and a process runs in it), else why not, in one line."""
+    if mech == "bwrap" and not shutil.which("bwrap"):
+        return "bwrap is not installed (apt-get install -y bubblewrap)"
+    if mech == "namespaces" and not all(shutil.which(t) for t in ("unshare", "mount", "pivot_root")):
+        return "util-linux's unshare, mount and pivot_root are not all installed"
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="dtlab-probe-") as d:
+        inbox, outbox = os.path.join(d, "in"), os.path.join(d, "out")
+        os.makedirs(inbox)
+        os.makedirs(outbox)
+        os.chmod(d, 0o755)
+        code = ("import os, socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+                f"open({OUT + '/ok'!r}, 'w').write(str(os.getuid()))")
+        try:
+            p = subprocess.run(command(mech, [sys.executable, "-c", code], inbox, outbox, disk=16 * MiB),
+                               capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{mech} could not start: {e}"
+        if p.returncode != 0 or not os.path.exists(os.path.join(outbox, "ok")):
+            tail = [ln for ln in (p.stderr or p.stdout).splitlines() if ln.strip()]
+            return f"{mech} is not allowed here: {tail[-1] if tail else f'exit code {p.returncode}'}"
+    return None
+
+
+def available() -> dict:
+    """{mechanism: None if it works here, else why not}."""
+    return {m: probe(m) for m in MECHANISMS}
+
+
+def choose(requested: str = "auto") -> str:
+    """The mechanism `dtlab grade` uses: `requested` if it works here (ValueError if not), or with 'auto' the
+    strongest that does (ValueError when none does: untrusted code is not run unsandboxed unless asked)."""
+    if requested not in CHOICES:
+        raise ValueError(f"--sandbox {requested!r}: one of {CHOICES}")
+    if requested == "none":
+        return "none"
+    if requested != "auto":
+        why = probe(requested)
+        if why:
+            raise ValueError(f"--sandbox {requested}: {why}")
+        return requested
+    reasons = available()
+    for m in MECHANISMS:
+        if reasons[m] is None:
+            return m
+    raise ValueError("no sandbox is available on this machine (" + "; ".join(f"{m}: {r}" for m, r in reasons.items())
+                     + "): dtlab grade runs every submission's code and refuses to do so unsandboxed; install "
+                       "bubblewrap (apt-get install -y bubblewrap), or pass --sandbox none to run it with your "
+                       "permissions")
+
+
+def limits_preexec(memory: int, procs: int):
+    """A preexec_fn setting the process limits the sandbox inherits (RLIMIT_AS, RLIMIT_NPROC)."""
+    def apply():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_NPROC, (procs, procs))
+    return apply
+
+
+def limit_hit(text: str, memory: int, disk: int) -> str | None:
+    """The limit a grader's error or a student's exceptions name, if any."""
+    if "No space left on device" in text or "Errno 28" in text:
+        return f"scratch disk limit {size_text(disk)} exceeded"
+    if "MemoryError" in text or "Cannot allocate memory" in text or "std::bad_alloc" in text:
+        return f"memory limit {size_text(memory)} exceeded"
+    if "Resource temporarily unavailable" in text and ("fork" in text or "thread" in text or "spawn" in text):
+        return "process limit exceeded"
+    return None
