@@ -277,6 +277,8 @@ def progress_of(events: list | None) -> str:
     if not prog:
         return f"before its first step (last event '{events[-1].get('kind')}')"
     e = prog[-1]
+    if e.get("kind") == "baseline_step" and e.get("paired_step") is not None:  # run right after its paired step
+        return f"after step {e['paired_step']} and its baseline step {e.get('step')}"
     if e.get("kind") in ("step", "baseline_step"):
         return f"after {'baseline ' if e['kind'] == 'baseline_step' else ''}step {e.get('step')}"
     return f"after {len(prog)} calibration events"

@@ -17,13 +17,15 @@ How a restarted run works (the rank side is dtlab.rank.restarts):
 
 `final_timeline(rows)` turns the records of all attempts into one timeline: everything an earlier attempt recorded
 for a step at or after a later attempt's `resumed_from` was redone, so the later record wins and the earlier one
-is lost work (`Run.lost`). Records written before `attempt` existed count as attempt 0.
+is lost work (`Run.lost`). Records written before `attempt` existed count as attempt 0. A baseline step (and
+every record of it) belongs to the training step it is paired with (`paired_step`): it is redone when that step is;
+lost work counts the redone training steps only (a baseline step measures, it does not train).
 """
 
 from __future__ import annotations
 
 
-STEP_KINDS = ("step", "baseline_step")  # what counts as a step of work (lost when redone)
+STEP_KINDS = ("step",)  # what counts as a step of work (lost when redone)
 KEYED_KINDS = ("step", "baseline_step", "bucket", "collective", "blocked", "ddp_stats")  # rows keyed by (rank, step)
 
 
@@ -40,11 +42,13 @@ def final_attempt_events(events: list[dict], attempt: int | None = None) -> list
     return [e for e in events if attempt_of(e) == last]
 
 
-def _superseded(ev: dict, resumes: dict) -> bool:
-    """True when a later attempt of the same rank resumed at or before this record's step (it was redone)."""
+def _superseded(ev: dict, resumes: dict, paired: dict) -> bool:
+    """True when a later attempt of the same rank resumed at or before this record's step (it was redone); a
+    baseline step's records count at the training step they are paired with."""
     a, step = attempt_of(ev), ev.get("step")
     if step is None:
         return False
+    step = paired.get((ev.get("rank"), a, step), step)
     return any(b > a and step >= k for b, k in resumes.get(ev.get("rank"), {}).items())
 
 
@@ -58,11 +62,13 @@ def final_timeline(rows: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], 
             resumes.setdefault(ev.get("rank"), {})[attempt_of(ev)] = int(ev["resumed_from"])
     if not resumes:
         return rows, []
+    paired = {(ev.get("rank"), attempt_of(ev), ev.get("step")): int(ev["paired_step"])
+              for ev in rows.get("baseline_step", []) if ev.get("paired_step") is not None}
     out, lost = dict(rows), []
     for kind in KEYED_KINDS:
         keep = []
         for ev in rows.get(kind, []):
-            if not _superseded(ev, resumes):
+            if not _superseded(ev, resumes, paired):
                 keep.append(ev)
             elif kind in STEP_KINDS:
                 lost.append({"rank": ev.get("rank"), "step": ev.get("step"), "attempt": attempt_of(ev), "kind": kind,

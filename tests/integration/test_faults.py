@@ -39,7 +39,7 @@ def _alive(pid):
 
 def _start_events(run_dir):
     return [json.loads(line) for r in (0, 1) if os.path.exists(p := os.path.join(run_dir, "events", f"rank{r}.jsonl"))
-            for line in open(p).read().splitlines() if '"start"' in line]
+            for line in open(p).read().splitlines() if json.loads(line).get("kind") == "start"]
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,21 @@ def test_the_final_attempt_wins_and_redone_steps_are_lost_work():
     assert final_timeline(plain) == (plain, [])
 
 
+def test_a_baseline_step_belongs_to_the_training_step_it_is_paired_with():
+    """Baseline steps run right after their paired training step and are numbered after the training steps (4
+    steps: baseline 4 after step 1, baseline 5 after step 2). Resumed at step 2, baseline 4 (paired with step 1)
+    stays with its buckets, baseline 5 was redone with step 2; only training steps are lost work."""
+    ev = lambda rank, step, attempt, **kw: {"rank": rank, "step": step, "attempt": attempt, **kw}  # noqa: E731
+    rows = {"step": [ev(0, s, 0, t_step=0.1) for s in range(3)] + [ev(0, s, 1, t_step=0.2) for s in (2, 3)],
+            "baseline_step": [ev(0, 4, 0, paired_step=1), ev(0, 5, 0, paired_step=2), ev(0, 5, 1, paired_step=2)],
+            "bucket": [ev(0, 4, 0), ev(0, 5, 0), ev(0, 5, 1)],
+            "restart": [{"rank": 0, "attempt": 1, "resumed_from": 2}]}
+    out, lost = final_timeline(rows)
+    assert [(e["step"], e["attempt"]) for e in out["baseline_step"]] == [(4, 0), (5, 1)]
+    assert [(e["step"], e["attempt"]) for e in out["bucket"]] == [(4, 0), (5, 1)]
+    assert [(d["step"], d["attempt"]) for d in lost] == [(2, 0)]
+
+
 def test_a_torn_last_line_does_not_swallow_the_restarted_ranks_first_event(tmp_path):
     from dtlab.rank.recorder import EventWriter
     path = tmp_path / "events" / "rank1.jsonl"

@@ -59,3 +59,13 @@ def _csv(tmp_path, text):
     p = tmp_path / "data.csv"
     p.write_text(text)
     return str(p)
+
+
+def test_a_failure_after_a_baseline_step_names_the_training_step_it_followed():
+    """Baseline steps run right after the training step they are paired with and are numbered after the training
+    steps: "after baseline step 6" alone would hide that the rank had finished training step 1."""
+    from dtlab.launching.failures import progress_of
+    ev = [{"kind": "step", "step": 1}, {"kind": "baseline_step", "step": 6, "paired_step": 1}]
+    assert progress_of(ev) == "after step 1 and its baseline step 6"
+    assert progress_of(ev[:1]) == "after step 1"
+    assert progress_of([{"kind": "baseline_step", "step": 6}]) == "after baseline step 6"  # unpaired (older runs)
