@@ -15,6 +15,7 @@ from typing import Any
 from dtlab.config.checks import choice, finite, int_at_least, refuse_unknown
 from dtlab.config.job import JobConfig
 from dtlab.config.placement import BACKENDS, DEVICES
+from dtlab.config.baseline import auto_baseline_steps
 from dtlab.config.strategies import STRATEGIES, strategy_spec
 
 MODELS = ("distilbert", "tiny")
@@ -97,8 +98,9 @@ class RunConfig(JobConfig):
     step 1 rebuilds the buckets in gradient-ready order."""
     baseline_steps: int | None = None
     """Extra steps with DDP's no-op comm hook that measure T_comp, interleaved with the timed ones: each runs right
-    after the measured step it is paired with (dtlab.config.baseline) and leaves the training untouched. None: 3
-    for strategies 'ddp' and 'ps', 0 for 'zero3' (which has no no-op baseline)."""
+    after the measured step it is paired with (dtlab.config.baseline) and leaves the training untouched. None: one
+    after each measured step, at least 3 and at most 8 (dtlab.config.baseline.auto_baseline_steps), for strategies
+    'ddp' and 'ps'; 0 for 'zero3' (which has no no-op baseline)."""
     batch_size: int = 8
     """Samples per rank per step (the global batch is batch_size x nproc); for 'tp' and 'pp', whose ranks share
     one batch, per data-parallel replica (the global batch is batch_size x dp_degree)."""
@@ -284,7 +286,8 @@ class RunConfig(JobConfig):
             from dtlab.config.placement import device_count
             self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
         if self.baseline_steps is None:
-            self.baseline_steps = 3 if strategy_spec(self.strategy).compute_baseline else 0
+            self.baseline_steps = auto_baseline_steps(self.steps, self.warmup) if strategy_spec(
+                self.strategy).compute_baseline else 0
 
     def placement(self, cuda_device_count: int | None = None, nccl_version=None):
         """Where the ranks run (backend, device, ranks per GPU, banner text): `dtlab.config.placement.plan` for this

@@ -17,7 +17,7 @@ import pandas as pd
 
 from dtlab.results.busy import verdict
 from dtlab.results.spread import (SEED, block_for, exposed_words, interval, medians, overlap_words, resample_index,
-                                  resolved)
+                                  resamples_for, resolved)
 from dtlab.units import fmt_ms
 
 PER_STEP_COLUMNS = ["step", "t_step", "t_comm", "t_comp_est"]
@@ -109,7 +109,8 @@ def figures(run) -> dict:
     said = verdict(run, ps["t_step"])
     busy = bool(said["busy"])
     rng = np.random.default_rng(SEED)
-    idx = resample_index(n, block_for(n, busy), rng)
+    b = resamples_for(n)  # one count for every figure: T_comp and the overlap combine their replicates
+    idx = resample_index(n, block_for(n, busy), rng, b)
     ts, tc = ps["t_step"].to_numpy(dtype=float), ps["t_comm"].to_numpy(dtype=float)
     ts_rep, tc_rep = medians(ts, idx), medians(tc, idx)
     t_step, t_comm = _median(ts), _median(tc)
@@ -120,7 +121,7 @@ def figures(run) -> dict:
     pr = pairs(run, ps)
     if pr is not None and not pr.empty:
         m = len(pr)
-        d_rep = medians(pr["diff"], resample_index(m, block_for(m, busy), rng))
+        d_rep = medians(pr["diff"], resample_index(m, block_for(m, busy), rng, b))
         exposed = _median(pr["diff"])
         t_comp, comp_rep = t_step - exposed, ts_rep - d_rep
         how_comp = (f"measured: T_step - exposed, from {m} no-op comm hook steps each paired with the training "
@@ -129,7 +130,7 @@ def figures(run) -> dict:
         per, n_diff = "pairs", m
     elif not run.baseline_steps.empty:
         base = run.baseline_steps.groupby("step")["t_step"].max().to_numpy(dtype=float)
-        comp_rep = medians(base, resample_index(len(base), block_for(len(base), busy), rng))
+        comp_rep = medians(base, resample_index(len(base), block_for(len(base), busy), rng, b))
         t_comp = _median(base)
         exposed, d_rep = t_step - t_comp, ts_rep - comp_rep
         how_comp = (f"measured: median of {len(base)} no-op comm hook steps (run after the training steps, "

@@ -181,9 +181,10 @@ class Run:
         from dtlab.results.crosscheck import crosscheck
         return crosscheck(self)
 
-    def breakdown_table(self) -> str:
-        """The summary as aligned text, times in milliseconds, plus where model and data came from."""
-        s = self.summary()
+    def breakdown_table(self, summary: pd.DataFrame | None = None) -> str:
+        """The summary as aligned text, times in milliseconds, plus where model and data came from (`summary`:
+        this run's `summary()` when the caller has it already)."""
+        s = self.summary() if summary is None else summary
         lines = [f"run {self.path}",
                  f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
                  + (f" on {self.resolved['nnodes']} nodes | " if self.resolved.get("nnodes", 1) > 1 else " | ")

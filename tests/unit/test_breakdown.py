@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dtlab.config.baseline import baseline_pairs, run_order
+from dtlab.config.baseline import auto_baseline_steps, baseline_pairs, run_order
 from dtlab.config.busy import between, is_busy
 from dtlab.intervals import union_length
 from dtlab.results.breakdown import per_step, union_lengths
 from dtlab.results.run import load_run
-from dtlab.results.spread import block_for, interval, medians, resample_index
+from dtlab.results.spread import block_for, interval, medians, resample_index, resamples_for
 
 
 def write_run(tmp_path, events_by_rank, warmup=2, steps=None, baseline_steps=0):
@@ -71,6 +71,13 @@ def test_baseline_steps_follow_measured_steps_and_the_last_one_follows_the_last_
             for k in range(1, 9):
                 p = baseline_pairs(steps, warmup, k)
                 assert len(p) == k and p == sorted(p) and p[-1] == steps - 1 and min(p) >= warmup
+
+
+def test_the_default_is_one_baseline_step_per_measured_step_within_3_to_8():
+    import dtlab
+    assert [auto_baseline_steps(s, w) for s, w in ((8, 2), (4, 1), (2, 1), (3000, 2), (10, 2))] == [6, 3, 3, 8, 8]
+    assert dtlab.RunConfig(steps=8).validate(cuda_device_count=0).baseline_steps == 6  # the README's main job
+    assert dtlab.RunConfig(strategy="zero3", steps=8).validate(cuda_device_count=0).baseline_steps == 0
 
 
 def test_run_order_interleaves_numbers_baselines_after_the_steps_and_resumes_without_them():
@@ -193,6 +200,7 @@ def test_bootstrap_helpers():
         assert medians(w, j) == pytest.approx(np.median(w[j], axis=1))
     assert all(math.isnan(x) for x in interval([]))
     assert block_for(100, busy=False) == 1 and block_for(100, busy=True) == 10
+    assert resamples_for(3000) == 1000 and resamples_for(30000) == 200 and resamples_for(6000) == 500
 
 
 def test_a_busy_machine_widens_the_intervals_of_drifting_steps():
