@@ -42,7 +42,7 @@ def exposed_claim(run):
     above 0, and an interval that holds 0 is inconclusive, with the noise's size as the reason. Runs recorded
     before the pairing compare all measured steps with all baseline steps, unpaired."""
     from dtlab.results.breakdown import figures
-    from dtlab.results.spread import LEVEL, interval
+    from dtlab.results.spread import LEVEL
 
     f = figures(run)
     pr = f["pairs"]
@@ -53,7 +53,7 @@ def exposed_claim(run):
         step = list(run.measured_steps().groupby("step")["t_step"].max())
         base = list(run.baseline_steps.groupby("step")["t_step"].max())
     t_step, exposed = f["t_step"], f["exposed"]
-    e_lo, e_hi = interval(f["exposed_rep"])
+    e_lo, e_hi = f["exposed_iv"]
 
     def ratio(e):  # T_step / T_comp with T_comp = T_step - e: above 1 exactly when e is above 0 (at most 1000)
         return t_step / max(t_step - e, t_step / 1000)
@@ -81,7 +81,7 @@ def exposed_claim(run):
                    model="T_step = T_comp + exposed communication, exposed >= 0", test="above", why=why,
                    per="step", paired=paired, ratios=ratios, interval=f"{LEVEL:.0%} interval",
                    how=("pairs of a training step and the no-op-hook step after it" if paired else "unpaired")
-                   + f"; the ratio's interval is the breakdown's {LEVEL:.0%} bootstrap interval of the exposed time")
+                   + f"; the ratio's interval is the breakdown's {LEVEL:.0%} interval of the exposed time")
 
 
 def backward_claim(run):

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from dtlab.results.busy import verdict
-from dtlab.results.spread import (SEED, block_for, exposed_words, interval, medians, overlap_words, resample_index,
-                                  resamples_for, resolved)
+from dtlab.results.spread import (SEED, block_for, exposed_words, hull, interval, median_bounds, medians,
+                                  overlap_words, resample_index, resamples_for, resolved)
 from dtlab.units import fmt_ms
 
 PER_STEP_COLUMNS = ["step", "t_step", "t_comm", "t_comp_est"]
@@ -101,9 +101,10 @@ def _median(v) -> float:
 
 def figures(run) -> dict:
     """Everything `summary` shows, before the noise rule: ps (per_step), pairs (or None), verdict (dtlab.results.busy),
-    for each of t_step, t_comm, t_comp and exposed its median and `<name>_rep` (bootstrap replicates of it), `how_*`
-    (where each comes from), noise_rule (exposed is a difference, shown only above the noise), assumed (exposed is
-    T_comm, not measured), n_diff and per (how many values exposed's median is over, and what they are)."""
+    for each of t_step, t_comm, t_comp and exposed its median, `<name>_iv` (its 90% interval) and `<name>_rep`
+    (bootstrap replicates of it), overlap_iv, `how_*` (where each comes from), noise_rule (exposed is a difference,
+    shown only above the noise), assumed (exposed is T_comm, not measured), n_diff and per (how many values
+    exposed's median is over, and what they are)."""
     ps = per_step(run)
     n = len(ps)
     said = verdict(run, ps["t_step"])
@@ -114,6 +115,7 @@ def figures(run) -> dict:
     ts, tc = ps["t_step"].to_numpy(dtype=float), ps["t_comm"].to_numpy(dtype=float)
     ts_rep, tc_rep = medians(ts, idx), medians(tc, idx)
     t_step, t_comm = _median(ts), _median(tc)
+    ts_iv, tc_iv = hull(interval(ts_rep), median_bounds(ts)), hull(interval(tc_rep), median_bounds(tc))
     how_exposed, how_overlap = "T_step - T_comp", "1 - exposed / T_comm"
     per, n_diff = "steps", n
     noise_rule = True  # exposed is a difference of two measurements: shown only when it stands out of the noise
@@ -123,7 +125,9 @@ def figures(run) -> dict:
         m = len(pr)
         d_rep = medians(pr["diff"], resample_index(m, block_for(m, busy), rng, b))
         exposed = _median(pr["diff"])
+        e_iv = hull(interval(d_rep), median_bounds(pr["diff"]))
         t_comp, comp_rep = t_step - exposed, ts_rep - d_rep
+        c_iv = hull(interval(comp_rep), (t_step - e_iv[1], t_step - e_iv[0]))
         how_comp = (f"measured: T_step - exposed, from {m} no-op comm hook steps each paired with the training "
                     f"step just before it (alone: median {fmt_ms(_median(pr['t_comp']))})")
         how_exposed = f"median over {m} pairs of T_step - T_comp (a training step, then a no-op comm hook step)"
@@ -132,7 +136,9 @@ def figures(run) -> dict:
         base = run.baseline_steps.groupby("step")["t_step"].max().to_numpy(dtype=float)
         comp_rep = medians(base, resample_index(len(base), block_for(len(base), busy), rng, b))
         t_comp = _median(base)
+        c_iv = hull(interval(comp_rep), median_bounds(base))
         exposed, d_rep = t_step - t_comp, ts_rep - comp_rep
+        e_iv = hull(interval(d_rep), (ts_iv[0] - c_iv[1], ts_iv[1] - c_iv[0]))
         how_comp = (f"measured: median of {len(base)} no-op comm hook steps (run after the training steps, "
                     "unpaired: recorded before baseline steps were interleaved)")
         n_diff = len(base)
@@ -141,6 +147,7 @@ def figures(run) -> dict:
         tb = ps["t_blocked"].to_numpy(dtype=float)
         exposed, d_rep = _median(tb), medians(tb, idx)
         t_comp, comp_rep = _median(ts - tb), medians(ts - tb, idx)
+        e_iv, c_iv = hull(interval(d_rep), median_bounds(tb)), hull(interval(comp_rep), median_bounds(ts - tb))
         where = "compute stream" if run.resolved.get("device_type") == "cuda" else "training thread"
         how_comp = "measured: T_step - time blocked on collectives (slowest rank, per step)"
         how_exposed = (f"measured: time the slowest rank's {where} was blocked waiting for collectives "
@@ -150,19 +157,32 @@ def figures(run) -> dict:
     elif not run.collectives.empty and run.buckets.empty:
         # A ZeRO-3 run recorded before blocked time was measured.
         t_comp, comp_rep = _median(ts - tc), medians(ts - tc, idx)
+        c_iv = hull(interval(comp_rep), median_bounds(ts - tc))
         how_comp = ("estimated: T_step - T_comm (recorded without blocked-time measurement; assumes no "
                     "overlap)") if run.spec.blocked_time else "estimated: T_step - T_comm (blocking collectives)"
         how_exposed, how_overlap = "assumed = T_comm (no baseline to measure it against)", "not measured"
-        exposed, d_rep, noise_rule, assumed = t_comm, tc_rep, False, True
+        exposed, d_rep, e_iv, noise_rule, assumed = t_comm, tc_rep, tc_iv, False, True
     else:
         te = ps["t_comp_est"].to_numpy(dtype=float)
         t_comp, comp_rep = _median(te), medians(te, idx)
+        c_iv = hull(interval(comp_rep), median_bounds(te))
         exposed, d_rep = t_step - t_comp, ts_rep - comp_rep
+        e_iv = hull(interval(d_rep), median_bounds(ts - te))
         how_comp = "estimated: fwd + bwd until the last bucket was ready + opt (no baseline run)"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ov_iv = hull(interval(1.0 - np.asarray(d_rep) / np.asarray(tc_rep)),
+                     (1.0 - e_iv[1] / t_comm, 1.0 - e_iv[0] / t_comm) if t_comm > 0 else (math.nan, math.nan))
     return {"ps": ps, "n": n, "pairs": pr, "verdict": said, "t_step": t_step, "t_step_rep": ts_rep,
             "t_comm": t_comm, "t_comm_rep": tc_rep, "t_comp": t_comp, "t_comp_rep": comp_rep, "exposed": exposed,
-            "exposed_rep": d_rep, "how_comp": how_comp, "how_exposed": how_exposed, "how_overlap": how_overlap,
-            "noise_rule": noise_rule, "assumed": assumed, "n_diff": n_diff, "per": per}
+            "exposed_rep": d_rep, "t_step_iv": _around(t_step, ts_iv), "t_comm_iv": _around(t_comm, tc_iv),
+            "t_comp_iv": _around(t_comp, c_iv), "exposed_iv": _around(exposed, e_iv), "overlap_iv": ov_iv,
+            "how_comp": how_comp, "how_exposed": how_exposed, "how_overlap": how_overlap, "noise_rule": noise_rule,
+            "assumed": assumed, "n_diff": n_diff, "per": per}
+
+
+def _around(value: float, iv: tuple) -> tuple:
+    """The interval, widened to hold the figure itself (a percentile interval need not)."""
+    return hull(iv, (value, value)) if value == value else iv
 
 
 def summary(run) -> pd.DataFrame:
@@ -170,27 +190,27 @@ def summary(run) -> pd.DataFrame:
     row (value: other processes' CPU in cores' worth; how: the verdict). See the module docstring."""
     f = figures(run)
     exposed, t_comm = f["exposed"], f["t_comm"]
-    e_lo, e_hi = interval(f["exposed_rep"])
+    e_lo, e_hi = f["exposed_iv"]
     rows = [("T_step", f["t_step"], "s", f"median over {f['n']} steps of the slowest rank's step time",
-             *interval(f["t_step_rep"])),
-            ("T_comp", f["t_comp"], "s", f["how_comp"], *interval(f["t_comp_rep"])),
+             *f["t_step_iv"]),
+            ("T_comp", f["t_comp"], "s", f["how_comp"], *f["t_comp_iv"]),
             ("T_comm", t_comm, "s", "median of the time collectives were in flight per step"
              + (" (union of intervals on the rank where longest)" if run.spec.records == "collectives" else ""),
-             *interval(f["t_comm_rep"]))]
+             *f["t_comm_iv"])]
     if f["noise_rule"] and not resolved(e_lo):
         rows.append(("exposed", math.nan, "s", exposed_words(exposed, e_lo, e_hi, f["n_diff"], f["per"]), math.nan,
                      math.nan))
         rows.append(("overlap", math.nan, "fraction", overlap_words(e_hi, t_comm), math.nan, math.nan))
     else:
         rows.append(("exposed", exposed, "s", f["how_exposed"], e_lo, e_hi))
-        rows.append(_overlap(exposed, t_comm, f["exposed_rep"], f["t_comm_rep"], f["how_overlap"], f["assumed"]))
+        rows.append(_overlap(exposed, t_comm, f["overlap_iv"], f["how_overlap"], f["assumed"]))
     other = f["verdict"].get("other_cores")
     rows.append(("machine", other if other is not None else math.nan, "cores", f["verdict"]["line"], math.nan,
                  math.nan))
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
-def _overlap(exposed: float, t_comm: float, d_rep, tc_rep, how: str, assumed: bool) -> tuple:
+def _overlap(exposed: float, t_comm: float, iv: tuple, how: str, assumed: bool) -> tuple:
     if assumed or not t_comm > 0:
         return ("overlap", math.nan, "fraction", how, math.nan, math.nan)
     ov = 1.0 - exposed / t_comm
@@ -198,9 +218,9 @@ def _overlap(exposed: float, t_comm: float, d_rep, tc_rep, how: str, assumed: bo
         return ("overlap", math.nan, "fraction", f"not measurable here: exposed ({fmt_ms(exposed)}) is longer than "
                 f"the time collectives were in flight ({fmt_ms(t_comm)}), which only noise explains", math.nan,
                 math.nan)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lo, hi = interval(1.0 - np.asarray(d_rep) / np.asarray(tc_rep))
-    return ("overlap", ov, "fraction", how, min(max(lo, 0.0), ov), max(min(hi, 1.0), ov))
+    lo, hi = iv
+    return ("overlap", ov, "fraction", how, min(max(lo, 0.0), ov) if lo == lo else ov,
+            max(min(hi, 1.0), ov) if hi == hi else ov)
 
 
 def summary_lines(s: pd.DataFrame) -> list[str]:

@@ -3,7 +3,9 @@ the rule that keeps a difference inside the machine's noise off the screen as a 
 
 - An interval is a percentile bootstrap interval of the median (Efron & Tibshirani 1993, "An Introduction to the
   Bootstrap", ch. 13): the middle LEVEL (90%) of RESAMPLES medians of values drawn with replacement, by a
-  generator seeded with SEED, so a run directory gives the same interval every time it is read.
+  generator seeded with SEED, so a run directory gives the same interval every time it is read; widened, where
+  it is narrower, to the distribution-free interval of the median (`median_bounds`), which a handful of steps
+  or pairs needs: with 6 pairs, the 90% interval of their median is their range.
 - On a busy machine neighbouring steps share the load they ran under, and an independent resampling would count
   them as separate evidence: there the resamples are moving blocks of ceil(sqrt(n)) consecutive steps or pairs
   (Künsch 1989, "The jackknife and the bootstrap for general stationary observations", Annals of Statistics 17),
@@ -76,6 +78,42 @@ def interval(replicates, level: float = LEVEL) -> tuple[float, float]:
     a = (1.0 - level) / 2.0
     lo, hi = np.quantile(r, [a, 1.0 - a])
     return float(lo), float(hi)
+
+
+def median_bounds(values, level: float = LEVEL) -> tuple[float, float]:
+    """The distribution-free interval of a median, from order statistics (the sign test's interval: Conover 1999,
+    "Practical Nonparametric Statistics", 3.2): [x_(k+1), x_(n-k)] for the largest k whose binomial coverage
+    1 - 2 P(Bin(n, 1/2) <= k) is at least `level`; with too few values for that (4 or fewer at 90%), their range.
+    A bootstrap interval of the median is too narrow for a handful of values (its resamples take only the few
+    middle ones); the breakdown shows the wider of the two."""
+    v = np.sort(np.asarray([x for x in np.asarray(values, dtype=float).ravel() if math.isfinite(x)]))
+    n = v.size
+    if n == 0:
+        return math.nan, math.nan
+    k = _drop(n, (1.0 - level) / 2)
+    return float(v[k]), float(v[n - 1 - k])
+
+
+def _drop(n: int, tail: float) -> int:
+    """How many values each side of a sorted sample the median's interval leaves out: the largest k with
+    P(Bin(n, 1/2) <= k) <= tail (exact up to 1,000 values, the normal approximation beyond), at least 0."""
+    if n > 1000:
+        from statistics import NormalDist
+        return max(0, int(math.floor(n / 2 - NormalDist().inv_cdf(1 - tail) * math.sqrt(n) / 2 - 0.5)))
+    total, cdf, k = 2 ** n, 0, 0
+    for j in range(n // 2 + 1):
+        cdf += math.comb(n, j)
+        if cdf / total > tail:
+            break
+        k = j
+    return min(k, (n - 1) // 2)
+
+
+def hull(*intervals) -> tuple[float, float]:
+    """The smallest interval holding every finite (lo, hi) given (NaN, NaN when none is finite)."""
+    los = [a for a, _ in intervals if a == a]
+    his = [b for _, b in intervals if b == b]
+    return (min(los) if los else math.nan), (max(his) if his else math.nan)
 
 
 def resolved(lo: float) -> bool:

@@ -14,7 +14,7 @@ from dtlab.config.busy import between, is_busy
 from dtlab.intervals import union_length
 from dtlab.results.breakdown import per_step, union_lengths
 from dtlab.results.run import load_run
-from dtlab.results.spread import block_for, interval, medians, resample_index, resamples_for
+from dtlab.results.spread import block_for, interval, median_bounds, medians, resample_index, resamples_for
 
 
 def write_run(tmp_path, events_by_rank, warmup=2, steps=None, baseline_steps=0):
@@ -138,6 +138,26 @@ def test_an_interval_that_holds_zero_is_noise_even_with_a_positive_median(tmp_pa
     run = a_run(tmp_path, [1.0, 1.0, 1.0, 1.3, 1.0, 1.3, 1.0, 1.3], [1.4, 1.0, 1.1])  # diffs -0.1, 0.3, 0.2
     s = rows(run)
     assert math.isnan(s.loc["exposed", "value"]) and "the 90% interval" in s.loc["exposed", "how"]
+
+
+def test_a_handful_of_pairs_is_judged_by_their_range_not_by_a_narrow_bootstrap(tmp_path):
+    """Six pairs, five of them positive (measured beside a late load): the bootstrap's 90% interval of their median
+    is 78 .. 521 ms, above 0, but with six values a median's 90% interval is their range (the sign test's). Fails
+    for an interval from the bootstrap alone, which would print 432 ms as a measured exposed time."""
+    diffs = [0.52, 1.43, -0.74, 0.07, 0.97, 0.34]
+    run = a_run(tmp_path, [1.0, 1.0] + [1.0 + d for d in diffs], [1.0] * 6)
+    s = rows(run)
+    assert math.isnan(s.loc["exposed", "value"]) and "±1085 ms" in s.loc["exposed", "how"]
+    assert median_bounds(diffs) == (-0.74, 1.43) and median_bounds(list(range(20))) == (5.0, 14.0)
+
+
+def test_the_median_bounds_cover_at_least_90_percent_and_no_more_than_needed():
+    for n in (5, 6, 8, 10, 20, 100, 1000):
+        k = int(median_bounds(list(range(n)))[0])  # values 0 .. n-1: the lower bound is the count left out
+        cover = 1 - 2 * sum(math.comb(n, j) for j in range(k + 1)) / 2 ** n
+        wider = 1 - 2 * sum(math.comb(n, j) for j in range(k + 2)) / 2 ** n
+        assert cover >= 0.9 > wider, n
+    assert median_bounds(list(range(3000))) == (1454.0, 1545.0)  # the normal approximation beyond 1,000
 
 
 def test_a_clear_exposed_time_has_an_interval_around_it_and_an_overlap_in_0_1(tmp_path):
