@@ -86,15 +86,16 @@ def command(mech: str, argv: list[str], inbox: str, outbox: str, disk: int = DEF
     env = _env(env or {})
     ro, links = ro_paths()
     if mech == "bwrap":
+        # the scratch tmpfs first, the read-only binds over it: an environment under /tmp (a CI's venv) stays seen
         cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(UID), "--gid", str(UID),
-               "--hostname", "dtlab-grade", "--clearenv"]
+               "--hostname", "dtlab-grade", "--clearenv", "--proc", "/proc", "--dev", "/dev",
+               "--size", str(disk), "--tmpfs", "/dev/shm", "--size", str(disk), "--tmpfs", SCRATCH,
+               "--dir", SCRATCH + "/home"]
         for p in ro:
             cmd += ["--ro-bind", p, p]
         for p in links:
             cmd += ["--symlink", os.readlink(p), p]
-        cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(disk), "--tmpfs", "/dev/shm",
-                "--size", str(disk), "--tmpfs", SCRATCH, "--dir", SCRATCH + "/home",
-                "--ro-bind", inbox, IN, "--bind", outbox, OUT, "--chdir", SCRATCH]
+        cmd += ["--ro-bind", inbox, IN, "--bind", outbox, OUT, "--chdir", SCRATCH]
         for k, v in env.items():
             cmd += ["--setenv", k, v]
         return cmd + ["--remount-ro", "/", "--"] + argv
@@ -110,7 +111,9 @@ def _script(ro, links, inbox, outbox, disk, env, argv) -> str:
     uid 65534 runs the grader."""
     q = shlex.quote
     root = os.path.join(os.path.dirname(os.path.abspath(outbox)), "sandbox-root")
-    lines = ["set -e", f"R={q(root)}", "mkdir -p $R", "mount -t tmpfs -o size=64m,mode=755 tmpfs $R"]
+    lines = ["set -e", f"R={q(root)}", "mkdir -p $R", "mount -t tmpfs -o size=64m,mode=755 tmpfs $R",
+             "mkdir -p $R/tmp", f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/tmp",   # under the binds, as
+             "mkdir -m 777 $R/tmp/home"]                                                    # bwrap's is
     for p in ro:
         lines += [f"mkdir -p $R{q(p)}", f"mount --rbind {q(p)} $R{q(p)}", f"mount -o remount,bind,ro $R{q(p)}"]
     for p in links:
@@ -122,7 +125,6 @@ def _script(ro, links, inbox, outbox, disk, env, argv) -> str:
     lines += ["ln -s /proc/self/fd $R/dev/fd", "ln -s /proc/self/fd/0 $R/dev/stdin",
               "ln -s /proc/self/fd/1 $R/dev/stdout", "ln -s /proc/self/fd/2 $R/dev/stderr",
               f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/dev/shm",
-              f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/tmp", "mkdir -m 777 $R/tmp/home",
               f"mount --bind {q(inbox)} $R/sandbox/in", "mount -o remount,bind,ro $R/sandbox/in",
               f"mount --bind {q(outbox)} $R/sandbox/out",
               "ip link set lo up 2>/dev/null || true",

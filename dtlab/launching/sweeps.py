@@ -41,7 +41,9 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
 
     A finished run with the same config under `out` is reused, not rerun (unless rerun=True). A pair the
     machine cannot host (e.g. more ranks than GPUs under NCCL) is skipped with the reason in `reason`; a run
-    that fails is reported with status 'failed' and the error, and the sweep goes on."""
+    that fails is reported with status 'failed' and the error, and the sweep goes on. A run whose exposed time is
+    inside the machine's noise has no `exposed` or `overlap` (NaN), and `reason` says so with the noise's size
+    (dtlab.results.breakdown)."""
     from tqdm.auto import tqdm
 
     from dtlab.launching.handle import run as run_one
@@ -78,6 +80,9 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
             rows.append({**row, "status": "failed", "reason": f"rank {e.rank}: {e.error}", "path": cfg.out})
             continue
         s = run.summary().set_index("quantity")
+        exposed = s.loc["exposed", "value"]
+        if exposed != exposed and "noise" in s.loc["exposed", "how"]:  # no figure: the sentence says why
+            row["reason"] = f"exposed: {s.loc['exposed', 'how']}"
         rows.append({**row, "status": status, "t_step": s.loc["T_step", "value"], "t_comp": s.loc["T_comp", "value"],
                      "t_comm": s.loc["T_comm", "value"], "exposed": s.loc["exposed", "value"],
                      "overlap": s.loc["overlap", "value"], "t_comp_how": s.loc["T_comp", "how"],

@@ -8,6 +8,8 @@ mechanism. Each drill is a real notebook graded for real, beside an honest one i
 - memory: allocates 8 GiB (the limit is 4 GiB a process);
 - disk: fills its scratch folder (128 MiB here) and leaves the file.
 
+And a grader whose Python environment lives under /tmp (a CI's virtual environment) still sees it in the sandbox.
+
 Each is contained (no file appears, nothing connects, no process survives), scores 0 with its reason (an error
 row naming the limit, or the exception in the errors column and the limit in the flags), and the honest notebook
 gets full marks. The notebooks answer lab 8's derived questions (no recording, no training): each is a kernel, a
@@ -18,6 +20,8 @@ import json
 import os
 import pathlib
 import socket
+import subprocess
+import sys
 import zipfile
 
 import pandas as pd
@@ -171,3 +175,20 @@ def test_a_full_scratch_disk_is_named(batch):
     assert got["points"].sum() == 0
     said = got["feedback"].iloc[0] + got["flags"].iloc[0]
     assert "scratch disk limit 128 MiB exceeded" in said, got.iloc[0].to_dict()
+
+
+def test_an_environment_under_tmp_is_seen_inside_the_sandbox(tmp_path):
+    """A CI or a grader whose virtual environment lives under /tmp: the sandbox's own /tmp must not hide it."""
+    here = {m: why for m, why in sandbox.available().items() if why is None}
+    if not here:
+        pytest.skip("no sandbox works on this machine")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    code = "import json; from dtlab.course import sandbox; print(json.dumps(sandbox.available()))"
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    reasons = json.loads(p.stdout.strip().splitlines()[-1])
+    assert str(venv) + "/bin/python" != sys.executable
+    assert {m: reasons[m] for m in here} == here
