@@ -20,6 +20,7 @@ _WHERE = {
     "rank_waits": "results.stragglers", "run_waits": "results.stragglers", "sync_step_model": "results.stragglers",
     "Profile": "model.profile", "load_profile": "results.calibration", "predict": "model.prediction",
     "recorded_runs": "results.recorded", "recorded_run": "results.recorded", "recorded_calibration": "results.recorded",
+    "load_trace": "results.kineto", "Trace": "results.kineto", "public_trace": "results.kineto",
 }
 
 __all__ = list(_WHERE)
