@@ -4,9 +4,15 @@ It keeps what real CUDA enforces and what the timing bugs broke: the current dev
 like gloo's worker, starts on device 0), an event records on the current stream of the current device unless a
 stream is given, and `elapsed_time` between events of two devices raises, as CUDA does. Times come from a
 settable clock, so a test states when each mark happens.
+
+In a rank process (`rank_marks`, named by the test-only hook DTLAB_MARKS_HOOK of dtlab.rank.marks) the clock is the
+device's own: `TickClock` advances one tick (1 s) with every event the device reaches, whatever the host does, and
+every host call (synchronize, a wait) returns at once. A figure taken on the rank's marks is then a whole number of
+ticks; one taken with the host's clock (time.perf_counter) is a fraction of a second.
 """
 
 import contextlib
+import itertools
 import threading
 
 
@@ -23,6 +29,8 @@ class FakeEvent:
         self.cuda, self.stream, self.t, self.recorded_on_device = cuda, None, None, None
 
     def record(self, stream=None):
+        if stream is not None and not isinstance(stream, FakeStream):  # a library's own stream object (DeepSpeed's)
+            stream = FakeStream(self.cuda.current_device(), f"foreign:{type(stream).__name__}")
         self.stream = stream or self.cuda.current_stream()
         self.recorded_on_device = self.cuda.current_device()
         self.t = self.cuda.now()
@@ -51,16 +59,20 @@ class FakeCudaModule:
         return getattr(self._local, "device", 0)
 
     def set_device(self, d: int) -> None:
-        self._local.device = d
+        self._local.device = d or 0  # a CPU device (index None) stands for device 0
+
+    def synchronize(self, device=None) -> None:
+        """The host waits for the device: returns at once (the fake device has no queue)."""
+        self.log.append(("synchronize", threading.current_thread().name, self.current_device(), None))
 
     def current_stream(self, device=None):
-        d = self.current_device() if device is None else getattr(device, "index", device)
+        d = self.current_device() if device is None else (getattr(device, "index", device) or 0)
         streams = getattr(self._local, "streams", {})
         return streams.get(d) or self._defaults.setdefault(d, FakeStream(d, "default"))
 
     @contextlib.contextmanager
     def device(self, d):
-        d = getattr(d, "index", d)
+        d = getattr(d, "index", d) or 0
         prev = self.current_device()
         self.set_device(d)
         try:
@@ -116,6 +128,42 @@ class Clock:
 def make_owned(calls):
     """A stream factory like dtlab.rank.marks.owned_stream that records (device, thread) of each call."""
     def make(device, torch_mod):
-        calls.append((getattr(device, "index", device), threading.current_thread().name))
-        return FakeStream(getattr(device, "index", device), f"owned{len(calls)}"), "fake owned stream"
+        d = getattr(device, "index", device) or 0  # a CPU device (index None) stands for device 0
+        calls.append((d, threading.current_thread().name))
+        return FakeStream(d, f"owned{len(calls)}"), "fake owned stream"
     return make
+
+
+class TickClock:
+    """The fake device's clock: every reading is the next whole tick (TICK seconds), so time on the device moves
+    only as the device reaches events, never with the host."""
+
+    TICK = 1.0
+
+    def __init__(self):
+        self._n = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def __call__(self):
+        with self._lock:
+            return next(self._n) * self.TICK
+
+
+#: The timing path a rank under the hook pretends to be on: 'nccl' (default) or 'gloo_cuda'.
+PATH_ENV = "DTLAB_FAKE_CUDA_PATH"
+
+
+def rank_marks(device, backend, synced=False):
+    """DTLAB_MARKS_HOOK's entry point in a rank (a CPU rank on gloo): the rank's Marks take the CUDA path named by
+    DTLAB_FAKE_CUDA_PATH on a fake CUDA whose events read the device's TickClock."""
+    import os
+
+    from dtlab.rank.marks import Marks, SyncedMarks
+    clock = TickClock()
+    fake = FakeTorch(clock)
+    calls = []
+    cls = SyncedMarks if synced else Marks
+    m = cls(device, backend, torch_mod=fake, clock=clock, make_stream=make_owned(calls),
+            path=os.environ.get(PATH_ENV, "nccl"))
+    m.prepare()
+    return m

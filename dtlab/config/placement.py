@@ -36,14 +36,29 @@ DEVICES = ("auto", "cuda", "cpu")
 
 #: How a rank's communication times are taken on each path (see dtlab.rank.marks): the words every screen uses.
 TIMING = {
-    "wall": ("wall clocks (time.perf_counter): a bucket is ready and issued on the training thread and ends in "
-             "gloo's thread the moment its collective completes"),
-    "nccl": ("CUDA events, read once per step: ready and issue on the compute stream, end on a stream made to "
-             "wait for NCCL's kernel (DDP: the CUDA future's callback stream; ZeRO-3: a stream dtlab owns)"),
-    "gloo_cuda": ("CUDA events, read once per step: ready and issue on the compute stream; end when gloo's "
-                  "worker thread finished the collective in host memory, marked by an event on a stream dtlab "
-                  "owns on the rank's GPU (the copy back to the GPU is not included)"),
+    "wall": ("wall clocks (time.perf_counter): steps, collectives and waits are marked on the training thread, and "
+             "a collective that completes in gloo's thread is marked there the moment it completes"),
+    "nccl": ("CUDA events, read once per step: steps, issues and waits on the compute stream, each collective's end "
+             "on a stream made to wait for NCCL's kernel (DDP: the CUDA future's callback stream; ZeRO-3: a stream "
+             "dtlab owns; tp, pp, fsdp2, local SGD: the stream that waited for the collective)"),
+    "gloo_cuda": ("CUDA events, read once per step: steps, issues and waits on the compute stream; a collective that "
+                  "completes in gloo's worker thread is marked by an event on a stream dtlab owns on the rank's GPU "
+                  "when gloo finished in host memory (the copy back to the GPU is not included)"),
 }
+
+#: The clock a run's figures were taken with (recorded as `resolved.timing_method.method`), in the words the
+#: summary and every screen use for it. The asynchronous parameter server's messages block the host, so it keeps
+#: the host's clock and synchronises the device at each mark.
+TIMING_METHODS = {
+    "wall_clock": "wall clock (time.perf_counter) on the training thread",
+    "cuda_events": "CUDA events on the compute stream, read once per step",
+    "wall_clock_synced": "wall clock (time.perf_counter) after torch.cuda.synchronize() at each mark",
+}
+
+
+def timing_method(path: str) -> str:
+    """The method of a timing path: 'cuda_events' on CUDA, 'wall_clock' on CPU."""
+    return "wall_clock" if path == "wall" else "cuda_events"
 
 
 def timing_path(device_type: str, backend: str) -> str:
@@ -72,6 +87,9 @@ class Placement:
     label: str
     note: str = ""
     env: dict = field(default_factory=dict)
+    clock: str = ""
+    """A strategy's own timing method (a key of TIMING_METHODS) where it does not take the path's marks ('' when
+    it does): the asynchronous server's workers on CUDA synchronise the device at each mark."""
 
     def device_index(self, local_rank: int) -> int | None:
         """The CUDA device a local rank uses (ranks fill GPUs round-robin), or None on CPU."""
@@ -79,8 +97,8 @@ class Placement:
 
     @property
     def timing(self) -> str:
-        """How communication times are taken here (TIMING of this placement's path)."""
-        return TIMING[timing_path(self.device, self.backend)]
+        """How communication times are taken here (TIMING of this placement's path, or the strategy's own clock)."""
+        return TIMING_METHODS[self.clock] if self.clock else TIMING[timing_path(self.device, self.backend)]
 
     def to_dict(self) -> dict:
         """JSON-safe fields, plus `timing` (how times are taken here)."""
@@ -122,6 +140,8 @@ def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
         cpu = _cpu(nproc, explicit=False)
         p = replace(cpu, label=f"gloo on CPU, {_ranks(nproc)} ({strategy!r} cannot use gloo on CUDA tensors)",
                     note=f"{cpu.note}; the GPU is not used: NCCL cannot place these ranks here, and {refused}")
+    if strategy is not None and strategy_spec(strategy).asynchronous and p.device == "cuda":
+        p = replace(p, clock="wall_clock_synced")  # dtlab.rank.strategies.async_ps: messages block the host
     extra = strategy_note(strategy, p, nproc)
     if extra:
         p = replace(p, note=f"{p.note}; {extra}" if p.note else extra)

@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 
+from dtlab.config.environment import LAUNCH_DEFAULTS, set_default
 from dtlab.config.run import RunConfig
 from dtlab.launching.agent import RANK_COMM, start_method
 from dtlab.launching.warm import enabled as warm_enabled
@@ -108,7 +109,9 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, no
     gets its share of the cores, and they are forked from the warm agent unless DTLAB_START_METHOD=spawn)."""
     method = start_method(gloo_threads)
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name, value in LAUNCH_DEFAULTS.items():  # only where unset: the user's NCCL settings win (recorded)
+        set_default(env, name, value)
     if node is not None:
         env.update(node.spec.env)
         if node.multi:

@@ -18,14 +18,17 @@ How collectives reach it:
 pre-hook on each sublayer in forward, and in backward a hook on the gradient that each sublayer's backward starts
 from (its collective, the gradient of its input, comes at its end).
 
-Times are host wall clocks (time.perf_counter) in seconds from the step's start: exact on CPU (gloo); on CUDA
-they are host-side issue and wait times.
+Times are the rank's marks (dtlab.rank.marks), in seconds from the step's start, read once per step after the
+step's clock: on CPU wall clocks on the training thread; on CUDA events on the current stream, so a collective's
+start is when the issuing stream reached it and its end when the stream that waited for it (a blocking call, a
+`wait()` or `wait_tensor`: on NCCL each makes the current stream wait, torch's ProcessGroupNCCL.hpp) passed the
+wait. Time blocked is time the compute stream stalled: a wait or blocking call on another stream (FSDP2's
+all-gather and reduce-scatter streams) does not stall it, and is not counted as blocked where it is issued.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -52,60 +55,87 @@ def tensor_nbytes(t) -> int:
 class CommRecorder:
     """Collects one step's collectives and blocked intervals; `flush()` writes them and returns the step's time
     blocked (the union of its blocked intervals). `phase` is the loop's phase ('forward', 'optimizer'): a
-    collective issued while autograd runs backward is 'backward' whatever it says."""
+    collective issued while autograd runs backward is 'backward' whatever it says.
 
-    def __init__(self, writer, rank: int):
-        self.writer, self.rank = writer, rank
-        self.step, self.phase, self._ref = -1, "init", time.perf_counter()
+    Times are the marks of `marks` (the rank's dtlab.rank.marks.Marks; the wall clock when None), kept as marks
+    until `flush()`, which must come after the step's clock was read (on CUDA: its one sync point)."""
+
+    def __init__(self, writer, rank: int, marks=None):
+        if marks is None:
+            from dtlab.rank.marks import Marks
+            marks = Marks(torch.device("cpu"), "gloo")
+        self.writer, self.rank, self.marks = writer, rank, marks
+        self.step, self.phase, self._ref = -1, "init", marks.now()
         self._recs: list[dict] = []
         self._blocked: list[dict] = []
         self._seq = 0
         self._lock = threading.Lock()
 
-    def begin(self, step: int, ref: float) -> None:
-        """Attribute what follows to `step`, times in seconds from `ref` (a perf_counter value)."""
+    def begin(self, step: int, ref) -> None:
+        """Attribute what follows to `step`, times in seconds from `ref` (a mark of the rank's marks)."""
         self.step, self.phase, self._ref = step, "forward", ref
 
-    def now(self) -> float:
-        return time.perf_counter() - self._ref
+    def now(self):
+        """A mark now, on the calling thread's current stream (CUDA) or the wall clock (CPU)."""
+        return self.marks.now()
 
     def start(self, op: str, nbytes: int, axis: str, group_size: int, layer=None, sub=None, **extra) -> dict:
-        """A collective issued now; its `t_end` is set by `finish`."""
+        """A collective issued now; `finish` ends it."""
         with self._lock:
             seq, self._seq = self._seq, self._seq + 1
         rec = {"step": self.step, "op": op, "nbytes": int(nbytes), "phase": "backward" if in_backward() else
                self.phase, "axis": axis, "group_size": int(group_size), "layer": layer, "sublayer": sub,
-               "seq": seq, "t_start": self.now(), "t_end": None, **extra}
+               "seq": seq, **extra, "_ref": self._ref, "_start": self.now(), "_end": None}
         with self._lock:
             self._recs.append(rec)
         return rec
 
-    def finish(self, rec: dict, t_end: float | None = None) -> None:
-        rec["t_end"] = self.now() if t_end is None else t_end
+    def finish(self, rec: dict, end=None) -> None:
+        """`rec` ended at the mark `end` (now when None)."""
+        rec["_end"] = self.now() if end is None else end
 
-    def block(self, rec: dict, t_start: float, t_end: float, how: str) -> None:
-        """The training thread waited for `rec` from t_start to t_end (seconds from the step start)."""
+    @staticmethod
+    def ended(rec: dict) -> bool:
+        """Whether `finish` was called for `rec`."""
+        return rec.get("_end") is not None
+
+    def block(self, rec: dict, a, b, how: str) -> None:
+        """The compute stream (CPU: the training thread) waited for `rec` from mark `a` to mark `b`."""
         with self._lock:
             self._blocked.append({"step": rec["step"], "phase": rec["phase"], "op": rec["op"], "seq": rec["seq"],
-                                  "how": how, "t_start": t_start, "t_end": t_end})
+                                  "how": how, "_ref": rec["_ref"], "_a": a, "_b": b})
 
     def record_call(self, op: str, nbytes: int, axis: str, group_size: int, call, **extra):
-        """Run a blocking collective `call()` and record it: its interval is also time blocked."""
+        """Run a blocking collective `call()` and record it: its interval, and time blocked when it was issued on
+        the compute stream (a call on a side stream makes only that stream wait)."""
+        on_compute = self.marks.on_compute_stream()
         rec = self.start(op, nbytes, axis, group_size, **extra)
         out = call()
         self.finish(rec)
-        self.block(rec, rec["t_start"], rec["t_end"], "blocking_call")
+        if on_compute:
+            self.block(rec, rec["_start"], rec["_end"], "blocking_call")
         return out
+
+    def _seconds(self, ref, mark):
+        return self.marks.seconds(ref, mark)
 
     def flush(self) -> float:
         """Write the recorded collectives and blocked intervals; return the union of the blocked intervals (s)."""
         with self._lock:
             recs, blocked, self._recs, self._blocked = self._recs, self._blocked, [], []
         for r in recs:
-            self.writer.write("collective", rank=self.rank, **r)
-        for b in blocked:
-            self.writer.write("blocked", rank=self.rank, **b)
-        return float(union_length([(b["t_start"], b["t_end"]) for b in blocked if b["t_end"] is not None]))
+            ref, a, b = r.pop("_ref"), r.pop("_start"), r.pop("_end")
+            self.writer.write("collective", rank=self.rank, **r, t_start=self._seconds(ref, a),
+                              t_end=self._seconds(ref, b))
+        spans = []
+        for blk in blocked:
+            ref, a, b = blk.pop("_ref"), blk.pop("_a"), blk.pop("_b")
+            ta, tb = self._seconds(ref, a), self._seconds(ref, b)
+            blk["t_start"], blk["t_end"] = ta, (None if ta is None or tb is None else max(ta, tb))
+            self.writer.write("blocked", rank=self.rank, **blk)
+            if blk["t_end"] is not None:
+                spans.append((blk["t_start"], blk["t_end"]))
+        return float(union_length(spans))
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -168,11 +198,11 @@ class FuncolMode(TorchDispatchMode):
     def _where(self):
         return self.tracker.where() if self.tracker is not None else (None, None)
 
-    def _waited(self, key: int, t0: float, how: str) -> None:
+    def _waited(self, key: int, t0, how: str) -> None:
         rec = self._pending.pop(key, None)
         if rec is not None:
             self.recorder.finish(rec)
-            self.recorder.block(rec, t0, rec["t_end"], how)
+            self.recorder.block(rec, t0, rec["_end"], how)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 
+from dtlab.config.environment import env_record, set_default
 from dtlab.config.run import RunConfig
 from dtlab.runfiles import dump_json
 from dtlab.runfiles import RANK_EXIT_DISK_FULL, is_disk_error
@@ -94,17 +95,18 @@ def read_config(run_dir: str) -> dict:
         return json.load(f)
 
 
-def setup_distributed(cfg: RunConfig, rank: int, world: int):
+def setup_distributed(cfg: RunConfig, rank: int, world: int, nccl_timing: bool = False):
     """Initialise the process group where `cfg.placement()` says (backend, device, GPU sharing); returns
-    (device, backend). On NCCL, NCCL's own per-collective timing is switched on (TORCH_NCCL_ENABLE_TIMING) so
-    dtlab's events can be checked against it."""
+    (device, backend). With `nccl_timing`, for runs that read it, NCCL's own per-collective timing is switched on
+    (TORCH_NCCL_ENABLE_TIMING, unless the user set it) so dtlab's events can be checked against it. Variables are
+    only set where unset (dtlab.config.environment), and the run records which were set."""
     import torch
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     placed = cfg.placement()
     for k, v in placed.env.items():  # read by NCCL when the communicator is created, i.e. below
-        os.environ.setdefault(k, v)
+        set_default(os.environ, k, v)
     if getattr(cfg, "deterministic", False):
         make_deterministic()
     if placed.device == "cuda":
@@ -114,7 +116,8 @@ def setup_distributed(cfg: RunConfig, rank: int, world: int):
         device = torch.device("cpu")
     store = _attempt_store(world)
     if placed.backend == "nccl":
-        os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # work._get_duration(): NCCL's start-to-end
+        if nccl_timing:  # work._get_duration(): NCCL's start-to-end, read by dtlab.rank.recorder
+            set_default(os.environ, "TORCH_NCCL_ENABLE_TIMING", "1")
         dist.init_process_group("nccl", device_id=device, **store)
     else:
         dist.init_process_group("gloo", **store)
@@ -132,7 +135,7 @@ def make_deterministic() -> None:
     import torch
 
     for k, v in DETERMINISTIC_ENV.items():
-        os.environ.setdefault(k, v)
+        set_default(os.environ, k, v)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
@@ -180,6 +183,7 @@ def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources:
                      "transformers": transformers.__version__, **_optional_versions()},
         "cuda": torch.version.cuda, "nccl": _nccl_version() if backend == "nccl" else None,
         "determinism": determinism_note(cfg, device.type),
+        "environment": env_record(os.environ),  # the NCCL settings: the user's, and what dtlab set where unset
         "optimizer": optimizer_note(cfg, device.type),
         **sources,
     }

@@ -47,27 +47,27 @@ def param_digest(params) -> str:
 class LocalSGD:
     """Averages a model's parameters every `period` steps; `after_step` returns the collective it recorded."""
 
-    def __init__(self, model, period: int, world: int, device):
+    def __init__(self, model, period: int, world: int, device, marks=None):
+        from dtlab.rank.marks import Marks
         self.params = [p for p in model.parameters()]
-        self.period, self.world, self.cuda = period, world, device.type == "cuda"
+        self.period, self.world = period, world
+        # the rank's marks (dtlab.rank.marks): the wall clock on CPU, CUDA events on the current stream on GPU
+        self.marks = marks if marks is not None else Marks(device, "nccl" if device.type == "cuda" else "gloo")
+        self.cuda = self.marks.cuda
         self.nbytes = sum(p.numel() * p.element_size() for p in self.params)
         with torch.no_grad():  # the same start everywhere (the seed gives it already; DDP would broadcast too)
             for p in self.params:
                 dist.broadcast(p.data, src=0)
 
     def _mark(self):
-        """The wall clock on CPU; on GPU a CUDA event on the current stream (read after the step's one sync)."""
-        if not self.cuda:
-            return time.perf_counter()
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
+        """A mark on the current stream (read after the step's one sync), or the wall clock on CPU."""
+        return self.marks.now()
 
     def seconds(self, rec: dict, step_start) -> dict:
         """A record of `after_step` with its marks turned into seconds from the step start (on GPU: after the
         step's clock was read, which synchronised)."""
-        t = ((lambda m: step_start.elapsed_time(m) / 1e3) if self.cuda else (lambda m: m - step_start))
-        return {**rec, "t_start": t(rec["t_start"]), "t_end": t(rec["t_end"])}
+        return {**rec, "t_start": self.marks.seconds(step_start, rec["t_start"]),
+                "t_end": self.marks.seconds(step_start, rec["t_end"])}
 
     def after_step(self, step: int) -> dict | None:
         """Average when `step` is due; the `collective` fields with raw marks (see `seconds`), or None."""

@@ -24,15 +24,33 @@ the docs (docs/gpus.md) and on screen (`dtlab.config.placement.TIMING`):
 An owned stream is made with the CUDA driver (`cuStreamCreate`, non-blocking, in the device's primary
 context) and wrapped as `torch.cuda.ExternalStream`; torch's `torch.cuda.Stream()` would hand out a pool
 stream that NCCL, gloo and DeepSpeed also use. If the driver call fails, a pool stream is used and
-`stream_how` says so (it is recorded with the run).
+`stream_how` says so (it is recorded with the run). Making one synchronises the device (the driver needs the
+primary context current on the calling thread), so `prepare()` makes the streams a rank will use on its main
+thread before its first step; one made later (a process group first met inside a step) is counted in
+`facts()["streams_made_in_steps"]`.
+
+Every strategy takes its marks here, one `Marks` per rank made by `rank_marks(device, backend)`: the step clock
+(dtlab.rank.recorder.StepClock), DDP's buckets, ZeRO-3's collectives, the collectives and waits of 'tp', 'pp' and
+'fsdp2' (dtlab.rank.collectives), the pipeline's micro-batches and local SGD's average. A mark taken on the
+training thread is a CUDA event on its current stream; where that stream is not the compute stream (FSDP2's
+all-gather and reduce-scatter streams) a wait is timed on the compute stream instead (`compute_mark`,
+`on_compute_stream`). `facts()` is what a run records about it (`resolved.timing_method`), and the words every
+screen uses follow that record (dtlab.config.placement.TIMING_METHODS).
+
+Tests replace the CUDA a rank's marks use with a fake one (tests/fake_cuda.py) through `DTLAB_MARKS_HOOK`, a
+test-only hook: "FILE.py:FUNCTION", called as FUNCTION(device, backend) -> Marks instead of building one here.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
-from dtlab.config.placement import timing_path  # noqa: F401 - the path rule lives with the placement (pure)
+from dtlab.config.placement import TIMING_METHODS, timing_method, timing_path
+
+#: A test-only hook: "path/to/file.py:function", called as function(device, backend) -> Marks (see the docstring).
+HOOK_ENV = "DTLAB_MARKS_HOOK"
 
 
 def owned_stream(device, torch_mod=None):
@@ -62,13 +80,15 @@ class Marks:
     `now()`: a mark on the calling thread's current stream (or the wall clock). `end()`: a mark for a
     completion callback, on whatever thread runs it. `after(fut, group)`: on `nccl`, an end mark that completes
     with the collective behind `fut`, taken at issue on an owned stream; None on the other paths (take `end()`
-    in the callback instead). `seconds(ref, mark)`: seconds from `ref` to `mark`.
+    in the callback instead). `compute_mark()`: a mark on the compute stream whatever stream is current.
+    `seconds(ref, mark)`: seconds from `ref` to `mark`, read after the step's one sync point.
 
     `torch_mod`, `clock` and `make_stream` are for tests (a fake CUDA, a fake clock); a rank passes nothing."""
 
-    def __init__(self, device, backend: str, torch_mod=None, clock=time.perf_counter, make_stream=owned_stream):
+    def __init__(self, device, backend: str, torch_mod=None, clock=time.perf_counter, make_stream=owned_stream,
+                 path: str | None = None):
         self.device = device
-        self.path = timing_path(device.type, backend)
+        self.path = path or timing_path(device.type, backend)
         self.cuda = self.path != "wall"
         self._torch = torch_mod if torch_mod is not None else (__import__("torch") if self.cuda else None)
         self._clock = clock
@@ -76,6 +96,10 @@ class Marks:
         self._streams: dict = {}
         self._lock = threading.Lock()
         self.stream_how = None
+        self._sealed = False
+        self.made_in_steps = 0
+        # the training thread's current stream when the rank starts: the compute stream its steps run on
+        self.compute_stream = self._torch.cuda.current_stream(device) if self.cuda else None
 
     def _stream(self, key=None):
         """The owned stream for `key` (a process group; None = the default), made on first use."""
@@ -84,13 +108,24 @@ class Marks:
                 s, how = self._make_stream(self.device, self._torch)
                 self._streams[key] = s
                 self.stream_how = how
+                self.made_in_steps += self._sealed
             return self._streams[key]
 
-    def prepare(self) -> None:
-        """Make the default owned stream now (on the rank's main thread, where its device is current), so that
-        no completion callback has to create it on a foreign thread."""
-        if self.path == "gloo_cuda":
-            self._stream()
+    def prepare(self, groups=()) -> None:
+        """Make the owned streams now, on the rank's main thread before its first step: the default one (gloo on
+        CUDA: every end mark; NCCL: the default group's) and one per process group in `groups` (NCCL). Making a
+        stream synchronises the device; done here, no step pays for it and no callback makes one on a foreign
+        thread. Call again with more groups before the steps start; `seal()` marks where the steps start."""
+        if self.path == "wall":
+            return
+        self._stream()
+        if self.path == "nccl":
+            for g in groups:
+                self._stream(_group_key(g))
+
+    def seal(self) -> None:
+        """The steps start: a stream made after this is counted in `facts()` (it synchronised inside a step)."""
+        self._sealed = True
 
     def _event(self):
         return self._torch.cuda.Event(enable_timing=True)
@@ -102,6 +137,19 @@ class Marks:
         ev = self._event()
         ev.record()
         return ev
+
+    def compute_mark(self):
+        """A mark on the compute stream (the one current on the training thread when the rank started), whatever
+        stream is current now: where a wait on a side stream meets the compute stream. The wall clock on CPU."""
+        if not self.cuda:
+            return self._clock()
+        ev = self._event()
+        ev.record(self.compute_stream)
+        return ev
+
+    def on_compute_stream(self) -> bool:
+        """Whether work issued now runs on the compute stream (always on CPU, where there are no streams)."""
+        return (not self.cuda) or self._torch.cuda.current_stream() == self.compute_stream
 
     def end(self):
         """A completion mark, for a collective's done callback (see the module docstring)."""
@@ -119,7 +167,7 @@ class Marks:
         (already completed) CUDA future `fut` does. None on the other paths, or when `fut` is not done."""
         if self.path != "nccl" or not fut.done():
             return None
-        s = self._stream(id(group) if group is not None else None)
+        s = self._stream(_group_key(group))
         with self._torch.cuda.stream(s):
             fut.wait()  # a completed CUDA future: makes the current (owned) stream wait on its events; no CPU block
             ev = self._event()
@@ -134,3 +182,69 @@ class Marks:
             return mark - ref
         mark.synchronize()  # after the step's sync point: already complete, so it stalls nothing
         return ref.elapsed_time(mark) / 1e3
+
+    @property
+    def method(self) -> str:
+        """'cuda_events' or 'wall_clock': how this rank's figures are taken (dtlab.config.placement)."""
+        return timing_method(self.path)
+
+    def facts(self) -> dict:
+        """What a run records about its marks (`resolved.timing_method`): the method and its words, the path, the
+        owned streams' kind and how many were made inside a step."""
+        return {"method": self.method, "how": TIMING_METHODS[self.method], "path": self.path,
+                "end_stream": self.stream_how, "streams_made_in_steps": self.made_in_steps}
+
+
+class SyncedMarks(Marks):
+    """Marks on the host's wall clock taken after the device finished its queued work (`torch.cuda.synchronize`
+    on CUDA): for a strategy whose communication blocks the host anyway (the asynchronous parameter server's
+    messages travel through gloo in host memory), where a synchronisation per mark hides nothing."""
+
+    def now(self):
+        if self.cuda:
+            self._torch.cuda.synchronize(self.device)
+        return self._clock()
+
+    compute_mark = end = now
+
+    def prepare(self, groups=()) -> None:
+        """Nothing to make: no mark is taken on a stream."""
+
+    def after(self, fut, group=None):
+        return None
+
+    def seconds(self, ref, mark):
+        return None if ref is None or mark is None else mark - ref
+
+    @property
+    def method(self) -> str:
+        return "wall_clock_synced" if self.cuda else "wall_clock"
+
+
+def _group_key(group):
+    """One owned stream per process group; the default group, named or not, is None."""
+    if group is None:
+        return None
+    try:
+        import torch.distributed as dist
+        if group is dist.group.WORLD:
+            return None
+    except (ImportError, AttributeError):
+        pass
+    return id(group)
+
+
+def rank_marks(device, backend: str, synced: bool = False) -> Marks:
+    """The one `Marks` of a rank (every clock of its steps and its communication), its streams prepared; a
+    `SyncedMarks` when `synced`. A test may replace it through `DTLAB_MARKS_HOOK` (see the module docstring)."""
+    hook = os.environ.get(HOOK_ENV)
+    if hook:
+        import importlib.util
+        path, _, name = hook.rpartition(":")
+        spec = importlib.util.spec_from_file_location("_dtlab_marks_hook", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return getattr(mod, name)(device, backend, synced)
+    m = (SyncedMarks if synced else Marks)(device, backend)
+    m.prepare()
+    return m

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -72,33 +71,33 @@ class EventWriter:
 
 
 class StepClock:
-    """Marks named points within a step and returns seconds from the step start for each."""
+    """Marks named points within a step and returns seconds from the step start for each, on the rank's marks
+    (dtlab.rank.marks): wall clock on CPU, CUDA events on the current (compute) stream on GPU, read once per step.
+    `marks` is the rank's `Marks`; without one, the default for `device` is made."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: torch.device, marks=None):
+        if marks is None:
+            from dtlab.rank.marks import Marks
+            marks = Marks(device, "nccl" if device.type == "cuda" else "gloo")
+        self.marks = marks
+        self.cuda = marks.cuda
         self._marks: list[tuple[str, object]] = []
 
     def mark(self, name: str) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self._marks.append((name, ev))
-        else:
-            self._marks.append((name, time.perf_counter()))
+        """A named mark, now, on the training thread's current stream (or the wall clock)."""
+        self._marks.append((name, self.marks.now()))
 
     @property
     def start(self):
         return self._marks[0][1]
 
     def read(self) -> dict[str, float]:
-        """Seconds from the first mark to each mark. On GPU this waits for the step's work to finish."""
+        """Seconds from the first mark to each mark. On GPU this waits for the step's work to finish (the step's
+        one sync point: every other mark of the step is read after it)."""
+        t0 = self._marks[0][1]
         if self.cuda:
             self._marks[-1][1].synchronize()  # one sync per step, at its end
-            t0 = self._marks[0][1]
-            out = {name: t0.elapsed_time(ev) / 1e3 for name, ev in self._marks}
-        else:
-            t0 = self._marks[0][1]
-            out = {name: t - t0 for name, t in self._marks}
+        out = {name: self.marks.seconds(t0, m) for name, m in self._marks}
         self._marks = []
         return out
 
@@ -144,12 +143,12 @@ class BucketRecorder:
         self.codec = codec  # dtlab.rank.compression.Codec, or None for the plain fp32 all-reduce
         # how a divided bucket is reduced: DDP's all-reduce, or a strategy's own (dtlab.rank.strategies.ps)
         self.transport = transport if transport is not None else AllReduceTransport()
-        self.cuda = device.type == "cuda"
         if marks is None:
             from dtlab.rank.marks import Marks
-            marks = Marks(device, backend or ("nccl" if self.cuda else "gloo"))
+            marks = Marks(device, backend or ("nccl" if device.type == "cuda" else "gloo"))
             marks.prepare()
         self.marks = marks
+        self.cuda = marks.cuda
         self.mode = "allreduce"
         self.step_start = None  # perf_counter float (CPU) or CUDA event (GPU)
         self._recs: list[dict] = []
@@ -230,10 +229,7 @@ class BucketRecorder:
         for rec in recs:
             ready, start, end, work = rec.pop("_ready"), rec.pop("_start"), rec.pop("_end", None), rec.pop("_work")
             extra = {k[1:]: rec.pop(k) for k in [k for k in rec if k.startswith("_t_")]}  # a transport's own marks
-            if self.cuda:
-                t = lambda ev: self.marks.seconds(self.step_start, ev)  # noqa: E731
-            else:
-                t = lambda v: v - self.step_start if v is not None else None  # noqa: E731
+            t = lambda m: self.marks.seconds(self.step_start, m)  # noqa: E731
             rec.update(t_ready=t(ready), t_start=t(start), t_end=t(end), backend_ms=backend_duration_ms(work),
                        **{k: t(v) for k, v in extra.items()})
             out.append(rec)
@@ -247,7 +243,7 @@ def recorder_facts(recorder: BucketRecorder) -> dict:
     return {"bucket_timing": {"path": m.path, "how": TIMING[m.path], "end_stream": m.stream_how,
                               "baseline": "the recording hook minus the collective (same division, marks and "
                                           "callback), so T_step - T_comp leaves out the hook's own cost"},
-            "ddp_broadcast_buffers": False}
+            "timing_method": m.facts(), "ddp_broadcast_buffers": False}
 
 
 class AllReduceTransport:

@@ -69,9 +69,7 @@ def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
                "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
                "layout": deg, "n_layers": int(built.model.config.n_layers), "hidden": int(built.model.config.dim),
                "n_heads": int(built.model.config.n_heads), "ffn_hidden": int(built.model.config.hidden_dim),
-               "global_batch": cfg.batch_size * dp, "dropout": cfg.dropout,
-               "collective_timing": "host wall clocks (time.perf_counter), seconds from the step start; a "
-                                    "collective ends when its wait returned"}
+               "global_batch": cfg.batch_size * dp, "dropout": cfg.dropout}
     return Built(device, backend, built.model, per_replica[dp_rank], ref, mesh, dp_rank, deg, sources)
 
 

@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from dtlab.config.placement import TIMING_METHODS
 from dtlab.results.busy import verdict
 from dtlab.results.spread import (SEED, block_for, exposed_words, hull, interval, median_bounds, medians,
                                   overlap_words, resample_index, resamples_for, resolved)
@@ -99,6 +100,22 @@ def _median(v) -> float:
     return float(np.median(v)) if v.size else math.nan
 
 
+def timing_method(run) -> str:
+    """How the run's figures were taken: a key of dtlab.config.placement.TIMING_METHODS, as the ranks recorded it
+    (`resolved.timing_method`). A run recorded before that: 'tp', 'pp' and 'fsdp2' said "host wall clocks" (their
+    marks were time.perf_counter on every device), the asynchronous server synchronised the device at each mark,
+    the others took CUDA events on CUDA."""
+    r = run.resolved
+    rec = r.get("timing_method")
+    if isinstance(rec, dict) and rec.get("method") in TIMING_METHODS:
+        return rec["method"]
+    if isinstance(r.get("collective_timing"), str) and "wall clock" in r["collective_timing"]:
+        return "wall_clock"
+    if r.get("device_type") != "cuda":
+        return "wall_clock"
+    return "wall_clock_synced" if run.spec.asynchronous else "cuda_events"
+
+
 def figures(run) -> dict:
     """Everything `summary` shows, before the noise rule: ps (per_step), pairs (or None), verdict (dtlab.results.busy),
     for each of t_step, t_comm, t_comp and exposed its median, `<name>_iv` (its 90% interval) and `<name>_rep`
@@ -148,7 +165,7 @@ def figures(run) -> dict:
         exposed, d_rep = _median(tb), medians(tb, idx)
         t_comp, comp_rep = _median(ts - tb), medians(ts - tb, idx)
         e_iv, c_iv = hull(interval(d_rep), median_bounds(tb)), hull(interval(comp_rep), median_bounds(ts - tb))
-        where = "compute stream" if run.resolved.get("device_type") == "cuda" else "training thread"
+        where = "compute stream" if timing_method(run) == "cuda_events" else "training thread"
         how_comp = "measured: T_step - time blocked on collectives (slowest rank, per step)"
         how_exposed = (f"measured: time the slowest rank's {where} was blocked waiting for collectives "
                        "(timed waits + blocking calls)")
@@ -191,7 +208,8 @@ def summary(run) -> pd.DataFrame:
     f = figures(run)
     exposed, t_comm = f["exposed"], f["t_comm"]
     e_lo, e_hi = f["exposed_iv"]
-    rows = [("T_step", f["t_step"], "s", f"median over {f['n']} steps of the slowest rank's step time",
+    clock = TIMING_METHODS[timing_method(run)]  # the words of the method the ranks recorded
+    rows = [("T_step", f["t_step"], "s", f"median over {f['n']} steps of the slowest rank's step time ({clock})",
              *f["t_step_iv"]),
             ("T_comp", f["t_comp"], "s", f["how_comp"], *f["t_comp_iv"]),
             ("T_comm", t_comm, "s", "median of the time collectives were in flight per step"

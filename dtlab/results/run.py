@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from dtlab.config.strategies import strategy_spec
-from dtlab.results.breakdown import per_step, summary, summary_lines
+from dtlab.results.breakdown import per_step, summary, summary_lines, timing_method
 from dtlab.results.convergence import convergence_lines, evals_frame, first_at, updates_frame
 from dtlab.results.restarts import FRAMES, recovery, restart_lines
 from dtlab.runfiles import RunDamageWarning
@@ -133,6 +133,26 @@ class Run:
         return strategy_spec(self.config.get("strategy"))
 
     @property
+    def timing_method(self) -> str:
+        """How this run's figures were taken ('cuda_events', 'wall_clock', 'wall_clock_synced'), as its ranks
+        recorded it: dtlab.results.breakdown.timing_method."""
+        return timing_method(self)
+
+    @property
+    def timing_how(self) -> str:
+        """The recorded timing method in the words every screen uses (dtlab.config.placement.TIMING_METHODS),
+        with the placement's account of where each collective's marks are taken when that is the method's."""
+        from dtlab.config.placement import TIMING_METHODS
+        m = self.timing_method
+        words = TIMING_METHODS[m]
+        if m == "wall_clock" and self.resolved.get("device_type") == "cuda":
+            return f"{words}; on CUDA tensors these are the host's launch and wait times, not the GPU's"
+        placed = self.resolved.get("placement", {}).get("timing")
+        if isinstance(placed, str) and placed != words and placed.startswith("CUDA events") == (m == "cuda_events"):
+            return f"{words}; {placed}"
+        return words
+
+    @property
     def measures_blocked(self) -> bool:
         """True for ZeRO-3 runs whose step events carry t_blocked (measured exposed communication)."""
         return (self.spec.blocked_time and "t_blocked" in self.steps.columns
@@ -197,7 +217,8 @@ class Run:
         if isinstance(self.resolved.get("lr"), dict):
             lines.append(f"  lr:    {self.lr:g}, {self.resolved['lr'].get('source', '?')}")
         placed = self.resolved.get("placement", {})
-        lines += [f"  {k}: {placed[k]}" for k in ("note", "timing") if placed.get(k)]  # what it means, how timed
+        lines += [f"  note: {placed['note']}"] if placed.get("note") else []  # what the placement means
+        lines.append(f"  timing: {self.timing_how}")  # how the figures were taken, as the ranks recorded it
         if self.resolved.get("oversubscribed"):
             lines.append(f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
                          "(oversubscribed: compute is slowed by sharing cores)")

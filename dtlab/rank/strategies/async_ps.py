@@ -92,7 +92,10 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         from dtlab.config.convergence import lr_rule_text
         from dtlab.rank.evaluation import Evaluator
         evaluator = Evaluator(cfg, built.tokenizer, sources["data_source"], device, active=True)
+        from dtlab.rank.marks import rank_marks
+        timing = rank_marks(device, backend, synced=True).facts()  # how the workers take their marks
         record_resolved(run_dir, cfg, backend, device, {**sources, **evaluator.facts, "lr_rule": lr_rule_text(cfg),
+                                                        "timing_method": timing,
                                                         "staleness": {"max": cfg.max_staleness,
                                                                       "policy": cfg.staleness_policy}}, world)
         writer.write("ready", rank=rank, time=time.time(), **sources)
@@ -183,19 +186,18 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) 
 
 
 class _Clock:
-    """Named marks on the host's wall clock; on a GPU each mark waits for the device first."""
+    """Named marks of a worker's step on the rank's synchronised marks (dtlab.rank.marks.SyncedMarks): the host's
+    wall clock, on a GPU taken after the device finished its queued work (the messages block the host anyway)."""
 
-    def __init__(self, device):
-        self.cuda, self.marks = device.type == "cuda", {}
+    def __init__(self, marks):
+        self.m, self.marks = marks, {}
 
     def mark(self, name: str) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.marks[name] = time.perf_counter()
+        self.marks[name] = self.m.now()
 
     def read(self) -> dict:
         t0 = self.marks.pop("start")
-        out = {k: v - t0 for k, v in self.marks.items()}
+        out = {k: self.m.seconds(t0, v) for k, v in self.marks.items()}
         self.marks = {}
         return out
 
@@ -208,7 +210,8 @@ def _work(cfg: RunConfig, model, rank: int, batches, device, writer, group) -> N
     dist.recv(pull, src=SERVER, tag=PULL, group=group)  # the initial parameters: before the first step, not timed
     _unflat(pull[HDR_PULL:], params)
     version = int(pull[0])
-    clock = _Clock(device)
+    from dtlab.rank.marks import rank_marks
+    clock = _Clock(rank_marks(device, "nccl" if device.type == "cuda" else "gloo", synced=True))
     nbytes = {"push": push.numel() * push.element_size(), "pull": pull.numel() * pull.element_size()}
     for step in range(cfg.steps):
         batch = batches[step % len(batches)]

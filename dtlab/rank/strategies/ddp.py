@@ -26,15 +26,16 @@ def make_batches(cfg: RunConfig, tokenizer, sentences, labels, rank: int, world:
     return out
 
 
-def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int):
-    """Process group, model, tokenizer and batches, shared by the DDP and ZeRO-3 paths."""
+def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int, nccl_timing: bool = False):
+    """Process group, model, tokenizer and batches, shared by the DDP and ZeRO-3 paths (`nccl_timing`: switch on
+    NCCL's own per-collective timing, for a run that reads it)."""
     import torch
 
     from dtlab.rank.data import apply_dropout, build_model, load_sentences
     from dtlab.rank.lifecycle import setup_distributed
     from dtlab.rank.optim import settle_lr
 
-    device, backend = setup_distributed(cfg, rank, world)
+    device, backend = setup_distributed(cfg, rank, world, nccl_timing=nccl_timing)
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
     lr = settle_lr(cfg, built)  # cfg.lr: explicit, or the default for these weights
@@ -71,12 +72,17 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     from dtlab.config.baseline import run_order
     from dtlab.config.busy import snapshot
 
-    device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
+    from dtlab.rank.marks import rank_marks
+
+    # NCCL's own timing of each bucket's collective (backend_ms) is read only when buckets are recorded
+    device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world,
+                                                                nccl_timing=bool(cfg.record and not cfg.local_sgd))
+    marks = rank_marks(device, backend)  # every clock of this rank: steps, buckets, local SGD's average
     straggler = Straggler(cfg.straggler, rank, world, device)
     model = built.model.to(device)
     model.train()
     # local SGD: a plain model per rank, its parameters averaged every H steps (dtlab.rank.local_sgd)
-    local = LocalSGD(model, cfg.local_sgd, world, device) if cfg.local_sgd else None
+    local = LocalSGD(model, cfg.local_sgd, world, device, marks) if cfg.local_sgd else None
     # broadcast_buffers=False: dtlab's models have one buffer, the constant position ids (512 int64, 4,096 B);
     # DDP would broadcast it at the start of every forward, a collective that T_fwd and T_comp would count as
     # compute. Nothing needs it: no buffer changes during training (no BatchNorm statistics). torch 2.13 renamed
@@ -90,7 +96,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
         from dtlab.rank.compression import Codec
         codec = Codec(cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed, serialize=backend == "gloo")
     transport = make_transport(world, device, backend) if make_transport is not None else None
-    recorder = BucketRecorder(world, device, codec, transport, backend=backend)
+    recorder = BucketRecorder(world, device, codec, transport, backend=backend, marks=marks)
     if (cfg.record or cfg.baseline_steps) and not local:  # the baseline needs the hook to switch to no-op
         ddp.register_comm_hook(None, recorder.hook)
     optim = Optimizer(cfg, ddp.parameters())  # AdamW, lr scaled and warmed up (dtlab.config.convergence)
@@ -108,12 +114,16 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     if first == 0:
         eval_pause(evaluator, model, 0, train_clock, writer, rank)
 
-    clock = StepClock(device)
+    clock = StepClock(device, marks)
+    marks.seal()
     ddp_forwards: list[int | None] = []  # per synchronised DDP forward in this process: its training step (None: baseline)
     optim_s = 0.0  # the last training step's optimizer time: a baseline step's t_opt (see below)
     # how busy the machine is while the steps run (dtlab.config.busy): this rank's CPU time, rank 0 the machine's
     writer.write("machine", rank=rank, phase="start", **snapshot(machine=rank == 0))
+    from dtlab.rank.profiling import StepProfiler
+    profiler = StepProfiler(cfg, run_dir, rank, device, run_order(cfg.steps, cfg.warmup, cfg.baseline_steps, first))
     for step, paired in run_order(cfg.steps, cfg.warmup, cfg.baseline_steps, first):
+        profiler.begin(step, paired)  # cfg.profile: one ProfilerStep per step (dtlab.rank.profiling)
         maybe_inject_fault(rank, step)
         baseline = paired is not None  # a no-op hook step right after the training step it is paired with
         recorder.mode = "noop" if baseline else "allreduce"
@@ -197,6 +207,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
                          grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
                          optim_bytes=optimizer_state_bytes(opt), peak_bytes=None, peak_kind=None)
 
+    profiler.finish()
     writer.write("machine", rank=rank, phase="end", **snapshot(machine=rank == 0))
     recorder.transport.close()
     peak, kind = peak_memory(device)

@@ -8,9 +8,14 @@ reduce-scatters its gradients after it (Rajbhandari et al., "ZeRO", 2020: stage 
 
 Collectives are recorded through FSDP2's own extension point, `set_custom_all_gather` / `set_custom_reduce_scatter`
 on each unit, with subclasses of torch's default implementations that time each call (op, bytes in the
-nccl-tests convention, phase, the unit's layer, the reduce op). FSDP2 unshards synchronously unless it
-prefetches (async_op): a synchronous call is both its interval and time blocked; an asynchronous one is issued
-and its end is unknown to the wrapper (t_end None). The reduce op is recorded: FSDP2 on gloo was reported to sum
+nccl-tests convention, phase, the unit's layer, the reduce op), on the rank's marks (dtlab.rank.marks). FSDP2
+unshards synchronously unless it prefetches (async_op); an asynchronous call is issued and its end is unknown to
+the wrapper (t_end None). Time blocked: on CPU a synchronous call blocks the training thread, so it is both its
+interval and time blocked. On CUDA FSDP2 issues its all-gathers and reduce-scatters on streams of its own
+(torch's `FSDPCommContext`), so a call there stalls only that stream; the compute stream meets an all-gather in
+the unit's `wait_for_unshard` (it waits on the all-gather's event, then copies the parameters out), which is
+timed instead: a mark on the compute stream before and after (`blocked_recording` in config.json says what is
+and is not intercepted). The reduce op is recorded: FSDP2 on gloo was reported to sum
 gradients instead of averaging them (github.com/pytorch/pytorch/issues/162338), which `reference=True` catches
 (dtlab.rank.reference, dtlab.results.reference).
 
@@ -37,13 +42,15 @@ def _recorders(rec, label, layer):
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
     def run(op, nbytes, group, call, async_op, **extra):
+        on_compute = rec.marks.on_compute_stream()  # CUDA: FSDP2's own streams are not the compute stream
         r = rec.start(op, nbytes, "dp", group.size(), layer, None, unit=label, **extra)
         work = call()
         if async_op and work is not None:  # FSDP2 waits on it later, out of the wrapper's sight
             r["async_op"] = True
             return work
         rec.finish(r)
-        rec.block(r, r["t_start"], r["t_end"], "blocking_call")
+        if on_compute:
+            rec.block(r, r["_start"], r["_end"], "blocking_call")
         return work
 
     class AllGather(DefaultAllGather):
@@ -61,6 +68,47 @@ def _recorders(rec, label, layer):
     return AllGather(), ReduceScatter()
 
 
+def _watch_unshard(rec, unit, label) -> bool:
+    """CUDA: time the compute stream's wait for `unit`'s all-gather (FSDPParamGroup.wait_for_unshard, a private
+    method of torch 2.11 to 2.14, wrapped on the instance); False where this torch has no such method."""
+    try:
+        group = unit._get_fsdp_state()._fsdp_param_group
+        real = group.wait_for_unshard
+    except AttributeError:
+        return False
+    if group is None:
+        return False
+    from dtlab.rank.collectives import in_backward
+
+    def wait_for_unshard(*args, **kwargs):
+        a = rec.marks.compute_mark()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            where = {"step": rec.step, "phase": "backward" if in_backward() else rec.phase, "op": "all_gather",
+                     "seq": None, "_ref": rec._ref}
+            rec.block(where, a, rec.marks.compute_mark(), f"wait_for_unshard:{label}")
+
+    group.wait_for_unshard = wait_for_unshard
+    return True
+
+
+def blocked_recording(cuda: bool, watched: bool) -> dict:
+    """How FSDP2's time blocked was measured on this rank, and what it cannot see (config.json)."""
+    if not cuda:
+        return {"clock": "wall clock (perf_counter) on the training thread",
+                "intercepted": ["the whole of every synchronous all-gather and reduce-scatter"],
+                "not_intercepted": ["waits on asynchronous (prefetched) all-gathers"]}
+    return {"clock": "CUDA events on the compute stream",
+            "intercepted": (["each unit's wait_for_unshard: the compute stream's wait for the all-gather and the "
+                             "copy-out of the parameters after it"] if watched else [])
+                           + ["all-gathers and reduce-scatters issued on the compute stream"],
+            "not_intercepted": ["the compute stream's wait for the reduce-scatters at the end of backward "
+                                "(FSDP2's post-reduce event)"]
+                               + ([] if watched else ["waits for all-gathers (wait_for_unshard could not be "
+                                                      "wrapped on this torch)"])}
+
+
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Shard the model with fully_shard, train cfg.steps steps and write step, collective, blocked, memory (and
     reference) events."""
@@ -70,7 +118,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     from dtlab.rank.collectives import CommRecorder
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.marks import rank_marks
     from dtlab.rank.optim import adamw
+    from dtlab.rank.recorder import StepClock
     from dtlab.rank.replicas import after_step, build, memory_record
 
     b = build(cfg, run_dir, rank, world)
@@ -84,12 +134,17 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     for blk in blocks:
         fully_shard(blk, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    rec = CommRecorder(writer, rank)
+    marks = rank_marks(b.device, b.backend)
+    marks.prepare([mesh.get_group()])
+    rec = CommRecorder(writer, rank, marks)
+    watched = bool(cfg.record and marks.cuda)
     if cfg.record:
         for label, layer, unit in [("root", None, model)] + [(f"layer.{i}", i, blk) for i, blk in enumerate(blocks)]:
             ag, rs = _recorders(rec, label, layer)
             unit.set_custom_all_gather(ag)
             unit.set_custom_reduce_scatter(rs)
+            if marks.cuda:
+                watched = _watch_unshard(rec, unit, label) and watched
     params = list(model.parameters())
     opt = adamw(params, cfg.lr, cfg.optimizer_impl)
     expected = {"all_gather_forward": root_bytes + blocks_bytes, "all_gather_backward": blocks_bytes,
@@ -100,26 +155,29 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             "expected_bytes_per_step": ({"all_gather": world * (expected["all_gather_forward"]
                                                                + expected["all_gather_backward"]),
                                          "reduce_scatter": world * expected["reduce_scatter"]} if cfg.record else {}),
-            "collective_recording": "FSDP2's set_custom_all_gather / set_custom_reduce_scatter, timed per call"},
-            world)
+            "collective_recording": "FSDP2's set_custom_all_gather / set_custom_reduce_scatter, timed per call",
+            "blocked_recording": blocked_recording(marks.cuda, watched), "timing_method": marks.facts()}, world)
     writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
 
+    clock = StepClock(b.device, marks)
+    marks.seal()
     for step in range(cfg.steps):
         maybe_inject_fault(rank, step)
         batch = b.batches[step % len(b.batches)]
         opt.zero_grad(set_to_none=True)  # before the clock: the reference compares the gradients after the step
-        t0 = time.perf_counter()
-        rec.begin(step, t0)
+        clock.mark("start")
+        rec.begin(step, clock.start)
         out = model(**batch)
-        t_f = time.perf_counter()
+        clock.mark("fwd")
         out.loss.backward()
-        t_b = time.perf_counter()
+        clock.mark("bwd")
         rec.phase = "optimizer"
         opt.step()
-        t_o = time.perf_counter()
+        clock.mark("opt")
+        t = clock.read()  # the step's one sync point on GPU: the recorder's marks are read after it
         t_blocked = rec.flush()
         loss = float(out.loss.detach())
-        writer.write("step", rank=rank, step=step, t_fwd=t_f - t0, t_bwd=t_b - t_f, t_opt=t_o - t_b,
-                     t_step=t_o - t0, loss=loss, t_blocked=t_blocked, time=time.time())
+        writer.write("step", rank=rank, step=step, t_fwd=t["fwd"], t_bwd=t["bwd"] - t["fwd"],
+                     t_opt=t["opt"] - t["bwd"], t_step=t["opt"], loss=loss, t_blocked=t_blocked, time=time.time())
         after_step(writer, rank, step, params, opt, b.device, b.reference, model.named_parameters(), loss)
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))

@@ -100,42 +100,49 @@ class P2PRecorder:
         t1 = rec.now()
         for w in work or []:
             for r in self.open.pop(id(w), []):
-                if r.get("t_end") is not None:  # already ended by an earlier Work of its coalesced batch
+                if rec.ended(r):  # already ended by an earlier Work of its coalesced batch
                     continue
                 rec.finish(r, t1)
                 rec.block(r, t0, t1, "wait")
 
 
 class ComputeTimeline:
-    """Wraps a PipelineStage's forward_one_chunk and backward_one_chunk to time each micro-batch."""
+    """Wraps a PipelineStage's forward_one_chunk and backward_one_chunk to time each micro-batch on the rank's
+    marks (dtlab.rank.marks: on CUDA, events on the compute stream around the chunk's kernels)."""
 
-    def __init__(self, stage, index: int):
-        self.index, self.spans, self._ref = index, [], time.perf_counter()
+    def __init__(self, stage, index: int, marks):
+        self.index, self.marks, self.spans, self._ref = index, marks, [], None
         fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
         def forward_one_chunk(chunk, *a, **k):
-            t0 = time.perf_counter() - self._ref
+            t0 = marks.now()
             out = fwd(chunk, *a, **k)
-            self.spans.append(("forward", int(chunk), t0, time.perf_counter() - self._ref))
+            self.spans.append(("forward", int(chunk), t0, marks.now()))
             return out
 
         def backward_one_chunk(chunk, *a, **k):
-            t0 = time.perf_counter() - self._ref
+            t0 = marks.now()
             out = bwd(chunk, *a, **k)
-            self.spans.append(("backward", int(chunk), t0, time.perf_counter() - self._ref))
+            self.spans.append(("backward", int(chunk), t0, marks.now()))
             return out
 
         stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
 
-    def begin(self, ref: float) -> None:
+    def begin(self, ref) -> None:
+        """A new step whose start is the mark `ref`."""
         self.spans, self._ref = [], ref
 
     def flush(self, writer, rank: int, step: int) -> float:
-        """Write this step's spans; return the end of the last forward (s from the step start)."""
+        """Write this step's spans (after the step's clock was read); return the end of the last forward (s from
+        the step start)."""
+        last = 0.0
         for kind, mb, a, b in self.spans:
+            ta, tb = self.marks.seconds(self._ref, a), self.marks.seconds(self._ref, b)
             writer.write("microbatch", rank=rank, step=step, stage=self.index, microbatch=mb, phase=kind,
-                         t_start=a, t_end=b)
-        return max((b for kind, _, _, b in self.spans if kind == "forward"), default=0.0)
+                         t_start=ta, t_end=tb)
+            if kind == "forward":
+                last = max(last, tb)
+        return last
 
 
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
@@ -147,7 +154,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     from dtlab.rank.collectives import CommRecorder
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.marks import rank_marks
     from dtlab.rank.optim import adamw
+    from dtlab.rank.recorder import StepClock
     from dtlab.rank.replicas import after_step, build, dp_sync, local_bytes, memory_record
     from dtlab.rank.strategies.stages import make_stage, stage_param_names
 
@@ -164,7 +173,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     stage = PipelineStage(stage_mod, s, P, b.device, group=pp_mesh.get_group())
     schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pp_schedule]
     sched = schedule(stage, n_microbatches=cfg.microbatches, loss_fn=F.cross_entropy)
-    timeline = ComputeTimeline(stage, s)
+    marks = rank_marks(b.device, b.backend)
+    marks.prepare([pp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
+    timeline = ComputeTimeline(stage, s, marks)
     recorded = _install_p2p_recording() if cfg.record else False
     params = list(stage_mod.parameters())
     opt = adamw(params, cfg.lr, cfg.optimizer_impl)
@@ -179,11 +190,14 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             "microbatch_activation_bytes": act, "p2p_recorded": recorded, "pp_schedule": cfg.pp_schedule,
             "expected_bytes_per_step": {"send": p2p, "recv": p2p} if recorded else {},
             "pipeline_recording": "stage.forward_one_chunk / backward_one_chunk wrapped per micro-batch; sends and "
-                                  "receives from torch.distributed.pipelining.schedules' p2p helpers"}, world)
+                                  "receives from torch.distributed.pipelining.schedules' p2p helpers",
+            "timing_method": marks.facts()}, world)
     writer.write("ready", rank=rank, time=time.time(), stage=s, stage_params=len(mine), stage_grad_bytes=grads,
                  **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
-    rec = CommRecorder(writer, rank)
+    rec = CommRecorder(writer, rank, marks)
     _ACTIVE["recorder"] = rec if recorded else None
+    clock = StepClock(b.device, marks)
+    marks.seal()
 
     for step in range(cfg.steps):
         maybe_inject_fault(rank, step)
@@ -192,33 +206,39 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         losses: list = []
         opt.zero_grad(set_to_none=True)  # before the clock: the reference compares the gradients after the step
         dist.barrier()  # every stage starts the step together: the bubble is measured from one start
-        t0 = time.perf_counter()
-        rec.begin(step, t0)
-        timeline.begin(t0)
-        if s == 0 and s == P - 1:
-            sched.step(batch["input_ids"], target=batch["labels"], losses=losses, **kwargs)
-        elif s == 0:
-            sched.step(batch["input_ids"], **kwargs)
-        elif s == P - 1:
-            sched.step(target=batch["labels"], losses=losses, **kwargs)
-        else:
-            sched.step(**kwargs)
-        t_pipe = time.perf_counter() - t0
+        clock.mark("start")
+        rec.begin(step, clock.start)
+        timeline.begin(clock.start)
+        _schedule_step(sched, s, P, batch, losses, kwargs)
+        clock.mark("pipe")
         rec.phase = "backward"
         dp_sync(params, b.mesh, rec)
-        t_b = time.perf_counter()
+        clock.mark("bwd")
         rec.phase = "optimizer"
         opt.step()
-        t_o = time.perf_counter()
+        clock.mark("opt")
+        t = clock.read()  # the step's one sync point on GPU: every mark below is read after it
         t_blocked = rec.flush()
         t_f = timeline.flush(writer, rank, step)
         loss = float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
-        writer.write("step", rank=rank, step=step, t_fwd=t_f, t_bwd=t_b - t0 - t_f, t_opt=t_o - t_b,
-                     t_step=t_o - t0, t_pipe=t_pipe, loss=loss, t_blocked=t_blocked, stage=s, dp_rank=b.dp_rank,
+        writer.write("step", rank=rank, step=step, t_fwd=t_f, t_bwd=t["bwd"] - t_f, t_opt=t["opt"] - t["bwd"],
+                     t_step=t["opt"], t_pipe=t["pipe"], loss=loss, t_blocked=t_blocked, stage=s, dp_rank=b.dp_rank,
                      microbatches=M, time=time.time())
         after_step(writer, rank, step, params, opt, b.device, b.reference, mine, loss)
     _ACTIVE["recorder"] = None
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
+
+
+def _schedule_step(sched, s: int, P: int, batch: dict, losses: list, kwargs: dict) -> None:
+    """One step of the schedule on stage `s` of `P`: the first stage feeds the tokens, the last the labels."""
+    if s == 0 and s == P - 1:
+        sched.step(batch["input_ids"], target=batch["labels"], losses=losses, **kwargs)
+    elif s == 0:
+        sched.step(batch["input_ids"], **kwargs)
+    elif s == P - 1:
+        sched.step(target=batch["labels"], losses=losses, **kwargs)
+    else:
+        sched.step(**kwargs)
 
 
 def _stage_layers(n_layers: int, stages: int) -> list:

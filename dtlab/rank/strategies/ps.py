@@ -26,8 +26,8 @@ same on every rank, but the broadcast of a bucket may only start once its reduce
   issued the reduce (t_start - t_ready is the wait behind earlier buckets in dtlab's queue, where DDP's
   all-reduces wait in gloo's), t_reduced when the reduce returned, t_end when the broadcast returned. With
   gloo on CUDA tensors (two ranks sharing a GPU) the thread runs the pair on the hook's stream and the future
-  carries the device; untested here, and its marks are CUDA events on the compute stream, so they time
-  that stream's progress rather than the thread's.
+  carries the device; untested here. Its marks are the recorder's end marks (dtlab.rank.marks): events on a
+  stream dtlab owns on the rank's GPU, recorded under its device guard, so they time the thread's progress.
 
 Recorded per bucket, beside DDP's fields (`nbytes`: gradient bytes, `wire_bytes`: the message size of each of
 its collectives, the same nbytes: no compression): `t_reduced`, and `server_bytes` = 2(p-1) x nbytes, the

@@ -52,7 +52,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     from dtlab.rank.collectives import CommRecorder, FuncolMode, LayerTracker
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.marks import rank_marks
     from dtlab.rank.optim import adamw
+    from dtlab.rank.recorder import StepClock
     from dtlab.rank.replicas import after_step, build, dp_sync, local_bytes, memory_record
 
     b = build(cfg, run_dir, rank, world)
@@ -69,38 +71,44 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     form = expected_allreduce_bytes(cfg.batch_size, cfg.seq_len, b.sources["hidden"], b.sources["n_layers"])
     local_grad = local_bytes(params)
     per_rank = form["bytes_per_step"] + (local_grad if b.degrees["dp"] > 1 else 0)
+    marks = rank_marks(b.device, b.backend)
+    marks.prepare([tp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
     if rank == 0:
         record_resolved(run_dir, cfg, b.backend, b.device, {
             **b.sources, "tp_form": form, "local_param_bytes": local_grad,
             "expected_bytes_per_step": {"all_reduce": world * per_rank} if cfg.record else {},
-            "collective_recording": "TorchDispatchMode over DTensor's functional collectives (dtlab.rank.collectives)"},
-            world)
+            "collective_recording": "TorchDispatchMode over DTensor's functional collectives (dtlab.rank.collectives)",
+            "timing_method": marks.facts()}, world)
     writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
-    rec = CommRecorder(writer, rank)
+    rec = CommRecorder(writer, rank, marks)
     tracker = LayerTracker(model.distilbert.transformer.layer)
+    clock = StepClock(b.device, marks)
+    marks.seal()
 
     for step in range(cfg.steps):
         maybe_inject_fault(rank, step)
         batch = b.batches[step % len(b.batches)]
         opt.zero_grad(set_to_none=True)  # before the clock: the reference compares the gradients after the step
-        t0 = time.perf_counter()
-        rec.begin(step, t0)
+        clock.mark("start")
+        rec.begin(step, clock.start)
         mode = FuncolMode(rec, "tp", tracker) if cfg.record else contextlib.nullcontext()
         with mode:
             out = model(**batch)
-            t_f = time.perf_counter()
+            clock.mark("fwd")
             out.loss.backward()
         if cfg.record:
             mode.close()
         rec.phase = "backward"
         dp_sync(params, b.mesh, rec)
-        t_b = time.perf_counter()
+        clock.mark("bwd")
         rec.phase = "optimizer"
         opt.step()
-        t_o = time.perf_counter()
+        clock.mark("opt")
+        t = clock.read()  # the step's one sync point on GPU: the recorder's marks are read after it
         t_blocked = rec.flush()
         loss = float(out.loss.detach())
-        writer.write("step", rank=rank, step=step, t_fwd=t_f - t0, t_bwd=t_b - t_f, t_opt=t_o - t_b,
-                     t_step=t_o - t0, loss=loss, t_blocked=t_blocked, dp_rank=b.dp_rank, time=time.time())
+        writer.write("step", rank=rank, step=step, t_fwd=t["fwd"], t_bwd=t["bwd"] - t["fwd"],
+                     t_opt=t["opt"] - t["bwd"], t_step=t["opt"], loss=loss, t_blocked=t_blocked, dp_rank=b.dp_rank,
+                     time=time.time())
         after_step(writer, rank, step, params, opt, b.device, b.reference, model.named_parameters(), loss)
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))

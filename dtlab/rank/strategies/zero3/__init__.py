@@ -62,7 +62,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
     local_rank = remap_local_rank(device)  # before DeepSpeed reads LOCAL_RANK (engine, partitioning)
     deepspeed.init_distributed(dist_backend=backend)
-    recorder = CollectiveRecorder(device, backend)
+    from dtlab.rank.marks import rank_marks
+    marks = rank_marks(device, backend)  # every clock of this rank: steps, collectives, waits
+    recorder = CollectiveRecorder(device, backend, marks=marks)
     wrapped = recorder.install()
 
     hidden = model_hidden_size(built.model)
@@ -82,11 +84,12 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
                                     "reduce_and_partition_stream")
 
     sources = {**sources, **zero_facts(engine, world), "ds_config": conf, "zero_auto": zero_auto(cfg, hidden),
-               "blocked_recording": blocked_recording(device.type == "cuda", watched),
+               "blocked_recording": blocked_recording(marks.cuda, watched),
                "ds_accelerator": os.environ.get("DS_ACCELERATOR"), "deepspeed_initialize_s": t_initialize,
                "collective_recording": COLLECTIVE_RECORDING, "wrapped_methods": wrapped,
                "deepspeed_local_rank": local_rank, "collective_timing": {
-                   "path": recorder.marks.path, "end_stream": recorder.marks.stream_how}}
+                   "path": recorder.marks.path, "end_stream": recorder.marks.stream_how},
+               "timing_method": marks.facts()}  # the owned streams of the groups met in initialize are made
     if device.type == "cuda":
         sources["zero3_note"] = ("the ZeRO-3 GPU path (CUDA events; NCCL, or DeepSpeed's CUDA accelerator over "
                                  "gloo) was written without a GPU to test it")
@@ -96,7 +99,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
     params = list(engine.module.parameters())
     expect_opt = sources["expected_allgather_bytes_optimizer"]
-    clock = StepClock(device)
+    clock = StepClock(device, marks)
+    marks.seal()
     for step in range(cfg.steps):
         maybe_inject_fault(rank, step)
         batch = batches[step % len(batches)]

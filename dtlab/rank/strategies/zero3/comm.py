@@ -108,7 +108,7 @@ class CollectiveRecorder:
         self.marks, self.cuda = marks, marks.cuda
         self._torch = marks._torch  # torch itself on a GPU; a fake CUDA in tests
         self.step, self.phase, self._ref = -1, "init", None
-        self.compute_stream = self._torch.cuda.current_stream(device) if self.cuda else None
+        self.compute_stream = marks.compute_stream
         self._recs: list[dict] = []
         self._blocked: list[dict] = []
         self._lock = threading.Lock()
@@ -171,14 +171,10 @@ class CollectiveRecorder:
 
     def compute_mark(self):
         """A time mark on the compute stream (GPU) or the wall clock (CPU)."""
-        if not self.cuda:
-            return self.marks.now()
-        ev = self._torch.cuda.Event(enable_timing=True)
-        ev.record(self.compute_stream)
-        return ev
+        return self.marks.compute_mark()
 
     def _on_compute_stream(self) -> bool:
-        return (not self.cuda) or self._torch.cuda.current_stream() == self.compute_stream
+        return self.marks.on_compute_stream()
 
     def _add_blocked(self, rec: dict, how: str, a, b, error=None) -> None:
         blk = {"step": self.step, "phase": self.phase, "op": rec["op"], "method": rec["method"],
