@@ -151,6 +151,31 @@ def _stage(tmp: str, nb: str, directory: str | None, replay: bool) -> str:
     return inbox
 
 
+class _Reader:
+    """Reads the grader's result from the read end of `pipe` on a thread of its own (a result larger than the
+    pipe's buffer would otherwise block the grader); the write end is closed here once the grader has it."""
+
+    def __init__(self, pipe: tuple[int, int]):
+        import threading
+        os.close(pipe[1])
+        self._f, self._chunks = os.fdopen(pipe[0], "rb"), []
+        self._t = threading.Thread(target=lambda: self._chunks.append(self._f.read()), daemon=True)
+        self._t.start()
+
+    def text(self) -> str:
+        self._t.join(timeout=30)
+        self._f.close()
+        return b"".join(self._chunks).decode("utf-8", "replace")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: float = 3600.0,
               sandbox: str = "none", memory: int | None = None, disk: int | None = None,
               procs: int | None = None) -> list[dict]:
@@ -165,14 +190,14 @@ def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: flo
             inbox, outbox = _stage(tmp, nb, directory, replay), os.path.join(tmp, "out")
             os.makedirs(outbox)
             os.chmod(tmp, 0o755)
-            where = {"nb": f"{sb.IN}/{os.path.basename(nb)}", "sub": f"{sb.IN}/submission", "dir": sb.IN,
-                     "out": f"{sb.OUT}/result.json"}
-            out = os.path.join(outbox, "result.json")
+            where = {"nb": f"{sb.IN}/{os.path.basename(nb)}", "sub": f"{sb.IN}/submission", "dir": sb.IN}
+            pipe = os.pipe()   # the result comes back through a pipe the kernel cannot reach, not a file it could
+            out = ["--out-fd", str(pipe[1])]
         else:
-            out = os.path.join(tmp, "result.json")
-            where = {"nb": os.path.abspath(nb), "sub": os.path.abspath(directory or "."), "dir": tmp, "out": out}
-        cmd = [sys.executable, "-m", "dtlab.course.grader", "notebook", where["nb"], "--lab", lab, "--out",
-               where["out"], "--cell-timeout", str(timeout_s)]
+            pipe, where = None, {"nb": os.path.abspath(nb), "sub": os.path.abspath(directory or "."), "dir": tmp}
+            out = ["--out", os.path.join(tmp, "result.json")]
+        cmd = [sys.executable, "-m", "dtlab.course.grader", "notebook", where["nb"], "--lab", lab, *out,
+               "--cell-timeout", str(timeout_s)]
         if ag.get("manifest"):
             cells = os.path.join(inbox if boxed else tmp, "cells.json")
             with open(cells, "w") as f:
@@ -183,23 +208,24 @@ def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: flo
         kw = {}
         if boxed:
             cmd = sb.command(sandbox, cmd, inbox, outbox, disk=disk)
-            kw["preexec_fn"] = sb.limits_preexec(memory, procs)
+            kw = {"preexec_fn": sb.limits_preexec(memory, procs), "pass_fds": (pipe[1],)}
         # a session of its own: a notebook that runs over its time is stopped with its kernel, not left behind
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
                              start_new_session=True, **kw)
+        reader = _Reader(pipe) if pipe else None
         try:
             stdout, stderr = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _stop_group(p)
             return _error_rows(lab, f"grading took longer than {timeout_s:.0f} s and was stopped")
-        if p.returncode != 0 or not os.path.exists(out):
+        text = reader.text() if reader else _read(out[1])
+        if p.returncode != 0 or not text:
             tail = [ln for ln in (stderr or stdout or "").strip().splitlines() if ln.strip()]
             why = f"could not be graded: {tail[-1] if tail else f'exit code {p.returncode}'}"
             hit = sb.limit_hit(why, memory, disk) if boxed else None
             return _error_rows(lab, f"{hit}: {why}" if hit else why)
         try:
-            with open(out) as f:
-                res = json.load(f)
+            res = json.loads(text)
             flags = list(res["flags"])
             errors = [str(e) for e in res["errors"]]
             rows = [{k: r[k] for k in ("question", "points", "max_points", "feedback")} for r in res["rows"]]

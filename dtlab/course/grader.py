@@ -8,8 +8,9 @@ checks (dtlab.course.integrity), and judges each answer (dtlab.course.verdicts).
 the kernel started, and never runs the student's code itself: lab 8's functions run again on ranks of their own.
 Nothing the notebook does to the checks, their records or its outputs changes a grade.
 
-`python -m dtlab.course.grader notebook NB --lab LAB [--submission DIR] [--cells JSON] --out RESULT.json`: execute
-and grade (what `dtlab grade` runs once per notebook). `python -m dtlab.course.grader answers --lab LAB --answers
+`python -m dtlab.course.grader notebook NB --lab LAB [--submission DIR] [--cells JSON] (--out RESULT.json |
+--out-fd N)`: execute and grade (what `dtlab grade` runs once per notebook; in a sandbox it reads the result from a
+pipe, N, which the notebook's kernel cannot reach: see out_of_reach). `python -m dtlab.course.grader answers --lab LAB --answers
 JSON [--qid QID] [--root DIR] --out RESULT.json`: grade answers exported elsewhere (the otter hidden tests,
 dtlab.course.autograde), from the recordings under --root.
 """
@@ -252,6 +253,19 @@ def without_iri_grammar() -> None:
     sys.modules.setdefault("rfc3987_syntax", None)
 
 
+def out_of_reach(fd: int) -> None:
+    """Keep the result's way out from the notebook's kernel, which runs as this process's user: the descriptor is
+    not inherited by the kernel, and this process is made non-dumpable (prctl PR_SET_DUMPABLE 0, proc(5)), so its
+    /proc/PID/fd and /proc/PID/mem belong to root and it cannot be ptraced by the same user. Called before the kernel
+    starts. Raises OSError where the kernel refuses."""
+    import ctypes
+    os.set_inheritable(fd, False)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE = 4 (linux/prctl.h)
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(err)}")
+
+
 def main(argv=None) -> int:
     """The command line (see the module's docstring). Writes the result as JSON to --out."""
     without_iri_grammar()  # this process grades one notebook: start it in half the time
@@ -267,12 +281,20 @@ def main(argv=None) -> int:
     a.add_argument("--qid", default=None)
     a.add_argument("--root", default=".")
     a.add_argument("--extra", action="append", default=[], help="another recording directory to consider")
+    n.add_argument("--out-fd", type=int, default=None,
+                   help="write the result to this inherited descriptor (a pipe) instead of --out")
+    n.add_argument("--out", default=None)
+    a.add_argument("--out", required=True)
     for p in (n, a):
         p.add_argument("--lab", required=True)
-        p.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.cmd == "notebook" and (args.out is None) == (args.out_fd is None):
+        ap.error("notebook: give one of --out FILE or --out-fd N")
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stopped by dtlab grade: shut the kernel down first
+    out_fd = getattr(args, "out_fd", None)
+    if out_fd is not None:
+        out_of_reach(out_fd)
     if args.cmd == "notebook":
         cells = json.load(open(args.cells)) if args.cells else None
         try:
@@ -292,7 +314,7 @@ def main(argv=None) -> int:
             result = {"rows": grade_answers(args.lab, exported, rec, scratch, only=args.qid)}
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    with open(args.out, "w") as f:
+    with (os.fdopen(out_fd, "w") if out_fd is not None else open(args.out, "w")) as f:
         json.dump(result, f)
     return 0
 

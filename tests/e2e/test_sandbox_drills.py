@@ -6,7 +6,9 @@ mechanism. Each drill is a real notebook graded for real, beside an honest one i
 - net: connects to a TCP port listening on the grading machine's 127.0.0.1;
 - procs: starts 200 processes in sessions of their own and leaves them running;
 - memory: allocates 8 GiB (the limit is 4 GiB a process);
-- disk: fills its scratch folder (128 MiB here) and leaves the file.
+- disk: fills its scratch folder (128 MiB here) and leaves the file;
+- forge: leaves a process behind that rewrites the sandbox's result folder and writes a full-marks result into
+  every descriptor of its grader it can open through /proc, and reads its grader's memory.
 
 And a grader whose Python environment lives under /tmp (a CI's virtual environment) still sees it in the sandbox.
 
@@ -34,6 +36,34 @@ LAB = "08_build_it_yourself"
 TOKEN = "98765.4321"   # the procs drill's sleep: found in no other process
 HONEST = ('from dtlab.course.rubric.lab08 import NPROC\n'
           'my_factor_guess = NPROC\nmy_sends_guess = 2 * (NPROC - 1)\nmy_bytes_guess = "(p - 1) * n"\n')
+
+
+# forges its own result: a process left behind rewrites every file in the sandbox's result folder and writes into
+# every descriptor of its grader (the kernel's parent) it can open through /proc, for a minute
+FORGE = '''import json, os, subprocess, sys
+rows = [{"question": f"lab08.q{i}", "points": 9, "max_points": 9, "feedback": "forged"} for i in (1, 2, 3)]
+forged = json.dumps({"lab": "08_build_it_yourself", "mode": "quick", "replayed": 0, "flags": [], "errors": [],
+                     "rows": rows})
+loop = f"""
+import glob, os, time
+end = time.time() + 60
+while time.time() < end:
+    for p in set(glob.glob("/sandbox/out/*") + ["/sandbox/out/result.json"]):
+        try:
+            open(p, "w").write({forged!r})
+        except OSError:
+            pass
+    for p in glob.glob("/proc/{os.getppid()}/fd/*"):
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, {forged!r}.encode())
+            os.close(fd)
+        except OSError:
+            pass
+    time.sleep(0.005)
+"""
+subprocess.Popen([sys.executable, "-c", loop], start_new_session=True)
+open(f"/proc/{os.getppid()}/mem", "rb")   # and reads its grader's memory'''
 
 
 def _notebook(path, *sources):
@@ -66,6 +96,7 @@ socket.create_connection(("127.0.0.1", {port}), timeout=3).sendall(b"pwned")''',
         "procs": f'''import subprocess
 procs = [subprocess.Popen(["sleep", "{TOKEN}"], start_new_session=True) for _ in range(200)]
 print(len(procs), "started")''',
+        "forge": FORGE,
         "memory": '''x = bytearray(8 * 2 ** 30)''',
         "disk": '''with open("/tmp/fill", "wb") as f:
     while True:
@@ -162,6 +193,13 @@ def test_no_process_survives_its_submission(batch):
     assert batch["survivors"] == []
     got = _of(batch, "procs")
     assert got["points"].sum() == 0 and (got["status"] == "graded").all()
+
+
+def test_a_submission_cannot_forge_its_own_result(batch):
+    got = _of(batch, "forge")
+    assert (got["status"] == "graded").all() and got["points"].sum() == 0, got.to_dict("index")
+    assert "forged" not in " ".join(got["feedback"]) and (got["max_points"] != 9).all()
+    assert "PermissionError" in got["errors"].iloc[0]   # its grader's memory is not its to read
 
 
 def test_memory_beyond_the_limit_is_refused_and_named(batch):
