@@ -39,9 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(sub)
     s = sub.add_parser("show", help="print the breakdown of a finished (or partial) run")
     s.add_argument("dir")
-    t = sub.add_parser("trace", help="write a run as a Chrome/Perfetto trace (open in ui.perfetto.dev)")
-    t.add_argument("dir")
-    t.add_argument("-o", "--output", default=None, help="trace file (default DIR/trace.json)")
+    t = sub.add_parser("trace", help="read PyTorch profiler traces (a file, a folder of one per rank): the breakdown "
+                                     "per rank and step, the collectives, an HTML report; or write a run as a "
+                                     "Chrome/Perfetto trace (open in ui.perfetto.dev)")
+    t.add_argument("dir", help="a Kineto trace (.json, .json.gz), a folder of them, or a dtlab run directory")
+    t.add_argument("-o", "--output", default=None, help="a run's exported trace file (default DIR/trace.json)")
+    t.add_argument("--report", default=None, help="HTML report of profiler traces (default: beside them, "
+                                                  "trace-report.html)")
     c = sub.add_parser("calibrate", help="time collectives, fit alpha and beta, write a machine profile")
     add_calib_arguments(c)
     a = sub.add_parser("assign", help="student notebooks and autograders from otter master notebooks "
@@ -177,16 +181,44 @@ def _print_run(run) -> None:
 
 
 def _cmd_trace(args) -> int:
+    """A dtlab run directory: its Chrome/Perfetto export (and, with profile=True, its profiler traces read too);
+    anything else: profiler traces read with dtlab's definitions, printed and written as an HTML report."""
     import os
 
     from dtlab.results.run import load_run
-    if not os.path.isfile(os.path.join(args.dir, "config.json")):
-        raise ValueError(f"dir: {args.dir!r} is not a dtlab run directory (no config.json)")
+    is_run = os.path.isfile(os.path.join(args.dir, "config.json"))
+    if not is_run or os.path.isdir(os.path.join(args.dir, "profiler")):
+        if not is_run and os.path.isdir(args.dir) and not _has_traces(args.dir):
+            raise ValueError(f"dir: {args.dir!r} is not a dtlab run directory (no config.json) and holds no "
+                             "profiler traces (*.json, *.json.gz)")
+        _print_kineto(args)
+        if not is_run:
+            return 0
     run = load_run(args.dir)
     path = run.to_chrome_trace(args.output or os.path.join(args.dir, "trace.json"))
     print(f"trace: {path} ({len(run.steps) + len(run.baseline_steps)} steps, "
           f"{len(run.buckets) or len(run.collectives)} collectives); open it in ui.perfetto.dev or chrome://tracing")
     return 0
+
+
+def _has_traces(folder: str) -> bool:
+    import glob
+    import os
+    return any(p.endswith((".json", ".json.gz")) for p in glob.glob(os.path.join(folder, "*")))
+
+
+def _print_kineto(args) -> None:
+    """Print a profiler trace's summary and write its HTML report."""
+    import os
+
+    from dtlab.results.kineto import load_trace
+    from dtlab.viz.trace_report import write_trace_report
+    trace = load_trace(args.dir)
+    print(trace.summary_text())
+    where = args.dir if os.path.isdir(args.dir) else os.path.dirname(os.path.abspath(args.dir))
+    if os.path.isfile(os.path.join(args.dir, "config.json")):
+        where = os.path.join(args.dir, "profiler")
+    print(f"\n  report: {write_trace_report(trace, args.report or os.path.join(where, 'trace-report.html'))}")
 
 
 def _cmd_calibrate(args) -> int:

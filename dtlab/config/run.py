@@ -120,6 +120,9 @@ class RunConfig(JobConfig):
     record: bool = True
     """Record every bucket with the comm hook; False runs plain DDP (its built-in all-reduce, no hook), which
     the overhead benchmark compares against."""
+    profile: bool = False
+    """Record a PyTorch profiler (Kineto) trace of the measured steps, one file per rank in RUN_DIR/profiler/
+    (strategy 'ddp'); `dtlab.load_trace(RUN_DIR)` reads it (dtlab.rank.profiling). The profiler slows the steps."""
     lr: float | None = None
     """AdamW's base learning rate (before `lr_scaling` and the warmup). None (auto): set by each rank once the model
     is built, from the weights it got: 2e-5 (the fine-tuning rate) for pretrained weights, a rate that trains the
@@ -251,6 +254,9 @@ class RunConfig(JobConfig):
             check_data_file(self.data, min_rows=self.batch_size * self.nproc)
         if not isinstance(self.record, bool):
             raise ValueError(f"record must be true or false, got {self.record!r}")
+        if not isinstance(self.profile, bool) or (self.profile and self.strategy != "ddp"):
+            raise ValueError(f"profile must be true or false, and true only with strategy 'ddp', got {self.profile!r}"
+                             f" with strategy {self.strategy!r}")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
         if self.lr is not None:

@@ -90,7 +90,8 @@ def trace_files(path: str) -> list[str]:
         raise ValueError(f"path: {path!r} is neither a trace file nor a folder")
     if os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, "profiler")):
         path = os.path.join(path, "profiler")
-    files = sorted(p for p in glob.glob(os.path.join(path, "*")) if p.endswith(TRACE_SUFFIXES) and os.path.isfile(p))
+    files = sorted(p for p in glob.glob(os.path.join(path, "*")) if p.endswith(TRACE_SUFFIXES) and os.path.isfile(p)
+                   and os.path.basename(p) != "steps.json")
     if not files:
         raise ValueError(f"path: {path!r} holds no trace files (*.json or *.json.gz)")
     return files
@@ -104,6 +105,11 @@ def load_trace(path: str) -> Trace:
     ValueError when two files claim the same rank."""
     files = trace_files(path)
     cols = [read_columns(f) for f in files]
+    for c in cols:  # a dtlab run's profiler/steps.json: ProfilerStep number -> [the run's step, paired step]
+        steps_json = os.path.join(os.path.dirname(c.path), "steps.json")
+        if os.path.isfile(steps_json) and "dtlab_steps" not in c.info:
+            with open(steps_json) as f:
+                c.info["dtlab_steps"] = json.load(f)
     t0 = min((_first_ts(c) for c in cols if _first_ts(c) is not None), default=0.0)
     ranks, notes, seen = [], [], {}
     for i, c in enumerate(cols):
