@@ -97,6 +97,7 @@ LABS = {
         ("pipeline runs (2 stages)", c(nproc=2, strategy="pp", baseline_steps=0)),
         ("calibration", _cal(2))]),
 }
+LABS["11"] = ("reading a profiler trace", lambda c: [("DDP run recorded with the profiler", c(profile=True))])
 LABS["09"] = ("does it still learn?", lambda c: [
     ("DDP, local SGD and PowerSGD runs", c()),
     ("asynchronous server and its workers (one more rank)", c(strategy="async", nproc=c().nproc + 1, baseline_steps=0)),

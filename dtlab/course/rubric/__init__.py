@@ -20,7 +20,8 @@ from typing import Callable
 LAB_MODULES = {"00_setup_check": "lab00", "01_ddp_breakdown": "lab01", "02_collectives_alpha_beta": "lab02",
                "03_buckets_and_gpu_count": "lab03", "04_zero3_vs_ddp": "lab04", "05_shrinking_comm": "lab05",
                "06_stragglers_ps_faults": "lab06", "07_beyond_one_machine": "lab07", "08_build_it_yourself": "lab08",
-               "09_does_it_still_learn": "lab09", "10_tensor_and_pipeline": "lab10"}
+               "09_does_it_still_learn": "lab09", "10_tensor_and_pipeline": "lab10",
+               "11_reading_a_trace": "lab11"}
 
 
 @dataclass(frozen=True)
