@@ -105,6 +105,12 @@ class CommRecorder:
             self._blocked.append({"step": rec["step"], "phase": rec["phase"], "op": rec["op"], "seq": rec["seq"],
                                   "how": how, "_ref": rec["_ref"], "_a": a, "_b": b})
 
+    def block_here(self, op: str, a, b, how: str) -> None:
+        """The compute stream (CPU: the training thread) waited from mark `a` to mark `b` for an `op` that is not
+        one of the recorded collectives (a library's own wait), in the current step and phase."""
+        self.block({"step": self.step, "phase": "backward" if in_backward() else self.phase, "op": op, "seq": None,
+                    "_ref": self._ref}, a, b, how)
+
     def record_call(self, op: str, nbytes: int, axis: str, group_size: int, call, **extra):
         """Run a blocking collective `call()` and record it: its interval, and time blocked when it was issued on
         the compute stream (a call on a side stream makes only that stream wait)."""

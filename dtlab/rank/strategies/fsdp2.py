@@ -78,16 +78,13 @@ def _watch_unshard(rec, unit, label) -> bool:
         return False
     if group is None:
         return False
-    from dtlab.rank.collectives import in_backward
 
     def wait_for_unshard(*args, **kwargs):
         a = rec.marks.compute_mark()
         try:
             return real(*args, **kwargs)
         finally:
-            where = {"step": rec.step, "phase": "backward" if in_backward() else rec.phase, "op": "all_gather",
-                     "seq": None, "_ref": rec._ref}
-            rec.block(where, a, rec.marks.compute_mark(), f"wait_for_unshard:{label}")
+            rec.block_here("all_gather", a, rec.marks.compute_mark(), f"wait_for_unshard:{label}")
 
     group.wait_for_unshard = wait_for_unshard
     return True

@@ -75,7 +75,7 @@ class P2PRecorder:
             r["phase"] = "forward" if forward else "backward"
             recs.append(r)
         out = self._issue(p2p_ops, desc)
-        works = [w for w in (out or []) if w is not None]
+        works = _works(out)
         if len(works) == len(recs):  # one Work per op
             for w, r in zip(works, recs):
                 self.open[id(w)] = [r]
@@ -98,12 +98,22 @@ class P2PRecorder:
         if rec is None:
             return
         t1 = rec.now()
-        for w in work or []:
+        for w in _works(work):
             for r in self.open.pop(id(w), []):
                 if rec.ended(r):  # already ended by an earlier Work of its coalesced batch
                     continue
                 rec.finish(r, t1)
                 rec.block(r, t0, t1, "wait")
+
+
+def _works(out) -> list:
+    """The Works of a `_batch_p2p` result: a list (torch 2.13, 2.14), or one Work for the whole batch (a torch whose
+    helper returns `batch_isend_irecv(ops).pop()`); None for an empty batch."""
+    if out is None:
+        return []
+    if hasattr(out, "wait"):
+        return [out]
+    return [w for w in out if w is not None]
 
 
 class ComputeTimeline:
