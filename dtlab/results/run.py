@@ -148,7 +148,8 @@ class Run:
         if m == "wall_clock" and self.resolved.get("device_type") == "cuda":
             return f"{words}; on CUDA tensors these are the host's launch and wait times, not the GPU's"
         placed = self.resolved.get("placement", {}).get("timing")
-        if isinstance(placed, str) and placed != words and placed.startswith("CUDA events") == (m == "cuda_events"):
+        same = isinstance(placed, str) and placed.startswith("CUDA events") == (m == "cuda_events")
+        if same and placed != words:  # the placement's account of where the marks go is this method's
             return f"{words}; {placed}"
         return words
 

@@ -14,7 +14,6 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-
 from fake_cuda import FakeCudaFuture, FakeStream, FakeTorch, TickClock, make_owned
 
 from dtlab.config.environment import ENV_SET, env_record, set_default
