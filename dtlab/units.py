@@ -73,3 +73,15 @@ def fmt_time(seconds, digits: int = 3) -> str:
 def fmt_ratio(x, digits: int = 3) -> str:
     """A ratio of two like quantities: fmt_ratio(0.25) -> '×0.25'."""
     return "n/a" if x is None or x != x else f"×{_sig(float(x), digits)}"
+
+
+def sig_table(df, digits: int = 3):
+    """`df` for the screen with every float column as text of `digits` significant digits (never in exponent
+    notation) and an exact zero as '0', so no nonzero value is rounded away to a decimal zero (0.05 as 0.0) and no
+    zero claims decimals it does not have; missing values stay missing. Other columns are kept as they are."""
+    import pandas as pd
+    out = df.copy()
+    for col in out.columns:
+        if pd.api.types.is_float_dtype(out[col]):
+            out[col] = [v if pd.isna(v) else "0" if v == 0 else _sig(float(v), digits) for v in out[col]]
+    return out

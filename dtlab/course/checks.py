@@ -91,8 +91,18 @@ def show(key: Key, answer) -> Record:
 def check(qid: str, answer, **sources) -> Record:
     """The formative check of a lab question: its key from `sources` (what the lab's rubric needs, e.g.
     `run=run` or `profile=profile`; dtlab.course.rubric names them per question), the verdict shown and recorded.
-    Unknown qids and missing sources raise ValueError naming them."""
+    Unknown qids and missing sources raise ValueError naming them. A source that is None (the run of an earlier
+    section failed, dtlab.course.labs.attempt) is said in one line and nothing is checked or raised, so the rest
+    of the lab still runs."""
     from dtlab.course import rubric
+    try:
+        needs = next(q.needs for q in rubric.questions(rubric.lab_of(qid)) if q.qid == qid)
+    except (ValueError, StopIteration):
+        needs = ()   # an unknown qid: rubric.key names it below
+    missing = [name for name in needs if name in sources and sources[name] is None]
+    if missing:
+        print(f"[{qid}] not checked: {', '.join(missing)} is missing (its run failed above; rerun that section)")
+        return None
     return show(rubric.key(qid, **sources), answer)
 
 

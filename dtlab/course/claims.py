@@ -55,11 +55,17 @@ def spread(values) -> Spread:
     return Spread(med, vals[0], vals[-1], k)
 
 
-def verdict(ratios: Spread, expected: float, test: str, rel_tol: float) -> str:
+#: Repeats a claim about time needs before it may hold or be contradicted: fewer are inconclusive, spread shown.
+MIN_TIME_REPEATS = 3
+
+
+def verdict(ratios: Spread, expected: float, test: str, rel_tol: float, min_n: int = 1) -> str:
     """'holds', 'inconclusive' or 'contradicted' for measured ratios against the model's ratio `expected`
-    (see the module's docstring)."""
+    (see the module's docstring); 'inconclusive' whatever they say when there are fewer than `min_n` of them."""
     if test not in TESTS:
         raise ValueError(f"test must be one of {TESTS}, got {test!r}")
+    if ratios.n < min_n:
+        return "inconclusive"
     if test == "within":
         if not (rel_tol >= 0 and expected is not None and expected > 0):
             raise ValueError(f"a 'within' claim needs expected > 0 and rel_tol >= 0, got {expected!r}, {rel_tol!r}")
@@ -79,7 +85,7 @@ def _fmt(value: float, unit: str) -> str:
     if unit == "s":
         return fmt_time(value)
     if unit == "B":
-        return fmt_bytes_exact(value)
+        return fmt_bytes_exact(value) if float(value).is_integer() else f"{value:,.1f} B"
     return f"{value:.3g}" + (f" {unit}" if unit else "")
 
 
@@ -117,10 +123,12 @@ class Claim:
     interval: str = ""
     """What `ratios`' lo .. hi are when not the measured range ('' for the range, or the quartiles when unpaired):
     e.g. a bootstrap interval of the median (dtlab.results.spread)."""
+    min_n: int = 1
+    """Ratios needed before the claim may hold or be contradicted (a claim about time: MIN_TIME_REPEATS)."""
     result: str = field(init=False)
 
     def __post_init__(self):
-        self.result = verdict(self.ratios, self.expected, self.test, self.rel_tol)
+        self.result = verdict(self.ratios, self.expected, self.test, self.rel_tol, self.min_n)
         if self.result != "holds" and not self.why:
             raise ValueError(f"claim {self.cid!r} is {self.result} on this machine: give `why` (what makes this "
                              f"machine differ, with the measurement that shows it)")
@@ -142,6 +150,8 @@ class Claim:
                 "above": "above ×1 in every run"}[self.test]
         if self.interval and self.test != "within":
             band = f"{self.test} ×1 over the whole {self.interval}"
+        if self.min_n > 1:
+            band += f", from at least {self.min_n} {self.per}s"
         model = (f"{self.a} / {self.b} = {fmt_ratio(self.expected)}" if self.expected is not None else
                  f"{self.a} / {self.b} {'below' if self.test == 'below' else 'above'} ×1")
         out = [f"Claim ({self.cid}): {self.says}. Model: {model} ({self.model}).",
@@ -187,12 +197,15 @@ class Claim:
 
 def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected: float | None, model: str,
             unit: str = "s", test: str = "within", rel_tol: float = 0.25, why=None, how: str = "",
-            per: str = "run", paired: bool = True, ratios: Spread | None = None, interval: str = "") -> Claim:
+            per: str = "run", paired: bool = True, ratios: Spread | None = None, interval: str = "",
+            min_n: int | None = None) -> Claim:
     """A :class:`Claim` that `a` relates to `b` as the model says. a, b: (label, values), one value per run
     (paired by position: run i of a was made next to run i of b; `per`="step" for the steps of two runs), in
     `unit`. why: a sentence, or a function of the verdict ('inconclusive' / 'contradicted') returning one,
     used only when the claim does not hold. ratios: the a / b spread to judge by, when the lab computed it (a
-    bootstrap interval of the median, named by `interval`) instead of the range of the values."""
+    bootstrap interval of the median, named by `interval`) instead of the range of the values. min_n: ratios
+    needed before a verdict other than 'inconclusive' (default: MIN_TIME_REPEATS for a claim about time, unit
+    's'; 1 otherwise); with fewer, `why` is told so and the spread is shown."""
     (la, xa), (lb, xb) = a, b
     xa, xb = [float(v) for v in xa], [float(v) for v in xb]
     if not xa or not xb or (paired and len(xa) != len(xb)):
@@ -204,10 +217,17 @@ def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected:
     else:  # the middle half of each set: one stray call does not decide
         (a1, am, a3), (b1, bm, b3) = _quartiles(xa), _quartiles(xb)
         ratios = Spread(am / bm, a1 / b3, a3 / b1, min(len(xa), len(xb)))
-    result = verdict(ratios, expected, test, rel_tol)
+    if min_n is None:
+        min_n = MIN_TIME_REPEATS if unit == "s" else 1
+    result = verdict(ratios, expected, test, rel_tol, min_n)
     reason = (why(result) if callable(why) else why) if result != "holds" else None
+    if ratios.n < min_n:
+        decided = verdict(ratios, expected, test, rel_tol)
+        reason = (f"{ratios.n} {per}(s) only: a claim about time needs at least {min_n} interleaved repeats "
+                  f"before it is decided (these alone would say {decided}; the spread above is all there is). "
+                  + (f"What to look at: {reason}" if reason and decided != "holds" else "")).strip()
     return Claim(cid, says, quantity, la, lb, {la: spread(xa), lb: spread(xb)}, unit, ratios, expected, model,
-                 test, rel_tol, reason, how, per, paired, interval)
+                 test, rel_tol, reason, how, per, paired, interval, min_n)
 
 
 def _quartiles(values) -> tuple:
@@ -222,7 +242,7 @@ def consistent(record: dict) -> list:
     range, and there are as many ratios as paired runs."""
     problems = []
     r = Spread(**record["ratios"])
-    want = verdict(r, record["expected"], record["test"], record["rel_tol"])
+    want = verdict(r, record["expected"], record["test"], record["rel_tol"], int(record.get("min_n", 1)))
     if record["result"] != want:
         problems.append(f"{record['cid']}: prints {record['result']!r}, its numbers give {want!r}")
     if record["result"] != "holds" and not record.get("why"):

@@ -52,6 +52,21 @@ def lab_config(**overrides) -> RunConfig:
     return config_for(_gpus(), quick_mode(), **overrides)
 
 
+def attempt(what: str, start, needed_by: str = ""):
+    """`start()` (a run or a calibration), or None when it fails, with one clear line instead of a traceback:
+    what failed, why (the error's first line), and what still runs, so a failed run takes only its own section
+    down and Run All goes on to the next one. `needed_by`: the later parts that need it ("question 1 and the
+    planner"). KeyboardInterrupt is not caught."""
+    try:
+        return start()
+    except Exception as e:  # noqa: BLE001 - a lab section reports any failure of its run and goes on
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"{what} failed: {type(e).__name__}: {first[:400]}\n"
+              f"  the parts that need it{' (' + needed_by + ')' if needed_by else ''} say so and are skipped; "
+              "the next sections do not need it and still run.")
+        return None
+
+
 def calibration_ranks(cfg: RunConfig) -> int:
     """Ranks for a calibration that prices `cfg`'s runs: its own rank count, at least 2 (a collective needs
     peers; on one GPU 2 ranks share it as the runs' ranks do)."""

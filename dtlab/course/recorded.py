@@ -84,7 +84,12 @@ def beside(runs) -> str:
         return "no recorded run of this strategy ships with dtlab (dtlab.recorded_runs() lists them)"
     names = ", ".join(f'dtlab.recorded_run("{name}")' for _, _, name in pairs)
     if not all(_on_cpu(run.resolved) for _, run, _ in pairs):
-        return f"your runs ran on GPUs: they are the real thing. Recorded on an H200 for comparison: {names}."
+        from dtlab.course.wording import kind
+        if any(kind(run.resolved.get("placement") or {}) == "host_staged" for _, run, _ in pairs):
+            return (f"your runs ran on a GPU through gloo, like the recording: compute is GPU compute, communication "
+                    f"is staged through host memory (dtlab.course.wording.nccl_beside prices it over NCCL). "
+                    f"Recorded on an H200 for comparison: {names}.")
+        return f"your runs ran with NCCL on GPUs: they are the real thing. Recorded on an H200 for comparison: {names}."
     recs = {name: recorded_run(name) for _, _, name in pairs}
     prov = next(iter(recs.values())).provenance
     mine = {label: run_figures(run) for label, run, _ in pairs}

@@ -114,8 +114,9 @@ def judge_number(key: Key, answer) -> dict:
     by_abs = not capped and (key.abs_tol or 0.0) >= (key.rel_tol or 0.0) * abs(exp)
     # an absolute width is shown as such: as a fraction of the key, a fixed width would give the key away
     width = "exact" if not tol else f"± {fmt(tol, key.unit)}" if by_abs or not exp else f"±{tol / abs(exp):.1%}"
-    width = (width + " (capped at 50%)" if capped else width) if key.show_tol else "the tolerance"
-    tol_txt = f"{width}; {key.tol_source}"
+    width = width + " (capped at 50%)" if capped else width
+    # a hidden width names only its source: "tolerance the tolerance; ..." said nothing twice
+    tol_txt = f"{width}; {key.tol_source}" if key.show_tol else key.tol_source
     extra = {"tolerance": tol / abs(exp) if exp else tol, "capped": capped}
     if unanswered(answer):
         return _record(key, None, None, f"[{key.qid}] not answered yet: set your answer and run this cell again "

@@ -53,14 +53,18 @@ def _compressed_buckets(run) -> pd.DataFrame:
         if len(keep) == 0:
             raise ValueError(f"run {run.path}: PowerSGD never compressed in the measured steps (all steps before "
                              f"powersgd_start_iter = {run.config.get('powersgd_start_iter')}?)")
-        b = b[b["step"].isin(keep)]
+        steps = sorted(int(st) for st in keep)
+        # the first compressed step also builds PowerSGD's state (its P and Q matrices): its encode time is a
+        # one-off, not the per-step cost the explorer prices, so it is left out when a later one exists
+        b = b[b["step"].isin(steps[1:] if len(steps) > 1 else steps)]
     return b
 
 
 def compression_from_run(run) -> dict:
     """The measured compression of a DDP run, for the cost model and the explorer's slider.
 
-    Returns ratio (bytes on the wire / gradient bytes over the measured steps where the hook compressed),
+    Returns ratio (bytes on the wire / gradient bytes over the measured steps where the hook compressed; for
+    PowerSGD without its first compressed step, which also builds its state, when a later one exists),
     wire_bytes and grad_bytes per rank-step (B), encode_s (median per rank-step of the summed encode time,
     t_start - t_ready of each bucket: the hook's work before its first collective, seconds; 0 without a hook),
     encode_s_per_byte (encode_s / gradient bytes, s/B), hook, and source (a sentence naming the run). The decode

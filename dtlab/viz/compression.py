@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from dtlab.units import MIB
+from dtlab.units import MIB, _sig
 from dtlab.viz.figures import COLORS, set_title
 
 
@@ -70,7 +70,8 @@ def lever_bytes_table(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"run": table["label"], "comm hook": table["comm_hook"],
                          "micro-batches per step": table["accumulate"].astype(int),
                          "gradient bytes (B)": table["grad_bytes"].astype(int),
-                         "on the wire (B)": table["wire_bytes"].astype(int),
+                         "on the wire (B; median rank-step, PowerSGD's compressed steps)":
+                             table["wire_bytes"].astype(int),
                          "r (wire / gradient)": table["ratio"].round(4),
                          "all-reduce rounds per micro-batch": table["rounds_per_micro_batch"].round(3),
-                         "encode (ms per step)": (table["encode_s"] * 1e3).round(3)})
+                         "encode (ms per step)": [("0" if v == 0 else _sig(v * 1e3, 3)) for v in table["encode_s"]]})

@@ -11,7 +11,14 @@ import pandas as pd
 import plotly.graph_objects as go
 
 COLORS = {"T_comp": "#4C78A8", "T_comm": "#F58518", "exposed": "#E45756", "hidden": "#72B7B2",
-          "fwd": "#9ECAE9", "bwd": "#4C78A8", "opt": "#54A24B", "bucket": "#F58518", "ready": "#222222"}
+          "fwd": "#9ECAE9", "bwd": "#4C78A8", "opt": "#54A24B", "bucket": "#F58518", "ready": "#222222",
+          "wait": "#BAB0AC"}
+
+
+def fmt_mib(nbytes) -> str:
+    """Bytes in MiB with three significant digits, so a small bucket never reads as a rounded-away 0.0 or as
+    another cap: fmt_mib(55688) -> '0.0531 MiB', fmt_mib(3906816) -> '3.73 MiB'."""
+    return f"{float(nbytes) / 2**20:.3g} MiB"
 
 #: Characters per title line: plotly never wraps a title, and a figure without a set width (a FigureWidget
 #: in JupyterLab, a narrow notebook) is 700 px wide; 72 characters of the 16 px title font fit with room.
@@ -88,7 +95,9 @@ def breakdown_bar(summary: pd.DataFrame, title: str = "") -> go.Figure:
 
 def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
     """One step on one rank: forward, backward and optimizer as bars, each bucket's all-reduce as a bar on
-    its own row, with a marker where the bucket became ready. Times in ms from the step start."""
+    its own row, with a marker where the bucket became ready. Times in ms from the step start. The end of
+    backward after the last bucket became ready, where DDP only waits for its all-reduces, is its own segment
+    ("waiting for all-reduces"), not backward compute."""
     st = run.steps[run.steps["rank"] == rank]
     if st.empty:
         return set_title(go.Figure(), f"no steps recorded on rank {rank}")
@@ -101,15 +110,23 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
     fig = go.Figure()
     delay = row.get("straggle_s", 0.0)  # a straggler's injected sleep, part of t_bwd (dtlab.config.stragglers)
     delay = float(delay) if pd.notna(delay) else 0.0
+    bwd_start, bwd_end = row["t_fwd"] + delay, row["t_fwd"] + row["t_bwd"]
+    # DDP's backward ends by waiting for its all-reduces: from the last bucket's ready mark (the last gradient
+    # computed) to the end of backward the rank computes nothing; drawn as a wait, not as backward compute
+    last_ready = float(b["t_ready"].max()) if not b.empty else bwd_end
+    wait = bwd_end - last_ready if bwd_start < last_ready < bwd_end else 0.0
     phases = [("forward", 0.0, row["t_fwd"], COLORS["fwd"]),
               ("injected delay", row["t_fwd"], delay, "#B279A2"),
-              ("backward", row["t_fwd"] + delay, row["t_bwd"] - delay, COLORS["bwd"]),
-              ("optimizer", row["t_fwd"] + row["t_bwd"], row["t_opt"], COLORS["opt"])]
-    for name, start, dur, color in phases[:1] + phases[1 + (delay <= 0):]:
+              ("backward", bwd_start, row["t_bwd"] - delay - wait, COLORS["bwd"]),
+              ("waiting for all-reduces", bwd_end - wait, wait, COLORS["wait"]),
+              ("optimizer", bwd_end, row["t_opt"], COLORS["opt"])]
+    for name, start, dur, color in phases:
+        if dur <= 0 and name in ("injected delay", "waiting for all-reduces"):
+            continue
         fig.add_trace(go.Bar(y=["compute"], x=[dur * 1e3], base=[start * 1e3], orientation="h", name=name,
                              marker_color=color, hovertemplate=f"{name}: %{{x:.1f}} ms<extra></extra>"))
     if not b.empty:
-        labels = [f"bucket {int(i)} ({n / 2**20:.1f} MiB)" for i, n in zip(b["bucket"], b["nbytes"])]
+        labels = [f"bucket {int(i)} ({fmt_mib(n)})" for i, n in zip(b["bucket"], b["nbytes"])]
         fig.add_trace(go.Bar(y=labels, x=(b["t_end"] - b["t_start"]) * 1e3, base=b["t_start"] * 1e3,
                              orientation="h", name="all-reduce", marker_color=COLORS["bucket"],
                              hovertemplate="%{y}: %{x:.1f} ms<extra></extra>"))

@@ -38,9 +38,9 @@ def test_a_claim_that_does_not_hold_must_say_why():
     a, b = ("accumulate 4", [0.0009, 0.0008]), ("none", [0.001, 0.001])
     with pytest.raises(ValueError, match="give `why`"):
         compare("lab.x", "accumulation cuts T_comm per sample by K", "T_comm per sample", a, b, expected=0.25,
-                model="1/K")
+                model="1/K", min_n=1)
     c = compare("lab.x", "accumulation cuts T_comm per sample by K", "T_comm per sample", a, b, expected=0.25,
-                model="1/K", why=lambda result: f"{result}: the wait for the peer grew")
+                model="1/K", why=lambda result: f"{result}: the wait for the peer grew", min_n=1)
     assert c.result == "contradicted" and c.why == "contradicted: the wait for the peer grew"
     text = c.text()
     assert "accumulate 4 850 µs, none 1 ms" in text and "×0.85 (range ×0.8 .. ×0.9)" in text
@@ -60,6 +60,16 @@ def test_consistent_finds_a_record_whose_verdict_does_not_follow_from_its_number
     assert any("without a reason" in p for p in consistent(bad))
 
 
+def test_a_claim_about_time_from_fewer_than_three_runs_is_inconclusive():
+    a, b = ("accumulate 4", [0.0009, 0.0008]), ("none", [0.001, 0.001])
+    c = compare("lab.x", "accumulation cuts T_comm per sample by K", "T_comm per sample", a, b, expected=0.25,
+                model="1/K", why="the wait for the peer grew")
+    assert c.result == "inconclusive" and "2 run(s) only" in c.why and "would say contradicted" in c.why
+    assert "the wait for the peer grew" in c.why and "from at least 3 runs" in c.text()
+    assert consistent(json.loads(json.dumps(c.record()))) == []
+    assert consistent(dict(json.loads(json.dumps(c.record())), result="contradicted"))
+
+
 def test_interleaved_runs_alternate_the_order():
     made = []
     out = interleaved({"A": "a", "B": "b", "C": "c"}, 3, run=lambda cfg: made.append(cfg) or cfg.upper())
@@ -71,7 +81,7 @@ def test_interleaved_runs_alternate_the_order():
 
 
 def test_parse_claims_reads_the_records_back(tmp_path, capsys):
-    c = compare("lab.w", "s", "q", ("a", [1.0]), ("b", [2.0]), expected=0.5, model="m").show()
+    c = compare("lab.w", "s", "q", ("a", [1.0]), ("b", [2.0]), expected=0.5, model="m", min_n=1).show()
     printed = capsys.readouterr().out
     nb = {"cells": [{"cell_type": "code", "outputs": [
         {"output_type": "stream", "name": "stdout", "text": printed},

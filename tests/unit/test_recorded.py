@@ -151,7 +151,9 @@ def test_the_labs_table_sets_a_cpu_run_beside_the_recorded_one(shipped):
     t_step = next(line for line in text.splitlines() if line.strip().startswith("T_step")).split()
     assert t_step[1:] == ["122.0", "ms", "832.4", "ms", "122.0", "ms", "832.4", "ms"]
     assert "267,820,040" in text and "535,640,088" in text and "not the same job" not in text and "nan" not in text
-    assert beside(ddp).startswith("your runs ran on GPUs") and 'recorded_run("h200-ddp")' in beside(ddp)
+    # the recording itself ran gloo on CUDA tensors: its own text says so, not "the real thing"
+    assert beside(ddp).startswith("your runs ran on a GPU through gloo") and 'recorded_run("h200-ddp")' in beside(ddp)
+    assert "real thing" not in beside(ddp)
     tiny = _on_cpu(dataclasses.replace(ddp, config={**ddp.config, "model": "tiny"}))
     assert "not the same job (model tiny here, distilbert there)" in " ".join(beside(tiny).split())
     prof = dtlab.recorded_calibration().profile
