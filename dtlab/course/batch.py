@@ -17,6 +17,7 @@ the CSV's `sandbox` column says which. A limit that is hit is named in the noteb
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -205,13 +206,11 @@ def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: flo
             cmd += ["--cells", f"{where['dir']}/cells.json"]
         if replay:
             cmd += ["--submission", where["sub"]]
-        kw = {}
-        if boxed:
-            cmd = sb.command(sandbox, cmd, inbox, outbox, disk=disk)
-            kw = {"preexec_fn": sb.limits_preexec(memory, procs), "pass_fds": (pipe[1],)}
-        # a session of its own: a notebook that runs over its time is stopped with its kernel, not left behind
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
-                             start_new_session=True, **kw)
+        with (sb.prepared(sandbox, cmd, inbox, outbox, disk, memory, procs, pass_fds=(pipe[1],)) if boxed
+              else contextlib.nullcontext((cmd, {}))) as (cmd, kw):
+            # a session of its own: a notebook that runs over its time is stopped with its kernel, not left behind
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+                                 start_new_session=True, **kw)
         reader = _Reader(pipe) if pipe else None
         try:
             stdout, stderr = p.communicate(timeout=timeout_s)

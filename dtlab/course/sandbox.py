@@ -12,9 +12,10 @@ sandbox of its own:
 - network: a network namespace of its own with loopback only (gloo ranks still meet on 127.0.0.1);
 - processes: a PID namespace: every process the notebook starts is killed when its grader ends (and when `dtlab
   grade` dies); an unprivileged uid (65534) in a user namespace of its own;
-- limits: memory (RLIMIT_AS per process, default 4 GiB), processes (RLIMIT_NPROC, default 512; the kernel does not
-  enforce it for root, so grade as an ordinary user for it to bind), scratch disk (the tmpfs size, default 1 GiB),
-  wall time (`--timeout`, as before).
+- limits: memory (RLIMIT_AS per process, default 4 GiB), processes (RLIMIT_NPROC, default 512), scratch disk (the
+  tmpfs size, default 1 GiB), wall time (`--timeout`, as before). Linux does not enforce RLIMIT_NPROC for root, so
+  when `dtlab grade` runs as root each sandbox's processes get a uid of their own, with no capabilities
+  (`sandbox_uid`, `command`).
 
 Two mechanisms: bubblewrap (`bwrap`, where installed and allowed) and plain Linux namespaces through util-linux's
 `unshare`, `mount` and `pivot_root` (the same layout built by a short shell script). `auto` takes the first that
@@ -23,6 +24,7 @@ works here; with neither, `dtlab grade` refuses to run untrusted code unless `--
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shlex
@@ -33,6 +35,24 @@ import sys
 MECHANISMS = ("bwrap", "namespaces")
 CHOICES = ("auto",) + MECHANISMS + ("none",)
 UID = 65534                       # nobody
+ROOTLESS_UIDS = (2_000_000_000, 100_000_000)   # a root caller's sandboxes: uids from here, one drawn per sandbox
+
+
+def setpriv(uid: int) -> list[str]:
+    """A root caller's sandbox becomes `uid` with no capabilities, and no setuid program can give any back."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--inh-caps=-all",
+            "--bounding-set=-all", "--"]
+
+
+def sandbox_uid() -> int:
+    """The uid a sandbox's processes have outside it: the caller's own (mapped to UID inside a user namespace), or
+    for a root caller one drawn for this sandbox alone, so that RLIMIT_NPROC, which counts a uid's processes across
+    the machine, counts this sandbox's and no other's."""
+    if os.geteuid() != 0:
+        return os.geteuid()
+    import secrets
+    start, n = ROOTLESS_UIDS
+    return start + secrets.randbelow(n)
 GiB, MiB = 2 ** 30, 2 ** 20
 DEFAULT_MEMORY = 4 * GiB
 DEFAULT_DISK = 1 * GiB
@@ -80,17 +100,31 @@ def _env(extra: dict) -> dict:
 
 
 def command(mech: str, argv: list[str], inbox: str, outbox: str, disk: int = DEFAULT_DISK,
-            env: dict | None = None) -> list[str]:
+            env: dict | None = None, uid: int = UID) -> list[str]:
     """The command that runs `argv` in the sandbox `mech`, with `inbox` read-only at /sandbox/in and `outbox`
-    writable at /sandbox/out."""
+    writable at /sandbox/out. For an ordinary caller the sandbox's processes are UID inside a user namespace of
+    their own; a root caller's sandbox makes no user namespace and drops to `uid` (`sandbox_uid`) itself (setpriv:
+    no capabilities, no_new_privs), so that RLIMIT_NPROC binds (Linux does not enforce it for root, nor for a
+    user namespace's uid mapped to root)."""
     env = _env(env or {})
     ro, links = ro_paths()
+    root = os.geteuid() == 0
     if mech == "bwrap":
+        if root:
+            ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                  "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+            argv = setpriv(uid) + argv
+        else:
+            ns = ["--unshare-all", "--uid", str(UID), "--gid", str(UID)]
         # the scratch tmpfs first, the read-only binds over it: an environment under /tmp (a CI's venv) stays seen
-        cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(UID), "--gid", str(UID),
+        cmd = ["bwrap", *ns, "--die-with-parent", "--new-session",
                "--hostname", "dtlab-grade", "--clearenv", "--proc", "/proc", "--dev", "/dev",
-               "--size", str(disk), "--tmpfs", "/dev/shm", "--size", str(disk), "--tmpfs", SCRATCH,
-               "--dir", SCRATCH + "/home"]
+               "--perms", "1777", "--size", str(disk), "--tmpfs", "/dev/shm",
+               "--perms", "1777", "--size", str(disk), "--tmpfs", SCRATCH, "--perms", "0777", "--dir", SCRATCH + "/home"]
+        parents = sorted({os.path.dirname(p)[:i] for p in (*ro, IN, OUT) for i in range(2, len(os.path.dirname(p)) + 1)
+                          if os.path.dirname(p)[i:i + 1] in ("", "/")}, key=len)
+        for d in parents:   # made 0755: bwrap as root makes them 0700, and UID could not reach what is under them
+            cmd += ["--perms", "0755", "--dir", d]
         for p in ro:
             cmd += ["--ro-bind", p, p]
         for p in links:
@@ -100,22 +134,28 @@ def command(mech: str, argv: list[str], inbox: str, outbox: str, disk: int = DEF
             cmd += ["--setenv", k, v]
         return cmd + ["--remount-ro", "/", "--"] + argv
     if mech == "namespaces":
-        return ["unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child",
-                "--propagation", "private", "sh", "-c", _script(ro, links, inbox, outbox, disk, env, argv)]
+        user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+        return ["unshare", *user, "--net", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
+                "sh", "-c", _script(ro, links, inbox, outbox, disk, env, argv, uid)]
     raise ValueError(f"no sandbox {mech!r} ({MECHANISMS})")
 
 
-def _script(ro, links, inbox, outbox, disk, env, argv) -> str:
-    """The namespaces' sandbox, built as root of a new user namespace: a tmpfs root holding read-only binds, a new
-    /proc, a few devices, the scratch tmpfs; pivot_root into it, loopback up, then a nested user namespace as
-    uid 65534 runs the grader."""
+def _script(ro, links, inbox, outbox, disk, env, argv, uid) -> str:
+    """The namespaces' sandbox, built as root (of a new user namespace, or the real root): a tmpfs root holding
+    read-only binds (nosuid, nodev), a new /proc, a few devices, the scratch tmpfs; pivot_root into it, loopback up;
+    then the grader runs as UID in a nested user namespace, or for the real root as `uid` through setpriv with no
+    capabilities and no_new_privs (a setuid program in the read-only system then gives nothing)."""
     q = shlex.quote
+    if os.geteuid() == 0:
+        drop = " ".join(setpriv(uid))
+    else:
+        drop = f"unshare --user --map-user={UID} --map-group={UID} --"
     root = os.path.join(os.path.dirname(os.path.abspath(outbox)), "sandbox-root")
     lines = ["set -e", f"R={q(root)}", "mkdir -p $R", "mount -t tmpfs -o size=64m,mode=755 tmpfs $R",
              "mkdir -p $R/tmp", f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/tmp",   # under the binds, as
              "mkdir -m 777 $R/tmp/home"]                                                    # bwrap's is
     for p in ro:
-        lines += [f"mkdir -p $R{q(p)}", f"mount --rbind {q(p)} $R{q(p)}", f"mount -o remount,bind,ro $R{q(p)}"]
+        lines += [f"mkdir -p $R{q(p)}", f"mount --rbind {q(p)} $R{q(p)}", f"mount -o remount,bind,ro,nosuid,nodev $R{q(p)}"]
     for p in links:
         lines.append(f"ln -s {q(os.readlink(p))} $R{q(p)}")
     lines += ["mkdir -p $R/proc $R/dev/shm $R/tmp $R/sandbox/in $R/sandbox/out $R/old",
@@ -125,33 +165,39 @@ def _script(ro, links, inbox, outbox, disk, env, argv) -> str:
     lines += ["ln -s /proc/self/fd $R/dev/fd", "ln -s /proc/self/fd/0 $R/dev/stdin",
               "ln -s /proc/self/fd/1 $R/dev/stdout", "ln -s /proc/self/fd/2 $R/dev/stderr",
               f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/dev/shm",
-              f"mount --bind {q(inbox)} $R/sandbox/in", "mount -o remount,bind,ro $R/sandbox/in",
+              f"mount --bind {q(inbox)} $R/sandbox/in", "mount -o remount,bind,ro,nosuid,nodev $R/sandbox/in",
               f"mount --bind {q(outbox)} $R/sandbox/out",
               "ip link set lo up 2>/dev/null || true",
               "mount -o remount,ro $R", "cd $R", "pivot_root . old", "umount -l /old", "cd /tmp",
-              "exec unshare --user --map-user=%d --map-group=%d -- env -i %s %s" % (
-                  UID, UID, " ".join(q(f"{k}={v}") for k, v in env.items()), " ".join(q(a) for a in argv))]
+              "exec %s env -i %s %s" % (drop, " ".join(q(f"{k}={v}") for k, v in env.items()),
+                                        " ".join(q(a) for a in argv))]
     return "\n".join(lines)
 
 
 @functools.lru_cache(maxsize=None)
 def probe(mech: str) -> str | None:
     """None when `mech` works here (a sandbox is made and a process runs in it), else why not, in one line."""
-    if mech == "bwrap" and not shutil.which("bwrap"):
-        return "bwrap is not installed (apt-get install -y bubblewrap)"
-    if mech == "namespaces" and not all(shutil.which(t) for t in ("unshare", "mount", "pivot_root")):
-        return "util-linux's unshare, mount and pivot_root are not all installed"
+    if mech == "bwrap" and not all(shutil.which(t) for t in ("bwrap", "setpriv")):
+        return "bwrap or setpriv is not installed (apt-get install -y bubblewrap util-linux)"
+    if mech == "namespaces" and not all(shutil.which(t) for t in ("unshare", "mount", "pivot_root", "setpriv")):
+        return "util-linux's unshare, mount, pivot_root and setpriv are not all installed"
+    return _try(mech)
+
+
+def _try(mech: str) -> str | None:
+    """Make a sandbox `mech` as grading does and run a process in it: None, or why it failed."""
     import tempfile
     with tempfile.TemporaryDirectory(prefix="dtlab-probe-") as d:
         inbox, outbox = os.path.join(d, "in"), os.path.join(d, "out")
         os.makedirs(inbox)
         os.makedirs(outbox)
         os.chmod(d, 0o755)
-        code = ("import os, socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        code = ("import os, socket, tempfile; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+                "tempfile.TemporaryFile(); open(os.path.join(os.environ['HOME'], 'x'), 'w'); "
                 f"open({OUT + '/ok'!r}, 'w').write(str(os.getuid()))")
         try:
-            p = subprocess.run(command(mech, [sys.executable, "-c", code], inbox, outbox, disk=16 * MiB),
-                               capture_output=True, text=True, timeout=60)
+            with prepared(mech, [sys.executable, "-c", code], inbox, outbox, disk=16 * MiB) as (cmd, kw):
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=d, **kw)
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"{mech} could not start: {e}"
         if p.returncode != 0 or not os.path.exists(os.path.join(outbox, "ok")):
@@ -196,12 +242,38 @@ def limits_preexec(memory: int, procs: int):
     return apply
 
 
+def open_to_sandbox(inbox: str, outbox: str, uid: int) -> None:
+    """Let a sandbox that runs as `uid` in the real user namespace (a root caller's: see `prepared`) read its inbox
+    and write its outbox: a world-readable inbox, an outbox owned by `uid`."""
+    for d, _, files in os.walk(inbox):
+        os.chmod(d, 0o755)
+        for f in files:
+            p = os.path.join(d, f)
+            if not os.path.islink(p):
+                os.chmod(p, 0o644)
+    os.chown(outbox, uid, uid)
+
+
+@contextlib.contextmanager
+def prepared(mech: str, argv: list[str], inbox: str, outbox: str, disk: int = DEFAULT_DISK,
+             memory: int = DEFAULT_MEMORY, procs: int = DEFAULT_PROCS, env: dict | None = None, pass_fds=()):
+    """(command, Popen keyword arguments) that run `argv` in the sandbox `mech` with the limits set; for a root
+    caller, whose sandbox runs as a uid of its own in the real user namespace (`command`), the inbox is made
+    readable and the outbox writable by it first."""
+    uid = sandbox_uid()
+    if os.geteuid() == 0:
+        open_to_sandbox(inbox, outbox, uid)
+    yield (command(mech, argv, inbox, outbox, disk=disk, env=env, uid=uid),
+           {"preexec_fn": limits_preexec(memory, procs), "pass_fds": tuple(pass_fds)})
+
+
 def limit_hit(text: str, memory: int, disk: int) -> str | None:
     """The limit a grader's error or a student's exceptions name, if any."""
     if "No space left on device" in text or "Errno 28" in text:
         return f"scratch disk limit {size_text(disk)} exceeded"
     if "MemoryError" in text or "Cannot allocate memory" in text or "std::bad_alloc" in text:
         return f"memory limit {size_text(memory)} exceeded"
-    if "Resource temporarily unavailable" in text and ("fork" in text or "thread" in text or "spawn" in text):
+    if "Resource temporarily unavailable" in text and any(w in text for w in ("fork", "thread", "spawn",
+                                                                             "BlockingIOError")):
         return "process limit exceeded"
     return None

@@ -5,6 +5,7 @@ mechanism. Each drill is a real notebook graded for real, beside an honest one i
 - write: writes a file into the grading user's home, the autograder folder and the CSV's folder;
 - net: connects to a TCP port listening on the grading machine's 127.0.0.1;
 - procs: starts 200 processes in sessions of their own and leaves them running;
+- forkbomb: starts processes until refused (3,000 asked, the limit 512), whoever grades, root included;
 - memory: allocates 8 GiB (the limit is 4 GiB a process);
 - disk: fills its scratch folder (128 MiB here) and leaves the file;
 - forge: leaves a process behind that rewrites the sandbox's result folder and writes a full-marks result into
@@ -96,6 +97,13 @@ socket.create_connection(("127.0.0.1", {port}), timeout=3).sendall(b"pwned")''',
         "procs": f'''import subprocess
 procs = [subprocess.Popen(["sleep", "{TOKEN}"], start_new_session=True) for _ in range(200)]
 print(len(procs), "started")''',
+        "forkbomb": f'''import subprocess
+procs = []
+try:
+    for _ in range(3000):
+        procs.append(subprocess.Popen(["sleep", "{TOKEN}"], start_new_session=True))
+finally:
+    print(len(procs), "started")''',
         "forge": FORGE,
         "memory": '''x = bytearray(8 * 2 ** 30)''',
         "disk": '''with open("/tmp/fill", "wb") as f:
@@ -200,6 +208,15 @@ def test_a_submission_cannot_forge_its_own_result(batch):
     assert (got["status"] == "graded").all() and got["points"].sum() == 0, got.to_dict("index")
     assert "forged" not in " ".join(got["feedback"]) and (got["max_points"] != 9).all()
     assert "PermissionError" in got["errors"].iloc[0]   # its grader's memory is not its to read
+
+
+def test_processes_beyond_the_limit_are_refused_and_named(batch):
+    """The limit binds whoever grades, root included (each sandbox a uid of its own), and ends with its sandbox."""
+    got = _of(batch, "forkbomb")
+    assert got["points"].sum() == 0
+    said = " ".join(got.iloc[0][["feedback", "flags", "errors"]])
+    assert "process limit exceeded" in said and "Resource temporarily unavailable" in said, said
+    assert batch["survivors"] == []
 
 
 def test_memory_beyond_the_limit_is_refused_and_named(batch):
