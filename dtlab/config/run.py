@@ -254,9 +254,10 @@ class RunConfig(JobConfig):
             check_data_file(self.data, min_rows=self.batch_size * self.nproc)
         if not isinstance(self.record, bool):
             raise ValueError(f"record must be true or false, got {self.record!r}")
-        if not isinstance(self.profile, bool) or (self.profile and self.strategy != "ddp"):
-            raise ValueError(f"profile must be true or false, and true only with strategy 'ddp', got {self.profile!r}"
-                             f" with strategy {self.strategy!r}")
+        if not isinstance(self.profile, bool):
+            raise ValueError(f"profile must be true or false, got {self.profile!r}")
+        if self.profile and not spec.profiles:
+            raise spec.refuse("profile", self.profile, "the profiler's schedule follows the DDP loop's steps")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
         if self.lr is not None:

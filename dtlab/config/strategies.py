@@ -69,6 +69,8 @@ class StrategySpec:
     """Workers push gradients to a server and pull parameters without waiting for each other: one optimizer
     update per pushed gradient, `max_staleness` and `staleness_policy` apply (dtlab.rank.strategies.async_ps)."""
     server_ranks: int = 0
+    profiles: bool = False
+    """`profile=True` records a PyTorch profiler trace of the measured steps (dtlab.rank.profiling)."""
     """Ranks (the lowest) that serve and take no training steps of their own (the asynchronous server: 1)."""
 
     def refuse(self, field: str, value, why: str = "") -> ValueError:
@@ -86,7 +88,7 @@ SUPPORT_FIELDS = {"baseline_steps": "compute_baseline", "comm_hook": "comm_hooks
 #: the convergence levers (dtlab.config.convergence)
 SUPPORT_FIELDS.update({"eval_every": "evaluates", "lr_scaling": "lr_schedule", "warmup_steps": "lr_schedule",
                        "base_batch": "lr_schedule", "local_sgd": "local_sgd", "max_staleness": "asynchronous",
-                       "staleness_policy": "asynchronous"})
+                       "staleness_policy": "asynchronous", "profile": "profiles"})
 
 
 def _supports(spec: StrategySpec, field: str) -> bool:
@@ -96,7 +98,8 @@ def _supports(spec: StrategySpec, field: str) -> bool:
 STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in (
     StrategySpec(name="ddp", module="dtlab.rank.strategies.ddp", title="ring all-reduce (ddp)",
                  records="buckets", bucket_op="all_reduce", compute_baseline=True, comm_hooks=True, accumulate=True,
-                 stragglers=True, checkpoints=True, evaluates=True, lr_schedule=True, local_sgd=True),
+                 stragglers=True, checkpoints=True, evaluates=True, lr_schedule=True, local_sgd=True,
+                 profiles=True),
     StrategySpec(name="ps", module="dtlab.rank.strategies.ps", title="reduce + broadcast (ps)",
                  records="buckets", bucket_op="ps", compute_baseline=True, stragglers=True, needs_record=True,
                  evaluates=True, lr_schedule=True),

@@ -77,7 +77,8 @@ ROOT = PKG.parent
 #: The public API (dtlab.__all__) and the command line: a move inside the package must keep every one of them.
 PUBLIC_NAMES = {"RunConfig", "ZeroConfig", "CalibConfig", "tiny", "launch", "run", "Handle", "calibrate", "sweep",
                 "submit", "Emulation", "Run", "load_run", "RunFailed", "rank_waits", "run_waits", "sync_step_model",
-                "Profile", "load_profile", "predict", "recorded_runs", "recorded_run", "recorded_calibration"}
+                "Profile", "load_profile", "predict", "recorded_runs", "recorded_run", "recorded_calibration",
+                "load_trace", "Trace", "public_trace"}
 COMMANDS = ("run", "show", "trace", "calibrate", "assign", "grade", "slurm", "emulate", "doctor")
 
 
