@@ -220,12 +220,12 @@ def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected:
     if min_n is None:
         min_n = MIN_TIME_REPEATS if unit == "s" else 1
     result = verdict(ratios, expected, test, rel_tol, min_n)
-    reason = (why(result) if callable(why) else why) if result != "holds" else None
+    decided = verdict(ratios, expected, test, rel_tol)   # what the numbers alone say, however few
+    reason = (why(decided) if callable(why) else why) if decided != "holds" else None
     if ratios.n < min_n:
-        decided = verdict(ratios, expected, test, rel_tol)
         reason = (f"{ratios.n} {per}(s) only: a claim about time needs at least {min_n} interleaved repeats "
-                  f"before it is decided (these alone would say {decided}; the spread above is all there is). "
-                  + (f"What to look at: {reason}" if reason and decided != "holds" else "")).strip()
+                  f"before it is decided (these alone would say {decided}; the spread above is all there is)."
+                  + (f" What to look at: {reason}" if reason else "")).strip()
     return Claim(cid, says, quantity, la, lb, {la: spread(xa), lb: spread(xb)}, unit, ratios, expected, model,
                  test, rel_tol, reason, how, per, paired, interval, min_n)
 
