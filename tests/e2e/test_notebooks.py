@@ -73,7 +73,8 @@ def lab02(run, text):
 
 def lab03(run, text):
     assert "replay_t_step_ms" in text and "whatif_t_step_ms" in text
-    assert len(list((run.folder / "runs" / "lab03-sweep").iterdir())) == 2
+    assert len(list((run.folder / "runs" / "lab03-sweep").iterdir())) == 5   # five bucket caps, small to one bucket
+    assert "ranks modelled: [2, 4, 8, 16, 64]" in text and "GPUs" in text   # the model's table over GPU counts
 
 
 def lab04(run, text):
@@ -187,6 +188,41 @@ def test_no_printed_claim_contradicts_its_own_numbers(name):
     assert not re.search(r"\bnan\b", text, flags=re.I), f"{name}: 'nan' in an output"
     for c in claims:  # the sentence on screen is the record's own
         assert f"Verdict: {c['result'].upper()}" in text and c["says"] in text, c["cid"]
+    decided = [c["cid"] for c in claims if c["unit"] == "s" and c["result"] != "inconclusive" and c["ratios"]["n"] < 3]
+    assert not decided, f"{name}: claims about time decided from fewer than 3 repeats: {decided}"
+
+
+def _number_keys(run, lab) -> dict:
+    """{answer variable: key} of the lab's number questions, computed by the rubric from the lab's own recordings
+    (a question whose sources are not there is left out)."""
+    from dtlab.course import rubric
+    from dtlab.course.recordings import Recordings
+    rec = Recordings(str(run.folder), replay_mode=False)
+    sources = rubric.lab_module(lab).sources(rec)
+    keys = {}
+    for q in rubric.questions(lab):
+        if not set(q.needs) <= set(sources):
+            continue
+        try:
+            key = q.key(**{n: sources[n]() for n in q.needs})
+        except Exception:  # noqa: BLE001 - a key this test cannot compute is not what it checks
+            continue
+        if key.kind == "number" and key.expected is not None:
+            keys[q.var] = float(key.expected)
+    return keys
+
+
+@pytest.mark.parametrize("name", LABS)
+def test_what_a_lab_prints_reads_right(name):
+    """No value rounded away to a decimal zero, no doubled word, no key printed before its question
+    (dtlab.course.screen)."""
+    from dtlab.course.screen import doubled_words, keys_before_questions, notebook_text, rounded_away
+    run = drive(name)
+    text = notebook_text(run.nb)
+    assert not rounded_away(text), f"{name}: values rounded away to a decimal zero: {rounded_away(text)}"
+    assert not doubled_words(text), f"{name}: doubled words: {doubled_words(text)}"
+    early = keys_before_questions(run.nb, _number_keys(run, name.removesuffix(".ipynb")))
+    assert not early, f"{name}: " + "; ".join(early)
 
 
 def test_notebooks_are_committed_without_outputs():

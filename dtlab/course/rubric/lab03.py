@@ -11,7 +11,7 @@ LAB = "03_buckets_and_gpu_count"
 
 def buckets(quick: bool) -> list[float]:
     """The lab's BUCKETS (MiB)."""
-    return [0.05, 1.0] if quick else [1.0, 5.0, 25.0, 100.0]
+    return [0.002, 0.01, 0.03, 0.08, 1.0] if quick else [0.25, 1.0, 5.0, 25.0, 100.0]
 
 
 def sources(rec) -> dict:
