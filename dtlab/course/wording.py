@@ -71,7 +71,8 @@ TEXTS = {
                "on a CPU) recorded on one NVIDIA H200: `dtlab.recorded_run(\"h200-ddp\")`. There the two ranks "
                "shared the GPU and talked through gloo (torch 2.11's NCCL cannot put two ranks on one GPU): compute "
                "is real GPU compute, every all-reduce is staged through host memory. The table sets it beside your "
-               "run, with where each ran.",
+               "run, with where each ran; below it, your run's own buckets are priced over NCCL on two reference "
+               "links (an estimate from NCCL's tuning model and nccl-tests, labelled so).",
         "host_staged": "## What this run would cost over NCCL\n\nYour ranks share one GPU and talk through gloo: "
                        f"compute above is real GPU compute, but {_HOST}. The cell below prices your run's own buckets "
                        "on two reference links with NCCL's ring all-reduce (an estimate from NCCL's tuning model "

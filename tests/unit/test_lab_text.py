@@ -152,3 +152,15 @@ def test_attempt_turns_a_failed_run_into_a_message(capsys):
     out = capsys.readouterr().out
     assert "the tensor-parallel run failed: RuntimeError: rank 1 failed" in out and "(question 1)" in out
     assert attempt("x", lambda: 5) == 5
+
+
+def test_powersgd_encode_leaves_out_the_step_that_builds_its_state():
+    from dtlab.model.compression import compression_from_run
+    rows = []
+    for step, (wire, encode) in enumerate([(100, 0.0), (100, 0.0), (10, 0.040), (10, 0.002), (10, 0.002)]):
+        rows.append({"rank": 0, "step": step, "bucket": 0, "nbytes": 100, "wire_bytes": wire,
+                     "t_ready": 0.0, "t_start": encode, "t_end": encode + 0.001})
+    run = types.SimpleNamespace(buckets=pd.DataFrame(rows), warmup=1, path="fake",
+                                config={"comm_hook": "powersgd", "powersgd_start_iter": 2})
+    comp = compression_from_run(run)
+    assert comp["encode_s"] == pytest.approx(0.002) and comp["ratio"] == pytest.approx(0.1)
