@@ -51,7 +51,7 @@ def fmt_bytes_exact(n) -> str:
     return f"{fmt_count(n)} B"
 
 
-def _sig(x: float, digits: int) -> str:
+def sig(x: float, digits: int) -> str:
     """`digits` significant digits, never in exponent notation: 0.0123, 45.2, 1,250."""
     text = f"{x:.{digits}g}"
     return f"{x:,.0f}" if "e" in text else text
@@ -65,14 +65,14 @@ def fmt_time(seconds, digits: int = 3) -> str:
         return "n/a"
     s = float(seconds)
     for scale, unit, limit in ((1e6, "µs", 1e-3), (1e3, "ms", 1.0)):
-        if abs(s) < limit and abs(float(_sig(s * scale, digits).replace(",", ""))) < 1000:
-            return f"{_sig(s * scale, digits)} {unit}"
-    return f"{_sig(s, digits)} s"
+        if abs(s) < limit and abs(float(sig(s * scale, digits).replace(",", ""))) < 1000:
+            return f"{sig(s * scale, digits)} {unit}"
+    return f"{sig(s, digits)} s"
 
 
 def fmt_ratio(x, digits: int = 3) -> str:
     """A ratio of two like quantities: fmt_ratio(0.25) -> '×0.25'."""
-    return "n/a" if x is None or x != x else f"×{_sig(float(x), digits)}"
+    return "n/a" if x is None or x != x else f"×{sig(float(x), digits)}"
 
 
 def sig_table(df, digits: int = 3):
@@ -83,5 +83,5 @@ def sig_table(df, digits: int = 3):
     out = df.copy()
     for col in out.columns:
         if pd.api.types.is_float_dtype(out[col]):
-            out[col] = [v if pd.isna(v) else "0" if v == 0 else _sig(float(v), digits) for v in out[col]]
+            out[col] = [v if pd.isna(v) else "0" if v == 0 else sig(float(v), digits) for v in out[col]]
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from dtlab.units import MIB, _sig
+from dtlab.units import MIB, sig
 from dtlab.viz.figures import COLORS, set_title
 
 
@@ -74,4 +74,4 @@ def lever_bytes_table(table: pd.DataFrame) -> pd.DataFrame:
                              table["wire_bytes"].astype(int),
                          "r (wire / gradient)": table["ratio"].round(4),
                          "all-reduce rounds per micro-batch": table["rounds_per_micro_batch"].round(3),
-                         "encode (ms per step)": [("0" if v == 0 else _sig(v * 1e3, 3)) for v in table["encode_s"]]})
+                         "encode (ms per step)": [("0" if v == 0 else sig(v * 1e3, 3)) for v in table["encode_s"]]})

@@ -146,3 +146,21 @@ def test_public_traces_agree_with_hta_and_give_every_step_and_all_reduce(name):
         assert list(b["step"]) == list(range(1009, 1015)) and set(c["source"]) == {"cpu annotation"}
         assert sorted(ar["nbytes"].unique()) == [1068160, 17728292, 181240752] and len(ar) == 18
     assert ar["nbytes"].notna().all() and (b["T_comm"] > 0).all()
+
+
+def test_a_window_that_cuts_any_value_reads_the_same(tmp_path, monkeypatch):
+    """The reader slides a window over the text: wherever the window's end falls (inside a number after its '.' or
+    'e', inside 'true' or 'null', a string, between events), the columns are those of one read in a single window."""
+    from dtlab.results.kineto import reader
+    (path,) = write_synthetic(tmp_path / "w", nproc=1, sizes=SIZES[:2], int_ts=False)
+    data = json.loads(open(path).read())  # noqa: SIM115
+    for i, e in enumerate(data["traceEvents"]):   # values of every JSON kind, some cut by a small window
+        e.setdefault("args", {}).update(flag=i % 2 == 0, none=None, big=1.5e-7 * (i + 1), neg=-i)
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(data))
+    want = reader.read_columns(str(whole))
+    for chunk in (7, 13, 64):
+        monkeypatch.setattr(reader, "CHUNK", chunk)
+        got = reader.read_columns(str(whole))
+        assert (got.n_events, got.dev_ts, got.dev_dur, got.rt_ts, got.steps) == \
+            (want.n_events, want.dev_ts, want.dev_dur, want.rt_ts, want.steps), chunk

@@ -112,6 +112,13 @@ class _Text:
 _decode = json.JSONDecoder().raw_decode
 
 
+def _maybe_cut(buf: str, err: json.JSONDecodeError) -> bool:
+    """Whether a decode error may only be the window's end cutting a value (more text may complete it): an
+    unterminated string, or an error within the last characters of the window, e.g. a number cut after its '.'
+    or 'e', a 'tru' cut from 'true'. A real error is found again once the window holds more text after it."""
+    return err.msg.startswith("Unterminated") or len(buf) - err.pos < 64
+
+
 def _value(t: _Text, pos: int):
     """Decode the JSON value at `pos`, reading more text as needed; returns (value, end)."""
     while True:
@@ -126,7 +133,7 @@ def _value(t: _Text, pos: int):
         except json.JSONDecodeError as e:
             if t.eof:
                 raise t.damaged(e.pos, "truncated" if not t.buf[e.pos:].strip() else f"not valid JSON ({e.msg})")
-            if not (e.msg.startswith("Unterminated") or not t.buf[e.pos:].strip()):
+            if not _maybe_cut(t.buf, e):
                 raise t.damaged(e.pos, f"not valid JSON ({e.msg})") from None
         pos = t.refill(pos)
 
@@ -211,7 +218,7 @@ def _events(t: _Text, pos: int, cols: RankColumns) -> int:
             if t.eof:
                 raise t.damaged(err.pos, "truncated" if not buf[err.pos:].strip()
                                 else f"not valid JSON ({err.msg})") from None
-            if not (err.msg.startswith("Unterminated") or not buf[err.pos:].strip()):
+            if not _maybe_cut(buf, err):
                 raise t.damaged(err.pos, f"not valid JSON ({err.msg})") from None
             pos = t.refill(pos)
             continue
