@@ -44,9 +44,9 @@ def _run(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["tp", "fsdp2",
-                                  pytest.param("pp-gpipe", marks=pytest.mark.skipif(not NCCL_TWO, reason="needs NCCL "
+                                  pytest.param("pp-gpipe", marks=pytest.mark.skipif(not NCCL_TWO, reason="needs CUDA and NCCL "
                                                "for two ranks: 2 GPUs, or NCCL >= 2.30 on one")),
-                                  pytest.param("pp-1f1b", marks=pytest.mark.skipif(not NCCL_TWO, reason="needs NCCL "
+                                  pytest.param("pp-1f1b", marks=pytest.mark.skipif(not NCCL_TWO, reason="needs CUDA and NCCL "
                                                "for two ranks: 2 GPUs, or NCCL >= 2.30 on one"))])
 def test_step_figures_match_synchronize_bracketed_steps(tmp_path, name):
     run, pairs = _run(tmp_path, name)
