@@ -49,8 +49,9 @@ class Load:
 
     def __enter__(self):
         if self.kind != "quiet":
-            self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                          for _ in range(os.cpu_count() or 2)]
+            self.procs = [
+                subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)
+            ]
             self._signal(signal.SIGSTOP)
         self.thread.start()
         return self
@@ -133,16 +134,31 @@ def one_run(kind: str, i: int, root: str, src: str | None, late: int) -> dict:
         env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     t0 = time.time()
     with Load(kind, out, late, seed=i) as load:
-        cp = subprocess.run([sys.executable, "-m", "dtlab", *MAIN_JOB, "--out", out], capture_output=True,
-                            text=True, env=env, cwd=src or None)
+        cp = subprocess.run(
+            [sys.executable, "-m", "dtlab", *MAIN_JOB, "--out", out],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=src or None,
+        )
     p = parse(cp.stdout)
     f = p["figures"]
     said_noise = "noise" in (p["lines"].get("exposed") or "")
-    return {"load": kind, "run": i, "rc": cp.returncode, "wall_s": round(time.time() - t0, 1),
-            "load_at_s": round(load.on_at - t0, 1) if load.on_at else None, **{k: f.get(k) for k in ROWS},
-            "impossible": impossible(p), "comp_above_step": (f.get("T_comp") or 0) > (f.get("T_step") or 0),
-            "said_noise": said_noise, "machine": p["machine"], "lines": p["lines"], "out": out,
-            "stderr_tail": cp.stderr[-500:] if cp.returncode else ""}
+    return {
+        "load": kind,
+        "run": i,
+        "rc": cp.returncode,
+        "wall_s": round(time.time() - t0, 1),
+        "load_at_s": round(load.on_at - t0, 1) if load.on_at else None,
+        **{k: f.get(k) for k in ROWS},
+        "impossible": impossible(p),
+        "comp_above_step": (f.get("T_comp") or 0) > (f.get("T_step") or 0),
+        "said_noise": said_noise,
+        "machine": p["machine"],
+        "lines": p["lines"],
+        "out": out,
+        "stderr_tail": cp.stderr[-500:] if cp.returncode else "",
+    }
 
 
 def main():
@@ -157,24 +173,32 @@ def main():
     root = tempfile.mkdtemp(prefix="dtlab-busy-")
     runs = []
     for i in range(a.runs):
-        for kind in (loads if i % 2 == 0 else loads[::-1]):
+        for kind in loads if i % 2 == 0 else loads[::-1]:
             r = one_run(kind, i, root, a.src, a.late)
             runs.append(r)
-            print(f"{kind:8s} #{i}: " + "  ".join(f"{k} {r[k] if r[k] is not None else '-'}" for k in ROWS)
-                  + f"  impossible {r['impossible'] or 'none'}  rc {r['rc']}  {r['wall_s']} s", flush=True)
+            print(
+                f"{kind:8s} #{i}: "
+                + "  ".join(f"{k} {r[k] if r[k] is not None else '-'}" for k in ROWS)
+                + f"  impossible {r['impossible'] or 'none'}  rc {r['rc']}  {r['wall_s']} s",
+                flush=True,
+            )
             if r["machine"]:
                 print(f"            {r['machine']}", flush=True)
     quiet = [r["T_comp"] for r in runs if r["load"] == "quiet" and r["T_comp"] is not None]
     ref = statistics.median(quiet) if quiet else None
-    print(f"\n{'load':8s} {'runs':>4s} {'impossible':>10s} {'T_comp>T_step':>13s} {'...said noise':>13s} "
-          f"{'T_comp - quiet (ms, median; range)':>36s}")
+    print(
+        f"\n{'load':8s} {'runs':>4s} {'impossible':>10s} {'T_comp>T_step':>13s} {'...said noise':>13s} "
+        f"{'T_comp - quiet (ms, median; range)':>36s}"
+    )
     for kind in loads:
         rs = [r for r in runs if r["load"] == kind]
         above = [r for r in rs if r["comp_above_step"]]
         moved = [r["T_comp"] - ref for r in rs if ref is not None and r["T_comp"] is not None]
-        shift = (f"{statistics.median(moved):+.0f} ({min(moved):+.0f} .. {max(moved):+.0f})" if moved else "-")
-        print(f"{kind:8s} {len(rs):4d} {sum(bool(r['impossible']) for r in rs):10d} {len(above):13d} "
-              f"{sum(r['said_noise'] for r in above):13d} {shift:>36s}")
+        shift = f"{statistics.median(moved):+.0f} ({min(moved):+.0f} .. {max(moved):+.0f})" if moved else "-"
+        print(
+            f"{kind:8s} {len(rs):4d} {sum(bool(r['impossible']) for r in rs):10d} {len(above):13d} "
+            f"{sum(r['said_noise'] for r in above):13d} {shift:>36s}"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"runs": runs, "quiet_t_comp_ms": ref, "args": vars(a)}, f, indent=2)

@@ -29,8 +29,14 @@ from dtlab.model.restarts import checkpoint_tradeoff, measured_costs
 def run_one(every: int, args, root: str):
     """One killed-and-restarted run with checkpoints every `every` steps; returns its Run."""
     os.environ["DTLAB_FAULT"] = f"1:{args.kill_at}:kill"
-    common = dict(out=os.path.join(root, f"every-{every}"), steps=args.steps, baseline_steps=0, warmup=1,
-                  checkpoint_every=every, max_restarts=1)
+    common = dict(
+        out=os.path.join(root, f"every-{every}"),
+        steps=args.steps,
+        baseline_steps=0,
+        warmup=1,
+        checkpoint_every=every,
+        max_restarts=1,
+    )
     if args.model == "tiny":
         cfg = dtlab.tiny(**common)
     else:  # the README's main job
@@ -59,18 +65,27 @@ def main() -> None:
         assert sorted(run.steps["step"].unique()) == list(range(args.steps)), "a step is missing or doubled"
         saved = run.checkpoints.groupby(["attempt", "step"])["t_save"].max().sum() if c["checkpoints"] else 0.0
         rows.append({"every": every, **c, "save_total_s": float(saved)})
-        print(f"N={every}: {c['checkpoints']} checkpoints, C {c['checkpoint_s'] * 1e3:.0f} ms, "
-              f"{c['lost_steps']} steps redone, down {c['down_s']:.1f} s", flush=True)
+        print(
+            f"N={every}: {c['checkpoints']} checkpoints, C {c['checkpoint_s'] * 1e3:.0f} ms, "
+            f"{c['lost_steps']} steps redone, down {c['down_s']:.1f} s",
+            flush=True,
+        )
 
-    print(f"\n{args.model}, 2 gloo ranks, {args.steps} steps, rank 1 killed at the start of step {args.kill_at}; "
-          f"run directories in {root}")
-    print(f"{'N':>4} {'ckpts':>5} {'C ms':>7} {'MiB/ckpt':>9} {'saving s':>9} {'redone':>6} {'redone ms':>9} "
-          f"{'down s':>7} {'lost s':>7} {'t_step ms':>9}")
+    print(
+        f"\n{args.model}, 2 gloo ranks, {args.steps} steps, rank 1 killed at the start of step {args.kill_at}; "
+        f"run directories in {root}"
+    )
+    print(
+        f"{'N':>4} {'ckpts':>5} {'C ms':>7} {'MiB/ckpt':>9} {'saving s':>9} {'redone':>6} {'redone ms':>9} "
+        f"{'down s':>7} {'lost s':>7} {'t_step ms':>9}"
+    )
     for r in rows:
         c_ms = f"{r['checkpoint_s'] * 1e3:7.0f}" if r["checkpoints"] else f"{'-':>7}"
         mib = f"{r['checkpoint_bytes'] / 2**20:9.1f}" if r["checkpoints"] else f"{'-':>9}"
-        print(f"{r['every']:>4} {r['checkpoints']:>5} {c_ms} {mib} {r['save_total_s']:9.2f} {r['lost_steps']:>6} "
-              f"{r['lost_s'] * 1e3:9.0f} {r['down_s']:7.1f} {r['lost_total_s']:7.1f} {r['t_step'] * 1e3:9.1f}")
+        print(
+            f"{r['every']:>4} {r['checkpoints']:>5} {c_ms} {mib} {r['save_total_s']:9.2f} {r['lost_steps']:>6} "
+            f"{r['lost_s'] * 1e3:9.0f} {r['down_s']:7.1f} {r['lost_total_s']:7.1f} {r['t_step'] * 1e3:9.1f}"
+        )
 
     t_step = statistics.median(r["t_step"] for r in rows)
     ck = [r["checkpoint_s"] for r in rows if r["checkpoints"]]
@@ -79,9 +94,11 @@ def main() -> None:
     mtbf = args.mtbf_h * 3600.0
     every = sorted({r["every"] for r in rows if r["every"]} | {10, 100, 1000, 10000})
     t = checkpoint_tradeoff(t_step, c, mtbf, every=every, restart_s=down)
-    print(f"\nmodel: t_step {t_step * 1e3:.1f} ms, C {c * 1e3:.0f} ms, restart {down:.1f} s, MTBF {args.mtbf_h:g} h: "
-          f"Young's N* = sqrt(2 C MTBF) / t_step = {t.attrs['young_every']:.0f} steps "
-          f"(Daly: {t.attrs['daly_every']:.0f})")
+    print(
+        f"\nmodel: t_step {t_step * 1e3:.1f} ms, C {c * 1e3:.0f} ms, restart {down:.1f} s, MTBF {args.mtbf_h:g} h: "
+        f"Young's N* = sqrt(2 C MTBF) / t_step = {t.attrs['young_every']:.0f} steps "
+        f"(Daly: {t.attrs['daly_every']:.0f})"
+    )
     print(f"{'N':>6} {'interval s':>10} {'saving':>8} {'lost/failure s':>14} {'waste':>8}")
     for r in t.itertuples():
         print(f"{r.every:>6} {r.interval_s:10.2f} {r.save_overhead:8.1%} {r.lost_per_failure_s:14.1f} {r.waste:8.1%}")

@@ -26,9 +26,37 @@ from dtlab.model.convergence import lever_from_run, time_to_target
 from dtlab.model.whatif import compute_from_run
 from dtlab.results.convergence import bytes_per_step, staleness_histogram, update_interval
 
-BASE = ["--model", "tiny", "--model-source", "random", "--data", "offline", "--nproc", "2", "--steps", "90",
-        "--warmup", "2", "--batch-size", "32", "--seq-len", "32", "--bucket-mb", "0.05", "--lr", "3e-3",
-        "--lr-scaling", "sqrt", "--base-batch", "64", "--eval-every", "5", "--baseline-steps", "0", "--no-progress"]
+BASE = [
+    "--model",
+    "tiny",
+    "--model-source",
+    "random",
+    "--data",
+    "offline",
+    "--nproc",
+    "2",
+    "--steps",
+    "90",
+    "--warmup",
+    "2",
+    "--batch-size",
+    "32",
+    "--seq-len",
+    "32",
+    "--bucket-mb",
+    "0.05",
+    "--lr",
+    "3e-3",
+    "--lr-scaling",
+    "sqrt",
+    "--base-batch",
+    "64",
+    "--eval-every",
+    "5",
+    "--baseline-steps",
+    "0",
+    "--no-progress",
+]
 LEVERS = {
     "baseline (DDP)": ["--baseline-steps", "2"],
     "fp16": ["--comm-hook", "fp16"],
@@ -40,8 +68,21 @@ LEVERS = {
     "async, wait, s=0": ["--strategy", "async", "--nproc", "3", "--staleness-policy", "wait", "--max-staleness", "0"],
 }
 #: DDP with lr 1.5e-3 tuned for 32 sentences per update, scaled for its 64 (2 ranks x 32), warmed up over 5 steps
-LR_RULES = {f"lr {rule}": ["--baseline-steps", "0", "--lr", "1.5e-3", "--lr-scaling", rule, "--base-batch", "32",
-                           "--warmup-steps", "5"] for rule in ("none", "linear", "sqrt")}
+LR_RULES = {
+    f"lr {rule}": [
+        "--baseline-steps",
+        "0",
+        "--lr",
+        "1.5e-3",
+        "--lr-scaling",
+        rule,
+        "--base-batch",
+        "32",
+        "--warmup-steps",
+        "5",
+    ]
+    for rule in ("none", "linear", "sqrt")
+}
 
 
 def md_table(df: pd.DataFrame, index: bool = False) -> str:
@@ -65,6 +106,7 @@ def run_lever(out: str, name: str, extra: list, seed: int):
 
 def t_step(run) -> float:
     from dtlab.config.strategies import strategy_spec
+
     if strategy_spec(run.config.get("strategy")).asynchronous:
         return update_interval(run)
     return float(run.summary().set_index("quantity").loc["T_step", "value"])
@@ -80,8 +122,14 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     runs = {(name, s): run_lever(a.out, name, extra, s) for s in seeds for name, extra in LEVERS.items()}
     runs.update({(name, seeds[0]): run_lever(a.out, name, extra, seeds[0]) for name, extra in LR_RULES.items()})
-    prof = dtlab.calibrate(nproc=2, ops=("all_reduce",), sizes=[2 ** k for k in range(14, 24)], iters=8,
-                           out=os.path.join(a.out, "calibration"), progress=False)
+    prof = dtlab.calibrate(
+        nproc=2,
+        ops=("all_reduce",),
+        sizes=[2**k for k in range(14, 24)],
+        iters=8,
+        out=os.path.join(a.out, "calibration"),
+        progress=False,
+    )
     fit = prof.fits["all_reduce"]
     print(f"\nall_reduce ({fit.form} form): alpha {fit.alpha * 1e6:.0f} us, 1/beta {1 / fit.beta / 1e9:.2f} GB/s")
 
@@ -89,10 +137,16 @@ def main():
     for (name, s), r in runs.items():
         steps, reached = steps_or_more(r, a.target)
         t = r.time_to(a.target)
-        row = {"lever": name, "seed": s, f"steps to {a.target:g}": steps if reached else f"> {steps - 5}",
-               f"s to {a.target:g}": f"{t:.2f}" if t is not None else "not reached",
-               "T_step (ms)": f"{t_step(r) * 1e3:.1f}", "bytes per step": f"{bytes_per_step(r):,.0f}",
-               "best accuracy": f"{r.evals['accuracy'].max():.3f}", "final accuracy": f"{r.evals['accuracy'].iloc[-1]:.3f}"}
+        row = {
+            "lever": name,
+            "seed": s,
+            f"steps to {a.target:g}": steps if reached else f"> {steps - 5}",
+            f"s to {a.target:g}": f"{t:.2f}" if t is not None else "not reached",
+            "T_step (ms)": f"{t_step(r) * 1e3:.1f}",
+            "bytes per step": f"{bytes_per_step(r):,.0f}",
+            "best accuracy": f"{r.evals['accuracy'].max():.3f}",
+            "final accuracy": f"{r.evals['accuracy'].iloc[-1]:.3f}",
+        }
         rows.append(row)
     print("\n" + md_table(pd.DataFrame(rows)))
 
@@ -101,18 +155,36 @@ def main():
         comp = compute_from_run(main_runs["baseline (DDP)"])
         t_comp = comp["t_fwd"] + comp["t_bwd_comp"] + comp["t_opt"]
         levers = [lever_from_run(k, r, a.target) for k, r in main_runs.items()]
-        table = time_to_target(levers, t_comp=t_comp, nbytes=main_runs["baseline (DDP)"].resolved["grad_bytes"],
-                               nproc=2, alpha=fit.alpha, beta=fit.beta, form=fit.form, t_apply=comp["t_opt"])
+        table = time_to_target(
+            levers,
+            t_comp=t_comp,
+            nbytes=main_runs["baseline (DDP)"].resolved["grad_bytes"],
+            nproc=2,
+            alpha=fit.alpha,
+            beta=fit.beta,
+            form=fit.form,
+            t_apply=comp["t_opt"],
+        )
         table["measured s"] = [main_runs[k].time_to(a.target) for k in table["label"]]
         table["measured T_step ms"] = [t_step(main_runs[k]) * 1e3 for k in table["label"]]
         print(f"\nseed {s}: the model (T_comp {t_comp * 1e3:.1f} ms from the baseline's no-op steps)\n")
-        print(md_table(table[["label", "steps", "t_step", "time", "measured T_step ms", "measured s"]]
-                       .assign(t_step=lambda d: (d["t_step"] * 1e3).round(1), time=lambda d: d["time"].round(2),
-                               **{"measured T_step ms": lambda d: d["measured T_step ms"].round(1),
-                                  "measured s": lambda d: d["measured s"].round(2)})
-                       .rename(columns={"t_step": "model T_step ms", "time": "model s"})))
+        print(
+            md_table(
+                table[["label", "steps", "t_step", "time", "measured T_step ms", "measured s"]]
+                .assign(
+                    t_step=lambda d: (d["t_step"] * 1e3).round(1),
+                    time=lambda d: d["time"].round(2),
+                    **{
+                        "measured T_step ms": lambda d: d["measured T_step ms"].round(1),
+                        "measured s": lambda d: d["measured s"].round(2),
+                    },
+                )
+                .rename(columns={"t_step": "model T_step ms", "time": "model s"})
+            )
+        )
         if s == seeds[0]:
             from dtlab.viz.convergence import convergence_figure
+
             fig = convergence_figure({k: r.evals for k, r in main_runs.items()}, a.target, table)
             fig.write_html(os.path.join(a.out, "convergence.html"), include_plotlyjs="cdn")
 
@@ -125,9 +197,14 @@ def main():
     for (name, s), r in runs.items():
         if not r.updates.empty:
             h = staleness_histogram(r.updates)
-            print(f"\n{name}, seed {s}: staleness " + ", ".join(f"{int(x.staleness)}: {int(x.applied)} applied"
-                                                             + (f" / {int(x.dropped)} dropped" if x.dropped else "")
-                                                             for x in h.itertuples()))
+            print(
+                f"\n{name}, seed {s}: staleness "
+                + ", ".join(
+                    f"{int(x.staleness)}: {int(x.applied)} applied"
+                    + (f" / {int(x.dropped)} dropped" if x.dropped else "")
+                    for x in h.itertuples()
+                )
+            )
     for name in LR_RULES:
         print(f"{name}: {runs[(name, seeds[0])].resolved['lr_rule']}")
 

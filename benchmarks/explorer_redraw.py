@@ -27,11 +27,14 @@ def main():
     profile = None
     if a.profile:
         from dtlab.results.calibration import load_profile
+
         profile = load_profile(a.profile)
     t0 = time.perf_counter()
     ex = explorer(profile=profile)
-    print(f"build {1e3 * (time.perf_counter() - t0):.0f} ms (first FigureWidget included); "
-          f"DistilBERT, {ex.result['n_buckets']} buckets at the start")
+    print(
+        f"build {1e3 * (time.perf_counter() - t0):.0f} ms (first FigureWidget included); "
+        f"DistilBERT, {ex.result['n_buckets']} buckets at the start"
+    )
 
     s = ex.sliders
     moves = {

@@ -73,8 +73,9 @@ def drill(name, root, i, stall_s):
     spec, rank, sig = FAULTS[name]
     os.environ["DTLAB_FAULT"] = spec
     try:
-        h = dtlab.launch(dtlab.tiny(out=os.path.join(root, f"{name}{i}"), steps=6,
-                                    stall_s=stall_s if name == "stop" else None))
+        h = dtlab.launch(
+            dtlab.tiny(out=os.path.join(root, f"{name}{i}"), steps=6, stall_s=stall_s if name == "stop" else None)
+        )
     finally:
         del os.environ["DTLAB_FAULT"]
     try:
@@ -86,8 +87,13 @@ def drill(name, root, i, stall_s):
     orphans = [p for p in (ev["pid"] for ev in start_events(h.run_dir)) if alive(p)]
     t_fault = fault_time(h.run_dir, rank)
     right = e is not None and e.rank == rank and e.ranks == [rank] and e.signal == sig
-    return {"survived": e is not None, "seconds": t_raised - t_fault if t_fault else float("nan"),
-            "right": right, "orphans": len(orphans), "named": None if e is None else (e.rank, e.signal)}
+    return {
+        "survived": e is not None,
+        "seconds": t_raised - t_fault if t_fault else float("nan"),
+        "right": right,
+        "orphans": len(orphans),
+        "named": None if e is None else (e.rank, e.signal),
+    }
 
 
 def interrupt(root, i):
@@ -95,8 +101,11 @@ def interrupt(root, i):
     code = f"import dtlab; dtlab.run(dtlab.tiny(out={out!r}, steps=100000, timeout_s=600), progress=False)"
     # SIGINT back to its default in the child: in a background job it is ignored, and Python would then
     # never raise KeyboardInterrupt (a notebook kernel does handle it)
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     ev = os.path.join(out, "events", "rank1.jsonl")
     deadline = time.time() + 300
     while time.time() < deadline and not (os.path.exists(ev) and '"kind": "step"' in open(ev).read()):
@@ -114,8 +123,13 @@ def interrupt(root, i):
         proc.kill()  # not interrupted: the launcher's own stop then never ran; record it as a failed drill
         proc.wait()
     state = json.load(open(os.path.join(out, "status.json")))["state"]
-    return {"survived": proc.returncode != 0 and state == "interrupted", "seconds": gone,
-            "right": state == "interrupted", "orphans": sum(alive(p) for p in pids), "named": state}
+    return {
+        "survived": proc.returncode != 0 and state == "interrupted",
+        "seconds": gone,
+        "right": state == "interrupted",
+        "orphans": sum(alive(p) for p in pids),
+        "named": state,
+    }
 
 
 def parallel_pair(root, i):
@@ -142,8 +156,13 @@ def parallel_pair(root, i):
     ports = [{e["master_port"] for e in start_events(h.run_dir)} for h in handles]
     ok = results == ["finished", "finished"] and len(dirs) == 2 and not (ports[0] & ports[1])
     orphans = sum(alive(e["pid"]) for h in handles for e in start_events(h.run_dir))
-    return {"survived": ok, "seconds": time.time() - t0, "right": ok, "orphans": orphans,
-            "named": (results, sorted(dirs), ports)}
+    return {
+        "survived": ok,
+        "seconds": time.time() - t0,
+        "right": ok,
+        "orphans": orphans,
+        "named": (results, sorted(dirs), ports),
+    }
 
 
 def threaded(root, i):
@@ -163,8 +182,13 @@ def threaded(root, i):
     except dtlab.RunFailed as e:
         state = f"{e.state}: {str(e).splitlines()[0][:120]}"
     orphans = sum(alive(e["pid"]) for e in start_events(h.run_dir))
-    return {"survived": True, "seconds": time.time() - t0, "right": state == "finished", "orphans": orphans,
-            "named": state}
+    return {
+        "survived": True,
+        "seconds": time.time() - t0,
+        "right": state == "finished",
+        "orphans": orphans,
+        "named": state,
+    }
 
 
 def launcher_killed(root, i):
@@ -185,8 +209,13 @@ def launcher_killed(root, i):
     gone = time.time() - t0
     state = dtlab.load_run(out).status["state"]
     rc = subprocess.run([sys.executable, "-m", "dtlab", "show", out], capture_output=True).returncode
-    return {"survived": True, "seconds": gone, "right": state == "abandoned" and rc == 1,
-            "orphans": sum(alive(p) for p in pids), "named": (state, rc)}
+    return {
+        "survived": True,
+        "seconds": gone,
+        "right": state == "abandoned" and rc == 1,
+        "orphans": sum(alive(p) for p in pids),
+        "named": (state, rc),
+    }
 
 
 def disk_full(root, i):
@@ -210,9 +239,13 @@ def disk_full(root, i):
         state = json.load(open(os.path.join(out, "status.json")))["state"]
         steps = len(dtlab.load_run(out).steps)
         right = e is not None and e.error.startswith("disk full") and state == "failed" and not temps and steps > 0
-        return {"survived": e is not None, "seconds": t_raised - t_last, "right": right,
-                "orphans": sum(alive(ev["pid"]) for ev in start_events(out)),
-                "named": (e.error[:90] if e else None, state, f"{steps} steps loaded", temps)}
+        return {
+            "survived": e is not None,
+            "seconds": t_raised - t_last,
+            "right": right,
+            "orphans": sum(alive(ev["pid"]) for ev in start_events(out)),
+            "named": (e.error[:90] if e else None, state, f"{steps} steps loaded", temps),
+        }
     finally:
         subprocess.run(["umount", "-l", mnt])
 
@@ -222,8 +255,11 @@ def main():
     ap.add_argument("--n", type=int, default=5, help="repetitions of each fault (default 5)")
     ap.add_argument("--pairs", type=int, default=None, help="parallel launch pairs (default: --n)")
     ap.add_argument("--stall-s", type=float, default=3.0, help="stall_s for the frozen-rank drill (default 3)")
-    ap.add_argument("--only", default=None, help="comma list of drills (kill,segv,exit,raise,stop,interrupt,parallel,"
-                                                 "thread,launcher,diskfull)")
+    ap.add_argument(
+        "--only",
+        default=None,
+        help="comma list of drills (kill,segv,exit,raise,stop,interrupt,parallel,thread,launcher,diskfull)",
+    )
     ap.add_argument("--json", default=None, help="write the raw results here")
     a = ap.parse_args()
     names = list(FAULTS) + ["interrupt", "parallel", "thread", "launcher", "diskfull"]
@@ -247,23 +283,42 @@ def main():
                 r = parallel_pair(root, i)
                 os.chdir(home)
             rows[name].append(r)
-            print(f"{name:9s} #{i}: survived={r['survived']} right={r['right']} {r['seconds']:.2f} s "
-                  f"orphans={r['orphans']} named={r['named']}", flush=True)
-    what = {"kill": "SIGKILL rank 1 at step 2", "segv": "SIGSEGV rank 1 at step 2", "exit": "os._exit(3) rank 1",
-            "raise": "rank 0 raises at step 2", "stop": f"SIGSTOP rank 1 (stall_s={a.stall_s:g})",
-            "interrupt": "SIGINT to the waiting process", "parallel": "2 runs launched together",
-            "thread": "launch from a worker thread that exits", "launcher": "SIGKILL to the launching process",
-            "diskfull": "run directory on a full 2 MiB tmpfs"}
-    timing = {"interrupt": "SIGINT -> all ranks gone", "parallel": "pair wall time", "thread": "launch -> finished",
-              "launcher": "SIGKILL -> ranks and agent gone", "diskfull": "last event written -> RunFailed"}
-    print(f"\n| drill | runs | survived (RunFailed / clean) | named correctly | time, median [max] | what is timed | orphans |")
+            print(
+                f"{name:9s} #{i}: survived={r['survived']} right={r['right']} {r['seconds']:.2f} s "
+                f"orphans={r['orphans']} named={r['named']}",
+                flush=True,
+            )
+    what = {
+        "kill": "SIGKILL rank 1 at step 2",
+        "segv": "SIGSEGV rank 1 at step 2",
+        "exit": "os._exit(3) rank 1",
+        "raise": "rank 0 raises at step 2",
+        "stop": f"SIGSTOP rank 1 (stall_s={a.stall_s:g})",
+        "interrupt": "SIGINT to the waiting process",
+        "parallel": "2 runs launched together",
+        "thread": "launch from a worker thread that exits",
+        "launcher": "SIGKILL to the launching process",
+        "diskfull": "run directory on a full 2 MiB tmpfs",
+    }
+    timing = {
+        "interrupt": "SIGINT -> all ranks gone",
+        "parallel": "pair wall time",
+        "thread": "launch -> finished",
+        "launcher": "SIGKILL -> ranks and agent gone",
+        "diskfull": "last event written -> RunFailed",
+    }
+    print(
+        "\n| drill | runs | survived (RunFailed / clean) | named correctly | time, median [max] | what is timed | orphans |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, rs in rows.items():
         secs = [r["seconds"] for r in rs if r["seconds"] == r["seconds"]]
         t = f"{statistics.median(secs):.2f} s [{max(secs):.2f}]" if secs else "n/a"
-        print(f"| {name}: {what[name]} | {len(rs)} | {sum(r['survived'] for r in rs)}/{len(rs)} | "
-              f"{sum(r['right'] for r in rs)}/{len(rs)} | {t} | {timing.get(name, 'fault -> RunFailed')} | "
-              f"{sum(r['orphans'] for r in rs)} |")
+        print(
+            f"| {name}: {what[name]} | {len(rs)} | {sum(r['survived'] for r in rs)}/{len(rs)} | "
+            f"{sum(r['right'] for r in rs)}/{len(rs)} | {t} | {timing.get(name, 'fault -> RunFailed')} | "
+            f"{sum(r['orphans'] for r in rs)} |"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2, default=str)

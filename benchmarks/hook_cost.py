@@ -104,8 +104,10 @@ def main(argv=None) -> int:
     bias = rows["dtlab baseline"] - rows["torch noop_hook"]
     print(f"  the bias removed (dtlab baseline - torch noop_hook): {bias:.1f} us per bucket")
     dist.destroy_process_group()
-    print(f"ZeRO-3: a timed Work.wait() on an already completed collective costs {_timed_wait_us(args.calls):.1f} us "
-          "more than the bare wait (CPU: two clock reads and a record)")
+    print(
+        f"ZeRO-3: a timed Work.wait() on an already completed collective costs {_timed_wait_us(args.calls):.1f} us "
+        "more than the bare wait (CPU: two clock reads and a record)"
+    )
     return 0
 
 

@@ -23,16 +23,24 @@ import dtlab
 
 DEFAULTS = {
     "tiny": dict(steps=200, batch_size=8, seq_len=128, eval_every=50, rates="3e-4,1e-3,3e-3", seeds="0,1,2"),
-    "distilbert": dict(steps=150, batch_size=16, seq_len=64, eval_every=50, rates="2e-5,1e-4,3e-4,1e-3",
-                       seeds="0,1"),
+    "distilbert": dict(steps=150, batch_size=16, seq_len=64, eval_every=50, rates="2e-5,1e-4,3e-4,1e-3", seeds="0,1"),
 }
 
 
 def one_run(a, rate, seed: int) -> dict:
     """Run (or reuse, when OUT already holds it finished) one rate and seed; its numbers."""
     path = os.path.join(a.out, f"{a.model}-lr{rate}-s{seed}")
-    fields = dict(model=a.model, model_source="random", data="offline", steps=a.steps, batch_size=a.batch_size,
-                  seq_len=a.seq_len, eval_every=a.eval_every, seed=seed, out=path)
+    fields = dict(
+        model=a.model,
+        model_source="random",
+        data="offline",
+        steps=a.steps,
+        batch_size=a.batch_size,
+        seq_len=a.seq_len,
+        eval_every=a.eval_every,
+        seed=seed,
+        out=path,
+    )
     if rate != "auto":
         fields["lr"] = float(rate)
     for name in ("nproc", "device", "baseline_steps"):
@@ -40,21 +48,34 @@ def one_run(a, rate, seed: int) -> dict:
             fields[name] = getattr(a, name)
     cfg = dtlab.RunConfig(**fields)
     t0 = time.perf_counter()
-    reused = os.path.exists(os.path.join(path, "status.json")) and dtlab.load_run(path).status.get("state") == "finished"
+    reused = (
+        os.path.exists(os.path.join(path, "status.json")) and dtlab.load_run(path).status.get("state") == "finished"
+    )
     run = dtlab.load_run(path) if reused else dtlab.run(cfg, progress=False)
     wall = time.perf_counter() - t0
     ev = run.evals
     steps = run.steps
     last = steps[steps["step"] >= steps["step"].max() - 9].groupby("step")["loss"].mean()
     lr = run.resolved.get("lr", {})
-    return {"rate": rate, "lr": lr.get("value", cfg.lr), "lr_source": lr.get("source", "explicit"), "seed": seed,
-            "accuracy": {int(r.step): float(r.accuracy) for r in ev.itertuples()},
-            "heldout_loss": {int(r.step): float(r.loss) for r in ev.itertuples()},
-            "final_accuracy": float(ev["accuracy"].iloc[-1]), "best_accuracy": float(ev["accuracy"].max()),
-            "final_train_loss": float(last.mean()), "eval_sentences": int(ev["n"].iloc[-1]),
-            "wall_s": None if reused else wall, "path": path, "world_size": run.nproc,
-            "device": run.resolved.get("devices"), "model_source": run.resolved.get("model_source"),
-            "tokenizer_source": run.resolved.get("tokenizer_source"), "data_source": run.resolved.get("data_source")}
+    return {
+        "rate": rate,
+        "lr": lr.get("value", cfg.lr),
+        "lr_source": lr.get("source", "explicit"),
+        "seed": seed,
+        "accuracy": {int(r.step): float(r.accuracy) for r in ev.itertuples()},
+        "heldout_loss": {int(r.step): float(r.loss) for r in ev.itertuples()},
+        "final_accuracy": float(ev["accuracy"].iloc[-1]),
+        "best_accuracy": float(ev["accuracy"].max()),
+        "final_train_loss": float(last.mean()),
+        "eval_sentences": int(ev["n"].iloc[-1]),
+        "wall_s": None if reused else wall,
+        "path": path,
+        "world_size": run.nproc,
+        "device": run.resolved.get("devices"),
+        "model_source": run.resolved.get("model_source"),
+        "tokenizer_source": run.resolved.get("tokenizer_source"),
+        "data_source": run.resolved.get("data_source"),
+    }
 
 
 def table(rows: list, eval_steps: list) -> str:
@@ -79,7 +100,9 @@ def main():
     ap.add_argument("--eval-every", type=int)
     ap.add_argument("--nproc", type=int, help="ranks (default: RunConfig's, one per GPU and at least 2)")
     ap.add_argument("--device", help="'auto', 'cuda' or 'cpu' (default: RunConfig's)")
-    ap.add_argument("--baseline-steps", type=int, help="no-op comm hook steps after the timed ones (default: RunConfig's)")
+    ap.add_argument(
+        "--baseline-steps", type=int, help="no-op comm hook steps after the timed ones (default: RunConfig's)"
+    )
     ap.add_argument("--out", help="folder for the runs and lr_sweep.json (default: runs/lr_sweep-MODEL)")
     a = ap.parse_args()
     for k, v in DEFAULTS[a.model].items():
@@ -89,17 +112,24 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     rates = [r.strip() for r in a.rates.split(",")]
     seeds = [int(s) for s in a.seeds.split(",")]
-    print(f"{a.model} from random weights: {a.steps} steps of batch {a.batch_size} per rank, seq_len {a.seq_len}, "
-          f"held-out accuracy every {a.eval_every} steps; rates {', '.join(rates)} x seeds {seeds}", flush=True)
+    print(
+        f"{a.model} from random weights: {a.steps} steps of batch {a.batch_size} per rank, seq_len {a.seq_len}, "
+        f"held-out accuracy every {a.eval_every} steps; rates {', '.join(rates)} x seeds {seeds}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     rows = []
     for rate in rates:
         for seed in seeds:
             rows.append(one_run(a, rate, seed))
             r = rows[-1]
-            print(f"  lr {rate} seed {seed}: accuracy " + " ".join(f"{v:.3f}" for v in r["accuracy"].values())
-                  + f", final train loss {r['final_train_loss']:.3f}"
-                  + (f", {r['wall_s']:.1f} s" if r["wall_s"] is not None else " (reused)"), flush=True)
+            print(
+                f"  lr {rate} seed {seed}: accuracy "
+                + " ".join(f"{v:.3f}" for v in r["accuracy"].values())
+                + f", final train loss {r['final_train_loss']:.3f}"
+                + (f", {r['wall_s']:.1f} s" if r["wall_s"] is not None else " (reused)"),
+                flush=True,
+            )
     total = time.perf_counter() - t0
     eval_steps = sorted({s for r in rows for s in r["accuracy"]})
     print("\n" + table(rows, eval_steps))
@@ -108,17 +138,34 @@ def main():
     for rate in rates:
         mine = [r for r in rows if r["rate"] == rate]
         acc = [r["final_accuracy"] for r in mine]
-        summary[rate] = {"mean_final_accuracy": sum(acc) / len(acc), "worst_final_accuracy": min(acc),
-                         "mean_final_train_loss": sum(r["final_train_loss"] for r in mine) / len(mine)}
+        summary[rate] = {
+            "mean_final_accuracy": sum(acc) / len(acc),
+            "worst_final_accuracy": min(acc),
+            "mean_final_train_loss": sum(r["final_train_loss"] for r in mine) / len(mine),
+        }
         s = summary[rate]
-        print(f"| {rate} | {s['mean_final_accuracy']:.3f} | {s['worst_final_accuracy']:.3f} | "
-              f"{s['mean_final_train_loss']:.3f} |")
+        print(
+            f"| {rate} | {s['mean_final_accuracy']:.3f} | {s['worst_final_accuracy']:.3f} | "
+            f"{s['mean_final_train_loss']:.3f} |"
+        )
     first = rows[0]
-    print(f"\n{len(rows)} runs in {total:.0f} s on {first['device']} ({first['world_size']} ranks); "
-          f"tokenizer: {first['tokenizer_source']}; held-out sentences per evaluation: {first['eval_sentences']}")
-    doc = {"model": a.model, "steps": a.steps, "batch_size": a.batch_size, "seq_len": a.seq_len,
-           "eval_every": a.eval_every, "rates": rates, "seeds": seeds, "total_wall_s": total,
-           "host": platform.node(), "runs": rows, "summary": summary}
+    print(
+        f"\n{len(rows)} runs in {total:.0f} s on {first['device']} ({first['world_size']} ranks); "
+        f"tokenizer: {first['tokenizer_source']}; held-out sentences per evaluation: {first['eval_sentences']}"
+    )
+    doc = {
+        "model": a.model,
+        "steps": a.steps,
+        "batch_size": a.batch_size,
+        "seq_len": a.seq_len,
+        "eval_every": a.eval_every,
+        "rates": rates,
+        "seeds": seeds,
+        "total_wall_s": total,
+        "host": platform.node(),
+        "runs": rows,
+        "summary": summary,
+    }
     with open(os.path.join(a.out, "lr_sweep.json"), "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {os.path.join(a.out, 'lr_sweep.json')}")

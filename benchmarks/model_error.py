@@ -31,17 +31,36 @@ HELD_OUT = [3 << 13, 3 << 16, 3 << 19, 3 << 21, 3 << 23, 3 << 24]
 
 
 def held_out_check(root: str, nproc: int, model: str, batch_size: int, seq_len: int, load: str) -> dict:
-    prof = dtlab.calibrate(nproc=nproc, ops=("all_reduce",), out=os.path.join(root, "profile"), load=load,
-                           load_model=model, load_batch_size=batch_size, load_seq_len=seq_len, progress=False)
+    prof = dtlab.calibrate(
+        nproc=nproc,
+        ops=("all_reduce",),
+        out=os.path.join(root, "profile"),
+        load=load,
+        load_model=model,
+        load_batch_size=batch_size,
+        load_seq_len=seq_len,
+        progress=False,
+    )
 
     here = os.path.dirname(os.path.abspath(__file__))
     repeats = {n: [] for n in HELD_OUT}
     for rep in range(REPEATS):  # separate launches: how repeatable is the independent measurement itself?
         out = os.path.join(root, f"plain{rep}.json")
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                        "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-                        os.path.join(here, "plain_allreduce.py"), out, *map(str, HELD_OUT)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc-per-node={nproc}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={free_port()}",
+                os.path.join(here, "plain_allreduce.py"),
+                out,
+                *map(str, HELD_OUT),
+            ],
+            check=True,
+            capture_output=True,
+        )
         with open(out) as f:
             for k, v in json.load(f)["median_s"].items():
                 repeats[int(k)].append(v)
@@ -50,26 +69,49 @@ def held_out_check(root: str, nproc: int, model: str, batch_size: int, seq_len: 
     for n in HELD_OUT:
         single = float(prof.predict("all_reduce", n, nproc, piecewise=False))
         piece = float(prof.predict("all_reduce", n, nproc))
-        rows.append({"nbytes": n, "measured_s": measured[n], "repeat_spread": max(repeats[n]) / min(repeats[n]),
-                     "repeats_s": repeats[n], "pred_single_s": single,
-                     "err_single": single / measured[n] - 1, "pred_piecewise_s": piece,
-                     "err_piecewise": piece / measured[n] - 1})
+        rows.append(
+            {
+                "nbytes": n,
+                "measured_s": measured[n],
+                "repeat_spread": max(repeats[n]) / min(repeats[n]),
+                "repeats_s": repeats[n],
+                "pred_single_s": single,
+                "err_single": single / measured[n] - 1,
+                "pred_piecewise_s": piece,
+                "err_piecewise": piece / measured[n] - 1,
+            }
+        )
     regimes = [(sg.min_bytes, sg.max_bytes) for sg in prof.segments.get("all_reduce", [])]
     return {"profile": os.path.join(root, "profile"), "rows": rows, "regimes": regimes}
 
 
-def ddp_grid(root: str, profile_dir: str, model: str, buckets, steps: int, nproc: int, batch_size: int,
-             seq_len: int) -> list:
+def ddp_grid(
+    root: str, profile_dir: str, model: str, buckets, steps: int, nproc: int, batch_size: int, seq_len: int
+) -> list:
     prof = dtlab.load_profile(profile_dir)
     rows = []
     for b in buckets:
-        cfg = dtlab.RunConfig(model=model, nproc=nproc, bucket_mb=b, steps=steps, warmup=1, batch_size=batch_size,
-                              seq_len=seq_len, model_source="random", data="offline",
-                              out=os.path.join(root, f"ddp-b{b:g}"))
+        cfg = dtlab.RunConfig(
+            model=model,
+            nproc=nproc,
+            bucket_mb=b,
+            steps=steps,
+            warmup=1,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            model_source="random",
+            data="offline",
+            out=os.path.join(root, f"ddp-b{b:g}"),
+        )
         run = dtlab.run(cfg, progress=False)
         s = prediction_summary(dtlab.predict(run, prof))
-        rows.append({"bucket_mb": b, **s, "n_buckets": int(run.buckets[run.buckets.step == run.buckets.step.max()]
-                                                             .groupby("rank").size().max())})
+        rows.append(
+            {
+                "bucket_mb": b,
+                **s,
+                "n_buckets": int(run.buckets[run.buckets.step == run.buckets.step.max()].groupby("rank").size().max()),
+            }
+        )
     return rows
 
 
@@ -83,30 +125,58 @@ def main():
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--json", default=None)
     ap.add_argument("--skip-ddp", action="store_true", help="part 1 only")
-    ap.add_argument("--load", default="backward", choices=("idle", "backward"),
-                    help="also time every size issued from inside a replayed backward pass (default), or not")
+    ap.add_argument(
+        "--load",
+        default="backward",
+        choices=("idle", "backward"),
+        help="also time every size issued from inside a replayed backward pass (default), or not",
+    )
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="dtlab-model-error-")
     part1 = held_out_check(root, a.nproc, a.model, a.batch_size, a.seq_len, a.load)
     print("held-out all-reduce sizes (not in the calibration sweep), plain torch.distributed, medians:")
     print("regimes fitted (bytes):", ", ".join(f"{a:,}..{b:,}" for a, b in part1["regimes"]))
-    print(f"{'bytes':>12} {'measured ms':>12} {'max/min of':>11} {'one-line ms':>12} {'error':>8} "
-          f"{'piecewise ms':>13} {'error':>8}")
+    print(
+        f"{'bytes':>12} {'measured ms':>12} {'max/min of':>11} {'one-line ms':>12} {'error':>8} "
+        f"{'piecewise ms':>13} {'error':>8}"
+    )
     print(f"{'':>12} {f'(median of {REPEATS})':>12} {'repeats':>11}")
     for r in part1["rows"]:
-        print(f"{r['nbytes']:>12,} {r['measured_s'] * 1e3:12.3f} {r['repeat_spread']:11.2f} "
-              f"{r['pred_single_s'] * 1e3:12.3f} {r['err_single']:+8.1%} {r['pred_piecewise_s'] * 1e3:13.3f} "
-              f"{r['err_piecewise']:+8.1%}")
-    part2 = [] if a.skip_ddp else ddp_grid(root, part1["profile"], a.model, [float(x) for x in a.buckets.split(",")],
-                                           a.steps, a.nproc, a.batch_size, a.seq_len)
+        print(
+            f"{r['nbytes']:>12,} {r['measured_s'] * 1e3:12.3f} {r['repeat_spread']:11.2f} "
+            f"{r['pred_single_s'] * 1e3:12.3f} {r['err_single']:+8.1%} {r['pred_piecewise_s'] * 1e3:13.3f} "
+            f"{r['err_piecewise']:+8.1%}"
+        )
+    part2 = (
+        []
+        if a.skip_ddp
+        else ddp_grid(
+            root,
+            part1["profile"],
+            a.model,
+            [float(x) for x in a.buckets.split(",")],
+            a.steps,
+            a.nproc,
+            a.batch_size,
+            a.seq_len,
+        )
+    )
     if part2:
-        print(f"\nDDP {a.model}, {a.nproc} ranks, batch {a.batch_size} x {a.seq_len}: dtlab.predict median |error| "
-              "per bucket size (idle: every bucket at its idle price; contended: loaded while backward runs)")
+        print(
+            f"\nDDP {a.model}, {a.nproc} ranks, batch {a.batch_size} x {a.seq_len}: dtlab.predict median |error| "
+            "per bucket size (idle: every bucket at its idle price; contended: loaded while backward runs)"
+        )
     for r in part2:
-        print(f"  bucket {r['bucket_mb']:>6g} MiB ({r['n_buckets']} buckets), {r['steps']} steps: idle T_step "
-              f"{r['median_abs_t_step_error']:.1%} T_comm {r['median_abs_t_comm_error']:.1%}"
-              + (f" | contended T_step {r['contended_median_abs_t_step_error']:.1%} T_comm "
-                 f"{r['contended_median_abs_t_comm_error']:.1%}" if "contended_median_abs_t_comm_error" in r else ""))
+        print(
+            f"  bucket {r['bucket_mb']:>6g} MiB ({r['n_buckets']} buckets), {r['steps']} steps: idle T_step "
+            f"{r['median_abs_t_step_error']:.1%} T_comm {r['median_abs_t_comm_error']:.1%}"
+            + (
+                f" | contended T_step {r['contended_median_abs_t_step_error']:.1%} T_comm "
+                f"{r['contended_median_abs_t_comm_error']:.1%}"
+                if "contended_median_abs_t_comm_error" in r
+                else ""
+            )
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"collectives": part1, "ddp": part2, "args": vars(a)}, f, indent=2)

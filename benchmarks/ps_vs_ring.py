@@ -27,9 +27,17 @@ from dtlab.model.ps import forms_table
 def collectives(out: str, nprocs: list, sizes: list, iters: int) -> tuple:
     """Part 1: (profile, medians per (p, size) with PS / ring and the forms' ratios, fits per (op, p, form));
     seconds, bytes; alpha in us, 1/beta in GB/s."""
-    prof = dtlab.calibrate(nproc=max(nprocs), group_sizes=tuple(nprocs), ops=("all_reduce", "ps"), sizes=sizes,
-                           iters=iters, rounds=min(3, iters), warmup=2, out=os.path.join(out, "calibration"),
-                           progress=False)
+    prof = dtlab.calibrate(
+        nproc=max(nprocs),
+        group_sizes=tuple(nprocs),
+        ops=("all_reduce", "ps"),
+        sizes=sizes,
+        iters=iters,
+        rounds=min(3, iters),
+        warmup=2,
+        out=os.path.join(out, "calibration"),
+        progress=False,
+    )
     s = prof.samples
     cores = prof.meta.get("cpu_cores")
     med = s.groupby(["nproc", "nbytes", "op"])["seconds"].median().unstack("op")
@@ -38,20 +46,39 @@ def collectives(out: str, nprocs: list, sizes: list, iters: int) -> tuple:
     forms = forms_table(0.0, 1.0, 1.0, med["nproc"].to_numpy())
     for c in ("ps_over_ring_server", "ps_over_ring_gloo", "ps_over_ring_nccl"):
         med[c.replace("ps_over_ring_", "form_")] = forms[c].to_numpy()
-    med["oversubscribed"] = med["nproc"] > (cores or 10 ** 6)
-    fits = [{"op": op, "nproc": p, "form": form, "alpha_us": f.alpha * 1e6, "GB_per_s": 1e-9 / f.beta if f.beta > 0
-             else float("inf"), "rel_rms": f.rel_rms}
-            for op in ("all_reduce", "ps") for p in sorted(s["nproc"].unique())
-            for form in ("textbook", "ring") for f in [fit_alpha_beta(s[s["nproc"] == p], op, form)]]
+    med["oversubscribed"] = med["nproc"] > (cores or 10**6)
+    fits = [
+        {
+            "op": op,
+            "nproc": p,
+            "form": form,
+            "alpha_us": f.alpha * 1e6,
+            "GB_per_s": 1e-9 / f.beta if f.beta > 0 else float("inf"),
+            "rel_rms": f.rel_rms,
+        }
+        for op in ("all_reduce", "ps")
+        for p in sorted(s["nproc"].unique())
+        for form in ("textbook", "ring")
+        for f in [fit_alpha_beta(s[s["nproc"] == p], op, form)]
+    ]
     return prof, med, pd.DataFrame(fits)
 
 
 def training(out: str, model: str, nprocs: list, buckets: list, steps: int) -> pd.DataFrame:
     """Part 2: the sweep table (seconds) of ddp and ps at every (p, bucket MiB), run back to back per point."""
-    base = dtlab.RunConfig(model=model, steps=steps, warmup=2, baseline_steps=2, batch_size=8,
-                           seq_len=64 if model == "distilbert" else 32, model_source="random", data="offline")
-    return dtlab.sweep(base, strategy=["ddp", "ps"], nproc=nprocs, bucket_mb=buckets, out=os.path.join(out, "sweep"),
-                       progress=True)
+    base = dtlab.RunConfig(
+        model=model,
+        steps=steps,
+        warmup=2,
+        baseline_steps=2,
+        batch_size=8,
+        seq_len=64 if model == "distilbert" else 32,
+        model_source="random",
+        data="offline",
+    )
+    return dtlab.sweep(
+        base, strategy=["ddp", "ps"], nproc=nprocs, bucket_mb=buckets, out=os.path.join(out, "sweep"), progress=True
+    )
 
 
 def main() -> None:
@@ -75,9 +102,24 @@ def main() -> None:
     prof, med, fits = collectives(a.out, nprocs, sizes, a.iters)
     pd.set_option("display.width", 160)
     print(f"Part 1: collectives, {prof.meta.get('backend')} on {prof.meta.get('cpu_cores')} cores (median ms):")
-    show = med.assign(all_reduce=med["all_reduce"] * 1e3, ps=med["ps"] * 1e3, MiB=med["nbytes"] / 2 ** 20)
-    print(show[["nproc", "MiB", "all_reduce", "ps", "ps_over_ring", "form_server", "form_gloo", "form_nccl",
-                "oversubscribed"]].round(3).to_string(index=False))
+    show = med.assign(all_reduce=med["all_reduce"] * 1e3, ps=med["ps"] * 1e3, MiB=med["nbytes"] / 2**20)
+    print(
+        show[
+            [
+                "nproc",
+                "MiB",
+                "all_reduce",
+                "ps",
+                "ps_over_ring",
+                "form_server",
+                "form_gloo",
+                "form_nccl",
+                "oversubscribed",
+            ]
+        ]
+        .round(3)
+        .to_string(index=False)
+    )
     print("\nalpha-beta fit per op and p (form 'ring' is the server link for ps):")
     print(fits.round(3).to_string(index=False))
     ps_shapes_figure(prof.samples, prof.meta.get("cpu_cores")).write_html(os.path.join(a.out, "ps_shapes.html"))
@@ -86,14 +128,25 @@ def main() -> None:
         df = training(a.out, a.model, nprocs, [float(b) for b in a.buckets.split(",")], a.steps)
         print(f"\nPart 2: training ({a.model}), medians in ms:")
         t = df.assign(**{c: df[c] * 1e3 for c in ("t_step", "t_comp", "t_comm", "exposed")})
-        print(t[["strategy", "nproc", "bucket_mb", "status", "t_step", "t_comp", "t_comm", "exposed",
-                 "oversubscribed"]].round(1).to_string(index=False))
+        print(
+            t[["strategy", "nproc", "bucket_mb", "status", "t_step", "t_comp", "t_comm", "exposed", "oversubscribed"]]
+            .round(1)
+            .to_string(index=False)
+        )
         ps_vs_ring_figure(df).write_html(os.path.join(a.out, "ps_vs_ring.html"))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"collectives": med.to_dict("records"), "fits": fits.to_dict("records"),
-                       "training": None if df is None else df.to_dict("records"), "caveats": prof.caveats},
-                      f, indent=1, default=str)
+            json.dump(
+                {
+                    "collectives": med.to_dict("records"),
+                    "fits": fits.to_dict("records"),
+                    "training": None if df is None else df.to_dict("records"),
+                    "caveats": prof.caveats,
+                },
+                f,
+                indent=1,
+                default=str,
+            )
 
 
 if __name__ == "__main__":

@@ -31,21 +31,36 @@ def main():
     times = {"plain": [], "recorded": []}
     for i in range(a.pairs):
         for kind in ("plain", "recorded"):
-            cfg = dtlab.RunConfig(model=a.model, nproc=a.nproc, steps=a.steps, warmup=1, batch_size=a.batch_size,
-                                  seq_len=a.seq_len, bucket_mb=a.bucket_mb, model_source="random", data="offline",
-                                  record=(kind == "recorded"), out=os.path.join(root, f"{kind}{i}"))
+            cfg = dtlab.RunConfig(
+                model=a.model,
+                nproc=a.nproc,
+                steps=a.steps,
+                warmup=1,
+                batch_size=a.batch_size,
+                seq_len=a.seq_len,
+                bucket_mb=a.bucket_mb,
+                model_source="random",
+                data="offline",
+                record=(kind == "recorded"),
+                out=os.path.join(root, f"{kind}{i}"),
+            )
             run = dtlab.run(cfg, progress=False)
             t = float(run.per_step()["t_step"].median())
             times[kind].append(t)
             print(f"pair {i} {kind:9s} median T_step {t * 1e3:9.1f} ms")
     plain, rec = statistics.median(times["plain"]), statistics.median(times["recorded"])
     overhead = rec / plain - 1
-    print(f"\nmedian T_step plain {plain * 1e3:.1f} ms, recorded {rec * 1e3:.1f} ms: overhead {overhead:+.2%}"
-          f" ({a.pairs} interleaved pairs, {a.model}, {a.nproc} ranks, bucket {a.bucket_mb} MiB)")
+    print(
+        f"\nmedian T_step plain {plain * 1e3:.1f} ms, recorded {rec * 1e3:.1f} ms: overhead {overhead:+.2%}"
+        f" ({a.pairs} interleaved pairs, {a.model}, {a.nproc} ranks, bucket {a.bucket_mb} MiB)"
+    )
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"plain_s": times["plain"], "recorded_s": times["recorded"], "overhead": overhead,
-                       "args": vars(a)}, f, indent=2)
+            json.dump(
+                {"plain_s": times["plain"], "recorded_s": times["recorded"], "overhead": overhead, "args": vars(a)},
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ graded once by each mechanism, one after the other, the order rotated from one n
 batch time is the sum of its gradings (each a `dtlab grade` of that notebook alone, start to exit). Prints every
 grading, each batch's time and each sandbox's overhead against the unsandboxed batch, and the median and range of
 the per-notebook ratios."""
+
 import argparse
 import json
 import os
@@ -30,8 +31,11 @@ my_unhidden_bucket = "last ready"'''
 def _grade(root: str, sub: str, mech: str, tag: str) -> tuple[float, bool]:
     csv = os.path.join(root, f"{tag}.csv")
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "dtlab", "grade", os.path.join(root, "ag"), sub, "--sandbox", mech,
-                        "--csv", csv], capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "dtlab", "grade", os.path.join(root, "ag"), sub, "--sandbox", mech, "--csv", csv],
+        capture_output=True,
+        text=True,
+    )
     dt = time.perf_counter() - t
     return dt, p.returncode == 0 and "4.0         4.0" in p.stdout
 
@@ -45,16 +49,19 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="dtlab-sandbox-bench-")
     os.makedirs(os.path.join(root, "ag"))
     zipfile.ZipFile(os.path.join(root, "ag", "01_ddp_breakdown.zip"), "w").close()
-    nb = {"cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": HONEST}],
-          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-          "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": HONEST}],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     times = {m: [] for m in mechs}
     for i in range(args.notebooks):
         sub = os.path.join(root, f"student{i}")
         os.makedirs(sub)
         with open(os.path.join(sub, "01_ddp_breakdown.ipynb"), "w") as f:
             json.dump(nb, f)
-        for mech in mechs[i % len(mechs):] + mechs[:i % len(mechs)]:
+        for mech in mechs[i % len(mechs) :] + mechs[: i % len(mechs)]:
             dt, ok = _grade(root, sub, mech, f"{mech}-{i}")
             times[mech].append(dt)
             print(f"notebook {i} {mech:10s} {dt:6.1f} s ({'full marks' if ok else 'NOT OK'})", flush=True)
@@ -65,8 +72,10 @@ def main() -> int:
             continue
         total = sum(times[mech])
         ratios = sorted(a / b for a, b in zip(times[mech], times["none"]))
-        print(f"{mech}: {total:.1f} s, {100 * (total - base) / base:+.1f}% against none; per notebook "
-              f"x{statistics.median(ratios):.3f} (median), x{ratios[0]:.3f} .. x{ratios[-1]:.3f}")
+        print(
+            f"{mech}: {total:.1f} s, {100 * (total - base) / base:+.1f}% against none; per notebook "
+            f"x{statistics.median(ratios):.3f} (median), x{ratios[0]:.3f} .. x{ratios[-1]:.3f}"
+        )
     return 0
 
 

@@ -45,9 +45,11 @@ def main() -> int:
     got = 1 / fi.beta
     err = got / want - 1
     print(f"link: {inter.meta['emulation']['link']}")
-    print(f"inter-node (2 nodes x 1 rank): alpha {fi.alpha * 1e6:8.0f} us   1/beta {got / 1e6:7.1f} MB/s   "
-          f"set {want / 1e6:.1f} MB/s   error {err:+.1%}   ({'within' if abs(err) <= args.tolerance else 'OUTSIDE'} "
-          f"{args.tolerance:.0%})   profile {inter.meta['calibration']['out']}")
+    print(
+        f"inter-node (2 nodes x 1 rank): alpha {fi.alpha * 1e6:8.0f} us   1/beta {got / 1e6:7.1f} MB/s   "
+        f"set {want / 1e6:.1f} MB/s   error {err:+.1%}   ({'within' if abs(err) <= args.tolerance else 'OUTSIDE'} "
+        f"{args.tolerance:.0%})   profile {inter.meta['calibration']['out']}"
+    )
     print(f"intra-node (1 node x 2 ranks): alpha {fa.alpha * 1e6:8.0f} us   1/beta {1 / fa.beta / 1e6:7.1f} MB/s")
     print("size        inter-node   intra-node   inter / intra   (median of the slowest rank per sample)")
     si = inter.samples.groupby("nbytes")["seconds"].median()

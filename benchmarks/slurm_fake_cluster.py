@@ -43,23 +43,61 @@ def main() -> int:
             f.write(text)
         os.chmod(os.path.join(bin_dir, name), 0o755)
     with contextlib.redirect_stdout(io.StringIO()):  # --dry-run prints the script: not wanted here
-        code = dtlab_main(["slurm", "--model", "tiny", "--model-source", "random", "--data", "offline", "--steps", "3",
-                           "--warmup", "1", "--baseline-steps", "0", "--bucket-mb", "0.05", "--batch-size", "4",
-                           "--seq-len", "32", "--nproc", "1", "--out", out, "--nodes", "2", "--dry-run"])
+        code = dtlab_main(
+            [
+                "slurm",
+                "--model",
+                "tiny",
+                "--model-source",
+                "random",
+                "--data",
+                "offline",
+                "--steps",
+                "3",
+                "--warmup",
+                "1",
+                "--baseline-steps",
+                "0",
+                "--bucket-mb",
+                "0.05",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "32",
+                "--nproc",
+                "1",
+                "--out",
+                out,
+                "--nodes",
+                "2",
+                "--dry-run",
+            ]
+        )
     assert code == 0
-    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], SLURM_JOB_ID=str(os.getpid()),
-               SLURM_JOB_NODELIST="localhost,localhost")
+    env = dict(
+        os.environ,
+        PATH=bin_dir + os.pathsep + os.environ["PATH"],
+        SLURM_JOB_ID=str(os.getpid()),
+        SLURM_JOB_NODELIST="localhost,localhost",
+    )
     t0 = time.monotonic()
     cp = subprocess.run(["bash", os.path.join(out, "slurm.sbatch")], env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
     run = dtlab.load_run(out)
     per = run.buckets.groupby(["rank", "step"])["nbytes"].sum()
-    ok = (cp.returncode == 0 and run.status.get("state") == "finished" and sorted(run.ranks["node"]) == [0, 1]
-          and (per == run.resolved["grad_bytes"]).all() and len(per) == 6)
-    print(f"script exit {cp.returncode}, {wall:.0f} s; status {run.status.get('state')}; ranks on nodes "
-          f"{sorted(run.ranks['node'])}; bytes per rank and step {sorted(set(per))} "
-          f"(gradients {run.resolved['grad_bytes']}); per-node logs "
-          f"{sorted(f for f in os.listdir(os.path.join(out, 'logs')) if f.startswith('slurm-'))}")
+    ok = (
+        cp.returncode == 0
+        and run.status.get("state") == "finished"
+        and sorted(run.ranks["node"]) == [0, 1]
+        and (per == run.resolved["grad_bytes"]).all()
+        and len(per) == 6
+    )
+    print(
+        f"script exit {cp.returncode}, {wall:.0f} s; status {run.status.get('state')}; ranks on nodes "
+        f"{sorted(run.ranks['node'])}; bytes per rank and step {sorted(set(per))} "
+        f"(gradients {run.resolved['grad_bytes']}); per-node logs "
+        f"{sorted(f for f in os.listdir(os.path.join(out, 'logs')) if f.startswith('slurm-'))}"
+    )
     print("OK" if ok else f"FAILED: see {out}")
     return 0 if ok else 1
 

@@ -19,8 +19,8 @@ import tempfile
 import pandas as pd
 
 import dtlab
-from dtlab.viz.stragglers import who_waited
 from dtlab.results.stragglers import run_waits, sync_step_model, wait_summary
+from dtlab.viz.stragglers import who_waited
 
 
 def main():
@@ -37,32 +37,57 @@ def main():
     ap.add_argument("--json", default=None, help="write the per-rank figures here as JSON")
     a = ap.parse_args()
     out = a.out or os.path.join(tempfile.mkdtemp(prefix="dtlab-stragglers-"), "run")
-    cfg = dtlab.RunConfig(model=a.model, nproc=a.nproc, steps=a.steps, warmup=a.warmup, baseline_steps=0,
-                          batch_size=a.batch_size, seq_len=a.seq_len, model_source="random", data="offline",
-                          device="cpu", straggler=a.straggler, out=out)
+    cfg = dtlab.RunConfig(
+        model=a.model,
+        nproc=a.nproc,
+        steps=a.steps,
+        warmup=a.warmup,
+        baseline_steps=0,
+        batch_size=a.batch_size,
+        seq_len=a.seq_len,
+        model_source="random",
+        data="offline",
+        device="cpu",
+        straggler=a.straggler,
+        out=out,
+    )
     run = dtlab.run(cfg, progress=False)
     s = wait_summary(run_waits(run))
     model = sync_step_model(dict(zip(s["rank"], s["t_comp_s"]))).set_index("rank")
-    print(f"{a.model}, {a.nproc} gloo ranks on {run.resolved.get('cpu_cores')} CPU cores"
-          + (" (oversubscribed: compute inflated and noisy)" if run.resolved.get("oversubscribed") else "")
-          + f", straggler {a.straggler!r}, medians over {int(s['steps'].max())} steps (ms):")
+    print(
+        f"{a.model}, {a.nproc} gloo ranks on {run.resolved.get('cpu_cores')} CPU cores"
+        + (" (oversubscribed: compute inflated and noisy)" if run.resolved.get("oversubscribed") else "")
+        + f", straggler {a.straggler!r}, medians over {int(s['steps'].max())} steps (ms):"
+    )
     print(f"{'rank':>4} {'compute':>9} {'delay':>9} {'comp+delay':>11} {'wait':>9} {'model wait':>11}  waited for")
     rows = []
     for r in s.itertuples():
         comp, mw = r.t_comp_s - r.straggle_s, float(model.loc[r.rank, "wait_s"])
         who = "nobody" if pd.isna(r.waited_for) else f"rank {int(r.waited_for)}"
-        print(f"{r.rank:>4} {comp * 1e3:9.1f} {r.straggle_s * 1e3:9.1f} {r.t_comp_s * 1e3:11.1f} "
-              f"{r.wait_s * 1e3:9.1f} {mw * 1e3:11.1f}  {who}")
-        rows.append({"rank": int(r.rank), "compute_s": comp, "straggle_s": r.straggle_s, "wait_s": r.wait_s,
-                     "model_wait_s": mw, "t_step_s": r.t_step_s, "waited_for": who})
+        print(
+            f"{r.rank:>4} {comp * 1e3:9.1f} {r.straggle_s * 1e3:9.1f} {r.t_comp_s * 1e3:11.1f} "
+            f"{r.wait_s * 1e3:9.1f} {mw * 1e3:11.1f}  {who}"
+        )
+        rows.append(
+            {
+                "rank": int(r.rank),
+                "compute_s": comp,
+                "straggle_s": r.straggle_s,
+                "wait_s": r.wait_s,
+                "model_wait_s": mw,
+                "t_step_s": r.t_step_s,
+                "waited_for": who,
+            }
+        )
     print(f"run directory: {out}")
     if a.html:
         who_waited(run_waits(run), f"{a.model}, {a.nproc} ranks, straggler {a.straggler}").write_html(a.html)
         print(f"figure: {a.html}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ranks": rows, "args": vars(a), "resolved_straggler": run.resolved.get("straggler")}, f,
-                      indent=2)
+            json.dump(
+                {"ranks": rows, "args": vars(a), "resolved_straggler": run.resolved.get("straggler")}, f, indent=2
+            )
 
 
 if __name__ == "__main__":

@@ -115,8 +115,10 @@ class DiskFull(OSError):
     def __init__(self, path: str, cause: OSError | None = None):
         code = cause.errno if cause is not None and cause.errno else errno.ENOSPC
         super().__init__(code, os.strerror(code), path)
-        self.path, self.sentence = path, f"{disk_sentence(path)} (writing {os.path.basename(path)} failed: " \
-                                         f"{os.strerror(code)})"
+        self.path, self.sentence = (
+            path,
+            f"{disk_sentence(path)} (writing {os.path.basename(path)} failed: {os.strerror(code)})",
+        )
 
     def __str__(self) -> str:
         return self.sentence

@@ -3,14 +3,14 @@ and GB/s (10^9 bytes per second) on screen. Every number a person reads goes thr
 
 from __future__ import annotations
 
-MIB = 2 ** 20
+MIB = 2**20
 """Bytes in one MiB (DDP's bucket_cap_mb counts MiB)."""
 
 
 def fmt_bytes(n) -> str:
     """Human-readable binary size: '512 B', '4 KiB', '25 MiB', '1.5 GiB'."""
     n = float(n)
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} B"
@@ -80,6 +80,7 @@ def sig_table(df, digits: int = 3):
     notation) and an exact zero as '0', so no nonzero value is rounded away to a decimal zero (0.05 as 0.0) and no
     zero claims decimals it does not have; missing values stay missing. Other columns are kept as they are."""
     import pandas as pd
+
     out = df.copy()
     for col in out.columns:
         if pd.api.types.is_float_dtype(out[col]):

@@ -23,8 +23,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never wait on the hub in tests
 # Every process a test starts (notebook kernels, graders, the command line, torchrun's ranks) imports the dtlab of
 # this checkout, not whichever copy happens to be installed in the environment.
 _ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
-os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                      if p and p != _ROOT])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT]
+)
 
 TIERS = ("unit", "integration", "e2e", "gpu")
 HERE = pathlib.Path(__file__).resolve().parent
@@ -49,8 +50,10 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, tier))
         own = item.get_closest_marker("xdist_group")
         if rel.name in LAB_FILES and own is not None:
-            raise pytest.UsageError(f"{item.nodeid}: a lab test names its own xdist group {own.args}: it would run its "
-                                    "lab a second time on another worker; lab tests share the group 'labs'")
+            raise pytest.UsageError(
+                f"{item.nodeid}: a lab test names its own xdist group {own.args}: it would run its "
+                "lab a second time on another worker; lab tests share the group 'labs'"
+            )
         if own is None:
             item.add_marker(pytest.mark.xdist_group("labs" if rel.name in LAB_FILES else str(rel)))
 
@@ -59,6 +62,7 @@ def pytest_collection_modifyitems(config, items):
 def tiny_run(tmp_path_factory):
     """One real 2-rank gloo DDP run of the tiny model, shared by the tests that only read it."""
     import dtlab
+
     out = tmp_path_factory.mktemp("runs") / "tiny"
     # 0.05 MiB buckets: the tiny model's 3.9 MB embedding gets its own bucket and the rest splits up.
     cfg = dtlab.tiny(out=str(out), steps=4, baseline_steps=2, bucket_mb=0.05)

@@ -127,10 +127,12 @@ class Clock:
 
 def make_owned(calls):
     """A stream factory like dtlab.rank.marks.owned_stream that records (device, thread) of each call."""
+
     def make(device, torch_mod):
         d = getattr(device, "index", device) or 0  # a CPU device (index None) stands for device 0
         calls.append((d, threading.current_thread().name))
         return FakeStream(d, f"owned{len(calls)}"), "fake owned stream"
+
     return make
 
 
@@ -159,11 +161,18 @@ def rank_marks(device, backend, synced=False):
     import os
 
     from dtlab.rank.marks import Marks, SyncedMarks
+
     clock = TickClock()
     fake = FakeTorch(clock)
     calls = []
     cls = SyncedMarks if synced else Marks
-    m = cls(device, backend, torch_mod=fake, clock=clock, make_stream=make_owned(calls),
-            path=os.environ.get(PATH_ENV, "nccl"))
+    m = cls(
+        device,
+        backend,
+        torch_mod=fake,
+        clock=clock,
+        make_stream=make_owned(calls),
+        path=os.environ.get(PATH_ENV, "nccl"),
+    )
     m.prepare()
     return m

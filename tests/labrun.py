@@ -45,8 +45,12 @@ LABS = sorted(p.name for p in LABS_DIR.glob("[0-9][0-9]_*.ipynb"))
 LAB_TIMEOUT_S = 600  # one lab's run-all in quick mode on a loaded 2-core machine; the slowest takes about 2 min
 #: answers a student typed before running, per lab (line prefix -> the line that replaces it): lab 1 gets one
 #: right and one wrong answer, so its run also shows how a graded answer is recorded
-STUDENT_ANSWERS = {"01_ddp_breakdown.ipynb": {"my_bytes_guess = None": "my_bytes_guess = 4 * n_params",
-                                              "my_buckets_guess = None": "my_buckets_guess = 1000"}}
+STUDENT_ANSWERS = {
+    "01_ddp_breakdown.ipynb": {
+        "my_bytes_guess = None": "my_bytes_guess = 4 * n_params",
+        "my_buckets_guess = None": "my_buckets_guess = 1000",
+    }
+}
 
 
 @dataclass
@@ -99,23 +103,32 @@ def drive(name: str) -> LabRun:
         run = _in_browser(name, folder, path)
     else:
         _headless(path, folder)
-        run = LabRun(name, nbformat.read(path, as_version=4), folder, path, time.monotonic() - t0, False,
-                     {"skipped": why})
+        run = LabRun(
+            name, nbformat.read(path, as_version=4), folder, path, time.monotonic() - t0, False, {"skipped": why}
+        )
     _CACHE[name] = run
-    print(f"{name}: ran in {run.seconds:.0f} s ({'browser' if run.browser else 'headless'}), page checks "
-          f"{run.page.get('check_s', 0):.0f} s, {time.monotonic() - t0:.0f} s in all")
+    print(
+        f"{name}: ran in {run.seconds:.0f} s ({'browser' if run.browser else 'headless'}), page checks "
+        f"{run.page.get('check_s', 0):.0f} s, {time.monotonic() - t0:.0f} s in all"
+    )
     return run
 
 
 def _headless(path: pathlib.Path, folder: pathlib.Path) -> None:
     from nbclient import NotebookClient
+
     nb = nbformat.read(path, as_version=4)
     env = {"DTLAB_QUICK": "1", "HF_HUB_OFFLINE": "1"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        NotebookClient(nb, timeout=LAB_TIMEOUT_S, kernel_name="python3", allow_errors=True,
-                       resources={"metadata": {"path": str(folder)}}).execute()
+        NotebookClient(
+            nb,
+            timeout=LAB_TIMEOUT_S,
+            kernel_name="python3",
+            allow_errors=True,
+            resources={"metadata": {"path": str(folder)}},
+        ).execute()
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -127,6 +140,7 @@ def _session():
     in, one after another (JupyterLab loads once; see labserver.open_notebook)."""
     if not _SESSION:
         from playwright.sync_api import sync_playwright
+
         server = LabServer(_ROOT / ".jupyter", _ROOT)
         server.wait_ready()
         pw = sync_playwright().start()
@@ -219,6 +233,7 @@ def outputs_text(nb) -> str:
 def error_outputs(nb) -> list:
     """'cell i: Name: value' for every error output, and every stderr text that is not a progress bar."""
     import re
+
     bar = re.compile(r"^\s*$|\d+%\||\|\s*\d+/\d+|\[[\d:<?, .a-z/]*\]")
     bad = []
     for i, c in enumerate(nb.cells):

@@ -20,12 +20,19 @@ import urllib.error
 import urllib.request
 
 CHROMIUM = os.environ.get("DTLAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                         "checkForUpdates": False},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
 }
 REDRAW_WAIT_S = 20.0  # a slider move's redraw (model + figure update) on a loaded machine takes well under this
 BAD_RENDER = ("Error displaying widget", "Error rendering output", "Traceback", "model not found")
@@ -61,8 +68,12 @@ class LabServer:
         root.mkdir(parents=True, exist_ok=True)
         self.log_path = root / "jupyterlab.log"
         env = dict(os.environ, DTLAB_QUICK="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-        for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                         ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+        for var, sub in (
+            ("JUPYTER_CONFIG_DIR", "config"),
+            ("JUPYTER_DATA_DIR", "data"),
+            ("JUPYTER_RUNTIME_DIR", "runtime"),
+            ("IPYTHONDIR", "ipython"),
+        ):
             env[var] = str(root / sub)
             (root / sub).mkdir(parents=True, exist_ok=True)
         env.pop("JUPYTER_PATH", None)
@@ -72,18 +83,31 @@ class LabServer:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(value))
         self.port = _free_port()
-        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
-               "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=",
-               f"--ServerApp.root_dir={notebooks}", f"--LabApp.user_settings_dir={settings}",
-               f"--LabApp.workspaces_dir={root / 'workspaces'}", "--LabApp.expose_app_in_browser=True",
-               "--LabApp.news_url=", "--ServerApp.open_browser=False",
-               "--ServerApp.disable_check_xsrf=True"]  # loopback only, no token: the REST calls below need no xsrf
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            f"--port={self.port}",
+            "--ip=127.0.0.1",
+            "--ServerApp.port_retries=0",
+            "--IdentityProvider.token=",
+            "--ServerApp.password=",
+            f"--ServerApp.root_dir={notebooks}",
+            f"--LabApp.user_settings_dir={settings}",
+            f"--LabApp.workspaces_dir={root / 'workspaces'}",
+            "--LabApp.expose_app_in_browser=True",
+            "--LabApp.news_url=",
+            "--ServerApp.open_browser=False",
+            "--ServerApp.disable_check_xsrf=True",
+        ]  # loopback only, no token: the REST calls below need no xsrf
         if os.geteuid() == 0:  # CI containers run as root
             cmd.append("--allow-root")
         self._log = open(self.log_path, "w")
         # its own session: stop() signals the server alone, by its pid, and the kernels through the REST API
-        self.proc = subprocess.Popen(cmd, env=env, cwd=notebooks, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, cwd=notebooks, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
@@ -131,8 +155,11 @@ JS_PANEL = """(path) => { const app = window.jupyterapp; if (!app) return null;
   for (const w of app.shell.widgets('main')) if (w.context && w.context.path === path) return w;
   return null; }"""
 
-JS_CELLS = """(path) => {
-  const nb = (""" + JS_PANEL + """)(path);
+JS_CELLS = (
+    """(path) => {
+  const nb = ("""
+    + JS_PANEL
+    + """)(path);
   if (!nb || !nb.content || !nb.content.widgets) return null;
   return nb.content.widgets.map((c, i) => {
     const m = c.model, out = [];
@@ -142,14 +169,23 @@ JS_CELLS = """(path) => {
     return {index: i, type: m.type, execution_count: m.type === 'code' ? m.executionCount : null, outputs: out};
   });
 }"""
+)
 
-JS_KERNEL_IDLE = """(path) => { const nb = (""" + JS_PANEL + """)(path);
+JS_KERNEL_IDLE = (
+    """(path) => { const nb = ("""
+    + JS_PANEL
+    + """)(path);
   const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
   return !!k && k.status === 'idle'; }"""
+)
 
 # commands are fired, never awaited: a command's promise may wait on a dialog or on every cell
-JS_COMMAND = """([path, command]) => { const app = window.jupyterapp, nb = (""" + JS_PANEL + """)(path);
+JS_COMMAND = (
+    """([path, command]) => { const app = window.jupyterapp, nb = ("""
+    + JS_PANEL
+    + """)(path);
   if (!nb) return false; app.shell.activateById(nb.id); app.commands.execute(command); return true; }"""
+)
 
 JS_DIRTY = """(path) => { const nb = (""" + JS_PANEL + """)(path); return !nb || nb.context.model.dirty; }"""
 
@@ -209,8 +245,12 @@ JS_CLOSE_ALL = """() => { const app = window.jupyterapp; if (!app) return false;
 
 JS_OPEN = """(path) => { window.jupyterapp.commands.execute('docmanager:open', {path}); return true; }"""
 
-JS_HAS_CELLS = """(path) => { const nb = (""" + JS_PANEL + """)(path);
+JS_HAS_CELLS = (
+    """(path) => { const nb = ("""
+    + JS_PANEL
+    + """)(path);
   return !!(nb && nb.content && nb.content.widgets && nb.content.widgets.length); }"""
+)
 
 
 def open_notebook(page, url: str, path: str) -> None:
@@ -281,9 +321,11 @@ def _show_figures(page, w: int) -> None:
     plots = out.locator(".js-plotly-plot")
     for i in range(plots.count()):
         plots.nth(i).scroll_into_view_if_needed()
-        plots.nth(i).evaluate("(el) => new Promise(r => { const t = Date.now(); (function wait() { "
-                              "if ((el.data && el.data.length) || Date.now() - t > 20000) r(); "
-                              "else setTimeout(wait, 200); })(); })")
+        plots.nth(i).evaluate(
+            "(el) => new Promise(r => { const t = Date.now(); (function wait() { "
+            "if ((el.data && el.data.length) || Date.now() - t > 20000) r(); "
+            "else setTimeout(wait, 200); })(); })"
+        )
 
 
 def _move(page, w: int, s: int, state: dict, path: str) -> dict:
@@ -311,9 +353,14 @@ def _move(page, w: int, s: int, state: dict, path: str) -> dict:
         page.wait_for_timeout(150)
         now = page.evaluate(JS_WIDGET_STATE, w)
     now = _settle(page, w, path)
-    return {"slider": state["sliders"][s]["label"], "from": before, "to": now["sliders"][s]["readout"],
-            "moved": now["sliders"][s]["readout"] != before,
-            "redrew": (now["figures"], now["labels"]) != (state["figures"], state["labels"]), "state": now}
+    return {
+        "slider": state["sliders"][s]["label"],
+        "from": before,
+        "to": now["sliders"][s]["readout"],
+        "moved": now["sliders"][s]["readout"] != before,
+        "redrew": (now["figures"], now["labels"]) != (state["figures"], state["labels"]),
+        "state": now,
+    }
 
 
 def page_checks(page, path: str) -> dict:
@@ -321,8 +368,15 @@ def page_checks(page, path: str) -> dict:
     or redraw nothing, figures a reload does not restore), moves (one per slider), overlaps (text over text in a
     figure), widgets (how many explorers), labels_before / labels_after (each widget's label texts before the
     first move and after the last)."""
-    report = {"problems": [], "moves": [], "overlaps": [], "widgets": 0, "reloaded": False, "labels_before": [],
-              "labels_after": []}
+    report = {
+        "problems": [],
+        "moves": [],
+        "overlaps": [],
+        "widgets": 0,
+        "reloaded": False,
+        "labels_before": [],
+        "labels_after": [],
+    }
     shown = page.locator(".jp-OutputArea-output").all_inner_texts()
     report["problems"] += [f"{bad!r} shown in an output" for bad in BAD_RENDER if any(bad in t for t in shown)]
     page.set_viewport_size({"width": 1500, "height": 1000})
@@ -344,8 +398,10 @@ def page_checks(page, path: str) -> dict:
             if not move["moved"]:
                 report["problems"].append(f"widget {w}: slider {move['slider']!r} did not move with the keyboard")
             elif not move["redrew"]:
-                report["problems"].append(f"widget {w}: moving {move['slider']!r} ({move['from']} -> {move['to']}) "
-                                          "changed no figure and no label")
+                report["problems"].append(
+                    f"widget {w}: moving {move['slider']!r} ({move['from']} -> {move['to']}) "
+                    "changed no figure and no label"
+                )
         report["labels_after"].append(state["labels"])
     if n:
         report["problems"] += _reload_keeps_state(page, n, path)
@@ -378,8 +434,10 @@ def _reload_keeps_state(page, n: int, path: str) -> list:
         for f, (fb, fa) in enumerate(zip(b["figures"], a["figures"])):
             if fb != fa:
                 same = "the same traces" if fb["data"] == fa["data"] else "other traces"
-                problems.append(f"widget {w}: after a reload figure {f} shows {fa['title']!r} with {same} than "
-                                f"before, when it showed {fb['title']!r} ({len(fb['data'])} traces; the same sliders)")
+                problems.append(
+                    f"widget {w}: after a reload figure {f} shows {fa['title']!r} with {same} than "
+                    f"before, when it showed {fb['title']!r} ({len(fb['data'])} traces; the same sliders)"
+                )
     return problems
 
 

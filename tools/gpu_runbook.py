@@ -50,15 +50,28 @@ sys.path[:0] = [p for p in (ROOT, HERE) if p not in sys.path]  # before any step
 from gpu_wheels import check_installed, check_wheels, tree_bytes  # noqa: E402 - after the path is set
 
 COMMAND_LIMIT_S = 600  # what one remote command may run
-BUDGET_S = 540         # what a part plans for: the rest is margin for Python's start and the last archive
-MIN_STEP_S = 20        # a step that cannot get this long is skipped, not started
-RESERVE_S = 10         # kept back from each step's timeout for writing the summary and the archive
+BUDGET_S = 540  # what a part plans for: the rest is margin for Python's start and the last archive
+MIN_STEP_S = 20  # a step that cannot get this long is skipped, not started
+RESERVE_S = 10  # kept back from each step's timeout for writing the summary and the archive
 MAX_FILES, MAX_DEPTH = 8, 2
-PARTS = {"suite": ("wheels", "install", "deps", "doctor", "gpu-suite", "main-job", "zero3", "overhead"),
-         "labs": ("install", "calibrate", "labs", "model-error")}
-STEP_CAP = {"wheels": 60, "install": 180, "deps": 90, "doctor": 150, "gpu-suite": 300, "main-job": 120,
-            "zero3": 120, "overhead": 150, "calibrate": 120, "labs": 420, "model-error": 200}
-LAB_CAP_S = 90         # one lab in quick mode (the H200 took 21-41 s for each of the 11, 344 s in all)
+PARTS = {
+    "suite": ("wheels", "install", "deps", "doctor", "gpu-suite", "main-job", "zero3", "overhead"),
+    "labs": ("install", "calibrate", "labs", "model-error"),
+}
+STEP_CAP = {
+    "wheels": 60,
+    "install": 180,
+    "deps": 90,
+    "doctor": 150,
+    "gpu-suite": 300,
+    "main-job": 120,
+    "zero3": 120,
+    "overhead": 150,
+    "calibrate": 120,
+    "labs": 420,
+    "model-error": 200,
+}
+LAB_CAP_S = 90  # one lab in quick mode (the H200 took 21-41 s for each of the 11, 344 s in all)
 ARCHIVED = (".log", ".json", ".jsonl", ".xml", ".txt", ".ipynb")
 ARCHIVE_FILE_MAX = 8 * 2**20
 
@@ -112,19 +125,35 @@ class Runbook:
         work = os.path.abspath(args.work or os.path.join(tempfile.gettempdir(), "dtlab-gpu-work"))
         for flag, path in (("--site", self.site), ("--work", work)):
             if _inside(path, self.out):
-                raise SystemExit(f"{flag} {path} is inside --out {self.out}: only the summary and the log archive "
-                                 "may go there (at most 8 files come back)")
+                raise SystemExit(
+                    f"{flag} {path} is inside --out {self.out}: only the summary and the log archive "
+                    "may go there (at most 8 files come back)"
+                )
         os.makedirs(self.out, exist_ok=True)
         self.work = os.path.abspath(args.work or fresh_work(part))  # after the checks: a refusal makes no folder
         os.makedirs(self.work, exist_ok=True)
         self.t0, self.budget = time.monotonic(), float(args.budget)
-        self.summary = {"part": part, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "dry_run": self.dry,
-                        "limits": {"command_s": COMMAND_LIMIT_S, "budget_s": self.budget, "max_files": MAX_FILES,
-                                   "max_depth": MAX_DEPTH},
-                        "site": self.site, "work": self.work, "steps": {}, "writes": 0}
+        self.summary = {
+            "part": part,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "dry_run": self.dry,
+            "limits": {
+                "command_s": COMMAND_LIMIT_S,
+                "budget_s": self.budget,
+                "max_files": MAX_FILES,
+                "max_depth": MAX_DEPTH,
+            },
+            "site": self.site,
+            "work": self.work,
+            "steps": {},
+            "writes": 0,
+        }
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
-        self.env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([] if self.dry else [self.site]) + [
-            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [ROOT]
+            + ([] if self.dry else [self.site])
+            + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         if not self.dry and self._installed():
             self._use_site()
 
@@ -134,8 +163,9 @@ class Runbook:
 
     def record(self, name: str, ok: bool, **facts) -> bool:
         """Record a step and rewrite summary.json and logs.tar.gz at once."""
-        self.summary["steps"].setdefault(name, {}).update(ok=bool(ok), done_at_s=round(time.monotonic() - self.t0, 1),
-                                                          **facts)
+        self.summary["steps"].setdefault(name, {}).update(
+            ok=bool(ok), done_at_s=round(time.monotonic() - self.t0, 1), **facts
+        )
         print(f"[{name}] {'ok' if ok else 'FAILED'}", flush=True)
         self.write()
         return ok
@@ -171,14 +201,22 @@ class Runbook:
         t0 = time.monotonic()
         with open(log, "w") as f:
             try:
-                rc = subprocess.run(cmd, cwd=cwd, env=env or self.env, stdout=f, stderr=subprocess.STDOUT,
-                                    timeout=timeout, stdin=subprocess.DEVNULL).returncode
+                rc = subprocess.run(
+                    cmd,
+                    cwd=cwd,
+                    env=env or self.env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                    stdin=subprocess.DEVNULL,
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = None
         with open(log) as f:
             tail = f.read()[-1500:]
-        self.summary["steps"].setdefault(name, {}).update(cmd=" ".join(cmd), rc=rc, timeout_s=round(timeout),
-                                                          seconds=round(time.monotonic() - t0, 1))
+        self.summary["steps"].setdefault(name, {}).update(
+            cmd=" ".join(cmd), rc=rc, timeout_s=round(timeout), seconds=round(time.monotonic() - t0, 1)
+        )
         if rc != 0:
             self.summary["steps"][name]["log_tail"] = tail
             print(tail, flush=True)
@@ -198,6 +236,7 @@ class Runbook:
 
     def _use_site(self) -> None:
         import importlib
+
         if self.site not in sys.path:
             sys.path.insert(1, self.site)
         sys.path_importer_cache.pop(self.site, None)
@@ -209,13 +248,25 @@ class Runbook:
         for p in res["problems"]:
             print(f"[wheels] {p}")
         size = tree_bytes(ROOT)
-        return self.record("wheels", res.pop("ok"), tree_bytes=size,
-                           travels_mib=round((size + res.get("bytes", 0)) / 2**20, 1), **res)
+        return self.record(
+            "wheels", res.pop("ok"), tree_bytes=size, travels_mib=round((size + res.get("bytes", 0)) / 2**20, 1), **res
+        )
 
     def install(self, timeout) -> bool:
         names = self._wheel_names()
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-               "--upgrade", "--target", self.site] + [os.path.join(self.args.wheels, n) for n in names]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--upgrade",
+            "--target",
+            self.site,
+        ] + [os.path.join(self.args.wheels, n) for n in names]
         if self.dry:
             return self.record("install", True, cmd=" ".join(cmd[:12]) + " ...", note="dry run: not installed")
         if self._installed():
@@ -240,25 +291,44 @@ class Runbook:
         with open(os.path.join(self.work, "doctor.log")) as f:
             text = f.read()
         try:
-            facts = json.loads(text[text.index("{"):])
+            facts = json.loads(text[text.index("{") :])
         except ValueError:
             facts = {}
         self.summary["doctor"] = facts
-        return self.record("doctor", rc == 0 and bool(facts), gpus=facts.get("gpus"), nccl=facts.get("nccl"),
-                           torch=facts.get("torch"))
+        return self.record(
+            "doctor", rc == 0 and bool(facts), gpus=facts.get("gpus"), nccl=facts.get("nccl"), torch=facts.get("torch")
+        )
 
     def gpu_suite(self, timeout) -> bool:
         xml = os.path.join(self.out, "gpu-junit.xml")
-        rc = self.sh("gpu-suite", [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-q", "-p", "no:cacheprovider",
-                                   "tests/gpu", f"--junitxml={xml}"], timeout)
+        rc = self.sh(
+            "gpu-suite",
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-m",
+                "gpu",
+                "-rs",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "tests/gpu",
+                f"--junitxml={xml}",
+            ],
+            timeout,
+        )
         counts = {}
         if os.path.exists(xml):
             suite = ET.parse(xml).getroot()
             suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
             counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
             counts["skip_reasons"] = sorted({s.get("message", "") for s in suite.iter("skipped")})
-            counts["failed"] = sorted(c.get("name") for c in suite.iter("testcase")
-                                      if c.find("failure") is not None or c.find("error") is not None)
+            counts["failed"] = sorted(
+                c.get("name")
+                for c in suite.iter("testcase")
+                if c.find("failure") is not None or c.find("error") is not None
+            )
         ok = rc == 0 and counts.get("tests", 0) > 0
         if not self.dry:  # on a GPU machine the suite must really run, not skip
             ok = ok and counts.get("skipped", 0) < counts.get("tests", 0)
@@ -266,35 +336,88 @@ class Runbook:
 
     def main_job(self, timeout) -> bool:
         from runbook_figures import ddp_figures
+
         run_dir = os.path.join(self.work, "first")
-        size = (["--model", "tiny", "--steps", "4", "--warmup", "1", "--batch-size", "4", "--seq-len", "32",
-                 "--bucket-mb", "0.05", "--baseline-steps", "2"] if self.dry else
-                ["--model", "distilbert", "--steps", "8", "--batch-size", "8", "--seq-len", "64"])
-        if self.sh("main-job", [sys.executable, "-m", "dtlab", "run", *size, "--out", run_dir, "--no-progress"],
-                   timeout) != 0:
+        size = (
+            [
+                "--model",
+                "tiny",
+                "--steps",
+                "4",
+                "--warmup",
+                "1",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "32",
+                "--bucket-mb",
+                "0.05",
+                "--baseline-steps",
+                "2",
+            ]
+            if self.dry
+            else ["--model", "distilbert", "--steps", "8", "--batch-size", "8", "--seq-len", "64"]
+        )
+        if (
+            self.sh(
+                "main-job", [sys.executable, "-m", "dtlab", "run", *size, "--out", run_dir, "--no-progress"], timeout
+            )
+            != 0
+        ):
             return self.record("main-job", False)
         self.summary["main_job"], ok = ddp_figures(run_dir)
         return self.record("main-job", ok, run_dir=run_dir)
 
     def zero3(self, timeout) -> bool:
         from runbook_figures import zero3_figures
+
         run_dir = os.path.join(self.work, "zero3")
-        size = (["--model", "tiny", "--steps", "3", "--warmup", "1", "--batch-size", "4", "--seq-len", "32"]
-                if self.dry else ["--model", "distilbert", "--steps", "6", "--batch-size", "8", "--seq-len", "64"])
-        if self.sh("zero3", [sys.executable, "-m", "dtlab", "run", "--strategy", "zero3", *size, "--out", run_dir,
-                             "--no-progress"], timeout) != 0:
+        size = (
+            ["--model", "tiny", "--steps", "3", "--warmup", "1", "--batch-size", "4", "--seq-len", "32"]
+            if self.dry
+            else ["--model", "distilbert", "--steps", "6", "--batch-size", "8", "--seq-len", "64"]
+        )
+        if (
+            self.sh(
+                "zero3",
+                [sys.executable, "-m", "dtlab", "run", "--strategy", "zero3", *size, "--out", run_dir, "--no-progress"],
+                timeout,
+            )
+            != 0
+        ):
             return self.record("zero3", False)
         self.summary["zero3"], ok = zero3_figures(run_dir)
         return self.record("zero3", ok, run_dir=run_dir)
 
     def calibrate(self, timeout) -> bool:
         from runbook_figures import calibration_figures
+
         out = os.path.join(self.work, "profile")
-        sizes = "4K,64K,1M,4M" if self.dry else ",".join(f"{2 ** k}" for k in range(12, 26))  # 4 KiB .. 32 MiB
+        sizes = "4K,64K,1M,4M" if self.dry else ",".join(f"{2**k}" for k in range(12, 26))  # 4 KiB .. 32 MiB
         extra = ["--iters", "2", "--rounds", "1"] if self.dry else ["--iters", "8", "--rounds", "2"]
-        if self.sh("calibrate", [sys.executable, "-m", "dtlab", "calibrate", "--nproc", "2", "--ops",
-                                 "all_reduce,reduce_scatter,all_gather", "--sizes", sizes, *extra, "--out", out,
-                                 "--no-progress"], timeout) != 0:
+        if (
+            self.sh(
+                "calibrate",
+                [
+                    sys.executable,
+                    "-m",
+                    "dtlab",
+                    "calibrate",
+                    "--nproc",
+                    "2",
+                    "--ops",
+                    "all_reduce,reduce_scatter,all_gather",
+                    "--sizes",
+                    sizes,
+                    *extra,
+                    "--out",
+                    out,
+                    "--no-progress",
+                ],
+                timeout,
+            )
+            != 0
+        ):
             return self.record("calibrate", False)
         self.summary["calibration"], ok = calibration_figures(out)
         return self.record("calibrate", ok, profile=out)
@@ -302,11 +425,12 @@ class Runbook:
     def labs(self, timeout) -> bool:
         """Every lab top to bottom in quick mode, each in a fresh folder; labs.json in --out after every lab."""
         from runbook_figures import lab_plan, lab_record, lab_runs, recorded_lab_seconds
+
         names = sorted(n for n in os.listdir(os.path.join(ROOT, "labs")) if n.endswith(".ipynb"))
         seconds = recorded_lab_seconds()
         plan = {n: {"placed": lab_plan(n), "cap_s": LAB_CAP_S, "h200_s": seconds.get(n)} for n in names}
         known = sorted(v for v in seconds.values() if v)
-        for p in plan.values():   # a lab newer than the record: planned at the recorded labs' median, said so
+        for p in plan.values():  # a lab newer than the record: planned at the recorded labs' median, said so
             if not p["h200_s"] and known:
                 p["estimate_s"] = round(known[len(known) // 2], 1)
                 p["estimate"] = "no H200 record of this lab yet: the median of the recorded labs' times"
@@ -314,33 +438,60 @@ class Runbook:
             refused = [n for n, p in plan.items() if any(x["label"].startswith("cannot run") for x in p["placed"])]
             planned_s = sum(p["h200_s"] or p.get("estimate_s") or LAB_CAP_S for p in plan.values())
             ok = not refused and bool(known) and planned_s <= STEP_CAP["labs"] - RESERVE_S
-            return self.record("labs", ok, planned=plan, refused=refused, h200_total_s=round(sum(known), 1),
-                               planned_s=round(planned_s, 1),
-                               note="dry run: planned, not executed (tests/e2e/test_notebooks.py executes them on "
-                                    "CPU); h200_total_s is the last H200 record's time for the labs it holds, "
-                                    "planned_s adds an estimate for each lab it does not")
+            return self.record(
+                "labs",
+                ok,
+                planned=plan,
+                refused=refused,
+                h200_total_s=round(sum(known), 1),
+                planned_s=round(planned_s, 1),
+                note="dry run: planned, not executed (tests/e2e/test_notebooks.py executes them on "
+                "CPU); h200_total_s is the last H200 record's time for the labs it holds, "
+                "planned_s adds an estimate for each lab it does not",
+            )
         record, t_end = {}, time.monotonic() + timeout
         for n in names:
             left = t_end - time.monotonic()
             if left < MIN_STEP_S:
                 record[n] = {"skipped": f"{left:.0f} s left of the labs step: not started", "placed": plan[n]["placed"]}
                 continue
-            where = os.path.join(self.work, "labs", n[:-len(".ipynb")])
+            where = os.path.join(self.work, "labs", n[: -len(".ipynb")])
             os.makedirs(where, exist_ok=True)
             executed = os.path.join(self.work, "labs", n)
             t0 = time.monotonic()
-            rc = self.sh(f"lab-{n[:2]}", [sys.executable, os.path.join(HERE, "run_notebook.py"),
-                                          os.path.join(ROOT, "labs", n), where, "--save", executed],
-                         min(LAB_CAP_S, left), env=dict(self.env, DTLAB_QUICK="1"))
-            record[n] = {**lab_record(executed), "rc": rc, "seconds": round(time.monotonic() - t0, 1),
-                         "placed": plan[n]["placed"], "runs": lab_runs(where)}
+            rc = self.sh(
+                f"lab-{n[:2]}",
+                [
+                    sys.executable,
+                    os.path.join(HERE, "run_notebook.py"),
+                    os.path.join(ROOT, "labs", n),
+                    where,
+                    "--save",
+                    executed,
+                ],
+                min(LAB_CAP_S, left),
+                env=dict(self.env, DTLAB_QUICK="1"),
+            )
+            record[n] = {
+                **lab_record(executed),
+                "rc": rc,
+                "seconds": round(time.monotonic() - t0, 1),
+                "placed": plan[n]["placed"],
+                "runs": lab_runs(where),
+            }
             self._write_json("labs.json", record)
         self._write_json("labs.json", record)
         failed = sorted(n for n, r in record.items() if r.get("rc") != 0)
-        contradicted = sorted(c["cid"] for r in record.values() for c in r.get("claims", [])
-                              if c.get("result") == "contradicted")
-        return self.record("labs", not failed, failed=failed, contradicted=contradicted,
-                           seconds={n: r.get("seconds") for n, r in record.items()})
+        contradicted = sorted(
+            c["cid"] for r in record.values() for c in r.get("claims", []) if c.get("result") == "contradicted"
+        )
+        return self.record(
+            "labs",
+            not failed,
+            failed=failed,
+            contradicted=contradicted,
+            seconds={n: r.get("seconds") for n, r in record.items()},
+        )
 
     def _write_json(self, name: str, doc) -> None:
         tmp = os.path.join(self.out, f".{name}.tmp")
@@ -353,7 +504,9 @@ class Runbook:
         path = os.path.join(ROOT, "benchmarks", script)
         if self.dry:
             return self.sh(name, [sys.executable, path, "--help"], timeout) == 0, {
-                "note": "dry run: planned, not run (measured on the GPU)", "args": args}
+                "note": "dry run: planned, not run (measured on the GPU)",
+                "args": args,
+            }
         out = os.path.join(self.work, f"{name}.json")
         if self.sh(name, [sys.executable, path, *args, "--json", out], timeout) != 0:
             return False, {}
@@ -362,18 +515,24 @@ class Runbook:
 
     def overhead(self, timeout) -> bool:
         """The recorder's overhead on this machine: the README's job with recording on and off, interleaved."""
-        ok, figs = self._benchmark("overhead", "recorder_overhead.py",
-                                   ["--pairs", "3", "--model", "distilbert", "--steps", "6"], timeout)
+        ok, figs = self._benchmark(
+            "overhead", "recorder_overhead.py", ["--pairs", "3", "--model", "distilbert", "--steps", "6"], timeout
+        )
         if ok and not self.dry:
-            figs = {"overhead": figs["overhead"], "plain_T_step_ms": [t * 1e3 for t in figs["plain_s"]],
-                    "recorded_T_step_ms": [t * 1e3 for t in figs["recorded_s"]], "pairs": 3}
+            figs = {
+                "overhead": figs["overhead"],
+                "plain_T_step_ms": [t * 1e3 for t in figs["plain_s"]],
+                "recorded_T_step_ms": [t * 1e3 for t in figs["recorded_s"]],
+                "pairs": 3,
+            }
         self.summary["overhead"] = figs
         return self.record("overhead", ok)
 
     def model_error(self, timeout) -> bool:
         """benchmarks/model_error.py: the alpha-beta model's T_step and T_comm errors on this machine."""
-        ok, figs = self._benchmark("model-error", "model_error.py",
-                                   ["--model", "distilbert", "--buckets", "1,25", "--steps", "6"], timeout)
+        ok, figs = self._benchmark(
+            "model-error", "model_error.py", ["--model", "distilbert", "--buckets", "1,25", "--steps", "6"], timeout
+        )
         if ok and not self.dry:
             figs = {"held_out": figs["collectives"].get("rows"), "ddp": figs["ddp"]}
         self.summary["model_error"] = figs
@@ -388,8 +547,15 @@ class Runbook:
         for name in steps:
             timeout = step_timeout(STEP_CAP[name], self.remaining())
             if timeout is None:
-                ok = self.record(name, False, skipped=f"{self.remaining():.0f} s left of this command's "
-                                                      f"{self.budget:.0f} s budget: not started") and ok
+                ok = (
+                    self.record(
+                        name,
+                        False,
+                        skipped=f"{self.remaining():.0f} s left of this command's "
+                        f"{self.budget:.0f} s budget: not started",
+                    )
+                    and ok
+                )
                 continue
             try:
                 ok = getattr(self, name.replace("-", "_"))(timeout) and ok
@@ -407,10 +573,17 @@ def main(argv=None) -> int:
     ap.add_argument("part", choices=[*PARTS, "all", "check-wheels"])
     ap.add_argument("--wheels", default=os.path.join(ROOT, ".whl"), help="wheel folder (default .whl)")
     ap.add_argument("--out", default="gpu-proof", help="summary.json and logs.tar.gz go here (keep it $OUT)")
-    ap.add_argument("--site", default=os.path.join(tempfile.gettempdir(), "dtlab-site"),
-                    help="where the wheels are installed (outside --out)")
-    ap.add_argument("--work", default=None, help="run directories and logs (default: a new "
-                    "TMP/dtlab-gpu-work/PART-TIME-PID each invocation; a folder given here must not hold its runs yet)")
+    ap.add_argument(
+        "--site",
+        default=os.path.join(tempfile.gettempdir(), "dtlab-site"),
+        help="where the wheels are installed (outside --out)",
+    )
+    ap.add_argument(
+        "--work",
+        default=None,
+        help="run directories and logs (default: a new "
+        "TMP/dtlab-gpu-work/PART-TIME-PID each invocation; a folder given here must not hold its runs yet)",
+    )
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds a part plans for (default {BUDGET_S})")
     ap.add_argument("--steps", default=None, help="only these steps of the part, comma-separated")
     ap.add_argument("--dry-run", action="store_true", help="check every step, install nothing, run small")

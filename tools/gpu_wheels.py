@@ -42,9 +42,18 @@ def listed(path: str) -> list[str]:
 
 def _linux_env() -> dict:
     from packaging.markers import default_environment
-    return dict(default_environment(), python_version=PY_VERSION, python_full_version=f"{PY_VERSION}.3",
-                sys_platform="linux", platform_system="Linux", platform_machine="x86_64",
-                implementation_name="cpython", platform_python_implementation="CPython", extra="")
+
+    return dict(
+        default_environment(),
+        python_version=PY_VERSION,
+        python_full_version=f"{PY_VERSION}.3",
+        sys_platform="linux",
+        platform_system="Linux",
+        platform_machine="x86_64",
+        implementation_name="cpython",
+        platform_python_implementation="CPython",
+        extra="",
+    )
 
 
 def _requires(path: str) -> list[str]:
@@ -77,8 +86,14 @@ def check_wheels(folder: str, wanted_file: str | None = None, device_file: str |
         wanted[norm(name)] = version
     device_has = {norm(n) for n in listed(device_file or os.path.join(HERE, "gpu-device-packages.txt"))}
     if not os.path.isdir(folder):
-        return {"ok": False, "problems": [f"wheel folder {folder!r} does not exist: build it with "
-                                          "tools/make_gpu_wheels.sh on a machine that reaches PyPI"], "wheels": 0}
+        return {
+            "ok": False,
+            "problems": [
+                f"wheel folder {folder!r} does not exist: build it with "
+                "tools/make_gpu_wheels.sh on a machine that reaches PyPI"
+            ],
+            "wheels": 0,
+        }
     problems, found = [], {}
     for fn in sorted(f for f in os.listdir(folder) if f.endswith(".whl")):
         parts = fn[:-4].split("-")
@@ -113,8 +128,10 @@ def check_wheels(folder: str, wanted_file: str | None = None, device_file: str |
     problems += [f"requirement not met by the folder or the machine: {u}" for u in sorted(unmet)]
     size = sum(os.path.getsize(os.path.join(folder, i["file"])) for i in found.values())
     if size > WHEELS_MAX_BYTES:
-        problems.append(f"the folder holds {size / 2**20:.1f} MiB of wheels, more than {WHEELS_MAX_BYTES / 2**20:.0f} "
-                        f"MiB (it travels with the working tree, {TREE_MAX_BYTES / 2**20:.0f} MiB in all)")
+        problems.append(
+            f"the folder holds {size / 2**20:.1f} MiB of wheels, more than {WHEELS_MAX_BYTES / 2**20:.0f} "
+            f"MiB (it travels with the working tree, {TREE_MAX_BYTES / 2**20:.0f} MiB in all)"
+        )
     return {"ok": not problems, "problems": problems, "wheels": len(found), "bytes": size}
 
 
@@ -152,10 +169,20 @@ print(json.dumps({"unmet": sorted(set(unmet)), "installed": len(seen), "torch": 
 
 def check_installed(site: str, timeout_s: float = 120.0) -> dict:
     """{ok, unmet, installed, torch, torch_from_site}, asked of a child Python whose path starts with `site`."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([site] + [p for p in os.environ.get(
-        "PYTHONPATH", "").split(os.pathsep) if p and p != site]))
-    cp = subprocess.run([sys.executable, "-c", _INSTALLED_CHECK, site], capture_output=True, text=True,
-                        timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [site] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+        ),
+    )
+    cp = subprocess.run(
+        [sys.executable, "-c", _INSTALLED_CHECK, site],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     if cp.returncode != 0 or not lines:
         return {"ok": False, "unmet": [f"the check did not run: {(cp.stderr or cp.stdout)[-800:]}"]}

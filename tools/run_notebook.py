@@ -25,8 +25,9 @@ def main(argv=None) -> int:
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(args.notebook, as_version=4)
-    client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
-                            resources={"metadata": {"path": args.workdir}})
+    client = NotebookClient(
+        nb, timeout=args.timeout, kernel_name="python3", resources={"metadata": {"path": args.workdir}}
+    )
     try:
         client.execute()
         failed = None

@@ -23,14 +23,23 @@ def ddp_figures(run_dir: str) -> tuple[dict, bool]:
     s = summ.set_index("quantity")["value"]
     per = run.buckets.groupby(["rank", "step"])["nbytes"].sum()
     steady = run.buckets[run.buckets["step"] >= run.warmup].groupby(["rank", "step"]).size()
-    figs = {"placement": run.resolved.get("placement", {}), "devices": run.resolved.get("devices"),
-            "torch": run.resolved.get("versions", {}).get("torch"), "nccl": run.resolved.get("nccl"),
-            "bucket_timing": run.resolved.get("bucket_timing"),
-            "T_step_ms": s["T_step"] * 1e3, "T_comp_ms": s["T_comp"] * 1e3, "T_comm_ms": s["T_comm"] * 1e3,
-            "exposed_ms": s["exposed"] * 1e3, "overlap": s["overlap"],
-            "how": dict(zip(summ["quantity"], summ["how"])),
-            "grad_bytes": run.resolved["grad_bytes"], "bytes_per_rank_step": sorted(set(per.tolist())),
-            "buckets_per_step": sorted(set(steady.tolist())), "crosscheck": _records(run.crosscheck())}
+    figs = {
+        "placement": run.resolved.get("placement", {}),
+        "devices": run.resolved.get("devices"),
+        "torch": run.resolved.get("versions", {}).get("torch"),
+        "nccl": run.resolved.get("nccl"),
+        "bucket_timing": run.resolved.get("bucket_timing"),
+        "T_step_ms": s["T_step"] * 1e3,
+        "T_comp_ms": s["T_comp"] * 1e3,
+        "T_comm_ms": s["T_comm"] * 1e3,
+        "exposed_ms": s["exposed"] * 1e3,
+        "overlap": s["overlap"],
+        "how": dict(zip(summ["quantity"], summ["how"])),
+        "grad_bytes": run.resolved["grad_bytes"],
+        "bytes_per_rank_step": sorted(set(per.tolist())),
+        "buckets_per_step": sorted(set(steady.tolist())),
+        "crosscheck": _records(run.crosscheck()),
+    }
     return figs, set(per.tolist()) == {run.resolved["grad_bytes"]}
 
 
@@ -41,13 +50,16 @@ def zero3_figures(run_dir: str) -> tuple[dict, bool]:
     run = load_run(run_dir)
     c = run.collectives[run.collectives["step"] >= run.warmup]
     by = c.groupby(["phase", "op"])["nbytes"].sum() / max(1, c["step"].nunique() * run.nproc)
-    figs = {"bytes_per_rank_step": {f"{p}/{o}": int(v) for (p, o), v in by.items()},
-            "expected_reduce_scatter_bytes_per_step": run.resolved.get("expected_reduce_scatter_bytes_per_step"),
-            "memory": _records(run.memory), "summary": _records(run.summary()),
-            "placement": run.resolved.get("placement"),
-            "deepspeed_local_rank": run.resolved.get("deepspeed_local_rank"),
-            "collective_timing": run.resolved.get("collective_timing"),
-            "unfinished_collectives": int(c["t_end"].isna().sum())}
+    figs = {
+        "bytes_per_rank_step": {f"{p}/{o}": int(v) for (p, o), v in by.items()},
+        "expected_reduce_scatter_bytes_per_step": run.resolved.get("expected_reduce_scatter_bytes_per_step"),
+        "memory": _records(run.memory),
+        "summary": _records(run.summary()),
+        "placement": run.resolved.get("placement"),
+        "deepspeed_local_rank": run.resolved.get("deepspeed_local_rank"),
+        "collective_timing": run.resolved.get("collective_timing"),
+        "unfinished_collectives": int(c["t_end"].isna().sum()),
+    }
     return figs, run.status.get("state") == "finished"
 
 
@@ -56,9 +68,16 @@ def calibration_figures(profile_dir: str) -> tuple[dict, bool]:
     from dtlab.results.calibration import load_profile
 
     prof = load_profile(profile_dir)
-    figs = {op: {"alpha_us": f.alpha * 1e6, "alpha_ci_us": [a * 1e6 for a in f.alpha_ci],
-                 "busbw_GBps_from_beta": (1 / f.beta / 1e9) if f.beta > 0 else None, "form": f.form,
-                 "rel_rms": f.rel_rms} for op, f in prof.fits.items()}
+    figs = {
+        op: {
+            "alpha_us": f.alpha * 1e6,
+            "alpha_ci_us": [a * 1e6 for a in f.alpha_ci],
+            "busbw_GBps_from_beta": (1 / f.beta / 1e9) if f.beta > 0 else None,
+            "form": f.form,
+            "rel_rms": f.rel_rms,
+        }
+        for op, f in prof.fits.items()
+    }
     figs["timing"] = prof.meta.get("timing")
     figs["placement"] = prof.meta.get("placement", {}).get("label")
     return figs, bool(prof.fits)
@@ -100,16 +119,27 @@ def lab_record(executed: str) -> dict:
         return {"errors": ["the executed notebook was not written"], "claims": []}
     with open(executed) as f:
         nb = json.load(f)
-    errors = [f"{o.get('ename')}: {o.get('evalue')}" for c in nb.get("cells", []) for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        f"{o.get('ename')}: {o.get('evalue')}"
+        for c in nb.get("cells", [])
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     claims = []
     for c in parse_claims(executed):
         try:
             problems = consistent(c)
         except Exception as e:  # noqa: BLE001 - a malformed record is itself a finding
             problems = [f"unreadable claim record: {type(e).__name__}: {e}"]
-        claims.append({"cid": c.get("cid"), "result": c.get("result"), "says": c.get("says"), "why": c.get("why"),
-                       "problems": problems})
+        claims.append(
+            {
+                "cid": c.get("cid"),
+                "result": c.get("result"),
+                "says": c.get("says"),
+                "why": c.get("why"),
+                "problems": problems,
+            }
+        )
     return {"errors": errors, "claims": claims}
 
 
@@ -128,7 +158,14 @@ def lab_runs(where: str) -> list:
             out.append({"dir": os.path.dirname(d), "error": f"{type(e).__name__}: {e}"})
             continue
         s = run.summary()
-        out.append({"dir": os.path.basename(run.path), "strategy": run.config.get("strategy"), "nproc": run.nproc,
-                    "placement": run.resolved.get("placement", {}).get("label"), "state": run.status.get("state"),
-                    "ms": {q: (v * 1e3 if u == "s" else v) for q, v, u in zip(s["quantity"], s["value"], s["unit"])}})
+        out.append(
+            {
+                "dir": os.path.basename(run.path),
+                "strategy": run.config.get("strategy"),
+                "nproc": run.nproc,
+                "placement": run.resolved.get("placement", {}).get("label"),
+                "state": run.status.get("state"),
+                "ms": {q: (v * 1e3 if u == "s" else v) for q, v, u in zip(s["quantity"], s["value"], s["unit"])},
+            }
+        )
     return out

@@ -14,10 +14,12 @@ import subprocess
 import sys
 import time
 
+
 def lab_files(labs_dir: str | None = None) -> list[str]:
     """The lab notebooks' stems ("00_setup_check", ...) in `labs_dir` (default: the checkout's labs/), sorted;
     where there is no labs/ folder (an installed package), the labs dtlab.course.labs.LABS describes."""
     from dtlab.course.labs import LABS
+
     labs_dir = labs_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "labs")
     if os.path.isdir(labs_dir):
         stems = sorted(f[:-6] for f in os.listdir(labs_dir) if f.endswith(".ipynb") and f[:2].isdigit())
@@ -36,13 +38,23 @@ def probe() -> dict:
         import torch.distributed as dist
     except Exception as e:  # noqa: BLE001
         return {**out, "torch_error": f"{type(e).__name__}: {e}"}
-    out.update(torch=torch.__version__, cuda_build=torch.version.cuda, cuda_available=torch.cuda.is_available(),
-               gloo=dist.is_available() and dist.is_gloo_available(),
-               nccl_backend=dist.is_available() and dist.is_nccl_available(), gpus=[], nccl=None)
+    out.update(
+        torch=torch.__version__,
+        cuda_build=torch.version.cuda,
+        cuda_available=torch.cuda.is_available(),
+        gloo=dist.is_available() and dist.is_gloo_available(),
+        nccl_backend=dist.is_available() and dist.is_nccl_available(),
+        gpus=[],
+        nccl=None,
+    )
     if out["cuda_available"]:
-        out["gpus"] = [{"name": torch.cuda.get_device_name(i),
-                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
-                       for i in range(torch.cuda.device_count())]
+        out["gpus"] = [
+            {
+                "name": torch.cuda.get_device_name(i),
+                "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+            }
+            for i in range(torch.cuda.device_count())
+        ]
         try:
             v = torch.cuda.nccl.version()
             out["nccl"] = ".".join(str(x) for x in (v if isinstance(v, tuple) else (v,))[:3])
@@ -56,6 +68,7 @@ def probe() -> dict:
 
 def _version(name: str):
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(name)
     except PackageNotFoundError:
@@ -74,6 +87,7 @@ def _try_import_deepspeed() -> str:
 
 def _cuda() -> bool:
     import torch
+
     return torch.cuda.is_available()
 
 
@@ -81,13 +95,24 @@ def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
     """Everything `report` prints, as a dict (JSON-safe). The torch/CUDA/DeepSpeed part runs in a child; the
     machine's load is sampled first, for half a second, before the child adds its own (dtlab.config.busy)."""
     from dtlab.config.busy import sample
+
     load = sample(0.5)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] + [p for p in os.environ.get(
-            "PYTHONPATH", "").split(os.pathsep) if p]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+            + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
     try:
-        cp = subprocess.run([sys.executable, "-m", "dtlab.cli.doctor", "--probe"], capture_output=True, text=True,
-                            timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+        cp = subprocess.run(
+            [sys.executable, "-m", "dtlab.cli.doctor", "--probe"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
         found = json.loads(lines[-1]) if lines else {"probe_error": (cp.stderr or cp.stdout)[-2000:]}
     except subprocess.TimeoutExpired:
@@ -96,11 +121,13 @@ def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
     found["machine_load"] = load
     if check_hub:
         from dtlab.config.models import hub_reachable
+
         found["hub_reachable"] = hub_reachable()
         found["hub_offline_env"] = os.environ.get("HF_HUB_OFFLINE", "")
     found["labs"] = lab_placements(len(found.get("gpus", [])), found.get("nccl"))
     from dtlab.course.sandbox import available
-    found["sandbox"] = available()   # {mechanism: None if dtlab grade can use it here, else why not}
+
+    found["sandbox"] = available()  # {mechanism: None if dtlab grade can use it here, else why not}
     return found
 
 
@@ -109,21 +136,32 @@ def lab_placements(ngpu: int, nccl, labs_dir: str | None = None) -> dict:
     and this NCCL ({"NN title": {"label", "note", "timing", "parts": [{what, label, note, timing}]}}), from the
     configs the lab itself builds (dtlab.course.labs). A lab dtlab.course.labs does not describe says so."""
     from dtlab.course.labs import LABS, lab_parts
+
     out = {}
     for stem in lab_files(labs_dir):
         if stem[:2] not in LABS:
-            out[stem] = {"label": "not described in dtlab.course.labs.LABS: where it runs is unknown", "note": "",
-                         "timing": "", "parts": []}
+            out[stem] = {
+                "label": "not described in dtlab.course.labs.LABS: where it runs is unknown",
+                "note": "",
+                "timing": "",
+                "parts": [],
+            }
             continue
         parts = lab_parts(stem[:2], ngpu, nccl)
-        out[f"{stem[:2]} {LABS[stem[:2]][0]}"] = {**{k: parts[0][k] for k in ("label", "note", "timing")},
-                                                  "parts": parts}
+        out[f"{stem[:2]} {LABS[stem[:2]][0]}"] = {
+            **{k: parts[0][k] for k in ("label", "note", "timing")},
+            "parts": parts,
+        }
     return out
 
 
 #: The machines docs/gpus.md describes: (column title, GPUs, NCCL version).
-DOC_MACHINES = (("CPU machine", 0, None), ("1 GPU, NCCL 2.28.9 (torch 2.11's)", 1, "2.28.9"),
-                ("1 GPU, NCCL >= 2.30", 1, "2.30.1"), ("8 GPUs", 8, "2.28.9"))
+DOC_MACHINES = (
+    ("CPU machine", 0, None),
+    ("1 GPU, NCCL 2.28.9 (torch 2.11's)", 1, "2.28.9"),
+    ("1 GPU, NCCL >= 2.30", 1, "2.30.1"),
+    ("8 GPUs", 8, "2.28.9"),
+)
 
 
 def _short(q: dict) -> str:
@@ -144,20 +182,25 @@ def labs_markdown(machines=DOC_MACHINES, quick: bool = False) -> str:
     """Every lab's launches and where their ranks go on each machine, as the Markdown table docs/gpus.md holds
     (a test keeps the page equal to this)."""
     from dtlab.course.labs import LABS, lab_parts
-    rows = ["| lab | launch | " + " | ".join(m[0] for m in machines) + " |",
-            "| --- | --- | " + " | ".join("---" for _ in machines) + " |"]
+
+    rows = [
+        "| lab | launch | " + " | ".join(m[0] for m in machines) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in machines) + " |",
+    ]
     for key, (title, _) in sorted(LABS.items()):
         cols = [lab_parts(key, ngpu, nccl, quick=quick) for _, ngpu, nccl in machines]
         for i, part in enumerate(cols[0]):
             what = part["what"] if cols[1][i]["what"] == part["what"] else "?"
-            rows.append(f"| {key + ' ' + title if i == 0 else ''} | {what} | "
-                        + " | ".join(_short(c[i]) for c in cols) + " |")
+            rows.append(
+                f"| {key + ' ' + title if i == 0 else ''} | {what} | " + " | ".join(_short(c[i]) for c in cols) + " |"
+            )
     return "\n".join(rows)
 
 
 def timing_markdown() -> str:
     """How times are taken on each path, in the words every screen uses (dtlab.config.placement.TIMING)."""
     from dtlab.config.placement import TIMING
+
     names = {"wall": "CPU machine (gloo)", "nccl": "NCCL on CUDA", "gloo_cuda": "gloo on CUDA tensors"}
     return "\n".join(f"- **{names[k]}**: {v}." for k, v in TIMING.items())
 
@@ -176,43 +219,64 @@ def nccl_upgrade_lines(cuda_build, torch_version, nccl) -> list:
     loaded, and dtlab's placement reads it: no setting to change."""
     major = str(cuda_build or "").split(".")[0]
     wheel = f"nvidia-nccl-cu{major}" if major.isdigit() else "nvidia-nccl-cuXX (XX: this torch's CUDA major)"
-    return [f"    to let 2 NCCL ranks share a GPU: pip install '{wheel}>=2.30' (a ~216 MB wheel; pip then warns that "
-            f"torch {torch_version or '?'} requires the NCCL {nccl} it shipped with: expected, torch loads the new one),",
-            "    then check: python -c 'import torch; print(torch.cuda.nccl.version())' shows (2, 30, ...) or later, "
-            "and `dtlab doctor` places 2 NCCL ranks per GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, set by dtlab)"]
+    return [
+        f"    to let 2 NCCL ranks share a GPU: pip install '{wheel}>=2.30' (a ~216 MB wheel; pip then warns that "
+        f"torch {torch_version or '?'} requires the NCCL {nccl} it shipped with: expected, torch loads the new one),",
+        "    then check: python -c 'import torch; print(torch.cuda.nccl.version())' shows (2, 30, ...) or later, "
+        "and `dtlab doctor` places 2 NCCL ranks per GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, set by dtlab)",
+    ]
 
 
 def report(f: dict) -> str:
     """The facts as text, one fact a line, each with its unit or its meaning."""
     gpus = f.get("gpus") or []
     from dtlab.config.placement import nccl_allows_shared_gpu
+
     lines = ["dtlab doctor"]
     if "probe_error" in f or "torch_error" in f:
         lines.append(f"  torch probe failed: {f.get('probe_error') or f.get('torch_error')}")
-    lines += [f"  python {f.get('python', '?')}, torch {f.get('torch', '?')} (CUDA build {f.get('cuda_build')})",
-              f"  CPU cores: {f.get('cpu_cores')}"]
+    lines += [
+        f"  python {f.get('python', '?')}, torch {f.get('torch', '?')} (CUDA build {f.get('cuda_build')})",
+        f"  CPU cores: {f.get('cpu_cores')}",
+    ]
     if gpus:
         for i, g in enumerate(gpus):
             lines.append(f"  GPU {i}: {g['name']}, {g['memory_gib']} GiB")
         shared = nccl_allows_shared_gpu(f.get("nccl"))
-        lines.append(f"  NCCL {f.get('nccl') or 'not found'}: two ranks per GPU "
-                     + ("allowed (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1, experimental)" if shared else
-                        "not allowed (needs NCCL >= 2.30); gloo on CUDA tensors is the fallback"))
+        lines.append(
+            f"  NCCL {f.get('nccl') or 'not found'}: two ranks per GPU "
+            + (
+                "allowed (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1, experimental)"
+                if shared
+                else "not allowed (needs NCCL >= 2.30); gloo on CUDA tensors is the fallback"
+            )
+        )
         if not shared and f.get("nccl"):
             lines += nccl_upgrade_lines(f.get("cuda_build"), f.get("torch"), f.get("nccl"))
     else:
-        lines.append("  GPUs: none visible to torch: every run uses gloo on the CPU"
-                     + ("" if f.get("cuda_build") is None else " (this torch is a CUDA build; no device or driver)"))
+        lines.append(
+            "  GPUs: none visible to torch: every run uses gloo on the CPU"
+            + ("" if f.get("cuda_build") is None else " (this torch is a CUDA build; no device or driver)")
+        )
     lines += load_lines(f.get("machine_load"))
-    lines.append(f"  backends: gloo {'yes' if f.get('gloo') else 'NO'}, nccl {'yes' if f.get('nccl_backend') else 'no'}")
+    lines.append(
+        f"  backends: gloo {'yes' if f.get('gloo') else 'NO'}, nccl {'yes' if f.get('nccl_backend') else 'no'}"
+    )
     lines.append(f"  deepspeed {f.get('deepspeed') or 'not installed'}: {f.get('deepspeed_import')}")
-    lines.append(f"  transformers {f.get('transformers')}, datasets {f.get('datasets')}, "
-                 f"plotly {f.get('plotly')}, ipywidgets {f.get('ipywidgets')}")
+    lines.append(
+        f"  transformers {f.get('transformers')}, datasets {f.get('datasets')}, "
+        f"plotly {f.get('plotly')}, ipywidgets {f.get('ipywidgets')}"
+    )
     if "hub_reachable" in f:
-        lines.append("  Hugging Face hub: " + ("reachable: real distilbert-base-uncased weights and GLUE SST-2"
-                                               if f["hub_reachable"] else
-                                               "not reachable (or HF_HUB_OFFLINE set): random-init DistilBERT and "
-                                               "dtlab's offline SST-2-format data, labelled in every run"))
+        lines.append(
+            "  Hugging Face hub: "
+            + (
+                "reachable: real distilbert-base-uncased weights and GLUE SST-2"
+                if f["hub_reachable"]
+                else "not reachable (or HF_HUB_OFFLINE set): random-init DistilBERT and "
+                "dtlab's offline SST-2-format data, labelled in every run"
+            )
+        )
     if "sandbox" in f:
         lines.append(sandbox_line(f["sandbox"]))
     lines.append("  where each lab's ranks run:")
@@ -232,9 +296,15 @@ def sandbox_line(av: dict) -> str:
     """Which sandbox `dtlab grade` would put each submission in here (dtlab.course.sandbox), and why not the others."""
     best = next((m for m, why in av.items() if why is None), None)
     others = "; ".join(f"{m}: {why}" for m, why in av.items() if why is not None)
-    return ("  grading sandbox (dtlab grade --sandbox auto): " + (best or "NONE: dtlab grade refuses to run submissions "
-            "unless given --sandbox none; install bubblewrap (apt-get install -y bubblewrap)")
-            + (f" (unavailable: {others})" if others else ""))
+    return (
+        "  grading sandbox (dtlab grade --sandbox auto): "
+        + (
+            best
+            or "NONE: dtlab grade refuses to run submissions "
+            "unless given --sandbox none; install bubblewrap (apt-get install -y bubblewrap)"
+        )
+        + (f" (unavailable: {others})" if others else "")
+    )
 
 
 def load_lines(load: dict | None) -> list:
@@ -243,11 +313,14 @@ def load_lines(load: dict | None) -> list:
     if not load:
         return []
     from dtlab.config.busy import sample_words
+
     lines = [f"  {sample_words(load)}"]
     if load.get("busy"):
-        lines.append("  warning: this machine is busy: a run started now shares its cores with other processes, so "
-                     "its step times move with their load (the breakdown says so and widens its intervals). Wait "
-                     "for the load to go, or compare runs made side by side.")
+        lines.append(
+            "  warning: this machine is busy: a run started now shares its cores with other processes, so "
+            "its step times move with their load (the breakdown says so and widens its intervals). Wait "
+            "for the load to go, or compare runs made side by side."
+        )
     return lines
 
 
@@ -270,8 +343,9 @@ def smoke_allreduce(out: str | None = None, nproc: int = 2, progress: bool = Fal
     from dtlab.results.status import RunFailed
 
     out = out or os.path.join(tempfile.mkdtemp(prefix="dtlab-smoke-"), "allreduce")
-    cfg = CalibConfig(nproc=nproc, ops=("all_reduce",), sizes=(4096, 1 << 20), warmup=2, iters=5, rounds=1,
-                      out=out, timeout_s=120.0)
+    cfg = CalibConfig(
+        nproc=nproc, ops=("all_reduce",), sizes=(4096, 1 << 20), warmup=2, iters=5, rounds=1, out=out, timeout_s=120.0
+    )
     t0 = time.perf_counter()
     h = launch_calibration(cfg)
     try:
@@ -283,8 +357,14 @@ def smoke_allreduce(out: str | None = None, nproc: int = 2, progress: bool = Fal
     _, s = samples_frame(out)
     med = s.groupby("nbytes")["seconds"].median()
     from dtlab.config.run import RunConfig
-    return {"placement": RunConfig(nproc=nproc).placement().label, "wall_s": time.perf_counter() - t0,
-            "median_s": {int(k): float(v) for k, v in med.items()}, "samples": int(len(s)), "out": out}
+
+    return {
+        "placement": RunConfig(nproc=nproc).placement().label,
+        "wall_s": time.perf_counter() - t0,
+        "median_s": {int(k): float(v) for k, v in med.items()},
+        "samples": int(len(s)),
+        "out": out,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,8 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke:
             s = f["smoke_allreduce"]
             sizes = ", ".join(f"{n:,} B: {t * 1e3:.3f} ms" for n, t in s["median_s"].items())
-            print(f"  smoke test: 2-rank all_reduce on {s['placement']}: {sizes} (median; whole check "
-                  f"{s['wall_s']:.1f} s)")
+            print(
+                f"  smoke test: 2-rank all_reduce on {s['placement']}: {sizes} (median; whole check "
+                f"{s['wall_s']:.1f} s)"
+            )
     return 0 if "probe_error" not in f and "torch_error" not in f else 1
 
 

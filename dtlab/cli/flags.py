@@ -14,10 +14,10 @@ import inspect
 import math
 import textwrap
 import typing
-from functools import lru_cache
+from functools import cache
 
 
-@lru_cache(maxsize=None)
+@cache
 def field_docs(cls) -> dict[str, str]:
     """{field: docstring} from the string literal that follows each field in the class body (a base dataclass's
     fields, e.g. JobConfig's, from its own body; a subclass's docstring wins)."""
@@ -27,8 +27,13 @@ def field_docs(cls) -> dict[str, str]:
             continue
         body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
         for node, nxt in zip(body, body[1:] + [None]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
-                    and isinstance(getattr(nxt, "value", None), ast.Constant) and isinstance(nxt.value.value, str):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(getattr(nxt, "value", None), ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
 
@@ -68,12 +73,14 @@ def _number(kind):
         if kind is float and not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         return v
+
     parse.__name__ = kind.__name__
     return parse
 
 
-def add_arguments(parser, cls, prefix: str = "", skip: tuple = (), group_titles: dict | None = None,
-                  aliases: dict | None = None) -> None:
+def add_arguments(
+    parser, cls, prefix: str = "", skip: tuple = (), group_titles: dict | None = None, aliases: dict | None = None
+) -> None:
     """Add one flag per field of dataclass `cls` (recursing into nested config dataclasses). `aliases` maps a
     field to extra flag spellings kept for compatibility (e.g. {"timeout_s": ["--timeout"]})."""
     docs = field_docs(cls)
@@ -92,7 +99,9 @@ def add_arguments(parser, cls, prefix: str = "", skip: tuple = (), group_titles:
         help_text = f"{doc} (default: {default})".replace("%", "%%")
         t = _base_type(cls, f)
         if t is bool:
-            parser.add_argument(*flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            parser.add_argument(
+                *flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
         elif t in (int, float):
             parser.add_argument(*flag, dest=dest, type=_number(t), default=default, help=help_text)
         else:
@@ -115,10 +124,13 @@ def from_args(args, cls, prefix: str = "", skip: tuple = ()):
 
 
 #: Old flag spellings kept working (the flags themselves are generated from RunConfig's fields).
-RUN_ALIASES = {"timeout_s": ["--timeout"], "stall_s": ["--stall"],
-               "zero-stage3_prefetch_bucket_size": ["--zero-prefetch-bucket-size"],
-               "zero-stage3_param_persistence_threshold": ["--zero-persistence-threshold"],
-               "zero-stage3_max_reuse_distance": ["--zero-max-reuse-distance"]}
+RUN_ALIASES = {
+    "timeout_s": ["--timeout"],
+    "stall_s": ["--stall"],
+    "zero-stage3_prefetch_bucket_size": ["--zero-prefetch-bucket-size"],
+    "zero-stage3_param_persistence_threshold": ["--zero-persistence-threshold"],
+    "zero-stage3_max_reuse_distance": ["--zero-max-reuse-distance"],
+}
 
 
 #: CalibConfig fields whose flags parse sizes and lists by hand (4K, 16M; comma lists)
@@ -138,11 +150,18 @@ def parse_bytes(text: str, field: str) -> int:
 def add_calib_arguments(parser) -> None:
     """`dtlab calibrate`'s flags: one per CalibConfig field, sizes and op lists parsed by hand (4K, 16M; commas)."""
     from dtlab.config.calibration import CalibConfig
+
     add_arguments(parser, CalibConfig, skip=CALIB_MANUAL)
-    parser.add_argument("--ops", default=",".join(CalibConfig().ops),
-                        help="comma list of all_reduce, reduce_scatter, all_gather, ps (default: %(default)s)")
-    parser.add_argument("--sizes", default=None, help="comma list of message sizes in bytes (suffixes K, M: KiB, "
-                        "MiB); default 4K,8K,...,64M (powers of 2)")
+    parser.add_argument(
+        "--ops",
+        default=",".join(CalibConfig().ops),
+        help="comma list of all_reduce, reduce_scatter, all_gather, ps (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        help="comma list of message sizes in bytes (suffixes K, M: KiB, MiB); default 4K,8K,...,64M (powers of 2)",
+    )
     parser.add_argument("--fit-min-bytes", default=None, help="fit only sizes >= this (e.g. 1M)")
     parser.add_argument("--fit-max-bytes", default=None, help="fit only sizes <= this (e.g. 64M)")
     parser.add_argument("--no-progress", action="store_true")
@@ -153,9 +172,13 @@ def calib_from_args(args):
     import dataclasses
 
     from dtlab.config.calibration import DEFAULT_SIZES, CalibConfig
+
     base = from_args(args, CalibConfig, skip=CALIB_MANUAL)  # every scalar field, from its generated flag
     sizes = tuple(parse_bytes(s, "--sizes") for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
     return dataclasses.replace(
-        base, ops=args.ops, sizes=sizes,
+        base,
+        ops=args.ops,
+        sizes=sizes,
         fit_min_bytes=parse_bytes(args.fit_min_bytes, "--fit-min-bytes") if args.fit_min_bytes else None,
-        fit_max_bytes=parse_bytes(args.fit_max_bytes, "--fit-max-bytes") if args.fit_max_bytes else None)
+        fit_max_bytes=parse_bytes(args.fit_max_bytes, "--fit-max-bytes") if args.fit_max_bytes else None,
+    )

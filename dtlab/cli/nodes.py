@@ -20,35 +20,58 @@ _EMULATE_SKIP = ("rdzv_endpoint", "rdzv_id")  # the emulation sets these
 
 def add_parsers(sub) -> None:
     """Add the `slurm` and `emulate` subcommands to `dtlab`'s subparsers."""
-    from dtlab.config.run import RunConfig
     from dtlab.cli.flags import RUN_ALIASES, add_arguments, add_calib_arguments
+    from dtlab.config.run import RunConfig
 
     s = sub.add_parser("slurm", help="write (and submit) an sbatch script running `srun torchrun` on N nodes")
-    add_arguments(s, RunConfig, skip=("nnodes", "rdzv_endpoint", "rdzv_id"), aliases=RUN_ALIASES,
-                  group_titles={"zero": "ZeRO-3 (strategy zero3); None = sized from the model"})
+    add_arguments(
+        s,
+        RunConfig,
+        skip=("nnodes", "rdzv_endpoint", "rdzv_id"),
+        aliases=RUN_ALIASES,
+        group_titles={"zero": "ZeRO-3 (strategy zero3); None = sized from the model"},
+    )
     s.add_argument("--nodes", type=int, required=True, help="nodes to allocate (one torchrun agent each)")
-    s.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node = ranks per node (0: CPU nodes, "
-                   "--nproc ranks each)")
+    s.add_argument(
+        "--gpus-per-node", type=int, default=0, help="GPUs per node = ranks per node (0: CPU nodes, --nproc ranks each)"
+    )
     s.add_argument("--partition", default=None, help="Slurm partition")
     s.add_argument("--time", default=None, help="Slurm time limit (default: --timeout-s, rounded up to minutes)")
-    s.add_argument("--sbatch-arg", action="append", default=[],
-                   help="an extra #SBATCH line, e.g. --sbatch-arg=--account=abc (repeatable)")
-    s.add_argument("--setup", default=None, help="shell line(s) run before torchrun, e.g. 'source venv/bin/activate' "
-                   "(default: put this Python's bin directory on PATH)")
+    s.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        help="an extra #SBATCH line, e.g. --sbatch-arg=--account=abc (repeatable)",
+    )
+    s.add_argument(
+        "--setup",
+        default=None,
+        help="shell line(s) run before torchrun, e.g. 'source venv/bin/activate' "
+        "(default: put this Python's bin directory on PATH)",
+    )
     s.add_argument("--dry-run", action="store_true", help="write and print the script, do not submit it")
 
     e = sub.add_parser("emulate", help="a multi-node job on this machine: loopback, or a tc-shaped link (root)")
     esub = e.add_subparsers(dest="emulate_cmd", required=True, parser_class=sub._parser_class)
     esub.add_parser("check", help="say whether this machine can emulate a shaped link, and why not")
     r = esub.add_parser("run", help="a training run on emulated nodes (flags as `dtlab run`)")
-    add_arguments(r, RunConfig, skip=_EMULATE_SKIP, aliases=RUN_ALIASES,
-                  group_titles={"zero": "ZeRO-3 (strategy zero3); None = sized from the model"})
+    add_arguments(
+        r,
+        RunConfig,
+        skip=_EMULATE_SKIP,
+        aliases=RUN_ALIASES,
+        group_titles={"zero": "ZeRO-3 (strategy zero3); None = sized from the model"},
+    )
     c = esub.add_parser("calibrate", help="calibrate across emulated nodes (flags as `dtlab calibrate`)")
     add_calib_arguments(c)
     for p in (r, c):
         p.set_defaults(nnodes=2)
-        p.add_argument("--rate", default=None, help="shape the link between the nodes to this tc rate each way "
-                       "(e.g. 1gbit = 125,000,000 B/s); needs root. Default: loopback, unshaped")
+        p.add_argument(
+            "--rate",
+            default=None,
+            help="shape the link between the nodes to this tc rate each way "
+            "(e.g. 1gbit = 125,000,000 B/s); needs root. Default: loopback, unshaped",
+        )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -57,30 +80,48 @@ def main(args) -> int:
     if args.cmd == "slurm":
         return _slurm(args)
     from dtlab.launching.emulate import shaping_unavailable
+
     if args.emulate_cmd == "check":
         reason = shaping_unavailable()
-        print("dtlab emulate: a shaped link can be emulated here (root, ip, tc, network namespaces)" if reason is None
-              else f"dtlab emulate: no shaped link here: {reason}; loopback emulation (no --rate) still works")
+        print(
+            "dtlab emulate: a shaped link can be emulated here (root, ip, tc, network namespaces)"
+            if reason is None
+            else f"dtlab emulate: no shaped link here: {reason}; loopback emulation (no --rate) still works"
+        )
         return 0 if reason is None else SKIPPED
     return _emulate(args)
 
 
 def _slurm(args) -> int:
-    from dtlab.config.run import RunConfig
     from dtlab.cli.flags import from_args
+    from dtlab.config.run import RunConfig
     from dtlab.launching.slurm import prepare, submit_script
+
     cfg = from_args(args, RunConfig, skip=("nnodes", "rdzv_endpoint", "rdzv_id"))
     if not args.dry_run and shutil.which("sbatch") is None:
-        print("dtlab slurm: error: sbatch not found: this machine is not a Slurm submit host (--dry-run writes "
-              "and prints the script without submitting it)", file=sys.stderr)
+        print(
+            "dtlab slurm: error: sbatch not found: this machine is not a Slurm submit host (--dry-run writes "
+            "and prints the script without submitting it)",
+            file=sys.stderr,
+        )
         return 1
-    path = prepare(cfg, args.nodes, args.gpus_per_node, partition=args.partition, time_limit=args.time,
-                   setup=args.setup, sbatch_args=tuple(args.sbatch_arg), dry_run=args.dry_run)
+    path = prepare(
+        cfg,
+        args.nodes,
+        args.gpus_per_node,
+        partition=args.partition,
+        time_limit=args.time,
+        setup=args.setup,
+        sbatch_args=tuple(args.sbatch_arg),
+        dry_run=args.dry_run,
+    )
     if args.dry_run:
         with open(path) as f:
             print(f.read(), end="")
-        print(f"# written to {path} (not submitted: --dry-run; the same command without it submits it there)",
-              file=sys.stderr)
+        print(
+            f"# written to {path} (not submitted: --dry-run; the same command without it submits it there)",
+            file=sys.stderr,
+        )
         return 0
     try:
         job = submit_script(path)
@@ -94,16 +135,19 @@ def _slurm(args) -> int:
 def _emulate(args) -> int:
     from dtlab.launching.emulate import Emulation, EmulationUnavailable
     from dtlab.results.status import RunFailed
+
     try:
         with Emulation(args.nnodes, rate=args.rate) as em:
             if args.emulate_cmd == "run":
-                from dtlab.config.run import RunConfig
                 from dtlab.cli.flags import from_args
+                from dtlab.config.run import RunConfig
+
                 run = em.run(from_args(args, RunConfig, skip=_EMULATE_SKIP), progress=not args.no_progress)
                 print(run.breakdown_table())
             else:
                 from dtlab.cli.flags import calib_from_args
                 from dtlab.model.profile import profile_table
+
                 print(profile_table(em.calibrate(calib_from_args(args), progress=not args.no_progress)))
     except EmulationUnavailable as e:
         print(f"dtlab emulate: {e}; skipped", file=sys.stderr)

@@ -37,7 +37,7 @@ def cpu_counters(path: str = "/proc/stat") -> dict | None:
         return None
     if not first or first[0] != "cpu":
         return None
-    vals = [int(x) for x in first[1:1 + len(_FIELDS)]]
+    vals = [int(x) for x in first[1 : 1 + len(_FIELDS)]]
     return dict(zip(_FIELDS, vals + [0] * (len(_FIELDS) - len(vals))))
 
 
@@ -54,8 +54,12 @@ def snapshot(machine: bool) -> dict:
     and with `machine` the machine's CPU counters, clock ticks per second, core count and load average."""
     out = {"time": time.time(), "cpu_s": time.process_time()}
     if machine:
-        out.update(stat=cpu_counters(), ticks=os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100,
-                   cores=os.cpu_count(), loadavg=load_average())
+        out.update(
+            stat=cpu_counters(),
+            ticks=os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100,
+            cores=os.cpu_count(),
+            loadavg=load_average(),
+        )
     return out
 
 
@@ -72,14 +76,20 @@ def between(start: dict, end: dict, own_cpu_s: float) -> dict:
     busy = sum(d[k] for k in _BUSY) / tick
     total = sum(d.values()) / tick
     other = max(busy - own_cpu_s, 0.0)
-    return {"wall_s": wall, "busy_s": busy, "other_s": other, "other_cores": other / wall,
-            "steal": d["steal"] / tick / total if total > 0 else 0.0}
+    return {
+        "wall_s": wall,
+        "busy_s": busy,
+        "other_s": other,
+        "other_cores": other / wall,
+        "steal": d["steal"] / tick / total if total > 0 else 0.0,
+    }
 
 
 def is_busy(other_cores: float | None, steal: float | None) -> bool:
     """True when other processes took BUSY_OTHER_CORES cores or more, or steal reached BUSY_STEAL."""
-    return bool((other_cores is not None and other_cores >= BUSY_OTHER_CORES)
-                or (steal is not None and steal >= BUSY_STEAL))
+    return bool(
+        (other_cores is not None and other_cores >= BUSY_OTHER_CORES) or (steal is not None and steal >= BUSY_STEAL)
+    )
 
 
 def sample(seconds: float = 0.5) -> dict:
@@ -98,5 +108,7 @@ def sample_words(s: dict) -> str:
     avg = f", load average {s['loadavg'][0]:g}" if s.get("loadavg") else ""
     if s.get("other_cores") is None:
         return f"machine load: not readable here (no /proc/stat){avg}"
-    return (f"machine load: other processes are using {s['other_cores']:.2f} of {s.get('cores')} cores, "
-            f"CPU steal {s['steal']:.0%}{avg} ({'busy' if s.get('busy') else 'quiet'})")
+    return (
+        f"machine load: other processes are using {s['other_cores']:.2f} of {s.get('cores')} cores, "
+        f"CPU steal {s['steal']:.0%}{avg} ({'busy' if s.get('busy') else 'quiet'})"
+    )

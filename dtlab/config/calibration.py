@@ -15,7 +15,7 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather", "ps")
 LOADS = ("idle", "backward")
 # Powers of 2 from 4 KiB to 64 MiB: 15 sizes spanning the latency- and bandwidth-bound regimes, dense
 # enough that each protocol regime gets several points (see dtlab.model.fit.fit_piecewise).
-DEFAULT_SIZES = tuple(2 ** k for k in range(12, 27))
+DEFAULT_SIZES = tuple(2**k for k in range(12, 27))
 
 
 @dataclass(kw_only=True)
@@ -68,13 +68,15 @@ class CalibConfig(JobConfig):
         if self.group_sizes is not None:
             self.group_sizes = tuple(self.group_sizes)
 
-    def validate(self, cuda_device_count: int | None = None) -> "CalibConfig":
+    def validate(self, cuda_device_count: int | None = None) -> CalibConfig:
         """Refuse bad fields by name, before anything starts."""
         int_at_least("nproc", self.nproc, 1)
         if isinstance(self.nnodes, int) and self.nproc * self.nnodes < 2:
-            raise ValueError(f"nproc x nnodes must be >= 2 (a collective needs peers), got nproc={self.nproc}, "
-                             f"nnodes={self.nnodes}; one GPU hosts 2 ranks (dtlab.config.placement), so use nproc=2 "
-                             "(dtlab.course.labs.calibration_ranks(cfg) gives a run's ranks, at least 2)")
+            raise ValueError(
+                f"nproc x nnodes must be >= 2 (a collective needs peers), got nproc={self.nproc}, "
+                f"nnodes={self.nnodes}; one GPU hosts 2 ranks (dtlab.config.placement), so use nproc=2 "
+                "(dtlab.course.labs.calibration_ranks(cfg) gives a run's ranks, at least 2)"
+            )
         if not self.ops or any(o not in OPS for o in self.ops):
             raise ValueError(f"ops must be a non-empty subset of {', '.join(OPS)}, got {list(self.ops)!r}")
         if not self.sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 4 for s in self.sizes):
@@ -84,13 +86,21 @@ class CalibConfig(JobConfig):
         int_at_least("rounds", self.rounds, 1)
         if self.batch is not None:
             int_at_least("batch", self.batch, 1)
-        if self.group_sizes is not None and (not self.group_sizes or any(
+        if self.group_sizes is not None and (
+            not self.group_sizes
+            or any(
                 isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= self.nproc * self.nnodes
-                for k in self.group_sizes)):
-            raise ValueError(f"group_sizes must be integers between 2 and nproc x nnodes "
-                             f"({self.nproc * self.nnodes}), got {list(self.group_sizes)!r}")
+                for k in self.group_sizes
+            )
+        ):
+            raise ValueError(
+                f"group_sizes must be integers between 2 and nproc x nnodes "
+                f"({self.nproc * self.nnodes}), got {list(self.group_sizes)!r}"
+            )
         if self.rounds > self.iters:
-            raise ValueError(f"rounds must be <= iters ({self.iters}) so every round times each size, got {self.rounds}")
+            raise ValueError(
+                f"rounds must be <= iters ({self.iters}) so every round times each size, got {self.rounds}"
+            )
         choice("form", self.form, ("ring", "textbook"))
         choice("load", self.load, LOADS)
         choice("load_model", self.load_model, MODELS)
@@ -116,5 +126,6 @@ class CalibConfig(JobConfig):
 
     def rounded_sizes(self) -> list[int]:
         import math
+
         unit = 4 * math.lcm(self.nproc * self.nnodes, *self.ranks_timed())
         return sorted({-(-s // unit) * unit for s in self.sizes})

@@ -22,8 +22,13 @@ def refuse_unknown(what: str, d: dict, cls) -> None:
 
 def finite(name: str, value: Any, unit: str, *, low: float, high: float | None = None) -> None:
     """A real, finite number with low < value (<= high): inf, nan, booleans and strings are refused by name."""
-    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-          and value > low and (high is None or value <= high))
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and value > low
+        and (high is None or value <= high)
+    )
     if not ok:
         num = lambda x: f"{int(x):,}" if float(x).is_integer() else f"{x:g}"  # noqa: E731
         rng = f"> {num(low)}" + (f" and <= {num(high)}" if high is not None else "")

@@ -14,8 +14,8 @@ DDP comm hooks, and communicating once per `accumulate` micro-batches. Pure: che
 
 from __future__ import annotations
 
-from dtlab.config.strategies import strategy_spec
 from dtlab.config.checks import choice, int_at_least
+from dtlab.config.strategies import strategy_spec
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 
@@ -34,15 +34,22 @@ def validate_levers(cfg, placed) -> None:
     int_at_least("powersgd_start_iter", cfg.powersgd_start_iter, 2)
     spec = strategy_spec(cfg.strategy)
     if cfg.comm_hook != "none" and not spec.comm_hooks:
-        raise spec.refuse("comm_hook", cfg.comm_hook, "a DDP compression hook reaches only the buckets DDP all-reduces itself "
-                                       "(ZeRO-3 reduce-scatters inside DeepSpeed; ps reduces with its own hook)")
+        raise spec.refuse(
+            "comm_hook",
+            cfg.comm_hook,
+            "a DDP compression hook reaches only the buckets DDP all-reduces itself "
+            "(ZeRO-3 reduce-scatters inside DeepSpeed; ps reduces with its own hook)",
+        )
     if cfg.accumulate != 1 and not spec.accumulate:
         raise spec.refuse("accumulate", cfg.accumulate, "gradient accumulation is wired through DDP's no_sync only")
     if spec.needs_record and not cfg.record:
-        raise ValueError(f"strategy {spec.name!r} needs record=True: the recording hook is what reduces each "
-                         "bucket (without it DDP would all-reduce)")
+        raise ValueError(
+            f"strategy {spec.name!r} needs record=True: the recording hook is what reduces each "
+            "bucket (without it DDP would all-reduce)"
+        )
     if cfg.comm_hook != "none" and not cfg.record:
         raise ValueError(f"comm_hook {cfg.comm_hook!r} needs record=True: the recorder is what installs the hook")
     if cfg.comm_hook == "bf16" and placed.backend == "gloo" and placed.device == "cuda":
-        raise ValueError("comm_hook 'bf16' is not supported for gloo on CUDA tensors here; use 'fp16', or NCCL "
-                         "(one rank per GPU)")
+        raise ValueError(
+            "comm_hook 'bf16' is not supported for gloo on CUDA tensors here; use 'fp16', or NCCL (one rank per GPU)"
+        )

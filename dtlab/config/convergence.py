@@ -38,19 +38,28 @@ FINE_TUNING_LR = 2e-5
 #: fine-tuning rate does not train the tiny model (a 200-step run at 2e-5 stays at the majority class, 0.534);
 #: random-init DistilBERT learned at 2e-5 on the GPU too, less reliably than at 1e-4 (0.764 to 0.992 over 4 seeds).
 RANDOM_INIT_LR = {
-    "tiny": (1e-3, "measured: `dtlab run --model tiny --steps 200 --eval-every 50`, 2 CPU ranks, seeds 0, 1, 2 reached "
-                   "0.955 to 1.0 held-out accuracy at step 200, where 2e-5 stays at 0.466 to 0.534"),
-    "distilbert": (1e-4, "taken from BERT's pre-training from scratch, Devlin et al. 2019; checked on one H200 GPU: 150 "
-                         "steps of 16 sentences, seeds 0 to 3, 0.89 to 0.96 held-out accuracy at step 150, where 3e-4 "
-                         "and 1e-3 stay at 0.466 to 0.534; not measured on a CPU, for longer runs or larger batches"),
+    "tiny": (
+        1e-3,
+        "measured: `dtlab run --model tiny --steps 200 --eval-every 50`, 2 CPU ranks, seeds 0, 1, 2 reached "
+        "0.955 to 1.0 held-out accuracy at step 200, where 2e-5 stays at 0.466 to 0.534",
+    ),
+    "distilbert": (
+        1e-4,
+        "taken from BERT's pre-training from scratch, Devlin et al. 2019; checked on one H200 GPU: 150 "
+        "steps of 16 sentences, seeds 0 to 3, 0.89 to 0.96 held-out accuracy at step 150, where 3e-4 "
+        "and 1e-3 stay at 0.466 to 0.534; not measured on a CPU, for longer runs or larger batches",
+    ),
 }
 
 
 def default_lr(model: str, pretrained: bool) -> dict:
     """The base learning rate a run of `model` takes when `lr` is not set, and why: {"value", "source"}."""
     if pretrained:
-        return {"value": FINE_TUNING_LR, "source": f"default for pretrained weights: the fine-tuning rate "
-                                                   f"{FINE_TUNING_LR:g} (BERT's GLUE range 2e-5 to 5e-5)"}
+        return {
+            "value": FINE_TUNING_LR,
+            "source": f"default for pretrained weights: the fine-tuning rate "
+            f"{FINE_TUNING_LR:g} (BERT's GLUE range 2e-5 to 5e-5)",
+        }
     if model not in RANDOM_INIT_LR:
         raise ValueError(f"model must be one of {', '.join(map(repr, RANDOM_INIT_LR))}, got {model!r}")
     value, why = RANDOM_INIT_LR[model]
@@ -78,9 +87,11 @@ def resolve_lr(cfg, pretrained: bool | None = None) -> dict:
     if pretrained is None:
         pretrained = weights_known(cfg)
     if pretrained is None:
-        raise ValueError(f"lr is None (auto) with model_source {cfg.model_source!r}: the run picks "
-                         f"{FINE_TUNING_LR:g} if pretrained weights load, else the rate for random weights "
-                         f"({RANDOM_INIT_LR[cfg.model][0]:g}); read run.lr of a run, or set lr")
+        raise ValueError(
+            f"lr is None (auto) with model_source {cfg.model_source!r}: the run picks "
+            f"{FINE_TUNING_LR:g} if pretrained weights load, else the rate for random weights "
+            f"({RANDOM_INIT_LR[cfg.model][0]:g}); read run.lr of a run, or set lr"
+        )
     return default_lr(cfg.model, pretrained)
 
 
@@ -134,8 +145,10 @@ def lr_rule_text(cfg) -> str:
     """The rule in words, with this run's numbers (recorded in config.json)."""
     base = cfg.base_batch if cfg.base_batch is not None else cfg.batch_size
     k = update_batch(cfg) / base
-    text = (f"lr {base_lr(cfg):g} x {lr_multiplier(cfg.lr_scaling, k):.4g} ({cfg.lr_scaling}, k = update batch "
-            f"{update_batch(cfg)} / base batch {base} = {k:.4g}) = {peak_lr(cfg):.4g}")
+    text = (
+        f"lr {base_lr(cfg):g} x {lr_multiplier(cfg.lr_scaling, k):.4g} ({cfg.lr_scaling}, k = update batch "
+        f"{update_batch(cfg)} / base batch {base} = {k:.4g}) = {peak_lr(cfg):.4g}"
+    )
     if cfg.warmup_steps:
         text += f", warmed up linearly over {cfg.warmup_steps} steps: step s uses (s + 1) / {cfg.warmup_steps} of it"
     return text
@@ -166,8 +179,10 @@ def validate_convergence(cfg) -> None:
     if cfg.eval_every and not spec.evaluates:
         raise spec.refuse("eval_every", cfg.eval_every, "its rank loop has no place to evaluate between steps")
     if cfg.eval_every and cfg.data not in ("auto", "glue", "offline"):
-        raise ValueError(f"eval_every needs a held-out split: data 'auto', 'glue' (SST-2 validation) or 'offline' "
-                         f"(dtlab's held-out generated sentences); a local file has none, got data {cfg.data!r}")
+        raise ValueError(
+            f"eval_every needs a held-out split: data 'auto', 'glue' (SST-2 validation) or 'offline' "
+            f"(dtlab's held-out generated sentences); a local file has none, got data {cfg.data!r}"
+        )
     choice("lr_scaling", cfg.lr_scaling, LR_SCALINGS)
     if cfg.base_batch is not None:
         int_at_least("base_batch", cfg.base_batch, 1)
@@ -179,18 +194,23 @@ def validate_convergence(cfg) -> None:
     if cfg.local_sgd:
         if not spec.local_sgd:
             raise spec.refuse("local_sgd", cfg.local_sgd, "it needs a rank loop that steps its own optimizer")
-        for name, off, why in (("comm_hook", "none", "local SGD all-reduces parameters, not DDP's gradient buckets"),
-                               ("straggler", None, "the straggler rule reads DDP's buckets"),
-                               ("checkpoint_every", 0, "each rank's own optimizer state is not checkpointed"),
-                               ("max_restarts", 0, "each rank's own optimizer state is not checkpointed")):
+        for name, off, why in (
+            ("comm_hook", "none", "local SGD all-reduces parameters, not DDP's gradient buckets"),
+            ("straggler", None, "the straggler rule reads DDP's buckets"),
+            ("checkpoint_every", 0, "each rank's own optimizer state is not checkpointed"),
+            ("max_restarts", 0, "each rank's own optimizer state is not checkpointed"),
+        ):
             if getattr(cfg, name) != off:
-                raise ValueError(f"local_sgd {cfg.local_sgd} cannot be combined with {name} "
-                                 f"{getattr(cfg, name)!r}: {why}")
+                raise ValueError(
+                    f"local_sgd {cfg.local_sgd} cannot be combined with {name} {getattr(cfg, name)!r}: {why}"
+                )
     int_at_least("max_staleness", cfg.max_staleness, 0)
     choice("staleness_policy", cfg.staleness_policy, STALENESS_POLICIES)
     for name, default in (("max_staleness", DEFAULT_MAX_STALENESS), ("staleness_policy", "drop")):
         if getattr(cfg, name) != default and not spec.asynchronous:
             raise spec.refuse(name, getattr(cfg, name), "only an asynchronous server has stale gradients")
     if spec.asynchronous and cfg.nproc * getattr(cfg, "nnodes", 1) <= spec.server_ranks:
-        raise ValueError(f"strategy {spec.name!r} needs at least {spec.server_ranks + 1} ranks (rank 0 is the "
-                         f"server, the others workers), got nproc {cfg.nproc}")
+        raise ValueError(
+            f"strategy {spec.name!r} needs at least {spec.server_ranks + 1} ranks (rank 0 is the "
+            f"server, the others workers), got nproc {cfg.nproc}"
+        )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 
-
 DATA_EXTENSIONS = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 
 
@@ -28,6 +27,7 @@ def read_data_file(path: str) -> tuple[list[str], list[int]]:
     try:
         if ext in (".csv", ".tsv"):
             import csv
+
             # Everything as text: a sentence "null" or "NA" stays a sentence; GLUE's TSV has no quoting.
             kw = dict(sep="\t", quoting=csv.QUOTE_NONE) if ext == ".tsv" else {}
             df = pd.read_csv(path, dtype=str, keep_default_na=False, **kw)
@@ -38,12 +38,15 @@ def read_data_file(path: str) -> tuple[list[str], list[int]]:
     except ValueError as e:
         raise ValueError(f"data: cannot read {path!r} as {ext[1:]}: {' '.join(str(e).split())}") from None
     except Exception as e:  # noqa: BLE001 - a parser's own error type (ParserError, ArrowInvalid, ...)
-        raise ValueError(f"data: cannot read {path!r} as {ext[1:]}: {type(e).__name__}: "
-                         f"{' '.join(str(e).split())}") from None
+        raise ValueError(
+            f"data: cannot read {path!r} as {ext[1:]}: {type(e).__name__}: {' '.join(str(e).split())}"
+        ) from None
     missing = [c for c in ("sentence", "label") if c not in df.columns]
     if missing:
-        raise ValueError(f"data: {path!r} lacks column(s) {', '.join(missing)} (SST-2 format: sentence, label; "
-                         f"found: {', '.join(map(str, df.columns)) or 'none'})")
+        raise ValueError(
+            f"data: {path!r} lacks column(s) {', '.join(missing)} (SST-2 format: sentence, label; "
+            f"found: {', '.join(map(str, df.columns)) or 'none'})"
+        )
     if len(df) == 0:
         raise ValueError(f"data: {path!r} has no rows")
     sentences, labels = [], []
@@ -52,8 +55,9 @@ def read_data_file(path: str) -> tuple[list[str], list[int]]:
             raise ValueError(f"data: {path!r} row {i}: sentence must be non-empty text, got {s!r}")
         label = _label(y)
         if label is None:
-            raise ValueError(f"data: {path!r} row {i}: label must be the number 0 or 1 (SST-2: 0 negative, "
-                             f"1 positive), got {y!r}")
+            raise ValueError(
+                f"data: {path!r} row {i}: label must be the number 0 or 1 (SST-2: 0 negative, 1 positive), got {y!r}"
+            )
         sentences.append(s)
         labels.append(label)
     return sentences, labels
@@ -71,8 +75,10 @@ def check_data_file(path: str, min_rows: int) -> int:
         _CHECKED[key] = len(read_data_file(path)[0])
     rows = _CHECKED[key]
     if rows < min_rows:
-        raise ValueError(f"data: {path!r} has {rows} row(s); a run needs at least batch_size x nproc = {min_rows} "
-                         f"(one global batch of distinct rows; beyond that the file is cycled)")
+        raise ValueError(
+            f"data: {path!r} has {rows} row(s); a run needs at least batch_size x nproc = {min_rows} "
+            f"(one global batch of distinct rows; beyond that the file is cycled)"
+        )
     return rows
 
 
@@ -81,6 +87,7 @@ def _read_json_records(path: str):
     import json
 
     import pandas as pd
+
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:

@@ -37,5 +37,7 @@ def env_record(environ) -> dict:
     and those the user set: {"set_by_dtlab": {name: value}, "from_user": {name: value}}."""
     ours = {n for n in environ.get(ENV_SET, "").split(",") if n}
     names = sorted(n for n in environ if n.startswith(RECORDED_PREFIXES) or n in ours)
-    return {"set_by_dtlab": {n: environ[n] for n in names if n in ours},
-            "from_user": {n: environ[n] for n in names if n not in ours}}
+    return {
+        "set_by_dtlab": {n: environ[n] for n in names if n in ours},
+        "from_user": {n: environ[n] for n in names if n not in ours},
+    }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 
-
 HUB_ID = "distilbert-base-uncased"
 
 

@@ -33,8 +33,9 @@ def parse_endpoint(text, *, allow_port_0: bool = False) -> tuple[str, int]:
     low = 0 if allow_port_0 else 1
     if not m or not low <= int(m.group(2)) <= 65535:
         why = "" if allow_port_0 else " (not 0: the other nodes cannot learn a port the OS picks)"
-        raise ValueError(f"rdzv_endpoint must be HOST:PORT with PORT in {low}..65535{why}, e.g. node001:29500, "
-                         f"got {text!r}")
+        raise ValueError(
+            f"rdzv_endpoint must be HOST:PORT with PORT in {low}..65535{why}, e.g. node001:29500, got {text!r}"
+        )
     return m.group(1), int(m.group(2))
 
 
@@ -59,20 +60,24 @@ def validate_nodes(cfg) -> None:
     int_at_least("nnodes", cfg.nnodes, 1)
     finite("rdzv_timeout_s", cfg.rdzv_timeout_s, "(seconds)", low=0.0)
     if cfg.rdzv_id is not None and not (isinstance(cfg.rdzv_id, str) and _ID.match(cfg.rdzv_id)):
-        raise ValueError(f"rdzv_id must be 1 to 64 letters, digits, '_', '.' or '-' (starting with a letter or "
-                         f"digit), got {cfg.rdzv_id!r}")
+        raise ValueError(
+            f"rdzv_id must be 1 to 64 letters, digits, '_', '.' or '-' (starting with a letter or "
+            f"digit), got {cfg.rdzv_id!r}"
+        )
     if cfg.nnodes == 1:
         if cfg.rdzv_endpoint is not None:
             parse_endpoint(cfg.rdzv_endpoint, allow_port_0=True)
         return
     if cfg.rdzv_endpoint is None:
-        raise ValueError(f"rdzv_endpoint is needed when nnodes > 1 (got nnodes={cfg.nnodes}): HOST:PORT of the "
-                         "c10d rendezvous, the same on every node, e.g. --rdzv-endpoint node001:29500")
+        raise ValueError(
+            f"rdzv_endpoint is needed when nnodes > 1 (got nnodes={cfg.nnodes}): HOST:PORT of the "
+            "c10d rendezvous, the same on every node, e.g. --rdzv-endpoint node001:29500"
+        )
     parse_endpoint(cfg.rdzv_endpoint)
     if not cfg.out or not isinstance(cfg.out, str):
-        raise ValueError(f"out is needed when nnodes > 1 (got nnodes={cfg.nnodes}): the run directory, on a "
-                         "filesystem every node shares, given the same on every node")
+        raise ValueError(
+            f"out is needed when nnodes > 1 (got nnodes={cfg.nnodes}): the run directory, on a "
+            "filesystem every node shares, given the same on every node"
+        )
     if cfg.rdzv_id is None:
         cfg.rdzv_id = default_rdzv_id(cfg.out)
-
-

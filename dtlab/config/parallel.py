@@ -33,8 +33,11 @@ def layout(cfg) -> dict:
     if spec.model_axis is None:
         return {"dp": world, "tp": 1, "pp": 1}
     dp = int(cfg.dp_degree)
-    return {"dp": dp, "tp": world // dp if spec.model_axis == "tp" else 1,
-            "pp": world // dp if spec.model_axis == "pp" else 1}
+    return {
+        "dp": dp,
+        "tp": world // dp if spec.model_axis == "tp" else 1,
+        "pp": world // dp if spec.model_axis == "pp" else 1,
+    }
 
 
 def split_layers(n_layers: int, stages: int) -> list[tuple[int, int]]:
@@ -56,42 +59,58 @@ def validate_parallel(cfg) -> None:
     int_at_least("dp_degree", cfg.dp_degree, 1)
     if not isinstance(cfg.reference, bool):
         raise ValueError(f"reference must be true or false, got {cfg.reference!r}")
-    if cfg.dropout is not None and (isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float))
-                                    or not math.isfinite(cfg.dropout) or not 0 <= cfg.dropout < 1):
+    if cfg.dropout is not None and (
+        isinstance(cfg.dropout, bool)
+        or not isinstance(cfg.dropout, (int, float))
+        or not math.isfinite(cfg.dropout)
+        or not 0 <= cfg.dropout < 1
+    ):
         raise ValueError(f"dropout must be None (the model's own) or a number in [0, 1), got {cfg.dropout!r}")
     for name, default in (("microbatches", 1), ("pp_schedule", "gpipe"), ("dp_degree", 1), ("reference", False)):
         value = getattr(cfg, name)
         if value != default and not getattr(spec, SUPPORT_FIELDS[name]):
             raise spec.refuse(name, value)
     if cfg.reference and cfg.dropout != 0:
-        raise ValueError(f"reference needs dropout 0 (got {cfg.dropout!r}): with dropout on, the run and its "
-                         "single-process copy draw different masks and their losses cannot be compared")
+        raise ValueError(
+            f"reference needs dropout 0 (got {cfg.dropout!r}): with dropout on, the run and its "
+            "single-process copy draw different masks and their losses cannot be compared"
+        )
     world = world_size(cfg)
     if world % cfg.dp_degree:
-        raise ValueError(f"dp_degree must divide the {world} ranks (nproc x nnodes) into equal replicas, "
-                         f"got {cfg.dp_degree}")
+        raise ValueError(
+            f"dp_degree must divide the {world} ranks (nproc x nnodes) into equal replicas, got {cfg.dp_degree}"
+        )
     if spec.model_axis is None:
         return
     per = world // cfg.dp_degree
     arch = model_arch(cfg.model)
     what = {"tp": "tensor-parallel degree", "pp": "pipeline stages"}[spec.model_axis]
     if per < 2:
-        raise ValueError(f"strategy {cfg.strategy!r} needs at least 2 ranks per replica ({what}); nproc x nnodes "
-                         f"{world} / dp_degree {cfg.dp_degree} = {per}")
+        raise ValueError(
+            f"strategy {cfg.strategy!r} needs at least 2 ranks per replica ({what}); nproc x nnodes "
+            f"{world} / dp_degree {cfg.dp_degree} = {per}"
+        )
     if spec.model_axis == "tp":
         for name in ("n_heads", "hidden_dim"):
             if arch[name] % per:
-                raise ValueError(f"the {what} (nproc x nnodes / dp_degree = {per}) must divide {cfg.model}'s "
-                                 f"{name} ({arch[name]}): each rank holds whole heads and an equal share of the "
-                                 "feed-forward columns")
+                raise ValueError(
+                    f"the {what} (nproc x nnodes / dp_degree = {per}) must divide {cfg.model}'s "
+                    f"{name} ({arch[name]}): each rank holds whole heads and an equal share of the "
+                    "feed-forward columns"
+                )
     if spec.model_axis == "pp":
         if per > arch["n_layers"]:
-            raise ValueError(f"the {what} (nproc x nnodes / dp_degree = {per}) must be at most {cfg.model}'s "
-                             f"{arch['n_layers']} layers (one or more transformer blocks per stage)")
+            raise ValueError(
+                f"the {what} (nproc x nnodes / dp_degree = {per}) must be at most {cfg.model}'s "
+                f"{arch['n_layers']} layers (one or more transformer blocks per stage)"
+            )
         if cfg.batch_size % cfg.microbatches:
-            raise ValueError(f"microbatches must divide batch_size ({cfg.batch_size}) into equal micro-batches, "
-                             f"got {cfg.microbatches}")
+            raise ValueError(
+                f"microbatches must divide batch_size ({cfg.batch_size}) into equal micro-batches, "
+                f"got {cfg.microbatches}"
+            )
         if cfg.pp_schedule == "1f1b" and cfg.microbatches < per:
-            raise ValueError(f"microbatches must be >= the {per} pipeline stages for pp_schedule '1f1b' (its "
-                             f"warm-up fills every stage), got {cfg.microbatches}; use 'gpipe' or more micro-batches")
-
+            raise ValueError(
+                f"microbatches must be >= the {per} pipeline stages for pp_schedule '1f1b' (its "
+                f"warm-up fills every stage), got {cfg.microbatches}; use 'gpipe' or more micro-batches"
+            )

@@ -36,14 +36,20 @@ DEVICES = ("auto", "cuda", "cpu")
 
 #: How a rank's communication times are taken on each path (see dtlab.rank.marks): the words every screen uses.
 TIMING = {
-    "wall": ("wall clocks (time.perf_counter): steps, collectives and waits are marked on the training thread, and "
-             "a collective that completes in gloo's thread is marked there the moment it completes"),
-    "nccl": ("CUDA events, read once per step: steps, issues and waits on the compute stream, each collective's end "
-             "on a stream made to wait for NCCL's kernel (DDP: the CUDA future's callback stream; ZeRO-3: a stream "
-             "dtlab owns; tp, pp, fsdp2, local SGD: the stream that waited for the collective)"),
-    "gloo_cuda": ("CUDA events, read once per step: steps, issues and waits on the compute stream; a collective that "
-                  "completes in gloo's worker thread is marked by an event on a stream dtlab owns on the rank's GPU "
-                  "when gloo finished in host memory (the copy back to the GPU is not included)"),
+    "wall": (
+        "wall clocks (time.perf_counter): steps, collectives and waits are marked on the training thread, and "
+        "a collective that completes in gloo's thread is marked there the moment it completes"
+    ),
+    "nccl": (
+        "CUDA events, read once per step: steps, issues and waits on the compute stream, each collective's end "
+        "on a stream made to wait for NCCL's kernel (DDP: the CUDA future's callback stream; ZeRO-3: a stream "
+        "dtlab owns; tp, pp, fsdp2, local SGD: the stream that waited for the collective)"
+    ),
+    "gloo_cuda": (
+        "CUDA events, read once per step: steps, issues and waits on the compute stream; a collective that "
+        "completes in gloo's worker thread is marked by an event on a stream dtlab owns on the rank's GPU "
+        "when gloo finished in host memory (the copy back to the GPU is not included)"
+    ),
 }
 
 #: The clock a run's figures were taken with (recorded as `resolved.timing_method.method`), in the words the
@@ -102,9 +108,16 @@ class Placement:
 
     def to_dict(self) -> dict:
         """JSON-safe fields, plus `timing` (how times are taken here)."""
-        return {"backend": self.backend, "device": self.device, "gpus": self.gpus,
-                "ranks_per_gpu": self.ranks_per_gpu, "label": self.label, "note": self.note, "env": dict(self.env),
-                "timing": self.timing}
+        return {
+            "backend": self.backend,
+            "device": self.device,
+            "gpus": self.gpus,
+            "ranks_per_gpu": self.ranks_per_gpu,
+            "label": self.label,
+            "note": self.note,
+            "env": dict(self.env),
+            "timing": self.timing,
+        }
 
 
 def parse_version(v) -> tuple[int, int, int] | None:
@@ -123,8 +136,14 @@ def nccl_allows_shared_gpu(nccl_version) -> bool:
     return v is not None and v >= NCCL_SHARED_GPU_MIN
 
 
-def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
-         nccl_version=None, strategy: str | None = None) -> Placement:
+def plan(
+    nproc: int,
+    backend: str = "auto",
+    device: str = "auto",
+    ngpu: int = 0,
+    nccl_version=None,
+    strategy: str | None = None,
+) -> Placement:
     """Decide backend and device for `nproc` ranks on a machine with `ngpu` GPUs (see the module docstring).
 
     `strategy` only adds what the placement means for it to the note (ZeRO-3 over gloo, ZeRO-3 on one rank).
@@ -133,13 +152,18 @@ def plan(nproc: int, backend: str = "auto", device: str = "auto", ngpu: int = 0,
     refused = strategy_spec(strategy).gloo_cuda_refused if strategy is not None else ""
     if refused and p.backend == "gloo" and p.device == "cuda":
         if device == "cuda":
-            raise ValueError(f"device 'cuda' cannot host strategy {strategy!r} with {nproc} ranks on {ngpu} GPU(s) "
-                             f"here: the ranks would use gloo on CUDA tensors, and {refused}. Use device 'cpu' "
-                             f"or 'auto' (CPU), or NCCL: one GPU per rank, or NCCL >= "
-                             f"{'.'.join(map(str, NCCL_SHARED_GPU_MIN))} for ranks sharing a GPU")
+            raise ValueError(
+                f"device 'cuda' cannot host strategy {strategy!r} with {nproc} ranks on {ngpu} GPU(s) "
+                f"here: the ranks would use gloo on CUDA tensors, and {refused}. Use device 'cpu' "
+                f"or 'auto' (CPU), or NCCL: one GPU per rank, or NCCL >= "
+                f"{'.'.join(map(str, NCCL_SHARED_GPU_MIN))} for ranks sharing a GPU"
+            )
         cpu = _cpu(nproc, explicit=False)
-        p = replace(cpu, label=f"gloo on CPU, {_ranks(nproc)} ({strategy!r} cannot use gloo on CUDA tensors)",
-                    note=f"{cpu.note}; the GPU is not used: NCCL cannot place these ranks here, and {refused}")
+        p = replace(
+            cpu,
+            label=f"gloo on CPU, {_ranks(nproc)} ({strategy!r} cannot use gloo on CUDA tensors)",
+            note=f"{cpu.note}; the GPU is not used: NCCL cannot place these ranks here, and {refused}",
+        )
     if strategy is not None and strategy_spec(strategy).asynchronous and p.device == "cuda":
         p = replace(p, clock="wall_clock_synced")  # dtlab.rank.strategies.async_ps: messages block the host
     extra = strategy_note(strategy, p, nproc)
@@ -154,8 +178,10 @@ def strategy_note(strategy: str | None, p: Placement, nproc: int) -> str:
     if spec is None:
         return ""
     if spec.shards and nproc == 1:
-        return (f"{spec.title} on one rank partitions nothing (p = 1): each rank holds everything and no byte "
-                "travels between ranks; use 2 or more ranks to see sharding")
+        return (
+            f"{spec.title} on one rank partitions nothing (p = 1): each rank holds everything and no byte "
+            "travels between ranks; use 2 or more ranks to see sharding"
+        )
     if p.backend == "gloo" and p.device == "cuda":
         return spec.gloo_cuda_note
     return ""
@@ -176,8 +202,10 @@ def _plan(nproc: int, backend: str, device: str, ngpu: int, nccl_version) -> Pla
     if ngpu == 0:
         if backend == "nccl" or device == "cuda":
             field_name = "backend 'nccl'" if backend == "nccl" else "device 'cuda'"
-            raise ValueError(f"{field_name} needs CUDA GPUs and this machine has none; use backend 'gloo' "
-                             "or 'auto' with device 'auto' or 'cpu'")
+            raise ValueError(
+                f"{field_name} needs CUDA GPUs and this machine has none; use backend 'gloo' "
+                "or 'auto' with device 'auto' or 'cpu'"
+            )
         return _cpu(nproc, explicit=False)
 
     # From here on there is at least one GPU and the ranks use CUDA.
@@ -186,25 +214,39 @@ def _plan(nproc: int, backend: str, device: str, ngpu: int, nccl_version) -> Pla
     if backend in ("auto", "nccl") and shared_ok and nproc <= NCCL_MAX_RANKS_PER_GPU * ngpu:
         per = -(-nproc // ngpu)
         return Placement(
-            "nccl", "cuda", ngpu, per,
+            "nccl",
+            "cuda",
+            ngpu,
+            per,
             f"NCCL, {nproc} ranks sharing {ngpu} GPU(s), {per} per GPU (NCCL {nccl_v}, experimental multi-rank mode)",
-            note=("ranks share a GPU's SMs and memory bandwidth, so compute and communication slow each other, "
-                  "and no NVLink/PCIe link is crossed between ranks on the same GPU: T_comm is not a network figure"),
-            env={"NCCL_MULTI_RANK_GPU_ENABLE": "1"})
+            note=(
+                "ranks share a GPU's SMs and memory bandwidth, so compute and communication slow each other, "
+                "and no NVLink/PCIe link is crossed between ranks on the same GPU: T_comm is not a network figure"
+            ),
+            env={"NCCL_MULTI_RANK_GPU_ENABLE": "1"},
+        )
     if backend == "nccl":
         need = f"NCCL >= {'.'.join(map(str, NCCL_SHARED_GPU_MIN))}"
-        raise ValueError(f"nproc must be <= {ngpu} (GPUs on this machine) under backend 'nccl' with NCCL {nccl_v}; "
-                         f"{need} lets up to {NCCL_MAX_RANKS_PER_GPU} ranks share a GPU. Use nproc={ngpu}, "
-                         f"or backend 'gloo' (CUDA tensors, collectives through host memory), got nproc={nproc}")
+        raise ValueError(
+            f"nproc must be <= {ngpu} (GPUs on this machine) under backend 'nccl' with NCCL {nccl_v}; "
+            f"{need} lets up to {NCCL_MAX_RANKS_PER_GPU} ranks share a GPU. Use nproc={ngpu}, "
+            f"or backend 'gloo' (CUDA tensors, collectives through host memory), got nproc={nproc}"
+        )
     # gloo on CUDA tensors: asked for, or the fallback when NCCL cannot place the ranks.
     per = -(-nproc // ngpu)
     why = "" if backend == "gloo" else (f"; NCCL {nccl_v} cannot put {nproc} ranks on {ngpu} GPU(s)")
     return Placement(
-        "gloo", "cuda", min(ngpu, nproc), per,
+        "gloo",
+        "cuda",
+        min(ngpu, nproc),
+        per,
         f"gloo on CUDA tensors, {_ranks(nproc)} on {min(ngpu, nproc)} GPU(s), {per} per GPU{why}",
-        note=("compute is real GPU compute, but gloo stages every collective through host memory and TCP "
-              "loopback: T_comm is a host-memory figure, far slower than NCCL over NVLink or PCIe"
-              + ("; ranks sharing a GPU also slow each other's compute" if per > 1 else "")))
+        note=(
+            "compute is real GPU compute, but gloo stages every collective through host memory and TCP "
+            "loopback: T_comm is a host-memory figure, far slower than NCCL over NVLink or PCIe"
+            + ("; ranks sharing a GPU also slow each other's compute" if per > 1 else "")
+        ),
+    )
 
 
 def _ranks(n: int) -> str:
@@ -213,9 +255,15 @@ def _ranks(n: int) -> str:
 
 def _cpu(nproc: int, explicit: bool) -> Placement:
     why = "device 'cpu' asked for" if explicit else "no CUDA GPU on this machine"
-    return Placement("gloo", "cpu", 0, 0, f"gloo on CPU, {_ranks(nproc)} ({why})",
-                     note="every time is a CPU figure: ranks share the cores with gloo's threads, and loopback TCP "
-                          "has its own alpha and beta")
+    return Placement(
+        "gloo",
+        "cpu",
+        0,
+        0,
+        f"gloo on CPU, {_ranks(nproc)} ({why})",
+        note="every time is a CPU figure: ranks share the cores with gloo's threads, and loopback TCP "
+        "has its own alpha and beta",
+    )
 
 
 def device_count() -> int:
@@ -225,9 +273,11 @@ def device_count() -> int:
     exec, never fork, so even a context here could not leak into them).
     """
     import os
+
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
         import torch
+
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - torch missing or broken driver: no GPUs usable
         return 0
@@ -240,6 +290,7 @@ def machine_gpus() -> tuple[int, str | None]:
     if n:
         try:
             import torch
+
             v = ".".join(str(x) for x in parse_version(torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - a torch built without NCCL
             v = None

@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from dtlab.config.baseline import auto_baseline_steps
 from dtlab.config.checks import choice, finite, int_at_least, refuse_unknown
 from dtlab.config.job import JobConfig
 from dtlab.config.placement import BACKENDS, DEVICES
-from dtlab.config.baseline import auto_baseline_steps
 from dtlab.config.strategies import STRATEGIES, strategy_spec
 
 MODELS = ("distilbert", "tiny")
@@ -56,13 +56,20 @@ class ZeroConfig:
 
     def resolve(self, hidden: int) -> dict:
         """The three sized knobs for a model of hidden size `hidden` (explicit values win over auto)."""
-        auto = {"reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
-                "stage3_param_persistence_threshold": 10 * hidden}
+        auto = {
+            "reduce_bucket_size": hidden * hidden,
+            "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+            "stage3_param_persistence_threshold": 10 * hidden,
+        }
         return {k: (auto[k] if getattr(self, k) is None else getattr(self, k)) for k in self.AUTO_FIELDS}
 
     def validate(self) -> None:
-        for name, low in (("reduce_bucket_size", 1), ("stage3_prefetch_bucket_size", 0),
-                          ("stage3_param_persistence_threshold", 0), ("stage3_max_reuse_distance", 0)):
+        for name, low in (
+            ("reduce_bucket_size", 1),
+            ("stage3_prefetch_bucket_size", 0),
+            ("stage3_param_persistence_threshold", 0),
+            ("stage3_max_reuse_distance", 0),
+        ):
             v = getattr(self, name)
             if v is None and name in self.AUTO_FIELDS:
                 continue
@@ -211,7 +218,7 @@ class RunConfig(JobConfig):
             self.zero = ZeroConfig(**self.zero)
 
     # ---- validation -------------------------------------------------------------------------------------
-    def validate(self, cuda_device_count: int | None = None, nccl_version=None) -> "RunConfig":
+    def validate(self, cuda_device_count: int | None = None, nccl_version=None) -> RunConfig:
         """Check every field; raise ValueError naming the field and what is allowed. Returns self.
 
         `cuda_device_count` and `nccl_version` default to this machine's (asked without initialising CUDA). The
@@ -227,8 +234,9 @@ class RunConfig(JobConfig):
         int_at_least("steps", self.steps, 1)
         int_at_least("warmup", self.warmup, 0)
         if self.warmup >= self.steps:
-            raise ValueError(f"warmup must be smaller than steps ({self.steps}) so some steps are measured, "
-                             f"got {self.warmup}")
+            raise ValueError(
+                f"warmup must be smaller than steps ({self.steps}) so some steps are measured, got {self.warmup}"
+            )
         int_at_least("baseline_steps", self.baseline_steps, 0)
         if self.baseline_steps and not spec.compute_baseline:
             raise spec.refuse("baseline_steps", self.baseline_steps, "the no-op comm hook baseline")
@@ -239,18 +247,22 @@ class RunConfig(JobConfig):
         choice("model", self.model, MODELS)
         choice("model_source", self.model_source, MODEL_SOURCES)
         if self.model_path is not None and not os.path.isdir(self.model_path):
-            raise ValueError(f"model_path must be an existing folder with a Hugging Face model, "
-                             f"got {self.model_path!r} (not found)")
+            raise ValueError(
+                f"model_path must be an existing folder with a Hugging Face model, got {self.model_path!r} (not found)"
+            )
         if not isinstance(self.data, str):
             raise ValueError(f"data must be a string (a source name or a file path), got {self.data!r}")
         if self.data not in DATA_SOURCES:
             if not os.path.isfile(self.data):
-                raise ValueError(f"data must be one of {', '.join(DATA_SOURCES)} or an existing local file "
-                                 f"(.csv, .tsv, .json, .jsonl, .parquet), got {self.data!r} (not found)")
+                raise ValueError(
+                    f"data must be one of {', '.join(DATA_SOURCES)} or an existing local file "
+                    f"(.csv, .tsv, .json, .jsonl, .parquet), got {self.data!r} (not found)"
+                )
             if not self.data.lower().endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet")):
                 raise ValueError(f"data file must end in .csv, .tsv, .json, .jsonl or .parquet, got {self.data!r}")
             # Read and checked here, in the caller's process, so a bad file never reaches a rank.
             from dtlab.config.datafile import check_data_file
+
             check_data_file(self.data, min_rows=self.batch_size * self.nproc)
         if not isinstance(self.record, bool):
             raise ValueError(f"record must be true or false, got {self.record!r}")
@@ -262,7 +274,7 @@ class RunConfig(JobConfig):
             raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
         if self.lr is not None:
             finite("lr", self.lr, "or None (auto: chosen by the run from the weights it loads)", low=0.0, high=10.0)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be an integer in [0, 2**32) (numpy's range), got {self.seed!r}")
         if self.model_path is not None and not isinstance(self.model_path, str):
             raise ValueError(f"model_path must be a path (string) or None, got {self.model_path!r}")
@@ -277,13 +289,17 @@ class RunConfig(JobConfig):
         placed = self.placement(cuda_device_count, nccl_version)  # ValueError when the GPUs cannot host the ranks
         from dtlab.config.compression import validate_levers
         from dtlab.config.restarts import validate_restarts
+
         validate_levers(self, placed)
         from dtlab.config.stragglers import validate_straggler
+
         validate_straggler(self)
         validate_restarts(self)
         from dtlab.config.parallel import validate_parallel
+
         validate_parallel(self)
         from dtlab.config.convergence import validate_convergence
+
         validate_convergence(self)
         self.validate_job()  # the launch fields, nodes and rendezvous last (they fill in rdzv_id)
         return self
@@ -291,15 +307,18 @@ class RunConfig(JobConfig):
     def _resolve_auto(self, cuda_device_count: int | None = None) -> None:
         if self.nproc is None:
             from dtlab.config.placement import device_count
+
             self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
         if self.baseline_steps is None:
-            self.baseline_steps = auto_baseline_steps(self.steps, self.warmup) if strategy_spec(
-                self.strategy).compute_baseline else 0
+            self.baseline_steps = (
+                auto_baseline_steps(self.steps, self.warmup) if strategy_spec(self.strategy).compute_baseline else 0
+            )
 
     def placement(self, cuda_device_count: int | None = None, nccl_version=None):
         """Where the ranks run (backend, device, ranks per GPU, banner text): `dtlab.config.placement.plan` for this
         config on this machine (or on `cuda_device_count` GPUs with `nccl_version`, for tests)."""
         from dtlab.config.placement import machine_gpus, plan
+
         self._resolve_auto(cuda_device_count)
         if cuda_device_count is None:
             cuda_device_count, found = machine_gpus()
@@ -316,14 +335,14 @@ class RunConfig(JobConfig):
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         """Build from `to_dict()` output; unknown keys, top-level or in `zero`, are refused by name."""
         if not isinstance(d, dict):
             raise ValueError(f"a RunConfig is built from a dict of its fields, got {type(d).__name__}")
         refuse_unknown("RunConfig", d, cls)
         return cls(**d)
 
-    def replace(self, **changes: Any) -> "RunConfig":
+    def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed (the run directory is reset unless given)."""
         changes.setdefault("out", None)
         return dataclasses.replace(self, **changes)
@@ -331,8 +350,17 @@ class RunConfig(JobConfig):
 
 def tiny(**overrides: Any) -> RunConfig:
     """Preset for tests and quick labs: the tiny model, 2 ranks, few short steps."""
-    base = dict(model="tiny", nproc=2, steps=4, warmup=1, batch_size=4, seq_len=32, bucket_mb=1.0,
-                model_source="random", data="offline", timeout_s=300.0)
+    base = dict(
+        model="tiny",
+        nproc=2,
+        steps=4,
+        warmup=1,
+        batch_size=4,
+        seq_len=32,
+        bucket_mb=1.0,
+        model_source="random",
+        data="offline",
+        timeout_s=300.0,
+    )
     base.update(overrides)
     return RunConfig.from_dict(base)
-

@@ -35,7 +35,8 @@ DELAY_RULE = (
     "for peers is in C, since every bucket is issued asynchronously. Before such a step exists (steps 0 and 1, "
     "or baseline steps of a run with none), C = 3 x the time from the step start to the sleep (forward, with "
     "backward ~ 2 x forward). On GPU the rank synchronises its stream before sleeping, so the GPU idles for the "
-    "delay too. Each step event records the delay actually slept as straggle_s (s).")
+    "delay too. Each step event records the delay actually slept as straggle_s (s)."
+)
 
 _ENTRY = re.compile(r"^\s*(?P<rank>[^:]*?)\s*:\s*(?P<value>.*?)\s*$")
 _MS = re.compile(r"^\+\s*(?P<ms>[^\s].*?)\s*ms$", re.IGNORECASE)
@@ -54,8 +55,11 @@ class Straggle:
 
     def describe(self) -> str:
         """'rank 1: compute x 2' or 'rank 1: +150 ms per step'."""
-        return (f"rank {self.rank}: compute x {self.factor:g}" if self.factor is not None
-                else f"rank {self.rank}: +{self.delay_ms:g} ms per step")
+        return (
+            f"rank {self.rank}: compute x {self.factor:g}"
+            if self.factor is not None
+            else f"rank {self.rank}: +{self.delay_ms:g} ms per step"
+        )
 
 
 def parse_straggler(spec: str, nproc: int) -> dict[int, Straggle]:
@@ -79,8 +83,10 @@ def parse_straggler(spec: str, nproc: int) -> dict[int, Straggle]:
             out[rank] = Straggle(rank, delay_ms=_number(ms.group("ms"), 0.0, "delay MS (ms)", entry))
         else:
             if value.lower().endswith("ms") or value.startswith("+"):
-                raise ValueError(f"straggler entry {entry.strip()!r}: a delay is written '+MSms' "
-                                 f"(e.g. '{rank}:+150ms'), a factor as a plain number (e.g. '{rank}:2')")
+                raise ValueError(
+                    f"straggler entry {entry.strip()!r}: a delay is written '+MSms' "
+                    f"(e.g. '{rank}:+150ms'), a factor as a plain number (e.g. '{rank}:2')"
+                )
             out[rank] = Straggle(rank, factor=_number(value, 1.0, "FACTOR", entry))
     return out
 
@@ -88,8 +94,10 @@ def parse_straggler(spec: str, nproc: int) -> dict[int, Straggle]:
 def _rank(text: str, nproc: int, entry: str) -> int:
     text = text.strip()
     if not re.fullmatch(r"[0-9]+", text) or not 0 <= int(text) < nproc:
-        raise ValueError(f"straggler rank must be an integer in [0, nproc) = [0, {nproc}) (nproc = {nproc}), "
-                         f"got {text!r} in {entry.strip()!r}")
+        raise ValueError(
+            f"straggler rank must be an integer in [0, nproc) = [0, {nproc}) (nproc = {nproc}), "
+            f"got {text!r} in {entry.strip()!r}"
+        )
     return int(text)
 
 
@@ -115,8 +123,10 @@ def validate_straggler(cfg) -> None:
         raise spec.refuse("straggler", cfg.straggler, "its rank loop does not inject delays")
     parse_straggler(cfg.straggler, cfg.nproc)
     if not cfg.record:
-        raise ValueError("straggler needs record=True: the wait times and the FACTOR rule's compute times are "
-                         "read from the recorded buckets")
+        raise ValueError(
+            "straggler needs record=True: the wait times and the FACTOR rule's compute times are "
+            "read from the recorded buckets"
+        )
 
 
 def straggler_plan(spec: str | None, nproc: int) -> dict | None:
@@ -124,5 +134,11 @@ def straggler_plan(spec: str | None, nproc: int) -> dict | None:
     if spec is None:
         return None
     parsed = parse_straggler(spec, nproc)
-    return {"spec": spec, "ranks": {str(r): {"factor": s.factor, "delay_ms": s.delay_ms, "what": s.describe()}
-                                    for r, s in sorted(parsed.items())}, "rule": DELAY_RULE}
+    return {
+        "spec": spec,
+        "ranks": {
+            str(r): {"factor": s.factor, "delay_ms": s.delay_ms, "what": s.describe()}
+            for r, s in sorted(parsed.items())
+        },
+        "rule": DELAY_RULE,
+    }

@@ -76,54 +76,133 @@ class StrategySpec:
     def refuse(self, field: str, value, why: str = "") -> ValueError:
         """The ValueError for a field (set to `value`) this strategy does not support, naming those that do."""
         allowed = [s.name for s in STRATEGIES.values() if _supports(s, field)]
-        return ValueError(f"{field} {value!r} applies to strategy {' or '.join(repr(a) for a in allowed)} only, "
-                          f"got strategy {self.name!r}" + (f": {why}" if why else ""))
+        return ValueError(
+            f"{field} {value!r} applies to strategy {' or '.join(repr(a) for a in allowed)} only, "
+            f"got strategy {self.name!r}" + (f": {why}" if why else "")
+        )
 
 
 #: Which spec field says whether a strategy supports a RunConfig field.
-SUPPORT_FIELDS = {"baseline_steps": "compute_baseline", "comm_hook": "comm_hooks", "accumulate": "accumulate",
-                  "straggler": "stragglers", "checkpoint_every": "checkpoints", "max_restarts": "checkpoints",
-                  "microbatches": "microbatches", "pp_schedule": "microbatches", "dp_degree": "mesh",
-                  "reference": "reference"}
+SUPPORT_FIELDS = {
+    "baseline_steps": "compute_baseline",
+    "comm_hook": "comm_hooks",
+    "accumulate": "accumulate",
+    "straggler": "stragglers",
+    "checkpoint_every": "checkpoints",
+    "max_restarts": "checkpoints",
+    "microbatches": "microbatches",
+    "pp_schedule": "microbatches",
+    "dp_degree": "mesh",
+    "reference": "reference",
+}
 #: the convergence levers (dtlab.config.convergence)
-SUPPORT_FIELDS.update({"eval_every": "evaluates", "lr_scaling": "lr_schedule", "warmup_steps": "lr_schedule",
-                       "base_batch": "lr_schedule", "local_sgd": "local_sgd", "max_staleness": "asynchronous",
-                       "staleness_policy": "asynchronous", "profile": "profiles"})
+SUPPORT_FIELDS.update(
+    {
+        "eval_every": "evaluates",
+        "lr_scaling": "lr_schedule",
+        "warmup_steps": "lr_schedule",
+        "base_batch": "lr_schedule",
+        "local_sgd": "local_sgd",
+        "max_staleness": "asynchronous",
+        "staleness_policy": "asynchronous",
+        "profile": "profiles",
+    }
+)
 
 
 def _supports(spec: StrategySpec, field: str) -> bool:
     return bool(getattr(spec, SUPPORT_FIELDS[field]))
 
 
-STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in (
-    StrategySpec(name="ddp", module="dtlab.rank.strategies.ddp", title="ring all-reduce (ddp)",
-                 records="buckets", bucket_op="all_reduce", compute_baseline=True, comm_hooks=True, accumulate=True,
-                 stragglers=True, checkpoints=True, evaluates=True, lr_schedule=True, local_sgd=True,
-                 profiles=True),
-    StrategySpec(name="ps", module="dtlab.rank.strategies.ps", title="reduce + broadcast (ps)",
-                 records="buckets", bucket_op="ps", compute_baseline=True, stragglers=True, needs_record=True,
-                 evaluates=True, lr_schedule=True),
-    StrategySpec(name="zero3", module="dtlab.rank.strategies.zero3", title="DeepSpeed ZeRO-3 (zero3)",
-                 records="collectives", blocked_time=True, shards=True,
-                 gloo_cuda_note="ZeRO-3 runs DeepSpeed's CUDA accelerator over gloo: each all-gather and reduce-scatter "
-                                "is copied to host memory and back, and gloo's reduce-scatter is an all-reduce then a "
-                                "chunk (twice the data)"),
-    StrategySpec(name="fsdp2", module="dtlab.rank.strategies.fsdp2", title="PyTorch FSDP2 fully_shard (fsdp2)",
-                 records="collectives", blocked_time=True, shards=True, reference=True),
-    StrategySpec(name="tp", module="dtlab.rank.strategies.tp", title="tensor parallel, Megatron-style (tp)",
-                 records="collectives", blocked_time=True, model_axis="tp", mesh=True, reference=True),
-    StrategySpec(name="pp", module="dtlab.rank.strategies.pp", title="pipeline parallel (pp)",
-                 records="collectives", blocked_time=True, model_axis="pp", microbatches=True, mesh=True,
-                 reference=True,
-                 gloo_cuda_refused="torch.distributed.pipelining sends activations point to point "
-                                   "(batch_isend_irecv), and gloo's send of a CUDA tensor reads device memory as "
-                                   "host memory: every stage fails with 'writev: Bad address' (torch 2.11, gloo "
-                                   "on an H200)"),
-    StrategySpec(name="async", module="dtlab.rank.strategies.async_ps",
-                 title="asynchronous parameter server (async)", records="collectives", evaluates=True,
-                 lr_schedule=True, asynchronous=True, server_ranks=1,
-                 gloo_cuda_note="the server's parameters and every pushed gradient are staged through host memory"),
-)}
+STRATEGIES: dict[str, StrategySpec] = {
+    s.name: s
+    for s in (
+        StrategySpec(
+            name="ddp",
+            module="dtlab.rank.strategies.ddp",
+            title="ring all-reduce (ddp)",
+            records="buckets",
+            bucket_op="all_reduce",
+            compute_baseline=True,
+            comm_hooks=True,
+            accumulate=True,
+            stragglers=True,
+            checkpoints=True,
+            evaluates=True,
+            lr_schedule=True,
+            local_sgd=True,
+            profiles=True,
+        ),
+        StrategySpec(
+            name="ps",
+            module="dtlab.rank.strategies.ps",
+            title="reduce + broadcast (ps)",
+            records="buckets",
+            bucket_op="ps",
+            compute_baseline=True,
+            stragglers=True,
+            needs_record=True,
+            evaluates=True,
+            lr_schedule=True,
+        ),
+        StrategySpec(
+            name="zero3",
+            module="dtlab.rank.strategies.zero3",
+            title="DeepSpeed ZeRO-3 (zero3)",
+            records="collectives",
+            blocked_time=True,
+            shards=True,
+            gloo_cuda_note="ZeRO-3 runs DeepSpeed's CUDA accelerator over gloo: each all-gather and reduce-scatter "
+            "is copied to host memory and back, and gloo's reduce-scatter is an all-reduce then a "
+            "chunk (twice the data)",
+        ),
+        StrategySpec(
+            name="fsdp2",
+            module="dtlab.rank.strategies.fsdp2",
+            title="PyTorch FSDP2 fully_shard (fsdp2)",
+            records="collectives",
+            blocked_time=True,
+            shards=True,
+            reference=True,
+        ),
+        StrategySpec(
+            name="tp",
+            module="dtlab.rank.strategies.tp",
+            title="tensor parallel, Megatron-style (tp)",
+            records="collectives",
+            blocked_time=True,
+            model_axis="tp",
+            mesh=True,
+            reference=True,
+        ),
+        StrategySpec(
+            name="pp",
+            module="dtlab.rank.strategies.pp",
+            title="pipeline parallel (pp)",
+            records="collectives",
+            blocked_time=True,
+            model_axis="pp",
+            microbatches=True,
+            mesh=True,
+            reference=True,
+            gloo_cuda_refused="torch.distributed.pipelining sends activations point to point "
+            "(batch_isend_irecv), and gloo's send of a CUDA tensor reads device memory as "
+            "host memory: every stage fails with 'writev: Bad address' (torch 2.11, gloo "
+            "on an H200)",
+        ),
+        StrategySpec(
+            name="async",
+            module="dtlab.rank.strategies.async_ps",
+            title="asynchronous parameter server (async)",
+            records="collectives",
+            evaluates=True,
+            lr_schedule=True,
+            asynchronous=True,
+            server_ranks=1,
+            gloo_cuda_note="the server's parameters and every pushed gradient are staged through host memory",
+        ),
+    )
+}
 
 
 def strategy_spec(name: str | None) -> StrategySpec:

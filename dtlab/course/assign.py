@@ -26,16 +26,24 @@ import sys
 import tempfile
 import zipfile
 
-FORBIDDEN = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN TESTS", "BEGIN QUESTION", "ASSIGNMENT CONFIG",
-             "answer key", "graded(")
+FORBIDDEN = (
+    "BEGIN SOLUTION",
+    "END SOLUTION",
+    "BEGIN TESTS",
+    "BEGIN QUESTION",
+    "ASSIGNMENT CONFIG",
+    "answer key",
+    "graded(",
+)
 
 
 def _otter() -> list[str]:
     try:
         import otter  # noqa: F401
     except ImportError as e:
-        raise RuntimeError("dtlab assign/grade need otter-grader: pip install -e \".[course]\" "
-                           "(or pip install otter-grader)") from e
+        raise RuntimeError(
+            'dtlab assign/grade need otter-grader: pip install -e ".[course]" (or pip install otter-grader)'
+        ) from e
     return [sys.executable, "-m", "otter"]
 
 
@@ -150,8 +158,9 @@ kernel passes it. Grades that matter: dtlab grade.
 def _commit() -> str:
     try:
         here = os.path.dirname(os.path.abspath(__file__))
-        p = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                           timeout=10)
+        p = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         return f", commit {p.stdout.strip()}" if p.returncode == 0 and p.stdout.strip() else ""
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -162,26 +171,40 @@ def manifest_for(lab: str, student_nb: str) -> dict:
     the distributed check cells' fingerprints, and the versions it was made with."""
     from dtlab import __version__
     from dtlab.course import integrity, rubric
+
     with open(student_nb, encoding="utf-8") as f:
         nb = json.load(f)
     try:
         import torch
+
         torch_version = torch.__version__.split("+")[0]
     except ImportError:
         torch_version = "unknown"
-    return {"lab": lab, "questions": [{"qid": q.qid, "points": q.points, "var": q.var} for q in rubric.questions(lab)],
-            "check_cells": integrity.check_cells(nb), "dtlab": __version__,
-            "commit": _commit().removeprefix(", commit "),
-            "torch": torch_version, "python": sys.version.split()[0]}
+    return {
+        "lab": lab,
+        "questions": [{"qid": q.qid, "points": q.points, "var": q.var} for q in rubric.questions(lab)],
+        "check_cells": integrity.check_cells(nb),
+        "dtlab": __version__,
+        "commit": _commit().removeprefix(", commit "),
+        "torch": torch_version,
+        "python": sys.version.split()[0],
+    }
 
 
 def _add_manifest(zip_path: str, lab: str, student_nb: str) -> None:
     m = manifest_for(lab, student_nb)
     with zipfile.ZipFile(zip_path, "a") as z:
         z.writestr(MANIFEST, json.dumps(m, indent=1))
-        z.writestr("DTLAB-README.txt", ZIP_README.format(lab=lab, torch=m["torch"], version=m["dtlab"],
-                                                         commit=f", commit {m['commit']}" if m["commit"] else "",
-                                                         python=m["python"]))
+        z.writestr(
+            "DTLAB-README.txt",
+            ZIP_README.format(
+                lab=lab,
+                torch=m["torch"],
+                version=m["dtlab"],
+                commit=f", commit {m['commit']}" if m["commit"] else "",
+                python=m["python"],
+            ),
+        )
 
 
 def read_manifest(zip_path: str) -> dict | None:

@@ -32,7 +32,7 @@ def _recording_dirs(env: dict) -> list[str]:
     """Directories of recordings the notebook holds outside its working directory (e.g. the smoke test's)."""
     found = []
     for v in env.values():
-        for x in (v.values() if isinstance(v, dict) else ()):
+        for x in v.values() if isinstance(v, dict) else ():
             if isinstance(x, str) and os.path.isfile(os.path.join(x, "config.json")):
                 found.append(os.path.abspath(x))
     return sorted(set(found))
@@ -43,8 +43,22 @@ def graded(qid: str, env: dict) -> None:
     with tempfile.TemporaryDirectory(prefix="dtlab-autograde-") as d:
         answers, out = os.path.join(d, "answers.json"), os.path.join(d, "result.json")
         export_answers(env, answers)
-        cmd = [sys.executable, "-m", "dtlab.course.grader", "answers", "--lab", lab_of(qid), "--qid", qid,
-               "--answers", answers, "--root", os.getcwd(), "--out", out]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dtlab.course.grader",
+            "answers",
+            "--lab",
+            lab_of(qid),
+            "--qid",
+            qid,
+            "--answers",
+            answers,
+            "--root",
+            os.getcwd(),
+            "--out",
+            out,
+        ]
         for x in _recording_dirs(env):
             cmd += ["--extra", x]
         p = subprocess.run(cmd, capture_output=True, text=True)

@@ -26,14 +26,28 @@ import subprocess
 import sys
 import tempfile
 
-COLUMNS = ["student", "notebook", "lab", "question", "points", "max_points", "feedback", "status", "mode",
-           "replayed", "flags", "errors", "sandbox"]
+COLUMNS = [
+    "student",
+    "notebook",
+    "lab",
+    "question",
+    "points",
+    "max_points",
+    "feedback",
+    "status",
+    "mode",
+    "replayed",
+    "flags",
+    "errors",
+    "sandbox",
+]
 
 
 def autograders(path: str) -> dict:
     """{lab: {"zip", "manifest"}} from one autograder zip or `dtlab assign`'s OUT/autograder directory."""
     from dtlab.course.assign import read_manifest
     from dtlab.course.rubric import LAB_MODULES
+
     zips = [path] if os.path.isfile(path) else sorted(glob.glob(os.path.join(path, "*.zip")))
     if not zips:
         raise ValueError(f"autograder: no .zip at {path!r} (dtlab assign writes OUT/autograder/<lab>.zip)")
@@ -44,8 +58,10 @@ def autograders(path: str) -> dict:
         if lab in LAB_MODULES:
             out[lab] = {"zip": z, "manifest": m}
     if not out:
-        raise ValueError(f"autograder: none of {[os.path.basename(z) for z in zips]} is the autograder of a dtlab "
-                         f"lab ({sorted(LAB_MODULES)})")
+        raise ValueError(
+            f"autograder: none of {[os.path.basename(z) for z in zips]} is the autograder of a dtlab "
+            f"lab ({sorted(LAB_MODULES)})"
+        )
     return out
 
 
@@ -68,6 +84,7 @@ def submissions(paths) -> list[tuple[str, str, str]]:
 
 def _student_of(path: str) -> str:
     from dtlab.course.rubric import LAB_MODULES
+
     stem = os.path.splitext(os.path.basename(path))[0]
     for lab in LAB_MODULES:
         stem = stem.replace(lab, "")
@@ -78,6 +95,7 @@ def _student_of(path: str) -> str:
 def lab_of(nb_path: str, known, lab: str | None = None) -> tuple[str | None, str]:
     """(the lab of a notebook, or None; how it was found): `lab` when given, else its file name, else its metadata."""
     from dtlab.course.rubric import LAB_MODULES
+
     if lab:
         return (lab, "--lab") if lab in LAB_MODULES else (None, f"--lab {lab!r} is not a lab ({sorted(LAB_MODULES)})")
     stem = os.path.splitext(os.path.basename(nb_path))[0]
@@ -95,8 +113,11 @@ def lab_of(nb_path: str, known, lab: str | None = None) -> tuple[str | None, str
         name = None
     if name in LAB_MODULES:
         return name, "notebook metadata"
-    return (None, f"cannot tell which lab {os.path.basename(nb_path)!r} is (no lab in its name or metadata): "
-                  f"name it after its lab or pass --lab (labs here: {sorted(known)})")
+    return (
+        None,
+        f"cannot tell which lab {os.path.basename(nb_path)!r} is (no lab in its name or metadata): "
+        f"name it after its lab or pass --lab (labs here: {sorted(known)})",
+    )
 
 
 def _metadata_lab(nb_path: str) -> str | None:
@@ -111,21 +132,25 @@ def _has_runs(directory: str | None) -> bool:
     if not directory:
         return False
     from dtlab.launching.replay import recorded_in
+
     return bool(recorded_in(directory))
 
 
 def _error_rows(lab: str | None, reason: str) -> list[dict]:
     from dtlab.course import rubric
+
     reason = " ".join(str(reason).split())[:600]
     qs = rubric.questions(lab) if lab else []
     base = {"points": 0.0, "feedback": reason, "status": "error", "mode": "", "replayed": 0, "flags": "", "errors": ""}
-    return [{**base, "question": q.qid, "max_points": float(q.points)} for q in qs] or \
-        [{**base, "question": "", "max_points": 0.0}]
+    return [{**base, "question": q.qid, "max_points": float(q.points)} for q in qs] or [
+        {**base, "question": "", "max_points": 0.0}
+    ]
 
 
 def _stop_group(p) -> None:
     """SIGTERM to the worker's process group (the worker shuts its kernel down), SIGKILL after 10 s."""
     import signal
+
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(p.pid, sig)
@@ -142,12 +167,14 @@ def _stage(tmp: str, nb: str, directory: str | None, replay: bool) -> str:
     """The sandbox's read-only inbox: a copy of the notebook and, when replayed, of its directory without any other
     notebook (a folder of lone notebooks holds the other students' too)."""
     import shutil
+
     inbox = os.path.join(tmp, "in")
     os.makedirs(inbox)
     if replay:
         # links stay links: one pointing at another student's folder points at nothing in the sandbox
-        shutil.copytree(directory, os.path.join(inbox, "submission"), symlinks=True,
-                        ignore=shutil.ignore_patterns("*.ipynb"))
+        shutil.copytree(
+            directory, os.path.join(inbox, "submission"), symlinks=True, ignore=shutil.ignore_patterns("*.ipynb")
+        )
     shutil.copy(nb, os.path.join(inbox, os.path.basename(nb)))
     return inbox
 
@@ -158,6 +185,7 @@ class _Reader:
 
     def __init__(self, pipe: tuple[int, int]):
         import threading
+
         os.close(pipe[1])
         self._f, self._chunks = os.fdopen(pipe[0], "rb"), []
         self._t = threading.Thread(target=lambda: self._chunks.append(self._f.read()), daemon=True)
@@ -177,12 +205,21 @@ def _read(path: str) -> str:
         return ""
 
 
-def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: float = 3600.0,
-              sandbox: str = "none", memory: int | None = None, disk: int | None = None,
-              procs: int | None = None) -> list[dict]:
+def grade_one(
+    ag: dict,
+    lab: str,
+    nb: str,
+    directory: str | None,
+    timeout_s: float = 3600.0,
+    sandbox: str = "none",
+    memory: int | None = None,
+    disk: int | None = None,
+    procs: int | None = None,
+) -> list[dict]:
     """Grade one notebook in a worker process (in the sandbox `sandbox`: dtlab.course.sandbox); its rows (error
     rows when the worker failed, naming the limit it hit if it hit one)."""
     from dtlab.course import sandbox as sb
+
     memory, disk, procs = memory or sb.DEFAULT_MEMORY, disk or sb.DEFAULT_DISK, procs or sb.DEFAULT_PROCS
     replay = _has_runs(directory)
     with tempfile.TemporaryDirectory(prefix="dtlab-batch-") as tmp:
@@ -192,13 +229,23 @@ def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: flo
             os.makedirs(outbox)
             os.chmod(tmp, 0o755)
             where = {"nb": f"{sb.IN}/{os.path.basename(nb)}", "sub": f"{sb.IN}/submission", "dir": sb.IN}
-            pipe = os.pipe()   # the result comes back through a pipe the kernel cannot reach, not a file it could
+            pipe = os.pipe()  # the result comes back through a pipe the kernel cannot reach, not a file it could
             out = ["--out-fd", str(pipe[1])]
         else:
             pipe, where = None, {"nb": os.path.abspath(nb), "sub": os.path.abspath(directory or "."), "dir": tmp}
             out = ["--out", os.path.join(tmp, "result.json")]
-        cmd = [sys.executable, "-m", "dtlab.course.grader", "notebook", where["nb"], "--lab", lab, *out,
-               "--cell-timeout", str(timeout_s)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dtlab.course.grader",
+            "notebook",
+            where["nb"],
+            "--lab",
+            lab,
+            *out,
+            "--cell-timeout",
+            str(timeout_s),
+        ]
         if ag.get("manifest"):
             cells = os.path.join(inbox if boxed else tmp, "cells.json")
             with open(cells, "w") as f:
@@ -206,11 +253,15 @@ def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: flo
             cmd += ["--cells", f"{where['dir']}/cells.json"]
         if replay:
             cmd += ["--submission", where["sub"]]
-        with (sb.prepared(sandbox, cmd, inbox, outbox, disk, memory, procs, pass_fds=(pipe[1],)) if boxed
-              else contextlib.nullcontext((cmd, {}))) as (cmd, kw):
+        with (
+            sb.prepared(sandbox, cmd, inbox, outbox, disk, memory, procs, pass_fds=(pipe[1],))
+            if boxed
+            else contextlib.nullcontext((cmd, {}))
+        ) as (cmd, kw):
             # a session of its own: a notebook that runs over its time is stopped with its kernel, not left behind
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
-                                 start_new_session=True, **kw)
+            p = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, start_new_session=True, **kw
+            )
         reader = _Reader(pipe) if pipe else None
         try:
             stdout, stderr = p.communicate(timeout=timeout_s)
@@ -234,14 +285,28 @@ def grade_one(ag: dict, lab: str, nb: str, directory: str | None, timeout_s: flo
     hit = sb.limit_hit(" ".join(errors), memory, disk) if boxed else None
     if hit:
         flags.append(hit)
-    common = {"status": "graded", "mode": mode, "replayed": replayed, "flags": " | ".join(flags),
-              "errors": " | ".join(errors[:3])}
+    common = {
+        "status": "graded",
+        "mode": mode,
+        "replayed": replayed,
+        "flags": " | ".join(flags),
+        "errors": " | ".join(errors[:3]),
+    }
     return [{**r, **common} for r in rows]
 
 
-def grade(autograder: str, submissions_, csv: str | None = None, progress: bool = True, lab: str | None = None,
-          timeout_s: float = 3600.0, sandbox: str = "auto", memory: int | None = None, disk: int | None = None,
-          procs: int | None = None):
+def grade(
+    autograder: str,
+    submissions_,
+    csv: str | None = None,
+    progress: bool = True,
+    lab: str | None = None,
+    timeout_s: float = 3600.0,
+    sandbox: str = "auto",
+    memory: int | None = None,
+    disk: int | None = None,
+    procs: int | None = None,
+):
     """Grade `submissions_` (notebooks, or directories of a student's notebooks and runs) with `dtlab assign`'s
     autograders (`autograder`: one zip or the OUT/autograder directory). Returns a DataFrame, one row per student,
     notebook and question (COLUMNS); writes it to `csv` after every notebook. Never stops at a bad notebook.
@@ -249,6 +314,7 @@ def grade(autograder: str, submissions_, csv: str | None = None, progress: bool 
     students' code with your permissions); `memory`, `disk` (bytes) and `procs`: its limits
     (dtlab.course.sandbox's defaults)."""
     import pandas as pd
+
     from dtlab.course import sandbox as sb
 
     ags = autograders(autograder)
@@ -256,9 +322,15 @@ def grade(autograder: str, submissions_, csv: str | None = None, progress: bool 
     mech = sb.choose(sandbox)
     if progress:
         m, d, n = memory or sb.DEFAULT_MEMORY, disk or sb.DEFAULT_DISK, procs or sb.DEFAULT_PROCS
-        print(f"dtlab grade: sandbox {mech}" + (f" (memory {sb.size_text(m)} per process, scratch disk "
-              f"{sb.size_text(d)}, {n} processes, no network)" if mech != "none" else
-              ": UNSANDBOXED, every submission's code runs with your permissions"), flush=True)
+        print(
+            f"dtlab grade: sandbox {mech}"
+            + (
+                f" (memory {sb.size_text(m)} per process, scratch disk {sb.size_text(d)}, {n} processes, no network)"
+                if mech != "none"
+                else ": UNSANDBOXED, every submission's code runs with your permissions"
+            ),
+            flush=True,
+        )
     rows = []
     for student, nb, directory in subs:
         found, how = lab_of(nb, ags, lab)
@@ -271,8 +343,10 @@ def grade(autograder: str, submissions_, csv: str | None = None, progress: bool 
             got = _error_rows(found, f"its metadata says it is {meta}, its name says {found}: rename it or pass --lab")
         else:
             got = grade_one(ags[found], found, nb, directory, timeout_s, mech, memory, disk, procs)
-        rows += [{"student": student, "notebook": os.path.basename(nb), "lab": found or "", **r, "sandbox": mech}
-                 for r in got]
+        rows += [
+            {"student": student, "notebook": os.path.basename(nb), "lab": found or "", **r, "sandbox": mech}
+            for r in got
+        ]
         df = pd.DataFrame(rows, columns=COLUMNS)
         if csv:
             df.to_csv(csv, index=False)

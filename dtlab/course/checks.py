@@ -73,6 +73,7 @@ def _emit(rec: dict) -> Record:
     try:
         from IPython import get_ipython
         from IPython.display import display
+
         if get_ipython() is None:
             raise ImportError
     except ImportError:
@@ -95,10 +96,11 @@ def check(qid: str, answer, **sources) -> Record:
     section failed, dtlab.course.labs.attempt) is said in one line and nothing is checked or raised, so the rest
     of the lab still runs."""
     from dtlab.course import rubric
+
     try:
         needs = next(q.needs for q in rubric.questions(rubric.lab_of(qid)) if q.qid == qid)
     except (ValueError, StopIteration):
-        needs = ()   # an unknown qid: rubric.key names it below
+        needs = ()  # an unknown qid: rubric.key names it below
     missing = [name for name in needs if name in sources and sources[name] is None]
     if missing:
         print(f"[{qid}] not checked: {', '.join(missing)} is missing (its run failed above; rerun that section)")
@@ -106,39 +108,99 @@ def check(qid: str, answer, **sources) -> Record:
     return show(rubric.key(qid, **sources), answer)
 
 
-def check_number(qid: str, guess, expected, *, rel_tol: float | None = None, abs_tol: float | None = None,
-                 tol_source: str, unit: str = "", hint_on_miss: str = "", ratio_hints: dict | None = None,
-                 points: int = 1) -> Record:
+def check_number(
+    qid: str,
+    guess,
+    expected,
+    *,
+    rel_tol: float | None = None,
+    abs_tol: float | None = None,
+    tol_source: str,
+    unit: str = "",
+    hint_on_miss: str = "",
+    ratio_hints: dict | None = None,
+    points: int = 1,
+) -> Record:
     """`guess` against `expected` (both in `unit`): within abs_tol, or within rel_tol x |expected| (the larger of
     the two when both are given; at most 50% of |expected|). `tol_source` says where the tolerance comes from.
     `ratio_hints` {ratio: text}: when guess / expected is within 5% of a ratio, its text is the hint (e.g.
     {0.25: "you counted parameters, not 4-byte fp32 gradients"}), else `hint_on_miss`. The verdict never shows
     `expected`."""
-    return show(Key(qid, "number", float(expected) if not isinstance(expected, int) else expected, points=points,
-                    rel_tol=rel_tol, abs_tol=abs_tol, tol_source=tol_source, unit=unit, hint=hint_on_miss,
-                    ratio_hints=dict(ratio_hints or {})), guess)
+    return show(
+        Key(
+            qid,
+            "number",
+            float(expected) if not isinstance(expected, int) else expected,
+            points=points,
+            rel_tol=rel_tol,
+            abs_tol=abs_tol,
+            tol_source=tol_source,
+            unit=unit,
+            hint=hint_on_miss,
+            ratio_hints=dict(ratio_hints or {}),
+        ),
+        guess,
+    )
 
 
-def check_choice(qid: str, answer, correct, choices, explanation: str = "", points: int = 1,
-                 tol_source: str = "exact choice", hint: str = "") -> Record:
+def check_choice(
+    qid: str,
+    answer,
+    correct,
+    choices,
+    explanation: str = "",
+    points: int = 1,
+    tol_source: str = "exact choice",
+    hint: str = "",
+) -> Record:
     """`answer` must be one of `choices`; `correct` is the right choice, or a list of choices that are all
     right (e.g. bucket sizes whose step times are equal within the measurement's spread). Strings compare
     case- and space-insensitively. `explanation` is shown once the answer is right, `hint` after a miss (neither
     may name the answer); `tol_source` says why several choices may be right."""
-    return show(Key(qid, "choice", correct, points=points, choices=tuple(choices), tol_source=tol_source,
-                    explanation=explanation, hint=hint), answer)
+    return show(
+        Key(
+            qid,
+            "choice",
+            correct,
+            points=points,
+            choices=tuple(choices),
+            tol_source=tol_source,
+            explanation=explanation,
+            hint=hint,
+        ),
+        answer,
+    )
 
 
-def check_formula(qid: str, answer: str | None, expected, *, variables=("p", "n"), grid: dict | None = None,
-                  expected_text: str = "", hint_on_miss: str = "", rel_tol: float = 1e-6,
-                  points: int = 1) -> Record:
+def check_formula(
+    qid: str,
+    answer: str | None,
+    expected,
+    *,
+    variables=("p", "n"),
+    grid: dict | None = None,
+    expected_text: str = "",
+    hint_on_miss: str = "",
+    rel_tol: float = 1e-6,
+    points: int = 1,
+) -> Record:
     """`answer`, a formula string in `variables` (e.g. "2*(p-1)/p*n"), against `expected(**values)` (a
     function, e.g. from dtlab.model.costmodel) on every point of `grid` {name: values} (default p in
     2, 3, 4, 8, 64 and n in 1, 1000, 2**25): equal within rel_tol (float rounding) at every point.
     `expected_text` is shown once the answer is right (never before)."""
-    key = Key(qid, "formula", expected, points=points, variables=tuple(variables), grid=grid, hint=hint_on_miss,
-              explanation=expected_text, tol_source="exact formula, compared at every point of a grid")
+    key = Key(
+        qid,
+        "formula",
+        expected,
+        points=points,
+        variables=tuple(variables),
+        grid=grid,
+        hint=hint_on_miss,
+        explanation=expected_text,
+        tol_source="exact formula, compared at every point of a grid",
+    )
     from dtlab.course.verdicts import judge_formula
+
     return _emit(judge_formula(key, answer, rel_tol=rel_tol))
 
 
@@ -153,6 +215,7 @@ def graded(qid: str, env: dict | None = None) -> None:
     question is graded in a separate process (dtlab.course.autograde.graded) from the answer variables in `env`
     and the recorded run directories; raises AssertionError with the verdict when it is not right."""
     from dtlab.course.autograde import graded as apart
+
     apart(qid, env or {})
 
 
@@ -177,9 +240,9 @@ def parse_answers(notebook_path) -> list[dict]:
                 for line in text.splitlines():
                     if line.startswith(PREFIX):
                         try:
-                            rec = json.loads(line[len(PREFIX):])
+                            rec = json.loads(line[len(PREFIX) :])
                         except ValueError:
-                            continue   # a line that only looks like an answer
+                            continue  # a line that only looks like an answer
                         if isinstance(rec, dict) and "qid" in rec:
                             out.append(rec)
     return out
@@ -189,5 +252,8 @@ def score(answers: list[dict]) -> dict:
     """{qid: the last record of each qid}, and the totals: {"points", "max_points", "by_qid"}. Formative (what a
     notebook showed itself); grades come from `dtlab grade`."""
     last = {a["qid"]: a for a in answers}
-    return {"points": sum(a.get("points", 0) for a in last.values()),
-            "max_points": sum(a.get("max_points", 0) for a in last.values()), "by_qid": last}
+    return {
+        "points": sum(a.get("points", 0) for a in last.values()),
+        "max_points": sum(a.get("max_points", 0) for a in last.values()),
+        "by_qid": last,
+    }

@@ -130,8 +130,10 @@ class Claim:
     def __post_init__(self):
         self.result = verdict(self.ratios, self.expected, self.test, self.rel_tol, self.min_n)
         if self.result != "holds" and not self.why:
-            raise ValueError(f"claim {self.cid!r} is {self.result} on this machine: give `why` (what makes this "
-                             f"machine differ, with the measurement that shows it)")
+            raise ValueError(
+                f"claim {self.cid!r} is {self.result} on this machine: give `why` (what makes this "
+                f"machine differ, with the measurement that shows it)"
+            )
 
     @property
     def holds(self) -> bool:
@@ -146,19 +148,27 @@ class Claim:
             rng = f"{self.interval} {fmt_ratio(r.lo)} .. {fmt_ratio(r.hi)}"
         elif not self.paired and r.n > 1:
             rng += f": quartiles of {va.n} x {vb.n} unpaired {self.per}s"
-        band = {"within": f"within ±{self.rel_tol:.0%} of the model", "below": "below ×1 in every run",
-                "above": "above ×1 in every run"}[self.test]
+        band = {
+            "within": f"within ±{self.rel_tol:.0%} of the model",
+            "below": "below ×1 in every run",
+            "above": "above ×1 in every run",
+        }[self.test]
         if self.interval and self.test != "within":
             band = f"{self.test} ×1 over the whole {self.interval}"
         if self.min_n > 1:
             band += f", from at least {self.min_n} {self.per}s"
-        model = (f"{self.a} / {self.b} = {fmt_ratio(self.expected)}" if self.expected is not None else
-                 f"{self.a} / {self.b} {'below' if self.test == 'below' else 'above'} ×1")
-        out = [f"Claim ({self.cid}): {self.says}. Model: {model} ({self.model}).",
-               f"Measured {self.quantity}: {self.a} {_fmt(va.median, self.unit)}, {self.b} {_fmt(vb.median, self.unit)}"
-               f" (medians of {va.n} {self.per}(s) each{', ' + self.how if self.how else ''}); {self.a} / {self.b} = "
-               f"{fmt_ratio(r.median)} ({rng}).",
-               f"Verdict: {self.result.upper()} on this machine (the test: {band})."]
+        model = (
+            f"{self.a} / {self.b} = {fmt_ratio(self.expected)}"
+            if self.expected is not None
+            else f"{self.a} / {self.b} {'below' if self.test == 'below' else 'above'} ×1"
+        )
+        out = [
+            f"Claim ({self.cid}): {self.says}. Model: {model} ({self.model}).",
+            f"Measured {self.quantity}: {self.a} {_fmt(va.median, self.unit)}, {self.b} {_fmt(vb.median, self.unit)}"
+            f" (medians of {va.n} {self.per}(s) each{', ' + self.how if self.how else ''}); {self.a} / {self.b} = "
+            f"{fmt_ratio(r.median)} ({rng}).",
+            f"Verdict: {self.result.upper()} on this machine (the test: {band}).",
+        ]
         if self.why:
             out.append(f"Why: {self.why}")
         return out
@@ -172,11 +182,12 @@ class Claim:
         rec["values"] = {k: asdict(v) for k, v in self.values.items()}
         return rec
 
-    def show(self) -> "Claim":
+    def show(self) -> Claim:
         """Display the claim in the notebook (text, HTML and the record), or print it outside IPython."""
         try:
             from IPython import get_ipython
             from IPython.display import display
+
             if get_ipython() is None:
                 raise ImportError
         except ImportError:
@@ -185,20 +196,44 @@ class Claim:
             return self
         color = {"holds": "#1a7f37", "inconclusive": "#8a6d00", "contradicted": "#b3261e"}[self.result]
         body = "<br>".join(html.escape(line) for line in self.lines())
-        body = body.replace(html.escape(f"Verdict: {self.result.upper()}"),
-                            f"<b style='color:{color}'>Verdict: {self.result.upper()}</b>")
-        display({MIME: self.record(), "text/plain": self.text(),
-                 "text/html": f"<div style='border-left:4px solid {color};padding-left:8px'>{body}</div>"}, raw=True)
+        body = body.replace(
+            html.escape(f"Verdict: {self.result.upper()}"),
+            f"<b style='color:{color}'>Verdict: {self.result.upper()}</b>",
+        )
+        display(
+            {
+                MIME: self.record(),
+                "text/plain": self.text(),
+                "text/html": f"<div style='border-left:4px solid {color};padding-left:8px'>{body}</div>",
+            },
+            raw=True,
+        )
         return self
 
     def _ipython_display_(self):
         self.show()
 
 
-def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected: float | None, model: str,
-            unit: str = "s", test: str = "within", rel_tol: float = 0.25, why=None, how: str = "",
-            per: str = "run", paired: bool = True, ratios: Spread | None = None, interval: str = "",
-            min_n: int | None = None) -> Claim:
+def compare(
+    cid: str,
+    says: str,
+    quantity: str,
+    a: tuple,
+    b: tuple,
+    *,
+    expected: float | None,
+    model: str,
+    unit: str = "s",
+    test: str = "within",
+    rel_tol: float = 0.25,
+    why=None,
+    how: str = "",
+    per: str = "run",
+    paired: bool = True,
+    ratios: Spread | None = None,
+    interval: str = "",
+    min_n: int | None = None,
+) -> Claim:
     """A :class:`Claim` that `a` relates to `b` as the model says. a, b: (label, values), one value per run
     (paired by position: run i of a was made next to run i of b; `per`="step" for the steps of two runs), in
     `unit`. why: a sentence, or a function of the verdict ('inconclusive' / 'contradicted') returning one,
@@ -220,19 +255,40 @@ def compare(cid: str, says: str, quantity: str, a: tuple, b: tuple, *, expected:
     if min_n is None:
         min_n = MIN_TIME_REPEATS if unit == "s" else 1
     result = verdict(ratios, expected, test, rel_tol, min_n)
-    decided = verdict(ratios, expected, test, rel_tol)   # what the numbers alone say, however few
+    decided = verdict(ratios, expected, test, rel_tol)  # what the numbers alone say, however few
     reason = (why(decided) if callable(why) else why) if decided != "holds" else None
     if ratios.n < min_n:
-        reason = (f"{ratios.n} {per}(s) only: a claim about time needs at least {min_n} interleaved repeats "
-                  f"before it is decided (these alone would say {decided}; the spread above is all there is)."
-                  + (f" What to look at: {reason}" if reason else "")).strip()
-    return Claim(cid, says, quantity, la, lb, {la: spread(xa), lb: spread(xb)}, unit, ratios, expected, model,
-                 test, rel_tol, reason, how, per, paired, interval, min_n)
+        reason = (
+            f"{ratios.n} {per}(s) only: a claim about time needs at least {min_n} interleaved repeats "
+            f"before it is decided (these alone would say {decided}; the spread above is all there is)."
+            + (f" What to look at: {reason}" if reason else "")
+        ).strip()
+    return Claim(
+        cid,
+        says,
+        quantity,
+        la,
+        lb,
+        {la: spread(xa), lb: spread(xb)},
+        unit,
+        ratios,
+        expected,
+        model,
+        test,
+        rel_tol,
+        reason,
+        how,
+        per,
+        paired,
+        interval,
+        min_n,
+    )
 
 
 def _quartiles(values) -> tuple:
     """(first quartile, median, third quartile) of finite values (linear interpolation)."""
     import numpy as np
+
     return tuple(float(q) for q in np.percentile(sorted(values), [25, 50, 75]))
 
 
@@ -270,7 +326,7 @@ def parse_claims(notebook_path) -> list:
             elif o.get("output_type") == "stream":
                 text = o.get("text", "")
                 text = "".join(text) if isinstance(text, list) else text
-                out += [json.loads(ln[len(PREFIX):]) for ln in text.splitlines() if ln.startswith(PREFIX)]
+                out += [json.loads(ln[len(PREFIX) :]) for ln in text.splitlines() if ln.startswith(PREFIX)]
     return out
 
 
@@ -283,7 +339,7 @@ def interleaved(configs: dict, repeats: int, run) -> dict:
     labels = list(configs)
     out = {k: [] for k in labels}
     for i in range(repeats):
-        for k in (labels if i % 2 == 0 else labels[::-1]):
+        for k in labels if i % 2 == 0 else labels[::-1]:
             out[k].append(run(configs[k]))
     return out
 

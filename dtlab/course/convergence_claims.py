@@ -19,6 +19,7 @@ def _t_step(run) -> float:
     training time between two applied updates (one server step)."""
     from dtlab.config.strategies import strategy_spec
     from dtlab.results.convergence import update_interval
+
     if strategy_spec(run.config.get("strategy")).asynchronous:
         return update_interval(run)
     return float(run.summary().set_index("quantity").loc["T_step", "value"])
@@ -42,23 +43,28 @@ def fmt_mean_bytes(x: float) -> str:
     return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
 
 
-def lever_table(runs: dict, target: float, predicted: pd.DataFrame | None = None,
-                composed: bool = False) -> pd.DataFrame:
+def lever_table(
+    runs: dict, target: float, predicted: pd.DataFrame | None = None, composed: bool = False
+) -> pd.DataFrame:
     """One row per lever: bytes per step (one rank; a mean over every step of the run, warm-up included, e.g.
     PowerSGD's uncompressed first steps), steps to `target`, measured T_step (ms; per update for async), the
     measured time to target (s), and the model's T_step and time when `predicted`
     (dtlab.model.convergence.time_to_target) is given. `composed`: also steps x T_step (s), which a question asks
     the student to compute: leave it False until that question has been checked."""
     from dtlab.results.convergence import bytes_per_step
+
     rows = []
     pred = predicted.set_index("label") if predicted is not None else None
     for label, run in runs.items():
         steps, t = run.steps_to(target), run.time_to(target)
         ts = _t_step(run)
         never = "not reached"  # a table cell, never a NaN
-        row = {"lever": label, BYTES_COLUMN: fmt_mean_bytes(bytes_per_step(run)),
-               "steps to target": steps if steps is not None else never,
-               "T_step measured (ms)": f"{ts * 1e3:.2f}"}
+        row = {
+            "lever": label,
+            BYTES_COLUMN: fmt_mean_bytes(bytes_per_step(run)),
+            "steps to target": steps if steps is not None else never,
+            "T_step measured (ms)": f"{ts * 1e3:.2f}",
+        }
         if composed:
             row["steps x T_step (s)"] = f"{steps * ts:.3f}" if steps is not None else never
         row["time to target measured (s)"] = f"{t:.3f}" if t is not None else never
@@ -73,11 +79,19 @@ def lever_table(runs: dict, target: float, predicted: pd.DataFrame | None = None
 def local_bytes_claim(runs: dict, local: str, baseline: str, h: int):
     """'Local SGD with H moves 1/H of the bytes', from the byte counts (exact)."""
     from dtlab.results.convergence import bytes_per_step
-    return compare("lab09.local_bytes", f"local SGD with H = {h} moves 1/H of the bytes of synchronous DDP",
-                   "bytes per rank and step (mean over all steps)", (local, [bytes_per_step(runs[local])]),
-                   (baseline, [bytes_per_step(runs[baseline])]), expected=1 / h,
-                   model="one all-reduce of every parameter per H steps against every gradient each step",
-                   unit="B", rel_tol=0.01, how="byte counts are exact")
+
+    return compare(
+        "lab09.local_bytes",
+        f"local SGD with H = {h} moves 1/H of the bytes of synchronous DDP",
+        "bytes per rank and step (mean over all steps)",
+        (local, [bytes_per_step(runs[local])]),
+        (baseline, [bytes_per_step(runs[baseline])]),
+        expected=1 / h,
+        model="one all-reduce of every parameter per H steps against every gradient each step",
+        unit="B",
+        rel_tol=0.01,
+        how="byte counts are exact",
+    )
 
 
 def powersgd_claim(runs: dict, psgd: str, baseline: str, target: float):
@@ -87,17 +101,28 @@ def powersgd_claim(runs: dict, psgd: str, baseline: str, target: float):
     every = int(runs[baseline].config.get("eval_every") or 1)
 
     def why(result):
-        return (f"here PowerSGD's first evaluation at or above {target:g} came at step {sp}"
-                f"{'' if rp else ' (not reached: counted as one evaluation past the run)'}, the uncompressed run's "
-                f"at step {sb}{'' if rb else ' (not reached)'}. Accuracy is read every {every} steps, so steps "
-                f"closer than that are not told apart, and one seed is one draw: rank {runs[psgd].config.get('powersgd_rank')} "
-                "with error feedback lost little of the gradient on these sentences.")
-    return compare("lab09.powersgd_later", f"PowerSGD (rank {runs[psgd].config.get('powersgd_rank')}, error feedback) "
-                   f"reaches {target:g} later than the uncompressed run", f"steps to {target:g}",
-                   (psgd, [sp]), (baseline, [sb]), expected=None,
-                   model="a low-rank approximation of each gradient, its error carried to the next step",
-                   unit="steps", test="above", why=why,
-                   how=f"one run each from the same seed, evaluated every {every} steps")
+        return (
+            f"here PowerSGD's first evaluation at or above {target:g} came at step {sp}"
+            f"{'' if rp else ' (not reached: counted as one evaluation past the run)'}, the uncompressed run's "
+            f"at step {sb}{'' if rb else ' (not reached)'}. Accuracy is read every {every} steps, so steps "
+            f"closer than that are not told apart, and one seed is one draw: rank {runs[psgd].config.get('powersgd_rank')} "
+            "with error feedback lost little of the gradient on these sentences."
+        )
+
+    return compare(
+        "lab09.powersgd_later",
+        f"PowerSGD (rank {runs[psgd].config.get('powersgd_rank')}, error feedback) "
+        f"reaches {target:g} later than the uncompressed run",
+        f"steps to {target:g}",
+        (psgd, [sp]),
+        (baseline, [sb]),
+        expected=None,
+        model="a low-rank approximation of each gradient, its error carried to the next step",
+        unit="steps",
+        test="above",
+        why=why,
+        how=f"one run each from the same seed, evaluated every {every} steps",
+    )
 
 
 def staleness_claim(run, workers: int):
@@ -109,14 +134,25 @@ def staleness_claim(run, workers: int):
 
     def why(result):
         t = run.steps.groupby("rank")["t_step"].median()
-        return (f"the mean staleness was {mean:.2f}: the workers' steps took {', '.join(fmt_time(v) for v in t)} "
-                "(median per worker) on cores they share with the server, so they did not push in turn as equal "
-                "workers would.")
-    return compare("lab09.staleness", f"with W = {workers} workers of equal speed a gradient is about W - 1 updates "
-                   "stale", "staleness of the applied updates", ("mean staleness", [mean]),
-                   ("W - 1", [max(workers - 1, 1e-9)]), expected=1.0,
-                   model="every other worker's update lands while one gradient is computed", unit="updates",
-                   rel_tol=0.3, why=why, how=f"{len(applied)} applied updates of one run")
+        return (
+            f"the mean staleness was {mean:.2f}: the workers' steps took {', '.join(fmt_time(v) for v in t)} "
+            "(median per worker) on cores they share with the server, so they did not push in turn as equal "
+            "workers would."
+        )
+
+    return compare(
+        "lab09.staleness",
+        f"with W = {workers} workers of equal speed a gradient is about W - 1 updates stale",
+        "staleness of the applied updates",
+        ("mean staleness", [mean]),
+        ("W - 1", [max(workers - 1, 1e-9)]),
+        expected=1.0,
+        model="every other worker's update lands while one gradient is computed",
+        unit="updates",
+        rel_tol=0.3,
+        why=why,
+        how=f"{len(applied)} applied updates of one run",
+    )
 
 
 def composition_claim(runs: dict, target: float):
@@ -129,23 +165,38 @@ def composition_claim(runs: dict, target: float):
 
     def why(result):
         ratios = ", ".join(f"{k} {m / c:.2f}" for k, m, c in zip(reached, measured, composed))
-        return (f"measured / composed per lever: {ratios}. The composition multiplies by the median step; the "
-                "first steps of a run are slower (allocation, DDP's bucket rebuild), a loaded machine stretches "
-                "some steps, and the time between steps (recording the events) is training time too.")
-    return compare("lab09.composition", f"time to {target:g} = steps to {target:g} x T_step", f"time to {target:g}",
-                   ("measured", measured), ("steps x median T_step", composed), expected=1.0,
-                   model="training time is the sum of its steps; the median step stands in for every step, so "
-                         "slower first steps (allocation, DDP's bucket rebuild) or widely spread steps move a lever "
-                         f"off ×1 (here ×{min(m / c for m, c in zip(measured, composed)):.2f} .. "
-                         f"×{max(m / c for m, c in zip(measured, composed)):.2f})",
-                   rel_tol=0.3, why=why, per="lever",
-                   how=f"paired by lever: {', '.join(reached)}")
+        return (
+            f"measured / composed per lever: {ratios}. The composition multiplies by the median step; the "
+            "first steps of a run are slower (allocation, DDP's bucket rebuild), a loaded machine stretches "
+            "some steps, and the time between steps (recording the events) is training time too."
+        )
+
+    return compare(
+        "lab09.composition",
+        f"time to {target:g} = steps to {target:g} x T_step",
+        f"time to {target:g}",
+        ("measured", measured),
+        ("steps x median T_step", composed),
+        expected=1.0,
+        model="training time is the sum of its steps; the median step stands in for every step, so "
+        "slower first steps (allocation, DDP's bucket rebuild) or widely spread steps move a lever "
+        f"off ×1 (here ×{min(m / c for m, c in zip(measured, composed)):.2f} .. "
+        f"×{max(m / c for m, c in zip(measured, composed)):.2f})",
+        rel_tol=0.3,
+        why=why,
+        per="lever",
+        how=f"paired by lever: {', '.join(reached)}",
+    )
 
 
 def composition_note(runs: dict, target: float) -> str:
     """Which levers reached the target within their run (step and training time), which did not (best accuracy)."""
-    hit = [f"{k} at step {r.steps_to(target)} ({r.time_to(target):.2f} s)" for k, r in runs.items()
-           if r.time_to(target) is not None]
+    hit = [
+        f"{k} at step {r.steps_to(target)} ({r.time_to(target):.2f} s)"
+        for k, r in runs.items()
+        if r.time_to(target) is not None
+    ]
     miss = [f"{k} (best {r.evals['accuracy'].max():.3f})" for k, r in runs.items() if r.time_to(target) is None]
-    return (f"reached {target:g}: {', '.join(hit) if hit else 'none'}"
-            + (f"; not reached within the run: {', '.join(miss)}" if miss else ""))
+    return f"reached {target:g}: {', '.join(hit) if hit else 'none'}" + (
+        f"; not reached within the run: {', '.join(miss)}" if miss else ""
+    )

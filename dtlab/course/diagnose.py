@@ -25,14 +25,18 @@ _SOURCE_LOC = re.compile(r"\[(?:enforce fail at )?/[^\]]*:\d+\]\s*")
 
 #: known native messages -> what they mean for the student's code (matched case-insensitively)
 KNOWN = (
-    (r"Received data size doesn't match expected size",
-     "a send and the recv that took it disagree on the size: the peer sent {got} where this rank's recv "
-     "expected {want}. Check which chunk each rank sends and which it receives at this step: with "
-     "tensor_split, chunks differ in size when p does not divide n, so an off-by-one index shows up as a "
-     "size mismatch"),
-    (r"Unable to cast \[",
-     "the hook's future holds a list of tensors (what work.get_future() gives); DDP needs a future whose "
-     "value is one tensor: return work.get_future().then(lambda fut: fut.value()[0])"),
+    (
+        r"Received data size doesn't match expected size",
+        "a send and the recv that took it disagree on the size: the peer sent {got} where this rank's recv "
+        "expected {want}. Check which chunk each rank sends and which it receives at this step: with "
+        "tensor_split, chunks differ in size when p does not divide n, so an off-by-one index shows up as a "
+        "size mismatch",
+    ),
+    (
+        r"Unable to cast \[",
+        "the hook's future holds a list of tensors (what work.get_future() gives); DDP needs a future whose "
+        "value is one tensor: return work.get_future().then(lambda fut: fut.value()[0])",
+    ),
 )
 #: errors a rank gets only because its peer died first (the peer's own error is the one to report)
 CONSEQUENCE = r"Connection reset by peer|Connection closed by peer|Broken pipe"
@@ -43,8 +47,9 @@ def student_frame(log_text: str, filename: str = STUDENT_FILE) -> int | None:
 
     A Python traceback lists the innermost frame last; faulthandler's dump ("most recent call first") lists
     it first: each block is read in its own order."""
-    blocks = re.split(r"\n(?=Traceback \(most recent call last\)|(?:Current thread|Thread) 0x|Fatal Python error)",
-                      log_text or "")
+    blocks = re.split(
+        r"\n(?=Traceback \(most recent call last\)|(?:Current thread|Thread) 0x|Fatal Python error)", log_text or ""
+    )
     for block in reversed(blocks):
         frames = [(f, int(n)) for f, n, _ in _FRAME.findall(block) if os.path.basename(f) == filename]
         if not frames:
@@ -95,8 +100,14 @@ def source_line(student_source: str, line: int) -> str:
     return code.rstrip() if sep and code.count('"') % 2 == 0 and code.count("'") % 2 == 0 else text
 
 
-def where(student_source: str, line: int | None, def_line: int | None, cell_line: int | None,
-          name: str, written_in: str = "its cell") -> str:
+def where(
+    student_source: str,
+    line: int | None,
+    def_line: int | None,
+    cell_line: int | None,
+    name: str,
+    written_in: str = "its cell",
+) -> str:
     """'line 9 of my_ring (line 10 of its cell): `dist.recv(incoming, left)`' for a student.py line, or ''.
     def_line: the line of `def` in student.py; cell_line: the line of `def` where the student wrote it (the
     function's co_firstlineno), when known; written_in: 'its cell' or the file's name."""
@@ -110,27 +121,41 @@ def where(student_source: str, line: int | None, def_line: int | None, cell_line
     return f"line {in_fn} of {name}{in_cell}" + (f": `{text}`" if text else "")
 
 
-def failure_feedback(exercise: str, state: str, logs: dict, student_source: str, name: str, *,
-                     def_line: int | None = None, cell_line: int | None = None, written_in: str = "its cell",
-                     culprit: int | None = None,
-                     signal: str | None = None, error: str | None = None, stall_s: float | None = None,
-                     hung_at: str = "") -> str:
+def failure_feedback(
+    exercise: str,
+    state: str,
+    logs: dict,
+    student_source: str,
+    name: str,
+    *,
+    def_line: int | None = None,
+    cell_line: int | None = None,
+    written_in: str = "its cell",
+    culprit: int | None = None,
+    signal: str | None = None,
+    error: str | None = None,
+    stall_s: float | None = None,
+    hung_at: str = "",
+) -> str:
     """One verdict sentence for a check whose ranks raised, aborted or hung.
 
     logs: rank -> the text of its log (RUN_DIR/logs/rank{r}.log); state: RunFailed.state ('failed',
     'stalled', 'timeout', ...); culprit, signal, error: what the launcher found (RunFailed.rank, .signal,
     .error), used when the logs say less; hung_at: where the checks had got to (e.g. ' checking n=65,537
     elements'), for a hang and for a failure alike."""
+
     def at(text):
         return where(student_source, student_frame(text), def_line, cell_line, name, written_in)
 
     if state in ("stalled", "timeout"):
         waiting = [f"rank {r} at {at(t)}" for r, t in sorted(logs.items()) if at(t)]
         limit = f" after {stall_s:g} s without progress" if stall_s and state == "stalled" else ""
-        return (f"{exercise}: the ranks hung{hung_at} and were stopped{limit}"
-                + (f": {'; '.join(waiting)}" if waiting else "")
-                + ". A blocking send returns only once its peer receives: if every rank sends first, all of them "
-                  "wait in a circle. Use req = dist.isend(...), then dist.recv(...), then req.wait().")
+        return (
+            f"{exercise}: the ranks hung{hung_at} and were stopped{limit}"
+            + (f": {'; '.join(waiting)}" if waiting else "")
+            + ". A blocking send returns only once its peer receives: if every rank sends first, all of them "
+            "wait in a circle. Use req = dist.isend(...), then dist.recv(...), then req.wait()."
+        )
     errors = {r: native_error(t) for r, t in logs.items()}
     ranks = ([culprit] if culprit in logs else []) + sorted(r for r in logs if r != culprit)
     cause = next((r for r in ranks if errors.get(r) and not is_consequence(errors[r])), culprit)

@@ -29,14 +29,37 @@ import types
 
 from dtlab.course import integrity, recordings, rubric, verdicts
 
-PRELOAD = ("dtlab.results.run", "dtlab.launching.calibration", "dtlab.course.labs", "dtlab.config.nodes", "dtlab.results.stragglers", "dtlab.launching.emulate",
-           "dtlab.model.whatif", "dtlab.model.costmodel", "dtlab.model.compression", "dtlab.model.hierarchy",
-           "dtlab.model.restarts", "dtlab.course.exercises", "dtlab.course.checks")
+PRELOAD = (
+    "dtlab.results.run",
+    "dtlab.launching.calibration",
+    "dtlab.course.labs",
+    "dtlab.config.nodes",
+    "dtlab.results.stragglers",
+    "dtlab.launching.emulate",
+    "dtlab.model.whatif",
+    "dtlab.model.costmodel",
+    "dtlab.model.compression",
+    "dtlab.model.hierarchy",
+    "dtlab.model.restarts",
+    "dtlab.course.exercises",
+    "dtlab.course.checks",
+)
 # modules a lab 8 function may name (imported for it by the ranks that run it)
-ALLOWED_MODULES = ("torch", "torch.distributed", "torch.nn", "torch.nn.functional", "math", "time", "numpy",
-                   "functools", "itertools", "collections", "operator")
+ALLOWED_MODULES = (
+    "torch",
+    "torch.distributed",
+    "torch.nn",
+    "torch.nn.functional",
+    "math",
+    "time",
+    "numpy",
+    "functools",
+    "itertools",
+    "collections",
+    "operator",
+)
 
-EXPORT_FN = '''
+EXPORT_FN = """
 def __dtlab_export(ns, path):
     import inspect, json, numbers, types
     out = {}
@@ -62,7 +85,7 @@ def __dtlab_export(ns, path):
             out[name] = {"error": type(e).__name__ + ": " + str(e)}
     with open(path, "w") as f:
         json.dump(out, f)
-'''
+"""
 
 
 def export_cell(path: str) -> str:
@@ -97,8 +120,9 @@ def _function(spec: dict, scratch: str):
         code = compile(src, path, "exec")
     except SyntaxError as e:
         return _Failed(f"your function's source does not compile: {e}")
-    fcode = next((c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == spec.get("function")),
-                 None)
+    fcode = next(
+        (c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == spec.get("function")), None
+    )
     if fcode is None:
         return _Failed(f"no `def {spec.get('function')}` in the source of your answer: define it with def")
     g = {"__name__": "student"}
@@ -154,8 +178,13 @@ def grade_answers(lab: str, exported: dict, rec, scratch: str, errors=(), only: 
 
 
 def _row(q, points, feedback, v) -> dict:
-    return {"question": q.qid, "points": points, "max_points": float(q.points), "feedback": feedback[:800],
-            "ok": None if v is None else v["ok"]}
+    return {
+        "question": q.qid,
+        "points": points,
+        "max_points": float(q.points),
+        "feedback": feedback[:800],
+        "ok": None if v is None else v["ok"],
+    }
 
 
 def _errors(nb) -> list[str]:
@@ -183,37 +212,50 @@ def execute(nb_path: str, cwd: str, env: dict, scratch: str, cell_timeout_s: flo
     n_student = len(nb.cells)
     path = os.path.join(scratch, "answers.json")
     nb.cells.append(nbformat.v4.new_code_cell(export_cell(path)))
-    client = NotebookClient(nb, timeout=cell_timeout_s, kernel_name="python3", allow_errors=True,
-                            interrupt_on_timeout=True, resources={"metadata": {"path": cwd}})
+    client = NotebookClient(
+        nb,
+        timeout=cell_timeout_s,
+        kernel_name="python3",
+        allow_errors=True,
+        interrupt_on_timeout=True,
+        resources={"metadata": {"path": cwd}},
+    )
     try:
         client.execute(env=env, cwd=cwd)
     except DeadKernelError as e:
         errs = _errors(nb)
-        raise RuntimeError(f"the notebook's kernel died ({' '.join(str(e).split())[:200]})"
-                           + (f" after {errs[-1]}" if errs else "")) from None
+        raise RuntimeError(
+            f"the notebook's kernel died ({' '.join(str(e).split())[:200]})" + (f" after {errs[-1]}" if errs else "")
+        ) from None
     errors = _errors(nb)
     student_errors = [e for e in errors if not e.endswith(f"(cell {n_student + 1})")]
     if not os.path.exists(path):
-        raise RuntimeError("could not read the answers back from the kernel" +
-                           (f" (the notebook raised {errors[-1]})" if errors else ""))
+        raise RuntimeError(
+            "could not read the answers back from the kernel"
+            + (f" (the notebook raised {errors[-1]})" if errors else "")
+        )
     try:
         with open(path) as f:
             exported = json.load(f)
-    except ValueError:   # written in part: the scratch disk filled up under it, say
-        raise RuntimeError("could not read the answers back from the kernel" +
-                           (f" (the notebook raised {errors[-1]})" if errors else "")) from None
+    except ValueError:  # written in part: the scratch disk filled up under it, say
+        raise RuntimeError(
+            "could not read the answers back from the kernel"
+            + (f" (the notebook raised {errors[-1]})" if errors else "")
+        ) from None
     return exported if isinstance(exported, dict) else {}, student_errors
 
 
-def grade_notebook(nb_path: str, lab: str, submission: str | None = None, cells=None,
-                   cell_timeout_s: float = 1800.0) -> dict:
+def grade_notebook(
+    nb_path: str, lab: str, submission: str | None = None, cells=None, cell_timeout_s: float = 1800.0
+) -> dict:
     """Execute and grade one notebook; {"lab", "mode", "replayed", "flags", "errors", "rows"}. `submission`: the
     student's directory when it holds recorded runs (graded from them, replay mode), else None (quick mode);
     `cells`: the distributed check cells (integrity.check_cells of the student version) to compare with."""
     import nbformat
+
     preload()
     try:
-        nb = nbformat.read(nb_path, as_version=4)   # unreadable: stops here, before anything runs
+        nb = nbformat.read(nb_path, as_version=4)  # unreadable: stops here, before anything runs
     except Exception as e:  # noqa: BLE001 - json, nbformat and OS errors alike
         raise ValueError(f"unreadable notebook: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(nb.get("cells"), list):
@@ -223,9 +265,9 @@ def grade_notebook(nb_path: str, lab: str, submission: str | None = None, cells=
     try:
         scratch, root = os.path.join(work, "grader"), os.path.join(work, "nb")  # root: where the notebook runs
         os.makedirs(scratch)
-        if submission:   # a copy: the notebook may write (traces, profiles) into what it replays
+        if submission:  # a copy: the notebook may write (traces, profiles) into what it replays
             shutil.copytree(submission, root, ignore=shutil.ignore_patterns("*.ipynb"))
-        os.makedirs(os.path.join(root, "tmp"), exist_ok=True)   # TMPDIR: the setup check's smoke test lands here
+        os.makedirs(os.path.join(root, "tmp"), exist_ok=True)  # TMPDIR: the setup check's smoke test lands here
         env = {k: v for k, v in os.environ.items() if k not in (recordings.replay.ENV, recordings.replay.LOG_ENV)}
         env.update(HF_HUB_OFFLINE="1", TMPDIR=os.path.join(root, "tmp"))
         if submission:
@@ -237,8 +279,14 @@ def grade_notebook(nb_path: str, lab: str, submission: str | None = None, cells=
         rec = recordings.Recordings(root, replay_mode=bool(submission))
         rows = grade_answers(lab, exported, rec, scratch, errors)
         flags += rec.problems
-        return {"lab": lab, "mode": "replay" if submission else "quick",
-                "replayed": len(rec.used) if submission else 0, "flags": flags, "errors": errors, "rows": rows}
+        return {
+            "lab": lab,
+            "mode": "replay" if submission else "quick",
+            "replayed": len(rec.used) if submission else 0,
+            "flags": flags,
+            "errors": errors,
+            "rows": rows,
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -259,9 +307,10 @@ def out_of_reach(fd: int) -> None:
     /proc/PID/fd and /proc/PID/mem belong to root and it cannot be ptraced by the same user. Called before the kernel
     starts. Raises OSError where the kernel refuses."""
     import ctypes
+
     os.set_inheritable(fd, False)
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE = 4 (linux/prctl.h)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 4 (linux/prctl.h)
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(err)}")
 
@@ -281,8 +330,12 @@ def main(argv=None) -> int:
     a.add_argument("--qid", default=None)
     a.add_argument("--root", default=".")
     a.add_argument("--extra", action="append", default=[], help="another recording directory to consider")
-    n.add_argument("--out-fd", type=int, default=None,
-                   help="write the result to this inherited descriptor (a pipe) instead of --out")
+    n.add_argument(
+        "--out-fd",
+        type=int,
+        default=None,
+        help="write the result to this inherited descriptor (a pipe) instead of --out",
+    )
     n.add_argument("--out", default=None)
     a.add_argument("--out", required=True)
     for p in (n, a):
@@ -291,7 +344,8 @@ def main(argv=None) -> int:
     if args.cmd == "notebook" and (args.out is None) == (args.out_fd is None):
         ap.error("notebook: give one of --out FILE or --out-fd N")
     import signal
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stopped by dtlab grade: shut the kernel down first
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped by dtlab grade: shut the kernel down first
     out_fd = getattr(args, "out_fd", None)
     if out_fd is not None:
         out_of_reach(out_fd)
@@ -314,7 +368,7 @@ def main(argv=None) -> int:
             result = {"rows": grade_answers(args.lab, exported, rec, scratch, only=args.qid)}
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    with (os.fdopen(out_fd, "w") if out_fd is not None else open(args.out, "w")) as f:
+    with os.fdopen(out_fd, "w") if out_fd is not None else open(args.out, "w") as f:
         json.dump(result, f)
     return 0
 

@@ -26,8 +26,8 @@ import re
 
 from dtlab.config.strategies import strategy_spec
 
-EPS_S = 1e-6          # float noise in recorded seconds
-SLACK_S = 1.0         # wall-clock slack between processes (launch time vs a rank's first event)
+EPS_S = 1e-6  # float noise in recorded seconds
+SLACK_S = 1.0  # wall-clock slack between processes (launch time vs a rank's first event)
 
 
 def _events(run_dir: str) -> dict[int, list[dict]]:
@@ -64,8 +64,12 @@ def _time_order(run_dir: str, launch_time) -> list[str]:
 
 def _field_diff(want: dict, got: dict, defaults: dict | None) -> list[str]:
     from dtlab.launching.replay import RUN_SPECIFIC, field_same
-    return [f"{k}: the lab's {v!r}, recorded {got.get(k)!r}" for k, v in want.items()
-            if k not in RUN_SPECIFIC and not field_same(k, v, got, defaults)]
+
+    return [
+        f"{k}: the lab's {v!r}, recorded {got.get(k)!r}"
+        for k, v in want.items()
+        if k not in RUN_SPECIFIC and not field_same(k, v, got, defaults)
+    ]
 
 
 def run_problems(run, want: dict | None = None, defaults: dict | None = None) -> list[str]:
@@ -96,14 +100,17 @@ def run_problems(run, want: dict | None = None, defaults: dict | None = None) ->
 
 def _byte_problems(run) -> list[str]:
     from dtlab.model.whatif import model_param_nbytes
+
     try:
         want = int(sum(model_param_nbytes(run.config["model"])))
     except (KeyError, ValueError):
-        return []   # a model dtlab cannot size from its name: the labs use tiny or distilbert
+        return []  # a model dtlab cannot size from its name: the labs use tiny or distilbert
     res = run.resolved
     if int(res.get("grad_bytes", -1)) != want or 4 * int(res.get("num_parameters", -1)) != want:
-        return [f"it claims {res.get('grad_bytes')} gradient bytes ({res.get('num_parameters')} parameters); "
-                f"{run.config['model']}'s architecture has {want:,} B"]
+        return [
+            f"it claims {res.get('grad_bytes')} gradient bytes ({res.get('num_parameters')} parameters); "
+            f"{run.config['model']}'s architecture has {want:,} B"
+        ]
     spec = strategy_spec(run.config.get("strategy"))
     records = spec.records
     if int(run.config.get("local_sgd") or 0) or spec.asynchronous:
@@ -116,8 +123,10 @@ def _byte_problems(run) -> list[str]:
             return ["its buckets do not cover every rank-step"]
         off = per[per != want]
         if len(off):
-            return [f"rank {off.index[0][0]} step {off.index[0][1]} all-reduced {int(off.iloc[0]):,} B, not the "
-                    f"{want:,} B of its gradients"]
+            return [
+                f"rank {off.index[0][0]} step {off.index[0][1]} all-reduced {int(off.iloc[0]):,} B, not the "
+                f"{want:,} B of its gradients"
+            ]
     elif records == "collectives" and res.get("expected_bytes_per_step") is not None:
         return _op_byte_problems(run, res["expected_bytes_per_step"])
     elif records == "collectives":
@@ -177,8 +186,12 @@ def _timing_problems(run) -> list[str]:
     b = run.buckets
     if not b.empty:
         t = b[["t_ready", "t_start", "t_end"]].astype(float)
-        if t.isna().any().any() or (t["t_ready"] < -EPS_S).any() or (t["t_start"] < t["t_ready"] - EPS_S).any() \
-                or (t["t_end"] < t["t_start"] - EPS_S).any():
+        if (
+            t.isna().any().any()
+            or (t["t_ready"] < -EPS_S).any()
+            or (t["t_start"] < t["t_ready"] - EPS_S).any()
+            or (t["t_end"] < t["t_start"] - EPS_S).any()
+        ):
             problems.append("a bucket's times are out of order (0 <= ready <= start <= end)")
         else:
             ends = b.merge(st[["rank", "step", "t_step"]], on=["rank", "step"], how="left")
@@ -189,8 +202,9 @@ def _timing_problems(run) -> list[str]:
 
 def calibration_problems(run_dir: str, want: dict | None = None) -> list[str]:
     """What is inconsistent in a calibration directory (see the module's docstring); [] when nothing."""
-    from dtlab.results.calibration import samples_frame
     from dtlab.launching.replay import status_of
+    from dtlab.results.calibration import samples_frame
+
     with open(os.path.join(run_dir, "config.json")) as f:
         doc = json.load(f)
     cal = doc.get("calibration", {})
@@ -206,8 +220,10 @@ def calibration_problems(run_dir: str, want: dict | None = None) -> list[str]:
     if not raw["seconds"].map(lambda s: isinstance(s, (int, float)) and 0 < s < float("inf")).all():
         problems.append("a sample's duration is not a positive finite number")
     if set(raw["op"]) != set(cal.get("ops", [])) or raw["nbytes"].nunique() != len(cal.get("sizes", [])):
-        problems.append(f"it timed ops {sorted(set(raw['op']))} at {raw['nbytes'].nunique()} sizes; the config asks "
-                        f"{cal.get('ops')} at {len(cal.get('sizes', []))}")
+        problems.append(
+            f"it timed ops {sorted(set(raw['op']))} at {raw['nbytes'].nunique()} sizes; the config asks "
+            f"{cal.get('ops')} at {len(cal.get('sizes', []))}"
+        )
     iters = set(range(int(cal.get("iters", 0))))
     for (op, n, k), g in raw.groupby(["op", "nbytes", "nproc"]):
         by_rank = {int(r): set(int(i) for i in gr["iter"]) for r, gr in g.groupby("rank")}
@@ -219,7 +235,7 @@ def calibration_problems(run_dir: str, want: dict | None = None) -> list[str]:
 
 
 # ---- the distributed check cells ----------------------------------------------------------------------------
-CHECK_MARK = "dtlab.course.checks"   # a code cell that imports the checks is a check cell
+CHECK_MARK = "dtlab.course.checks"  # a code cell that imports the checks is a check cell
 
 
 def _norm(src) -> str:
@@ -253,8 +269,11 @@ def cell_flags(distributed: list[dict], nb: dict) -> list[str]:
     for i, c in enumerate(nb.get("cells", [])):
         if c.get("cell_type") == "code":
             have.setdefault(fingerprint(c.get("source", "")), i)
-    flags = [f"check cell {d['index'] + 1}" + (f" ({', '.join(d['qids'])})" if d["qids"] else "") + " edited or removed"
-             for d in distributed if d["sha256"] not in have]
+    flags = [
+        f"check cell {d['index'] + 1}" + (f" ({', '.join(d['qids'])})" if d["qids"] else "") + " edited or removed"
+        for d in distributed
+        if d["sha256"] not in have
+    ]
     known = {d["sha256"] for d in distributed}
     for i, c in enumerate(nb.get("cells", [])):
         src = _norm(c.get("source", ""))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 
-from dtlab.config.run import RunConfig, tiny
 from dtlab.config.placement import device_count
+from dtlab.config.run import RunConfig, tiny
 from dtlab.launching.replay import recorded_machine, replay_root
 
 
@@ -40,8 +40,16 @@ def config_for(ngpu: int, quick: bool, **overrides) -> RunConfig:
     and DDP at the same p >= 2 on every machine."""
     if quick:
         return tiny(**{"bucket_mb": 0.05, "steps": 4, "baseline_steps": 2, **overrides})
-    base = dict(model="distilbert", nproc=max(2, ngpu), steps=8, warmup=2, baseline_steps=3,
-                batch_size=32 if ngpu else 8, seq_len=128 if ngpu else 64, bucket_mb=25.0)
+    base = dict(
+        model="distilbert",
+        nproc=max(2, ngpu),
+        steps=8,
+        warmup=2,
+        baseline_steps=3,
+        batch_size=32 if ngpu else 8,
+        seq_len=128 if ngpu else 64,
+        bucket_mb=25.0,
+    )
     base.update(overrides)
     return RunConfig(**base)
 
@@ -61,9 +69,11 @@ def attempt(what: str, start, needed_by: str = ""):
         return start()
     except Exception as e:  # noqa: BLE001 - a lab section reports any failure of its run and goes on
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"{what} failed: {type(e).__name__}: {first[:400]}\n"
-              f"  the parts that need it{' (' + needed_by + ')' if needed_by else ''} say so and are skipped; "
-              "the next sections do not need it and still run.")
+        print(
+            f"{what} failed: {type(e).__name__}: {first[:400]}\n"
+            f"  the parts that need it{' (' + needed_by + ')' if needed_by else ''} say so and are skipped; "
+            "the next sections do not need it and still run."
+        )
         return None
 
 
@@ -75,6 +85,7 @@ def calibration_ranks(cfg: RunConfig) -> int:
 
 # ---- every lab's runs, for `dtlab doctor` ---------------------------------------------------------------
 
+
 def _cal(nproc: int, backend: str = "auto") -> RunConfig:
     """A calibration's ranks are placed like a run's (CalibConfig.validate builds this very config)."""
     return RunConfig(nproc=nproc, backend=backend)
@@ -82,8 +93,12 @@ def _cal(nproc: int, backend: str = "auto") -> RunConfig:
 
 def _lab03(c):
     base = c()
-    return [("DDP runs", base), ("sweep at 2 ranks", c(nproc=2)),
-            ("sweep at one rank per GPU (at least 2)", base), ("calibration", _cal(2))]
+    return [
+        ("DDP runs", base),
+        ("sweep at 2 ranks", c(nproc=2)),
+        ("sweep at one rank per GPU (at least 2)", base),
+        ("calibration", _cal(2)),
+    ]
 
 
 def _lab04(c):
@@ -98,25 +113,52 @@ LABS = {
     "02": ("collectives, alpha-beta", lambda c: [("calibration", _cal(2))]),
     "03": ("buckets and GPU count", _lab03),
     "04": ("ZeRO-3 vs DDP", _lab04),
-    "05": ("shrinking communication", lambda c: [("DDP runs with compression hooks", c()),
-                                                 ("calibration", _cal(calibration_ranks(c())))]),
-    "06": ("stragglers, parameter server, faults", lambda c: [("DDP and ps runs", c()),
-                                                              ("group-size calibration", _cal(3))]),
-    "07": ("beyond one machine", lambda c: [
-        ("2 emulated nodes x 1 rank (gloo: the emulated link carries gloo's sockets)",
-         c(nproc=1, backend="gloo", nnodes=2)), ("calibration inside a node", _cal(2))]),
-    "08": ("build it yourself", lambda c: [("exercises (2 ranks on CPU tensors, by design)", _cal(2).replace(
-        device="cpu")), ("calibration", _cal(2, backend="gloo"))]),
-    "10": ("tensor and pipeline parallelism", lambda c: [
-        ("tensor-parallel runs (2 ranks)", c(nproc=2, strategy="tp", baseline_steps=0)),
-        ("pipeline runs (2 stages)", c(nproc=2, strategy="pp", baseline_steps=0)),
-        ("calibration", _cal(2))]),
+    "05": (
+        "shrinking communication",
+        lambda c: [("DDP runs with compression hooks", c()), ("calibration", _cal(calibration_ranks(c())))],
+    ),
+    "06": (
+        "stragglers, parameter server, faults",
+        lambda c: [("DDP and ps runs", c()), ("group-size calibration", _cal(3))],
+    ),
+    "07": (
+        "beyond one machine",
+        lambda c: [
+            (
+                "2 emulated nodes x 1 rank (gloo: the emulated link carries gloo's sockets)",
+                c(nproc=1, backend="gloo", nnodes=2),
+            ),
+            ("calibration inside a node", _cal(2)),
+        ],
+    ),
+    "08": (
+        "build it yourself",
+        lambda c: [
+            ("exercises (2 ranks on CPU tensors, by design)", _cal(2).replace(device="cpu")),
+            ("calibration", _cal(2, backend="gloo")),
+        ],
+    ),
+    "10": (
+        "tensor and pipeline parallelism",
+        lambda c: [
+            ("tensor-parallel runs (2 ranks)", c(nproc=2, strategy="tp", baseline_steps=0)),
+            ("pipeline runs (2 stages)", c(nproc=2, strategy="pp", baseline_steps=0)),
+            ("calibration", _cal(2)),
+        ],
+    ),
 }
 LABS["11"] = ("reading a profiler trace", lambda c: [("DDP run recorded with the profiler", c(profile=True))])
-LABS["09"] = ("does it still learn?", lambda c: [
-    ("DDP, local SGD and PowerSGD runs", c()),
-    ("asynchronous server and its workers (one more rank)", c(strategy="async", nproc=c().nproc + 1, baseline_steps=0)),
-    ("calibration", _cal(calibration_ranks(c())))])
+LABS["09"] = (
+    "does it still learn?",
+    lambda c: [
+        ("DDP, local SGD and PowerSGD runs", c()),
+        (
+            "asynchronous server and its workers (one more rank)",
+            c(strategy="async", nproc=c().nproc + 1, baseline_steps=0),
+        ),
+        ("calibration", _cal(calibration_ranks(c()))),
+    ],
+)
 
 
 def lab_parts(lab: str, ngpu: int, nccl=None, quick: bool = False) -> list[dict]:
@@ -131,9 +173,19 @@ def lab_parts(lab: str, ngpu: int, nccl=None, quick: bool = False) -> list[dict]
     for what, cfg in LABS[key][1](lambda **kw: config_for(ngpu, quick, **kw)):
         try:
             p = cfg.placement(ngpu, nccl)
-            out.append({"what": what, "label": p.label, "note": p.note, "timing": p.timing, "nproc": cfg.nproc,
-                        "nnodes": cfg.nnodes, "backend": p.backend, "device": p.device,
-                        "ranks_per_gpu": p.ranks_per_gpu})
+            out.append(
+                {
+                    "what": what,
+                    "label": p.label,
+                    "note": p.note,
+                    "timing": p.timing,
+                    "nproc": cfg.nproc,
+                    "nnodes": cfg.nnodes,
+                    "backend": p.backend,
+                    "device": p.device,
+                    "ranks_per_gpu": p.ranks_per_gpu,
+                }
+            )
         except ValueError as e:
             out.append({"what": what, "label": f"cannot run as configured: {e}", "note": "", "timing": ""})
     return out
@@ -145,10 +197,11 @@ def machine_banner(cfg: RunConfig | None = None) -> str:
     cfg = cfg or lab_config()
     rec = recorded_machine()
     if rec is not None:
-        return (f"grading from recorded runs ({replay_root()}): recorded on {rec['gpus']} CUDA GPU(s), "
-                f"{'quick' if rec['quick'] else 'full'} mode; nothing is run again.")
+        return (
+            f"grading from recorded runs ({replay_root()}): recorded on {rec['gpus']} CUDA GPU(s), "
+            f"{'quick' if rec['quick'] else 'full'} mode; nothing is run again."
+        )
     placed = cfg.placement()
     ngpu = device_count()
     head = f"{ngpu} CUDA GPU(s)" if ngpu else f"no GPU, {os.cpu_count()} CPU cores"
-    return (f"{head}: {placed.label}; timed with {placed.timing}."
-            + (f" Note: {placed.note}." if placed.note else ""))
+    return f"{head}: {placed.label}; timed with {placed.timing}." + (f" Note: {placed.note}." if placed.note else "")

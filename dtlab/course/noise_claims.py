@@ -22,17 +22,31 @@ def smoke_claim(t_ms: dict):
     def why(result):
         ratio = spread(a).median / spread(b).median
         if ratio > 1:
-            head = (f"the larger calls took longer in the median ({fmt_ratio(ratio)}), but the {len(a)} calls per size "
-                    "scatter so much that the middle halves of the two sets overlap")
+            head = (
+                f"the larger calls took longer in the median ({fmt_ratio(ratio)}), but the {len(a)} calls per size "
+                "scatter so much that the middle halves of the two sets overlap"
+            )
         else:
-            head = (f"the {small:,} B calls took longer in the median than the {big:,} B ones: with {len(a)} timed "
-                    "calls per size, a call's time here varies more with what the shared cores are doing (gloo's "
-                    "threads waking, the other rank getting a core) than with the extra bytes")
+            head = (
+                f"the {small:,} B calls took longer in the median than the {big:,} B ones: with {len(a)} timed "
+                "calls per size, a call's time here varies more with what the shared cores are doing (gloo's "
+                "threads waking, the other rank getting a core) than with the extra bytes"
+            )
         return head + ". Lab 2 separates the two terms with a fit over many sizes and more calls."
-    return compare("lab00.sizes", f"an all-reduce of {big:,} B takes longer than one of {small:,} B: it moves "
-                   f"{big // small}x the bytes", "time per call (slowest rank)", (f"{big:,} B", a), (f"{small:,} B", b),
-                   expected=None, model="alpha + beta n: the latency term is the same, the bandwidth term grows with n",
-                   test="above", why=why, per="call", paired=False)
+
+    return compare(
+        "lab00.sizes",
+        f"an all-reduce of {big:,} B takes longer than one of {small:,} B: it moves {big // small}x the bytes",
+        "time per call (slowest rank)",
+        (f"{big:,} B", a),
+        (f"{small:,} B", b),
+        expected=None,
+        model="alpha + beta n: the latency term is the same, the bandwidth term grows with n",
+        test="above",
+        why=why,
+        per="call",
+        paired=False,
+    )
 
 
 def exposed_claim(run):
@@ -64,24 +78,43 @@ def exposed_claim(run):
 
     def why(result):
         noise = (e_hi - e_lo) / 2
-        where = (f"over {f['n_diff']} pairs (a training step, then a no-op-hook step)" if paired else
-                 f"over {len(step)} training steps and {len(base)} baseline steps run after them (unpaired)")
+        where = (
+            f"over {f['n_diff']} pairs (a training step, then a no-op-hook step)"
+            if paired
+            else f"over {len(step)} training steps and {len(base)} baseline steps run after them (unpaired)"
+        )
         if result == "inconclusive":
-            return (f"the {LEVEL:.0%} interval of the exposed time {where} is {fmt_time(e_lo)} .. {fmt_time(e_hi)}: it "
-                    f"holds 0, so communication is below this machine's noise here (±{fmt_time(noise)}), and the "
-                    f"breakdown prints no exposed time or overlap as a figure. {busy}. More steps and baseline steps "
-                    "(steps=, baseline_steps=), or a quieter machine, narrow it.")
-        return (f"the {LEVEL:.0%} interval of the exposed time {where} is {fmt_time(e_lo)} .. {fmt_time(e_hi)}: the "
-                "no-op-hook steps took longer than the training steps next to them, which communication cannot "
-                f"cause; something else slowed them ({busy}). The breakdown says so instead of printing a "
-                "negative exposed time; more steps show whether it persists.")
-    return compare("lab01.exposed", "communication can only add time: a step with all-reduces takes at least as "
-                   "long as the same step with a no-op hook", "step time (slowest rank)",
-                   ("T_step", step), ("T_comp", base), expected=None,
-                   model="T_step = T_comp + exposed communication, exposed >= 0", test="above", why=why,
-                   per="step", paired=paired, ratios=ratios, interval=f"{LEVEL:.0%} interval",
-                   how=("pairs of a training step and the no-op-hook step after it" if paired else "unpaired")
-                   + f"; the ratio's interval is the breakdown's {LEVEL:.0%} interval of the exposed time")
+            return (
+                f"the {LEVEL:.0%} interval of the exposed time {where} is {fmt_time(e_lo)} .. {fmt_time(e_hi)}: it "
+                f"holds 0, so communication is below this machine's noise here (±{fmt_time(noise)}), and the "
+                f"breakdown prints no exposed time or overlap as a figure. {busy}. More steps and baseline steps "
+                "(steps=, baseline_steps=), or a quieter machine, narrow it."
+            )
+        return (
+            f"the {LEVEL:.0%} interval of the exposed time {where} is {fmt_time(e_lo)} .. {fmt_time(e_hi)}: the "
+            "no-op-hook steps took longer than the training steps next to them, which communication cannot "
+            f"cause; something else slowed them ({busy}). The breakdown says so instead of printing a "
+            "negative exposed time; more steps show whether it persists."
+        )
+
+    return compare(
+        "lab01.exposed",
+        "communication can only add time: a step with all-reduces takes at least as "
+        "long as the same step with a no-op hook",
+        "step time (slowest rank)",
+        ("T_step", step),
+        ("T_comp", base),
+        expected=None,
+        model="T_step = T_comp + exposed communication, exposed >= 0",
+        test="above",
+        why=why,
+        per="step",
+        paired=paired,
+        ratios=ratios,
+        interval=f"{LEVEL:.0%} interval",
+        how=("pairs of a training step and the no-op-hook step after it" if paired else "unpaired")
+        + f"; the ratio's interval is the breakdown's {LEVEL:.0%} interval of the exposed time",
+    )
 
 
 def backward_claim(run):
@@ -92,17 +125,29 @@ def backward_claim(run):
 
     def why(result):
         f, b = spread(fwd), spread(bwd)
-        return ("the factor 2 counts arithmetic. Here forward also holds a collective: DDP broadcasts the model's "
-                "buffers (DistilBERT's position_ids) from rank 0 at the start of every forward (broadcast_buffers, "
-                "on by default), in the no-op-hook baseline too, so t_fwd includes waiting for the other node's rank. "
-                f"And on shared cores the steps scatter: over {f.n} baseline steps forward took {fmt_time(f.lo)} .. "
-                f"{fmt_time(f.hi)} and backward {fmt_time(b.lo)} .. {fmt_time(b.hi)}. The model below uses these "
-                "medians as measured.")
-    return compare("lab07.backward", "backward costs about twice forward (it computes the gradients of both the "
-                   "weights and the activations)", "compute per step (no-op hook baseline)", ("backward", bwd),
-                   ("forward", fwd), expected=2.0, model="about 2x the forward pass's arithmetic (Kaplan et al. "
-                   "2020, 'Scaling Laws for Neural Language Models', section 2.1)", rel_tol=0.5, why=why, per="step",
-                   how="pairs of the same baseline step")
+        return (
+            "the factor 2 counts arithmetic. Here forward also holds a collective: DDP broadcasts the model's "
+            "buffers (DistilBERT's position_ids) from rank 0 at the start of every forward (broadcast_buffers, "
+            "on by default), in the no-op-hook baseline too, so t_fwd includes waiting for the other node's rank. "
+            f"And on shared cores the steps scatter: over {f.n} baseline steps forward took {fmt_time(f.lo)} .. "
+            f"{fmt_time(f.hi)} and backward {fmt_time(b.lo)} .. {fmt_time(b.hi)}. The model below uses these "
+            "medians as measured."
+        )
+
+    return compare(
+        "lab07.backward",
+        "backward costs about twice forward (it computes the gradients of both the weights and the activations)",
+        "compute per step (no-op hook baseline)",
+        ("backward", bwd),
+        ("forward", fwd),
+        expected=2.0,
+        model="about 2x the forward pass's arithmetic (Kaplan et al. "
+        "2020, 'Scaling Laws for Neural Language Models', section 2.1)",
+        rel_tol=0.5,
+        why=why,
+        per="step",
+        how="pairs of the same baseline step",
+    )
 
 
 def fit_note(fit, n_calls: int, limit: float = 0.2) -> str:
@@ -110,6 +155,8 @@ def fit_note(fit, n_calls: int, limit: float = 0.2) -> str:
     are and why; '' for a good fit."""
     if not fit.rel_rms > limit:
         return ""
-    return (f"note: the fitted line misses the measured times by {fit.rel_rms:.0%} on average (relative RMS): the "
-            f"{n_calls} timed calls scatter on shared cores. Read the model's times below as rough, about "
-            f"±{fit.rel_rms:.0%}; lab 2 shows the samples and the fit.")
+    return (
+        f"note: the fitted line misses the measured times by {fit.rel_rms:.0%} on average (relative RMS): the "
+        f"{n_calls} timed calls scatter on shared cores. Read the model's times below as rough, about "
+        f"±{fit.rel_rms:.0%}; lab 2 shows the samples and the fit."
+    )

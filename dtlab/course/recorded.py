@@ -30,10 +30,15 @@ from dtlab.units import fmt_count, fmt_ms
 RECORDED_FOR = {"ddp": "h200-ddp", "zero3": "h200-zero3"}
 #: config fields that make two runs the same job (a bucket cap only where buckets are recorded)
 SAME_JOB = ("model", "nproc", "batch_size", "seq_len")
-ROWS = (("T_step", "T_step_ms", "ms"), ("T_comp", "T_comp_ms", "ms"), ("T_comm", "T_comm_ms", "ms"),
-        ("exposed", "exposed_ms", "ms"), ("overlap", "overlap", "ratio"),
-        ("bytes a rank-step (B)", "bytes_per_rank_step", "count"),
-        ("collective calls a rank-step", "calls_per_rank_step", "count"))
+ROWS = (
+    ("T_step", "T_step_ms", "ms"),
+    ("T_comp", "T_comp_ms", "ms"),
+    ("T_comm", "T_comm_ms", "ms"),
+    ("exposed", "exposed_ms", "ms"),
+    ("overlap", "overlap", "ratio"),
+    ("bytes a rank-step (B)", "bytes_per_rank_step", "count"),
+    ("collective calls a rank-step", "calls_per_rank_step", "count"),
+)
 WIDTH = 116  # characters a line of these tables' notes is wrapped at
 
 
@@ -69,8 +74,10 @@ def differences(run, rec: RecordedRun) -> list[str]:
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-    return ["  " + "   ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-            for r in [header] + rows]
+    return [
+        "  " + "   ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [header] + rows
+    ]
 
 
 def beside(runs) -> str:
@@ -85,23 +92,32 @@ def beside(runs) -> str:
     names = ", ".join(f'dtlab.recorded_run("{name}")' for _, _, name in pairs)
     if not all(_on_cpu(run.resolved) for _, run, _ in pairs):
         from dtlab.course.wording import kind
+
         if any(kind(run.resolved.get("placement") or {}) == "host_staged" for _, run, _ in pairs):
-            return (f"your runs ran on a GPU through gloo, like the recording: compute is GPU compute, communication "
-                    f"is staged through host memory (dtlab.course.wording.nccl_beside prices it over NCCL). "
-                    f"Recorded on an H200 for comparison: {names}.")
+            return (
+                f"your runs ran on a GPU through gloo, like the recording: compute is GPU compute, communication "
+                f"is staged through host memory (dtlab.course.wording.nccl_beside prices it over NCCL). "
+                f"Recorded on an H200 for comparison: {names}."
+            )
         return f"your runs ran with NCCL on GPUs: they are the real thing. Recorded on an H200 for comparison: {names}."
     recs = {name: recorded_run(name) for _, _, name in pairs}
     prov = next(iter(recs.values())).provenance
     mine = {label: run_figures(run) for label, run, _ in pairs}
     theirs = {label: run_figures(recs[name].run) for label, _, name in pairs}
     header = [""] + [f"{label}, yours" for label in mine] + [f"{label}, H200" for label in theirs]
-    rows = [[q] + [_cell(mine[lb][key], unit) for lb in mine] + [_cell(theirs[lb][key], unit) for lb in theirs]
-            for q, key, unit in ROWS]
-    here = sorted({run.resolved.get("placement", {}).get("label", run.resolved.get("backend", "?"))
-                   for _, run, _ in pairs})
+    rows = [
+        [q] + [_cell(mine[lb][key], unit) for lb in mine] + [_cell(theirs[lb][key], unit) for lb in theirs]
+        for q, key, unit in ROWS
+    ]
+    here = sorted(
+        {run.resolved.get("placement", {}).get("label", run.resolved.get("backend", "?")) for _, run, _ in pairs}
+    )
     lines = [f"The same job on {prov['machine']['name']}, recorded there ({names}):"]
-    lines += _note("  there: ", f"{provenance_line(prov)}. {prov['placement_why']}. DistilBERT with random weights "
-                   "and generated sentences (no network there): the same bytes and buckets as the pretrained model.")
+    lines += _note(
+        "  there: ",
+        f"{provenance_line(prov)}. {prov['placement_why']}. DistilBERT with random weights "
+        "and generated sentences (no network there): the same bytes and buckets as the pretrained model.",
+    )
     lines += _note("  here:  ", "; ".join(here))
     lines += _table(header, rows)
     ratio = [f"{lb}: {_ratio(mine[lb])} here, {_ratio(theirs[lb])} there" for lb in mine]
@@ -109,8 +125,11 @@ def beside(runs) -> str:
     for label, run, name in pairs:
         diff = differences(run, recs[name])
         if diff:
-            lines += _note("  ", f"{label}: not the same job ({'; '.join(diff)}): quick mode runs the tiny model; "
-                           "the lab's full mode on a CPU runs the recorded job.")
+            lines += _note(
+                "  ",
+                f"{label}: not the same job ({'; '.join(diff)}): quick mode runs the tiny model; "
+                "the lab's full mode on a CPU runs the recorded job.",
+            )
     return "\n".join(lines)
 
 
@@ -129,15 +148,22 @@ def beside_calibration(profile, name: str = "h200-calibration") -> str:
     """The student's fitted alpha and bus bandwidth per op beside the recorded calibration's (aligned text), when
     the profile was measured on a CPU; otherwise one line saying where the record is."""
     if not _on_cpu(profile.meta):
-        return (f"your calibration ran on GPUs: it is the real thing. Recorded on an H200 for comparison: "
-                f'dtlab.recorded_calibration("{name}").')
+        return (
+            f"your calibration ran on GPUs: it is the real thing. Recorded on an H200 for comparison: "
+            f'dtlab.recorded_calibration("{name}").'
+        )
     rec = recorded_calibration(name)
     p_rec = int(rec.provenance["nproc"])
     p_mine = int(profile.meta.get("world_size") or p_rec)
     ops = sorted(set(profile.fits) | set(rec.profile.fits))
     us = lambda f: f"{f.alpha * 1e6:.1f} us" if f is not None else "n/a"  # noqa: E731
-    bw = lambda f, p: (f"{bus_bandwidth(f, p) / 1e9:.3g} GB/s" if f is not None and f.beta > 0  # noqa: E731
-                       else "n/a" if f is None else "inf")
+    bw = lambda f, p: (
+        f"{bus_bandwidth(f, p) / 1e9:.3g} GB/s"
+        if f is not None and f.beta > 0  # noqa: E731
+        else "n/a"
+        if f is None
+        else "inf"
+    )
     rms = lambda f: f"{f.rel_rms:.2f}" if f is not None and f.rel_rms == f.rel_rms else "n/a"  # noqa: E731
     rows = []
     for op in ops:
@@ -145,17 +171,28 @@ def beside_calibration(profile, name: str = "h200-calibration") -> str:
         rows.append([op, us(mine), us(theirs), bw(mine, p_mine), bw(theirs, p_rec), rms(mine), rms(theirs)])
     header = ["", "alpha, yours", "alpha, H200", "bus bw, yours", "bus bw, H200", "rel. RMS, yours", "rel. RMS, H200"]
     forms = sorted({f.form for f in profile.fits.values()} | {f.form for f in rec.profile.fits.values()})
-    sizes = (f"{min(f.min_bytes for f in profile.fits.values()):,}..{max(f.max_bytes for f in profile.fits.values()):,}"
-             if profile.fits else "?")
-    lines = [f"The same calibration on {rec.provenance['machine']['name']}, recorded there "
-             f'(dtlab.recorded_calibration("{name}")):']
-    lines += _note("  there: ", f"{provenance_line(rec.provenance)}; sizes {rec.provenance['min_bytes']:,}.."
-                   f"{rec.provenance['max_bytes']:,} B. {rec.provenance['placement_why']}. Fitted figures only: the "
-                   "samples behind them did not come back from the machine.")
+    sizes = (
+        f"{min(f.min_bytes for f in profile.fits.values()):,}..{max(f.max_bytes for f in profile.fits.values()):,}"
+        if profile.fits
+        else "?"
+    )
+    lines = [
+        f"The same calibration on {rec.provenance['machine']['name']}, recorded there "
+        f'(dtlab.recorded_calibration("{name}")):'
+    ]
+    lines += _note(
+        "  there: ",
+        f"{provenance_line(rec.provenance)}; sizes {rec.provenance['min_bytes']:,}.."
+        f"{rec.provenance['max_bytes']:,} B. {rec.provenance['placement_why']}. Fitted figures only: the "
+        "samples behind them did not come back from the machine.",
+    )
     here = (profile.meta.get("placement") or {}).get("label", profile.meta.get("backend", "?"))
     lines += _note("  here:  ", f"{here}; sizes {sizes} B")
     lines += _table(header, rows)
-    lines += _note("  ", f"form: {' and '.join(forms)}; bus bandwidth: nccl-tests' busbw of a message large enough "
-                   "to hide alpha" + ("; the two forms' alphas differ by their latency steps: compare like with like"
-                                      if len(forms) > 1 else ""))
+    lines += _note(
+        "  ",
+        f"form: {' and '.join(forms)}; bus bandwidth: nccl-tests' busbw of a message large enough "
+        "to hide alpha"
+        + ("; the two forms' alphas differ by their latency steps: compare like with like" if len(forms) > 1 else ""),
+    )
     return "\n".join(lines)

@@ -40,26 +40,31 @@ class Recordings:
         self.root, self.replay = os.path.abspath(root), replay_mode
         self.recs = replay.recorded_in(self.root)
         for d in extra:  # recordings outside root that the notebook named (the setup check's smoke test in /tmp)
-            self.recs = sorted(self.recs + [r for r in replay.recorded_in(d) if r not in self.recs],
-                               key=lambda dc: (replay.launch_time(dc[1]), dc[0]))
+            self.recs = sorted(
+                self.recs + [r for r in replay.recorded_in(d) if r not in self.recs],
+                key=lambda dc: (replay.launch_time(dc[1]), dc[0]),
+            )
         self.used: list[str] = []
-        self.problems: list[str] = []   # one line per inconsistent recording a question asked for
+        self.problems: list[str] = []  # one line per inconsistent recording a question asked for
         self._cache: dict = {}
 
     def _context(self):
-        return _env(**({replay.ENV: self.root, "DTLAB_QUICK": None} if self.replay
-                       else {replay.ENV: None, "DTLAB_QUICK": "1"}))
+        return _env(
+            **({replay.ENV: self.root, "DTLAB_QUICK": None} if self.replay else {replay.ENV: None, "DTLAB_QUICK": "1"})
+        )
 
     @property
     def quick(self) -> bool:
         """Quick mode for the lab configs: the recordings' mode when replaying, else True."""
         from dtlab.course.labs import quick_mode
+
         with self._context():
             return quick_mode()
 
     def lab_config(self, **overrides):
         """dtlab.course.labs.lab_config(**overrides) for the machine the recordings were made on."""
         from dtlab.course.labs import lab_config
+
         with self._context():
             return lab_config(**overrides)
 
@@ -74,6 +79,7 @@ class Recordings:
         """The newest finished run of `cfg` (a RunConfig; `out` ignored), checked and loaded."""
         from dtlab.course.integrity import run_problems
         from dtlab.results.run import load_run
+
         fields, defaults = cfg.to_dict(), type(cfg)().to_dict()
         d = self._find("config", fields, defaults, what)
         if d not in self._cache:
@@ -84,6 +90,7 @@ class Recordings:
     def calib_dir(self, fields: dict, what: str) -> str:
         """The newest finished calibration whose config has these `fields`, checked; its directory."""
         from dtlab.course.integrity import calibration_problems
+
         d = self._find("calibration", fields, None, what)
         key = ("dir", d)
         if key not in self._cache:
@@ -93,6 +100,7 @@ class Recordings:
     def calibration(self, fields: dict, what: str):
         """The newest finished calibration with these `fields`, checked and fitted again from its samples."""
         from dtlab.results.calibration import load_calibration
+
         d = self.calib_dir(fields, what)
         if d not in self._cache:
             self._cache[d] = load_calibration(d)

@@ -34,14 +34,22 @@ import sys
 
 MECHANISMS = ("bwrap", "namespaces")
 CHOICES = ("auto",) + MECHANISMS + ("none",)
-UID = 65534                       # nobody
-ROOTLESS_UIDS = (2_000_000_000, 100_000_000)   # a root caller's sandboxes: uids from here, one drawn per sandbox
+UID = 65534  # nobody
+ROOTLESS_UIDS = (2_000_000_000, 100_000_000)  # a root caller's sandboxes: uids from here, one drawn per sandbox
 
 
 def setpriv(uid: int) -> list[str]:
     """A root caller's sandbox becomes `uid` with no capabilities, and no setuid program can give any back."""
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--inh-caps=-all",
-            "--bounding-set=-all", "--"]
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
 
 
 def sandbox_uid() -> int:
@@ -51,9 +59,12 @@ def sandbox_uid() -> int:
     if os.geteuid() != 0:
         return os.geteuid()
     import secrets
+
     start, n = ROOTLESS_UIDS
     return start + secrets.randbelow(n)
-GiB, MiB = 2 ** 30, 2 ** 20
+
+
+GiB, MiB = 2**30, 2**20
 DEFAULT_MEMORY = 4 * GiB
 DEFAULT_DISK = 1 * GiB
 DEFAULT_PROCS = 512
@@ -67,7 +78,7 @@ def size_text(n: int) -> str:
 def parse_size(text) -> int:
     """'4G', '512M', '4GiB', or bytes."""
     t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 2 ** 10, "M": MiB, "G": GiB, "T": 2 ** 40}.get(t[-1:], 1)
+    mult = {"K": 2**10, "M": MiB, "G": GiB, "T": 2**40}.get(t[-1:], 1)
     try:
         return int(float(t[:-1] if mult > 1 else t) * mult)
     except ValueError:
@@ -76,7 +87,7 @@ def parse_size(text) -> int:
 
 def ro_paths() -> tuple[list[str], list[str]]:
     """What the sandbox sees read-only: the system and the Python environment (dtlab included)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the dtlab package (not its checkout)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dtlab package (not its checkout)
     want = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", sys.prefix, sys.base_prefix, here]
     want += [os.path.realpath(p) for p in want]
     want += [os.path.dirname(os.path.realpath(sys.executable))]
@@ -89,18 +100,31 @@ def ro_paths() -> tuple[list[str], list[str]]:
 
 
 def _env(extra: dict) -> dict:
-    env = {"PATH": os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin", "HOME": SCRATCH + "/home",
-           "TMPDIR": SCRATCH, "LANG": os.environ.get("LANG", "C.UTF-8"), "PYTHONNOUSERSITE": "1",
-           "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
-    for k, v in os.environ.items():   # dtlab's and torch's own settings pass; secrets and paths do not
+    env = {
+        "PATH": os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin",
+        "HOME": SCRATCH + "/home",
+        "TMPDIR": SCRATCH,
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "PYTHONNOUSERSITE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "MPLBACKEND": "Agg",
+    }
+    for k, v in os.environ.items():  # dtlab's and torch's own settings pass; secrets and paths do not
         if k.startswith(("DTLAB_", "OMP_", "MKL_", "GLOO_", "TORCH_")) and k != "DTLAB_REPLAY":
             env[k] = v
     env.update(extra)
     return env
 
 
-def command(mech: str, argv: list[str], inbox: str, outbox: str, disk: int = DEFAULT_DISK,
-            env: dict | None = None, uid: int = UID) -> list[str]:
+def command(
+    mech: str,
+    argv: list[str],
+    inbox: str,
+    outbox: str,
+    disk: int = DEFAULT_DISK,
+    env: dict | None = None,
+    uid: int = UID,
+) -> list[str]:
     """The command that runs `argv` in the sandbox `mech`, with `inbox` read-only at /sandbox/in and `outbox`
     writable at /sandbox/out. For an ordinary caller the sandbox's processes are UID inside a user namespace of
     their own; a root caller's sandbox makes no user namespace and drops to `uid` (`sandbox_uid`) itself (setpriv:
@@ -111,19 +135,64 @@ def command(mech: str, argv: list[str], inbox: str, outbox: str, disk: int = DEF
     root = os.geteuid() == 0
     if mech == "bwrap":
         if root:
-            ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                  "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+            ns = [
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+                "--cap-drop",
+                "ALL",
+                "--cap-add",
+                "CAP_SETUID",
+                "--cap-add",
+                "CAP_SETGID",
+                "--cap-add",
+                "CAP_SETPCAP",
+            ]
             argv = setpriv(uid) + argv
         else:
             ns = ["--unshare-all", "--uid", str(UID), "--gid", str(UID)]
         # the scratch tmpfs first, the read-only binds over it: an environment under /tmp (a CI's venv) stays seen
-        cmd = ["bwrap", *ns, "--die-with-parent", "--new-session",
-               "--hostname", "dtlab-grade", "--clearenv", "--proc", "/proc", "--dev", "/dev",
-               "--perms", "1777", "--size", str(disk), "--tmpfs", "/dev/shm",
-               "--perms", "1777", "--size", str(disk), "--tmpfs", SCRATCH, "--perms", "0777", "--dir", SCRATCH + "/home"]
-        parents = sorted({os.path.dirname(p)[:i] for p in (*ro, IN, OUT) for i in range(2, len(os.path.dirname(p)) + 1)
-                          if os.path.dirname(p)[i:i + 1] in ("", "/")}, key=len)
-        for d in parents:   # made 0755: bwrap as root makes them 0700, and UID could not reach what is under them
+        cmd = [
+            "bwrap",
+            *ns,
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "dtlab-grade",
+            "--clearenv",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            str(disk),
+            "--tmpfs",
+            "/dev/shm",
+            "--perms",
+            "1777",
+            "--size",
+            str(disk),
+            "--tmpfs",
+            SCRATCH,
+            "--perms",
+            "0777",
+            "--dir",
+            SCRATCH + "/home",
+        ]
+        parents = sorted(
+            {
+                os.path.dirname(p)[:i]
+                for p in (*ro, IN, OUT)
+                for i in range(2, len(os.path.dirname(p)) + 1)
+                if os.path.dirname(p)[i : i + 1] in ("", "/")
+            },
+            key=len,
+        )
+        for d in parents:  # made 0755: bwrap as root makes them 0700, and UID could not reach what is under them
             cmd += ["--perms", "0755", "--dir", d]
         for p in ro:
             cmd += ["--ro-bind", p, p]
@@ -135,8 +204,20 @@ def command(mech: str, argv: list[str], inbox: str, outbox: str, disk: int = DEF
         return cmd + ["--remount-ro", "/", "--"] + argv
     if mech == "namespaces":
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        return ["unshare", *user, "--net", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
-                "sh", "-c", _script(ro, links, inbox, outbox, disk, env, argv, uid)]
+        return [
+            "unshare",
+            *user,
+            "--net",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _script(ro, links, inbox, outbox, disk, env, argv, uid),
+        ]
     raise ValueError(f"no sandbox {mech!r} ({MECHANISMS})")
 
 
@@ -151,30 +232,47 @@ def _script(ro, links, inbox, outbox, disk, env, argv, uid) -> str:
     else:
         drop = f"unshare --user --map-user={UID} --map-group={UID} --"
     root = os.path.join(os.path.dirname(os.path.abspath(outbox)), "sandbox-root")
-    lines = ["set -e", f"R={q(root)}", "mkdir -p $R", "mount -t tmpfs -o size=64m,mode=755 tmpfs $R",
-             "mkdir -p $R/tmp", f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/tmp",   # under the binds, as
-             "mkdir -m 777 $R/tmp/home"]                                                    # bwrap's is
+    lines = [
+        "set -e",
+        f"R={q(root)}",
+        "mkdir -p $R",
+        "mount -t tmpfs -o size=64m,mode=755 tmpfs $R",
+        "mkdir -p $R/tmp",
+        f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/tmp",  # under the binds, as
+        "mkdir -m 777 $R/tmp/home",
+    ]  # bwrap's is
     for p in ro:
-        lines += [f"mkdir -p $R{q(p)}", f"mount --rbind {q(p)} $R{q(p)}", f"mount -o remount,bind,ro,nosuid,nodev $R{q(p)}"]
+        lines += [
+            f"mkdir -p $R{q(p)}",
+            f"mount --rbind {q(p)} $R{q(p)}",
+            f"mount -o remount,bind,ro,nosuid,nodev $R{q(p)}",
+        ]
     for p in links:
         lines.append(f"ln -s {q(os.readlink(p))} $R{q(p)}")
-    lines += ["mkdir -p $R/proc $R/dev/shm $R/tmp $R/sandbox/in $R/sandbox/out $R/old",
-              "mount -t proc proc $R/proc"]
+    lines += ["mkdir -p $R/proc $R/dev/shm $R/tmp $R/sandbox/in $R/sandbox/out $R/old", "mount -t proc proc $R/proc"]
     for d in ("null", "zero", "full", "random", "urandom", "tty"):
         lines += [f"touch $R/dev/{d}", f"mount --bind /dev/{d} $R/dev/{d}"]
-    lines += ["ln -s /proc/self/fd $R/dev/fd", "ln -s /proc/self/fd/0 $R/dev/stdin",
-              "ln -s /proc/self/fd/1 $R/dev/stdout", "ln -s /proc/self/fd/2 $R/dev/stderr",
-              f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/dev/shm",
-              f"mount --bind {q(inbox)} $R/sandbox/in", "mount -o remount,bind,ro,nosuid,nodev $R/sandbox/in",
-              f"mount --bind {q(outbox)} $R/sandbox/out",
-              "ip link set lo up 2>/dev/null || true",
-              "mount -o remount,ro $R", "cd $R", "pivot_root . old", "umount -l /old", "cd /tmp",
-              "exec %s env -i %s %s" % (drop, " ".join(q(f"{k}={v}") for k, v in env.items()),
-                                        " ".join(q(a) for a in argv))]
+    lines += [
+        "ln -s /proc/self/fd $R/dev/fd",
+        "ln -s /proc/self/fd/0 $R/dev/stdin",
+        "ln -s /proc/self/fd/1 $R/dev/stdout",
+        "ln -s /proc/self/fd/2 $R/dev/stderr",
+        f"mount -t tmpfs -o size={disk},mode=1777 tmpfs $R/dev/shm",
+        f"mount --bind {q(inbox)} $R/sandbox/in",
+        "mount -o remount,bind,ro,nosuid,nodev $R/sandbox/in",
+        f"mount --bind {q(outbox)} $R/sandbox/out",
+        "ip link set lo up 2>/dev/null || true",
+        "mount -o remount,ro $R",
+        "cd $R",
+        "pivot_root . old",
+        "umount -l /old",
+        "cd /tmp",
+        "exec %s env -i %s %s" % (drop, " ".join(q(f"{k}={v}") for k, v in env.items()), " ".join(q(a) for a in argv)),
+    ]
     return "\n".join(lines)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe(mech: str) -> str | None:
     """None when `mech` works here (a sandbox is made and a process runs in it), else why not, in one line."""
     if mech == "bwrap" and not all(shutil.which(t) for t in ("bwrap", "setpriv")):
@@ -187,14 +285,17 @@ def probe(mech: str) -> str | None:
 def _try(mech: str) -> str | None:
     """Make a sandbox `mech` as grading does and run a process in it: None, or why it failed."""
     import tempfile
+
     with tempfile.TemporaryDirectory(prefix="dtlab-probe-") as d:
         inbox, outbox = os.path.join(d, "in"), os.path.join(d, "out")
         os.makedirs(inbox)
         os.makedirs(outbox)
         os.chmod(d, 0o755)
-        code = ("import os, socket, tempfile; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-                "tempfile.TemporaryFile(); open(os.path.join(os.environ['HOME'], 'x'), 'w'); "
-                f"open({OUT + '/ok'!r}, 'w').write(str(os.getuid()))")
+        code = (
+            "import os, socket, tempfile; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+            "tempfile.TemporaryFile(); open(os.path.join(os.environ['HOME'], 'x'), 'w'); "
+            f"open({OUT + '/ok'!r}, 'w').write(str(os.getuid()))"
+        )
         try:
             with prepared(mech, [sys.executable, "-c", code], inbox, outbox, disk=16 * MiB) as (cmd, kw):
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=d, **kw)
@@ -227,18 +328,24 @@ def choose(requested: str = "auto") -> str:
     for m in MECHANISMS:
         if reasons[m] is None:
             return m
-    raise ValueError("no sandbox is available on this machine (" + "; ".join(f"{m}: {r}" for m, r in reasons.items())
-                     + "): dtlab grade runs every submission's code and refuses to do so unsandboxed; install "
-                       "bubblewrap (apt-get install -y bubblewrap), or pass --sandbox none to run it with your "
-                       "permissions")
+    raise ValueError(
+        "no sandbox is available on this machine ("
+        + "; ".join(f"{m}: {r}" for m, r in reasons.items())
+        + "): dtlab grade runs every submission's code and refuses to do so unsandboxed; install "
+        "bubblewrap (apt-get install -y bubblewrap), or pass --sandbox none to run it with your "
+        "permissions"
+    )
 
 
 def limits_preexec(memory: int, procs: int):
     """A preexec_fn setting the process limits the sandbox inherits (RLIMIT_AS, RLIMIT_NPROC)."""
+
     def apply():
         import resource
+
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_NPROC, (procs, procs))
+
     return apply
 
 
@@ -255,16 +362,27 @@ def open_to_sandbox(inbox: str, outbox: str, uid: int) -> None:
 
 
 @contextlib.contextmanager
-def prepared(mech: str, argv: list[str], inbox: str, outbox: str, disk: int = DEFAULT_DISK,
-             memory: int = DEFAULT_MEMORY, procs: int = DEFAULT_PROCS, env: dict | None = None, pass_fds=()):
+def prepared(
+    mech: str,
+    argv: list[str],
+    inbox: str,
+    outbox: str,
+    disk: int = DEFAULT_DISK,
+    memory: int = DEFAULT_MEMORY,
+    procs: int = DEFAULT_PROCS,
+    env: dict | None = None,
+    pass_fds=(),
+):
     """(command, Popen keyword arguments) that run `argv` in the sandbox `mech` with the limits set; for a root
     caller, whose sandbox runs as a uid of its own in the real user namespace (`command`), the inbox is made
     readable and the outbox writable by it first."""
     uid = sandbox_uid()
     if os.geteuid() == 0:
         open_to_sandbox(inbox, outbox, uid)
-    yield (command(mech, argv, inbox, outbox, disk=disk, env=env, uid=uid),
-           {"preexec_fn": limits_preexec(memory, procs), "pass_fds": tuple(pass_fds)})
+    yield (
+        command(mech, argv, inbox, outbox, disk=disk, env=env, uid=uid),
+        {"preexec_fn": limits_preexec(memory, procs), "pass_fds": tuple(pass_fds)},
+    )
 
 
 def limit_hit(text: str, memory: int, disk: int) -> str | None:
@@ -273,7 +391,8 @@ def limit_hit(text: str, memory: int, disk: int) -> str | None:
         return f"scratch disk limit {size_text(disk)} exceeded"
     if "MemoryError" in text or "Cannot allocate memory" in text or "std::bad_alloc" in text:
         return f"memory limit {size_text(memory)} exceeded"
-    if "Resource temporarily unavailable" in text and any(w in text for w in ("fork", "thread", "spawn",
-                                                                             "BlockingIOError")):
+    if "Resource temporarily unavailable" in text and any(
+        w in text for w in ("fork", "thread", "spawn", "BlockingIOError")
+    ):
         return "process limit exceeded"
     return None

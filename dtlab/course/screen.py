@@ -34,7 +34,7 @@ def _outputs(cell) -> list[str]:
 def _line(text: str, start: int, end: int) -> str:
     a = text.rfind("\n", 0, start) + 1
     b = text.find("\n", end)
-    return text[a:b if b >= 0 else len(text)].strip()
+    return text[a : b if b >= 0 else len(text)].strip()
 
 
 def rounded_away(text: str) -> list[str]:
@@ -75,8 +75,15 @@ def keys_before_questions(nb: dict, keys: dict) -> list[str]:
     cells = nb.get("cells", [])
     found = []
     for var, value in keys.items():
-        asked = next((i for i, c in enumerate(cells) if c.get("cell_type") == "code"
-                      and re.search(rf"^\s*{re.escape(var)}\s*=", "".join(c.get("source", "")), flags=re.M)), None)
+        asked = next(
+            (
+                i
+                for i, c in enumerate(cells)
+                if c.get("cell_type") == "code"
+                and re.search(rf"^\s*{re.escape(var)}\s*=", "".join(c.get("source", "")), flags=re.M)
+            ),
+            None,
+        )
         if asked is None or value is None:
             continue
         for i in range(asked):
@@ -84,8 +91,10 @@ def keys_before_questions(nb: dict, keys: dict) -> list[str]:
                 for r in renderings(value):
                     m = re.search(rf"(?<![\d.,]){re.escape(r)}(?![\d])", text)
                     if m:
-                        found.append(f"{var}: its key {r} is printed in cell {i} ({_line(text, m.start(), m.end())!r}),"
-                                     f" before the question in cell {asked}")
+                        found.append(
+                            f"{var}: its key {r} is printed in cell {i} ({_line(text, m.start(), m.end())!r}),"
+                            f" before the question in cell {asked}"
+                        )
                         break
     return found
 

@@ -19,11 +19,11 @@ import textwrap
 import time
 import types
 
-from dtlab.runfiles import dump_json
 from dtlab.launching.handle import Handle
-from dtlab.launching.torchrun import write_status, prepare_dir, start_torchrun, unique_dir
-from dtlab.results.status import RunFailed
+from dtlab.launching.torchrun import prepare_dir, start_torchrun, unique_dir, write_status
 from dtlab.results.events import read_events
+from dtlab.results.status import RunFailed
+from dtlab.runfiles import dump_json
 
 
 def not_implemented(fn) -> bool:
@@ -89,14 +89,31 @@ def launch_check(kind: str, fn, nproc: int, params: dict, out, timeout_s: float,
     code = fn.__code__
     in_cell = "ipykernel_" in code.co_filename or code.co_filename.startswith("<ipython-input")
     # where the student wrote it: the notebook cell (IPython's cell file) or a module
-    params.update(def_line=def_line(out, fn.__name__), cell_line=code.co_firstlineno,
-                  written_in="its cell" if in_cell else os.path.basename(code.co_filename))
-    dump_json({"exercise": {"kind": kind, "name": fn.__name__, "nproc": nproc, **params},
-               "launch": {"time": time.time(), "backend": "gloo"}}, os.path.join(out, "config.json"))
+    params.update(
+        def_line=def_line(out, fn.__name__),
+        cell_line=code.co_firstlineno,
+        written_in="its cell" if in_cell else os.path.basename(code.co_filename),
+    )
+    dump_json(
+        {
+            "exercise": {"kind": kind, "name": fn.__name__, "nproc": nproc, **params},
+            "launch": {"time": time.time(), "backend": "gloo"},
+        },
+        os.path.join(out, "config.json"),
+    )
     proc = start_torchrun(out, nproc, "dtlab.rank.harness", gloo_threads=True)
     write_status(out, "running", pid=proc.pid, started=time.time())
-    handle = _ExerciseHandle(out, proc, nproc, 1, timeout_s, f"exercise {kind} x{nproc} (gloo)", loader=_events,
-                             unit="check", stall_s=stall_s)
+    handle = _ExerciseHandle(
+        out,
+        proc,
+        nproc,
+        1,
+        timeout_s,
+        f"exercise {kind} x{nproc} (gloo)",
+        loader=_events,
+        unit="check",
+        stall_s=stall_s,
+    )
     said = io.StringIO()
     try:  # a progress bar draws on stderr: keep it there
         with contextlib.redirect_stderr(said) if not progress else contextlib.nullcontext():

@@ -92,8 +92,18 @@ def tolerance(key: Key) -> tuple[float, bool]:
 
 
 def _record(key: Key, answer, ok, verdict: str, **extra) -> dict:
-    return {"qid": key.qid, "kind": key.kind, "answer": answer, "ok": ok, "points": key.points if ok else 0,
-            "max_points": key.points, "tol_source": key.tol_source, "unit": key.unit, "verdict": verdict, **extra}
+    return {
+        "qid": key.qid,
+        "kind": key.kind,
+        "answer": answer,
+        "ok": ok,
+        "points": key.points if ok else 0,
+        "max_points": key.points,
+        "tol_source": key.tol_source,
+        "unit": key.unit,
+        "verdict": verdict,
+        **extra,
+    }
 
 
 def _plain(answer):
@@ -102,7 +112,7 @@ def _plain(answer):
         return answer
     try:
         f = float(answer)
-        return int(f) if f.is_integer() and abs(f) < 2 ** 53 and not isinstance(answer, float) else f
+        return int(f) if f.is_integer() and abs(f) < 2**53 and not isinstance(answer, float) else f
     except (TypeError, ValueError, OverflowError):
         return str(answer)[:200]
 
@@ -119,8 +129,13 @@ def judge_number(key: Key, answer) -> dict:
     tol_txt = f"{width}; {key.tol_source}" if key.show_tol else key.tol_source
     extra = {"tolerance": tol / abs(exp) if exp else tol, "capped": capped}
     if unanswered(answer):
-        return _record(key, None, None, f"[{key.qid}] not answered yet: set your answer and run this cell again "
-                                        f"(tolerance {tol_txt})", **extra)
+        return _record(
+            key,
+            None,
+            None,
+            f"[{key.qid}] not answered yet: set your answer and run this cell again (tolerance {tol_txt})",
+            **extra,
+        )
     try:
         g = float(answer)
     except (TypeError, ValueError, OverflowError):
@@ -128,8 +143,9 @@ def judge_number(key: Key, answer) -> dict:
     ok = bool(abs(g - exp) <= tol)
     if ok:
         word = "correct" if abs(g - exp) <= 1e-9 * max(1.0, abs(exp)) else "within tolerance"
-        return _record(key, _plain(answer), True, f"[{key.qid}] {word}: you said {fmt(answer, key.unit)} ({tol_txt})",
-                       **extra)
+        return _record(
+            key, _plain(answer), True, f"[{key.qid}] {word}: you said {fmt(answer, key.unit)} ({tol_txt})", **extra
+        )
     hint = key.hint
     if math.isfinite(g) and exp:
         for ratio, text in key.ratio_hints.items():
@@ -137,8 +153,9 @@ def judge_number(key: Key, answer) -> dict:
                 hint = text
                 break
     side = "" if not math.isfinite(g) else (", too high" if g > exp else ", too low")
-    verdict = (f"[{key.qid}] missed: you said {fmt(answer, key.unit)}{side} (outside {tol_txt})"
-               + (f"\n  hint: {hint}" if hint else ""))
+    verdict = f"[{key.qid}] missed: you said {fmt(answer, key.unit)}{side} (outside {tol_txt})" + (
+        f"\n  hint: {hint}" if hint else ""
+    )
     return _record(key, _plain(answer), False, verdict, **extra)
 
 
@@ -164,8 +181,15 @@ def judge_choice(key: Key, answer) -> dict:
     return _record(key, _plain(answer), ok, verdict, **extra)
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def eval_expr(expr: str, env: dict) -> float:
@@ -184,12 +208,14 @@ def eval_expr(expr: str, env: dict) -> float:
             return _OPS[type(node.op)](ev(node.left), ev(node.right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.operand))
-        raise ValueError(f"not allowed in a formula: {ast.unparse(node)!r} (use {sorted(env)}, numbers, "
-                         "+ - * / ** and parentheses)")
+        raise ValueError(
+            f"not allowed in a formula: {ast.unparse(node)!r} (use {sorted(env)}, numbers, + - * / ** and parentheses)"
+        )
+
     return ev(tree)
 
 
-DEFAULT_GRID = {"p": [2, 3, 4, 8, 64], "n": [1, 1000, 2 ** 25]}
+DEFAULT_GRID = {"p": [2, 3, 4, 8, 64], "n": [1, 1000, 2**25]}
 
 
 def grid_points(variables, grid) -> list[dict]:
@@ -206,8 +232,13 @@ def judge_formula(key: Key, answer, rel_tol: float = 1e-6) -> dict:
     pts = grid_points(key.variables, grid)
     extra = {"tolerance": rel_tol}
     if unanswered(answer):
-        return _record(key, None, None, f"[{key.qid}] not answered yet: write a formula in "
-                                        f"{', '.join(key.variables)} as a string", **extra)
+        return _record(
+            key,
+            None,
+            None,
+            f"[{key.qid}] not answered yet: write a formula in {', '.join(key.variables)} as a string",
+            **extra,
+        )
     where = None
     try:
         for pt in pts:
@@ -218,8 +249,11 @@ def judge_formula(key: Key, answer, rel_tol: float = 1e-6) -> dict:
     except (ValueError, SyntaxError, ZeroDivisionError, OverflowError, TypeError) as e:
         where = f"could not evaluate it: {e}"
     ok = where is None
-    verdict = (f"[{key.qid}] correct: {answer}" + (f"\n  why: {key.explanation}" if key.explanation else "") if ok
-               else f"[{key.qid}] missed: {answer}: {where}" + (f"\n  hint: {key.hint}" if key.hint else ""))
+    verdict = (
+        f"[{key.qid}] correct: {answer}" + (f"\n  why: {key.explanation}" if key.explanation else "")
+        if ok
+        else f"[{key.qid}] missed: {answer}: {where}" + (f"\n  hint: {key.hint}" if key.hint else "")
+    )
     return _record(key, str(answer), ok, verdict, **extra)
 
 
@@ -237,5 +271,6 @@ def judge(key: Key, answer) -> dict:
     """The verdict record of `answer` against `key` (see the module's docstring): qid, kind, answer, ok (True,
     False, or None when not answered), points, max_points, tol_source, unit, verdict (text), and per kind the
     tolerance's relative width, whether it was capped, or the allowed choices."""
-    return {"number": judge_number, "choice": judge_choice, "formula": judge_formula,
-            "exercise": judge_exercise}[key.kind](key, answer)
+    return {"number": judge_number, "choice": judge_choice, "formula": judge_formula, "exercise": judge_exercise}[
+        key.kind
+    ](key, answer)

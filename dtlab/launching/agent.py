@@ -42,8 +42,10 @@ def start_method(backend_gloo: bool, environ=os.environ) -> str:
     DTLAB_START_METHOD when it holds anything else."""
     want = environ.get("DTLAB_START_METHOD", "").strip() or "fork"
     if want not in START_METHODS:
-        raise ValueError(f"DTLAB_START_METHOD must be one of {', '.join(START_METHODS)}, got {want!r} in the "
-                         "environment; unset it for the default (fork for CPU ranks on gloo, spawn for NCCL)")
+        raise ValueError(
+            f"DTLAB_START_METHOD must be one of {', '.join(START_METHODS)}, got {want!r} in the "
+            "environment; unset it for the default (fork for CPU ranks on gloo, spawn for NCCL)"
+        )
     return want if backend_gloo else "spawn"
 
 
@@ -54,7 +56,7 @@ class _ExitWatch:
     def __init__(self):
         self.r, self.w = os.pipe()
         self.ends: dict[int, dict] = {}  # pid -> {rank, pid, exitcode, signal, timestamp}
-        self.pids: dict[int, int] = {}   # rank -> its latest pid (torchrun may restart the group)
+        self.pids: dict[int, int] = {}  # rank -> its latest pid (torchrun may restart the group)
         self.lock = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -91,8 +93,13 @@ class _ExitWatch:
         killed = st.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
         code = -st.si_status if killed else st.si_status
         with self.lock:
-            self.ends[pid] = {"rank": rank, "pid": pid, "exitcode": code, "timestamp": time.time(),
-                              "signal": signal.Signals(st.si_status).name if killed else None}
+            self.ends[pid] = {
+                "rank": rank,
+                "pid": pid,
+                "exitcode": code,
+                "timestamp": time.time(),
+                "signal": signal.Signals(st.si_status).name if killed else None,
+            }
 
     def failures(self) -> dict[int, dict]:
         """rank -> end of the ranks of the latest attempt that exited non-zero or by a signal."""
@@ -161,6 +168,7 @@ def start_lifeline(fd: int, grace_s: float) -> None:
     """Tie this agent to the launching process: `fd` is the read end of a pipe only the launcher writes to. At end
     of file (the launcher exited or died) the agent SIGTERMs itself, so torch's agent stops its ranks, and SIGKILLs
     itself if that takes longer than `grace_s` seconds."""
+
     def lifeline():
         while True:
             try:
@@ -208,9 +216,17 @@ def run_agent(exits_path: str, rdzv_path: str, argv: list[str]) -> None:
         _record({"error": type(e).__name__, "message": str(e)}, rdzv_path)
         raise
     except ChildFailedError as e:
-        doc = {str(rank): {"rank": rank, "pid": f.pid, "exitcode": f.exitcode,
-                           "signal": f.signal_name() if f.exitcode < 0 else None, "timestamp": f.timestamp,
-                           "message": f.message} for rank, f in e.failures.items()}
+        doc = {
+            str(rank): {
+                "rank": rank,
+                "pid": f.pid,
+                "exitcode": f.exitcode,
+                "signal": f.signal_name() if f.exitcode < 0 else None,
+                "timestamp": f.timestamp,
+                "message": f.message,
+            }
+            for rank, f in e.failures.items()
+        }
         if fork:  # torch names only the first failed rank of a forked group: add every rank seen to fail
             for rank, end in _WATCH.failures().items():
                 doc[str(rank)] = {**doc.get(str(rank), {}), **end, "message": doc.get(str(rank), {}).get("message")}

@@ -29,11 +29,28 @@ from dtlab.config.calibration import DEFAULT_SIZES, CalibConfig
 from dtlab.results.calibration import load_calibration
 
 
-def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmup: int = 3, iters: int = 12,
-              rounds: int = 3, backend: str = "auto", form: str = "ring", fit_min_bytes: int | None = None,
-              fit_max_bytes: int | None = None, out: str | None = None, timeout_s: float = 1800.0,
-              batch: int | None = None, group_sizes=None, load: str = "idle", load_model: str = "distilbert",
-              load_batch_size: int = 8, load_seq_len: int = 64, progress: bool = True):
+def calibrate(
+    nproc: int = 2,
+    ops=("all_reduce",),
+    sizes=DEFAULT_SIZES,
+    *,
+    warmup: int = 3,
+    iters: int = 12,
+    rounds: int = 3,
+    backend: str = "auto",
+    form: str = "ring",
+    fit_min_bytes: int | None = None,
+    fit_max_bytes: int | None = None,
+    out: str | None = None,
+    timeout_s: float = 1800.0,
+    batch: int | None = None,
+    group_sizes=None,
+    load: str = "idle",
+    load_model: str = "distilbert",
+    load_batch_size: int = 8,
+    load_seq_len: int = 64,
+    progress: bool = True,
+):
     """Measure the collectives, fit alpha and beta, save and return the machine `Profile` (see dtlab.model.profile).
 
     sizes are full message bytes; `batch` calls are timed back to back per sample (default: 20 on CUDA, 1 on
@@ -42,23 +59,38 @@ def calibrate(nproc: int = 2, ops=("all_reduce",), sizes=DEFAULT_SIZES, *, warmu
     every size while each rank replays `load_model`'s backward pass (batch `load_batch_size` x `load_seq_len`),
     which gives the profile its loaded fits (what a bucket costs while backward compute shares the machine); the
     profile is written to OUT/profile.json and read back with `dtlab.load_profile(OUT)`."""
-    return launch_calibration(CalibConfig(nproc=nproc, ops=ops, sizes=tuple(sizes), warmup=warmup, iters=iters,
-                                          rounds=min(rounds, iters), backend=backend, form=form, fit_min_bytes=fit_min_bytes,
-                                          fit_max_bytes=fit_max_bytes, out=out, timeout_s=timeout_s,
-                                          batch=batch, group_sizes=group_sizes, load=load, load_model=load_model,
-                                          load_batch_size=load_batch_size,
-                                          load_seq_len=load_seq_len)).wait(progress=progress)
+    return launch_calibration(
+        CalibConfig(
+            nproc=nproc,
+            ops=ops,
+            sizes=tuple(sizes),
+            warmup=warmup,
+            iters=iters,
+            rounds=min(rounds, iters),
+            backend=backend,
+            form=form,
+            fit_min_bytes=fit_min_bytes,
+            fit_max_bytes=fit_max_bytes,
+            out=out,
+            timeout_s=timeout_s,
+            batch=batch,
+            group_sizes=group_sizes,
+            load=load,
+            load_model=load_model,
+            load_batch_size=load_batch_size,
+            load_seq_len=load_seq_len,
+        )
+    ).wait(progress=progress)
 
 
 def launch_calibration(cfg: CalibConfig, spec=None):
     """Start a calibration sweep (this node's part of it when nnodes > 1; `spec`: a dtlab.launching.nodes.NodeSpec,
     see dtlab.launching.emulate); returns a launcher Handle whose wait() gives the Profile."""
-    from dtlab.launching.handle import Handle
-    from dtlab.launching.torchrun import unique_dir
-    from dtlab.launching.handle import launch_facts
-    from dtlab.launching.nodes import start_job
-
     from dtlab.launching import replay
+    from dtlab.launching.handle import Handle, launch_facts
+    from dtlab.launching.nodes import start_job
+    from dtlab.launching.torchrun import unique_dir
+
     if replay.replay_root():  # grading a submission: its recorded sweep, not a new one
         fields, defaults = dataclasses.asdict(cfg), dataclasses.asdict(type(cfg)())
         return replay.Replayed(replay.require("calibration", fields, defaults), load_calibration)
@@ -66,13 +98,25 @@ def launch_calibration(cfg: CalibConfig, spec=None):
     out = os.path.abspath(cfg.out) if cfg.nnodes > 1 else (cfg.out or unique_dir("profiles", f"calib-p{cfg.nproc}"))
     cfg = dataclasses.replace(cfg, out=out)
     backend = cfg.resolved_backend()
-    node, proc = start_job(cfg, "calibration", dataclasses.asdict(cfg), {"time": time.time(), "backend": backend,
-                                                                         **launch_facts()},
-                           "dtlab.rank.calibration", backend == "gloo", spec)
+    node, proc = start_job(
+        cfg,
+        "calibration",
+        dataclasses.asdict(cfg),
+        {"time": time.time(), "backend": backend, **launch_facts()},
+        "dtlab.rank.calibration",
+        backend == "gloo",
+        spec,
+    )
     total = cfg.rounds  # progress counts rounds; each round times every (op, size)
     where = f" x{cfg.nnodes} nodes" if cfg.nnodes > 1 else ""
-    return Handle(node.run_dir, proc, cfg.nproc, total, cfg.timeout_s,
-                  f"calibrate {','.join(cfg.ops)} x{cfg.nproc}{where} ({backend})", loader=load_calibration,
-                  unit="round", node=node)
-
-
+    return Handle(
+        node.run_dir,
+        proc,
+        cfg.nproc,
+        total,
+        cfg.timeout_s,
+        f"calibrate {','.join(cfg.ops)} x{cfg.nproc}{where} ({backend})",
+        loader=load_calibration,
+        unit="round",
+        node=node,
+    )

@@ -34,7 +34,7 @@ from dtlab.launching.nodes import NodeSpec
 from dtlab.launching.torchrun import free_port, unique_dir
 
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}  # tc's units are decimal, in bits per second
-_LIVE: set["Emulation"] = set()
+_LIVE: set[Emulation] = set()
 _SERIAL = itertools.count()
 STORE_PORT = 29500  # inside the head node's own, fresh network namespace nothing else can hold a port
 
@@ -51,8 +51,9 @@ def parse_rate(text: str) -> float:
     """A tc rate ('1gbit', '250mbit', '800kbit') in bytes per second (B/s): 1gbit = 125,000,000 B/s."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)\s*", str(text).lower())
     if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"rate must be a positive tc rate such as 1gbit, 250mbit or 800kbit (bits per second), "
-                         f"got {text!r}")
+        raise ValueError(
+            f"rate must be a positive tc rate such as 1gbit, 250mbit or 800kbit (bits per second), got {text!r}"
+        )
     return float(m.group(1)) * _UNITS[m.group(2)] / 8
 
 
@@ -97,7 +98,7 @@ class Emulation:
         self._created: list[str] = []
 
     # ---- the link -------------------------------------------------------------------------------------------
-    def __enter__(self) -> "Emulation":
+    def __enter__(self) -> Emulation:
         if self.rate is not None:
             reason = shaping_unavailable()
             if reason:
@@ -126,8 +127,25 @@ class Emulation:
             _ip("link", "set", ifname, "netns", ns)
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", ifname)
             _ip("-n", ns, "link", "set", ifname, "up")
-            _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", self.rate.strip().lower(),
-                  "burst", str(burst), "latency", "50ms"])
+            _run(
+                [
+                    "tc",
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    ifname,
+                    "root",
+                    "tbf",
+                    "rate",
+                    self.rate.strip().lower(),
+                    "burst",
+                    str(burst),
+                    "latency",
+                    "50ms",
+                ]
+            )
 
     def close(self) -> None:
         """Delete the namespaces (their veth ends go with them). Safe to call twice."""
@@ -141,35 +159,49 @@ class Emulation:
         """What the nodes are joined by, for the run directory (emulation.json) and profiles."""
         if self.rate is None:
             return {"nnodes": self.nnodes, "mode": "loopback", "link": "loopback TCP (no shaping)"}
-        return {"nnodes": self.nnodes, "mode": "netns", "rate": self.rate, "rate_bytes_per_s": self.rate_Bps,
-                "link": f"veth pair shaped by tc tbf to {self.rate} ({self.rate_Bps:,.0f} B/s) each way",
-                "namespaces": list(self.namespaces), "addresses": list(self.addresses)}
+        return {
+            "nnodes": self.nnodes,
+            "mode": "netns",
+            "rate": self.rate,
+            "rate_bytes_per_s": self.rate_Bps,
+            "link": f"veth pair shaped by tc tbf to {self.rate} ({self.rate_Bps:,.0f} B/s) each way",
+            "namespaces": list(self.namespaces),
+            "addresses": list(self.addresses),
+        }
 
     # ---- jobs ----------------------------------------------------------------------------------------------
     def specs(self) -> list[NodeSpec]:
         """How each node's agent is started: in its namespace, gloo on its veth, node 0 hosting the store."""
         if self.rate is None:
             return [NodeSpec() for _ in range(self.nnodes)]
-        return [NodeSpec(prefix=("ip", "netns", "exec", ns), env={"GLOO_SOCKET_IFNAME": ifn, "TP_SOCKET_IFNAME": ifn},
-                         local_addr=addr, is_host=k == 0)
-                for k, (ns, ifn, addr) in enumerate(zip(self.namespaces, self.ifnames, self.addresses))]
+        return [
+            NodeSpec(
+                prefix=("ip", "netns", "exec", ns),
+                env={"GLOO_SOCKET_IFNAME": ifn, "TP_SOCKET_IFNAME": ifn},
+                local_addr=addr,
+                is_host=k == 0,
+            )
+            for k, (ns, ifn, addr) in enumerate(zip(self.namespaces, self.ifnames, self.addresses))
+        ]
 
     def prepare(self, cfg, default_dir: str):
         """`cfg` (a RunConfig or CalibConfig) with nnodes, the rendezvous endpoint and a run directory filled in."""
         if self.rate is not None and not self._created:
             raise RuntimeError("the emulated link is not set up: use `with Emulation(...) as em:`")
-        endpoint = (f"127.0.0.1:{free_port()}" if self.rate is None else f"{self.addresses[0]}:{STORE_PORT}")
+        endpoint = f"127.0.0.1:{free_port()}" if self.rate is None else f"{self.addresses[0]}:{STORE_PORT}"
         out = cfg.out or unique_dir(os.path.dirname(default_dir) or ".", os.path.basename(default_dir))
         # gloo unless asked otherwise: the emulated link carries gloo's sockets only (NCCL between ranks of one
         # host takes shared memory or P2P, bypassing it), and the nodes' ranks share this machine's GPUs, which
         # NCCL before 2.30 refuses (each node would put its local rank 0 on cuda:0)
         backend = "gloo" if cfg.backend == "auto" else cfg.backend
-        return dataclasses.replace(cfg, nnodes=self.nnodes, rdzv_endpoint=endpoint, rdzv_id=None, out=out,
-                                   backend=backend)
+        return dataclasses.replace(
+            cfg, nnodes=self.nnodes, rdzv_endpoint=endpoint, rdzv_id=None, out=out, backend=backend
+        )
 
     def launch(self, cfg) -> list:
         """Start every node of a training run; returns their Handles (node 0's first)."""
         from dtlab.launching.handle import launch
+
         cfg = self.prepare(cfg, f"runs/{cfg.strategy}-{cfg.model}-{self.nnodes}x{cfg.nproc or 2}")
         handles = [launch(cfg, node=spec) for spec in self.specs()]
         self._record(handles[0].run_dir)
@@ -182,6 +214,7 @@ class Emulation:
     def calibrate(self, cfg, progress: bool = True):
         """Calibrate across the emulated nodes (cfg: a CalibConfig; nproc ranks per node); the `Profile`."""
         from dtlab.launching.calibration import launch_calibration
+
         cfg = self.prepare(cfg, f"profiles/calib-{self.nnodes}x{cfg.nproc}")
         handles = [launch_calibration(cfg, spec) for spec in self.specs()]
         self._record(handles[0].run_dir)

@@ -21,9 +21,9 @@ import re
 
 from dtlab.launching.nodes import rendezvous_sentence
 from dtlab.launching.torchrun import last_lines
+from dtlab.results.events import read_events
 from dtlab.results.restarts import attempt_of, final_attempt_events
 from dtlab.results.status import RunFailed
-from dtlab.results.events import read_events
 from dtlab.runfiles import RANK_EXIT_DISK_FULL, disk_sentence, looks_full
 
 PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mean "this rank is stepping"
@@ -46,9 +46,15 @@ def run_failure(state: str, run_dir: str, run, stall: dict | None = None, node=N
     log = node.log_path() if node is not None else os.path.join(run_dir, "logs", "torchrun.log")
     if rdzv:
         tail = last_lines(log)
-        return RunFailed(f"{rdzv} Run directory: {run_dir}\n--- {os.path.relpath(log, run_dir)} (last lines) ---\n"
-                         f"{tail}", error="rendezvous failed: " + rdzv, traceback_tail=tail, run_dir=run_dir,
-                         run=run, state=state, log_tail=tail)
+        return RunFailed(
+            f"{rdzv} Run directory: {run_dir}\n--- {os.path.relpath(log, run_dir)} (last lines) ---\n{tail}",
+            error="rendezvous failed: " + rdzv,
+            traceback_tail=tail,
+            run_dir=run_dir,
+            run=run,
+            state=state,
+            log_tail=tail,
+        )
     outcomes = _rank_outcomes(run_dir)
     if state == "failed" and outcomes:
         cause = min(outcomes, key=lambda o: (o["class"], o["time"], o["rank"]))
@@ -58,27 +64,49 @@ def run_failure(state: str, run_dir: str, run, stall: dict | None = None, node=N
         where = f" ({cause['where']})" if cause.get("where") else ""
         cons = ""
         if others:
-            cons = " As a consequence: " + "; ".join(f"rank {o['rank']}{o['on']} {_how(o, short=True)}"
-                                                     for o in others) + "."
+            cons = (
+                " As a consequence: "
+                + "; ".join(f"rank {o['rank']}{o['on']} {_how(o, short=True)}" for o in others)
+                + "."
+            )
         log_tail = last_lines(os.path.join(run_dir, "logs", f"rank{r}.log"))
-        msg = (f"rank {r}{cause['on']} {how}{where}.{cons} Run directory: {run_dir}\n"
-               f"--- logs/rank{r}.log (last lines) ---\n{log_tail or '(empty)'}")
-        failed = RunFailed(msg, rank=r, error=cause.get("error") or how, traceback_tail=cause.get("traceback_tail", ""),
-                           run_dir=run_dir, run=run, state=state, signal=cause.get("signal"),
-                           exitcode=cause.get("exitcode"), log_tail=log_tail,
-                           consequences=[{k: o.get(k) for k in ("rank", "how", "error", "signal", "exitcode")}
-                                         for o in others])
+        msg = (
+            f"rank {r}{cause['on']} {how}{where}.{cons} Run directory: {run_dir}\n"
+            f"--- logs/rank{r}.log (last lines) ---\n{log_tail or '(empty)'}"
+        )
+        failed = RunFailed(
+            msg,
+            rank=r,
+            error=cause.get("error") or how,
+            traceback_tail=cause.get("traceback_tail", ""),
+            run_dir=run_dir,
+            run=run,
+            state=state,
+            signal=cause.get("signal"),
+            exitcode=cause.get("exitcode"),
+            log_tail=log_tail,
+            consequences=[{k: o.get(k) for k in ("rank", "how", "error", "signal", "exitcode")} for o in others],
+        )
         # a rank here that only lost its peer (or was stopped): another node's watchdog may have stopped that peer
         remote = _stalled_elsewhere(node, frozen=False) if multi and cause["class"] >= 2 else None
         return _blame_remote(failed, remote) if remote else failed
     tail = last_lines(log)
-    what = {"timeout": "run timeout: timeout_s exceeded, every rank was stopped",
-            "interrupted": "run interrupted: every rank was stopped",
-            "stopped": "run stopped: every rank was stopped"}.get(state, f"run {state}: no rank recorded an error")
+    what = {
+        "timeout": "run timeout: timeout_s exceeded, every rank was stopped",
+        "interrupted": "run interrupted: every rank was stopped",
+        "stopped": "run stopped: every rank was stopped",
+    }.get(state, f"run {state}: no rank recorded an error")
     where = "; ".join(f"rank {o['rank']} {o['where']}" for o in _last_events(run_dir))
-    return RunFailed(f"{what}{' (' + where + ')' if where else ''}. Run directory: {run_dir}\n"
-                     f"--- {os.path.relpath(log, run_dir)} (last lines) ---\n{tail}",
-                     error=state, traceback_tail=tail, run_dir=run_dir, run=run, state=state, log_tail=tail)
+    return RunFailed(
+        f"{what}{' (' + where + ')' if where else ''}. Run directory: {run_dir}\n"
+        f"--- {os.path.relpath(log, run_dir)} (last lines) ---\n{tail}",
+        error=state,
+        traceback_tail=tail,
+        run_dir=run_dir,
+        run=run,
+        state=state,
+        log_tail=tail,
+    )
 
 
 _DISK_ERROR = re.compile(r"no space left on device|disk quota exceeded|errno 28\b|errno 122\b", re.IGNORECASE)
@@ -88,18 +116,31 @@ def _disk_failure(run_dir: str, run, disk) -> RunFailed | None:
     """The RunFailed naming the full disk and the path when a full disk ended the run, None otherwise: the launcher
     could not write the end state (`disk`), a rank recorded a disk error or exited with RANK_EXIT_DISK_FULL, or the
     run directory's filesystem has (almost) nothing left (a rank's own report then could not be written either)."""
-    first = next((o for o in _rank_outcomes(run_dir) if o.get("exitcode") == RANK_EXIT_DISK_FULL
-                  or _DISK_ERROR.search(o.get("error") or "")), None)
+    first = next(
+        (
+            o
+            for o in _rank_outcomes(run_dir)
+            if o.get("exitcode") == RANK_EXIT_DISK_FULL or _DISK_ERROR.search(o.get("error") or "")
+        ),
+        None,
+    )
     if disk is None and first is None and not looks_full(run_dir):
         return None
     full = str(disk) if disk is not None else disk_sentence(run_dir)
     where = "; ".join(f"rank {o['rank']} {o['where']}" for o in _last_events(run_dir))
     tail = last_lines(os.path.join(run_dir, "logs", "torchrun.log"))
-    return RunFailed(f"disk full: {full}. Writing the run's records failed and every rank was stopped"
-                     f"{' (' + where + ')' if where else ''}; what was recorded before loads with dtlab.load_run. "
-                     f"Free space there, or choose another `out`. Run directory: {run_dir}",
-                     rank=first["rank"] if first else None, error=f"disk full: {full}", traceback_tail=tail,
-                     run_dir=run_dir, run=run, state="failed", log_tail=tail)
+    return RunFailed(
+        f"disk full: {full}. Writing the run's records failed and every rank was stopped"
+        f"{' (' + where + ')' if where else ''}; what was recorded before loads with dtlab.load_run. "
+        f"Free space there, or choose another `out`. Run directory: {run_dir}",
+        rank=first["rank"] if first else None,
+        error=f"disk full: {full}",
+        traceback_tail=tail,
+        run_dir=run_dir,
+        run=run,
+        state="failed",
+        log_tail=tail,
+    )
 
 
 def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:
@@ -107,21 +148,41 @@ def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:
     named = stall["ranks"]
     first = rows[named[0]]
     log_tail = last_lines(os.path.join(run_dir, "logs", f"rank{named[0]}.log"), 30)
-    msg = (f"{stall_sentence(stall)} Each rank's Python stack is in its log. Run directory: {run_dir}\n"
-           f"--- logs/rank{named[0]}.log (last lines) ---\n{log_tail or '(empty)'}")
-    return RunFailed(msg, rank=named[0], ranks=named, error=f"stalled: {first['where']}, silent {first['silent_s']:g} s",
-                     traceback_tail=first["stack"], run_dir=run_dir, run=run, state="stalled",
-                     signal="SIGSTOP" if first["frozen"] else None, log_tail=log_tail,
-                     silent_s={r: rows[r]["silent_s"] for r in named},
-                     consequences=[{"rank": r, "how": f"waiting: {row['where']}, silent {row['silent_s']:g} s",
-                                    "error": None, "signal": None, "exitcode": None}
-                                   for r, row in rows.items() if r not in named])
+    msg = (
+        f"{stall_sentence(stall)} Each rank's Python stack is in its log. Run directory: {run_dir}\n"
+        f"--- logs/rank{named[0]}.log (last lines) ---\n{log_tail or '(empty)'}"
+    )
+    return RunFailed(
+        msg,
+        rank=named[0],
+        ranks=named,
+        error=f"stalled: {first['where']}, silent {first['silent_s']:g} s",
+        traceback_tail=first["stack"],
+        run_dir=run_dir,
+        run=run,
+        state="stalled",
+        signal="SIGSTOP" if first["frozen"] else None,
+        log_tail=log_tail,
+        silent_s={r: rows[r]["silent_s"] for r in named},
+        consequences=[
+            {
+                "rank": r,
+                "how": f"waiting: {row['where']}, silent {row['silent_s']:g} s",
+                "error": None,
+                "signal": None,
+                "exitcode": None,
+            }
+            for r, row in rows.items()
+            if r not in named
+        ],
+    )
 
 
 def _stalled_elsewhere(node, frozen: bool) -> dict | None:
     """Multi-node: the status of another node whose watchdog stopped the run (with `frozen`, only one that found
     a frozen rank): what held up, or cut off, this node's ranks. None if no node says so."""
     from dtlab.results.status import node_statuses
+
     for slot, st in sorted(node_statuses(node.run_dir).items()):
         if slot != node.slot and st.get("state") == "stalled" and st.get("frozen_ranks" if frozen else "stalled_ranks"):
             return {"slot": slot, **st}
@@ -133,35 +194,62 @@ def _blame_remote(local: RunFailed, remote: dict) -> RunFailed:
     named = remote.get("frozen_ranks") or remote["stalled_ranks"]
     frozen = bool(remote.get("frozen_ranks"))
     here = ", ".join(f"rank {c}" for c in local.ranks) or "no rank"
-    msg = (f"rank {named[0]} stalled on node slot {remote['slot']}{': frozen (SIGSTOP)' if frozen else ''}, named by "
-           f"that node's launcher ({_short_error(remote.get('error', ''), 300)}). On this node {here} only waited "
-           f"on it or lost it: " + str(local))
-    return RunFailed(msg, rank=named[0], ranks=named, error=f"stalled on node slot {remote['slot']}",
-                     traceback_tail=local.traceback_tail, run_dir=local.run_dir, run=local.run, state=local.state,
-                     signal="SIGSTOP" if frozen else None, log_tail=local.log_tail, silent_s=local.silent_s,
-                     consequences=[{"rank": c, "how": "waited on, or lost, a rank of another node",
-                                    "error": local.error, "signal": local.signal, "exitcode": local.exitcode}
-                                   for c in local.ranks]
-                     + local.consequences)
+    msg = (
+        f"rank {named[0]} stalled on node slot {remote['slot']}{': frozen (SIGSTOP)' if frozen else ''}, named by "
+        f"that node's launcher ({_short_error(remote.get('error', ''), 300)}). On this node {here} only waited "
+        f"on it or lost it: " + str(local)
+    )
+    return RunFailed(
+        msg,
+        rank=named[0],
+        ranks=named,
+        error=f"stalled on node slot {remote['slot']}",
+        traceback_tail=local.traceback_tail,
+        run_dir=local.run_dir,
+        run=local.run,
+        state=local.state,
+        signal="SIGSTOP" if frozen else None,
+        log_tail=local.log_tail,
+        silent_s=local.silent_s,
+        consequences=[
+            {
+                "rank": c,
+                "how": "waited on, or lost, a rank of another node",
+                "error": local.error,
+                "signal": local.signal,
+                "exitcode": local.exitcode,
+            }
+            for c in local.ranks
+        ]
+        + local.consequences,
+    )
 
 
 def stall_sentence(stall: dict) -> str:
     rows = {row["rank"]: row for row in stall["rows"]}
-    limit = (f"stall_s={stall['stall_s']:g} s" if stall["stall_s"] is not None
-             else f"derived limit {stall['threshold_s']:g} s")
+    limit = (
+        f"stall_s={stall['stall_s']:g} s"
+        if stall["stall_s"] is not None
+        else f"derived limit {stall['threshold_s']:g} s"
+    )
     parts = []
     for r in stall["ranks"]:
         row = rows[r]
         top = f"; stack top: {row['stack_top']}" if row["stack_top"] else "; no stack dump arrived"
-        parts.append(f"rank {r} stalled: no event for {row['silent_s']:g} s ({limit}); "
-                     f"{'frozen (SIGSTOP); ' if row['frozen'] else ''}{row['where']}{top}")
+        parts.append(
+            f"rank {r} stalled: no event for {row['silent_s']:g} s ({limit}); "
+            f"{'frozen (SIGSTOP); ' if row['frozen'] else ''}{row['where']}{top}"
+        )
     s = ". ".join(parts) + "."
     if stall["why"] is None and len(stall["ranks"]) > 1:
         s += " Could not tell which of them holds up the others: compare their stacks."
     waiting = [row for r, row in rows.items() if r not in stall["ranks"]]
     if waiting:
-        s += " Waiting on it: " + "; ".join(f"rank {row['rank']} ({row['where']}, silent {row['silent_s']:g} s)"
-                                           for row in waiting) + "."
+        s += (
+            " Waiting on it: "
+            + "; ".join(f"rank {row['rank']} ({row['where']}, silent {row['silent_s']:g} s)" for row in waiting)
+            + "."
+        )
     return s
 
 
@@ -171,21 +259,30 @@ def stall_sentence(stall: dict) -> str:
 #  1 recorded an error that is not a lost connection.
 #  2 ended by SIGTERM without recording an error: usually torchrun stopping the survivors of a failure.
 #  3 recorded a lost connection to a peer (gloo "Connection reset by peer", NCCL "remote process exited").
-_PEER_LOST = re.compile(r"connection (reset|closed) by peer|broken pipe|socket closed|remote process exited|"
-                        r"connection refused|timed out|timeout|communicator was aborted|end of file|"
-                        r"distnetworkerror", re.IGNORECASE)
-_SIGNAL_HINT = {"SIGKILL": "killed from outside: kill -9, or the kernel's out-of-memory killer (see dmesg)",
-                "SIGSEGV": "a crash in native code", "SIGBUS": "a crash in native code",
-                "SIGABRT": "an abort in native code", "SIGILL": "a crash in native code",
-                "SIGFPE": "a crash in native code", "SIGTERM": "stopped (by torchrun after another rank failed, "
-                "or from outside)", "SIGINT": "interrupted"}
+_PEER_LOST = re.compile(
+    r"connection (reset|closed) by peer|broken pipe|socket closed|remote process exited|"
+    r"connection refused|timed out|timeout|communicator was aborted|end of file|"
+    r"distnetworkerror",
+    re.IGNORECASE,
+)
+_SIGNAL_HINT = {
+    "SIGKILL": "killed from outside: kill -9, or the kernel's out-of-memory killer (see dmesg)",
+    "SIGSEGV": "a crash in native code",
+    "SIGBUS": "a crash in native code",
+    "SIGABRT": "an abort in native code",
+    "SIGILL": "a crash in native code",
+    "SIGFPE": "a crash in native code",
+    "SIGTERM": "stopped (by torchrun after another rank failed, or from outside)",
+    "SIGINT": "interrupted",
+}
 
 
 def _rank_outcomes(run_dir: str) -> list[dict]:
     """Every rank that ended badly, from its own error event and from torchrun's exit record."""
     exits = {}
-    paths = (sorted(glob.glob(os.path.join(run_dir, "exits.json")))
-             + sorted(glob.glob(os.path.join(run_dir, "nodes", "*.exits.json"))))
+    paths = sorted(glob.glob(os.path.join(run_dir, "exits.json"))) + sorted(
+        glob.glob(os.path.join(run_dir, "nodes", "*.exits.json"))
+    )
     for path in paths:
         try:  # one file per node in a multi-node job, keyed by global rank
             with open(path) as f:
@@ -206,9 +303,12 @@ def _rank_outcomes(run_dir: str) -> list[dict]:
         sig = ex.get("signal") if isinstance(code, int) and code < 0 else None
         o = {"rank": r, "exitcode": code, "signal": sig, "where": progress_of(last.get(r)), "on": _on(last, r)}
         if err is not None:
-            o.update(error=err.get("error", ""), time=float(err.get("time") or 0),
-                     traceback_tail="\n".join(err.get("traceback", "").strip().splitlines()[-12:]),
-                     **{"class": 3 if _PEER_LOST.search(err.get("error", "")) else 1})
+            o.update(
+                error=err.get("error", ""),
+                time=float(err.get("time") or 0),
+                traceback_tail="\n".join(err.get("traceback", "").strip().splitlines()[-12:]),
+                **{"class": 3 if _PEER_LOST.search(err.get("error", "")) else 1},
+            )
         elif code:
             o.update(error=None, time=float(ex.get("timestamp") or 0), **{"class": 2 if sig == "SIGTERM" else 0})
         else:
@@ -250,7 +350,7 @@ def _short_error(err: str, limit: int) -> str:
     err = re.sub(r"\[/[^\]]*:\d+\]\s*", "", " ".join(err.split()))
     if len(err) > limit:
         cut = err.find(". ", limit // 2)
-        err = err[:cut + 1] if 0 < cut <= limit else err[:limit - 3] + "..."
+        err = err[: cut + 1] if 0 < cut <= limit else err[: limit - 3] + "..."
     return err
 
 
@@ -263,10 +363,13 @@ def _how(o: dict, short: bool = False) -> str:
         hint = _SIGNAL_HINT.get(o["signal"], "")
         if short:
             return f"ended by {o['signal']}" + (" (stopped by torchrun)" if o["signal"] == "SIGTERM" else "")
-        return (f"died from signal {o['signal']} (exit code {o['exitcode']}) without recording an error"
-                + (f": {hint}" if hint else ""))
-    return (f"exited with code {o['exitcode']} without recording an error (os._exit, or a crash before its "
-            f"event file opened; see its log)")
+        return f"died from signal {o['signal']} (exit code {o['exitcode']}) without recording an error" + (
+            f": {hint}" if hint else ""
+        )
+    return (
+        f"exited with code {o['exitcode']} without recording an error (os._exit, or a crash before its "
+        f"event file opened; see its log)"
+    )
 
 
 def progress_of(events: list | None) -> str:

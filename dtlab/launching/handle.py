@@ -20,25 +20,35 @@ import time
 
 from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
-from dtlab.runfiles import dump_json
 from dtlab.launching.failures import crashed_after_done, run_failure
 from dtlab.launching.nodes import NodeLaunch, NodeSpec, start_job, wait_for_nodes
-from dtlab.launching.torchrun import is_rank_of, kill_pid, rank_processes, signal_group, default_out, release_lifeline
-from dtlab.launching.watchdog import StallWatch, RankFeed
-from dtlab.results.run import Run, load_run
+from dtlab.launching.torchrun import default_out, is_rank_of, kill_pid, rank_processes, release_lifeline, signal_group
+from dtlab.launching.watchdog import RankFeed, StallWatch
 from dtlab.results.events import read_events
-from dtlab.runfiles import DiskFull, disk_sentence, looks_full
+from dtlab.results.run import Run, load_run
+from dtlab.runfiles import DiskFull, disk_sentence, dump_json, looks_full
 
-_LIVE: "set[Handle]" = set()  # strong references: a handle dropped by the user must still be stopped at exit
+_LIVE: set[Handle] = set()  # strong references: a handle dropped by the user must still be stopped at exit
 PEER_WAIT_S = 15.0  # how long a node waits for the other nodes' reports before naming a culprit or loading
 
 
 class Handle(StallWatch):
     """A launched job: `status()`, `wait()`, `stop()`. Returned by `launch()`; `run()` waits on one."""
 
-    def __init__(self, run_dir: str, proc: subprocess.Popen, nproc: int, total_steps: int, timeout_s: float,
-                 desc: str, loader=load_run, unit: str = "step", stall_s: float | None = None,
-                 node: NodeLaunch | None = None, max_restarts: int = 0):
+    def __init__(
+        self,
+        run_dir: str,
+        proc: subprocess.Popen,
+        nproc: int,
+        total_steps: int,
+        timeout_s: float,
+        desc: str,
+        loader=load_run,
+        unit: str = "step",
+        stall_s: float | None = None,
+        node: NodeLaunch | None = None,
+        max_restarts: int = 0,
+    ):
         self.run_dir, self.proc, self.nproc = run_dir, proc, nproc
         self.node = node or NodeLaunch(run_dir, nproc)
         self.total_steps, self.timeout_s, self.desc = total_steps, timeout_s, desc
@@ -49,8 +59,11 @@ class Handle(StallWatch):
         self.unit = unit
         self._state = "running"
         self._stall: dict | None = None
-        self._feeds = ([] if self.node.multi else
-                       [RankFeed(r, os.path.join(run_dir, "events", f"rank{r}.jsonl"), self._t0) for r in range(nproc)])
+        self._feeds = (
+            []
+            if self.node.multi
+            else [RankFeed(r, os.path.join(run_dir, "events", f"rank{r}.jsonl"), self._t0) for r in range(nproc)]
+        )
         self._foreign: set[str] = set()  # event files of other nodes' ranks
         self._disk: DiskFull | None = None  # set when the run's end state could not be written: disk full
         _LIVE.add(self)
@@ -84,8 +97,10 @@ class Handle(StallWatch):
                 ranks = [f.rank for f in self._feeds] if self.node.multi else list(range(self.nproc))
                 late = crashed_after_done(self.run_dir, ranks) if len(ranks) == self.nproc else None
                 if late:  # every rank recorded `done`: the results are whole, only the shutdown crashed
-                    print(f"dtlab: {late} Every rank had recorded `done`, so the run's results are complete.",
-                          file=sys.stderr)
+                    print(
+                        f"dtlab: {late} Every rank had recorded `done`, so the run's results are complete.",
+                        file=sys.stderr,
+                    )
                     self._finish("finished", shutdown_crash=late)
                 else:
                     self._finish("failed")
@@ -95,14 +110,25 @@ class Handle(StallWatch):
         self._state = state
         _LIVE.discard(self)
         release_lifeline(self.proc)
-        if self.max_restarts:  # how often torchrun restarted the group (dtlab.results.restarts), from every event written
+        if (
+            self.max_restarts
+        ):  # how often torchrun restarted the group (dtlab.results.restarts), from every event written
             self._follow(None)
             extra.setdefault("restarts", max((f.attempt for f in self._feeds), default=0))
         if looks_full(self.run_dir):
             extra["disk"] = disk_sentence(self.run_dir)
         try:
-            dump_json({"state": state, "returncode": self.proc.returncode, "pid": self.proc.pid,
-                       "started": self.started, "ended": time.time(), **extra}, self.node.path("status"))
+            dump_json(
+                {
+                    "state": state,
+                    "returncode": self.proc.returncode,
+                    "pid": self.proc.pid,
+                    "started": self.started,
+                    "ended": time.time(),
+                    **extra,
+                },
+                self.node.path("status"),
+            )
         except DiskFull as e:  # status.json keeps its last state; result() raises RunFailed naming the disk
             self._disk = e
 
@@ -211,8 +237,9 @@ class Handle(StallWatch):
                 if kind in ("step", "baseline_step", "calib", "update"):
                     bar.update(1)
                 if kind in ("step", "baseline_step"):
-                    bar.set_postfix_str(f"{'baseline ' if kind == 'baseline_step' else ''}"
-                                        f"step {ev['t_step'] * 1e3:.0f} ms")
+                    bar.set_postfix_str(
+                        f"{'baseline ' if kind == 'baseline_step' else ''}step {ev['t_step'] * 1e3:.0f} ms"
+                    )
                 elif kind == "calib":
                     bar.set_postfix_str(f"round {ev['round'] + 1} of {ev['rounds']} done")
                 elif kind == "update":  # the asynchronous server's rank 0: one per pushed gradient
@@ -232,6 +259,7 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
     With `nnodes` > 1 this starts this node's part of the job (see dtlab.config.nodes): call it on every node with
     the same config; `node` says how to start this node's agent where the defaults do not fit (dtlab.launching.emulate)."""
     from dtlab.launching import replay
+
     if replay.replay_root():  # grading a submission: load its recorded run, on whatever machine grades it
         return replay.Replayed(replay.require("config", config.to_dict(), type(config)().to_dict()), load_run)
     cfg = config.validate()
@@ -245,13 +273,23 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
         desc += f" node {nl.slot + 1} of {nl.nnodes}"
     spec = strategy_spec(cfg.strategy)  # an asynchronous server (rank 0) takes one update per worker step
     total = cfg.steps * (cfg.nproc * cfg.nnodes - spec.server_ranks) if spec.asynchronous else cfg.steps
-    return Handle(nl.run_dir, proc, cfg.nproc, total + cfg.baseline_steps, cfg.timeout_s, desc,
-                  stall_s=cfg.stall_s, node=nl, max_restarts=cfg.max_restarts)
+    return Handle(
+        nl.run_dir,
+        proc,
+        cfg.nproc,
+        total + cfg.baseline_steps,
+        cfg.timeout_s,
+        desc,
+        stall_s=cfg.stall_s,
+        node=nl,
+        max_restarts=cfg.max_restarts,
+    )
 
 
 def launch_facts() -> dict:
     """What a replay needs to rebuild a lab's configs on another machine: quick mode and the GPU count."""
     from dtlab.config.placement import device_count
+
     return {"quick": os.environ.get("DTLAB_QUICK", "0") == "1", "gpus": device_count()}
 
 
@@ -260,9 +298,9 @@ def run(config: RunConfig, progress: bool = True) -> Run:
     return launch(config).wait(progress=progress)
 
 
-
 def _bar(total: int, desc: str, unit: str = "step"):
     from tqdm.auto import tqdm
+
     return tqdm(total=total, desc=desc, unit=unit)
 
 

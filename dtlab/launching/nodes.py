@@ -24,15 +24,20 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from dtlab.runfiles import dump_json
-from dtlab.launching.torchrun import signal_group, write_status, check_omp_threads, prepare_dir, release_lifeline, start_torchrun
+from dtlab.config.nodes import is_loopback, parse_endpoint
 from dtlab.launching.agent import start_method
+from dtlab.launching.torchrun import (
+    check_omp_threads,
+    prepare_dir,
+    release_lifeline,
+    signal_group,
+    start_torchrun,
+    write_status,
+)
 from dtlab.launching.warm import enabled as warm_enabled
 from dtlab.results.liveness import identity
-from dtlab.config.nodes import is_loopback, parse_endpoint
-from dtlab.results.status import node_statuses
-from dtlab.results.status import RunFailed
-from dtlab.runfiles import DiskFull
+from dtlab.results.status import RunFailed, node_statuses
+from dtlab.runfiles import DiskFull, dump_json
 
 CONFIG_WAIT_S = 60.0  # how long a joining node waits for slot 0 to write config.json
 
@@ -83,14 +88,19 @@ class NodeLaunch:
         conf = f"join_timeout={math.ceil(self.timeout_s)},read_timeout={max(10, math.ceil(self.timeout_s))}"
         if is_host is not None:
             conf += f",is_host={int(is_host)}"
-        local = self.spec.local_addr or ("127.0.0.1" if is_loopback(parse_endpoint(self.endpoint, allow_port_0=True)[0])
-                                         else None)
-        return ([f"--nnodes={self.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}",
-                 f"--rdzv-id={self.rdzv_id}", f"--rdzv-conf={conf}"] + ([f"--local-addr={local}"] if local else []))
+        local = self.spec.local_addr or (
+            "127.0.0.1" if is_loopback(parse_endpoint(self.endpoint, allow_port_0=True)[0]) else None
+        )
+        return [
+            f"--nnodes={self.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={self.rdzv_id}",
+            f"--rdzv-conf={conf}",
+        ] + ([f"--local-addr={local}"] if local else [])
 
 
-def start_job(cfg, key: str, body: dict, facts: dict, module: str, gloo_threads: bool,
-              spec: NodeSpec | None = None):
+def start_job(cfg, key: str, body: dict, facts: dict, module: str, gloo_threads: bool, spec: NodeSpec | None = None):
     """Claim cfg.out for this node (creating config.json = {key: body, "launch": facts} if first), start the
     agent running `module`; returns (NodeLaunch, Popen). ValueError (nothing started) if the directory holds
     another run, all node slots are taken, or this node's config differs from the one the run was started with."""
@@ -107,8 +117,14 @@ def start_job(cfg, key: str, body: dict, facts: dict, module: str, gloo_threads:
         except DiskFull as e:
             _unclaim(out, existed)
             raise _disk_full_at_launch(e, out) from None
-        node = NodeLaunch(out, cfg.nproc, endpoint=cfg.rdzv_endpoint or "127.0.0.1:0",
-                          rdzv_id=cfg.rdzv_id or uuid.uuid4().hex, timeout_s=cfg.rdzv_timeout_s, spec=spec)
+        node = NodeLaunch(
+            out,
+            cfg.nproc,
+            endpoint=cfg.rdzv_endpoint or "127.0.0.1:0",
+            rdzv_id=cfg.rdzv_id or uuid.uuid4().hex,
+            timeout_s=cfg.rdzv_timeout_s,
+            spec=spec,
+        )
     else:
         try:
             out, slot = _claim(os.path.abspath(cfg.out), key, doc, cfg.nnodes)
@@ -116,15 +132,34 @@ def start_job(cfg, key: str, body: dict, facts: dict, module: str, gloo_threads:
             raise _disk_full_at_launch(e, os.path.abspath(cfg.out)) from None
         node = NodeLaunch(out, cfg.nproc, cfg.nnodes, slot, cfg.rdzv_endpoint, cfg.rdzv_id, cfg.rdzv_timeout_s, spec)
     is_host = spec.is_host if spec.is_host is not None else _hosts_store(node.endpoint)
-    proc = start_torchrun(out, cfg.nproc, module, gloo_threads, node=node, is_host=is_host,
-                          max_restarts=getattr(cfg, "max_restarts", 0))
+    proc = start_torchrun(
+        out, cfg.nproc, module, gloo_threads, node=node, is_host=is_host, max_restarts=getattr(cfg, "max_restarts", 0)
+    )
     try:
         if node.multi:
-            dump_json({"slot": node.slot, "host": socket.gethostname(), "launcher_pid": os.getpid(),
-                       "agent_pid": proc.pid, "endpoint": node.endpoint, "rdzv_id": node.rdzv_id, "is_host": is_host,
-                       "time": time.time()}, os.path.join(out, "nodes", f"node{node.slot}.json"))
-            dump_json({"state": "running", "pid": proc.pid, "started": time.time(), "agent": identity(proc.pid),
-                       "launcher": identity(os.getpid())}, node.path("status"))
+            dump_json(
+                {
+                    "slot": node.slot,
+                    "host": socket.gethostname(),
+                    "launcher_pid": os.getpid(),
+                    "agent_pid": proc.pid,
+                    "endpoint": node.endpoint,
+                    "rdzv_id": node.rdzv_id,
+                    "is_host": is_host,
+                    "time": time.time(),
+                },
+                os.path.join(out, "nodes", f"node{node.slot}.json"),
+            )
+            dump_json(
+                {
+                    "state": "running",
+                    "pid": proc.pid,
+                    "started": time.time(),
+                    "agent": identity(proc.pid),
+                    "launcher": identity(os.getpid()),
+                },
+                node.path("status"),
+            )
         else:
             write_status(out, "running", pid=proc.pid, started=time.time())
     except DiskFull as e:  # nothing could say the run is running: stop it before it writes anything more
@@ -147,9 +182,13 @@ def _unclaim(out: str, existed: bool) -> None:
 
 def _disk_full_at_launch(e: DiskFull, out: str, started: bool = False) -> RunFailed:
     """The RunFailed of a launch whose run directory could not be written (nothing runs when it is raised)."""
-    what = ("its agent was stopped before any rank ran" if started else "nothing was started")
-    return RunFailed(f"disk full: {e}. Run directory {out}: {what}; free space there, or choose another `out`.",
-                     error=f"disk full: {e}", run_dir=out, state="failed")
+    what = "its agent was stopped before any rank ran" if started else "nothing was started"
+    return RunFailed(
+        f"disk full: {e}. Run directory {out}: {what}; free space there, or choose another `out`.",
+        error=f"disk full: {e}",
+        run_dir=out,
+        state="failed",
+    )
 
 
 def _claim(out: str, key: str, doc: dict, nnodes: int) -> tuple[str, int]:
@@ -172,8 +211,10 @@ def _claim(out: str, key: str, doc: dict, nnodes: int) -> tuple[str, int]:
             os.unlink(claim)
             raise
         return out, k
-    raise ValueError(f"out: {out!r} already holds a run of {nnodes} nodes (all {nnodes} node slots are claimed); "
-                     "choose a new directory (runs are never overwritten)")
+    raise ValueError(
+        f"out: {out!r} already holds a run of {nnodes} nodes (all {nnodes} node slots are claimed); "
+        "choose a new directory (runs are never overwritten)"
+    )
 
 
 def _check_same(out: str, key: str, mine: dict) -> None:
@@ -181,8 +222,10 @@ def _check_same(out: str, key: str, mine: dict) -> None:
     deadline = time.monotonic() + CONFIG_WAIT_S
     while not os.path.exists(path):
         if time.monotonic() > deadline:
-            raise ValueError(f"out: node slot 0 of {out!r} was claimed but wrote no config.json within "
-                             f"{CONFIG_WAIT_S:g} s; its launcher failed: see its output")
+            raise ValueError(
+                f"out: node slot 0 of {out!r} was claimed but wrote no config.json within "
+                f"{CONFIG_WAIT_S:g} s; its launcher failed: see its output"
+            )
         time.sleep(0.1)
     with open(path) as f:
         theirs = json.load(f).get(key)
@@ -191,9 +234,11 @@ def _check_same(out: str, key: str, mine: dict) -> None:
         raise ValueError(f"out: {out!r} holds a different kind of run (no {key!r} in its config.json)")
     diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if diff:
-        raise ValueError(f"this node's config differs from the run started in {out!r} in: "
-                         + "; ".join(f"{k} = {mine.get(k)!r} here, {theirs.get(k)!r} there" for k in diff)
-                         + ". Every node must be started with the same settings")
+        raise ValueError(
+            f"this node's config differs from the run started in {out!r} in: "
+            + "; ".join(f"{k} = {mine.get(k)!r} here, {theirs.get(k)!r} there" for k in diff)
+            + ". Every node must be started with the same settings"
+        )
 
 
 def _hosts_store(endpoint: str) -> bool | None:
@@ -232,16 +277,24 @@ def rendezvous_sentence(node: NodeLaunch) -> str | None:
     claims = _claims(node.run_dir)
     here = sorted(claims)
     missing = [k for k in range(node.nnodes) if k not in claims]
-    joined = "; ".join(f"node slot {k} (host {c.get('host', '?')}, agent pid {c.get('agent_pid', '?')})"
-                       for k, c in sorted(claims.items()))
-    how = (f"timed out after rdzv_timeout_s={node.timeout_s:g} s" if err["error"] == "RendezvousTimeoutError" else
-           "could not reach the rendezvous store: no agent hosts it there (is the node whose address the endpoint "
-           "names started, and reachable from here?)" if err["error"] == "RendezvousConnectionError"
-           else f"failed ({err['error']}: {err.get('message')})")
+    joined = "; ".join(
+        f"node slot {k} (host {c.get('host', '?')}, agent pid {c.get('agent_pid', '?')})"
+        for k, c in sorted(claims.items())
+    )
+    how = (
+        f"timed out after rdzv_timeout_s={node.timeout_s:g} s"
+        if err["error"] == "RendezvousTimeoutError"
+        else "could not reach the rendezvous store: no agent hosts it there (is the node whose address the endpoint "
+        "names started, and reachable from here?)"
+        if err["error"] == "RendezvousConnectionError"
+        else f"failed ({err['error']}: {err.get('message')})"
+    )
     s = f"{where} {how}: {len(here)} of {node.nnodes} nodes started a launcher for {node.run_dir} ({joined})."
     if missing:
-        s += (f" Missing: node slot(s) {', '.join(map(str, missing))} - no launcher claimed them; start "
-              f"`dtlab run --nnodes {node.nnodes} --rdzv-endpoint {node.endpoint} --out {node.run_dir} ...` there.")
+        s += (
+            f" Missing: node slot(s) {', '.join(map(str, missing))} - no launcher claimed them; start "
+            f"`dtlab run --nnodes {node.nnodes} --rdzv-endpoint {node.endpoint} --out {node.run_dir} ...` there."
+        )
     others = {c.get("endpoint") for c in claims.values()} - {node.endpoint}
     if others:
         s += f" Not every node was given this endpoint: also {', '.join(sorted(map(str, others)))}."

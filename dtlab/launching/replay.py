@@ -110,7 +110,7 @@ def field_same(k, v, rec: dict, defaults: dict | None) -> bool:
     return defaults is not None and k in defaults and _same(v, defaults[k])
 
 
-RUN_SPECIFIC = ("out", "rdzv_endpoint", "rdzv_id")   # where and how one launch met: never part of what was run
+RUN_SPECIFIC = ("out", "rdzv_endpoint", "rdzv_id")  # where and how one launch met: never part of what was run
 
 
 def _wanted(fields: dict) -> dict:
@@ -164,10 +164,14 @@ def _missing(kind: str, fields: dict) -> None:
     root = replay_root()
     recs = _recorded(root)
     if not any(isinstance(c.get(kind), dict) for _, c in recs):
-        raise ReplayMissing(f"replay ({ENV}={root}): the submission holds no finished {kind} recording; "
-                            f"hand in the runs/ and profiles/ directories the notebook wrote")
-    raise ReplayMissing(f"replay ({ENV}={root}): no finished {kind} recording matches this notebook's; "
-                        + closest(recs, root, kind, fields))
+        raise ReplayMissing(
+            f"replay ({ENV}={root}): the submission holds no finished {kind} recording; "
+            f"hand in the runs/ and profiles/ directories the notebook wrote"
+        )
+    raise ReplayMissing(
+        f"replay ({ENV}={root}): no finished {kind} recording matches this notebook's; "
+        + closest(recs, root, kind, fields)
+    )
 
 
 class Replayed:

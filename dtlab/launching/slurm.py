@@ -50,52 +50,68 @@ def job_config(cfg: RunConfig, nodes: int, gpus_per_node: int) -> RunConfig:
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 0:
         raise ValueError(f"gpus_per_node must be an integer >= 0, got {gpus_per_node!r}")
     if not cfg.out or any(c.isspace() for c in str(cfg.out)):
-        raise ValueError(f"out must be a run directory without spaces (#SBATCH lines cannot quote), on a filesystem "
-                         f"every node of the job mounts, got {cfg.out!r}")
+        raise ValueError(
+            f"out must be a run directory without spaces (#SBATCH lines cannot quote), on a filesystem "
+            f"every node of the job mounts, got {cfg.out!r}"
+        )
     nproc = gpus_per_node or cfg.nproc  # None: the config's own default (2 ranks on a CPU node)
     # A placeholder endpoint passes validation; the script's c10d endpoint is the allocation's first host.
-    job = cfg.replace(out=os.path.abspath(cfg.out), nnodes=nodes, nproc=nproc,
-                      rdzv_endpoint="slurm-head:1" if nodes > 1 else None)
+    job = cfg.replace(
+        out=os.path.abspath(cfg.out), nnodes=nodes, nproc=nproc, rdzv_endpoint="slurm-head:1" if nodes > 1 else None
+    )
     job.validate(cuda_device_count=gpus_per_node)
     return job.replace(out=job.out, rdzv_endpoint=None, rdzv_id=None)
 
 
-def sbatch_script(cfg: RunConfig, *, gpus_per_node: int = 0, partition: str | None = None,
-                  time_limit: str | None = None, setup: str | None = None, sbatch_args: tuple = ()) -> str:
+def sbatch_script(
+    cfg: RunConfig,
+    *,
+    gpus_per_node: int = 0,
+    partition: str | None = None,
+    time_limit: str | None = None,
+    setup: str | None = None,
+    sbatch_args: tuple = (),
+) -> str:
     """The sbatch script for `cfg` (a `job_config`): #SBATCH lines, the head node from the node list, and
     `srun torchrun` with a c10d rendezvous there. `setup`: shell lines run first (default: put this Python's
     bin directory on PATH, so torchrun and dtlab are the ones that wrote the script)."""
     run, n, g = cfg.out, cfg.nnodes, gpus_per_node
     q = shlex.quote
-    lines = ["#!/bin/bash",
-             f"# Written by `dtlab slurm`: {cfg.strategy} {cfg.model} on {n} node(s) x {cfg.nproc} rank(s).",
-             f"# Run directory (must be on a filesystem every node mounts): {run}",
-             f"#SBATCH --job-name=dtlab-{cfg.strategy}-{cfg.model}",
-             f"#SBATCH --nodes={n}",
-             "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --time={time_limit or slurm_time(cfg.timeout_s)}",
-             f"#SBATCH --output={run}/logs/slurm-%j.out"]
+    lines = [
+        "#!/bin/bash",
+        f"# Written by `dtlab slurm`: {cfg.strategy} {cfg.model} on {n} node(s) x {cfg.nproc} rank(s).",
+        f"# Run directory (must be on a filesystem every node mounts): {run}",
+        f"#SBATCH --job-name=dtlab-{cfg.strategy}-{cfg.model}",
+        f"#SBATCH --nodes={n}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --time={time_limit or slurm_time(cfg.timeout_s)}",
+        f"#SBATCH --output={run}/logs/slurm-%j.out",
+    ]
     if g:
         lines.append(f"#SBATCH --gpus-per-node={g}")
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     lines += [f"#SBATCH {a}" for a in sbatch_args]
-    lines += ["", "set -uo pipefail",
-              setup if setup is not None else f"export PATH={q(os.path.dirname(sys.executable))}:\"$PATH\"",
-              f"export PYTHONPATH={q(_PKG_ROOT)}${{PYTHONPATH:+:$PYTHONPATH}}  # the dtlab that wrote this script",
-              "export PYTHONUNBUFFERED=1",
-              'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-              f"port=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))  # per job: two jobs may share a head node",
-              f"python -m dtlab.launching.slurm mark {q(run)} running",
-              f"srun --nodes={n} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
-              f"  --output={q(run)}/logs/slurm-%j-node%n.log \\",
-              f"  torchrun --nnodes={n} --nproc-per-node={cfg.nproc} --rdzv-backend=c10d \\",
-              '  --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" '
-              f"--rdzv-conf=join_timeout={math.ceil(cfg.rdzv_timeout_s)} --max-restarts=0 \\",
-              f"  -m dtlab.rank.worker {q(run)}",
-              "rc=$?",
-              f"python -m dtlab.launching.slurm mark {q(run)} \"$rc\"",
-              "exit $rc", ""]
+    lines += [
+        "",
+        "set -uo pipefail",
+        setup if setup is not None else f'export PATH={q(os.path.dirname(sys.executable))}:"$PATH"',
+        f"export PYTHONPATH={q(_PKG_ROOT)}${{PYTHONPATH:+:$PYTHONPATH}}  # the dtlab that wrote this script",
+        "export PYTHONUNBUFFERED=1",
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"port=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))  # per job: two jobs may share a head node",
+        f"python -m dtlab.launching.slurm mark {q(run)} running",
+        f"srun --nodes={n} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        f"  --output={q(run)}/logs/slurm-%j-node%n.log \\",
+        f"  torchrun --nnodes={n} --nproc-per-node={cfg.nproc} --rdzv-backend=c10d \\",
+        '  --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" '
+        f"--rdzv-conf=join_timeout={math.ceil(cfg.rdzv_timeout_s)} --max-restarts=0 \\",
+        f"  -m dtlab.rank.worker {q(run)}",
+        "rc=$?",
+        f'python -m dtlab.launching.slurm mark {q(run)} "$rc"',
+        "exit $rc",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -103,8 +119,11 @@ def dry_prepared(run_dir: str) -> bool:
     """True when `run_dir` holds only what a dry run prepared: status 'prepared' by a dry run, and not claimed
     (no events/ folder: nothing was submitted or ran there)."""
     status = recorded_status(run_dir)[0] or {}
-    return (status.get("state") == "prepared" and status.get("dry_run") is True
-            and not os.path.exists(os.path.join(run_dir, "events")))
+    return (
+        status.get("state") == "prepared"
+        and status.get("dry_run") is True
+        and not os.path.exists(os.path.join(run_dir, "events"))
+    )
 
 
 def prepare(cfg: RunConfig, nodes: int, gpus_per_node: int = 0, dry_run: bool = False, **script_args) -> str:
@@ -117,6 +136,7 @@ def prepare(cfg: RunConfig, nodes: int, gpus_per_node: int = 0, dry_run: bool = 
     holds anything else (a submitted job, a run) is refused either way."""
     from dtlab.launching.handle import launch_facts
     from dtlab.launching.torchrun import prepare_dir
+
     job = job_config(cfg, nodes, gpus_per_node)
     script = sbatch_script(job, gpus_per_node=gpus_per_node, **script_args)
     if dry_prepared(job.out):  # a dry run's files, written again
@@ -124,22 +144,40 @@ def prepare(cfg: RunConfig, nodes: int, gpus_per_node: int = 0, dry_run: bool = 
             try:  # the claim: of two submissions to one dry-run directory, only one creates events/
                 os.mkdir(os.path.join(job.out, "events"))
             except FileExistsError:
-                raise ValueError(f"out: {job.out!r} already holds a run (or another launch just claimed it); choose "
-                                 "a new directory (runs are never overwritten)") from None
+                raise ValueError(
+                    f"out: {job.out!r} already holds a run (or another launch just claimed it); choose "
+                    "a new directory (runs are never overwritten)"
+                ) from None
     elif dry_run:  # prepare_dir's refusal without its claim, which is the submission's
         if any(os.path.exists(os.path.join(job.out, f)) for f in ("config.json", "events")):
-            raise ValueError(f"out: {job.out!r} already holds a run; choose a new directory (runs are never "
-                             "overwritten)")
+            raise ValueError(
+                f"out: {job.out!r} already holds a run; choose a new directory (runs are never overwritten)"
+            )
         os.makedirs(job.out, exist_ok=True)
     else:
         prepare_dir(job.out)
     os.makedirs(os.path.join(job.out, "logs"), exist_ok=True)
-    dump_json({"config": job.to_dict(), "launch": {"time": time.time(), "python": sys.executable, "slurm": {
-        "nodes": nodes, "gpus_per_node": gpus_per_node, "rdzv": "c10d on the allocation's first host, port "
-        f"{PORT_BASE} + job id % {PORT_SPAN}, id = the job id"}, **launch_facts()}},
-        os.path.join(job.out, "config.json"))
-    dump_json({"state": "prepared", "prepared_time": time.time(), **({"dry_run": True} if dry_run else {})},
-              os.path.join(job.out, "status.json"))  # written whole: a submission drops a dry run's status
+    dump_json(
+        {
+            "config": job.to_dict(),
+            "launch": {
+                "time": time.time(),
+                "python": sys.executable,
+                "slurm": {
+                    "nodes": nodes,
+                    "gpus_per_node": gpus_per_node,
+                    "rdzv": "c10d on the allocation's first host, port "
+                    f"{PORT_BASE} + job id % {PORT_SPAN}, id = the job id",
+                },
+                **launch_facts(),
+            },
+        },
+        os.path.join(job.out, "config.json"),
+    )
+    dump_json(
+        {"state": "prepared", "prepared_time": time.time(), **({"dry_run": True} if dry_run else {})},
+        os.path.join(job.out, "status.json"),
+    )  # written whole: a submission drops a dry run's status
     path = os.path.join(job.out, "slurm.sbatch")
     with open(path, "w") as f:
         f.write(script)
@@ -151,8 +189,9 @@ def submit_script(path: str) -> str:
     try:
         cp = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
-        raise RuntimeError("sbatch not found: this machine is not a Slurm submit host (use --dry-run to see "
-                           "the script)") from None
+        raise RuntimeError(
+            "sbatch not found: this machine is not a Slurm submit host (use --dry-run to see the script)"
+        ) from None
     if cp.returncode != 0:
         raise RuntimeError(f"sbatch refused {path}: {cp.stderr.strip()}")
     job_id = cp.stdout.strip().split(";")[0]
@@ -171,8 +210,15 @@ def mark(run_dir: str, what: str, **extra) -> None:
 
 
 # ---- submitit: the same job from a notebook, with dtlab's launcher on every node ------------------------------
-def submit(cfg: RunConfig, nodes: int = 2, gpus_per_node: int = 0, *, partition: str | None = None,
-           executor=None, port: int | None = None):
+def submit(
+    cfg: RunConfig,
+    nodes: int = 2,
+    gpus_per_node: int = 0,
+    *,
+    partition: str | None = None,
+    executor=None,
+    port: int | None = None,
+):
     """Submit `cfg` as a job of `nodes` nodes through submitit (optional: pip install submitit) and return the
     submitit Job at once; `job.results()` waits (one run directory path per node), then `dtlab.load_run(cfg.out)`.
 
@@ -188,9 +234,13 @@ def submit(cfg: RunConfig, nodes: int = 2, gpus_per_node: int = 0, *, partition:
     job = job_config(cfg, nodes, gpus_per_node)
     if executor is None:
         executor = submitit.AutoExecutor(folder=os.path.join(job.out, "logs", "submitit"))
-        executor.update_parameters(nodes=nodes, tasks_per_node=1, timeout_min=math.ceil(job.timeout_s / 60),
-                                   **({"gpus_per_node": gpus_per_node} if gpus_per_node else {}),
-                                   **({"slurm_partition": partition} if partition else {}))
+        executor.update_parameters(
+            nodes=nodes,
+            tasks_per_node=1,
+            timeout_min=math.ceil(job.timeout_s / 60),
+            **({"gpus_per_node": gpus_per_node} if gpus_per_node else {}),
+            **({"slurm_partition": partition} if partition else {}),
+        )
     return executor.submit(_node_task, job.to_dict(), port)
 
 
@@ -201,6 +251,7 @@ def _node_task(cfg_dict: dict, port: int | None) -> str:
     import submitit
 
     from dtlab.launching.handle import launch
+
     env = submitit.JobEnvironment()
     host = env.hostnames[0] if env.num_nodes > 1 else "127.0.0.1"  # one machine (LocalExecutor): loopback
     port = port or PORT_BASE + int(re.sub(r"\D", "", str(env.job_id)) or 0) % PORT_SPAN

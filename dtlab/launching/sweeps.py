@@ -12,8 +12,22 @@ from dtlab.config.run import RunConfig
 from dtlab.model.whatif import config_label
 from dtlab.results.status import recorded_status
 
-SWEEP_COLUMNS = ["label", "strategy", "nproc", "bucket_mb", "status", "reason", "t_step", "t_comp", "t_comm", "exposed", "overlap",
-                 "t_comp_how", "oversubscribed", "path"]
+SWEEP_COLUMNS = [
+    "label",
+    "strategy",
+    "nproc",
+    "bucket_mb",
+    "status",
+    "reason",
+    "t_step",
+    "t_comp",
+    "t_comm",
+    "exposed",
+    "overlap",
+    "t_comp_how",
+    "oversubscribed",
+    "path",
+]
 
 
 def run_dir_for(root: str, cfg: RunConfig) -> str:
@@ -31,8 +45,15 @@ def _same_config(path: str, cfg: RunConfig) -> bool:
     return status.get("state") == "finished" and {**old, "out": None} == {**cfg.to_dict(), "out": None}
 
 
-def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", progress: bool = True,
-          rerun: bool = False, strategy=None) -> pd.DataFrame:
+def sweep(
+    base: RunConfig,
+    nproc=None,
+    bucket_mb=None,
+    out: str = "runs/sweep",
+    progress: bool = True,
+    rerun: bool = False,
+    strategy=None,
+) -> pd.DataFrame:
     """Run `base` at every (strategy, nproc, bucket_mb) point and return one summary row per point (seconds).
 
     `strategy` (e.g. ["ddp", "ps"]: ring all-reduce vs parameter server), `nproc` and `bucket_mb` are lists;
@@ -47,8 +68,8 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
     from tqdm.auto import tqdm
 
     from dtlab.launching.handle import run as run_one
-    from dtlab.results.status import RunFailed
     from dtlab.results.run import load_run
+    from dtlab.results.status import RunFailed
 
     nprocs = list(nproc) if nproc is not None else [base.nproc]
     buckets = list(bucket_mb) if bucket_mb is not None else [base.bucket_mb]
@@ -74,6 +95,7 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
             else:
                 if os.path.exists(cfg.out):  # an unfinished or different run here: keep it, aside
                     import time
+
                     os.rename(cfg.out, f"{cfg.out}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
                 run, status = run_one(cfg, progress=False), "ran"
         except RunFailed as e:
@@ -83,8 +105,18 @@ def sweep(base: RunConfig, nproc=None, bucket_mb=None, out: str = "runs/sweep", 
         exposed = s.loc["exposed", "value"]
         if exposed != exposed and "noise" in s.loc["exposed", "how"]:  # no figure: the sentence says why
             row["reason"] = f"exposed: {s.loc['exposed', 'how']}"
-        rows.append({**row, "status": status, "t_step": s.loc["T_step", "value"], "t_comp": s.loc["T_comp", "value"],
-                     "t_comm": s.loc["T_comm", "value"], "exposed": s.loc["exposed", "value"],
-                     "overlap": s.loc["overlap", "value"], "t_comp_how": s.loc["T_comp", "how"],
-                     "oversubscribed": bool(run.resolved.get("oversubscribed")), "path": run.path})
+        rows.append(
+            {
+                **row,
+                "status": status,
+                "t_step": s.loc["T_step", "value"],
+                "t_comp": s.loc["T_comp", "value"],
+                "t_comm": s.loc["T_comm", "value"],
+                "exposed": s.loc["exposed", "value"],
+                "overlap": s.loc["overlap", "value"],
+                "t_comp_how": s.loc["T_comp", "how"],
+                "oversubscribed": bool(run.resolved.get("oversubscribed")),
+                "path": run.path,
+            }
+        )
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS)

@@ -26,8 +26,8 @@ from dtlab.config.run import RunConfig
 from dtlab.launching.agent import RANK_COMM, start_method
 from dtlab.launching.warm import enabled as warm_enabled
 from dtlab.launching.warm import fork_agent
-from dtlab.runfiles import dump_json
 from dtlab.results.liveness import identity
+from dtlab.runfiles import dump_json
 
 RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.rank.harness")
 
@@ -69,8 +69,10 @@ def prepare_dir(out: str) -> str:
     try:
         os.mkdir(os.path.join(out, "events"))
     except FileExistsError:
-        raise ValueError(f"out: {out!r} already holds a run (or another launch just claimed it); choose a new "
-                         f"directory (runs are never overwritten)") from None
+        raise ValueError(
+            f"out: {out!r} already holds a run (or another launch just claimed it); choose a new "
+            f"directory (runs are never overwritten)"
+        ) from None
     return out
 
 
@@ -100,8 +102,15 @@ _AGENT = "import sys\nfrom dtlab.launching.agent import agent_main\nagent_main(s
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, node=None,
-                   is_host: bool | None = None, max_restarts: int = 0):
+def start_torchrun(
+    run_dir: str,
+    nproc: int,
+    module: str,
+    gloo_threads: bool,
+    node=None,
+    is_host: bool | None = None,
+    max_restarts: int = 0,
+):
     """Start `torchrun -m MODULE RUN_DIR` in its own session, rendezvous on a port the OS picks; or, given
     `node` (a dtlab.launching.nodes.NodeLaunch), this node's agent of a multi-node job (`is_host`: whether it
     hosts the rendezvous store, None: torch decides). With `max_restarts` > 0 torchrun restarts the whole group
@@ -126,15 +135,30 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, no
     # (TORCHELASTIC_USE_AGENT_STORE), so there is no window in which another launch could take the port.
     # (--master-port=0 does not work: the static rendezvous hands the ranks port 0 and they hang.)
     if node is None:
-        rdzv = ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex}",
-                "--local-addr=127.0.0.1"]
+        rdzv = [
+            "--nnodes=1",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=127.0.0.1:0",
+            f"--rdzv-id={uuid.uuid4().hex}",
+            "--local-addr=127.0.0.1",
+        ]
         files = [os.path.join(run_dir, f) for f in ("exits.json", "rendezvous.json", "logs/torchrun.log")]
     else:
         rdzv, files = node.agent_args(is_host), [node.path("exits"), node.path("rendezvous"), node.log_path()]
     prefix = list(node.spec.prefix) if node is not None else []
     life_r, life_w = os.pipe()  # both ends close-on-exec: only the agent is handed the read end (pass_fds)
-    args = [files[0], files[1], *rdzv, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            f"--start-method={method}", f"--log-dir={files[2][:-4]}", "-m", module, run_dir]
+    args = [
+        files[0],
+        files[1],
+        *rdzv,
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        f"--start-method={method}",
+        f"--log-dir={files[2][:-4]}",
+        "-m",
+        module,
+        run_dir,
+    ]
     warm = method == "fork" and not prefix and (node is None or not node.multi) and warm_enabled(env)
     try:
         with open(files[2], "ab") as log:
@@ -144,9 +168,15 @@ def start_torchrun(run_dir: str, nproc: int, module: str, gloo_threads: bool, no
                 os.close(life_r)
                 life_r, life_w = os.pipe()
             if proc is None:
-                proc = subprocess.Popen(prefix + [sys.executable, "-c", _AGENT, str(life_r), *args], stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                        start_new_session=True, pass_fds=(life_r,))
+                proc = subprocess.Popen(
+                    prefix + [sys.executable, "-c", _AGENT, str(life_r), *args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    pass_fds=(life_r,),
+                )
     except BaseException:
         os.close(life_w)
         raise
@@ -170,9 +200,11 @@ def check_omp_threads(environ=os.environ) -> None:
     every core instead). ValueError naming it otherwise, before anything starts."""
     v = environ.get("OMP_NUM_THREADS")
     if v is not None and not (v.strip().isdigit() and int(v) > 0):
-        raise ValueError(f"OMP_NUM_THREADS must be a whole number >= 1 (threads per rank), got {v!r} in the "
-                         "environment; unset it to let dtlab give each CPU rank its share of the cores "
-                         f"({os.cpu_count() or 1} cores / ranks)")
+        raise ValueError(
+            f"OMP_NUM_THREADS must be a whole number >= 1 (threads per rank), got {v!r} in the "
+            "environment; unset it to let dtlab give each CPU rank its share of the cores "
+            f"({os.cpu_count() or 1} cores / ranks)"
+        )
 
 
 # ---- processes --------------------------------------------------------------------------------------------
@@ -198,8 +230,11 @@ def is_rank_of(pid: int, run_dir: str, slot: int | None = None) -> bool:
     carries the agent's command line and is told from the agent by its name (RANK_COMM). Never a reused PID. With `slot`,
     only a rank of that node of a multi-node job (two emulated nodes share one machine's process table)."""
     argv = _argv(pid)  # a zombie has an empty command line: dead for our purposes
-    ok = (os.path.abspath(run_dir).encode() in argv and any(m.encode() in argv for m in RANK_MODULES)
-          and pid != os.getpid())
+    ok = (
+        os.path.abspath(run_dir).encode() in argv
+        and any(m.encode() in argv for m in RANK_MODULES)
+        and pid != os.getpid()
+    )
     if ok and argv[1:2] == [b"-c"]:  # torchrun's agent (our shim), or a rank forked from it (same command line)
         ok = _comm(pid) == RANK_COMM
     if ok and slot is not None:

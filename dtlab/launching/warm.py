@@ -41,8 +41,8 @@ WARM_VALUES = ("0", "1")
 #: Bytes of argument memory the server reserves for the command lines of the agents it forks.
 CMDLINE_BYTES = 16384
 _SERVE = "from dtlab.launching.warmserver import serve; serve()"
-MAX_SERVERS = 3               # idle servers kept per launching process (one per environment)
-READY_TIMEOUT_S = 300.0       # a server not ready by then (its imports hang) is stopped; launches start agents cold
+MAX_SERVERS = 3  # idle servers kept per launching process (one per environment)
+READY_TIMEOUT_S = 300.0  # a server not ready by then (its imports hang) is stopped; launches start agents cold
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -51,8 +51,10 @@ def enabled(environ=os.environ) -> bool:
     anything but 0 or 1."""
     v = environ.get("DTLAB_WARM_AGENT", "").strip() or "1"
     if v not in WARM_VALUES:
-        raise ValueError(f"DTLAB_WARM_AGENT must be 0 or 1, got {v!r} in the environment; 0 starts torchrun's "
-                         "agent afresh for every CPU run, 1 (the default) forks it from a warm server")
+        raise ValueError(
+            f"DTLAB_WARM_AGENT must be 0 or 1, got {v!r} in the environment; 0 starts torchrun's "
+            "agent afresh for every CPU run, 1 (the default) forks it from a warm server"
+        )
     return v == "1"
 
 
@@ -73,8 +75,11 @@ def _source_stamp() -> tuple[int, int]:
 
 def server_key(env: dict) -> tuple:
     """What must be equal for two agents to come from one server (see the module's docstring)."""
-    return (sys.executable, _source_stamp(),
-            tuple(sorted((k, v) for k, v in env.items() if not k.startswith("DTLAB_") and k != "PYTEST_CURRENT_TEST")))
+    return (
+        sys.executable,
+        _source_stamp(),
+        tuple(sorted((k, v) for k, v in env.items() if not k.startswith("DTLAB_") and k != "PYTEST_CURRENT_TEST")),
+    )
 
 
 class _Server:
@@ -83,10 +88,15 @@ class _Server:
     def __init__(self, env: dict):
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(theirs.fileno()), " " * CMDLINE_BYTES],
-                                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _SERVE, str(theirs.fileno()), " " * CMDLINE_BYTES],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
         except BaseException:
             self.sock.close()
             raise
@@ -95,8 +105,8 @@ class _Server:
         self.cond = threading.Condition()
         self.ready: dict | None = None
         self.replies: dict[int, dict] = {}  # request -> the server's answer (its agent's pid, or why none)
-        self.exits: dict[int, int] = {}     # request -> its agent's exit status, until its WarmProc takes it
-        self.busy: set[int] = set()         # requests sent whose agent has not been reported ended
+        self.exits: dict[int, int] = {}  # request -> its agent's exit status, until its WarmProc takes it
+        self.busy: set[int] = set()  # requests sent whose agent has not been reported ended
         self.dead = False
         self._next = 0
         threading.Thread(target=self._read, daemon=True, name="dtlab-warm-agent-reader").start()
@@ -153,8 +163,9 @@ class _Server:
                 cpus = None
             umask = os.umask(0o022)
             os.umask(umask)
-            msg = json.dumps({"req": req, "args": args, "env": env, "cwd": os.getcwd(), "umask": umask,
-                              "cpus": cpus}).encode()
+            msg = json.dumps(
+                {"req": req, "args": args, "env": env, "cwd": os.getcwd(), "umask": umask, "cpus": cpus}
+            ).encode()
             socket.send_fds(self.sock, [msg], [life_r, log_fd])
         except (OSError, ValueError):  # a deleted working directory, an environment too large for one message
             with self.cond:
@@ -180,6 +191,7 @@ class WarmProc:
 
     def __init__(self, server: _Server, req: int, pid: int, args: list[str]):
         from dtlab.results.liveness import identity
+
         self._server, self._req, self.pid, self.args = server, req, pid, args
         self.returncode: int | None = None
         self._ident = identity(pid)
@@ -193,13 +205,17 @@ class WarmProc:
 
     def _settle(self) -> None:
         from dtlab.results.liveness import alive
+
         if self._req in self._server.exits:
             self.returncode = self._server.exits.pop(self._req)
         elif self._server.dead and not alive(self._ident):
             # the server died first (killed): nobody reaped the agent for us, so its status is unknown
             self.returncode = 1
-            print(f"dtlab: the warm agent server exited before torchrun's agent (pid {self.pid}); the agent is gone "
-                  "and its exit status is unknown", file=sys.stderr)
+            print(
+                f"dtlab: the warm agent server exited before torchrun's agent (pid {self.pid}); the agent is gone "
+                "and its exit status is unknown",
+                file=sys.stderr,
+            )
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the agent to end and return its exit status; subprocess.TimeoutExpired after `timeout` s."""
@@ -265,7 +281,7 @@ def fork_agent(args: list[str], env: dict, life_r: int, log_fd: int) -> WarmProc
             server = None
         if server is None:
             idle = [k for k, s in _SERVERS.items() if not s.busy]
-            for old in idle[:max(0, len(_SERVERS) + 1 - MAX_SERVERS)]:
+            for old in idle[: max(0, len(_SERVERS) + 1 - MAX_SERVERS)]:
                 _SERVERS.pop(old).close()
             try:
                 server = _SERVERS[key] = _Server(env)

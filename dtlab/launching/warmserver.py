@@ -21,7 +21,7 @@ import sys
 import threading
 import traceback
 
-MARKER = "dtlab warm agent"   # a forked agent's `-c` argument (a cold agent's is the shim's source)
+MARKER = "dtlab warm agent"  # a forked agent's `-c` argument (a cold agent's is the shim's source)
 
 
 def _arg_area() -> tuple[int, int]:
@@ -57,6 +57,7 @@ def _imports() -> None:
     import dtlab.rank.harness  # noqa: F401
     import dtlab.rank.worker  # noqa: F401
     from dtlab.rank.data import warm_model
+
     warm_model()
 
 
@@ -163,6 +164,7 @@ def _become_agent(req: dict, fds: list[int], sock: socket.socket, wake: tuple[in
         sys.argv = ["-c"] + args
         set_cmdline([sys.executable, "-c", MARKER] + args)
         from dtlab.launching import agent
+
         agent.WARM = True
         code = _as_interpreter(lambda: agent.agent_main(args))
     except BaseException:  # noqa: BLE001 - setting up failed: say why in the run's torchrun log (fd 2 by now)

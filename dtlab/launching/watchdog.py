@@ -16,9 +16,9 @@ import signal
 import statistics
 import time
 
+from dtlab.launching.failures import PROGRESS_KINDS, progress_of, stall_sentence
+from dtlab.launching.torchrun import file_size, kill_pid, proc_state, read_from
 from dtlab.results.events import check_event, parse_line
-from dtlab.launching.failures import PROGRESS_KINDS, stall_sentence, progress_of
-from dtlab.launching.torchrun import kill_pid, proc_state, read_from, file_size
 
 # The watchdog's defaults (RunConfig.stall_s = None). Before its first step a rank imports torch, joins the
 # rendezvous, builds (or downloads) the model, tokenises its data and, under ZeRO-3, builds DeepSpeed's engine:
@@ -140,20 +140,40 @@ class StallWatch:
         else:
             culprits, why = over, None
         silent = {f.rank: round(now - f.last_seen, 1) for f in watched}
-        stacks = self._dump_stacks([f for f in watched if states[f.rank] not in (None, "Z", "X")],
-                                   resume=[f.pid for f in frozen])
+        stacks = self._dump_stacks(
+            [f for f in watched if states[f.rank] not in (None, "Z", "X")], resume=[f.pid for f in frozen]
+        )
         rows = []
         for f in watched:
-            rows.append({"rank": f.rank, "pid": f.pid, "silent_s": silent[f.rank], "where": f.where(),
-                         "last_kind": f.last.get("kind"), "last_step": f.last.get("step"),
-                         "culprit": f in culprits, "frozen": f in frozen, "stack": stacks.get(f.rank, ""),
-                         "stack_top": _stack_top(stacks.get(f.rank, ""))})
+            rows.append(
+                {
+                    "rank": f.rank,
+                    "pid": f.pid,
+                    "silent_s": silent[f.rank],
+                    "where": f.where(),
+                    "last_kind": f.last.get("kind"),
+                    "last_step": f.last.get("step"),
+                    "culprit": f in culprits,
+                    "frozen": f in frozen,
+                    "stack": stacks.get(f.rank, ""),
+                    "stack_top": _stack_top(stacks.get(f.rank, "")),
+                }
+            )
         threshold = self.stall_threshold(max(f.progress for f in culprits) > 0)
-        self._stall = {"ranks": [f.rank for f in culprits], "why": why, "threshold_s": threshold,
-                       "stall_s": self.stall_s, "rows": rows}
-        self._end("stalled", error=stall_sentence(self._stall),
-                  stalled_ranks=self._stall["ranks"], frozen_ranks=[f.rank for f in frozen],
-                  silent_s={str(k): v for k, v in silent.items()})
+        self._stall = {
+            "ranks": [f.rank for f in culprits],
+            "why": why,
+            "threshold_s": threshold,
+            "stall_s": self.stall_s,
+            "rows": rows,
+        }
+        self._end(
+            "stalled",
+            error=stall_sentence(self._stall),
+            stalled_ranks=self._stall["ranks"],
+            frozen_ranks=[f.rank for f in frozen],
+            silent_s={str(k): v for k, v in silent.items()},
+        )
 
     def _dump_stacks(self, feeds: list, resume: list) -> dict:
         """SIGUSR1 to each rank (faulthandler writes every thread's stack to its log), then SIGCONT to the

@@ -31,8 +31,9 @@ def mb_to_bytes(bucket_mb: float) -> int:
     return int(bucket_mb * 1024 * 1024)
 
 
-def bucket_layout(param_nbytes_in_ready_order, bucket_cap_bytes,
-                  first_bucket_cap_bytes=DEFAULT_FIRST_BUCKET_BYTES) -> list[list[int]]:
+def bucket_layout(
+    param_nbytes_in_ready_order, bucket_cap_bytes, first_bucket_cap_bytes=DEFAULT_FIRST_BUCKET_BYTES
+) -> list[list[int]]:
     """Assign tensors to buckets by size, the way DDP does.
 
     param_nbytes_in_ready_order: gradient sizes in bytes, in the order the
@@ -53,8 +54,7 @@ def bucket_layout(param_nbytes_in_ready_order, bucket_cap_bytes,
     sizes = [int(s) for s in param_nbytes_in_ready_order]
     if any(s < 0 for s in sizes):
         raise ValueError("param_nbytes_in_ready_order must contain sizes >= 0 (bytes)")
-    for name, cap in (("bucket_cap_bytes", bucket_cap_bytes),
-                      ("first_bucket_cap_bytes", first_bucket_cap_bytes)):
+    for name, cap in (("bucket_cap_bytes", bucket_cap_bytes), ("first_bucket_cap_bytes", first_bucket_cap_bytes)):
         if cap <= 0:
             raise ValueError(f"{name} must be > 0 (bytes), got {cap!r}")
 

@@ -51,8 +51,10 @@ def _compressed_buckets(run) -> pd.DataFrame:
     if hook == "powersgd":
         keep = per.index[per["wire_bytes"] < per["nbytes"]]
         if len(keep) == 0:
-            raise ValueError(f"run {run.path}: PowerSGD never compressed in the measured steps (all steps before "
-                             f"powersgd_start_iter = {run.config.get('powersgd_start_iter')}?)")
+            raise ValueError(
+                f"run {run.path}: PowerSGD never compressed in the measured steps (all steps before "
+                f"powersgd_start_iter = {run.config.get('powersgd_start_iter')}?)"
+            )
         steps = sorted(int(st) for st in keep)
         # the first compressed step also builds PowerSGD's state (its P and Q matrices): its encode time is a
         # one-off, not the per-step cost the explorer prices, so it is left out when a later one exists
@@ -76,9 +78,15 @@ def compression_from_run(run) -> dict:
     wire = float(per["wire_bytes"].median())
     encode = float(enc.median()) if len(enc) else 0.0
     hook = run.config.get("comm_hook", "none")
-    return {"ratio": wire / grad, "wire_bytes": wire, "grad_bytes": grad, "encode_s": encode,
-            "encode_s_per_byte": encode / grad, "hook": hook,
-            "source": f"measured: {hook} hook in {run.path} ({len(per)} rank-steps, median)"}
+    return {
+        "ratio": wire / grad,
+        "wire_bytes": wire,
+        "grad_bytes": grad,
+        "encode_s": encode,
+        "encode_s_per_byte": encode / grad,
+        "hook": hook,
+        "source": f"measured: {hook} hook in {run.path} ({len(per)} rank-steps, median)",
+    }
 
 
 def samples_per_step(run) -> int:
@@ -112,13 +120,17 @@ def loss_beside(run, reference) -> pd.DataFrame:
     loss). Both runs must share model, data, seed, batch, sequence length, learning rate and rank count, so the
     only difference is the lever (compression hook, bucket size, ...): otherwise ValueError naming the fields.
     Columns: step, loss, loss_reference, diff (loss - loss_reference), rel_diff (diff / loss_reference)."""
+
     def field(r, f):  # the learning rate the run trained at (`lr` None in its config means the default it chose)
         return getattr(r, "lr", r.config.get(f)) if f == "lr" else r.config.get(f)
+
     differ = [f for f in _SAME if field(run, f) != field(reference, f)]
     if differ:
-        raise ValueError("the runs differ in " + ", ".join(f"{f} ({field(run, f)!r} vs "
-                                                            f"{field(reference, f)!r})" for f in differ)
-                         + ": the loss comparison needs runs that differ only in the lever")
+        raise ValueError(
+            "the runs differ in "
+            + ", ".join(f"{f} ({field(run, f)!r} vs {field(reference, f)!r})" for f in differ)
+            + ": the loss comparison needs runs that differ only in the lever"
+        )
     a = run.steps.groupby("step")["loss"].mean()
     r = reference.steps.groupby("step")["loss"].mean()
     df = pd.DataFrame({"loss": a, "loss_reference": r}).dropna().reset_index()
@@ -135,10 +147,21 @@ def lever_table(runs: dict) -> pd.DataFrame:
     for label, run in runs.items():
         comp = compression_from_run(run)
         per = comm_per_sample(run)
-        rows.append({"label": label, "comm_hook": comp["hook"], "accumulate": per["accumulate"],
-                     "grad_bytes": comp["grad_bytes"], "wire_bytes": comp["wire_bytes"], "ratio": comp["ratio"],
-                     "encode_s": comp["encode_s"], "t_step": per["t_step"], "t_comp": per["t_comp"],
-                     "t_comm": per["t_comm"], "t_comm_per_sample": per["t_comm_per_sample"],
-                     "t_step_per_sample": per["t_step_per_sample"],
-                     "rounds_per_micro_batch": per["rounds_per_micro_batch"]})
+        rows.append(
+            {
+                "label": label,
+                "comm_hook": comp["hook"],
+                "accumulate": per["accumulate"],
+                "grad_bytes": comp["grad_bytes"],
+                "wire_bytes": comp["wire_bytes"],
+                "ratio": comp["ratio"],
+                "encode_s": comp["encode_s"],
+                "t_step": per["t_step"],
+                "t_comp": per["t_comp"],
+                "t_comm": per["t_comm"],
+                "t_comm_per_sample": per["t_comm_per_sample"],
+                "t_step_per_sample": per["t_step_per_sample"],
+                "rounds_per_micro_batch": per["rounds_per_micro_batch"],
+            }
+        )
     return pd.DataFrame(rows)

@@ -36,8 +36,10 @@ import pandas as pd
 from dtlab.model import costmodel
 
 KINDS = ("sync", "local_sgd", "compressed", "async")
-ASSUMPTION = ("steps to target measured at one p and batch, assumed the same at other p (McCandlish et al. 2018: "
-              "true only below the critical batch size)")
+ASSUMPTION = (
+    "steps to target measured at one p and batch, assumed the same at other p (McCandlish et al. 2018: "
+    "true only below the critical batch size)"
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,17 @@ class Lever:
             raise ValueError(f"encode_s must be >= 0 seconds, got {self.encode_s!r}")
 
 
-def step_time(lever: Lever, *, t_comp: float, nbytes: float, nproc: int, alpha: float, beta: float,
-              form: str = "ring", t_apply: float = 0.0) -> float:
+def step_time(
+    lever: Lever,
+    *,
+    t_comp: float,
+    nbytes: float,
+    nproc: int,
+    alpha: float,
+    beta: float,
+    form: str = "ring",
+    t_apply: float = 0.0,
+) -> float:
     """Predicted seconds per optimizer step (per applied update for 'async') of `lever` (see the module's
     docstring): t_comp the compute of one step (s), nbytes the gradient bytes, nproc p (the workers for 'async'),
     alpha (s), beta (s/B), t_apply the server's optimizer step (s, 'async' only)."""
@@ -82,16 +93,31 @@ def step_time(lever: Lever, *, t_comp: float, nbytes: float, nproc: int, alpha: 
     return float(t_comp + ar)
 
 
-def time_to_target(levers, *, t_comp: float, nbytes: float, nproc: int, alpha: float, beta: float,
-                   form: str = "ring", t_apply: float = 0.0) -> pd.DataFrame:
+def time_to_target(
+    levers,
+    *,
+    t_comp: float,
+    nbytes: float,
+    nproc: int,
+    alpha: float,
+    beta: float,
+    form: str = "ring",
+    t_apply: float = 0.0,
+) -> pd.DataFrame:
     """One row per lever: label, kind, steps (measured), t_step (predicted s), time (steps x t_step, s; NaN when
     the lever never reached the target), rank (1 = first to the target)."""
     rows = []
     for lv in levers:
-        t = step_time(lv, t_comp=t_comp, nbytes=nbytes, nproc=nproc, alpha=alpha, beta=beta, form=form,
-                      t_apply=t_apply)
-        rows.append({"label": lv.label, "kind": lv.kind, "steps": lv.steps, "t_step": t,
-                     "time": float(lv.steps * t) if lv.steps is not None else float("nan")})
+        t = step_time(lv, t_comp=t_comp, nbytes=nbytes, nproc=nproc, alpha=alpha, beta=beta, form=form, t_apply=t_apply)
+        rows.append(
+            {
+                "label": lv.label,
+                "kind": lv.kind,
+                "steps": lv.steps,
+                "t_step": t,
+                "time": float(lv.steps * t) if lv.steps is not None else float("nan"),
+            }
+        )
     df = pd.DataFrame(rows)
     df["rank"] = df["time"].rank(method="min")
     return df
@@ -103,9 +129,19 @@ def first_to_target(table: pd.DataFrame) -> str | None:
     return None if t.empty else str(t.loc[t["time"].idxmin(), "label"])
 
 
-def crossover_bandwidth(lever: Lever, reference: Lever, *, t_comp: float, nbytes: float, nproc: int, alpha: float,
-                        form: str = "ring", t_apply: float = 0.0, lo_gbs: float = 1e-3,
-                        hi_gbs: float = 1e4) -> float | None:
+def crossover_bandwidth(
+    lever: Lever,
+    reference: Lever,
+    *,
+    t_comp: float,
+    nbytes: float,
+    nproc: int,
+    alpha: float,
+    form: str = "ring",
+    t_apply: float = 0.0,
+    lo_gbs: float = 1e-3,
+    hi_gbs: float = 1e4,
+) -> float | None:
     """The link bandwidth (GB/s, 1/beta) at which `lever` and `reference` reach the target at the same time, found by
     bisection on a log scale between lo_gbs and hi_gbs: below it the lever that moves fewer bytes wins, above it the
     one that needs fewer steps. None when they do not cross in that range (or one never reaches the target)."""
@@ -113,8 +149,9 @@ def crossover_bandwidth(lever: Lever, reference: Lever, *, t_comp: float, nbytes
         return None
 
     def gap(gbs: float) -> float:
-        kw = dict(t_comp=t_comp, nbytes=nbytes, nproc=nproc, alpha=alpha, beta=1.0 / (gbs * 1e9), form=form,
-                  t_apply=t_apply)
+        kw = dict(
+            t_comp=t_comp, nbytes=nbytes, nproc=nproc, alpha=alpha, beta=1.0 / (gbs * 1e9), form=form, t_apply=t_apply
+        )
         return lever.steps * step_time(lever, **kw) - reference.steps * step_time(reference, **kw)
 
     a, b = math.log(lo_gbs), math.log(hi_gbs)
@@ -137,6 +174,7 @@ def lever_from_run(label: str, run, target: float) -> Lever:
     """A Lever from a recorded run (a dtlab Run): its kind and parameters from the config, steps to `target` from its
     evaluations, compression's r and encode time measured from its buckets (dtlab.model.compression)."""
     from dtlab.config.strategies import strategy_spec
+
     cfg = run.config
     steps = run.steps_to(target)
     source = f"measured: {run.path}, first evaluation at or above {target:g}"
@@ -146,6 +184,7 @@ def lever_from_run(label: str, run, target: float) -> Lever:
         return Lever(label, "local_sgd", steps, period=int(cfg["local_sgd"]), source=source)
     if cfg.get("comm_hook", "none") != "none":
         from dtlab.model.compression import compression_from_run
+
         c = compression_from_run(run)
         return Lever(label, "compressed", steps, ratio=c["ratio"], encode_s=c["encode_s"], source=source)
     return Lever(label, "sync", steps, source=source)

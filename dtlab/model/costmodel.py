@@ -86,6 +86,7 @@ def _check_form(form: str) -> None:
 
 # ---------------------------------------------------------------- textbook
 
+
 def textbook_allreduce(alpha, beta, nbytes, nproc):
     """Textbook all-reduce time in seconds: alpha (p-1) + beta n / p.
 
@@ -157,6 +158,7 @@ def textbook_compressed_allreduce(alpha, beta, nbytes, nproc, ratio):
 
 # -------------------------------------------------------------------- ring
 
+
 def ring_allreduce(alpha, beta, nbytes, nproc):
     """Ring all-reduce time in seconds: 2(p-1) alpha + 2(p-1)/p n beta. 0 for p = 1."""
     return collective_time("all_reduce", "ring", alpha, beta, nbytes, nproc)
@@ -180,6 +182,7 @@ def ring_all_gather(alpha, beta, nbytes, nproc):
 
 # ----------------------------------------------------------------- generic
 
+
 def coefficients(op: str, form: str, nproc):
     """Return (A, B) such that T = alpha * A + beta * B * nbytes (seconds).
 
@@ -193,7 +196,11 @@ def coefficients(op: str, form: str, nproc):
     p = check_nproc(nproc)
     if op == "ps":  # per worker (textbook) or at the server's link (ring family): see ps_server
         one = np.where(p > 1, 1.0, 0.0)
-        return (scalar_or_array(one), scalar_or_array(one)) if form == "textbook" else (scalar_or_array(2.0 * one), scalar_or_array(2.0 * (p - 1)))
+        return (
+            (scalar_or_array(one), scalar_or_array(one))
+            if form == "textbook"
+            else (scalar_or_array(2.0 * one), scalar_or_array(2.0 * (p - 1)))
+        )
     if form == "ring":
         steps = 2.0 if op == "all_reduce" else 1.0
         a = steps * (p - 1)
@@ -242,8 +249,7 @@ def busbw(op: str, nbytes, seconds, nproc):
     return scalar_or_array(np.asarray(algbw(nbytes, seconds)) * factor)
 
 
-def zero3_step_comm(form: str, alpha, beta, param_bytes, grad_bytes, nproc,
-                    persistent_bytes=0) -> dict:
+def zero3_step_comm(form: str, alpha, beta, param_bytes, grad_bytes, nproc, persistent_bytes=0) -> dict:
     """Communication seconds of one ZeRO-3 (FSDP full-shard) training step.
 
     Parts: an all-gather of the sharded parameters in forward, the same
@@ -263,9 +269,14 @@ def zero3_step_comm(form: str, alpha, beta, param_bytes, grad_bytes, nproc,
     pers = np.asarray(persistent_bytes, dtype=float)
     if np.any(pers < 0) or np.any(pers > p_bytes):
         raise ValueError(
-            f"persistent_bytes must be between 0 and param_bytes ({param_bytes!r}), got {persistent_bytes!r}")
+            f"persistent_bytes must be between 0 and param_bytes ({param_bytes!r}), got {persistent_bytes!r}"
+        )
     gathered = p_bytes - pers
     ag = collective_time("all_gather", form, alpha, beta, gathered, nproc)
     rs = collective_time("reduce_scatter", form, alpha, beta, grad_bytes, nproc)
-    return {"all_gather_fwd": ag, "all_gather_bwd": ag, "reduce_scatter": rs,
-            "total": scalar_or_array(np.asarray(ag) * 2 + np.asarray(rs))}
+    return {
+        "all_gather_fwd": ag,
+        "all_gather_bwd": ag,
+        "reduce_scatter": rs,
+        "total": scalar_or_array(np.asarray(ag) * 2 + np.asarray(rs)),
+    }

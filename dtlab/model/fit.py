@@ -77,7 +77,7 @@ class AlphaBetaFit:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "AlphaBetaFit":
+    def from_dict(cls, d: dict) -> AlphaBetaFit:
         """Inverse of :meth:`to_dict`."""
         d = dict(d)
         d["alpha_ci"] = tuple(d["alpha_ci"])
@@ -93,8 +93,15 @@ def check_samples(samples) -> None:
         raise ValueError(f"samples is missing columns {missing}; required: {list(REQUIRED_COLUMNS)}")
 
 
-def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes=None,
-                   max_bytes=None, confidence: float = 0.95, nonneg: bool = False) -> AlphaBetaFit:
+def fit_alpha_beta(
+    samples: pd.DataFrame,
+    op: str,
+    form: str = "ring",
+    min_bytes=None,
+    max_bytes=None,
+    confidence: float = 0.95,
+    nonneg: bool = False,
+) -> AlphaBetaFit:
     """Fit alpha (seconds) and beta (seconds/byte) for `op` by weighted least squares.
 
     samples: one row per timed iteration with columns op, nbytes (bytes),
@@ -121,12 +128,12 @@ def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes
     if np.any(~np.isfinite(secs)) or np.any(secs <= 0):
         raise ValueError(f"samples['seconds'] for op {op!r} must be finite and > 0")
 
-    pts = (rows.groupby(["nbytes", "nproc"], sort=True)["seconds"]
-           .agg(["median", "count"]).reset_index())
+    pts = rows.groupby(["nbytes", "nproc"], sort=True)["seconds"].agg(["median", "count"]).reset_index()
     if len(pts) < 3:
         raise ValueError(
             f"need at least 3 distinct (nbytes, nproc) points with nproc > 1 for op {op!r} "
-            f"within min_bytes={min_bytes!r}, max_bytes={max_bytes!r}; found {len(pts)}")
+            f"within min_bytes={min_bytes!r}, max_bytes={max_bytes!r}; found {len(pts)}"
+        )
 
     n = pts["nbytes"].to_numpy(dtype=float)
     p = pts["nproc"].to_numpy(dtype=float)
@@ -144,11 +151,13 @@ def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes
     if rank < 2:
         raise ValueError(
             f"the points for op {op!r} cannot separate alpha from beta (design matrix rank {rank}); "
-            "widen min_bytes/max_bytes or measure more message sizes")
+            "widen min_bytes/max_bytes or measure more message sizes"
+        )
     coef = cs / scale
     constrained = nonneg and bool(np.any(coef < 0))
     if constrained:
         from scipy.optimize import nnls
+
         cs, _ = nnls(Xs, np.ones_like(t))
         coef = cs / scale
     alpha, beta = float(coef[0]), float(coef[1])
@@ -156,7 +165,7 @@ def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes
     pred = X @ coef
     rel = (pred - t) / t
     dof = len(t) - 2
-    sigma2 = float(np.sum(rel ** 2)) / dof
+    sigma2 = float(np.sum(rel**2)) / dof
     cov = sigma2 * np.linalg.inv(Xs.T @ Xs) / np.outer(scale, scale)
     se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     q = float(stats.t.ppf(0.5 + confidence / 2, dof))
@@ -164,34 +173,62 @@ def fit_alpha_beta(samples: pd.DataFrame, op: str, form: str = "ring", min_bytes
     warnings = []
     if constrained:
         which = "beta" if beta == 0 else "alpha" if alpha == 0 else "alpha, beta"
-        warnings.append(f"{which} held at 0 by the non-negative fit: in {int(n.min()):,}..{int(n.max()):,} B the "
-                        "time barely changes with size (latency-bound), so bandwidth is not visible here"
-                        if beta == 0 else f"{which} held at 0 by the non-negative fit")
+        warnings.append(
+            f"{which} held at 0 by the non-negative fit: in {int(n.min()):,}..{int(n.max()):,} B the "
+            "time barely changes with size (latency-bound), so bandwidth is not visible here"
+            if beta == 0
+            else f"{which} held at 0 by the non-negative fit"
+        )
     if alpha < 0:
-        warnings.append(f"fitted alpha is negative ({alpha:.3g} s): the size range may not "
-                        "constrain latency; try including smaller messages")
+        warnings.append(
+            f"fitted alpha is negative ({alpha:.3g} s): the size range may not "
+            "constrain latency; try including smaller messages"
+        )
     if beta < 0:
-        warnings.append(f"fitted beta is negative ({beta:.3g} s/B): the size range may not "
-                        "constrain bandwidth; try including larger messages")
+        warnings.append(
+            f"fitted beta is negative ({beta:.3g} s/B): the size range may not "
+            "constrain bandwidth; try including larger messages"
+        )
 
     residuals = [
-        {"nbytes": int(n_i), "nproc": int(p_i), "measured": float(t_i),
-         "predicted": float(pr), "rel_error": float(r), "count": int(c)}
+        {
+            "nbytes": int(n_i),
+            "nproc": int(p_i),
+            "measured": float(t_i),
+            "predicted": float(pr),
+            "rel_error": float(r),
+            "count": int(c),
+        }
         for n_i, p_i, t_i, pr, r, c in zip(n, p, t, pred, rel, pts["count"])
     ]
     return AlphaBetaFit(
-        op=op, form=form, alpha=alpha, beta=beta,
+        op=op,
+        form=form,
+        alpha=alpha,
+        beta=beta,
         alpha_ci=(float(alpha - q * se[0]), float(alpha + q * se[0])),
         beta_ci=(float(beta - q * se[1]), float(beta + q * se[1])),
-        min_bytes=int(n.min()), max_bytes=int(n.max()),
-        n_points=len(t), n_samples=int(pts["count"].sum()),
-        residuals=residuals, rel_rms=float(np.sqrt(np.mean(rel ** 2))),
-        confidence=float(confidence), warnings=warnings,
+        min_bytes=int(n.min()),
+        max_bytes=int(n.max()),
+        n_points=len(t),
+        n_samples=int(pts["count"].sum()),
+        residuals=residuals,
+        rel_rms=float(np.sqrt(np.mean(rel**2))),
+        confidence=float(confidence),
+        warnings=warnings,
     )
 
 
-def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segments: int = 3, min_points: int = 4,
-                  min_bytes=None, max_bytes=None, confidence: float = 0.95) -> list[AlphaBetaFit]:
+def fit_piecewise(
+    samples: pd.DataFrame,
+    op: str,
+    form: str = "ring",
+    max_segments: int = 3,
+    min_points: int = 4,
+    min_bytes=None,
+    max_bytes=None,
+    confidence: float = 0.95,
+) -> list[AlphaBetaFit]:
     """Alpha-beta fits per size regime: real collectives switch algorithm or protocol with message size
     (gloo between 256 KiB and 1 MiB on this project's CI machine), so one straight line cannot fit them all.
 
@@ -220,8 +257,10 @@ def fit_piecewise(samples: pd.DataFrame, op: str, form: str = "ring", max_segmen
             if any(b - a < min_points for a, b in zip(edges, edges[1:])):
                 continue
             try:
-                segs = [fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence, nonneg=True)
-                        for a, b in zip(edges, edges[1:])]
+                segs = [
+                    fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence, nonneg=True)
+                    for a, b in zip(edges, edges[1:])
+                ]
             except ValueError:
                 continue
             ssr = sum(r["rel_error"] ** 2 for sg in segs for r in sg.residuals)

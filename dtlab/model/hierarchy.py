@@ -41,8 +41,9 @@ def _check_levels(nodes, gpus_per_node):
     return int(nodes), int(gpus_per_node)
 
 
-def flat_ring_allreduce(alpha_intra, beta_intra, alpha_inter, beta_inter, nbytes, nodes: int, gpus_per_node: int,
-                        nics_per_node: int = 1):
+def flat_ring_allreduce(
+    alpha_intra, beta_intra, alpha_inter, beta_inter, nbytes, nodes: int, gpus_per_node: int, nics_per_node: int = 1
+):
     """One ring over nodes x gpus_per_node ranks, each step as slow as its slowest edge (seconds). One ring
     crosses each node boundary once: it uses one network link whatever `nics_per_node` (accepted for a
     uniform signature)."""
@@ -56,8 +57,9 @@ def flat_ring_allreduce(alpha_intra, beta_intra, alpha_inter, beta_inter, nbytes
     return scalar_or_array(2 * (p - 1) * np.maximum(intra, inter))
 
 
-def hierarchical_allreduce(alpha_intra, beta_intra, alpha_inter, beta_inter, nbytes, nodes: int,
-                           gpus_per_node: int, nics_per_node: int = 1):
+def hierarchical_allreduce(
+    alpha_intra, beta_intra, alpha_inter, beta_inter, nbytes, nodes: int, gpus_per_node: int, nics_per_node: int = 1
+):
     """Reduce-scatter in the node, all-reduce of the shard across nodes (g rings sharing `nics_per_node`
     links), all-gather in the node (seconds)."""
     nodes, g = _check_levels(nodes, gpus_per_node)
@@ -69,8 +71,17 @@ def hierarchical_allreduce(alpha_intra, beta_intra, alpha_inter, beta_inter, nby
     return scalar_or_array(intra + inter)
 
 
-def two_level_time(algorithm: str, alpha_intra, beta_intra, alpha_inter, beta_inter, nbytes, nodes: int,
-                   gpus_per_node: int, nics_per_node: int = 1):
+def two_level_time(
+    algorithm: str,
+    alpha_intra,
+    beta_intra,
+    alpha_inter,
+    beta_inter,
+    nbytes,
+    nodes: int,
+    gpus_per_node: int,
+    nics_per_node: int = 1,
+):
     """:func:`flat_ring_allreduce` or :func:`hierarchical_allreduce` by name ('flat' or 'hierarchical')."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
@@ -93,16 +104,26 @@ def network_bytes_per_node(algorithm: str, nbytes, nodes: int, gpus_per_node: in
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
-def crossover_bytes(alpha_intra, beta_intra, alpha_inter, beta_inter, nodes: int, gpus_per_node: int,
-                    nics_per_node: int = 1, lo: float = 1.0, hi: float = 2.0 ** 40):
+def crossover_bytes(
+    alpha_intra,
+    beta_intra,
+    alpha_inter,
+    beta_inter,
+    nodes: int,
+    gpus_per_node: int,
+    nics_per_node: int = 1,
+    lo: float = 1.0,
+    hi: float = 2.0**40,
+):
     """The message size (bytes) where the faster of flat and hierarchical changes, or None when one of them
     is at least as fast at every size in [lo, hi] (found on a log grid, then bisected)."""
     grid = np.logspace(np.log2(lo), np.log2(hi), 400, base=2.0)
     args = (alpha_intra, beta_intra, alpha_inter, beta_inter)
 
     def diff(n):
-        return (hierarchical_allreduce(*args, n, nodes, gpus_per_node, nics_per_node)
-                - flat_ring_allreduce(*args, n, nodes, gpus_per_node))
+        return hierarchical_allreduce(*args, n, nodes, gpus_per_node, nics_per_node) - flat_ring_allreduce(
+            *args, n, nodes, gpus_per_node
+        )
 
     sign = np.sign(diff(grid))
     change = np.nonzero(sign[:-1] * sign[1:] < 0)[0]
@@ -132,8 +153,11 @@ def level_from_profile(profile, op: str = "all_reduce") -> tuple[float, float, s
     big = s[s["nbytes"] == n]
     p = int(big["nproc"].max())
     t = float(big["seconds"].median())
-    return 0.0, t / (2 * (p - 1) / p * n), (f"estimated from the {n / 2**20:.3g} MiB median alone (the fit gave "
-                                            f"beta <= 0)")
+    return (
+        0.0,
+        t / (2 * (p - 1) / p * n),
+        (f"estimated from the {n / 2**20:.3g} MiB median alone (the fit gave beta <= 0)"),
+    )
 
 
 def levels_from_profiles(intra, inter, op: str = "all_reduce") -> dict:
@@ -141,5 +165,10 @@ def levels_from_profiles(intra, inter, op: str = "all_reduce") -> dict:
     node and one measured across nodes (one rank per node), with a `source` line saying how each was obtained."""
     a_i, b_i, how_i = level_from_profile(intra, op)
     a_e, b_e, how_e = level_from_profile(inter, op)
-    return {"alpha_intra": a_i, "beta_intra": b_i, "alpha_inter": a_e, "beta_inter": b_e,
-            "source": f"calibrated here: inside a node ({how_i}), between nodes ({how_e})"}
+    return {
+        "alpha_intra": a_i,
+        "beta_intra": b_i,
+        "alpha_inter": a_e,
+        "beta_inter": b_e,
+        "source": f"calibrated here: inside a node ({how_i}), between nodes ({how_e})",
+    }

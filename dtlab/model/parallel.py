@@ -43,13 +43,14 @@ def tp_allreduces(n_layers: int) -> int:
     return TP_ALLREDUCES_PER_BLOCK * int(n_layers)
 
 
-def tp_step_comm(form: str, alpha, beta, batch: int, seq: int, hidden: int, n_layers: int, tp: int,
-                 itemsize: int = 4):
+def tp_step_comm(form: str, alpha, beta, batch: int, seq: int, hidden: int, n_layers: int, tp: int, itemsize: int = 4):
     """Seconds of tensor-parallel communication per step: 4 L all-reduces of b s h x itemsize bytes over tp ranks
     (0 for tp = 1)."""
     n = tp_allreduce_bytes(batch, seq, hidden, itemsize)
-    return costmodel.scalar_or_array(tp_allreduces(n_layers) * np.asarray(
-        costmodel.collective_time("all_reduce", form, alpha, beta, n, tp), dtype=float))
+    return costmodel.scalar_or_array(
+        tp_allreduces(n_layers)
+        * np.asarray(costmodel.collective_time("all_reduce", form, alpha, beta, n, tp), dtype=float)
+    )
 
 
 def bubble_fraction(stages, microbatches):
@@ -67,8 +68,13 @@ def pipeline_step(t_microbatch: float, stages: int, microbatches: int, t_p2p: fl
     p, m = int(stages), int(microbatches)
     slot = float(t_microbatch) + (2 * float(t_p2p) if p > 1 else 0.0)
     t = (m + p - 1) * slot
-    return {"t_pipe": t, "busy": m * float(t_microbatch), "p2p": m * (slot - float(t_microbatch)),
-            "bubble_s": (p - 1) * slot, "bubble": float(bubble_fraction(p, m))}
+    return {
+        "t_pipe": t,
+        "busy": m * float(t_microbatch),
+        "p2p": m * (slot - float(t_microbatch)),
+        "bubble_s": (p - 1) * slot,
+        "bubble": float(bubble_fraction(p, m)),
+    }
 
 
 def in_flight(schedule: str, stages: int, microbatches: int) -> int:
@@ -87,8 +93,9 @@ def fsdp2_step_comm(form: str, alpha, beta, param_bytes: float, root_bytes: floa
     return {"all_gather_fwd": ag_f, "all_gather_bwd": ag_b, "reduce_scatter": rs, "total": ag_f + ag_b + rs}
 
 
-def activation_bytes_per_layer(batch: float, seq: int, hidden: int, heads: int, tp: int = 1,
-                               itemsize: int = 4) -> float:
+def activation_bytes_per_layer(
+    batch: float, seq: int, hidden: int, heads: int, tp: int = 1, itemsize: int = 4
+) -> float:
     """Activations one transformer layer keeps for backward (bytes), Korthikanti et al. 2022 without sequence
     parallelism: s b h (10 + 24/t + 5 a s / (h t)) at 2 bytes per element, scaled by itemsize / 2."""
     s, b, h, a, t = float(seq), float(batch), float(hidden), float(heads), float(tp)
@@ -102,8 +109,17 @@ def block_params(hidden: int, ffn: int) -> int:
     return 4 * (h * h + h) + 4 * h + (h * f + f) + (f * h + h)
 
 
-def layout_memory(arch: dict, batch_per_replica: int, seq: int, dp: int, tp: int, pp: int, microbatches: int = 1,
-                  schedule: str = "gpipe", sharded: bool = False) -> dict:
+def layout_memory(
+    arch: dict,
+    batch_per_replica: int,
+    seq: int,
+    dp: int,
+    tp: int,
+    pp: int,
+    microbatches: int = 1,
+    schedule: str = "gpipe",
+    sharded: bool = False,
+) -> dict:
     """Bytes one GPU holds under a dp x tp x pp layout (the first stage, which also holds the embeddings: the
     largest). arch: vocab_size, dim, n_layers, n_heads, hidden_dim, max_position_embeddings. Parameters: the
     stage's blocks split over tp (embeddings and head replicated over tp, as dtlab's 'tp' keeps them), x16 bytes,

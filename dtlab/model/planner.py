@@ -32,18 +32,42 @@ from dtlab.model.parallel import block_params, layout_memory, pipeline_step, tp_
 MODELS = {
     "tiny": dict(vocab_size=30522, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=512),
     "distilbert": dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, max_position_embeddings=512),
-    "bert-large": dict(vocab_size=30522, dim=1024, n_layers=24, n_heads=16, hidden_dim=4096,
-                       max_position_embeddings=512),
-    "gpt3-1.3b": dict(vocab_size=50257, dim=2048, n_layers=24, n_heads=16, hidden_dim=8192, max_position_embeddings=2048),
-    "gpt3-6.7b": dict(vocab_size=50257, dim=4096, n_layers=32, n_heads=32, hidden_dim=16384,
-                      max_position_embeddings=2048),
-    "gpt3-13b": dict(vocab_size=50257, dim=5120, n_layers=40, n_heads=40, hidden_dim=20480,
-                     max_position_embeddings=2048),
-    "gpt3-175b": dict(vocab_size=50257, dim=12288, n_layers=96, n_heads=96, hidden_dim=49152,
-                      max_position_embeddings=2048),
+    "bert-large": dict(
+        vocab_size=30522, dim=1024, n_layers=24, n_heads=16, hidden_dim=4096, max_position_embeddings=512
+    ),
+    "gpt3-1.3b": dict(
+        vocab_size=50257, dim=2048, n_layers=24, n_heads=16, hidden_dim=8192, max_position_embeddings=2048
+    ),
+    "gpt3-6.7b": dict(
+        vocab_size=50257, dim=4096, n_layers=32, n_heads=32, hidden_dim=16384, max_position_embeddings=2048
+    ),
+    "gpt3-13b": dict(
+        vocab_size=50257, dim=5120, n_layers=40, n_heads=40, hidden_dim=20480, max_position_embeddings=2048
+    ),
+    "gpt3-175b": dict(
+        vocab_size=50257, dim=12288, n_layers=96, n_heads=96, hidden_dim=49152, max_position_embeddings=2048
+    ),
 }
-COLUMNS = ["layout", "dp", "tp", "pp", "microbatches", "params_per_gpu", "memory", "fits", "t_step", "compute",
-           "tp_comm", "p2p", "bubble", "dp_comm", "optimizer", "tp_level", "pp_level", "dp_level"]
+COLUMNS = [
+    "layout",
+    "dp",
+    "tp",
+    "pp",
+    "microbatches",
+    "params_per_gpu",
+    "memory",
+    "fits",
+    "t_step",
+    "compute",
+    "tp_comm",
+    "p2p",
+    "bubble",
+    "dp_comm",
+    "optimizer",
+    "tp_level",
+    "pp_level",
+    "dp_level",
+]
 
 
 def nonembedding_params(arch: dict) -> int:
@@ -54,8 +78,14 @@ def nonembedding_params(arch: dict) -> int:
 def total_params(arch: dict) -> int:
     """Every parameter, embeddings and a 2-label head included."""
     h = int(arch["dim"])
-    return nonembedding_params(arch) + (int(arch["vocab_size"]) + int(arch["max_position_embeddings"]) + 2) * h \
-        + h * h + h + 2 * h + 2
+    return (
+        nonembedding_params(arch)
+        + (int(arch["vocab_size"]) + int(arch["max_position_embeddings"]) + 2) * h
+        + h * h
+        + h
+        + 2 * h
+        + 2
+    )
 
 
 def layouts(gpus: int, arch: dict) -> list[tuple[int, int, int]]:
@@ -78,13 +108,35 @@ def _ring(levels: dict, nbytes: float, members: int, per_node: int) -> tuple[flo
         return 0.0, "-"
     per_node = max(1, min(per_node, members))
     nodes = -(-members // per_node)
-    t = float(hierarchy.flat_ring_allreduce(levels["alpha_intra"], levels["beta_intra"], levels["alpha_inter"],
-                                            levels["beta_inter"], nbytes, nodes, per_node))
+    t = float(
+        hierarchy.flat_ring_allreduce(
+            levels["alpha_intra"],
+            levels["beta_intra"],
+            levels["alpha_inter"],
+            levels["beta_inter"],
+            nbytes,
+            nodes,
+            per_node,
+        )
+    )
     return t, "intra-node" if nodes == 1 else ("inter-node" if per_node == 1 else "both levels")
 
 
-def predict_layout(arch: dict, dp: int, tp: int, pp: int, *, gpus_per_node: int, global_batch: int, seq: int,
-                   microbatches: int, schedule: str, sharded: bool, levels: dict, compute: dict) -> dict:
+def predict_layout(
+    arch: dict,
+    dp: int,
+    tp: int,
+    pp: int,
+    *,
+    gpus_per_node: int,
+    global_batch: int,
+    seq: int,
+    microbatches: int,
+    schedule: str,
+    sharded: bool,
+    levels: dict,
+    compute: dict,
+) -> dict:
     """One layout's memory per GPU and predicted step (s), its parts and the level each axis crosses."""
     g = int(gpus_per_node)
     b = global_batch / dp
@@ -97,23 +149,55 @@ def predict_layout(arch: dict, dp: int, tp: int, pp: int, *, gpus_per_node: int,
     t_ar, tp_level = _ring(levels, act, tp, g)
     tp_mb = tp_allreduces(layers) * t_ar
     inter_pp = tp * pp > g
-    t_p2p = 0.0 if pp == 1 else (levels["alpha_inter"] + levels["beta_inter"] * act if inter_pp
-                                 else levels["alpha_intra"] + levels["beta_intra"] * act)
+    t_p2p = (
+        0.0
+        if pp == 1
+        else (
+            levels["alpha_inter"] + levels["beta_inter"] * act
+            if inter_pp
+            else levels["alpha_intra"] + levels["beta_intra"] * act
+        )
+    )
     pipe = pipeline_step(t_mb + tp_mb, pp, m, t_p2p)
     grads = mem["params"] * 4
     t_dp, dp_level = _ring(levels, grads, dp, max(1, g // (tp * pp)))
     t_dp *= 1.5 if sharded else 1.0
     t_opt = compute["t_opt"] * mem["params"] / compute["params"] / (dp if sharded else 1)
-    return {"layout": f"{dp}x{tp}x{pp}", "dp": dp, "tp": tp, "pp": pp, "microbatches": m,
-            "params_per_gpu": mem["params"], "memory": mem["total"], "t_step": pipe["t_pipe"] + t_dp + t_opt,
-            "compute": m * t_mb, "tp_comm": m * tp_mb, "p2p": pipe["p2p"], "bubble": pipe["bubble_s"],
-            "dp_comm": t_dp, "optimizer": t_opt, "tp_level": tp_level,
-            "pp_level": "-" if pp == 1 else ("inter-node" if inter_pp else "intra-node"), "dp_level": dp_level}
+    return {
+        "layout": f"{dp}x{tp}x{pp}",
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "microbatches": m,
+        "params_per_gpu": mem["params"],
+        "memory": mem["total"],
+        "t_step": pipe["t_pipe"] + t_dp + t_opt,
+        "compute": m * t_mb,
+        "tp_comm": m * tp_mb,
+        "p2p": pipe["p2p"],
+        "bubble": pipe["bubble_s"],
+        "dp_comm": t_dp,
+        "optimizer": t_opt,
+        "tp_level": tp_level,
+        "pp_level": "-" if pp == 1 else ("inter-node" if inter_pp else "intra-node"),
+        "dp_level": dp_level,
+    }
 
 
-def plan(arch: dict, gpus: int, *, gpus_per_node: int, gpu_memory: float, global_batch: int, seq: int,
-         microbatches: int = 4, schedule: str = "1f1b", sharded: bool = False, levels: dict, compute: dict
-         ) -> pd.DataFrame:
+def plan(
+    arch: dict,
+    gpus: int,
+    *,
+    gpus_per_node: int,
+    gpu_memory: float,
+    global_batch: int,
+    seq: int,
+    microbatches: int = 4,
+    schedule: str = "1f1b",
+    sharded: bool = False,
+    levels: dict,
+    compute: dict,
+) -> pd.DataFrame:
     """Every layout of `gpus` GPUs (:func:`layouts`) whose replicas split the global batch evenly, predicted
     (:func:`predict_layout`), with `fits` (memory per GPU <= gpu_memory bytes); fastest first, those that do not
     fit after those that do. Times in seconds, memory in bytes."""
@@ -123,9 +207,20 @@ def plan(arch: dict, gpus: int, *, gpus_per_node: int, gpu_memory: float, global
         m = int(microbatches)
         if global_batch % dp or (global_batch // dp) % m:
             continue  # replicas of unequal batches, or micro-batches that do not divide one
-        r = predict_layout(arch, dp, tp, pp, gpus_per_node=gpus_per_node, global_batch=global_batch, seq=seq,
-                           microbatches=microbatches, schedule=schedule, sharded=sharded, levels=levels,
-                           compute=compute)
+        r = predict_layout(
+            arch,
+            dp,
+            tp,
+            pp,
+            gpus_per_node=gpus_per_node,
+            global_batch=global_batch,
+            seq=seq,
+            microbatches=microbatches,
+            schedule=schedule,
+            sharded=sharded,
+            levels=levels,
+            compute=compute,
+        )
         r["fits"] = bool(r["memory"] <= gpu_memory)
         rows.append(r)
     df = pd.DataFrame(rows, columns=COLUMNS)
@@ -145,24 +240,39 @@ def compute_from_run(run) -> dict:
     if arch is None:
         raise ValueError(f"run {run.path}: model {run.config.get('model')!r} has no architecture in the planner")
     bs, seq = int(run.config["batch_size"]), int(run.config["seq_len"])
-    out = {"seq": seq, "nonembedding_params": nonembedding_params(arch), "model": run.config.get("model"),
-           "params": int(run.resolved.get("num_parameters", total_params(arch)))}
+    out = {
+        "seq": seq,
+        "nonembedding_params": nonembedding_params(arch),
+        "model": run.config.get("model"),
+        "params": int(run.resolved.get("num_parameters", total_params(arch))),
+    }
     base = run.baseline_steps
     if base is not None and not base.empty:
         slow = base.loc[base.groupby("step")["t_step"].idxmax()]
-        return {**out, "t_fb_per_sample": float((slow["t_fwd"] + slow["t_bwd"]).median()) / bs,
-                "t_opt": float(slow["t_opt"].median()),
-                "source": (f"measured: the no-op baseline of {run.path} ({run.config.get('model')}, batch {bs} x "
-                           f"{seq} tokens per rank, median of {len(slow)} steps)")}
+        return {
+            **out,
+            "t_fb_per_sample": float((slow["t_fwd"] + slow["t_bwd"]).median()) / bs,
+            "t_opt": float(slow["t_opt"].median()),
+            "source": (
+                f"measured: the no-op baseline of {run.path} ({run.config.get('model')}, batch {bs} x "
+                f"{seq} tokens per rank, median of {len(slow)} steps)"
+            ),
+        }
     mb = run.microbatches
     if mb is not None and not mb.empty:
         mb = mb[mb["step"] >= run.warmup]
         busy = (mb["t_end"] - mb["t_start"]).groupby(mb["step"]).sum()
         st = run.measured_steps()
         opt = st.groupby("step")["t_opt"].sum()
-        return {**out, "t_fb_per_sample": float(busy.median()) / bs, "t_opt": float(opt.median()),
-                "source": (f"measured: every stage's forwards and backwards of {run.path} summed ({run.config.get('model')},"
-                           f" batch {bs} x {seq} tokens, median of {len(busy)} steps)")}
+        return {
+            **out,
+            "t_fb_per_sample": float(busy.median()) / bs,
+            "t_opt": float(opt.median()),
+            "source": (
+                f"measured: every stage's forwards and backwards of {run.path} summed ({run.config.get('model')},"
+                f" batch {bs} x {seq} tokens, median of {len(busy)} steps)"
+            ),
+        }
     raise ValueError(f"run {run.path} measured no compute alone: give a 'ddp' run with baseline_steps or a 'pp' run")
 
 
@@ -173,9 +283,17 @@ def measured_rows(runs: dict) -> pd.DataFrame:
     for label, run in runs.items():
         lay = run.resolved.get("layout") or {"dp": run.nproc, "tp": 1, "pp": 1}
         t = float(run.summary().set_index("quantity").loc["T_step", "value"])
-        rows.append({"label": label, "dp": int(lay["dp"]), "tp": int(lay["tp"]), "pp": int(lay["pp"]),
-                     "layout": f"{lay['dp']}x{lay['tp']}x{lay['pp']}", "t_step": t,
-                     "microbatches": int(run.config.get("microbatches", 1))})
+        rows.append(
+            {
+                "label": label,
+                "dp": int(lay["dp"]),
+                "tp": int(lay["tp"]),
+                "pp": int(lay["pp"]),
+                "layout": f"{lay['dp']}x{lay['tp']}x{lay['pp']}",
+                "t_step": t,
+                "microbatches": int(run.config.get("microbatches", 1)),
+            }
+        )
     return pd.DataFrame(rows, columns=["label", "dp", "tp", "pp", "layout", "t_step", "microbatches"])
 
 
@@ -183,8 +301,13 @@ def levels_from_profile(profile) -> dict:
     """One machine's calibration as both levels (this machine has one node: its loopback is the only link),
     labelled so."""
     a, b, how = hierarchy.level_from_profile(profile)
-    return {"alpha_intra": a, "beta_intra": b, "alpha_inter": a, "beta_inter": b,
-            "source": f"this machine's calibration for both levels ({how}; one node: no network measured)"}
+    return {
+        "alpha_intra": a,
+        "beta_intra": b,
+        "alpha_inter": a,
+        "beta_inter": b,
+        "source": f"this machine's calibration for both levels ({how}; one node: no network measured)",
+    }
 
 
 def _check_levels(levels: dict) -> dict:
@@ -205,13 +328,32 @@ def against_runs(runs: dict, levels: dict, compute: dict, gpus_per_node: int = 8
         lay = run.resolved.get("layout") or {"dp": run.nproc, "tp": 1, "pp": 1}
         arch = MODELS[run.config["model"]]
         m = int(run.config.get("microbatches", 1))
-        p = predict_layout(arch, int(lay["dp"]), int(lay["tp"]), int(lay["pp"]), gpus_per_node=gpus_per_node,
-                           global_batch=int(run.config["batch_size"]) * int(lay["dp"]), seq=int(run.config["seq_len"]),
-                           microbatches=m, schedule=run.config.get("pp_schedule", "gpipe"), sharded=False,
-                           levels=levels, compute=compute)
+        p = predict_layout(
+            arch,
+            int(lay["dp"]),
+            int(lay["tp"]),
+            int(lay["pp"]),
+            gpus_per_node=gpus_per_node,
+            global_batch=int(run.config["batch_size"]) * int(lay["dp"]),
+            seq=int(run.config["seq_len"]),
+            microbatches=m,
+            schedule=run.config.get("pp_schedule", "gpipe"),
+            sharded=False,
+            levels=levels,
+            compute=compute,
+        )
         s = run.summary().set_index("quantity")["value"]
         t = float(s["T_step"])
-        rows.append({"label": label, "layout": p["layout"], "microbatches": m, "predicted": p["t_step"],
-                     "measured": t, "error": p["t_step"] / t - 1, "predicted_compute": p["compute"] + p["optimizer"],
-                     "measured_compute": float(s["T_comp"])})
+        rows.append(
+            {
+                "label": label,
+                "layout": p["layout"],
+                "microbatches": m,
+                "predicted": p["t_step"],
+                "measured": t,
+                "error": p["t_step"] / t - 1,
+                "predicted_compute": p["compute"] + p["optimizer"],
+                "measured_compute": float(s["T_comp"]),
+            }
+        )
     return pd.DataFrame(rows)

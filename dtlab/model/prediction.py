@@ -34,14 +34,29 @@ import numpy as np
 import pandas as pd
 
 from dtlab.config.strategies import strategy_spec
-from dtlab.model.buckets import predict_step, replay_ranks
 from dtlab.intervals import frame_union_length
+from dtlab.model.buckets import predict_step, replay_ranks
 
-COLUMNS = ["step", "rank", "measured_t_step", "predicted_t_step", "measured_t_comm", "predicted_t_comm",
-           "measured_exposed", "predicted_exposed", "t_step_error", "t_comm_error"]
+COLUMNS = [
+    "step",
+    "rank",
+    "measured_t_step",
+    "predicted_t_step",
+    "measured_t_comm",
+    "predicted_t_comm",
+    "measured_exposed",
+    "predicted_exposed",
+    "t_step_error",
+    "t_comm_error",
+]
 #: With a loaded profile: the same step priced with contention (loaded fit while backward runs, idle after).
-CONTENDED = ["contended_t_step", "contended_t_comm", "contended_exposed", "contended_t_step_error",
-             "contended_t_comm_error"]
+CONTENDED = [
+    "contended_t_step",
+    "contended_t_comm",
+    "contended_exposed",
+    "contended_t_step_error",
+    "contended_t_comm_error",
+]
 
 
 def predict(run, profile) -> pd.DataFrame:
@@ -87,16 +102,21 @@ def _predict_ddp(run, profile) -> pd.DataFrame:
         durations = np.asarray(profile.predict(op, sizes.to_numpy(), p), dtype=float)
         bwd_comp = float(ready.max()) - s.t_fwd
         pred = predict_step(s.t_fwd, bwd_comp, s.t_opt, ready, durations)
-        row = {"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,
-               "predicted_t_step": pred["t_step"], "measured_t_comm": _longest_comm(run.buckets, s.step),
-               "predicted_t_comm": pred["t_comm"],
-               "measured_exposed": s.t_fwd + s.t_bwd - float(ready.max()),
-               "predicted_exposed": pred["exposed"], "n_buckets": len(b)}
+        row = {
+            "step": s.step,
+            "rank": s.rank,
+            "measured_t_step": s.t_step,
+            "predicted_t_step": pred["t_step"],
+            "measured_t_comm": _longest_comm(run.buckets, s.step),
+            "predicted_t_comm": pred["t_comm"],
+            "measured_exposed": s.t_fwd + s.t_bwd - float(ready.max()),
+            "predicted_exposed": pred["exposed"],
+            "n_buckets": len(b),
+        }
         if profile.has_load(op):
             loaded = np.asarray(profile.predict(op, sizes.to_numpy(), p, load="backward"), dtype=float)
             con = predict_step(s.t_fwd, bwd_comp, s.t_opt, ready, durations, loaded=loaded)
-            row.update(contended_t_step=con["t_step"], contended_t_comm=con["t_comm"],
-                       contended_exposed=con["exposed"])
+            row.update(contended_t_step=con["t_step"], contended_t_comm=con["t_comm"], contended_exposed=con["exposed"])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -133,12 +153,17 @@ def _predict_ddp_ranks(run, profile, shared: pd.DataFrame) -> pd.DataFrame:
         # a compression hook encodes before it issues (t_start > t_ready) and sends wire_bytes: priced as one
         # collective of its bytes on the wire from its issue (PowerSGD's extra latency terms are not priced)
         issues = np.array([shared.loc[(r, s.step), "start"] + per[r]["t_start"].to_numpy() for r in ranks])
-        ends_of_compute = issues.max(axis=1)                  # each rank's backward compute: to its last bucket
+        ends_of_compute = issues.max(axis=1)  # each rank's backward compute: to its last bucket
         sizes = _sizes(per[ranks[0]])
         durations = np.asarray(profile.predict(op, sizes, p), dtype=float)
-        row = {"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,
-               "measured_t_comm": _longest_comm(run.buckets, s.step),
-               "measured_exposed": s.t_fwd + s.t_bwd - float(per[s.rank]["t_start"].max()), "n_buckets": len(sizes)}
+        row = {
+            "step": s.step,
+            "rank": s.rank,
+            "measured_t_step": s.t_step,
+            "measured_t_comm": _longest_comm(run.buckets, s.step),
+            "measured_exposed": s.t_fwd + s.t_bwd - float(per[s.rank]["t_start"].max()),
+            "n_buckets": len(sizes),
+        }
         prices = {"predicted": (durations, None)}
         if loaded_fit:
             prices["contended"] = (durations, np.asarray(profile.predict(op, sizes, p, load="backward"), dtype=float))
@@ -149,8 +174,13 @@ def _predict_ddp_ranks(run, profile, shared: pd.DataFrame) -> pd.DataFrame:
             starts = {r: float(shared.loc[(r, s.step), "start"]) for r in ranks}
             t_steps = {r: max(ends_of_compute[i], last) + t_opt[r] - starts[r] for i, r in enumerate(ranks)}
             me = ranks.index(s.rank)
-            row.update({f"{name}_t_step": max(t_steps.values()), f"{name}_t_comm": float(rep["t_comm"].max()),
-                        f"{name}_exposed": max(0.0, last - float(ends_of_compute[me]))})
+            row.update(
+                {
+                    f"{name}_t_step": max(t_steps.values()),
+                    f"{name}_t_comm": float(rep["t_comm"].max()),
+                    f"{name}_exposed": max(0.0, last - float(ends_of_compute[me])),
+                }
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -177,16 +207,26 @@ def _predict_zero3(run, profile) -> pd.DataFrame:
             replays[rank] = replay_zero3(c, _blocked_of(run, c, rank, s.step, measured), durations)
         me = replays[s.rank]
         t_comp = s.t_step - me["measured_exposed"]
-        rows.append({"step": s.step, "rank": s.rank, "measured_t_step": s.t_step,
-                     "predicted_t_step": t_comp + me["predicted_exposed"],
-                     "measured_t_comm": max(r["measured_t_comm"] for r in replays.values()),
-                     "predicted_t_comm": max(r["predicted_t_comm"] for r in replays.values()),
-                     "measured_exposed": me["measured_exposed"], "predicted_exposed": me["predicted_exposed"],
-                     "measured_t_comp": t_comp, "n_collectives": int((step_c["rank"] == s.rank).sum()),
-                     "ops_priced_with": ", ".join(sorted(used)),
-                     "exposed_from": ("measured: recorded blocked intervals" if measured else
-                                      "assumed: every collective blocks from issue to end (no blocked intervals "
-                                      "recorded)")})
+        rows.append(
+            {
+                "step": s.step,
+                "rank": s.rank,
+                "measured_t_step": s.t_step,
+                "predicted_t_step": t_comp + me["predicted_exposed"],
+                "measured_t_comm": max(r["measured_t_comm"] for r in replays.values()),
+                "predicted_t_comm": max(r["predicted_t_comm"] for r in replays.values()),
+                "measured_exposed": me["measured_exposed"],
+                "predicted_exposed": me["predicted_exposed"],
+                "measured_t_comp": t_comp,
+                "n_collectives": int((step_c["rank"] == s.rank).sum()),
+                "ops_priced_with": ", ".join(sorted(used)),
+                "exposed_from": (
+                    "measured: recorded blocked intervals"
+                    if measured
+                    else "assumed: every collective blocks from issue to end (no blocked intervals recorded)"
+                ),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -198,8 +238,9 @@ def _blocked_of(run, c: pd.DataFrame, rank: int, step: int, measured: bool) -> p
         b = b[(b["rank"] == rank) & (b["step"] == step) & (b["phase"] != "between_steps")]
         return b[["t_start", "t_end", "seq"]].dropna(subset=["t_start", "t_end"])
     c = c.dropna(subset=["t_end"])
-    return pd.DataFrame({"t_start": c["t_start"], "t_end": c["t_end"],
-                         "seq": c["seq"] if "seq" in c else np.arange(len(c))})
+    return pd.DataFrame(
+        {"t_start": c["t_start"], "t_end": c["t_end"], "seq": c["seq"] if "seq" in c else np.arange(len(c))}
+    )
 
 
 def replay_zero3(collectives: pd.DataFrame, blocked: pd.DataFrame, durations) -> dict:
@@ -247,9 +288,13 @@ def replay_zero3(collectives: pd.DataFrame, blocked: pd.DataFrame, durations) ->
     issue_until(np.inf)
     measured_comm = frame_union_length(c.dropna(subset=["t_end"]))
     pred = pd.DataFrame({"t_start": issued_at, "t_end": end_pred})
-    return {"measured_exposed": float(sum(b - a for a, b, _ in segs)), "predicted_exposed": float(exposed),
-            "measured_t_comm": float(measured_comm), "predicted_t_comm": float(frame_union_length(pred)),
-            "shift": float(shift)}
+    return {
+        "measured_exposed": float(sum(b - a for a, b, _ in segs)),
+        "predicted_exposed": float(exposed),
+        "measured_t_comm": float(measured_comm),
+        "predicted_t_comm": float(frame_union_length(pred)),
+        "shift": float(shift),
+    }
 
 
 def _longest_comm(intervals: pd.DataFrame, step: int) -> float:
@@ -261,8 +306,11 @@ def _longest_comm(intervals: pd.DataFrame, step: int) -> float:
 def prediction_summary(pred: pd.DataFrame) -> dict:
     """Median absolute relative errors of T_step and T_comm over the steps (fractions); with a loaded profile also
     those of the contended prediction (`contended_*`)."""
-    out = {"median_abs_t_step_error": float(pred["t_step_error"].abs().median()),
-           "median_abs_t_comm_error": float(pred["t_comm_error"].abs().median()), "steps": len(pred)}
+    out = {
+        "median_abs_t_step_error": float(pred["t_step_error"].abs().median()),
+        "median_abs_t_comm_error": float(pred["t_comm_error"].abs().median()),
+        "steps": len(pred),
+    }
     if "contended_t_step_error" in pred.columns:
         out["contended_median_abs_t_step_error"] = float(pred["contended_t_step_error"].abs().median())
         out["contended_median_abs_t_comm_error"] = float(pred["contended_t_comm_error"].abs().median())

@@ -62,8 +62,7 @@ class Profile:
         out = np.choose(idx, [np.asarray(sg.predict(n, nproc), dtype=float) * np.ones_like(n) for sg in segs])
         return float(out) if np.ndim(out) == 0 else out
 
-    def fit_all(self, form: str = "ring", min_bytes=None, max_bytes=None,
-                confidence: float = 0.95) -> "Profile":
+    def fit_all(self, form: str = "ring", min_bytes=None, max_bytes=None, confidence: float = 0.95) -> Profile:
         """(Re)fit every op present in samples; returns self.
 
         An op that cannot be fitted (e.g. too few sizes) is skipped and a
@@ -72,8 +71,10 @@ class Profile:
         check_samples(self.samples)
         self.fits, self.segments, self.loaded_fits, self.loaded_segments = {}, {}, {}, {}
         load = self.samples["load"].fillna("idle") if "load" in self.samples.columns else None
-        for how, fits, segments in (("idle", self.fits, self.segments),
-                                    ("backward", self.loaded_fits, self.loaded_segments)):
+        for how, fits, segments in (
+            ("idle", self.fits, self.segments),
+            ("backward", self.loaded_fits, self.loaded_segments),
+        ):
             if load is None:  # samples from before loads were recorded: all of them idle
                 s = self.samples if how == "idle" else self.samples.iloc[:0]
             else:
@@ -83,8 +84,9 @@ class Profile:
             for op in sorted(s["op"].unique()):
                 try:
                     fits[op] = fit_alpha_beta(s, op, form, min_bytes, max_bytes, confidence)
-                    segments[op] = fit_piecewise(s, op, form, min_bytes=min_bytes, max_bytes=max_bytes,
-                                                 confidence=confidence)
+                    segments[op] = fit_piecewise(
+                        s, op, form, min_bytes=min_bytes, max_bytes=max_bytes, confidence=confidence
+                    )
                 except ValueError as err:
                     note = f"{op}{'' if how == 'idle' else ' (loaded)'} not fitted: {err}"
                     if note not in self.caveats:
@@ -92,12 +94,18 @@ class Profile:
         return self
 
     @classmethod
-    def from_samples(cls, samples: pd.DataFrame, meta: dict | None = None, form: str = "ring",
-                     min_bytes=None, max_bytes=None, confidence: float = 0.95,
-                     caveats: list[str] | None = None) -> "Profile":
+    def from_samples(
+        cls,
+        samples: pd.DataFrame,
+        meta: dict | None = None,
+        form: str = "ring",
+        min_bytes=None,
+        max_bytes=None,
+        confidence: float = 0.95,
+        caveats: list[str] | None = None,
+    ) -> Profile:
         """Build a Profile from raw samples and fit every op present."""
-        prof = cls(meta=dict(meta or {}), samples=samples.reset_index(drop=True),
-                   caveats=list(caveats or []))
+        prof = cls(meta=dict(meta or {}), samples=samples.reset_index(drop=True), caveats=list(caveats or []))
         return prof.fit_all(form, min_bytes, max_bytes, confidence)
 
     def save(self, path) -> str:
@@ -125,19 +133,27 @@ class Profile:
 def profile_table(profile) -> str:
     """The fitted alpha (microseconds) and beta (as GB/s) per op with 95% intervals, and the caveats."""
     from dtlab.units import fmt_gbps, fmt_us
+
     m = profile.meta
     nodes = m.get("nnodes", 1)
-    where = (f"{nodes} nodes x {m.get('ranks_per_node')} | hosts {', '.join(m.get('hosts', [])) or '?'}" if nodes > 1
-             else f"host {m.get('host')}")
-    lines = [f"profile {m.get('calibration', {}).get('out', '')}: {m.get('backend')} | {m.get('world_size')} ranks | "
-             f"{where} | torch {m.get('versions', {}).get('torch')}"]
+    where = (
+        f"{nodes} nodes x {m.get('ranks_per_node')} | hosts {', '.join(m.get('hosts', [])) or '?'}"
+        if nodes > 1
+        else f"host {m.get('host')}"
+    )
+    lines = [
+        f"profile {m.get('calibration', {}).get('out', '')}: {m.get('backend')} | {m.get('world_size')} ranks | "
+        f"{where} | torch {m.get('versions', {}).get('torch')}"
+    ]
     for op, f in sorted(profile.fits.items()):
         lo, hi = f.alpha_ci
         blo, bhi = f.beta_ci
         bw = lambda b: fmt_gbps(1 / b) if b > 0 else "inf"  # noqa: E731
-        lines.append(f"  {op:<15} {f.form:<8} alpha {fmt_us(f.alpha):>10} [{fmt_us(lo)}, {fmt_us(hi)}]   "
-                     f"1/beta {bw(f.beta)} [{bw(bhi)}, {bw(blo)}]   rel. RMS error {f.rel_rms:.1%}   "
-                     f"sizes {f.min_bytes:,}..{f.max_bytes:,} B")
+        lines.append(
+            f"  {op:<15} {f.form:<8} alpha {fmt_us(f.alpha):>10} [{fmt_us(lo)}, {fmt_us(hi)}]   "
+            f"1/beta {bw(f.beta)} [{bw(bhi)}, {bw(blo)}]   rel. RMS error {f.rel_rms:.1%}   "
+            f"sizes {f.min_bytes:,}..{f.max_bytes:,} B"
+        )
     for c in profile.caveats:
         lines.append(f"  note: {c}")
     return "\n".join(lines)

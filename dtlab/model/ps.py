@@ -36,8 +36,14 @@ import pandas as pd
 
 from dtlab.model import costmodel
 
-FORMS = ("ring all-reduce", "ring all-reduce (textbook)", "ps per worker (textbook)", "ps at the server link",
-         "ps as gloo runs it", "ps as NCCL runs it")
+FORMS = (
+    "ring all-reduce",
+    "ring all-reduce (textbook)",
+    "ps per worker (textbook)",
+    "ps at the server link",
+    "ps as gloo runs it",
+    "ps as NCCL runs it",
+)
 
 
 def _log2ceil(p: np.ndarray) -> np.ndarray:
@@ -77,16 +83,21 @@ def forms_table(alpha: float, beta: float, nbytes, nproc) -> pd.DataFrame:
     """Every form of this module for each (nbytes, p): one row per pair, columns nbytes (B), nproc, one
     column of seconds per entry of FORMS, and `ps_over_ring_*` ratios (textbook over textbook, server over
     ring, gloo over ring, NCCL over ring)."""
-    n, p = np.broadcast_arrays(np.atleast_1d(np.asarray(nbytes, dtype=float)),
-                               np.atleast_1d(np.asarray(nproc, dtype=float)))
+    n, p = np.broadcast_arrays(
+        np.atleast_1d(np.asarray(nbytes, dtype=float)), np.atleast_1d(np.asarray(nproc, dtype=float))
+    )
     n, p = n.ravel(), p.ravel()
-    cols = {"ring all-reduce": costmodel.ring_allreduce(alpha, beta, n, p),
-            "ring all-reduce (textbook)": costmodel.textbook_allreduce(alpha, beta, n, p),
-            "ps per worker (textbook)": costmodel.parameter_server(alpha, beta, n, p),
-            "ps at the server link": costmodel.ps_server(alpha, beta, n, p),
-            "ps as gloo runs it": ps_gloo(alpha, beta, n, p), "ps as NCCL runs it": ps_nccl(alpha, beta, n, p)}
-    df = pd.DataFrame({"nbytes": n.astype(int), "nproc": p.astype(int),
-                       **{k: np.asarray(v, dtype=float) for k, v in cols.items()}})
+    cols = {
+        "ring all-reduce": costmodel.ring_allreduce(alpha, beta, n, p),
+        "ring all-reduce (textbook)": costmodel.textbook_allreduce(alpha, beta, n, p),
+        "ps per worker (textbook)": costmodel.parameter_server(alpha, beta, n, p),
+        "ps at the server link": costmodel.ps_server(alpha, beta, n, p),
+        "ps as gloo runs it": ps_gloo(alpha, beta, n, p),
+        "ps as NCCL runs it": ps_nccl(alpha, beta, n, p),
+    }
+    df = pd.DataFrame(
+        {"nbytes": n.astype(int), "nproc": p.astype(int), **{k: np.asarray(v, dtype=float) for k, v in cols.items()}}
+    )
     ring = df["ring all-reduce"].replace(0.0, np.nan)
     df["ps_over_ring_textbook"] = df["ps per worker (textbook)"] / df["ring all-reduce (textbook)"].replace(0.0, np.nan)
     df["ps_over_ring_server"] = df["ps at the server link"] / ring

@@ -40,8 +40,9 @@ def daly_interval(checkpoint_s: float, mtbf_s: float) -> float:
     return young_interval(c, m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - c
 
 
-def checkpoint_tradeoff(t_step_s: float, checkpoint_s: float, mtbf_s: float, every=(1, 10, 100, 1000),
-                        restart_s: float = 0.0) -> pd.DataFrame:
+def checkpoint_tradeoff(
+    t_step_s: float, checkpoint_s: float, mtbf_s: float, every=(1, 10, 100, 1000), restart_s: float = 0.0
+) -> pd.DataFrame:
     """One row per checkpoint interval N (steps): interval_s (N t_step), save_overhead (C / interval, fraction of
     the time spent saving), lost_per_failure_s (N/2 steps x t_step + restart_s: expected work lost per failure),
     waste (save_overhead + lost_per_failure_s / MTBF: fraction of the run lost to both). `attrs` carries Young's
@@ -52,12 +53,24 @@ def checkpoint_tradeoff(t_step_s: float, checkpoint_s: float, mtbf_s: float, eve
     for n in every:
         tau = n * t_step_s
         lost = n / 2.0 * t_step_s + restart_s
-        rows.append({"every": n, "interval_s": tau, "save_overhead": checkpoint_s / tau,
-                     "lost_per_failure_s": lost, "waste": checkpoint_s / tau + lost / mtbf_s})
+        rows.append(
+            {
+                "every": n,
+                "interval_s": tau,
+                "save_overhead": checkpoint_s / tau,
+                "lost_per_failure_s": lost,
+                "waste": checkpoint_s / tau + lost / mtbf_s,
+            }
+        )
     df = pd.DataFrame(rows)
-    df.attrs.update(young_every=young_interval(checkpoint_s, mtbf_s) / t_step_s,
-                    daly_every=daly_interval(checkpoint_s, mtbf_s) / t_step_s, mtbf_s=mtbf_s,
-                    checkpoint_s=checkpoint_s, t_step_s=t_step_s, restart_s=restart_s)
+    df.attrs.update(
+        young_every=young_interval(checkpoint_s, mtbf_s) / t_step_s,
+        daly_every=daly_interval(checkpoint_s, mtbf_s) / t_step_s,
+        mtbf_s=mtbf_s,
+        checkpoint_s=checkpoint_s,
+        t_step_s=t_step_s,
+        restart_s=restart_s,
+    )
     return df
 
 
@@ -75,10 +88,14 @@ def measured_costs(run) -> dict:
     st = run.steps.groupby("step")["t_step"].max() if not run.steps.empty else pd.Series(dtype=float)
     lost_s = float(run.lost.groupby(["attempt", "step"])["t_step"].max().sum()) if not run.lost.empty else 0.0
     down_s = float(run.restarts.groupby("attempt")["down_s"].max().sum()) if not run.restarts.empty else 0.0
-    return {"checkpoint_s": float(per["t_save"].max().median()) if per is not None else float("nan"),
-            "checkpoint_bytes": float(per["nbytes"].sum().median()) if per is not None else float("nan"),
-            "checkpoints": per.ngroups if per is not None else 0,
-            "t_step": float(st.median()) if len(st) else float("nan"),
-            "restarts": int(run.restarts["attempt"].nunique()) if not run.restarts.empty else 0,
-            "lost_steps": int(run.lost[["attempt", "step"]].drop_duplicates().shape[0]) if not run.lost.empty else 0,
-            "lost_s": lost_s, "down_s": down_s, "lost_total_s": lost_s + down_s}
+    return {
+        "checkpoint_s": float(per["t_save"].max().median()) if per is not None else float("nan"),
+        "checkpoint_bytes": float(per["nbytes"].sum().median()) if per is not None else float("nan"),
+        "checkpoints": per.ngroups if per is not None else 0,
+        "t_step": float(st.median()) if len(st) else float("nan"),
+        "restarts": int(run.restarts["attempt"].nunique()) if not run.restarts.empty else 0,
+        "lost_steps": int(run.lost[["attempt", "step"]].drop_duplicates().shape[0]) if not run.lost.empty else 0,
+        "lost_s": lost_s,
+        "down_s": down_s,
+        "lost_total_s": lost_s + down_s,
+    }

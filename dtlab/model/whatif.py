@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dtlab.config.models import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
 from dtlab.model import buckets as bk
 from dtlab.model import costmodel
-from dtlab.config.models import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
 from dtlab.units import fmt_mib
 
 
@@ -47,10 +47,10 @@ def distilbert_param_nbytes(num_labels: int = 2) -> list[int]:
 
 #: The architectures of RunConfig.model, as DistilBertConfig fields: DistilBertConfig()'s defaults and
 #: dtlab.rank.data's tiny preset (what the ranks build).
-MODEL_ARCH = {"distilbert": dict(vocab_size=30522, dim=768, n_layers=6, hidden_dim=3072,
-                                 max_position_embeddings=512),
-              "tiny": {k: TINY_ARCH[k] for k in ("vocab_size", "dim", "n_layers", "hidden_dim",
-                                                  "max_position_embeddings")}}
+MODEL_ARCH = {
+    "distilbert": dict(vocab_size=30522, dim=768, n_layers=6, hidden_dim=3072, max_position_embeddings=512),
+    "tiny": {k: TINY_ARCH[k] for k in ("vocab_size", "dim", "n_layers", "hidden_dim", "max_position_embeddings")},
+}
 
 
 def model_param_nbytes(model: str, num_labels: int = 2) -> list[int]:
@@ -60,8 +60,9 @@ def model_param_nbytes(model: str, num_labels: int = 2) -> list[int]:
     if model not in MODEL_ARCH:
         raise ValueError(f"model must be one of {sorted(MODEL_ARCH)}, got {model!r}")
     a = MODEL_ARCH[model]
-    return _distilbert_nbytes(num_labels, a["vocab_size"], a["dim"], a["n_layers"], a["hidden_dim"],
-                              a["max_position_embeddings"])
+    return _distilbert_nbytes(
+        num_labels, a["vocab_size"], a["dim"], a["n_layers"], a["hidden_dim"], a["max_position_embeddings"]
+    )
 
 
 def model_param_shapes(model: str, num_labels: int = 2) -> list[tuple[int, ...]]:
@@ -70,8 +71,9 @@ def model_param_shapes(model: str, num_labels: int = 2) -> list[tuple[int, ...]]
     if model not in MODEL_ARCH:
         raise ValueError(f"model must be one of {sorted(MODEL_ARCH)}, got {model!r}")
     a = MODEL_ARCH[model]
-    return _distilbert_shapes(num_labels, a["vocab_size"], a["dim"], a["n_layers"], a["hidden_dim"],
-                              a["max_position_embeddings"])
+    return _distilbert_shapes(
+        num_labels, a["vocab_size"], a["dim"], a["n_layers"], a["hidden_dim"], a["max_position_embeddings"]
+    )
 
 
 def _distilbert_nbytes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072, positions=512) -> list[int]:
@@ -92,10 +94,10 @@ def _distilbert_shapes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072
     for _ in range(layers):
         for _lin in ("q_lin", "k_lin", "v_lin", "out_lin"):
             shapes += linear(dim, dim)
-        shapes += layer_norm(dim)        # sa_layer_norm
-        shapes += linear(dim, hidden)    # ffn.lin1
-        shapes += linear(hidden, dim)    # ffn.lin2
-        shapes += layer_norm(dim)        # output_layer_norm
+        shapes += layer_norm(dim)  # sa_layer_norm
+        shapes += linear(dim, hidden)  # ffn.lin1
+        shapes += linear(hidden, dim)  # ffn.lin2
+        shapes += layer_norm(dim)  # output_layer_norm
     shapes += linear(dim, dim) + linear(dim, int(num_labels))  # pre_classifier, classifier
     return shapes
 
@@ -103,9 +105,22 @@ def _distilbert_shapes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072
 # ------------------------------------------------------------------ the step model
 
 
-def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta,
-           form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0, collective=None,
-           tp: dict | None = None, contention: float = 1.0) -> dict:
+def whatif(
+    t_fwd,
+    t_bwd_comp,
+    t_opt,
+    param_nbytes_in_ready_order,
+    bucket_mb,
+    nproc,
+    alpha,
+    beta,
+    form: str = "ring",
+    ratio: float = 1.0,
+    encode_s_per_byte: float = 0.0,
+    collective=None,
+    tp: dict | None = None,
+    contention: float = 1.0,
+) -> dict:
     """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
 
     t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds *per rank*. They are
@@ -142,8 +157,9 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     tp_degree, tp_comm = 1, 0.0
     if tp is not None and int(tp["degree"]) > 1:
         tp_degree = int(tp["degree"])
-        tp_comm = float(tp["allreduces"]) * float(costmodel.collective_time("all_reduce", form, alpha, beta,
-                                                                            tp["allreduce_bytes"], tp_degree))
+        tp_comm = float(tp["allreduces"]) * float(
+            costmodel.collective_time("all_reduce", form, alpha, beta, tp["allreduce_bytes"], tp_degree)
+        )
         t_fwd = float(t_fwd) / tp_degree + tp_comm / 2
         t_bwd_comp = float(t_bwd_comp) / tp_degree + tp_comm / 2
         t_opt = float(t_opt) / tp_degree
@@ -160,19 +176,39 @@ def whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, npr
     layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)  # DDP given bucket_cap_mb: no small first bucket
     nbytes = bk.bucket_sizes(sizes, layout)
     wire = ratio * np.asarray(nbytes, dtype=float)
-    durations = np.asarray(collective(wire) if collective is not None else
-                           costmodel.collective_time("all_reduce", form, alpha, beta, wire, nproc), dtype=float)
+    durations = np.asarray(
+        collective(wire)
+        if collective is not None
+        else costmodel.collective_time("all_reduce", form, alpha, beta, wire, nproc),
+        dtype=float,
+    )
     durations = np.atleast_1d(durations)
     if not np.isfinite(contention) or contention < 1:
         raise ValueError(f"contention (loaded / idle all-reduce time) must be a finite number >= 1, got {contention!r}")
     ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes)
-    out = bk.predict_step(t_fwd, t_bwd_comp, t_opt, ready, durations,
-                          loaded=None if contention == 1 else contention * durations)
-    out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations,
-               t_fwd=float(t_fwd), t_bwd_comp=float(t_bwd_comp), t_opt=float(t_opt), bucket_mb=float(bucket_mb),
-               nproc=gpus, alpha=float(alpha), beta=float(beta), form=form, ratio=float(ratio),
-               encode_s_per_byte=float(encode_s_per_byte), tp_degree=tp_degree, tp_comm=tp_comm,
-               dp=int(nproc), contention=float(contention))
+    out = bk.predict_step(
+        t_fwd, t_bwd_comp, t_opt, ready, durations, loaded=None if contention == 1 else contention * durations
+    )
+    out.update(
+        n_buckets=len(layout),
+        bucket_nbytes=nbytes,
+        ready=ready,
+        durations=durations,
+        t_fwd=float(t_fwd),
+        t_bwd_comp=float(t_bwd_comp),
+        t_opt=float(t_opt),
+        bucket_mb=float(bucket_mb),
+        nproc=gpus,
+        alpha=float(alpha),
+        beta=float(beta),
+        form=form,
+        ratio=float(ratio),
+        encode_s_per_byte=float(encode_s_per_byte),
+        tp_degree=tp_degree,
+        tp_comm=tp_comm,
+        dp=int(nproc),
+        contention=float(contention),
+    )
     return out
 
 
@@ -180,13 +216,28 @@ def tp_setting(degree: int, n_layers: int, tokens: int, hidden: int, itemsize: i
     """:func:`whatif`'s `tp`: Megatron tensor parallelism of degree t, 4 all-reduces per block and step of
     tokens x hidden x itemsize bytes (tokens = batch x sequence length per rank)."""
     from dtlab.model.parallel import tp_allreduces
-    return {"degree": int(degree), "allreduces": tp_allreduces(n_layers),
-            "allreduce_bytes": int(tokens) * int(hidden) * int(itemsize)}
+
+    return {
+        "degree": int(degree),
+        "allreduces": tp_allreduces(n_layers),
+        "allreduce_bytes": int(tokens) * int(hidden) * int(itemsize),
+    }
 
 
-def whatif_sweep(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs, alpha, beta,
-                 form: str = "ring", ratio: float = 1.0, encode_s_per_byte: float = 0.0,
-                 tp: dict | None = None, contention: float = 1.0) -> pd.DataFrame:
+def whatif_sweep(
+    t_fwd,
+    t_bwd_comp,
+    t_opt,
+    param_nbytes_in_ready_order,
+    configs,
+    alpha,
+    beta,
+    form: str = "ring",
+    ratio: float = 1.0,
+    encode_s_per_byte: float = 0.0,
+    tp: dict | None = None,
+    contention: float = 1.0,
+) -> pd.DataFrame:
     """Run :func:`whatif` for each (nproc, bucket_mb) in `configs`; one row per configuration.
 
     Same units and assumptions as :func:`whatif` (per-rank compute independent of nproc). Columns:
@@ -196,13 +247,37 @@ def whatif_sweep(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs,
     """
     rows = []
     for nproc, bucket_mb in configs:
-        r = whatif(t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, bucket_mb, nproc, alpha, beta, form,
-                   ratio, encode_s_per_byte, tp=tp, contention=contention)
-        rows.append({"label": config_label(nproc, bucket_mb), "nproc": int(nproc), "bucket_mb": float(bucket_mb),
-                     "n_buckets": r["n_buckets"], "t_comp": r["t_comp"], "t_comm": r["t_comm"],
-                     "exposed": r["exposed"], "t_step": r["t_step"], "overlap": r["overlap"]})
-    return pd.DataFrame(rows, columns=["label", "nproc", "bucket_mb", "n_buckets", "t_comp", "t_comm",
-                                       "exposed", "t_step", "overlap"])
+        r = whatif(
+            t_fwd,
+            t_bwd_comp,
+            t_opt,
+            param_nbytes_in_ready_order,
+            bucket_mb,
+            nproc,
+            alpha,
+            beta,
+            form,
+            ratio,
+            encode_s_per_byte,
+            tp=tp,
+            contention=contention,
+        )
+        rows.append(
+            {
+                "label": config_label(nproc, bucket_mb),
+                "nproc": int(nproc),
+                "bucket_mb": float(bucket_mb),
+                "n_buckets": r["n_buckets"],
+                "t_comp": r["t_comp"],
+                "t_comm": r["t_comm"],
+                "exposed": r["exposed"],
+                "t_step": r["t_step"],
+                "overlap": r["overlap"],
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["label", "nproc", "bucket_mb", "n_buckets", "t_comp", "t_comm", "exposed", "t_step", "overlap"]
+    )
 
 
 def contention_from_profile(profile, nbytes: float, nproc: int | None = None) -> tuple[float, str]:
@@ -217,8 +292,10 @@ def contention_from_profile(profile, nbytes: float, nproc: int | None = None) ->
     loaded = float(profile.predict("all_reduce", nbytes, p, load="backward"))
     factor = max(1.0, loaded / idle) if idle > 0 else 1.0
     model = profile.meta.get("load", {}).get("model", "a model")
-    return factor, (f"measured: loaded / idle all-reduce fit at {nbytes / 2 ** 20:.3g} MiB, p = {p}, this profile "
-                    f"(beside {model}'s backward pass)")
+    return factor, (
+        f"measured: loaded / idle all-reduce fit at {nbytes / 2**20:.3g} MiB, p = {p}, this profile "
+        f"(beside {model}'s backward pass)"
+    )
 
 
 def compute_from_run(run) -> dict:
@@ -232,18 +309,27 @@ def compute_from_run(run) -> dict:
     base = run.baseline_steps
     if base is not None and not base.empty:
         slow = base.loc[base.groupby("step")["t_step"].idxmax()]
-        return {"t_fwd": float(slow["t_fwd"].median()), "t_bwd_comp": float(slow["t_bwd"].median()),
-                "t_opt": float(slow["t_opt"].median()),
-                "source": f"measured: no-op comm hook baseline of {run.path} ({len(slow)} steps, median)"}
+        return {
+            "t_fwd": float(slow["t_fwd"].median()),
+            "t_bwd_comp": float(slow["t_bwd"].median()),
+            "t_opt": float(slow["t_opt"].median()),
+            "source": f"measured: no-op comm hook baseline of {run.path} ({len(slow)} steps, median)",
+        }
     ps = run.measured_steps()
     if ps.empty:
         raise ValueError(f"run {run.path} has no measured steps to take compute times from")
     slow = ps.loc[ps.groupby("step")["t_step"].idxmax()]
     t_bwd = []
     for row in slow.itertuples():
-        b = run.buckets[(run.buckets["rank"] == row.rank) & (run.buckets["step"] == row.step)] \
-            if not run.buckets.empty else run.buckets
+        b = (
+            run.buckets[(run.buckets["rank"] == row.rank) & (run.buckets["step"] == row.step)]
+            if not run.buckets.empty
+            else run.buckets
+        )
         t_bwd.append(float(b["t_ready"].max()) - row.t_fwd if not b.empty else row.t_bwd)
-    return {"t_fwd": float(slow["t_fwd"].median()), "t_bwd_comp": float(np.median(t_bwd)),
-            "t_opt": float(slow["t_opt"].median()),
-            "source": f"estimated from {run.path}: backward until the last bucket was ready (no baseline)"}
+    return {
+        "t_fwd": float(slow["t_fwd"].median()),
+        "t_bwd_comp": float(np.median(t_bwd)),
+        "t_opt": float(slow["t_opt"].median()),
+        "source": f"estimated from {run.path}: backward until the last bucket was ready (no baseline)",
+    }

@@ -12,6 +12,7 @@ from dtlab.config.calibration import CalibConfig
 
 # ---- the rank side ----------------------------------------------------------------------------------------
 
+
 def _rank_main(run_dir: str) -> int:
     """A calibration rank: the one rank lifecycle (dtlab.rank.lifecycle.rank_main) around the sweep."""
     from dtlab.rank.lifecycle import rank_main, read_config
@@ -34,15 +35,33 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     cuda = device.type == "cuda"
     k_calls = cfg.batch or (20 if cuda else 1)
     if rank == 0:
-        timing = (f"slowest rank per sample; each sample = CUDA events around {k_calls} back-to-back calls / "
-                  f"{k_calls}, devices aligned by a tiny all_reduce just before the start event (no host barrier)"
-                  if cuda else f"slowest rank per sample; host barrier (not timed), then wall clock around "
-                               f"{k_calls} blocking call(s) / {k_calls}")
+        timing = (
+            f"slowest rank per sample; each sample = CUDA events around {k_calls} back-to-back calls / "
+            f"{k_calls}, devices aligned by a tiny all_reduce just before the start event (no host barrier)"
+            if cuda
+            else f"slowest rank per sample; host barrier (not timed), then wall clock around "
+            f"{k_calls} blocking call(s) / {k_calls}"
+        )
         algo = {k: os.environ[k] for k in ("NCCL_ALGO", "NCCL_PROTO") if k in os.environ}
-        record_resolved(run_dir, rc, backend, device, {
-            "what": "collective calibration", "timing": timing, "calls_per_sample": k_calls,
-            "nccl_algo_proto": algo or ("chosen by NCCL's tuner per size (torch does not expose the choice; pin "
-                                        "it with NCCL_ALGO / NCCL_PROTO)" if backend == "nccl" else None)}, world)
+        record_resolved(
+            run_dir,
+            rc,
+            backend,
+            device,
+            {
+                "what": "collective calibration",
+                "timing": timing,
+                "calls_per_sample": k_calls,
+                "nccl_algo_proto": algo
+                or (
+                    "chosen by NCCL's tuner per size (torch does not expose the choice; pin "
+                    "it with NCCL_ALGO / NCCL_PROTO)"
+                    if backend == "nccl"
+                    else None
+                ),
+            },
+            world,
+        )
     align = torch.zeros(1, device=device)
     warm = torch.ones(1 << 20, device=device)
     for _ in range(3):  # connections and buffers are set up lazily: pay for that before any timed size
@@ -54,14 +73,25 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
     if cfg.load == "backward":
         from dtlab.rank.contention import BackwardLoad
         from dtlab.rank.marks import Marks
+
         marks = Marks(device, backend)
         marks.prepare()
         load = BackwardLoad(cfg.load_model, cfg.load_batch_size, cfg.load_seq_len, device, marks, seed=rank)
         if rank == 0:
-            writer.write("load", rank=rank, model=cfg.load_model, batch_size=cfg.load_batch_size,
-                         seq_len=cfg.load_seq_len, threads=torch.get_num_threads(), time=time.time())
-        issue = {(op, nbytes): _collective(op, nbytes, world, device, None, async_op=True)
-                 for op in cfg.ops for nbytes in cfg.rounded_sizes()}
+            writer.write(
+                "load",
+                rank=rank,
+                model=cfg.load_model,
+                batch_size=cfg.load_batch_size,
+                seq_len=cfg.load_seq_len,
+                threads=torch.get_num_threads(),
+                time=time.time(),
+            )
+        issue = {
+            (op, nbytes): _collective(op, nbytes, world, device, None, async_op=True)
+            for op in cfg.ops
+            for nbytes in cfg.rounded_sizes()
+        }
     calls = {}
     for op in cfg.ops:
         for nbytes in cfg.rounded_sizes():
@@ -101,19 +131,22 @@ def _sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> Non
                     for _ in range(k_calls):
                         call()  # blocking on gloo: returns when the collective has completed on this rank
                     t = (time.perf_counter() - t0) / k_calls
-                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=p, iter=first + k, seconds=t,
-                             load="idle")
+                writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=p, iter=first + k, seconds=t, load="idle")
         if load is not None:  # the same sizes, each issued from inside a replayed backward pass (whole world)
             timed = [(op, nbytes, first + k) for op, nbytes in issue for k in range(n_timed)]
             rng.shuffle(timed)
             warm = [((op, nbytes, None), issue[(op, nbytes)]) for op, nbytes in issue for _ in range(cfg.warmup)]
+
             def progress(passes, left, rnd=rnd):
                 writer.write("load_pass", rank=rank, round=rnd, passes=passes, left=left, time=time.time())
-            for (op, nbytes, i), t in load.sample(warm + [((op, n, i), issue[(op, n)]) for op, n, i in timed],
-                                                  on_pass=progress):
+
+            for (op, nbytes, i), t in load.sample(
+                warm + [((op, n, i), issue[(op, n)]) for op, n, i in timed], on_pass=progress
+            ):
                 if i is not None:
-                    writer.write("sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=i, seconds=t,
-                                 load="backward")
+                    writer.write(
+                        "sample", rank=rank, op=op, nbytes=nbytes, nproc=world, iter=i, seconds=t, load="backward"
+                    )
         it += n_timed
         writer.write("calib", rank=rank, round=rnd, rounds=cfg.rounds)
     if load is not None:
@@ -126,14 +159,14 @@ def _collective(op: str, nbytes: int, world: int, device, group=None, async_op: 
     strategy ps's round for one bucket: reduce to rank 0 (every group's first rank), then broadcast from it."""
     import torch
     import torch.distributed as dist
+
     n = nbytes // 4
     if op == "all_reduce":
         x = torch.ones(n, device=device)
         return lambda: dist.all_reduce(x, group=group, async_op=async_op)
     if op == "ps":
         x = torch.ones(n, device=device)
-        return lambda: (dist.reduce(x, dst=0, group=group), dist.broadcast(x, src=0, group=group,
-                                                                            async_op=async_op))[1]
+        return lambda: (dist.reduce(x, dst=0, group=group), dist.broadcast(x, src=0, group=group, async_op=async_op))[1]
     if op == "reduce_scatter":
         x, y = torch.ones(n, device=device), torch.empty(n // world, device=device)
         return lambda: dist.reduce_scatter_tensor(y, x, group=group, async_op=async_op)
@@ -153,4 +186,5 @@ def warm(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     from dtlab.rank.lifecycle import exit_rank
+
     exit_rank(entry(sys.argv[1:]))

@@ -63,6 +63,7 @@ class CommRecorder:
     def __init__(self, writer, rank: int, marks=None):
         if marks is None:
             from dtlab.rank.marks import Marks
+
             marks = Marks(torch.device("cpu"), "gloo")
         self.writer, self.rank, self.marks = writer, rank, marks
         self.step, self.phase, self._ref = -1, "init", marks.now()
@@ -83,9 +84,21 @@ class CommRecorder:
         """A collective issued now; `finish` ends it."""
         with self._lock:
             seq, self._seq = self._seq, self._seq + 1
-        rec = {"step": self.step, "op": op, "nbytes": int(nbytes), "phase": "backward" if in_backward() else
-               self.phase, "axis": axis, "group_size": int(group_size), "layer": layer, "sublayer": sub,
-               "seq": seq, **extra, "_ref": self._ref, "_start": self.now(), "_end": None}
+        rec = {
+            "step": self.step,
+            "op": op,
+            "nbytes": int(nbytes),
+            "phase": "backward" if in_backward() else self.phase,
+            "axis": axis,
+            "group_size": int(group_size),
+            "layer": layer,
+            "sublayer": sub,
+            "seq": seq,
+            **extra,
+            "_ref": self._ref,
+            "_start": self.now(),
+            "_end": None,
+        }
         with self._lock:
             self._recs.append(rec)
         return rec
@@ -102,14 +115,34 @@ class CommRecorder:
     def block(self, rec: dict, a, b, how: str) -> None:
         """The compute stream (CPU: the training thread) waited for `rec` from mark `a` to mark `b`."""
         with self._lock:
-            self._blocked.append({"step": rec["step"], "phase": rec["phase"], "op": rec["op"], "seq": rec["seq"],
-                                  "how": how, "_ref": rec["_ref"], "_a": a, "_b": b})
+            self._blocked.append(
+                {
+                    "step": rec["step"],
+                    "phase": rec["phase"],
+                    "op": rec["op"],
+                    "seq": rec["seq"],
+                    "how": how,
+                    "_ref": rec["_ref"],
+                    "_a": a,
+                    "_b": b,
+                }
+            )
 
     def block_here(self, op: str, a, b, how: str) -> None:
         """The compute stream (CPU: the training thread) waited from mark `a` to mark `b` for an `op` that is not
         one of the recorded collectives (a library's own wait), in the current step and phase."""
-        self.block({"step": self.step, "phase": "backward" if in_backward() else self.phase, "op": op, "seq": None,
-                    "_ref": self._ref}, a, b, how)
+        self.block(
+            {
+                "step": self.step,
+                "phase": "backward" if in_backward() else self.phase,
+                "op": op,
+                "seq": None,
+                "_ref": self._ref,
+            },
+            a,
+            b,
+            how,
+        )
 
     def record_call(self, op: str, nbytes: int, axis: str, group_size: int, call, **extra):
         """Run a blocking collective `call()` and record it: its interval, and time blocked when it was issued on
@@ -131,8 +164,9 @@ class CommRecorder:
             recs, blocked, self._recs, self._blocked = self._recs, self._blocked, [], []
         for r in recs:
             ref, a, b = r.pop("_ref"), r.pop("_start"), r.pop("_end")
-            self.writer.write("collective", rank=self.rank, **r, t_start=self._seconds(ref, a),
-                              t_end=self._seconds(ref, b))
+            self.writer.write(
+                "collective", rank=self.rank, **r, t_start=self._seconds(ref, a), t_end=self._seconds(ref, b)
+            )
         spans = []
         for blk in blocked:
             ref, a, b = blk.pop("_ref"), blk.pop("_a"), blk.pop("_b")
@@ -170,6 +204,7 @@ class LayerTracker:
     def _enter(self, layer, sub):
         def hook(module, args):
             self.current = (layer, sub)
+
         return hook
 
     def _on_norm(self, layer, sub):
@@ -177,6 +212,7 @@ class LayerTracker:
             x = args[0] if args else None
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 x.register_hook(lambda grad: self._set(layer, sub))
+
         return hook
 
     def _set(self, layer, sub):
@@ -197,6 +233,7 @@ class FuncolMode(TorchDispatchMode):
     def __init__(self, recorder: CommRecorder, axis: str = "tp", tracker: LayerTracker | None = None):
         super().__init__()
         from torch.distributed._functional_collectives import AsyncCollectiveTensor, _is_view_op
+
         self.recorder, self.axis, self.tracker = recorder, axis, tracker
         self._pending: dict[int, dict] = {}
         self._act, self._is_view = AsyncCollectiveTensor, _is_view_op
@@ -249,6 +286,7 @@ def _group_size(args, kwargs) -> int:
     try:
         import torch.distributed as dist
         from torch.distributed.distributed_c10d import _resolve_process_group
+
         return dist.get_world_size(_resolve_process_group(group))
     except Exception:  # noqa: BLE001 - a group the resolver does not know: size unknown
         return -1

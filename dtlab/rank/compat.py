@@ -20,8 +20,11 @@ def checkpoint_bytes_written(folder: str, rank: int) -> int:
     `storage_data` map (file and length of every item), but torch 2.11 returns metadata whose `storage_data` is
     None. FileSystemWriter names each rank's files `__{rank}_{n}.distcp` on every version (2.11 to 2.14)."""
     prefix = f"__{rank}_"
-    return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
-               if n.startswith(prefix) and n.endswith(".distcp"))
+    return sum(
+        os.path.getsize(os.path.join(folder, n))
+        for n in os.listdir(folder)
+        if n.startswith(prefix) and n.endswith(".distcp")
+    )
 
 
 # ---- torch.distributed.pipelining ----------------------------------------------------------------------------
@@ -34,6 +37,7 @@ P2P_HELPERS = ("_batch_p2p", "_wait_batch_p2p")
 def pipelining_p2p_helpers():
     """(schedules module, issue, wait), or None when this torch has no such helpers to wrap."""
     import torch.distributed.pipelining.schedules as sch
+
     if not all(hasattr(sch, name) for name in P2P_HELPERS):
         return None
     return sch, sch._batch_p2p, sch._wait_batch_p2p
@@ -62,6 +66,7 @@ def param_groups_by_kind(params) -> list:
     are DTensors, its embeddings and LayerNorms plain tensors). One group per kind gives the same update: every
     group has the same hyperparameters and AdamW's step is per parameter."""
     from torch.distributed.tensor import DTensor
+
     params = list(params)
     kinds = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
     groups = [{"params": g} for g in kinds if g]
@@ -74,6 +79,7 @@ def default_adamw_impl(params) -> str:
     params = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
     try:
         from torch.optim.optimizer import _default_to_fused_or_foreach
+
         _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
     except (ImportError, TypeError):  # a private helper: fall back to its documented rule
         foreach = bool(params) and all(p.device.type == "cuda" for p in params)
@@ -82,8 +88,7 @@ def default_adamw_impl(params) -> str:
 
 def adamw_kwargs(impl: str) -> dict:
     """AdamW's keyword arguments for an implementation name ('auto' leaves torch's choice alone)."""
-    return {"auto": {}, "foreach": {"foreach": True}, "fused": {"fused": True},
-            "for-loop": {"foreach": False}}[impl]
+    return {"auto": {}, "foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}[impl]
 
 
 def torch_version() -> tuple[int, int]:

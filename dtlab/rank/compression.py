@@ -32,8 +32,9 @@ class Codec:
         elif name == "bf16":
             self._hook = lambda bucket: default_hooks.bf16_compress_hook(None, bucket)
         elif name == "powersgd":
-            self.state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
-                                            start_powerSGD_iter=start_iter, random_seed=seed)
+            self.state = psgd.PowerSGDState(
+                process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter, random_seed=seed
+            )
             self._hook = lambda bucket: psgd.powerSGD_hook(self.state, bucket)
         else:
             raise ValueError(f"comm_hook must be one of fp16, bf16, powersgd for a Codec, got {name!r}")

@@ -32,11 +32,11 @@ class BackwardLoad:
     #: sample rarely runs on after backward has ended (it would be priced idle).
     SPREAD = 0.85
 
-    def __init__(self, model: str, batch_size: int, seq_len: int, device, marks, seed: int = 0,
-                 per_pass: int = 8):
+    def __init__(self, model: str, batch_size: int, seq_len: int, device, marks, seed: int = 0, per_pass: int = 8):
         import torch
 
         from dtlab.rank.data import build_model
+
         torch.manual_seed(seed)
         self.model = build_model(model, "random", None, seed).model.to(device)
         self.model.train()
@@ -58,7 +58,7 @@ class BackwardLoad:
         self._flat = torch.empty(sum(p.numel() for p in params), device=device)
         self._slot, off = {}, 0
         for p in params:
-            self._slot[p] = self._flat[off:off + p.numel()]
+            self._slot[p] = self._flat[off : off + p.numel()]
             off += p.numel()
             p.register_post_accumulate_grad_hook(self._hook)
         self._loss.backward(retain_graph=True)
@@ -91,6 +91,7 @@ class BackwardLoad:
         """Wait until every issued collective has completed and been marked (rarely needed inside a pass: the
         issue points are far enough apart for most collectives)."""
         import time
+
         for w in self._works:
             w.wait()
         self._works = []
@@ -107,6 +108,7 @@ class BackwardLoad:
         self._queue, self._issued, self._works = list(calls), [], []
         self._at = {max(1, round((i + 1) * self.SPREAD * self.hooks / self.per_pass)) for i in range(self.per_pass)}
         import torch.distributed as dist
+
         while self._queue:
             self._fired = 0
             # the ranks start each pass together, as training steps do (a step ends when every bucket is reduced):

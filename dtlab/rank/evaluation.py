@@ -47,6 +47,7 @@ class Evaluator:
 
     def __init__(self, cfg, tokenizer, train_source: str, device, active: bool):
         from dtlab.config.convergence import eval_samples_for
+
         self.every, self.total, self.active = cfg.eval_every, cfg.steps, active and cfg.eval_every > 0
         self.facts: dict = {}
         if not self.active:
@@ -54,16 +55,25 @@ class Evaluator:
         import torch
 
         from dtlab.rank.data import load_heldout
+
         n = eval_samples_for(cfg, device.type)
         sents, labels, src = load_heldout(train_source, n)
         enc = tokenizer(sents, padding="max_length", truncation=True, max_length=cfg.seq_len, return_tensors="pt")
         self.ids, self.mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         self.labels = torch.tensor(labels, dtype=torch.long, device=device)
-        self.facts = {"eval_set": {"source": src, "sentences": len(sents), "positive": sum(labels) / len(labels),
-                                   "every": cfg.eval_every, "batch": EVAL_BATCH}}
+        self.facts = {
+            "eval_set": {
+                "source": src,
+                "sentences": len(sents),
+                "positive": sum(labels) / len(labels),
+                "every": cfg.eval_every,
+                "batch": EVAL_BATCH,
+            }
+        }
 
     def due(self, steps_done: int) -> bool:
         from dtlab.config.convergence import eval_due
+
         return self.active and eval_due(steps_done, self.every, self.total)
 
     def evaluate(self, model) -> tuple[float, float, float]:
@@ -86,8 +96,9 @@ class Evaluator:
         n = len(self.labels)
         return correct / n, loss / n, time.perf_counter() - t0
 
-    def run(self, model, steps_done: int, clock: TrainClock, writer, rank: int, force: bool = False,
-            **extra) -> dict | None:
+    def run(
+        self, model, steps_done: int, clock: TrainClock, writer, rank: int, force: bool = False, **extra
+    ) -> dict | None:
         """Evaluate after `steps_done` optimizer steps when due (or `force`d, on an active evaluator): write the
         `eval` event (rank, step, t, accuracy, loss, t_eval, t_wall, n) and exclude its time from `clock`.
         Returns the event's fields, or None."""
@@ -96,11 +107,20 @@ class Evaluator:
         t_train, t_wall = clock.train(), clock.wall()
         acc, loss, dt = self.evaluate(model)
         clock.exclude(dt)
-        rec = {"rank": rank, "step": steps_done, "t": t_train, "accuracy": acc, "loss": loss, "t_eval": dt,
-               "t_wall": t_wall, "n": len(self.labels), **extra, "time": time.time()}
+        rec = {
+            "rank": rank,
+            "step": steps_done,
+            "t": t_train,
+            "accuracy": acc,
+            "loss": loss,
+            "t_eval": dt,
+            "t_wall": t_wall,
+            "n": len(self.labels),
+            **extra,
+            "time": time.time(),
+        }
         writer.write("eval", **rec)
         return rec
-
 
 
 def eval_pause(evaluator: Evaluator, model, steps_done: int, clock: TrainClock, writer, rank: int) -> None:
@@ -108,9 +128,11 @@ def eval_pause(evaluator: Evaluator, model, steps_done: int, clock: TrainClock, 
     no rank's step clock runs while it evaluates (the next step starts together, as it would without it). The
     whole pause is left out of the evaluating rank's training time."""
     from dtlab.config.convergence import eval_due
+
     if not eval_due(steps_done, evaluator.every, evaluator.total):
         return
     import torch.distributed as dist
+
     t0 = time.perf_counter()
     rec = evaluator.run(model, steps_done, clock, writer, rank)  # excludes its own evaluation time
     dist.barrier()

@@ -30,8 +30,15 @@ import torch.distributed.distributed_c10d as c10d
 from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
 
 P2P = ("send", "recv", "isend", "irecv")
-COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce", "broadcast",
-               "all_gather", "reduce_scatter")
+COLLECTIVES = (
+    "all_reduce",
+    "reduce_scatter_tensor",
+    "all_gather_into_tensor",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+)
 
 
 def load_student(run_dir: str, name: str):
@@ -91,12 +98,13 @@ def _flat_grads(model):
 
 def check_hook(fn, ex, rank, world, writer) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     dims, lr, batch = ex["dims"], ex["lr"], ex["batch"]
     model, ref, local = _mlp(dims, ex["init_seed"]), _mlp(dims, ex["init_seed"]), _mlp(dims, ex["init_seed"])
     names = [n for n, _ in model.named_parameters()]
     by_id = {id(p): n for n, p in model.named_parameters()}
     layer_of = _layer_names(model)
-    ddp = DDP(model, bucket_cap_mb=ex["bucket_bytes"] / 2 ** 20)
+    ddp = DDP(model, bucket_cap_mb=ex["bucket_bytes"] / 2**20)
     recs = []
 
     def timed_hook(state, bucket):
@@ -105,24 +113,32 @@ def check_hook(fn, ex, rank, world, writer) -> None:
         # the future's callback, which gloo runs in its thread the moment the collective completes.
         t_ready = time.perf_counter()
         buf = bucket.buffer()
-        rec = {"bucket": bucket.index(), "nbytes": buf.numel() * buf.element_size(),
-               "nparams": len(bucket.parameters()), "params": [by_id.get(id(p), "?") for p in bucket.parameters()],
-               "layers": sorted({layer_of.get(id(p), "?") for p in bucket.parameters()}),
-               "t_ready": t_ready}
+        rec = {
+            "bucket": bucket.index(),
+            "nbytes": buf.numel() * buf.element_size(),
+            "nparams": len(bucket.parameters()),
+            "params": [by_id.get(id(p), "?") for p in bucket.parameters()],
+            "layers": sorted({layer_of.get(id(p), "?") for p in bucket.parameters()}),
+            "t_ready": t_ready,
+        }
         fut = fn(state, bucket)
         rec["t_start"] = time.perf_counter()
         if not isinstance(fut, torch._C.Future):  # what work.get_future() and .then() return
-            raise TypeError(f"the hook must return a torch.futures.Future (e.g. work.get_future().then(...)), "
-                            f"got {type(fut).__name__}")
+            raise TypeError(
+                f"the hook must return a torch.futures.Future (e.g. work.get_future().then(...)), "
+                f"got {type(fut).__name__}"
+            )
         recs.append(rec)
 
         def done(f):
             rec["t_end"] = time.perf_counter()
             value = f.value()
             if isinstance(value, (list, tuple)):  # work.get_future() as it is: DDP cannot copy a list back
-                raise TypeError(f"the hook's future holds a list of {len(value)} tensor(s), what work.get_future() "
-                                "gives; DDP needs a future whose value is the bucket tensor itself: return "
-                                "work.get_future().then(lambda fut: fut.value()[0])")
+                raise TypeError(
+                    f"the hook's future holds a list of {len(value)} tensor(s), what work.get_future() "
+                    "gives; DDP needs a future whose value is the bucket tensor itself: return "
+                    "work.get_future().then(lambda fut: fut.value()[0])"
+                )
             return value
 
         return fut.then(done)
@@ -152,14 +168,26 @@ def check_hook(fn, ex, rank, world, writer) -> None:
         opt.step()
         t_step = time.perf_counter() - t0
         errs = [float((p - q).abs().max()) for p, q in zip(model.parameters(), ref.parameters())]
-        close = [torch.allclose(p, q, rtol=ex["rtol"], atol=ex["atol"]) for p, q in zip(model.parameters(), ref.parameters())]
-        writer.write("hook_step", rank=rank, step=step, t_step=t_step, t_bwd=t_bwd, max_abs_err=max(errs),
-                     allclose=all(close), bad_params=[n for n, ok in zip(names, close) if not ok],
-                     ratio=_ratio(grads, ref_grads), is_local=all(torch.allclose(g, lg) for g, lg in zip(grads, local_grads))
-                     and not all(torch.allclose(lg, rg) for lg, rg in zip(local_grads, ref_grads)))
+        close = [
+            torch.allclose(p, q, rtol=ex["rtol"], atol=ex["atol"]) for p, q in zip(model.parameters(), ref.parameters())
+        ]
+        writer.write(
+            "hook_step",
+            rank=rank,
+            step=step,
+            t_step=t_step,
+            t_bwd=t_bwd,
+            max_abs_err=max(errs),
+            allclose=all(close),
+            bad_params=[n for n, ok in zip(names, close) if not ok],
+            ratio=_ratio(grads, ref_grads),
+            is_local=all(torch.allclose(g, lg) for g, lg in zip(grads, local_grads))
+            and not all(torch.allclose(lg, rg) for lg, rg in zip(local_grads, ref_grads)),
+        )
         for rec in recs:
-            writer.write("bucket", rank=rank, step=step, **{k: (v - t0 if k.startswith("t_") else v)
-                                                             for k, v in rec.items()})
+            writer.write(
+                "bucket", rank=rank, step=step, **{k: (v - t0 if k.startswith("t_") else v) for k, v in rec.items()}
+            )
 
 
 def _ratio(grads, ref_grads) -> float | None:
@@ -193,6 +221,7 @@ class CallCounter:
             if name in ("send", "isend"):
                 self.sent_bytes += tensor.numel() * tensor.element_size()
             return orig(tensor, *args, **kwargs)
+
         return wrapper
 
     def __exit__(self, *exc):
@@ -216,11 +245,22 @@ def check_ring(fn, ex, rank, world, writer) -> None:
         ok = got.shape == want.shape and torch.allclose(got, want, rtol=ex["rtol"], atol=ex["atol"])
         chunks = []
         if got.shape == want.shape:
-            for k, (gc, wc, xc) in enumerate(zip(got.tensor_split(world), want.tensor_split(world), x.tensor_split(world))):
+            for k, (gc, wc, xc) in enumerate(
+                zip(got.tensor_split(world), want.tensor_split(world), x.tensor_split(world))
+            ):
                 chunks.append(_chunk_state(gc, wc, xc, ex))
-        writer.write("ring_size", rank=rank, n=n, nbytes=n * 4, ok=bool(ok), chunks=chunks, calls=cc.counts,
-                     sent_bytes=cc.sent_bytes, shape=list(got.shape),
-                     max_abs_err=float((got - want).abs().max()) if got.shape == want.shape else None)
+        writer.write(
+            "ring_size",
+            rank=rank,
+            n=n,
+            nbytes=n * 4,
+            ok=bool(ok),
+            chunks=chunks,
+            calls=cc.counts,
+            sent_bytes=cc.sent_bytes,
+            shape=list(got.shape),
+            max_abs_err=float((got - want).abs().max()) if got.shape == want.shape else None,
+        )
     for nbytes in ex["timing_sizes"]:
         buf, ref = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
         for what, call in (("ring", lambda: _call_ring(fn, buf)), ("all_reduce", lambda: dist.all_reduce(ref))):

@@ -21,9 +21,7 @@ import traceback
 
 from dtlab.config.environment import env_record, set_default
 from dtlab.config.run import RunConfig
-from dtlab.runfiles import dump_json
-from dtlab.runfiles import RANK_EXIT_DISK_FULL, is_disk_error
-
+from dtlab.runfiles import RANK_EXIT_DISK_FULL, dump_json, is_disk_error
 
 #: How this rank process was started: 'spawn' (a fresh interpreter, `python -m MODULE`) or 'fork' (forked from
 #: torchrun's warm agent; dtlab.launching.agent sets it). Recorded in the rank's start event.
@@ -40,13 +38,24 @@ def rank_main(run_dir: str, body) -> int:
     dump_stacks_on_sigusr1()  # the launcher's watchdog asks for stacks on a stall
 
     from dtlab.rank.recorder import EventWriter
+
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)  # > 0: torchrun restarted the group
     writer = EventWriter(os.path.join(run_dir, "events", f"rank{rank}.jsonl"), attempt=attempt)
     slot = os.environ.get("DTLAB_NODE_SLOT")  # which launcher started this rank (multi-node jobs only)
-    writer.write("start", rank=rank, world_size=world, pid=os.getpid(), host=socket.gethostname(),
-                 node=int(os.environ.get("GROUP_RANK", 0)), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-                 slot=int(slot) if slot else None, master_port=int(os.environ.get("MASTER_PORT", 0)),
-                 start_method=START_METHOD, warm_agent=WARM_AGENT, time=time.time())
+    writer.write(
+        "start",
+        rank=rank,
+        world_size=world,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        node=int(os.environ.get("GROUP_RANK", 0)),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        slot=int(slot) if slot else None,
+        master_port=int(os.environ.get("MASTER_PORT", 0)),
+        start_method=START_METHOD,
+        warm_agent=WARM_AGENT,
+        time=time.time(),
+    )
     ok = False
     try:
         body(run_dir, rank, world, writer)
@@ -154,10 +163,14 @@ def _attempt_store(world: int) -> dict:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if not attempt or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
-    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                           timeout=default_pg_timeout)
-    return {"store": dist.PrefixStore(f"dtlab/attempt_{attempt}", client), "rank": int(os.environ["RANK"]),
-            "world_size": world}
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=default_pg_timeout
+    )
+    return {
+        "store": dist.PrefixStore(f"dtlab/attempt_{attempt}", client),
+        "rank": int(os.environ["RANK"]),
+        "world_size": world,
+    }
 
 
 def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources: dict, world: int) -> None:
@@ -171,17 +184,32 @@ def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources:
     with open(path) as f:
         doc = json.load(f)
     cores = os.cpu_count() or 1
-    devices = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-               if device.type == "cuda" else [platform.processor() or platform.machine()])
+    devices = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if device.type == "cuda"
+        else [platform.processor() or platform.machine()]
+    )
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks on this node (nodes share no cores)
     doc["resolved"] = {
-        "backend": backend, "placement": cfg.placement().to_dict(), "world_size": world, "device_type": device.type, "devices": devices,
-        "host": socket.gethostname(), "nnodes": world // local, "ranks_per_node": local,
-        "cpu_cores": cores, "torch_threads_per_rank": torch.get_num_threads(),
+        "backend": backend,
+        "placement": cfg.placement().to_dict(),
+        "world_size": world,
+        "device_type": device.type,
+        "devices": devices,
+        "host": socket.gethostname(),
+        "nnodes": world // local,
+        "ranks_per_node": local,
+        "cpu_cores": cores,
+        "torch_threads_per_rank": torch.get_num_threads(),
         "oversubscribed": device.type == "cpu" and local > cores,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, **_optional_versions()},
-        "cuda": torch.version.cuda, "nccl": _nccl_version() if backend == "nccl" else None,
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            **_optional_versions(),
+        },
+        "cuda": torch.version.cuda,
+        "nccl": _nccl_version() if backend == "nccl" else None,
         "determinism": determinism_note(cfg, device.type),
         "environment": env_record(os.environ),  # the NCCL settings: the user's, and what dtlab set where unset
         "optimizer": optimizer_note(cfg, device.type),
@@ -195,8 +223,11 @@ def optimizer_note(cfg, device_type: str) -> dict:
     device (multi-tensor on CUDA, the per-parameter loop on CPU; dtlab.rank.compat.default_adamw_impl)."""
     impl = getattr(cfg, "optimizer_impl", "auto")
     runs = impl if impl != "auto" else ("foreach" if device_type == "cuda" else "for-loop")
-    return {"impl": impl, "runs": runs, "why": "set explicitly (optimizer_impl)" if impl != "auto"
-            else f"torch's default for {device_type} tensors"}
+    return {
+        "impl": impl,
+        "runs": runs,
+        "why": "set explicitly (optimizer_impl)" if impl != "auto" else f"torch's default for {device_type} tensors",
+    }
 
 
 def determinism_note(cfg, device_type: str) -> str:
@@ -204,8 +235,11 @@ def determinism_note(cfg, device_type: str) -> str:
     if device_type == "cpu":
         return "bit-identical losses on every rank for the same config and seed (CPU, gloo)"
     if getattr(cfg, "deterministic", False):
-        return ("deterministic kernels and NCCL " + "/".join(f"{k}={os.environ.get(k)}" for k in DETERMINISTIC_ENV)
-                + ": bit-identical reruns expected on the same GPUs and topology")
+        return (
+            "deterministic kernels and NCCL "
+            + "/".join(f"{k}={os.environ.get(k)}" for k in DETERMINISTIC_ENV)
+            + ": bit-identical reruns expected on the same GPUs and topology"
+        )
     return "not bit-identical on CUDA (nondeterministic kernels and NCCL's algorithm choice); set deterministic=True"
 
 
@@ -243,12 +277,17 @@ def maybe_inject_fault(rank: int, step: int) -> None:
     if int(s) != step or (when != "*" and int(when) != attempt):
         return
     import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # every rank has finished and recorded the steps before this one
     if int(r) != rank:
         return
-    print(f"dtlab: injecting fault {mode!r} (DTLAB_FAULT={spec}) on rank {rank} at step {step} "
-          f"(attempt {attempt}), time {time.time():.6f}", file=sys.stderr, flush=True)  # the fault drills time detection from here
+    print(
+        f"dtlab: injecting fault {mode!r} (DTLAB_FAULT={spec}) on rank {rank} at step {step} "
+        f"(attempt {attempt}), time {time.time():.6f}",
+        file=sys.stderr,
+        flush=True,
+    )  # the fault drills time detection from here
     if mode == "raise":
         raise RuntimeError(f"injected fault (DTLAB_FAULT={spec}) on rank {rank} at step {step}")
     if mode == "exit":
@@ -262,6 +301,7 @@ def dump_stacks_on_sigusr1() -> None:
     faulthandler's handler runs at signal level, which a Python-level handler could not do there. A crash
     (SIGSEGV, SIGBUS, SIGABRT, ...) also leaves the stack in the log before the rank dies of it."""
     import faulthandler
+
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
 
@@ -273,6 +313,7 @@ def record_error_file(e: BaseException) -> None:
         return  # failed before torch was even imported: the rank's log has the traceback
     try:
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
         ErrorHandler().record_exception(e)
     except Exception:  # noqa: BLE001 - reporting must never hide the original error
         pass
@@ -288,6 +329,7 @@ def record_error_file(e: BaseException) -> None:
 
 def _optional_versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
+
     out = {}
     for name in ("datasets", "deepspeed"):  # read from metadata: importing deepspeed costs seconds
         try:
@@ -299,6 +341,7 @@ def _optional_versions() -> dict:
 
 def _nccl_version():
     import torch
+
     try:
         return ".".join(str(x) for x in torch.cuda.nccl.version())
     except Exception:  # noqa: BLE001
@@ -333,6 +376,7 @@ def _redirect_output(path: str) -> None:
 def _teardown() -> None:
     try:
         import torch.distributed as dist
+
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a broken group must not hide the original error

@@ -49,6 +49,7 @@ class LocalSGD:
 
     def __init__(self, model, period: int, world: int, device, marks=None):
         from dtlab.rank.marks import Marks
+
         self.params = [p for p in model.parameters()]
         self.period, self.world = period, world
         # the rank's marks (dtlab.rank.marks): the wall clock on CPU, CUDA events on the current stream on GPU
@@ -66,8 +67,11 @@ class LocalSGD:
     def seconds(self, rec: dict, step_start) -> dict:
         """A record of `after_step` with its marks turned into seconds from the step start (on GPU: after the
         step's clock was read, which synchronised)."""
-        return {**rec, "t_start": self.marks.seconds(step_start, rec["t_start"]),
-                "t_end": self.marks.seconds(step_start, rec["t_end"])}
+        return {
+            **rec,
+            "t_start": self.marks.seconds(step_start, rec["t_start"]),
+            "t_end": self.marks.seconds(step_start, rec["t_end"]),
+        }
 
     def after_step(self, step: int) -> dict | None:
         """Average when `step` is due; the `collective` fields with raw marks (see `seconds`), or None."""
@@ -82,11 +86,17 @@ class LocalSGD:
             offset = 0
             for p in self.params:
                 n = p.numel()
-                p.copy_(flat[offset:offset + n].view_as(p))
+                p.copy_(flat[offset : offset + n].view_as(p))
                 offset += n
-        return {"op": "all_reduce", "phase": "average", "nbytes": int(flat.numel() * flat.element_size()),
-                "t_start": t0, "t_end": t1}
+        return {
+            "op": "all_reduce",
+            "phase": "average",
+            "nbytes": int(flat.numel() * flat.element_size()),
+            "t_start": t0,
+            "t_end": t1,
+        }
 
     def digest_event(self, writer, rank: int, step: int, averaged: bool) -> None:
-        writer.write("params", rank=rank, step=step, averaged=averaged, digest=param_digest(self.params),
-                     time=time.time())
+        writer.write(
+            "params", rank=rank, step=step, averaged=averaged, digest=param_digest(self.params), time=time.time()
+        )

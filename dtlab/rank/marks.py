@@ -67,11 +67,15 @@ def owned_stream(device, torch_mod=None):
             rc = lib.cuStreamCreate(ctypes.byref(handle), ctypes.c_uint(1))  # 1 = CU_STREAM_NON_BLOCKING
             if rc != 0 or not handle.value:
                 raise OSError(f"cuStreamCreate returned CUresult {rc}")
-            return (torch.cuda.ExternalStream(handle.value, device=device),
-                    "dtlab's own stream (cuStreamCreate, non-blocking)")
+            return (
+                torch.cuda.ExternalStream(handle.value, device=device),
+                "dtlab's own stream (cuStreamCreate, non-blocking)",
+            )
         except (OSError, AttributeError) as e:
-            return (torch.cuda.Stream(device=device),
-                    f"a torch pool stream (the driver gave no stream of dtlab's own: {e}); other work may share it")
+            return (
+                torch.cuda.Stream(device=device),
+                f"a torch pool stream (the driver gave no stream of dtlab's own: {e}); other work may share it",
+            )
 
 
 class Marks:
@@ -85,8 +89,15 @@ class Marks:
 
     `torch_mod`, `clock` and `make_stream` are for tests (a fake CUDA, a fake clock); a rank passes nothing."""
 
-    def __init__(self, device, backend: str, torch_mod=None, clock=time.perf_counter, make_stream=owned_stream,
-                 path: str | None = None):
+    def __init__(
+        self,
+        device,
+        backend: str,
+        torch_mod=None,
+        clock=time.perf_counter,
+        make_stream=owned_stream,
+        path: str | None = None,
+    ):
         self.device = device
         self.path = path or timing_path(device.type, backend)
         self.cuda = self.path != "wall"
@@ -191,8 +202,13 @@ class Marks:
     def facts(self) -> dict:
         """What a run records about its marks (`resolved.timing_method`): the method and its words, the path, the
         owned streams' kind and how many were made inside a step."""
-        return {"method": self.method, "how": TIMING_METHODS[self.method], "path": self.path,
-                "end_stream": self.stream_how, "streams_made_in_steps": self.made_in_steps}
+        return {
+            "method": self.method,
+            "how": TIMING_METHODS[self.method],
+            "path": self.path,
+            "end_stream": self.stream_how,
+            "streams_made_in_steps": self.made_in_steps,
+        }
 
 
 class SyncedMarks(Marks):
@@ -227,6 +243,7 @@ def _group_key(group):
         return None
     try:
         import torch.distributed as dist
+
         if group is dist.group.WORLD:
             return None
     except (ImportError, AttributeError):
@@ -240,6 +257,7 @@ def rank_marks(device, backend: str, synced: bool = False) -> Marks:
     hook = os.environ.get(HOOK_ENV)
     if hook:
         import importlib.util
+
         path, _, name = hook.rpartition(":")
         spec = importlib.util.spec_from_file_location("_dtlab_marks_hook", path)
         mod = importlib.util.module_from_spec(spec)

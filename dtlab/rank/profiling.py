@@ -26,6 +26,7 @@ class StepProfiler:
         if not self.active:
             return
         import torch.profiler as tp
+
         order = list(order)
         measured = [i for i, (step, paired) in enumerate(order) if paired is None and step >= cfg.warmup]
         first = measured[0] if measured else 0
@@ -36,10 +37,15 @@ class StepProfiler:
             with open(os.path.join(self.folder, "steps.json"), "w") as f:
                 json.dump({str(i): [int(s), p] for i, (s, p) in enumerate(order)}, f)
         acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        sched = tp.schedule(wait=max(0, first - 1), warmup=1 if first else 0, active=max(1, len(order) - first),
-                            repeat=1)
-        self.prof = tp.profile(activities=acts, schedule=sched, record_shapes=True,
-                               on_trace_ready=lambda p: p.export_chrome_trace(self.path))
+        sched = tp.schedule(
+            wait=max(0, first - 1), warmup=1 if first else 0, active=max(1, len(order) - first), repeat=1
+        )
+        self.prof = tp.profile(
+            activities=acts,
+            schedule=sched,
+            record_shapes=True,
+            on_trace_ready=lambda p: p.export_chrome_trace(self.path),
+        )
         self.prof.start()
 
     def begin(self, step: int, paired) -> None:

@@ -47,12 +47,15 @@ class EventWriter:
 
     def _put(self, data: bytes) -> None:
         if self.failed is not None:
-            raise DiskFull(self.path, self.failed) if is_disk_error(self.failed) else OSError(
-                self.failed.errno, f"an earlier write failed: {self.failed.strerror}", self.path)
+            raise (
+                DiskFull(self.path, self.failed)
+                if is_disk_error(self.failed)
+                else OSError(self.failed.errno, f"an earlier write failed: {self.failed.strerror}", self.path)
+            )
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(self._fd, view):]
+                view = view[os.write(self._fd, view) :]
         except OSError as e:
             self.failed = e
             raise (DiskFull(self.path, e) if is_disk_error(e) else e) from None
@@ -78,6 +81,7 @@ class StepClock:
     def __init__(self, device: torch.device, marks=None):
         if marks is None:
             from dtlab.rank.marks import Marks
+
             marks = Marks(device, "nccl" if device.type == "cuda" else "gloo")
         self.marks = marks
         self.cuda = marks.cuda
@@ -137,14 +141,16 @@ class BucketRecorder:
     its reduce + broadcast (dtlab.rank.strategies.ps), which may add marks of its own (`rec["_t_<name>"]` -> `t_<name>`).
     """
 
-    def __init__(self, world_size: int, device: torch.device, codec=None, transport=None, backend: str | None = None,
-                 marks=None):
+    def __init__(
+        self, world_size: int, device: torch.device, codec=None, transport=None, backend: str | None = None, marks=None
+    ):
         self.world = world_size
         self.codec = codec  # dtlab.rank.compression.Codec, or None for the plain fp32 all-reduce
         # how a divided bucket is reduced: DDP's all-reduce, or a strategy's own (dtlab.rank.strategies.ps)
         self.transport = transport if transport is not None else AllReduceTransport()
         if marks is None:
             from dtlab.rank.marks import Marks
+
             marks = Marks(device, backend or ("nccl" if device.type == "cuda" else "gloo"))
             marks.prepare()
         self.marks = marks
@@ -181,8 +187,11 @@ class BucketRecorder:
     def _ready(self, bucket):
         buf = bucket.buffer()
         buf.div_(self.world)  # on the compute stream, before "ready": off the communication channel
-        rec = {"bucket": bucket.index(), "nbytes": buf.numel() * buf.element_size(),
-               "nparams": len(bucket.parameters())}
+        rec = {
+            "bucket": bucket.index(),
+            "nbytes": buf.numel() * buf.element_size(),
+            "nparams": len(bucket.parameters()),
+        }
         rec["wire_bytes"] = rec["nbytes"]
         rec["_ready"] = self._mark()
         return buf, rec
@@ -213,8 +222,13 @@ class BucketRecorder:
         its future completed (the last collective and the decode: t_end - t_start is communication plus
         decode), and the bytes it put on the wire."""
         buf = bucket.buffer()
-        rec = {"bucket": bucket.index(), "nbytes": buf.numel() * buf.element_size(),
-               "nparams": len(bucket.parameters()), "_ready": self._mark(), "_work": None}
+        rec = {
+            "bucket": bucket.index(),
+            "nbytes": buf.numel() * buf.element_size(),
+            "nparams": len(bucket.parameters()),
+            "_ready": self._mark(),
+            "_work": None,
+        }
         fut, rec["wire_bytes"] = self.codec(bucket)
         rec["_start"] = self._mark()
         return self._track(rec, fut, lambda f: f.value())
@@ -230,8 +244,13 @@ class BucketRecorder:
             ready, start, end, work = rec.pop("_ready"), rec.pop("_start"), rec.pop("_end", None), rec.pop("_work")
             extra = {k[1:]: rec.pop(k) for k in [k for k in rec if k.startswith("_t_")]}  # a transport's own marks
             t = lambda m: self.marks.seconds(self.step_start, m)  # noqa: E731
-            rec.update(t_ready=t(ready), t_start=t(start), t_end=t(end), backend_ms=backend_duration_ms(work),
-                       **{k: t(v) for k, v in extra.items()})
+            rec.update(
+                t_ready=t(ready),
+                t_start=t(start),
+                t_end=t(end),
+                backend_ms=backend_duration_ms(work),
+                **{k: t(v) for k, v in extra.items()},
+            )
             out.append(rec)
         return out
 
@@ -239,11 +258,19 @@ class BucketRecorder:
 def recorder_facts(recorder: BucketRecorder) -> dict:
     """How this rank's bucket marks were taken, for config.json's resolved facts (see dtlab.rank.marks)."""
     from dtlab.config.placement import TIMING
+
     m = recorder.marks
-    return {"bucket_timing": {"path": m.path, "how": TIMING[m.path], "end_stream": m.stream_how,
-                              "baseline": "the recording hook minus the collective (same division, marks and "
-                                          "callback), so T_step - T_comp leaves out the hook's own cost"},
-            "timing_method": m.facts(), "ddp_broadcast_buffers": False}
+    return {
+        "bucket_timing": {
+            "path": m.path,
+            "how": TIMING[m.path],
+            "end_stream": m.stream_how,
+            "baseline": "the recording hook minus the collective (same division, marks and "
+            "callback), so T_step - T_comp leaves out the hook's own cost",
+        },
+        "timing_method": m.facts(),
+        "ddp_broadcast_buffers": False,
+    }
 
 
 class AllReduceTransport:
@@ -286,4 +313,5 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
     import resource
+
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak_rss"  # ru_maxrss is KiB on Linux

@@ -29,14 +29,19 @@ def grad_agreement(pairs) -> dict:
         worst = max(worst, float((g - r).abs().max())) if g.numel() else worst
         ref_max = max(ref_max, float(r.abs().max())) if r.numel() else ref_max
         n += 1
-    return {"grad_ratio": dot / rr if rr > 0 else float("nan"),
-            "grad_rel_err": (dd / rr) ** 0.5 if rr > 0 else float("nan"),
-            "grad_max_abs_diff": worst, "ref_grad_max_abs": ref_max, "params_compared": n}
+    return {
+        "grad_ratio": dot / rr if rr > 0 else float("nan"),
+        "grad_rel_err": (dd / rr) ** 0.5 if rr > 0 else float("nan"),
+        "grad_max_abs_diff": worst,
+        "ref_grad_max_abs": ref_max,
+        "params_compared": n,
+    }
 
 
 def full_tensor(t):
     """The whole tensor of a DTensor (a collective over its mesh), or `t` itself."""
     from torch.distributed.tensor import DTensor
+
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
@@ -46,6 +51,7 @@ class Reference:
 
     def __init__(self, model, per_replica: list, lr: float, device=None):
         import torch
+
         # on the batches' device: the copy is taken before the run's model moves to its GPU, and a CPU copy fed
         # CUDA batches fails at its first embedding lookup (seen on an H200)
         self.model = model.to(device) if device is not None else model
@@ -56,6 +62,7 @@ class Reference:
 
     def batch(self, step: int) -> dict:
         import torch
+
         parts = [b[step % len(b)] for b in self.per_replica]
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 

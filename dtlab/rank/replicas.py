@@ -49,6 +49,7 @@ def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
     mesh = None
     if spec_axis is not None:
         from torch.distributed.device_mesh import init_device_mesh
+
         mesh = init_device_mesh(device.type, (deg["dp"], deg[spec_axis]), mesh_dim_names=("dp", spec_axis))
     dp = deg["dp"]
     dp_rank = rank // (world // dp)
@@ -61,15 +62,25 @@ def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
     ref = None
     if cfg.reference:
         from dtlab.rank.reference import Reference
+
         ref = Reference(copy.deepcopy(built.model), per_replica, cfg.lr, device)
     params = list(built.model.parameters())
-    sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
-               "data_source": data_src, "lr": lr, "num_parameters": sum(p.numel() for p in params),
-               "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-               "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
-               "layout": deg, "n_layers": int(built.model.config.n_layers), "hidden": int(built.model.config.dim),
-               "n_heads": int(built.model.config.n_heads), "ffn_hidden": int(built.model.config.hidden_dim),
-               "global_batch": cfg.batch_size * dp, "dropout": cfg.dropout}
+    sources = {
+        "model_source": built.model_source,
+        "tokenizer_source": built.tokenizer_source,
+        "data_source": data_src,
+        "lr": lr,
+        "num_parameters": sum(p.numel() for p in params),
+        "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
+        "layout": deg,
+        "n_layers": int(built.model.config.n_layers),
+        "hidden": int(built.model.config.dim),
+        "n_heads": int(built.model.config.n_heads),
+        "ffn_hidden": int(built.model.config.hidden_dim),
+        "global_batch": cfg.batch_size * dp,
+        "dropout": cfg.dropout,
+    }
     return Built(device, backend, built.model, per_replica[dp_rank], ref, mesh, dp_rank, deg, sources)
 
 
@@ -85,8 +96,9 @@ def dp_sync(params, mesh, recorder) -> None:
     grads = [_local(p.grad) for p in params if p.grad is not None]
     flat = _flatten_dense_tensors(grads)
     group, n = mesh.get_group("dp"), mesh.size(0)
-    recorder.record_call("all_reduce", flat.numel() * flat.element_size(), "dp", n,
-                         lambda: dist.all_reduce(flat, group=group))
+    recorder.record_call(
+        "all_reduce", flat.numel() * flat.element_size(), "dp", n, lambda: dist.all_reduce(flat, group=group)
+    )
     flat.div_(n)
     with torch.no_grad():
         for g, new in zip(grads, _unflatten_dense_tensors(flat, grads)):
@@ -95,6 +107,7 @@ def dp_sync(params, mesh, recorder) -> None:
 
 def _local(t):
     from torch.distributed.tensor import DTensor
+
     return t.to_local() if isinstance(t, DTensor) else t
 
 
@@ -108,17 +121,24 @@ def memory_record(params, opt, device) -> dict:
     import torch
 
     from dtlab.rank.recorder import peak_memory
+
     params = list(params)
     state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
     peak, kind = peak_memory(device)
-    return {"params_bytes": local_bytes(params), "grads_bytes": local_bytes(p.grad for p in params),
-            "optim_bytes": local_bytes(state), "peak_bytes": peak, "peak_kind": kind}
+    return {
+        "params_bytes": local_bytes(params),
+        "grads_bytes": local_bytes(p.grad for p in params),
+        "optim_bytes": local_bytes(state),
+        "peak_bytes": peak,
+        "peak_kind": kind,
+    }
 
 
 def check_reference(ref, step: int, named_params, writer, rank: int, loss) -> None:
     """Train the reference one step on the global batch and write how this rank's gradients compare; then wait
     for every rank (the reference's time must not land in the next step as a wait for this one)."""
     import torch.distributed as dist
+
     t0 = time.perf_counter()
     rec = ref.step_and_compare(step, named_params)
     writer.write("reference", rank=rank, step=step, loss=loss, seconds=time.perf_counter() - t0, **rec)
@@ -130,7 +150,8 @@ def after_step(writer, rank: int, step: int, params, opt, device, reference, nam
     once the optimizer state exists (peak not yet meaningful), and the comparison with the one-process
     reference run when there is one."""
     if step == 0:
-        writer.write("memory", rank=rank, **{**memory_record(params, opt, device), "peak_bytes": None,
-                                             "peak_kind": None})
+        writer.write(
+            "memory", rank=rank, **{**memory_record(params, opt, device), "peak_bytes": None, "peak_kind": None}
+        )
     if reference is not None:
         check_reference(reference, step, named_params, writer, rank, loss)

@@ -71,6 +71,7 @@ class Checkpointer:
 
     def _state(self, model, opt, done: int, rng: dict[str, torch.Tensor]) -> dict:
         from torch.distributed.checkpoint.state_dict import get_state_dict
+
         msd, osd = get_state_dict(model, opt)  # a fresh optimizer gets its state allocated (lr 0 step), for load
         return {"model": msd, "optim": osd, "progress": torch.tensor(done, dtype=torch.int64), "rng": rng}
 
@@ -93,6 +94,7 @@ class Checkpointer:
         seconds this rank spent (t_save, s) and the bytes it wrote (nbytes, B; rank 0 adds dir_bytes, the whole
         folder)."""
         import torch.distributed.checkpoint as dcp
+
         t0 = time.perf_counter()
         state = self._state(model, opt, done, self._gathered_rng())
         tmp = os.path.join(self.root, f".tmp-step-{done}-a{self.attempt}")
@@ -108,8 +110,16 @@ class Checkpointer:
             for _, old in complete_checkpoints(self.root)[:-KEEP]:
                 _retire(old)
             dir_bytes = sum(os.path.getsize(os.path.join(final, f)) for f in os.listdir(final))
-        self.writer.write("checkpoint", rank=self.rank, step=done, name=f"step-{done}",
-                          t_save=time.perf_counter() - t0, nbytes=nbytes, dir_bytes=dir_bytes, time=time.time())
+        self.writer.write(
+            "checkpoint",
+            rank=self.rank,
+            step=done,
+            name=f"step-{done}",
+            t_save=time.perf_counter() - t0,
+            nbytes=nbytes,
+            dir_bytes=dir_bytes,
+            time=time.time(),
+        )
 
     # ---- resume -----------------------------------------------------------------------------------------
     def resume(self, model, opt) -> int:
@@ -119,6 +129,7 @@ class Checkpointer:
         if self.attempt == 0:
             return 0
         import torch.distributed.checkpoint as dcp
+
         t0 = time.perf_counter()
         choice = [None]
         if self.rank == 0:  # one decision for all ranks; leftovers of the attempt that died are removed first
@@ -136,6 +147,7 @@ class Checkpointer:
             state = self._state(model, opt, 0, {name: torch.empty(s, dtype=torch.uint8) for name, s in shapes.items()})
             dcp.load(state, checkpoint_id=path)
             from torch.distributed.checkpoint.state_dict import set_state_dict
+
             set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
             done, name = int(state["progress"]), os.path.basename(path)
             if done != k:
@@ -143,6 +155,13 @@ class Checkpointer:
             torch.set_rng_state(state["rng"]["cpu"][self.rank].clone())  # last: nothing after it draws numbers
             if "cuda" in state["rng"]:
                 torch.cuda.set_rng_state(state["rng"]["cuda"][self.rank].clone(), self.device)
-        self.writer.write("restart", rank=self.rank, attempt=self.attempt, resumed_from=done, checkpoint=name,
-                          t_load=time.perf_counter() - t0, time=time.time())
+        self.writer.write(
+            "restart",
+            rank=self.rank,
+            attempt=self.attempt,
+            resumed_from=done,
+            checkpoint=name,
+            t_load=time.perf_counter() - t0,
+            time=time.time(),
+        )
         return done

@@ -52,6 +52,7 @@ class Straggler:
             return 0.0
         if self.cuda:  # let the queued forward finish first, so the GPU idles for the whole delay
             import torch
+
             torch.cuda.synchronize(self.device)
         t = time.perf_counter()
         d = self.delay_s(t - self._t0)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from dtlab.config.strategies import strategy_spec
 from dtlab.config.run import RunConfig
+from dtlab.config.strategies import strategy_spec
 from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
 
 
@@ -33,6 +33,7 @@ def warm(argv: list[str]) -> None:
     cfg = RunConfig.from_dict(read_config(argv[0])["config"])
     importlib.import_module(strategy_spec(cfg.strategy).module)
     from dtlab.rank.data import warm_model
+
     warm_model()
 
 

@@ -17,8 +17,19 @@ import pandas as pd
 
 from dtlab.config.placement import TIMING_METHODS
 from dtlab.results.busy import verdict
-from dtlab.results.spread import (SEED, block_for, exposed_words, hull, interval, median_bounds, medians,
-                                  overlap_words, resample_index, resamples_for, resolved)
+from dtlab.results.spread import (
+    SEED,
+    block_for,
+    exposed_words,
+    hull,
+    interval,
+    median_bounds,
+    medians,
+    overlap_words,
+    resample_index,
+    resamples_for,
+    resolved,
+)
 from dtlab.units import fmt_ms
 
 PER_STEP_COLUMNS = ["step", "t_step", "t_comm", "t_comp_est"]
@@ -70,8 +81,14 @@ def per_step(run) -> pd.DataFrame:
         key = pd.MultiIndex.from_arrays([slow["rank"], slow["step"]])
         found = ready.reindex(key).to_numpy(dtype=float)
         compute_end = np.where(np.isnan(found), compute_end, found)
-    out = pd.DataFrame({"step": slow["step"].to_numpy(), "t_step": slow["t_step"].to_numpy(dtype=float),
-                        "t_comm": t_comm, "t_comp_est": compute_end + slow["t_opt"].to_numpy(dtype=float)})
+    out = pd.DataFrame(
+        {
+            "step": slow["step"].to_numpy(),
+            "t_step": slow["t_step"].to_numpy(dtype=float),
+            "t_comm": t_comm,
+            "t_comp_est": compute_end + slow["t_opt"].to_numpy(dtype=float),
+        }
+    )
     if run.measures_blocked:
         out["t_blocked"] = slow["t_blocked"].to_numpy(dtype=float)
         out["t_comp_est"] = out["t_step"] - out["t_blocked"]
@@ -145,8 +162,10 @@ def figures(run) -> dict:
         e_iv = hull(interval(d_rep), median_bounds(pr["diff"]))
         t_comp, comp_rep = t_step - exposed, ts_rep - d_rep
         c_iv = hull(interval(comp_rep), (t_step - e_iv[1], t_step - e_iv[0]))
-        how_comp = (f"measured: T_step - exposed, from {m} no-op comm hook steps each paired with the training "
-                    f"step just before it (alone: median {fmt_ms(_median(pr['t_comp']))})")
+        how_comp = (
+            f"measured: T_step - exposed, from {m} no-op comm hook steps each paired with the training "
+            f"step just before it (alone: median {fmt_ms(_median(pr['t_comp']))})"
+        )
         how_exposed = f"median over {m} pairs of T_step - T_comp (a training step, then a no-op comm hook step)"
         per, n_diff = "pairs", m
     elif not run.baseline_steps.empty:
@@ -156,8 +175,10 @@ def figures(run) -> dict:
         c_iv = hull(interval(comp_rep), median_bounds(base))
         exposed, d_rep = t_step - t_comp, ts_rep - comp_rep
         e_iv = hull(interval(d_rep), (ts_iv[0] - c_iv[1], ts_iv[1] - c_iv[0]))
-        how_comp = (f"measured: median of {len(base)} no-op comm hook steps (run after the training steps, "
-                    "unpaired: recorded before baseline steps were interleaved)")
+        how_comp = (
+            f"measured: median of {len(base)} no-op comm hook steps (run after the training steps, "
+            "unpaired: recorded before baseline steps were interleaved)"
+        )
         n_diff = len(base)
     elif run.measures_blocked and "t_blocked" in ps.columns:
         # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.rank.strategies.zero3.blocked).
@@ -167,16 +188,21 @@ def figures(run) -> dict:
         e_iv, c_iv = hull(interval(d_rep), median_bounds(tb)), hull(interval(comp_rep), median_bounds(ts - tb))
         where = "compute stream" if timing_method(run) == "cuda_events" else "training thread"
         how_comp = "measured: T_step - time blocked on collectives (slowest rank, per step)"
-        how_exposed = (f"measured: time the slowest rank's {where} was blocked waiting for collectives "
-                       "(timed waits + blocking calls)")
+        how_exposed = (
+            f"measured: time the slowest rank's {where} was blocked waiting for collectives "
+            "(timed waits + blocking calls)"
+        )
         how_overlap = "1 - exposed / T_comm (exposed measured, T_comm = in-flight union)"
         noise_rule = False  # measured directly, never negative: a 0 is a measured 0
     elif not run.collectives.empty and run.buckets.empty:
         # A ZeRO-3 run recorded before blocked time was measured.
         t_comp, comp_rep = _median(ts - tc), medians(ts - tc, idx)
         c_iv = hull(interval(comp_rep), median_bounds(ts - tc))
-        how_comp = ("estimated: T_step - T_comm (recorded without blocked-time measurement; assumes no "
-                    "overlap)") if run.spec.blocked_time else "estimated: T_step - T_comm (blocking collectives)"
+        how_comp = (
+            ("estimated: T_step - T_comm (recorded without blocked-time measurement; assumes no overlap)")
+            if run.spec.blocked_time
+            else "estimated: T_step - T_comm (blocking collectives)"
+        )
         how_exposed, how_overlap = "assumed = T_comm (no baseline to measure it against)", "not measured"
         exposed, d_rep, e_iv, noise_rule, assumed = t_comm, tc_rep, tc_iv, False, True
     else:
@@ -187,14 +213,36 @@ def figures(run) -> dict:
         e_iv = hull(interval(d_rep), median_bounds(ts - te))
         how_comp = "estimated: fwd + bwd until the last bucket was ready + opt (no baseline run)"
     with np.errstate(divide="ignore", invalid="ignore"):
-        ov_iv = hull(interval(1.0 - np.asarray(d_rep) / np.asarray(tc_rep)),
-                     (1.0 - e_iv[1] / t_comm, 1.0 - e_iv[0] / t_comm) if t_comm > 0 else (math.nan, math.nan))
-    return {"ps": ps, "n": n, "pairs": pr, "verdict": said, "t_step": t_step, "t_step_rep": ts_rep,
-            "t_comm": t_comm, "t_comm_rep": tc_rep, "t_comp": t_comp, "t_comp_rep": comp_rep, "exposed": exposed,
-            "exposed_rep": d_rep, "t_step_iv": _around(t_step, ts_iv), "t_comm_iv": _around(t_comm, tc_iv),
-            "t_comp_iv": _around(t_comp, c_iv), "exposed_iv": _around(exposed, e_iv), "overlap_iv": ov_iv,
-            "how_comp": how_comp, "how_exposed": how_exposed, "how_overlap": how_overlap, "noise_rule": noise_rule,
-            "assumed": assumed, "n_diff": n_diff, "per": per}
+        ov_iv = hull(
+            interval(1.0 - np.asarray(d_rep) / np.asarray(tc_rep)),
+            (1.0 - e_iv[1] / t_comm, 1.0 - e_iv[0] / t_comm) if t_comm > 0 else (math.nan, math.nan),
+        )
+    return {
+        "ps": ps,
+        "n": n,
+        "pairs": pr,
+        "verdict": said,
+        "t_step": t_step,
+        "t_step_rep": ts_rep,
+        "t_comm": t_comm,
+        "t_comm_rep": tc_rep,
+        "t_comp": t_comp,
+        "t_comp_rep": comp_rep,
+        "exposed": exposed,
+        "exposed_rep": d_rep,
+        "t_step_iv": _around(t_step, ts_iv),
+        "t_comm_iv": _around(t_comm, tc_iv),
+        "t_comp_iv": _around(t_comp, c_iv),
+        "exposed_iv": _around(exposed, e_iv),
+        "overlap_iv": ov_iv,
+        "how_comp": how_comp,
+        "how_exposed": how_exposed,
+        "how_overlap": how_overlap,
+        "noise_rule": noise_rule,
+        "assumed": assumed,
+        "n_diff": n_diff,
+        "per": per,
+    }
 
 
 def _around(value: float, iv: tuple) -> tuple:
@@ -209,22 +257,36 @@ def summary(run) -> pd.DataFrame:
     exposed, t_comm = f["exposed"], f["t_comm"]
     e_lo, e_hi = f["exposed_iv"]
     clock = TIMING_METHODS[timing_method(run)]  # the words of the method the ranks recorded
-    rows = [("T_step", f["t_step"], "s", f"median over {f['n']} steps of the slowest rank's step time ({clock})",
-             *f["t_step_iv"]),
-            ("T_comp", f["t_comp"], "s", f["how_comp"], *f["t_comp_iv"]),
-            ("T_comm", t_comm, "s", "median of the time collectives were in flight per step"
-             + (" (union of intervals on the rank where longest)" if run.spec.records == "collectives" else ""),
-             *f["t_comm_iv"])]
+    rows = [
+        (
+            "T_step",
+            f["t_step"],
+            "s",
+            f"median over {f['n']} steps of the slowest rank's step time ({clock})",
+            *f["t_step_iv"],
+        ),
+        ("T_comp", f["t_comp"], "s", f["how_comp"], *f["t_comp_iv"]),
+        (
+            "T_comm",
+            t_comm,
+            "s",
+            "median of the time collectives were in flight per step"
+            + (" (union of intervals on the rank where longest)" if run.spec.records == "collectives" else ""),
+            *f["t_comm_iv"],
+        ),
+    ]
     if f["noise_rule"] and not resolved(e_lo):
-        rows.append(("exposed", math.nan, "s", exposed_words(exposed, e_lo, e_hi, f["n_diff"], f["per"]), math.nan,
-                     math.nan))
+        rows.append(
+            ("exposed", math.nan, "s", exposed_words(exposed, e_lo, e_hi, f["n_diff"], f["per"]), math.nan, math.nan)
+        )
         rows.append(("overlap", math.nan, "fraction", overlap_words(e_hi, t_comm), math.nan, math.nan))
     else:
         rows.append(("exposed", exposed, "s", f["how_exposed"], e_lo, e_hi))
         rows.append(_overlap(exposed, t_comm, f["overlap_iv"], f["how_overlap"], f["assumed"]))
     other = f["verdict"].get("other_cores")
-    rows.append(("machine", other if other is not None else math.nan, "cores", f["verdict"]["line"], math.nan,
-                 math.nan))
+    rows.append(
+        ("machine", other if other is not None else math.nan, "cores", f["verdict"]["line"], math.nan, math.nan)
+    )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
@@ -233,12 +295,24 @@ def _overlap(exposed: float, t_comm: float, iv: tuple, how: str, assumed: bool) 
         return ("overlap", math.nan, "fraction", how, math.nan, math.nan)
     ov = 1.0 - exposed / t_comm
     if not 0.0 <= ov <= 1.0:  # exposed longer than the time in flight: not physical, so not a figure
-        return ("overlap", math.nan, "fraction", f"not measurable here: exposed ({fmt_ms(exposed)}) is longer than "
-                f"the time collectives were in flight ({fmt_ms(t_comm)}), which only noise explains", math.nan,
-                math.nan)
+        return (
+            "overlap",
+            math.nan,
+            "fraction",
+            f"not measurable here: exposed ({fmt_ms(exposed)}) is longer than "
+            f"the time collectives were in flight ({fmt_ms(t_comm)}), which only noise explains",
+            math.nan,
+            math.nan,
+        )
     lo, hi = iv
-    return ("overlap", ov, "fraction", how, min(max(lo, 0.0), ov) if lo == lo else ov,
-            max(min(hi, 1.0), ov) if hi == hi else ov)
+    return (
+        "overlap",
+        ov,
+        "fraction",
+        how,
+        min(max(lo, 0.0), ov) if lo == lo else ov,
+        max(min(hi, 1.0), ov) if hi == hi else ov,
+    )
 
 
 def summary_lines(s: pd.DataFrame) -> list[str]:

@@ -29,18 +29,32 @@ def machine_load(run) -> dict | None:
         return None
     hosts = dict(zip(run.ranks["rank"], run.ranks["host"])) if "host" in run.ranks.columns else {}
     here = hosts.get(0)
-    own = sum(float(p["end"]["cpu_s"]) - float(p["start"]["cpu_s"]) for (r, _), p in done.items()
-              if here is None or hosts.get(r, here) == here)
+    own = sum(
+        float(p["end"]["cpu_s"]) - float(p["start"]["cpu_s"])
+        for (r, _), p in done.items()
+        if here is None or hosts.get(r, here) == here
+    )
     figs = [between(p["start"], p["end"], 0.0) for p in zero]
     wall = sum(f["wall_s"] for f in figs)
     busy = sum(f["busy_s"] for f in figs if f["busy_s"] is not None)
     other = max(busy - own, 0.0)
     cpu_total = sum(f["wall_s"] * float(p["end"].get("cores") or 1) for f, p in zip(figs, zero))
-    steal = sum((f["steal"] or 0.0) * f["wall_s"] * float(p["end"].get("cores") or 1)
-                for f, p in zip(figs, zero)) / cpu_total if cpu_total > 0 else 0.0
-    return {"other_s": other, "other_cores": other / wall if wall > 0 else math.nan, "steal": steal, "wall_s": wall,
-            "own_s": own, "cores": zero[-1]["end"].get("cores"), "loadavg_start": zero[0]["start"].get("loadavg"),
-            "loadavg_end": zero[-1]["end"].get("loadavg")}
+    steal = (
+        sum((f["steal"] or 0.0) * f["wall_s"] * float(p["end"].get("cores") or 1) for f, p in zip(figs, zero))
+        / cpu_total
+        if cpu_total > 0
+        else 0.0
+    )
+    return {
+        "other_s": other,
+        "other_cores": other / wall if wall > 0 else math.nan,
+        "steal": steal,
+        "wall_s": wall,
+        "own_s": own,
+        "cores": zero[-1]["end"].get("cores"),
+        "loadavg_start": zero[0]["start"].get("loadavg"),
+        "loadavg_end": zero[-1]["end"].get("loadavg"),
+    }
 
 
 def step_scatter(t_step) -> float:
@@ -64,8 +78,10 @@ def verdict(run, t_step) -> dict:
         return {"busy": None, "scatter": scatter, "line": line}
     busy = is_busy(load["other_cores"], load["steal"])
     la, lb = load.get("loadavg_start"), load.get("loadavg_end")
-    facts = [f"other processes took {load['other_cores']:.2f} of {load['cores']} cores",
-             f"CPU steal {load['steal']:.0%}"]
+    facts = [
+        f"other processes took {load['other_cores']:.2f} of {load['cores']} cores",
+        f"CPU steal {load['steal']:.0%}",
+    ]
     if la and lb:
         facts.append(f"load average {la[0]:g} -> {lb[0]:g}")
     if spread:

@@ -7,11 +7,11 @@ import os
 
 import pandas as pd
 
-from dtlab.runfiles import RunDamageWarning
-from dtlab.results.status import RunFailed, read_run_dir, require_finished, sweep_progress
 from dtlab.model.fit import PROFILE_FILE, REQUIRED_COLUMNS, AlphaBetaFit
 from dtlab.model.profile import Profile
 from dtlab.results.events import read_events
+from dtlab.results.status import RunFailed, read_run_dir, require_finished, sweep_progress
+from dtlab.runfiles import RunDamageWarning
 
 
 def samples_frame(run_dir: str):
@@ -21,8 +21,12 @@ def samples_frame(run_dir: str):
     `seconds` are the rank's that issued last (see below)."""
     import glob
 
-    rows = [e for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))
-            for e in read_events(p) if e.get("kind") == "sample"]
+    rows = [
+        e
+        for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))
+        for e in read_events(p)
+        if e.get("kind") == "sample"
+    ]
     raw = pd.DataFrame(rows, columns=["rank", "op", "nbytes", "nproc", "load", "iter", "seconds"])
     raw["load"] = raw["load"].astype(object).fillna("idle")  # sweeps recorded before loads existed were idle
     if raw.empty:
@@ -46,7 +50,6 @@ def load_calibration(run_dir: str, partial: bool = False):
     fitted, and the profile says in its caveats and meta['partial'] that the sweep did not finish."""
     import warnings
 
-
     rec = read_run_dir(run_dir, key="calibration")
     for w in rec.warnings:
         warnings.warn(f"{run_dir}: {w}", RunDamageWarning, stacklevel=2)
@@ -54,39 +57,65 @@ def load_calibration(run_dir: str, partial: bool = False):
     raw, samples = samples_frame(run_dir)
     recorded = sweep_progress(rec)
     try:
-        require_finished(rec, "the calibration", run=samples,
-                         hint=f"{recorded}; no profile was written. dtlab.results.calibration.load_calibration(path, "
-                              "partial=True) fits what was recorded, labelled as partial.")
+        require_finished(
+            rec,
+            "the calibration",
+            run=samples,
+            hint=f"{recorded}; no profile was written. dtlab.results.calibration.load_calibration(path, "
+            "partial=True) fits what was recorded, labelled as partial.",
+        )
         unfinished = None
     except RunFailed as e:
         if not partial or raw.empty:
             raise
         unfinished = f"partial: the sweep {e.state} before it finished ({recorded}); fitted from those samples only"
-    meta = {**doc.get("resolved", {}), "calibration": cal, "rank_samples": len(raw),
-            "timing": doc.get("resolved", {}).get("timing",
-                                                   "slowest rank per iteration; barrier before each iteration (not timed)")}
+    meta = {
+        **doc.get("resolved", {}),
+        "calibration": cal,
+        "rank_samples": len(raw),
+        "timing": doc.get("resolved", {}).get(
+            "timing", "slowest rank per iteration; barrier before each iteration (not timed)"
+        ),
+    }
     caveats = _node_facts(run_dir, meta) + ([unfinished] if unfinished else []) + _load_facts(run_dir, meta)
     meta["partial"] = unfinished is not None
     if meta.get("backend") == "gloo" and meta.get("nnodes", 1) == 1:
-        caveats.append("gloo over loopback TCP on shared CPU cores: alpha and beta describe this host's memory "
-                       "and loopback, not a network; collectives compete with compute for the cores.")
+        caveats.append(
+            "gloo over loopback TCP on shared CPU cores: alpha and beta describe this host's memory "
+            "and loopback, not a network; collectives compete with compute for the cores."
+        )
         if "reduce_scatter" in cal["ops"]:
-            caveats.append("gloo's reduce_scatter_tensor is an all-reduce followed by taking a chunk: it moves "
-                           "about twice the data of a real reduce-scatter, so it will not follow the "
-                           "reduce-scatter formula; compare its fit with the all-reduce fit.")
+            caveats.append(
+                "gloo's reduce_scatter_tensor is an all-reduce followed by taking a chunk: it moves "
+                "about twice the data of a real reduce-scatter, so it will not follow the "
+                "reduce-scatter formula; compare its fit with the all-reduce fit."
+            )
         if "ps" in cal["ops"]:
-            caveats.append("ps on gloo is its reduce (a ring reduce-scatter + a gather into rank 0) then its "
-                           "broadcast (a binomial tree), not one server link: see dtlab.model.ps.")
+            caveats.append(
+                "ps on gloo is its reduce (a ring reduce-scatter + a gather into rank 0) then its "
+                "broadcast (a binomial tree), not one server link: see dtlab.model.ps."
+            )
     if meta.get("oversubscribed"):
         caveats.append(f"{meta.get('world_size')} ranks on {meta.get('cpu_cores')} cores: oversubscribed.")
-        over = [int(k) for k in sorted(samples["nproc"].unique()) if k > (meta.get("cpu_cores") or k)] \
-            if not samples.empty else []
+        over = (
+            [int(k) for k in sorted(samples["nproc"].unique()) if k > (meta.get("cpu_cores") or k)]
+            if not samples.empty
+            else []
+        )
         if over:
-            caveats.append(f"timed on more ranks than the {meta.get('cpu_cores')} cores (p = "
-                           f"{', '.join(map(str, over))}): those samples share the cores, oversubscribed.")
+            caveats.append(
+                f"timed on more ranks than the {meta.get('cpu_cores')} cores (p = "
+                f"{', '.join(map(str, over))}): those samples share the cores, oversubscribed."
+            )
 
-    profile = Profile.from_samples(samples, meta=meta, form=cal.get("form", "ring"), caveats=caveats,
-                                   min_bytes=cal.get("fit_min_bytes"), max_bytes=cal.get("fit_max_bytes"))
+    profile = Profile.from_samples(
+        samples,
+        meta=meta,
+        form=cal.get("form", "ring"),
+        caveats=caveats,
+        min_bytes=cal.get("fit_min_bytes"),
+        max_bytes=cal.get("fit_max_bytes"),
+    )
     profile.save(run_dir)
     return profile
 
@@ -96,22 +125,33 @@ def _load_facts(run_dir: str, meta: dict) -> list[str]:
     how many passes each rank replayed); the caveat a loaded profile needs. [] for an idle sweep."""
     import glob
 
-    events = [e for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))) for e in read_events(p)
-              if e.get("kind") in ("load", "load_done")]
+    events = [
+        e
+        for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))
+        for e in read_events(p)
+        if e.get("kind") in ("load", "load_done")
+    ]
     made = next((e for e in events if e["kind"] == "load"), None)
     if made is None:
         return []
     done = {e["rank"]: e for e in events if e["kind"] == "load_done"}
-    meta["load"] = {"what": "backward", "model": made.get("model"), "batch_size": made.get("batch_size"),
-                    "seq_len": made.get("seq_len"), "threads_per_rank": made.get("threads"),
-                    "passes": {str(r): e.get("passes") for r, e in sorted(done.items())},
-                    "how": "each collective issued from a gradient hook inside a replayed backward pass "
-                           "(loss.backward(retain_graph=True)) once the previous one completed, its end marked in "
-                           "its future's callback, as DDP issues and dtlab records a bucket"}
-    return [f"loaded fits ('backward'): each collective issued from inside a replayed backward pass of "
-            f"{made.get('model')} (batch {made.get('batch_size')} x {made.get('seq_len')} tokens, "
-            f"{made.get('threads')} thread(s) per rank), as a DDP bucket is: what it costs while backward compute "
-            "shares the machine, the wait for a peer that issues later included"]
+    meta["load"] = {
+        "what": "backward",
+        "model": made.get("model"),
+        "batch_size": made.get("batch_size"),
+        "seq_len": made.get("seq_len"),
+        "threads_per_rank": made.get("threads"),
+        "passes": {str(r): e.get("passes") for r, e in sorted(done.items())},
+        "how": "each collective issued from a gradient hook inside a replayed backward pass "
+        "(loss.backward(retain_graph=True)) once the previous one completed, its end marked in "
+        "its future's callback, as DDP issues and dtlab records a bucket",
+    }
+    return [
+        f"loaded fits ('backward'): each collective issued from inside a replayed backward pass of "
+        f"{made.get('model')} (batch {made.get('batch_size')} x {made.get('seq_len')} tokens, "
+        f"{made.get('threads')} thread(s) per rank), as a DDP bucket is: what it costs while backward compute "
+        "shares the machine, the wait for a peer that issues later included"
+    ]
 
 
 def _node_facts(run_dir: str, meta: dict) -> list[str]:
@@ -120,8 +160,10 @@ def _node_facts(run_dir: str, meta: dict) -> list[str]:
     import glob
 
     starts = [next(iter(read_events(p)), {}) for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))]
-    meta["ranks"] = sorted(({k: e.get(k) for k in ("rank", "node", "local_rank", "host")} for e in starts
-                            if e.get("kind") == "start"), key=lambda e: e["rank"])
+    meta["ranks"] = sorted(
+        ({k: e.get(k) for k in ("rank", "node", "local_rank", "host")} for e in starts if e.get("kind") == "start"),
+        key=lambda e: e["rank"],
+    )
     meta["hosts"] = sorted({e["host"] for e in meta["ranks"]})
     if os.path.exists(os.path.join(run_dir, "emulation.json")):
         with open(os.path.join(run_dir, "emulation.json")) as f:
@@ -130,12 +172,20 @@ def _node_facts(run_dir: str, meta: dict) -> list[str]:
     if nodes < 2:
         return []
     link = meta.get("emulation", {}).get("link", "")
-    where = (f"emulated on one host ({link or 'loopback TCP: no network at all'})" if len(meta["hosts"]) == 1
-             else f"hosts {', '.join(meta['hosts'])}")
+    where = (
+        f"emulated on one host ({link or 'loopback TCP: no network at all'})"
+        if len(meta["hosts"]) == 1
+        else f"hosts {', '.join(meta['hosts'])}"
+    )
     per = meta.get("ranks_per_node", 1)
-    return [f"{len(meta['ranks'])} ranks on {nodes} nodes, {per} per node, {where}: "
-            + ("every collective crosses the inter-node link." if per == 1 else
-               "a flat ring mixes intra- and inter-node hops; the slower link sets beta.")]
+    return [
+        f"{len(meta['ranks'])} ranks on {nodes} nodes, {per} per node, {where}: "
+        + (
+            "every collective crosses the inter-node link."
+            if per == 1
+            else "a flat ring mixes intra- and inter-node hops; the slower link sets beta."
+        )
+    ]
 
 
 def load_profile(path) -> Profile:
@@ -145,11 +195,17 @@ def load_profile(path) -> Profile:
     file = os.path.join(path, PROFILE_FILE) if os.path.isdir(path) else path
     if not os.path.isfile(file) and os.path.isfile(os.path.join(path, "config.json")):
         rec = read_run_dir(path, key="calibration")
-        require_finished(rec, "the calibration", hint=f"{sweep_progress(rec)}; no profile was written. "
-                         "dtlab.results.calibration.load_calibration(path, partial=True) fits what was recorded, labelled "
-                         "as partial.")
-        raise ValueError(f"path: {path!r} holds a finished calibration without {PROFILE_FILE}: "
-                         "dtlab.results.calibration.load_calibration(path) fits its samples and writes it")
+        require_finished(
+            rec,
+            "the calibration",
+            hint=f"{sweep_progress(rec)}; no profile was written. "
+            "dtlab.results.calibration.load_calibration(path, partial=True) fits what was recorded, labelled "
+            "as partial.",
+        )
+        raise ValueError(
+            f"path: {path!r} holds a finished calibration without {PROFILE_FILE}: "
+            "dtlab.results.calibration.load_calibration(path) fits its samples and writes it"
+        )
     if not os.path.isfile(file):
         raise ValueError(f"path must be a profile directory or a {PROFILE_FILE} file, got {path!r}")
     with open(file, encoding="utf-8") as fh:
@@ -164,6 +220,7 @@ def load_profile(path) -> Profile:
         caveats=list(doc.get("caveats", [])),
         segments={op: [AlphaBetaFit.from_dict(d) for d in segs] for op, segs in doc.get("segments", {}).items()},
         loaded_fits={op: AlphaBetaFit.from_dict(d) for op, d in doc.get("loaded_fits", {}).items()},
-        loaded_segments={op: [AlphaBetaFit.from_dict(d) for d in segs]
-                         for op, segs in doc.get("loaded_segments", {}).items()},
+        loaded_segments={
+            op: [AlphaBetaFit.from_dict(d) for d in segs] for op, segs in doc.get("loaded_segments", {}).items()
+        },
     )

@@ -56,8 +56,7 @@ def staleness_histogram(updates: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["staleness", "applied", "dropped"])
     u = updates.assign(applied=updates["applied"].astype(bool))
     g = u.groupby("staleness")["applied"]
-    return pd.DataFrame({"applied": g.sum().astype(int), "dropped": (g.count() - g.sum()).astype(int)}
-                        ).reset_index()
+    return pd.DataFrame({"applied": g.sum().astype(int), "dropped": (g.count() - g.sum()).astype(int)}).reset_index()
 
 
 def bytes_per_step(run) -> float:
@@ -78,7 +77,7 @@ def bytes_per_step(run) -> float:
     if not frames:
         return 0.0
     moved = pd.concat(frames).groupby("rank")["nbytes"].sum()
-    per = (moved.reindex(steps.index).fillna(0) / steps)
+    per = moved.reindex(steps.index).fillna(0) / steps
     return float(per.median())
 
 
@@ -94,28 +93,37 @@ def update_interval(run) -> float:
 def convergence_lines(run) -> list[str]:
     """Lines for the run's printed table: held-out accuracy, local SGD's averages, the server's staleness."""
     from dtlab.units import fmt_bytes_exact
+
     out = []
     ev = run.evals
     if not ev.empty:
         first, last, best = ev.iloc[0], ev.iloc[-1], ev.loc[ev["accuracy"].idxmax()]
-        out.append(f"  held-out accuracy {first['accuracy']:.3f} at step {int(first['step'])} -> {last['accuracy']:.3f} "
-                   f"at step {int(last['step'])} (best {best['accuracy']:.3f} at step {int(best['step'])}, "
-                   f"{len(ev)} evaluations of {int(last['n'])} sentences, {ev['t_eval'].median() * 1e3:.0f} ms each, "
-                   "outside the timed steps)")
+        out.append(
+            f"  held-out accuracy {first['accuracy']:.3f} at step {int(first['step'])} -> {last['accuracy']:.3f} "
+            f"at step {int(last['step'])} (best {best['accuracy']:.3f} at step {int(best['step'])}, "
+            f"{len(ev)} evaluations of {int(last['n'])} sentences, {ev['t_eval'].median() * 1e3:.0f} ms each, "
+            "outside the timed steps)"
+        )
         for target in (0.8, 0.9):
             t = run.time_to(target)
-            out.append(f"  time to {target:g}: " + (f"{t:.2f} s of training, {run.steps_to(target)} steps"
-                                                   if t is not None else "not reached"))
+            out.append(
+                f"  time to {target:g}: "
+                + (f"{t:.2f} s of training, {run.steps_to(target)} steps" if t is not None else "not reached")
+            )
     local = int(run.config.get("local_sgd") or 0)
     if local and not run.collectives.empty:
         avg = run.collectives[(run.collectives["rank"] == 0) & (run.collectives["phase"] == "average")]
         if not avg.empty:
-            out.append(f"  local SGD H = {local}: {len(avg)} parameter averages of {fmt_bytes_exact(avg['nbytes'].iloc[0])}"
-                       f" in {run.steps['step'].nunique()} steps ({fmt_bytes_exact(bytes_per_step(run))} per step)")
+            out.append(
+                f"  local SGD H = {local}: {len(avg)} parameter averages of {fmt_bytes_exact(avg['nbytes'].iloc[0])}"
+                f" in {run.steps['step'].nunique()} steps ({fmt_bytes_exact(bytes_per_step(run))} per step)"
+            )
     if not run.updates.empty:
         h = staleness_histogram(run.updates)
-        out.append("  staleness of applied updates: " + ", ".join(f"{int(r.staleness)}: {int(r.applied)}"
-                                                                 for r in h.itertuples() if r.applied)
-                   + f"; dropped {int(h['dropped'].sum())} (max_staleness {run.config.get('max_staleness')}, "
-                     f"policy {run.config.get('staleness_policy')})")
+        out.append(
+            "  staleness of applied updates: "
+            + ", ".join(f"{int(r.staleness)}: {int(r.applied)}" for r in h.itertuples() if r.applied)
+            + f"; dropped {int(h['dropped'].sum())} (max_staleness {run.config.get('max_staleness')}, "
+            f"policy {run.config.get('staleness_policy')})"
+        )
     return out

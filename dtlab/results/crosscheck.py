@@ -30,30 +30,66 @@ def crosscheck(run) -> pd.DataFrame:
                 svc.append((r.t_end - max(r.t_start, prev_end), getattr(r, "backend_ms", None)))
                 prev_end = max(prev_end, r.t_end)
         pairs = [(d, ms / 1e3) for d, ms in svc if ms is not None and ms == ms and ms > 0]
-        what = ("dtlab: t_end - max(t_start, previous bucket's t_end); reference: NCCL's own kernel timing "
-                "(TORCH_NCCL_ENABLE_TIMING)")
+        what = (
+            "dtlab: t_end - max(t_start, previous bucket's t_end); reference: NCCL's own kernel timing "
+            "(TORCH_NCCL_ENABLE_TIMING)"
+        )
         if pairs and int(run.resolved.get("world_size") or 2) < 2:
             # One rank: NCCL's in-place sum has nothing to reduce and launches no kernel, so its own duration is
             # about 0 and says nothing about dtlab's interval. Compared with 2 or more NCCL ranks only.
-            rows.append(("bucket all-reduce duration vs NCCL", float(np.median([x for x, _ in svc])), np.nan,
-                         np.nan, 0, what + " -- not compared on one rank: NCCL launches no kernel for a 1-rank sum"))
+            rows.append(
+                (
+                    "bucket all-reduce duration vs NCCL",
+                    float(np.median([x for x, _ in svc])),
+                    np.nan,
+                    np.nan,
+                    0,
+                    what + " -- not compared on one rank: NCCL launches no kernel for a 1-rank sum",
+                )
+            )
         elif pairs:
             d, ref = np.array(pairs).T
-            rows.append(("bucket all-reduce duration vs NCCL", float(np.median(d)), float(np.median(ref)),
-                         float(np.median(d / ref - 1)), len(pairs), what))
+            rows.append(
+                (
+                    "bucket all-reduce duration vs NCCL",
+                    float(np.median(d)),
+                    float(np.median(ref)),
+                    float(np.median(d / ref - 1)),
+                    len(pairs),
+                    what,
+                )
+            )
         else:
-            rows.append(("bucket all-reduce duration vs NCCL", float(np.median([x for x, _ in svc])), np.nan,
-                         np.nan, 0, what + f" -- not available on {run.resolved.get('backend', '?')}"))
+            rows.append(
+                (
+                    "bucket all-reduce duration vs NCCL",
+                    float(np.median([x for x, _ in svc])),
+                    np.nan,
+                    np.nan,
+                    0,
+                    what + f" -- not available on {run.resolved.get('backend', '?')}",
+                )
+            )
     st = run.ddp_stats
     if not b.empty and not st.empty and "backward_comm_time" in st:
-        span = b.groupby(["rank", "step"]).apply(lambda g: g["t_end"].max() - g["t_start"].min(),
-                                                 include_groups=False).rename("dtlab")
+        span = (
+            b.groupby(["rank", "step"])
+            .apply(lambda g: g["t_end"].max() - g["t_start"].min(), include_groups=False)
+            .rename("dtlab")
+        )
         ref = st.set_index(["rank", "step"])["backward_comm_time"].rename("ddp")
         m = pd.concat([span, ref], axis=1, join="inner").dropna()
         m = m[m["ddp"] > 0]
         if not m.empty:
-            rows.append(("backward communication span vs DDP's timer", float(m["dtlab"].median()),
-                         float(m["ddp"].median()), float((m["dtlab"] / m["ddp"] - 1).median()), len(m),
-                         "dtlab: last t_end - first t_start per rank-step; reference: DDP reducer's "
-                         "backward_comm_time (first bucket's comm start to the end of the last)"))
+            rows.append(
+                (
+                    "backward communication span vs DDP's timer",
+                    float(m["dtlab"].median()),
+                    float(m["ddp"].median()),
+                    float((m["dtlab"] / m["ddp"] - 1).median()),
+                    len(m),
+                    "dtlab: last t_end - first t_start per rank-step; reference: DDP reducer's "
+                    "backward_comm_time (first bucket's comm start to the end of the last)",
+                )
+            )
     return pd.DataFrame(rows, columns=["quantity", "dtlab_s", "reference_s", "median_rel_diff", "pairs", "what"])

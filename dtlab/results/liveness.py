@@ -88,7 +88,9 @@ def judge(status: dict, run_dir: str | None = None) -> dict | None:
         return None
     gone = f"its torchrun agent (pid {agent['pid']}) is gone and no end state was recorded"
     if alive(launcher):
-        return {"note": f"{gone}; its launcher (pid {launcher['pid']}) still runs and records the end when it next "
-                        "polls (the Handle's status() or wait())"}
+        return {
+            "note": f"{gone}; its launcher (pid {launcher['pid']}) still runs and records the end when it next "
+            "polls (the Handle's status() or wait())"
+        }
     who = f"the process that launched it (pid {launcher['pid']}) is gone, " if isinstance(launcher, dict) else ""
     return {"state": "abandoned", "why": f"{who}{gone}: a kernel that crashed or was restarted, or a reboot"}

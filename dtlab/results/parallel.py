@@ -32,10 +32,21 @@ def tp_collectives(run) -> pd.DataFrame:
     rows = []
     for (rank, step), g in tp.groupby(["rank", "step"]):
         f, b = g[g["phase"] == "forward"], g[g["phase"] == "backward"]
-        rows.append({"rank": int(rank), "step": int(step), "forward": len(f), "backward": len(b), "count": len(g),
-                     "bytes": int(g["nbytes"].sum()), "bytes_min": int(g["nbytes"].min()),
-                     "bytes_max": int(g["nbytes"].max()), "form_count": tp_allreduces(L), "form_bytes_each": each,
-                     "matches": len(f) == 2 * L and len(b) == 2 * L and bool((g["nbytes"] == each).all())})
+        rows.append(
+            {
+                "rank": int(rank),
+                "step": int(step),
+                "forward": len(f),
+                "backward": len(b),
+                "count": len(g),
+                "bytes": int(g["nbytes"].sum()),
+                "bytes_min": int(g["nbytes"].min()),
+                "bytes_max": int(g["nbytes"].max()),
+                "form_count": tp_allreduces(L),
+                "form_bytes_each": each,
+                "matches": len(f) == 2 * L and len(b) == 2 * L and bool((g["nbytes"] == each).all()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -59,7 +70,8 @@ def phase_bytes(run) -> pd.DataFrame:
     out[["count", "bytes"]] = out[["count", "bytes"]].round().astype(int)
     order = {"forward": 0, "backward": 1, "optimizer": 2}
     return out.sort_values(["phase", "op"], key=lambda s: s.map(order) if s.name == "phase" else s).reset_index(
-        drop=True)
+        drop=True
+    )
 
 
 def memory_table(runs: dict) -> pd.DataFrame:
@@ -68,10 +80,17 @@ def memory_table(runs: dict) -> pd.DataFrame:
     for label, run in runs.items():
         m = run.memory
         med = m[["params_bytes", "grads_bytes", "optim_bytes", "peak_bytes"]].astype(float).median()
-        rows.append({"label": label, "strategy": run.config.get("strategy"), "ranks": run.nproc,
-                     "params_bytes": med["params_bytes"], "grads_bytes": med["grads_bytes"],
-                     "optim_bytes": med["optim_bytes"],
-                     "states_bytes": med["params_bytes"] + med["grads_bytes"] + med["optim_bytes"],
-                     "peak_bytes": med["peak_bytes"], "peak_kind": m["peak_kind"].dropna().iloc[0]
-                     if m["peak_kind"].notna().any() else None})
+        rows.append(
+            {
+                "label": label,
+                "strategy": run.config.get("strategy"),
+                "ranks": run.nproc,
+                "params_bytes": med["params_bytes"],
+                "grads_bytes": med["grads_bytes"],
+                "optim_bytes": med["optim_bytes"],
+                "states_bytes": med["params_bytes"] + med["grads_bytes"] + med["optim_bytes"],
+                "peak_bytes": med["peak_bytes"],
+                "peak_kind": m["peak_kind"].dropna().iloc[0] if m["peak_kind"].notna().any() else None,
+            }
+        )
     return pd.DataFrame(rows)

@@ -56,8 +56,10 @@ class Bubble:
     how: str
 
     def __repr__(self) -> str:
-        return (f"Bubble(measured={self.measured:.3f} [{self.lo:.3f}..{self.hi:.3f}], theory={self.theory:.3f}, "
-                f"unequal stages {self.unequal:.3f}, P={self.stages}, M={self.microbatches}, {self.schedule})")
+        return (
+            f"Bubble(measured={self.measured:.3f} [{self.lo:.3f}..{self.hi:.3f}], theory={self.theory:.3f}, "
+            f"unequal stages {self.unequal:.3f}, P={self.stages}, M={self.microbatches}, {self.schedule})"
+        )
 
 
 def step_bubbles(run) -> pd.DataFrame:
@@ -76,9 +78,15 @@ def step_bubbles(run) -> pd.DataFrame:
         p, t = len(g), float(g["t_pipe"].max())
         c = g["busy"].to_numpy(dtype=float) / m
         t_model = (m - 1) * c.max() + c.sum()
-        row = {"step": int(step), "dp_rank": int(dp), "stages": p, "t_pipe": t, "busy": float(g["busy"].sum()),
-               "bubble": 1.0 - float(g["busy"].sum()) / (p * t) if t > 0 else np.nan,
-               "unequal": 1.0 - float(g["busy"].sum()) / (p * t_model) if t_model > 0 else np.nan}
+        row = {
+            "step": int(step),
+            "dp_rank": int(dp),
+            "stages": p,
+            "t_pipe": t,
+            "busy": float(g["busy"].sum()),
+            "bubble": 1.0 - float(g["busy"].sum()) / (p * t) if t > 0 else np.nan,
+            "unequal": 1.0 - float(g["busy"].sum()) / (p * t_model) if t_model > 0 else np.nan,
+        }
         for r in g.itertuples():
             row[f"busy_s{int(r.stage)}"] = float(r.busy)
             row[f"idle_s{int(r.stage)}"] = 1.0 - float(r.busy) / t if t > 0 else np.nan
@@ -95,12 +103,19 @@ def bubble(run) -> Bubble:
     p = int(per["stages"].max())
     m = int(run.config.get("microbatches", 1))
     vals = steps["bubble"].to_numpy(dtype=float)
-    return Bubble(float(np.median(vals)), float(vals.min()), float(vals.max()), theory(p, m),
-                  float(steps["unequal"].median()), p, m,
-                  str(run.config.get("pp_schedule", "gpipe")),
-                  per[per["step"] >= run.warmup].reset_index(drop=True),
-                  f"1 - sum of the stages' busy time / (P x the longest stage's schedule), median over {len(vals)} "
-                  "measured steps")
+    return Bubble(
+        float(np.median(vals)),
+        float(vals.min()),
+        float(vals.max()),
+        theory(p, m),
+        float(steps["unequal"].median()),
+        p,
+        m,
+        str(run.config.get("pp_schedule", "gpipe")),
+        per[per["step"] >= run.warmup].reset_index(drop=True),
+        f"1 - sum of the stages' busy time / (P x the longest stage's schedule), median over {len(vals)} "
+        "measured steps",
+    )
 
 
 def in_flight(run) -> pd.DataFrame:
@@ -123,8 +138,19 @@ def bubble_table(runs: dict) -> pd.DataFrame:
     rows = []
     for label, run in runs.items():
         b = bubble(run)
-        rows.append({"label": label, "schedule": b.schedule, "P": b.stages, "M": b.microbatches,
-                     "measured": b.measured, "lo": b.lo, "hi": b.hi, "theory": b.theory, "unequal": b.unequal,
-                     "difference": b.measured - b.theory,
-                     "t_step": float(run.summary().set_index("quantity").loc["T_step", "value"])})
+        rows.append(
+            {
+                "label": label,
+                "schedule": b.schedule,
+                "P": b.stages,
+                "M": b.microbatches,
+                "measured": b.measured,
+                "lo": b.lo,
+                "hi": b.hi,
+                "theory": b.theory,
+                "unequal": b.unequal,
+                "difference": b.measured - b.theory,
+                "t_step": float(run.summary().set_index("quantity").loc["T_step", "value"]),
+            }
+        )
     return pd.DataFrame(rows)

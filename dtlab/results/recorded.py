@@ -70,8 +70,10 @@ def provenance_line(prov: dict) -> str:
     """'one NVIDIA H200, gloo on CUDA tensors, 2 ranks on 1 GPU; torch 2.11.0+cu130, Python 3.12.3; recorded
     2026-11-26 (dtlab 2e4fb63)': where, on what and when."""
     v = prov.get("versions", {})
-    return (f"{prov['machine']['name']}, {prov['placement']}; torch {v.get('torch')}, Python {v.get('python')}; "
-            f"recorded {prov['recorded']} (dtlab {prov['dtlab_commit'][:7]})")
+    return (
+        f"{prov['machine']['name']}, {prov['placement']}; torch {v.get('torch')}, Python {v.get('python')}; "
+        f"recorded {prov['recorded']} (dtlab {prov['dtlab_commit'][:7]})"
+    )
 
 
 def _sets() -> dict[str, dict]:
@@ -93,8 +95,10 @@ def _entry(name: str, kind: str) -> tuple[str, dict, dict]:
         if name in entries:
             return os.path.join(DATA, set_name), prov, entries[name]
     what = "run" if kind == "runs" else "calibration"
-    raise ValueError(f"no recorded {what} named {name!r}; recorded {what}s: {', '.join(known) or 'none'} "
-                     "(dtlab.recorded_runs() lists them)")
+    raise ValueError(
+        f"no recorded {what} named {name!r}; recorded {what}s: {', '.join(known) or 'none'} "
+        "(dtlab.recorded_runs() lists them)"
+    )
 
 
 def _provenance(prov: dict, name: str, entry: dict) -> dict:
@@ -109,9 +113,18 @@ def recorded_runs() -> pd.DataFrame:
     for prov in _sets().values():
         for kind, key in (("run", "runs"), ("calibration", "calibrations")):
             for name, e in prov.get(key, {}).items():
-                rows.append({"name": name, "kind": kind, "what": e["what"], "machine": prov["machine"]["name"],
-                             "placement": prov["placement"], "recorded": prov["recorded"],
-                             "torch": prov["versions"]["torch"], "command": e["command"]})
+                rows.append(
+                    {
+                        "name": name,
+                        "kind": kind,
+                        "what": e["what"],
+                        "machine": prov["machine"]["name"],
+                        "placement": prov["placement"],
+                        "recorded": prov["recorded"],
+                        "torch": prov["versions"]["torch"],
+                        "command": e["command"],
+                    }
+                )
     return pd.DataFrame(rows, columns=["name", "kind", "what", "machine", "placement", "recorded", "torch", "command"])
 
 
@@ -119,7 +132,8 @@ def cache_root() -> str:
     """Where shipped run directories are extracted: $DTLAB_CACHE, else $XDG_CACHE_HOME/dtlab or ~/.cache/dtlab;
     a folder in the temporary directory when that cannot be written."""
     root = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "dtlab")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "dtlab"
+    )
     try:
         os.makedirs(root, exist_ok=True)
         if os.access(root, os.W_OK):
@@ -198,18 +212,45 @@ def recorded_calibration(name: str = "h200-calibration") -> RecordedCalibration:
         if not isinstance(fig, dict):
             continue  # "timing", "placement": words
         beta = 1 / (fig["busbw_GBps_from_beta"] * 1e9)  # the record's figure is 1/beta (tools/runbook_figures.py)
-        fits[op] = AlphaBetaFit(op=op, form=fig["form"], alpha=fig["alpha_us"] * 1e-6, beta=beta,
-                                alpha_ci=tuple(a * 1e-6 for a in fig["alpha_ci_us"]), beta_ci=(np.nan, np.nan),
-                                min_bytes=entry["min_bytes"], max_bytes=entry["max_bytes"], n_points=entry["n_points"],
-                                n_samples=0, rel_rms=fig["rel_rms"],
-                                warnings=["recorded fit: the samples behind it were not kept"])
-        rows.append({"op": op, "form": fig["form"], "alpha_us": fig["alpha_us"], "alpha_ci_us": fig["alpha_ci_us"],
-                     "busbw_GBps": fig["busbw_GBps_from_beta"], "rel_rms": fig["rel_rms"]})
-    meta = {"recorded": name, "placement": {"label": cal.get("placement"), "backend": "gloo", "device": "cuda"},
-            "device_type": "cuda", "timing": cal.get("timing"), "world_size": p, "backend": "gloo",
-            "versions": prov["versions"], "machine": prov["machine"]}
-    profile = Profile(meta=meta, fits=fits, caveats=[
-        f"recorded on {provenance_line(prov)}: {entry['only_fits']}", prov["placement_why"]])
+        fits[op] = AlphaBetaFit(
+            op=op,
+            form=fig["form"],
+            alpha=fig["alpha_us"] * 1e-6,
+            beta=beta,
+            alpha_ci=tuple(a * 1e-6 for a in fig["alpha_ci_us"]),
+            beta_ci=(np.nan, np.nan),
+            min_bytes=entry["min_bytes"],
+            max_bytes=entry["max_bytes"],
+            n_points=entry["n_points"],
+            n_samples=0,
+            rel_rms=fig["rel_rms"],
+            warnings=["recorded fit: the samples behind it were not kept"],
+        )
+        rows.append(
+            {
+                "op": op,
+                "form": fig["form"],
+                "alpha_us": fig["alpha_us"],
+                "alpha_ci_us": fig["alpha_ci_us"],
+                "busbw_GBps": fig["busbw_GBps_from_beta"],
+                "rel_rms": fig["rel_rms"],
+            }
+        )
+    meta = {
+        "recorded": name,
+        "placement": {"label": cal.get("placement"), "backend": "gloo", "device": "cuda"},
+        "device_type": "cuda",
+        "timing": cal.get("timing"),
+        "world_size": p,
+        "backend": "gloo",
+        "versions": prov["versions"],
+        "machine": prov["machine"],
+    }
+    profile = Profile(
+        meta=meta,
+        fits=fits,
+        caveats=[f"recorded on {provenance_line(prov)}: {entry['only_fits']}", prov["placement_why"]],
+    )
     return RecordedCalibration(name, profile, pd.DataFrame(rows), _provenance(prov, name, entry))
 
 
@@ -222,6 +263,7 @@ def lab_record(set_name: str = "h200-torch2.11") -> dict:
 
 
 # ---- the figures a recorded run is compared by ------------------------------------------------------------
+
 
 def bus_factor(op: str, nproc: int) -> float:
     """nccl-tests' bus factor: busbw = algbw x this (2(p-1)/p for all-reduce, (p-1)/p for the others)."""
@@ -242,11 +284,19 @@ def run_figures(run: Run) -> dict:
     s = run.summary().set_index("quantity")
     val = lambda q: float(s.loc[q, "value"]) if q in s.index else np.nan  # noqa: E731
     frames = [df for df in (run.buckets, run.collectives) if not df.empty]
-    comm = pd.concat([df[["rank", "step", "nbytes"]] for df in frames]) if frames else pd.DataFrame(
-        columns=["rank", "step", "nbytes"])
+    comm = (
+        pd.concat([df[["rank", "step", "nbytes"]] for df in frames])
+        if frames
+        else pd.DataFrame(columns=["rank", "step", "nbytes"])
+    )
     comm = comm[comm["step"] >= run.warmup]
     per = comm.groupby(["rank", "step"])["nbytes"].agg(["sum", "size"])
-    return {"T_step_ms": val("T_step") * 1e3, "T_comp_ms": val("T_comp") * 1e3, "T_comm_ms": val("T_comm") * 1e3,
-            "exposed_ms": val("exposed") * 1e3, "overlap": val("overlap"),
-            "bytes_per_rank_step": float(per["sum"].median()) if len(per) else np.nan,
-            "calls_per_rank_step": float(per["size"].median()) if len(per) else np.nan}
+    return {
+        "T_step_ms": val("T_step") * 1e3,
+        "T_comp_ms": val("T_comp") * 1e3,
+        "T_comm_ms": val("T_comm") * 1e3,
+        "exposed_ms": val("exposed") * 1e3,
+        "overlap": val("overlap"),
+        "bytes_per_rank_step": float(per["sum"].median()) if len(per) else np.nan,
+        "calls_per_rank_step": float(per["size"].median()) if len(per) else np.nan,
+    }

@@ -48,10 +48,17 @@ def step_table(references: pd.DataFrame) -> pd.DataFrame:
         losses = g["loss"].dropna().astype(float)
         ref = float(g["ref_loss"].iloc[0])
         loss = float(losses.mean()) if len(losses) else np.nan
-        rows.append({"step": int(step), "loss": loss, "ref_loss": ref,
-                     "loss_rel_diff": abs(loss - ref) / abs(ref) if ref else np.nan,
-                     "grad_ratio_min": float(g["grad_ratio"].min()), "grad_ratio_max": float(g["grad_ratio"].max()),
-                     "grad_rel_err_max": float(g["grad_rel_err"].max())})
+        rows.append(
+            {
+                "step": int(step),
+                "loss": loss,
+                "ref_loss": ref,
+                "loss_rel_diff": abs(loss - ref) / abs(ref) if ref else np.nan,
+                "grad_ratio_min": float(g["grad_ratio"].min()),
+                "grad_ratio_max": float(g["grad_ratio"].max()),
+                "grad_rel_err_max": float(g["grad_rel_err"].max()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -60,23 +67,35 @@ def verdict(table: pd.DataFrame, world: int, loss_rtol: float = LOSS_RTOL, grad_
     (the data-parallel degree)."""
     lo, hi = float(table["grad_ratio_min"].min()), float(table["grad_ratio_max"].max())
     if world > 1 and abs(hi / world - 1) < 0.01:
-        return "summed", (f"gradients are {hi:.4g} x the single-process ones on {world} ranks: summed over the ranks "
-                          "instead of averaged (reported for FSDP2 on gloo, "
-                          "github.com/pytorch/pytorch/issues/162338)")
-    bad_grad = table[((table["grad_ratio_min"] - 1).abs() > grad_tol) | ((table["grad_ratio_max"] - 1).abs() > grad_tol)
-                     | (table["grad_rel_err_max"] > grad_tol) | table["grad_rel_err_max"].isna()]
+        return "summed", (
+            f"gradients are {hi:.4g} x the single-process ones on {world} ranks: summed over the ranks "
+            "instead of averaged (reported for FSDP2 on gloo, "
+            "github.com/pytorch/pytorch/issues/162338)"
+        )
+    bad_grad = table[
+        ((table["grad_ratio_min"] - 1).abs() > grad_tol)
+        | ((table["grad_ratio_max"] - 1).abs() > grad_tol)
+        | (table["grad_rel_err_max"] > grad_tol)
+        | table["grad_rel_err_max"].isna()
+    ]
     bad_loss = table[~(table["loss_rel_diff"] <= loss_rtol)]
     if len(bad_grad):
         r = bad_grad.iloc[0]
-        return "differs", (f"step {int(r['step'])}: gradient ratio {r['grad_ratio_min']:.6g}..{r['grad_ratio_max']:.6g},"
-                           f" relative error {r['grad_rel_err_max']:.3g} (tolerance {grad_tol:g})")
+        return "differs", (
+            f"step {int(r['step'])}: gradient ratio {r['grad_ratio_min']:.6g}..{r['grad_ratio_max']:.6g},"
+            f" relative error {r['grad_rel_err_max']:.3g} (tolerance {grad_tol:g})"
+        )
     if len(bad_loss):
         r = bad_loss.iloc[0]
-        return "differs", (f"step {int(r['step'])}: loss {r['loss']:.7g} against the single process's "
-                           f"{r['ref_loss']:.7g} (relative {r['loss_rel_diff']:.3g}, tolerance {loss_rtol:g})")
-    return "equal", (f"every step's loss within {loss_rtol:g} (relative) of one process's on the global batch, "
-                     f"gradient ratios {lo:.7g}..{hi:.7g} and relative errors at most "
-                     f"{float(table['grad_rel_err_max'].max()):.2g} (tolerance {grad_tol:g})")
+        return "differs", (
+            f"step {int(r['step'])}: loss {r['loss']:.7g} against the single process's "
+            f"{r['ref_loss']:.7g} (relative {r['loss_rel_diff']:.3g}, tolerance {loss_rtol:g})"
+        )
+    return "equal", (
+        f"every step's loss within {loss_rtol:g} (relative) of one process's on the global batch, "
+        f"gradient ratios {lo:.7g}..{hi:.7g} and relative errors at most "
+        f"{float(table['grad_rel_err_max'].max()):.2g} (tolerance {grad_tol:g})"
+    )
 
 
 def check(run, loss_rtol: float = LOSS_RTOL, grad_tol: float = GRAD_TOL) -> ReferenceCheck:

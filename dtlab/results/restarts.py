@@ -24,7 +24,6 @@ lost work counts the redone training steps only (a baseline step measures, it do
 
 from __future__ import annotations
 
-
 STEP_KINDS = ("step",)  # what counts as a step of work (lost when redone)
 KEYED_KINDS = ("step", "baseline_step", "bucket", "collective", "blocked", "ddp_stats")  # rows keyed by (rank, step)
 
@@ -62,8 +61,11 @@ def final_timeline(rows: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], 
             resumes.setdefault(ev.get("rank"), {})[attempt_of(ev)] = int(ev["resumed_from"])
     if not resumes:
         return rows, []
-    paired = {(ev.get("rank"), attempt_of(ev), ev.get("step")): int(ev["paired_step"])
-              for ev in rows.get("baseline_step", []) if ev.get("paired_step") is not None}
+    paired = {
+        (ev.get("rank"), attempt_of(ev), ev.get("step")): int(ev["paired_step"])
+        for ev in rows.get("baseline_step", [])
+        if ev.get("paired_step") is not None
+    }
     out, lost = dict(rows), []
     for kind in KEYED_KINDS:
         keep = []
@@ -71,8 +73,17 @@ def final_timeline(rows: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], 
             if not _superseded(ev, resumes, paired):
                 keep.append(ev)
             elif kind in STEP_KINDS:
-                lost.append({"rank": ev.get("rank"), "step": ev.get("step"), "attempt": attempt_of(ev), "kind": kind,
-                             "t_step": ev.get("t_step"), "loss": ev.get("loss"), "wall_time": ev.get("time")})
+                lost.append(
+                    {
+                        "rank": ev.get("rank"),
+                        "step": ev.get("step"),
+                        "attempt": attempt_of(ev),
+                        "kind": kind,
+                        "t_step": ev.get("t_step"),
+                        "loss": ev.get("loss"),
+                        "wall_time": ev.get("time"),
+                    }
+                )
         out[kind] = keep
     return out, lost
 
@@ -108,9 +119,17 @@ def restart_rows(rows: dict[str, list[dict]]) -> list[dict]:
         a, r = attempt_of(ev), ev.get("rank")
         before = [t for (rr, aa), t in last_time.items() if rr == r and aa < a]
         down = float(ev["time"]) - max(before) if before and isinstance(ev.get("time"), (int, float)) else None
-        out.append({"rank": r, "attempt": a, "resumed_from": ev.get("resumed_from"),
-                    "checkpoint": ev.get("checkpoint"), "t_load": ev.get("t_load"), "down_s": down,
-                    "wall_time": ev.get("time")})
+        out.append(
+            {
+                "rank": r,
+                "attempt": a,
+                "resumed_from": ev.get("resumed_from"),
+                "checkpoint": ev.get("checkpoint"),
+                "t_load": ev.get("t_load"),
+                "down_s": down,
+                "wall_time": ev.get("time"),
+            }
+        )
     return out
 
 
@@ -120,14 +139,18 @@ def restart_lines(run) -> list[str]:
     if not run.restarts.empty:
         for a, g in run.restarts.groupby("attempt"):
             down = g["down_s"].max()
-            lines.append(f"  restart: attempt {int(a)} resumed from step {int(g['resumed_from'].min())}"
-                         + (f" ({g['checkpoint'].iloc[0]})" if g["checkpoint"].notna().any() else " (no checkpoint)")
-                         + (f", {down:.1f} s down" if down == down else ""))
+            lines.append(
+                f"  restart: attempt {int(a)} resumed from step {int(g['resumed_from'].min())}"
+                + (f" ({g['checkpoint'].iloc[0]})" if g["checkpoint"].notna().any() else " (no checkpoint)")
+                + (f", {down:.1f} s down" if down == down else "")
+            )
         lost = run.lost
         per_step = lost.groupby(["attempt", "step"])["t_step"].max()  # the slowest rank's time per redone step
         lines.append(f"  lost work: {len(per_step)} step(s) redone, {per_step.sum() * 1e3:.0f} ms of step time")
     if not run.checkpoints.empty:
         per = run.checkpoints.groupby(["attempt", "step"])
-        lines.append(f"  checkpoints: {per.ngroups} saved, median {per['t_save'].max().median() * 1e3:.0f} ms and "
-                     f"{per['nbytes'].sum().median() / 2**20:.1f} MiB each")
+        lines.append(
+            f"  checkpoints: {per.ngroups} saved, median {per['t_save'].max().median() * 1e3:.0f} ms and "
+            f"{per['nbytes'].sum().median() / 2**20:.1f} MiB each"
+        )
     return lines

@@ -39,8 +39,8 @@ from dtlab.config.strategies import strategy_spec
 from dtlab.results.breakdown import per_step, summary, summary_lines, timing_method
 from dtlab.results.convergence import convergence_lines, evals_frame, first_at, updates_frame
 from dtlab.results.restarts import FRAMES, recovery, restart_lines
-from dtlab.runfiles import RunDamageWarning
 from dtlab.results.status import read_run_dir, status_lines
+from dtlab.runfiles import RunDamageWarning
 from dtlab.units import fmt_mib
 
 STEP_COLUMNS = ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
@@ -143,6 +143,7 @@ class Run:
         """The recorded timing method in the words every screen uses (dtlab.config.placement.TIMING_METHODS),
         with the placement's account of where each collective's marks are taken when that is the method's."""
         from dtlab.config.placement import TIMING_METHODS
+
         m = self.timing_method
         words = TIMING_METHODS[m]
         if m == "wall_clock" and self.resolved.get("device_type") == "cuda":
@@ -156,8 +157,7 @@ class Run:
     @property
     def measures_blocked(self) -> bool:
         """True for ZeRO-3 runs whose step events carry t_blocked (measured exposed communication)."""
-        return (self.spec.blocked_time and "t_blocked" in self.steps.columns
-                and self.steps["t_blocked"].notna().any())
+        return self.spec.blocked_time and "t_blocked" in self.steps.columns and self.steps["t_blocked"].notna().any()
 
     def per_step(self) -> pd.DataFrame:
         """One row per measured step: t_step (slowest rank), t_comm (longest in-flight union across ranks),
@@ -168,8 +168,11 @@ class Run:
     def comm_intervals(self) -> pd.DataFrame:
         """rank, step, t_start, t_end of every recorded collective (DDP buckets or ZeRO-3 collectives)."""
         frames = [df[["rank", "step", "t_start", "t_end"]] for df in (self.buckets, self.collectives) if not df.empty]
-        return pd.concat(frames, ignore_index=True).dropna() if frames else pd.DataFrame(
-            columns=["rank", "step", "t_start", "t_end"])
+        return (
+            pd.concat(frames, ignore_index=True).dropna()
+            if frames
+            else pd.DataFrame(columns=["rank", "step", "t_start", "t_end"])
+        )
 
     def summary(self) -> pd.DataFrame:
         """Medians over measured steps of T_step, T_comp, T_comm, exposed communication and overlap, each with its
@@ -184,45 +187,53 @@ class Run:
     def bubble(self):
         """A pipeline run's measured bubble beside the (P-1)/(M+P-1) theory: `dtlab.results.pipeline.bubble`."""
         from dtlab.results.pipeline import bubble
+
         return bubble(self)
 
     def reference_check(self):
         """How a run with `reference` compares with its single-process copy: `dtlab.results.reference.check`."""
         from dtlab.results.reference import check
+
         return check(self)
 
     def to_chrome_trace(self, path: str | None = None):
         """The run as a Chrome / Perfetto trace (one process per rank; compute and communication tracks): the
         dict, or the path written when `path` is given. See `dtlab.results.trace`."""
         from dtlab.results.trace import chrome_trace, write_chrome_trace
+
         return write_chrome_trace(self, path) if path else chrome_trace(self)
 
     def crosscheck(self) -> pd.DataFrame:
         """dtlab's communication timings against NCCL's and DDP's own timers: see `dtlab.results.crosscheck`."""
         from dtlab.results.crosscheck import crosscheck
+
         return crosscheck(self)
 
     def breakdown_table(self, summary: pd.DataFrame | None = None) -> str:
         """The summary as aligned text, times in milliseconds, plus where model and data came from (`summary`:
         this run's `summary()` when the caller has it already)."""
         s = self.summary() if summary is None else summary
-        lines = [f"run {self.path}",
-                 f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
-                 + (f" on {self.resolved['nnodes']} nodes | " if self.resolved.get("nnodes", 1) > 1 else " | ")
-                 + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.spec.records == "buckets" else "")
-                 + f"batch {self.config.get('batch_size')}/rank | "
-                 f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
-                 f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",
-                 f"  model: {self.resolved.get('model_source', '?')}",
-                 f"  data:  {self.resolved.get('data_source', '?')}"]
+        lines = [
+            f"run {self.path}",
+            f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
+            + (f" on {self.resolved['nnodes']} nodes | " if self.resolved.get("nnodes", 1) > 1 else " | ")
+            + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.spec.records == "buckets" else "")
+            + f"batch {self.config.get('batch_size')}/rank | "
+            f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
+            f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",
+            f"  model: {self.resolved.get('model_source', '?')}",
+            f"  data:  {self.resolved.get('data_source', '?')}",
+        ]
         if isinstance(self.resolved.get("lr"), dict):
             lines.append(f"  lr:    {self.lr:g}, {self.resolved['lr'].get('source', '?')}")
         placed = self.resolved.get("placement", {})
         lines += [f"  note: {placed['note']}"] if placed.get("note") else []  # what the placement means
         lines.append(f"  timing: {self.timing_how}")  # how the figures were taken, as the ranks recorded it
         if self.resolved.get("oversubscribed"):
-            lines.append(f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
-                         "(oversubscribed: compute is slowed by sharing cores)")
+            lines.append(
+                f"  note: {self.nproc} ranks on {self.resolved.get('cpu_cores')} CPU cores "
+                "(oversubscribed: compute is slowed by sharing cores)"
+            )
         lines += restart_lines(self) + status_lines(self) + convergence_lines(self)
         lines += summary_lines(s)
         return "\n".join(lines)
@@ -235,10 +246,27 @@ def load_run(path: str) -> Run:
     rec = read_run_dir(path)
     for w in rec.warnings:
         warnings.warn(f"{path}: {w}", RunDamageWarning, stacklevel=2)
-    rows: dict[str, list] = {k: [] for k in ("step", "baseline_step", "bucket", "collective", "memory", "error",
-                                             "ddp_stats", "blocked", "checkpoint", "restart", "start",
-                                             "microbatch", "reference", "eval",
-                                             "update", "machine")}
+    rows: dict[str, list] = {
+        k: []
+        for k in (
+            "step",
+            "baseline_step",
+            "bucket",
+            "collective",
+            "memory",
+            "error",
+            "ddp_stats",
+            "blocked",
+            "checkpoint",
+            "restart",
+            "start",
+            "microbatch",
+            "reference",
+            "eval",
+            "update",
+            "machine",
+        )
+    }
     ddp_logging = {}
     for ev in rec.events():
         ev = dict(ev)
@@ -247,29 +275,43 @@ def load_run(path: str) -> Run:
             rows[kind].append(ev)
         elif kind == "ddp_logging":
             ddp_logging[ev.get("rank")] = ev.get("data", {})
-    rows, rows_rec = recovery(rows)  # one timeline: what a restarted attempt redid is lost work (dtlab.results.restarts)
+    rows, rows_rec = recovery(
+        rows
+    )  # one timeline: what a restarted attempt redid is lost work (dtlab.results.restarts)
     mem = _frame(rows["memory"], MEMORY_COLUMNS, sort=["rank"])
     if not mem.empty:  # the last memory record per rank is the final one (with the peak)
         mem = mem.groupby("rank", as_index=False).last()
     ranks = _frame(rows["start"], RANK_COLUMNS, sort=["rank"]).drop_duplicates("rank", keep="last")  # restarts
     ranks["ended"] = ranks["rank"].map(rec.ended) if not ranks.empty else pd.Series(dtype=object)
     return Run(
-        path=path, config=rec.doc["config"], resolved=rec.doc.get("resolved", {}), status=rec.status,
+        path=path,
+        config=rec.doc["config"],
+        resolved=rec.doc.get("resolved", {}),
+        status=rec.status,
         # `time`: the wall clock each rank stamped at a step's end (s since the epoch), one clock for the ranks of a
         # machine: with t_step it places the ranks' steps side by side (dtlab.model.prediction, the trace export)
         steps=_frame(rows["step"], STEP_COLUMNS + ["time"]),
         baseline_steps=_frame(rows["baseline_step"], STEP_COLUMNS + ["time"]),
         buckets=_frame(rows["bucket"], BUCKET_COLUMNS, sort=["rank", "step", "t_ready"]),
         collectives=_frame(rows["collective"], COLLECTIVE_COLUMNS, sort=["rank", "step", "t_start"]),
-        memory=mem, errors=rows["error"], ddp_logging=ddp_logging,
+        memory=mem,
+        errors=rows["error"],
+        ddp_logging=ddp_logging,
         ddp_stats=_frame(rows["ddp_stats"], ["rank", "step"]),
-        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]), ranks=ranks,
-        warnings=list(rec.warnings), damage=_frame(rec.damage(), DAMAGE_COLUMNS, sort=["file", "line"]),
+        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]),
+        ranks=ranks,
+        warnings=list(rec.warnings),
+        damage=_frame(rec.damage(), DAMAGE_COLUMNS, sort=["file", "line"]),
         microbatches=_frame(rows["microbatch"], MICROBATCH_COLUMNS, sort=["rank", "step", "t_start"]),
         references=_frame(rows["reference"], REFERENCE_COLUMNS),
-        evals=evals_frame(rows["eval"]), updates=updates_frame(rows["update"]), machine=rows["machine"],
-        **{name: _frame(rows_rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
-           for name, cols in FRAMES.items()})
+        evals=evals_frame(rows["eval"]),
+        updates=updates_frame(rows["update"]),
+        machine=rows["machine"],
+        **{
+            name: _frame(rows_rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
+            for name, cols in FRAMES.items()
+        },
+    )
 
 
 def _frame(rows: list[dict], columns: list[str], sort: list[str] | None = None) -> pd.DataFrame:

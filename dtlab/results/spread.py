@@ -99,8 +99,9 @@ def _drop(n: int, tail: float) -> int:
     P(Bin(n, 1/2) <= k) <= tail (exact up to 1,000 values, the normal approximation beyond), at least 0."""
     if n > 1000:
         from statistics import NormalDist
+
         return max(0, int(math.floor(n / 2 - NormalDist().inv_cdf(1 - tail) * math.sqrt(n) / 2 - 0.5)))
-    total, cdf, k = 2 ** n, 0, 0
+    total, cdf, k = 2**n, 0, 0
     for j in range(n // 2 + 1):
         cdf += math.comb(n, j)
         if cdf / total > tail:
@@ -126,8 +127,10 @@ def exposed_words(median: float, lo: float, hi: float, n: int, per: str) -> str:
     noise = (hi - lo) / 2 if lo == lo and hi == hi else math.nan
     size = f"±{noise * 1e3:.0f} ms" if noise == noise else "unknown"
     if median == median and median < 0:
-        why = (f"the no-op-hook steps took {-median * 1e3:.0f} ms longer than the training steps they were "
-               f"compared with, median over {n} {per}")
+        why = (
+            f"the no-op-hook steps took {-median * 1e3:.0f} ms longer than the training steps they were "
+            f"compared with, median over {n} {per}"
+        )
     else:
         why = f"the {LEVEL:.0%} interval of the median over {n} {per} holds 0"
     return f"communication is below this machine's noise here: {size} ({why})"
@@ -136,6 +139,8 @@ def exposed_words(median: float, lo: float, hi: float, n: int, per: str) -> str:
 def overlap_words(exposed_hi: float, t_comm: float) -> str:
     """What replaces the overlap when exposed is inside the noise: a lower bound where the noise allows one."""
     if t_comm == t_comm and t_comm > 0 and exposed_hi == exposed_hi and 0 <= exposed_hi < t_comm:
-        return (f"at least {1 - exposed_hi / t_comm:.2f} (exposed is within the noise, at most "
-                f"{exposed_hi * 1e3:.0f} ms of the {t_comm * 1e3:.0f} ms in flight)")
+        return (
+            f"at least {1 - exposed_hi / t_comm:.2f} (exposed is within the noise, at most "
+            f"{exposed_hi * 1e3:.0f} ms of the {t_comm * 1e3:.0f} ms in flight)"
+        )
     return "not measurable here: exposed is within this machine's noise"

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from dtlab.results.events import EventScan, file_rank, scan_events
 from dtlab.results.liveness import judge
-from dtlab.runfiles import DamagedRun, read_json
 from dtlab.results.restarts import final_attempt_events
+from dtlab.runfiles import DamagedRun, read_json
 
 EXAMPLES = 3  # damaged lines quoted per file in a warning
 
@@ -49,9 +49,23 @@ class RunFailed(RuntimeError):
       Python stack for a stall), `run` (a partial `Run` of everything recorded), `run_dir`.
     """
 
-    def __init__(self, message: str, *, rank=None, error=None, traceback_tail=None, run_dir=None, run=None,
-                 state=None, ranks=None, signal=None, exitcode=None, consequences=None, log_tail=None,
-                 silent_s=None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank=None,
+        error=None,
+        traceback_tail=None,
+        run_dir=None,
+        run=None,
+        state=None,
+        ranks=None,
+        signal=None,
+        exitcode=None,
+        consequences=None,
+        log_tail=None,
+        silent_s=None,
+    ):
         super().__init__(message)
         self.rank, self.error, self.traceback_tail = rank, error, traceback_tail
         self.run_dir, self.run = run_dir, run
@@ -86,8 +100,9 @@ class RunRecord:
         out = []
         for s in self.scans:
             rel = os.path.relpath(s.path, self.path)
-            out += [{"file": rel, "line": n, "what": "torn last line (a write cut off)", "tolerated": True}
-                    for n in s.torn]
+            out += [
+                {"file": rel, "line": n, "what": "torn last line (a write cut off)", "tolerated": True} for n in s.torn
+            ]
             out += [{**d, "file": rel, "tolerated": False} for d in s.damage]
         return out
 
@@ -110,14 +125,22 @@ def read_run_dir(path: str, key: str = "config") -> RunRecord:
         raise FileNotFoundError(f"{path} is not a dtlab run directory (no config.json)")
     doc = read_json(cfg_path)
     if not isinstance(doc.get(key), dict):
-        raise DamagedRun(cfg_path, f"no {key!r} object: not the record of a "
-                         + ("training run" if key == "config" else "calibration") + " (or a damaged one)")
+        raise DamagedRun(
+            cfg_path,
+            f"no {key!r} object: not the record of a "
+            + ("training run" if key == "config" else "calibration")
+            + " (or a damaged one)",
+        )
     ev_dir = os.path.join(path, "events")
     if not os.path.isdir(ev_dir):
-        raise DamagedRun(ev_dir, "the events folder is missing: it is created before config.json, so the run "
-                                 "directory was damaged (or copied without it); nothing the ranks recorded is left")
-    paths = sorted(glob.glob(os.path.join(ev_dir, "rank*.jsonl")),
-                   key=lambda p: (file_rank(p) is None, file_rank(p) or 0))
+        raise DamagedRun(
+            ev_dir,
+            "the events folder is missing: it is created before config.json, so the run "
+            "directory was damaged (or copied without it); nothing the ranks recorded is left",
+        )
+    paths = sorted(
+        glob.glob(os.path.join(ev_dir, "rank*.jsonl")), key=lambda p: (file_rank(p) is None, file_rank(p) or 0)
+    )
     rec = RunRecord(path, doc, {}, [scan_events(p) for p in paths])
     for s in rec.scans:
         if s.damage:
@@ -213,10 +236,12 @@ def _incomplete_sentence(rec: RunRecord, key: str) -> str:
     short = [r for r in range(n) if rec.ended.get(r) != "done"]
     done = [r for r in range(n) if rec.ended.get(r) == "done"]
     peers = "; ".join(f"rank {r} {_where(by_rank.get(r))} with `done`" for r in done[:EXAMPLES])
-    return ("status.json says finished, but " + "; ".join(
-        f"rank {r} {_where(by_rank.get(r))}" + (" without `done`" if r in by_rank else "") for r in short)
-            + (f" (peers: {peers})" if peers else "")
-            + ": its events are cut short or lost, so the run is marked incomplete")
+    return (
+        "status.json says finished, but "
+        + "; ".join(f"rank {r} {_where(by_rank.get(r))}" + (" without `done`" if r in by_rank else "") for r in short)
+        + (f" (peers: {peers})" if peers else "")
+        + ": its events are cut short or lost, so the run is marked incomplete"
+    )
 
 
 def status_lines(run) -> list[str]:
@@ -225,8 +250,11 @@ def status_lines(run) -> list[str]:
     st, out = run.status, []
     why = st.get("why") or st.get("note") or st.get("damaged") or st.get("disk")
     if why:
-        out.append(f"  status: {st.get('state')}" + (f" (status.json says {st['recorded_state']})"
-                                                    if st.get("recorded_state") else "") + f": {why}")
+        out.append(
+            f"  status: {st.get('state')}"
+            + (f" (status.json says {st['recorded_state']})" if st.get("recorded_state") else "")
+            + f": {why}"
+        )
     if st.get("state") not in ("finished", "running"):
         steps = run.steps.groupby("rank")["step"].max() if not run.steps.empty else {}
         upto = "; ".join(f"rank {r} up to step {s}" for r, s in dict(steps).items())
@@ -242,11 +270,22 @@ def require_finished(rec: RunRecord, what: str, run=None, hint: str = "") -> Non
     if state == "finished":
         return
     why = st.get("why") or st.get("damaged") or st.get("error") or ""
-    how = {"running": "is still running", "interrupted": "was interrupted", "stopped": "was stopped",
-           "abandoned": "was abandoned", "timeout": "ran past its timeout", "stalled": "was stopped by the watchdog",
-           "incomplete": "is incomplete"}.get(state, f"ended {state}")
-    raise RunFailed(f"{what} in {rec.path} {how} before it finished{': ' + why if why else ''}. {hint}".strip(),
-                    error=state, run_dir=rec.path, run=run, state=state)
+    how = {
+        "running": "is still running",
+        "interrupted": "was interrupted",
+        "stopped": "was stopped",
+        "abandoned": "was abandoned",
+        "timeout": "ran past its timeout",
+        "stalled": "was stopped by the watchdog",
+        "incomplete": "is incomplete",
+    }.get(state, f"ended {state}")
+    raise RunFailed(
+        f"{what} in {rec.path} {how} before it finished{': ' + why if why else ''}. {hint}".strip(),
+        error=state,
+        run_dir=rec.path,
+        run=run,
+        state=state,
+    )
 
 
 def sweep_progress(rec: RunRecord) -> str:
@@ -264,6 +303,7 @@ def node_statuses(run_dir: str, problems: list | None = None) -> dict[int, dict]
     """{slot: that node's status.json} for every node of a multi-node run directory that wrote one. A damaged
     file is left out and, given `problems`, described there (file, line, what is wrong)."""
     from dtlab.runfiles import DamagedRun, read_json
+
     out = {}
     for p in sorted(glob.glob(os.path.join(run_dir, "nodes", "node*.status.json"))):
         m = re.search(r"node(\d+)\.status\.json$", p)
@@ -280,6 +320,7 @@ def merged_status(run_dir: str, nnodes: int, problems: list | None = None) -> di
     ('running' while a node has not reported). `nodes` holds each node's own status by slot. A node whose status
     says running while its launcher and agent are gone (checked on their host: dtlab.results.liveness) is 'abandoned'."""
     from dtlab.results.liveness import judge
+
     per = node_statuses(run_dir, problems)
     for k, st in per.items():
         verdict = judge(st, run_dir) if st.get("state") == "running" else None

@@ -50,8 +50,14 @@ def rank_waits(buckets: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.D
     if bw.empty:
         return pd.DataFrame(columns=WAIT_COLUMNS)
     top = bw.loc[bw.groupby(["rank", "step"])["wait_s"].idxmax()]
-    out = pd.DataFrame({"rank": top["rank"].astype(int).values, "step": top["step"].astype(int).values,
-                        "wait_s": top["wait_s"].values, "wait_bucket": top["bucket"].values})
+    out = pd.DataFrame(
+        {
+            "rank": top["rank"].astype(int).values,
+            "step": top["step"].astype(int).values,
+            "wait_s": top["wait_s"].values,
+            "wait_bucket": top["bucket"].values,
+        }
+    )
     who = top["last_rank"].astype(int).values
     out["waited_for"] = pd.array([None if w == r else int(w) for w, r in zip(who, out["rank"])], dtype="Int64")
     if steps is not None and not steps.empty:
@@ -60,8 +66,11 @@ def rank_waits(buckets: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.D
         st["straggle_s"] = steps["straggle_s"].fillna(0.0) if "straggle_s" in steps.columns else 0.0
         st = st.merge(last_ready, on=["rank", "step"], how="left")
         st["t_comp_s"] = st["t_ready"] + st["t_opt"]
-        out = out.merge(st.rename(columns={"t_step": "t_step_s"})[["rank", "step", "t_comp_s", "straggle_s",
-                                                                    "t_step_s"]], on=["rank", "step"], how="left")
+        out = out.merge(
+            st.rename(columns={"t_step": "t_step_s"})[["rank", "step", "t_comp_s", "straggle_s", "t_step_s"]],
+            on=["rank", "step"],
+            how="left",
+        )
     for c in WAIT_COLUMNS:
         if c not in out.columns:
             out[c] = float("nan")
@@ -81,9 +90,14 @@ def wait_summary(waits: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for rank, g in waits.groupby("rank"):
         who = g["waited_for"].dropna()
-        rows.append({"rank": int(rank), **{c: float(g[c].median()) for c in ("t_comp_s", "straggle_s", "wait_s",
-                                                                              "t_step_s")},
-                     "waited_for": int(who.mode().iloc[0]) if len(who) > len(g) / 2 else None, "steps": len(g)})
+        rows.append(
+            {
+                "rank": int(rank),
+                **{c: float(g[c].median()) for c in ("t_comp_s", "straggle_s", "wait_s", "t_step_s")},
+                "waited_for": int(who.mode().iloc[0]) if len(who) > len(g) / 2 else None,
+                "steps": len(g),
+            }
+        )
     out = pd.DataFrame(rows, columns=["rank", "t_comp_s", "straggle_s", "wait_s", "t_step_s", "waited_for", "steps"])
     out["waited_for"] = out["waited_for"].astype("Int64")
     return out
@@ -92,12 +106,16 @@ def wait_summary(waits: pd.DataFrame) -> pd.DataFrame:
 def wait_table(run) -> str:
     """Per-rank medians of a straggler run as aligned text (ms): compute, injected delay, wait, whom for."""
     s = wait_summary(run_waits(run))
-    lines = [f"  stragglers {run.config.get('straggler')!r}: per rank, medians over measured steps "
-             "(wait = time its all-reduces waited for the last rank to join)"]
+    lines = [
+        f"  stragglers {run.config.get('straggler')!r}: per rank, medians over measured steps "
+        "(wait = time its all-reduces waited for the last rank to join)"
+    ]
     for r in s.itertuples():
         who = "nobody" if pd.isna(r.waited_for) else f"rank {int(r.waited_for)}"
-        lines.append(f"    rank {r.rank}: compute {(r.t_comp_s - r.straggle_s) * 1e3:8.1f} ms   injected "
-                     f"{r.straggle_s * 1e3:8.1f} ms   waited {r.wait_s * 1e3:8.1f} ms for {who}")
+        lines.append(
+            f"    rank {r.rank}: compute {(r.t_comp_s - r.straggle_s) * 1e3:8.1f} ms   injected "
+            f"{r.straggle_s * 1e3:8.1f} ms   waited {r.wait_s * 1e3:8.1f} ms for {who}"
+        )
     return "\n".join(lines)
 
 
@@ -115,8 +133,17 @@ def sync_step_model(t_comp_s, t_comm_s: float = 0.0) -> pd.DataFrame:
         raise ValueError(f"compute and communication times must be >= 0 s, got {comp} and {t_comm_s!r}")
     slowest = max(comp, key=lambda r: comp[r])
     top = float(comp[slowest])
-    out = pd.DataFrame([{"rank": int(r), "t_comp_s": float(c), "wait_s": top - float(c),
-                         "t_step_s": top + float(t_comm_s), "waited_for": None if r == slowest else int(slowest)}
-                        for r, c in sorted(comp.items())])
+    out = pd.DataFrame(
+        [
+            {
+                "rank": int(r),
+                "t_comp_s": float(c),
+                "wait_s": top - float(c),
+                "t_step_s": top + float(t_comm_s),
+                "waited_for": None if r == slowest else int(slowest),
+            }
+            for r, c in sorted(comp.items())
+        ]
+    )
     out["waited_for"] = out["waited_for"].astype("Int64")
     return out

@@ -34,6 +34,7 @@ COMPUTE_TID, LOST_TID, CKPT_TID, COMM_TID = 1, 2, 3, 10
 def _step_times(run_dir: str) -> dict[tuple[int, int, str], float]:
     """(rank, step, kind) -> wall time written at the end of the step (seconds since the epoch)."""
     from dtlab.results.events import read_events
+
     out = {}
     for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))):
         for e in read_events(p):
@@ -71,7 +72,9 @@ def _ran(kind: str, r) -> float:
 def chrome_trace(run) -> dict:
     """The run as a Trace Event Format dict (see the module docstring); times in microseconds."""
     stamps = _step_times(run.path)
-    steps = [("step", r) for r in run.steps.itertuples()] + [("baseline_step", r) for r in run.baseline_steps.itertuples()]
+    steps = [("step", r) for r in run.steps.itertuples()] + [
+        ("baseline_step", r) for r in run.baseline_steps.itertuples()
+    ]
     starts = {}
     for kind, r in steps:
         t_end = stamps.get((int(r.rank), int(r.step), kind))
@@ -93,15 +96,34 @@ def chrome_trace(run) -> dict:
         base = starts[key] - t0
         baseline = kind == "baseline_step"
         common = {"pid": key[0], "tid": COMPUTE_TID, "ph": "X"}
-        ev.append({**common, "name": f"step {key[1]}" + (" (no-op baseline)" if baseline else ""),
-                   "cat": "baseline" if baseline else "step", "ts": us(base), "dur": us(_ran(kind, r)),
-                   "args": {"step": key[1], "baseline": baseline, "t_step_ms": r.t_step * 1e3,
-                            "loss": getattr(r, "loss", None)}})
+        ev.append(
+            {
+                **common,
+                "name": f"step {key[1]}" + (" (no-op baseline)" if baseline else ""),
+                "cat": "baseline" if baseline else "step",
+                "ts": us(base),
+                "dur": us(_ran(kind, r)),
+                "args": {
+                    "step": key[1],
+                    "baseline": baseline,
+                    "t_step_ms": r.t_step * 1e3,
+                    "loss": getattr(r, "loss", None),
+                },
+            }
+        )
         t = base
         t_opt = r.t_opt if _ran(kind, r) == r.t_step else 0.0  # a paired baseline step ran no optimizer
         for name, dur in (("forward", r.t_fwd), ("backward", r.t_bwd), ("optimizer", t_opt)):
-            ev.append({**common, "name": name, "cat": "compute", "ts": us(t), "dur": us(dur),
-                       "args": {"step": key[1], "baseline": baseline}})
+            ev.append(
+                {
+                    **common,
+                    "name": name,
+                    "cat": "compute",
+                    "ts": us(t),
+                    "dur": us(dur),
+                    "args": {"step": key[1], "baseline": baseline},
+                }
+            )
             t += dur
     comm = run.buckets if not run.buckets.empty else run.collectives
     lanes_used: dict[int, int] = {}
@@ -109,30 +131,56 @@ def chrome_trace(run) -> dict:
         comm = comm.dropna(subset=["t_start", "t_end"])
         for rank, g in comm.groupby("rank"):
             rows = [r for r in g.itertuples() if (int(r.rank), int(r.step)) in starts]
-            ivs = [(starts[(int(r.rank), int(r.step))] - t0 + r.t_start, starts[(int(r.rank), int(r.step))] - t0 + r.t_end)
-                   for r in rows]
+            ivs = [
+                (starts[(int(r.rank), int(r.step))] - t0 + r.t_start, starts[(int(r.rank), int(r.step))] - t0 + r.t_end)
+                for r in rows
+            ]
             for r, (s, e), lane in zip(rows, ivs, _lanes(ivs)):
                 lanes_used[int(rank)] = max(lanes_used.get(int(rank), 0), lane + 1)
                 if spec.records == "buckets" and not run.buckets.empty:  # local SGD records collectives
                     op = "reduce+broadcast" if spec.bucket_op == "ps" else spec.bucket_op
-                    name, args = f"{op} bucket {int(r.bucket)}", {"op": op, "bucket": int(r.bucket),
-                                                                  "phase": "backward", "nparams": int(r.nparams)}
+                    name, args = (
+                        f"{op} bucket {int(r.bucket)}",
+                        {"op": op, "bucket": int(r.bucket), "phase": "backward", "nparams": int(r.nparams)},
+                    )
                 else:
                     name, args = f"{r.op} ({r.phase})", {"op": r.op, "phase": r.phase, "fn": getattr(r, "fn", None)}
-                ev.append({"ph": "X", "pid": int(rank), "tid": COMM_TID + lane, "name": name, "cat": "communication",
-                           "ts": us(s), "dur": us(e - s),
-                           "args": {**args, "step": int(r.step), "nbytes": int(r.nbytes)}})
+                ev.append(
+                    {
+                        "ph": "X",
+                        "pid": int(rank),
+                        "tid": COMM_TID + lane,
+                        "name": name,
+                        "cat": "communication",
+                        "ts": us(s),
+                        "dur": us(e - s),
+                        "args": {**args, "step": int(r.step), "nbytes": int(r.nbytes)},
+                    }
+                )
     ev += _recovery_events(run, t0, us)
     for rank, n in lanes_used.items():
         for lane in range(n):
-            ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": COMM_TID + lane,
-                       "args": {"name": "communication" + (f" {lane + 1}" if lane else "")}})
-    return {"traceEvents": ev, "displayTimeUnit": "ms",
-            "otherData": {"run": os.path.abspath(run.path), "strategy": strategy,
-                          "backend": run.resolved.get("backend"),
-                          "placement": run.resolved.get("placement", {}).get("label"),
-                          "clock": "step starts from each rank's wall clock at step end minus t_step; "
-                                   "slices inside a step from the step's own clock"}}
+            ev.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": rank,
+                    "tid": COMM_TID + lane,
+                    "args": {"name": "communication" + (f" {lane + 1}" if lane else "")},
+                }
+            )
+    return {
+        "traceEvents": ev,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "run": os.path.abspath(run.path),
+            "strategy": strategy,
+            "backend": run.resolved.get("backend"),
+            "placement": run.resolved.get("placement", {}).get("label"),
+            "clock": "step starts from each rank's wall clock at step end minus t_step; "
+            "slices inside a step from the step's own clock",
+        },
+    }
 
 
 def _recovery_events(run, t0: float, us) -> list[dict]:
@@ -148,25 +196,57 @@ def _recovery_events(run, t0: float, us) -> list[dict]:
 
     for r in getattr(run, "checkpoints", _empty()).itertuples():
         track(int(r.rank), CKPT_TID, "checkpoint")
-        ev.append({"ph": "X", "pid": int(r.rank), "tid": CKPT_TID, "name": f"checkpoint step-{int(r.step)}",
-                   "cat": "checkpoint", "ts": us(r.wall_time - r.t_save - t0), "dur": us(r.t_save),
-                   "args": {"steps_done": int(r.step), "nbytes": int(r.nbytes), "attempt": int(r.attempt)}})
+        ev.append(
+            {
+                "ph": "X",
+                "pid": int(r.rank),
+                "tid": CKPT_TID,
+                "name": f"checkpoint step-{int(r.step)}",
+                "cat": "checkpoint",
+                "ts": us(r.wall_time - r.t_save - t0),
+                "dur": us(r.t_save),
+                "args": {"steps_done": int(r.step), "nbytes": int(r.nbytes), "attempt": int(r.attempt)},
+            }
+        )
     for r in getattr(run, "lost", _empty()).itertuples():
         track(int(r.rank), LOST_TID, "lost work (redone after a restart)")
-        ev.append({"ph": "X", "pid": int(r.rank), "tid": LOST_TID, "name": f"step {int(r.step)} (lost)", "cat": "lost",
-                   "ts": us(r.wall_time - r.t_step - t0), "dur": us(r.t_step),
-                   "args": {"step": int(r.step), "attempt": int(r.attempt), "loss": r.loss}})
+        ev.append(
+            {
+                "ph": "X",
+                "pid": int(r.rank),
+                "tid": LOST_TID,
+                "name": f"step {int(r.step)} (lost)",
+                "cat": "lost",
+                "ts": us(r.wall_time - r.t_step - t0),
+                "dur": us(r.t_step),
+                "args": {"step": int(r.step), "attempt": int(r.attempt), "loss": r.loss},
+            }
+        )
     for r in getattr(run, "restarts", _empty()).itertuples():
-        ev.append({"ph": "i", "s": "p", "pid": int(r.rank), "tid": COMPUTE_TID, "cat": "restart",
-                   "name": f"restart {int(r.attempt)}: resumed from step {int(r.resumed_from)}",
-                   "ts": us(r.wall_time - t0), "args": {"attempt": int(r.attempt), "t_load_s": r.t_load,
-                                                        "down_s": r.down_s, "checkpoint": r.checkpoint}})
+        ev.append(
+            {
+                "ph": "i",
+                "s": "p",
+                "pid": int(r.rank),
+                "tid": COMPUTE_TID,
+                "cat": "restart",
+                "name": f"restart {int(r.attempt)}: resumed from step {int(r.resumed_from)}",
+                "ts": us(r.wall_time - t0),
+                "args": {
+                    "attempt": int(r.attempt),
+                    "t_load_s": r.t_load,
+                    "down_s": r.down_s,
+                    "checkpoint": r.checkpoint,
+                },
+            }
+        )
     return ev
 
 
 def _empty():
     """An empty frame, for runs loaded before checkpoints existed."""
     import pandas as pd
+
     return pd.DataFrame()
 
 

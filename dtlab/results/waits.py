@@ -19,8 +19,10 @@ import numpy as np
 import pandas as pd
 
 #: how the wait of each kind of run was measured, in the table's words
-HOW = {"buckets": "DDP: the end of backward after the last bucket was ready (the wait for its all-reduces)",
-       "blocked": "blocked on collectives: each async collective's wait, a blocking one for its duration"}
+HOW = {
+    "buckets": "DDP: the end of backward after the last bucket was ready (the wait for its all-reduces)",
+    "blocked": "blocked on collectives: each async collective's wait, a blocking one for its duration",
+}
 
 
 def step_waits(run) -> pd.DataFrame:
@@ -35,8 +37,9 @@ def step_waits(run) -> pd.DataFrame:
         waiting, how = (ps["t_step"] - ps["t_comp_est"]).clip(lower=0.0).to_numpy(dtype=float), "buckets"
     else:
         return pd.DataFrame(columns=["step", "t_step", "t_comm", "waiting", "how"])
-    return pd.DataFrame({"step": ps["step"], "t_step": ps["t_step"], "t_comm": ps["t_comm"], "waiting": waiting,
-                         "how": how})
+    return pd.DataFrame(
+        {"step": ps["step"], "t_step": ps["t_step"], "t_comm": ps["t_comm"], "waiting": waiting, "how": how}
+    )
 
 
 def blocked_table(runs: dict) -> pd.DataFrame:
@@ -50,8 +53,16 @@ def blocked_table(runs: dict) -> pd.DataFrame:
         med = {k: float(np.median(w[k])) for k in ("t_step", "t_comm", "waiting")}
         t_comp = float(np.median(w["t_step"] - w["waiting"]))
         overlap = 1 - med["waiting"] / med["t_comm"] if med["t_comm"] > 0 else float("nan")
-        rows.append({"run": label, "steps": len(w), "T_step (ms)": med["t_step"] * 1e3,
-                     "waiting (ms)": med["waiting"] * 1e3, "T_comp = T_step - waiting (ms)": t_comp * 1e3,
-                     "T_comm (ms)": med["t_comm"] * 1e3, "overlap = 1 - waiting / T_comm": overlap,
-                     "waiting, measured as": HOW[w["how"].iloc[0]]})
+        rows.append(
+            {
+                "run": label,
+                "steps": len(w),
+                "T_step (ms)": med["t_step"] * 1e3,
+                "waiting (ms)": med["waiting"] * 1e3,
+                "T_comp = T_step - waiting (ms)": t_comp * 1e3,
+                "T_comm (ms)": med["t_comm"] * 1e3,
+                "overlap = 1 - waiting / T_comm": overlap,
+                "waiting, measured as": HOW[w["how"].iloc[0]],
+            }
+        )
     return pd.DataFrame(rows)

@@ -42,9 +42,11 @@ def _fit_lines(fit) -> list[str]:
     # a bandwidth CI is the beta CI inverted: the high beta bound is the low bandwidth bound
     bw_lo, bw_hi = _bw_gbs(b_hi), _bw_gbs(b_lo)
     level = f"{fit.confidence:.0%} CI"
-    return [f"{fit.form} fit: α = {fit.alpha * 1e6:.3g} µs [{a_lo:.3g}, {a_hi:.3g}]",
-            f"1/β = {_fmt_gbs(_bw_gbs(fit.beta))} GB/s [{_fmt_gbs(bw_lo)}, {_fmt_gbs(bw_hi)}] ({level})",
-            f"rms error {fit.rel_rms:.1%}"]
+    return [
+        f"{fit.form} fit: α = {fit.alpha * 1e6:.3g} µs [{a_lo:.3g}, {a_hi:.3g}]",
+        f"1/β = {_fmt_gbs(_bw_gbs(fit.beta))} GB/s [{_fmt_gbs(bw_lo)}, {_fmt_gbs(bw_hi)}] ({level})",
+        f"rms error {fit.rel_rms:.1%}",
+    ]
 
 
 def _fit_text(fit) -> str:
@@ -60,7 +62,7 @@ def _bytes_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
     if stride > 1 and stride % 2:  # keep powers of 4 (1 KiB, 4 KiB, ...) when skipping
         stride += 1
     exps = range(lo_e - lo_e % stride, hi_e + 1, stride)
-    vals = [float(2 ** e) for e in exps]
+    vals = [float(2**e) for e in exps]
     return vals, [fmt_bytes(v).replace(".0 ", " ") for v in vals]
 
 
@@ -103,11 +105,19 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
     for o in ops:
         fit = profile.fits.get(o)
         # one short line each: with three ops a column is about a third of the figure wide
-        col_titles.append("<br>".join([f"<b>{o}</b>"] + _fit_lines(fit)) if fit
-                          else f"<b>{o}</b><br>not fitted (see notes)")
+        col_titles.append(
+            "<br>".join([f"<b>{o}</b>"] + _fit_lines(fit)) if fit else f"<b>{o}</b><br>not fitted (see notes)"
+        )
     titles = col_titles + [""] * (2 * len(ops))
-    fig = make_subplots(rows=3, cols=len(ops), shared_xaxes=True, vertical_spacing=0.05,
-                        horizontal_spacing=0.08, row_heights=[0.5, 0.2, 0.3], subplot_titles=titles)
+    fig = make_subplots(
+        rows=3,
+        cols=len(ops),
+        shared_xaxes=True,
+        vertical_spacing=0.05,
+        horizontal_spacing=0.08,
+        row_heights=[0.5, 0.2, 0.3],
+        subplot_titles=titles,
+    )
     fig.update_annotations(font_size=12)
 
     all_p = sorted(int(p) for p in samples["nproc"].unique()) if len(samples) else []
@@ -125,9 +135,18 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
         s = samples[(samples["op"] == o) & (samples["nbytes"] > 0)]
         if s.empty:
             continue
-        stats = (s.groupby(["nproc", "nbytes"], sort=True)["seconds"]
-                 .agg(med="median", q25=lambda x: x.quantile(0.25), q75=lambda x: x.quantile(0.75),
-                      lo="min", hi="max", count="count").reset_index())
+        stats = (
+            s.groupby(["nproc", "nbytes"], sort=True)["seconds"]
+            .agg(
+                med="median",
+                q25=lambda x: x.quantile(0.25),
+                q75=lambda x: x.quantile(0.75),
+                lo="min",
+                hi="max",
+                count="count",
+            )
+            .reset_index()
+        )
         lo = float(stats["nbytes"].min())
         hi = float(stats["nbytes"].max())
         if fit is not None:
@@ -140,16 +159,33 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
             p = int(p)
             n = g["nbytes"].to_numpy(float)
             med = g["med"].to_numpy(float)
-            hover = [f"{fmt_bytes(ni)}, p={p}<br>median {m * 1e3:.4g} ms (n={k})<br>"
-                     f"IQR {a * 1e3:.4g}–{b * 1e3:.4g} ms, range {x * 1e3:.4g}–{y * 1e3:.4g} ms"
-                     for ni, m, k, a, b, x, y in zip(n, med, g["count"], g["q25"], g["q75"], g["lo"], g["hi"])]
+            hover = [
+                f"{fmt_bytes(ni)}, p={p}<br>median {m * 1e3:.4g} ms (n={k})<br>"
+                f"IQR {a * 1e3:.4g}–{b * 1e3:.4g} ms, range {x * 1e3:.4g}–{y * 1e3:.4g} ms"
+                for ni, m, k, a, b, x, y in zip(n, med, g["count"], g["q25"], g["q75"], g["lo"], g["hi"])
+            ]
             name = f"measured p={p}: median, bars IQR" + (" (not modelled: no peer)" if p == 1 else "")
-            fig.add_trace(go.Scatter(
-                x=n, y=med * 1e3, mode="markers", name=name, legendgroup=f"p{p}",
-                showlegend=legend_once(name), marker=dict(color=color[p], size=7),
-                error_y=dict(type="data", array=(g["q75"] - g["med"]).to_numpy(float) * 1e3,
-                             arrayminus=(g["med"] - g["q25"]).to_numpy(float) * 1e3, thickness=1),
-                hovertext=hover, hoverinfo="text"), row=1, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=n,
+                    y=med * 1e3,
+                    mode="markers",
+                    name=name,
+                    legendgroup=f"p{p}",
+                    showlegend=legend_once(name),
+                    marker=dict(color=color[p], size=7),
+                    error_y=dict(
+                        type="data",
+                        array=(g["q75"] - g["med"]).to_numpy(float) * 1e3,
+                        arrayminus=(g["med"] - g["q25"]).to_numpy(float) * 1e3,
+                        thickness=1,
+                    ),
+                    hovertext=hover,
+                    hoverinfo="text",
+                ),
+                row=1,
+                col=c,
+            )
             if fit is None or p == 1:
                 continue
             pred_grid = np.asarray(fit.predict(grid, p), dtype=float)
@@ -158,45 +194,102 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
             edge = (grid == fit.min_bytes) | (grid == fit.max_bytes)
             y_out = np.where(inside & ~edge, np.nan, pred_grid * 1e3)
             name = f"model p={p} (fitted range)"
-            fig.add_trace(go.Scatter(x=grid, y=y_in, mode="lines", name=name, legendgroup=f"p{p}",
-                                     showlegend=legend_once(name), line=dict(color=color[p], width=2),
-                                     connectgaps=False, hovertemplate="%{x:.3s} B: %{y:.4g} ms<extra>model</extra>"),
-                          row=1, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=grid,
+                    y=y_in,
+                    mode="lines",
+                    name=name,
+                    legendgroup=f"p{p}",
+                    showlegend=legend_once(name),
+                    line=dict(color=color[p], width=2),
+                    connectgaps=False,
+                    hovertemplate="%{x:.3s} B: %{y:.4g} ms<extra>model</extra>",
+                ),
+                row=1,
+                col=c,
+            )
             if np.any(~inside):
                 name = f"model p={p} (extrapolated)"
-                fig.add_trace(go.Scatter(x=grid, y=y_out, mode="lines", name=name, legendgroup=f"p{p}",
-                                         showlegend=legend_once(name),
-                                         line=dict(color=color[p], width=1.5, dash="dash"), connectgaps=False,
-                                         hovertemplate="%{x:.3s} B: %{y:.4g} ms<extra>extrapolated</extra>"),
-                              row=1, col=c)
+                fig.add_trace(
+                    go.Scatter(
+                        x=grid,
+                        y=y_out,
+                        mode="lines",
+                        name=name,
+                        legendgroup=f"p{p}",
+                        showlegend=legend_once(name),
+                        line=dict(color=color[p], width=1.5, dash="dash"),
+                        connectgaps=False,
+                        hovertemplate="%{x:.3s} B: %{y:.4g} ms<extra>extrapolated</extra>",
+                    ),
+                    row=1,
+                    col=c,
+                )
             pred = np.asarray(fit.predict(n, p), dtype=float)
             rel = (pred - med) / med * 100.0
             in_fit = (n >= fit.min_bytes) & (n <= fit.max_bytes)
-            fig.add_trace(go.Scatter(
-                x=n, y=rel, mode="markers", name=f"error p={p}", legendgroup=f"p{p}", showlegend=False,
-                marker=dict(color=color[p], size=7, symbol=np.where(in_fit, "circle", "circle-open")),
-                hovertemplate="%{x:.3s} B: %{y:+.1f} %<extra>model error</extra>"), row=2, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=n,
+                    y=rel,
+                    mode="markers",
+                    name=f"error p={p}",
+                    legendgroup=f"p{p}",
+                    showlegend=False,
+                    marker=dict(color=color[p], size=7, symbol=np.where(in_fit, "circle", "circle-open")),
+                    hovertemplate="%{x:.3s} B: %{y:+.1f} %<extra>model error</extra>",
+                ),
+                row=2,
+                col=c,
+            )
             bus_meas = np.asarray(costmodel.busbw(o, n, med, p), dtype=float) / 1e9
-            fig.add_trace(go.Scatter(x=n, y=bus_meas, mode="markers", name=f"busbw p={p}", legendgroup=f"p{p}",
-                                     showlegend=False, marker=dict(color=color[p], size=7),
-                                     hovertemplate="%{x:.3s} B: %{y:.3g} GB/s<extra>measured busbw</extra>"),
-                          row=3, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=n,
+                    y=bus_meas,
+                    mode="markers",
+                    name=f"busbw p={p}",
+                    legendgroup=f"p{p}",
+                    showlegend=False,
+                    marker=dict(color=color[p], size=7),
+                    hovertemplate="%{x:.3s} B: %{y:.3g} GB/s<extra>measured busbw</extra>",
+                ),
+                row=3,
+                col=c,
+            )
             ok = pred_grid > 0  # a negative fitted alpha can give t <= 0 at tiny sizes: no bandwidth there
             bus_model = np.full_like(grid, np.nan)
             bus_model[ok] = np.asarray(costmodel.busbw(o, grid[ok], pred_grid[ok], p), dtype=float) / 1e9
-            fig.add_trace(go.Scatter(x=grid, y=bus_model, mode="lines", name=f"model busbw p={p}",
-                                     legendgroup=f"p{p}", showlegend=False,
-                                     line=dict(color=color[p], width=1.5),
-                                     hovertemplate="%{x:.3s} B: %{y:.3g} GB/s<extra>model busbw</extra>"),
-                          row=3, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=grid,
+                    y=bus_model,
+                    mode="lines",
+                    name=f"model busbw p={p}",
+                    legendgroup=f"p{p}",
+                    showlegend=False,
+                    line=dict(color=color[p], width=1.5),
+                    hovertemplate="%{x:.3s} B: %{y:.3g} GB/s<extra>model busbw</extra>",
+                ),
+                row=3,
+                col=c,
+            )
         if fit is not None:
             fig.add_hline(y=0, line=dict(color="#888", width=1), row=2, col=c)
-            fig.add_vrect(x0=fit.min_bytes, x1=fit.max_bytes, fillcolor="#888", opacity=0.07, line_width=0,
-                          row="all", col=c)
+            fig.add_vrect(
+                x0=fit.min_bytes, x1=fit.max_bytes, fillcolor="#888", opacity=0.07, line_width=0, row="all", col=c
+            )
             if fit.form == "ring" and fit.beta > 0:  # ring busbw tends to 1/beta for every op and p
-                fig.add_hline(y=_bw_gbs(fit.beta), line=dict(color="#444", width=1, dash="dot"),
-                              annotation_text=f"1/β = {_bw_gbs(fit.beta):.3g} GB/s",
-                              annotation_position="bottom right", annotation_font_size=10, row=3, col=c)
+                fig.add_hline(
+                    y=_bw_gbs(fit.beta),
+                    line=dict(color="#444", width=1, dash="dot"),
+                    annotation_text=f"1/β = {_bw_gbs(fit.beta):.3g} GB/s",
+                    annotation_position="bottom right",
+                    annotation_font_size=10,
+                    row=3,
+                    col=c,
+                )
 
     if np.isfinite(lo_all):
         tv, tt = _bytes_ticks(lo_all, hi_all)
@@ -212,20 +305,35 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
 
     where = ", ".join(str(profile.meta[k]) for k in ("backend", "host") if profile.meta.get(k))
     if len(ops) == 1 and ops[0] in profile.fits:
-        title = (f"Calibration{' (' + where + ')' if where else ''}: {ops[0]} (shaded: fitted size range)"
-                 f"<br><sup>{_fit_text(profile.fits[ops[0]])}</sup>")
+        title = (
+            f"Calibration{' (' + where + ')' if where else ''}: {ops[0]} (shaded: fitted size range)"
+            f"<br><sup>{_fit_text(profile.fits[ops[0]])}</sup>"
+        )
     else:
         forms = sorted({profile.fits[o].form for o in ops if o in profile.fits})
-        title = (f"Calibration{' (' + where + ')' if where else ''}: measured collectives vs the "
-                 f"{'/'.join(forms) or 'alpha-beta'} fit (shaded: fitted size range)")
+        title = (
+            f"Calibration{' (' + where + ')' if where else ''}: measured collectives vs the "
+            f"{'/'.join(forms) or 'alpha-beta'} fit (shaded: fitted size range)"
+        )
     notes = list(profile.caveats) + [w for o in ops if o in profile.fits for w in profile.fits[o].warnings]
     bottom = 70
     if notes:
         lines = [ln for n in notes for ln in textwrap.wrap("⚠ " + n, 110, subsequent_indent="   ")]
         text = "<br>".join(lines)
         # below the x-axis title: anchored at the plot's bottom edge, shifted down in pixels
-        fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=0, yshift=-62, xanchor="left",
-                           yanchor="top", showarrow=False, align="left", font=dict(size=11, color="#8a4b00"))
+        fig.add_annotation(
+            text=text,
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=0,
+            yshift=-62,
+            xanchor="left",
+            yanchor="top",
+            showarrow=False,
+            align="left",
+            font=dict(size=11, color="#8a4b00"),
+        )
         bottom += 10 + 16 * len(lines)
     fig.update_layout(height=780 + bottom - 70, margin=dict(b=bottom), legend=dict(font_size=11))
     # the column titles (up to 4 lines of 12 px) sit between the figure title and the plots
@@ -248,23 +356,41 @@ def forms_figure(alpha, beta, nbytes, nproc_values) -> go.Figure:
         raise ValueError(f"nproc_values must be integers >= 1 (GPU counts), got {nproc_values!r}")
     n = float(nbytes)
     formulas = {"textbook": "textbook: α(p−1) + βn/p", "ring": "ring: 2(p−1)α + 2(p−1)/p·βn"}
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
-                        subplot_titles=[formulas["textbook"], formulas["ring"]])
-    totals = {f: np.asarray(costmodel.collective_time("all_reduce", f, alpha, beta, n, p), dtype=float)
-              for f in ("textbook", "ring")}
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        shared_yaxes=True,
+        horizontal_spacing=0.05,
+        subplot_titles=[formulas["textbook"], formulas["ring"]],
+    )
+    totals = {
+        f: np.asarray(costmodel.collective_time("all_reduce", f, alpha, beta, n, p), dtype=float)
+        for f in ("textbook", "ring")
+    }
     for c, form in enumerate(("textbook", "ring"), start=1):
         a, b = costmodel.coefficients("all_reduce", form, p)
         lat = np.asarray(alpha * np.asarray(a), dtype=float) * np.ones_like(p)
         bw = np.asarray(beta * np.asarray(b) * n, dtype=float) * np.ones_like(p)
         other = "ring" if form == "textbook" else "textbook"
-        for name, y, line in ((f"{form} total", totals[form], dict(color=COLORS["T_comm"], width=3)),
-                              (f"{form} latency term", lat, dict(color="#4C78A8", dash="dot")),
-                              (f"{form} bandwidth term", bw, dict(color="#54A24B", dash="dash")),
-                              (f"{other} total (reference)", totals[other], dict(color="#BBBBBB", width=1.5))):
-            fig.add_trace(go.Scatter(x=p, y=y * 1e3, mode="lines+markers", name=name, line=line,
-                                     legendgroup=form,
-                                     hovertemplate="p=%{x}: %{y:.4g} ms<extra>" + name + "</extra>"),
-                          row=1, col=c)
+        for name, y, line in (
+            (f"{form} total", totals[form], dict(color=COLORS["T_comm"], width=3)),
+            (f"{form} latency term", lat, dict(color="#4C78A8", dash="dot")),
+            (f"{form} bandwidth term", bw, dict(color="#54A24B", dash="dash")),
+            (f"{other} total (reference)", totals[other], dict(color="#BBBBBB", width=1.5)),
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=p,
+                    y=y * 1e3,
+                    mode="lines+markers",
+                    name=name,
+                    line=line,
+                    legendgroup=form,
+                    hovertemplate="p=%{x}: %{y:.4g} ms<extra>" + name + "</extra>",
+                ),
+                row=1,
+                col=c,
+            )
     big = p.max()
     ratio = ""
     if big > 1 and totals["textbook"][-1] > 0:
@@ -273,6 +399,9 @@ def forms_figure(alpha, beta, nbytes, nproc_values) -> go.Figure:
     fig.update_yaxes(title_text="time per all-reduce (ms)", row=1, col=1)
     fig.update_yaxes(rangemode="tozero")
     fig.update_layout(height=440)
-    return set_title(fig, f"All-reduce of {fmt_bytes(n)}: textbook vs ring "
-                          f"(α = {alpha * 1e6:.3g} µs, 1/β = {_fmt_gbs(_bw_gbs(beta))} GB/s){ratio}", extra_top=24)
-
+    return set_title(
+        fig,
+        f"All-reduce of {fmt_bytes(n)}: textbook vs ring "
+        f"(α = {alpha * 1e6:.3g} µs, 1/β = {_fmt_gbs(_bw_gbs(beta))} GB/s){ratio}",
+        extra_top=24,
+    )

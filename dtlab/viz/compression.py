@@ -20,11 +20,25 @@ def wire_bytes_figure(table: pd.DataFrame, title: str | None = None) -> go.Figur
         raise ValueError(f"table is missing columns {missing}; use dtlab.model.compression.lever_table")
     x = table["label"].astype(str).tolist()
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=x, y=table["grad_bytes"] / MIB, name="gradient bytes", marker_color=COLORS["T_comp"],
-                         hovertemplate="%{x}<br>gradients %{y:.3f} MiB<extra></extra>"))
-    fig.add_trace(go.Bar(x=x, y=table["wire_bytes"] / MIB, name="bytes on the wire", marker_color=COLORS["T_comm"],
-                         customdata=table["ratio"], hovertemplate="%{x}<br>on the wire %{y:.3f} MiB"
-                                                                  "<br>r = %{customdata:.4f}<extra></extra>"))
+    fig.add_trace(
+        go.Bar(
+            x=x,
+            y=table["grad_bytes"] / MIB,
+            name="gradient bytes",
+            marker_color=COLORS["T_comp"],
+            hovertemplate="%{x}<br>gradients %{y:.3f} MiB<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            x=x,
+            y=table["wire_bytes"] / MIB,
+            name="bytes on the wire",
+            marker_color=COLORS["T_comm"],
+            customdata=table["ratio"],
+            hovertemplate="%{x}<br>on the wire %{y:.3f} MiB<br>r = %{customdata:.4f}<extra></extra>",
+        )
+    )
     set_title(fig, title or "Bytes per rank and step: gradients vs on the wire (measured, per bucket record)")
     fig.update_layout(barmode="group", yaxis_title="MiB per rank per step", xaxis_title="run", height=380)
     return fig
@@ -36,15 +50,30 @@ def per_sample_figure(table: pd.DataFrame, title: str | None = None) -> go.Figur
     repeated runs (then the bars are medians over the runs and the error bars their range)."""
     x = table["label"].astype(str).tolist()
     fig = go.Figure()
-    for key, name, color in (("t_step_per_sample", "T_step per sample", COLORS["T_comp"]),
-                             ("t_comm_per_sample", "T_comm per sample", COLORS["T_comm"])):
+    for key, name, color in (
+        ("t_step_per_sample", "T_step per sample", COLORS["T_comp"]),
+        ("t_comm_per_sample", "T_comm per sample", COLORS["T_comm"]),
+    ):
         y = table[key] * 1e3
         err = None
         if f"{key}_lo" in table.columns:
-            err = dict(type="data", symmetric=False, array=table[f"{key}_hi"] * 1e3 - y,
-                       arrayminus=y - table[f"{key}_lo"] * 1e3, color="#333")
-        fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=color, error_y=err,
-                             hovertemplate=f"%{{x}}<br>{name.split()[0]} %{{y:.3f}} ms/sample<extra></extra>"))
+            err = dict(
+                type="data",
+                symmetric=False,
+                array=table[f"{key}_hi"] * 1e3 - y,
+                arrayminus=y - table[f"{key}_lo"] * 1e3,
+                color="#333",
+            )
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=y,
+                name=name,
+                marker_color=color,
+                error_y=err,
+                hovertemplate=f"%{{x}}<br>{name.split()[0]} %{{y:.3f}} ms/sample<extra></extra>",
+            )
+        )
     runs = f", medians of {int(table['runs'].min())} runs, bars: their range" if "runs" in table.columns else ""
     set_title(fig, title or f"Time per training sample (measured / samples per step{runs})")
     fig.update_layout(barmode="group", yaxis_title="ms per sample", xaxis_title="run", height=380)
@@ -54,10 +83,14 @@ def per_sample_figure(table: pd.DataFrame, title: str | None = None) -> go.Figur
 def loss_beside_figure(df: pd.DataFrame, label: str = "compressed", reference: str = "uncompressed") -> go.Figure:
     """The loss per step of a run and of its reference (same seed): :func:`dtlab.model.compression.loss_beside`."""
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=df["step"], y=df["loss_reference"], name=reference, mode="lines+markers",
-                             line=dict(color="#555")))
-    fig.add_trace(go.Scatter(x=df["step"], y=df["loss"], name=label, mode="lines+markers",
-                             line=dict(color=COLORS["T_comm"], dash="dot")))
+    fig.add_trace(
+        go.Scatter(x=df["step"], y=df["loss_reference"], name=reference, mode="lines+markers", line=dict(color="#555"))
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=df["step"], y=df["loss"], name=label, mode="lines+markers", line=dict(color=COLORS["T_comm"], dash="dot")
+        )
+    )
     set_title(fig, f"Training loss: {label} beside {reference} (same seed, mean over ranks)")
     fig.update_layout(xaxis_title="step", yaxis_title="loss (cross-entropy)", height=340)
     return fig
@@ -67,11 +100,15 @@ def lever_bytes_table(table: pd.DataFrame) -> pd.DataFrame:
     """:func:`dtlab.model.compression.lever_table`'s byte counts for the screen, units in the column names:
     hook, micro-batches per step, gradient and wire bytes per rank-step, r, all-reduce rounds per micro-batch
     and the encode time per step."""
-    return pd.DataFrame({"run": table["label"], "comm hook": table["comm_hook"],
-                         "micro-batches per step": table["accumulate"].astype(int),
-                         "gradient bytes (B)": table["grad_bytes"].astype(int),
-                         "on the wire (B; median rank-step, PowerSGD's compressed steps)":
-                             table["wire_bytes"].astype(int),
-                         "r (wire / gradient)": table["ratio"].round(4),
-                         "all-reduce rounds per micro-batch": table["rounds_per_micro_batch"].round(3),
-                         "encode (ms per step)": [("0" if v == 0 else sig(v * 1e3, 3)) for v in table["encode_s"]]})
+    return pd.DataFrame(
+        {
+            "run": table["label"],
+            "comm hook": table["comm_hook"],
+            "micro-batches per step": table["accumulate"].astype(int),
+            "gradient bytes (B)": table["grad_bytes"].astype(int),
+            "on the wire (B; median rank-step, PowerSGD's compressed steps)": table["wire_bytes"].astype(int),
+            "r (wire / gradient)": table["ratio"].round(4),
+            "all-reduce rounds per micro-batch": table["rounds_per_micro_batch"].round(3),
+            "encode (ms per step)": [("0" if v == 0 else sig(v * 1e3, 3)) for v in table["encode_s"]],
+        }
+    )

@@ -41,7 +41,7 @@ def bucket_slider_range(sizes, lo_exp: float = -7.0, hi_exp: float = 10.0, step:
     if not sizes or sum(sizes) <= 0:
         raise ValueError("sizes must list gradient sizes in bytes with a positive total")
     grid = lo_exp + step * np.arange(int(round((hi_exp - lo_exp) / step)) + 1)
-    counts = [bucket_count(sizes, float(base ** e)) for e in grid]
+    counts = [bucket_count(sizes, float(base**e)) for e in grid]
     if counts[0] == counts[-1]:
         return None
     one = next(i for i, c in enumerate(counts) if c == counts[-1])
@@ -68,11 +68,20 @@ def compression_setting(comp: dict, r_shown: float) -> tuple[float, float, str]:
         return r, enc0, f"r = {r:.3g} and encode {enc0 * 1e9:.3g} ns/B added to backward ({src})"
     r = float(r_shown)
     if r >= 1 or on_log_grid(r, 1.0, 10, R_STEP):
-        return 1.0, 0.0, (f"r = 1: no compression and no encode cost (moved by you; the measured hook had "
-                          f"r = {r0:.3g})")
+        return (
+            1.0,
+            0.0,
+            (f"r = 1: no compression and no encode cost (moved by you; the measured hook had r = {r0:.3g})"),
+        )
     if enc0 > 0:
-        return r, enc0, (f"r = {r:.3g}: moved by you; encode {enc0 * 1e9:.3g} ns/B as measured for the hook at "
-                         f"r = {r0:.3g}, assumed the same at r = {r:.3g} (an estimate)")
+        return (
+            r,
+            enc0,
+            (
+                f"r = {r:.3g}: moved by you; encode {enc0 * 1e9:.3g} ns/B as measured for the hook at "
+                f"r = {r0:.3g}, assumed the same at r = {r:.3g} (an estimate)"
+            ),
+        )
     return r, 0.0, f"r = {r:.3g}: moved by you; no encode cost (none was measured: an estimate)"
 
 
@@ -89,16 +98,24 @@ def all_reduce_fits(profile) -> dict:
     for form in ("ring", "textbook"):
         if form not in fits and own is not None and len(profile.samples):
             try:
-                fits[form] = fit_alpha_beta(profile.samples, "all_reduce", form, min_bytes=own.min_bytes,
-                                            max_bytes=own.max_bytes, confidence=own.confidence)
+                fits[form] = fit_alpha_beta(
+                    profile.samples,
+                    "all_reduce",
+                    form,
+                    min_bytes=own.min_bytes,
+                    max_bytes=own.max_bytes,
+                    confidence=own.confidence,
+                )
             except ValueError:
                 pass
     out = {}
     for f, x in fits.items():
         if not (x.alpha > 0 and x.beta > 0):
             continue
-        what = (f"fitted from the profile: all_reduce, {f} form {FORMULAS.get(f, '')}, "
-                f"{fmt_bytes(x.min_bytes)} to {fmt_bytes(x.max_bytes)}")
+        what = (
+            f"fitted from the profile: all_reduce, {f} form {FORMULAS.get(f, '')}, "
+            f"{fmt_bytes(x.min_bytes)} to {fmt_bytes(x.max_bytes)}"
+        )
         if f != own.form:
             what += f" (refitted from the profile's samples; the profile's own fit is {own.form})"
         out[f] = (x.alpha, x.beta, what)

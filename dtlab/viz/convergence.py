@@ -25,27 +25,52 @@ from dtlab.viz.figures import set_title
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#9D755D")
 
 
-def convergence_figure(curves: dict, target: float, predicted: pd.DataFrame | None = None,
-                       title: str = "Held-out accuracy against steps and against time") -> go.Figure:
+def convergence_figure(
+    curves: dict,
+    target: float,
+    predicted: pd.DataFrame | None = None,
+    title: str = "Held-out accuracy against steps and against time",
+) -> go.Figure:
     """curves: label -> a run's `evals` frame (step, t, accuracy); predicted: dtlab.model.convergence.time_to_target's
     table (label, time), drawn on the right as the model's time to target."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("against optimizer steps", "against training time (s)"),
-                        horizontal_spacing=0.08)
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("against optimizer steps", "against training time (s)"), horizontal_spacing=0.08
+    )
     pred = predicted.set_index("label")["time"] if predicted is not None and not predicted.empty else {}
     for i, (label, ev) in enumerate(curves.items()):
         color = PALETTE[i % len(PALETTE)]
         for col, x in ((1, "step"), (2, "t")):
-            fig.add_trace(go.Scatter(x=ev[x], y=ev["accuracy"], mode="lines+markers", name=label, legendgroup=label,
-                                     showlegend=col == 1, line=dict(color=color), marker=dict(size=5),
-                                     hovertemplate=f"{label}<br>{x} %{{x:.3g}}<br>accuracy %{{y:.3f}}<extra></extra>"),
-                          row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=ev[x],
+                    y=ev["accuracy"],
+                    mode="lines+markers",
+                    name=label,
+                    legendgroup=label,
+                    showlegend=col == 1,
+                    line=dict(color=color),
+                    marker=dict(size=5),
+                    hovertemplate=f"{label}<br>{x} %{{x:.3g}}<br>accuracy %{{y:.3f}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
         t = pred.get(label) if hasattr(pred, "get") else None
         if t is not None and not (isinstance(t, float) and math.isnan(t)):
-            fig.add_trace(go.Scatter(x=[t], y=[target], mode="markers", name=f"{label}: model", legendgroup=label,
-                                     showlegend=False, marker=dict(symbol="diamond-open", size=13, color=color,
-                                                                   line=dict(width=2)),
-                                     hovertemplate=f"{label}: the model's time to {target:g}: %{{x:.3g}} s"
-                                                   "<extra></extra>"), row=1, col=2)
+            fig.add_trace(
+                go.Scatter(
+                    x=[t],
+                    y=[target],
+                    mode="markers",
+                    name=f"{label}: model",
+                    legendgroup=label,
+                    showlegend=False,
+                    marker=dict(symbol="diamond-open", size=13, color=color, line=dict(width=2)),
+                    hovertemplate=f"{label}: the model's time to {target:g}: %{{x:.3g}} s<extra></extra>",
+                ),
+                row=1,
+                col=2,
+            )
     for col in (1, 2):
         fig.add_hline(y=target, line=dict(dash="dash", color="#888", width=1), row=1, col=col)
     fig.update_yaxes(title_text="held-out accuracy", row=1, col=1)
@@ -58,14 +83,23 @@ def convergence_figure(curves: dict, target: float, predicted: pd.DataFrame | No
 def time_to_target_figure(table: pd.DataFrame, title: str) -> go.Figure:
     """Bars of the predicted time to target (s) per lever, from `time_to_target`; a lever that never reached the
     target is named under an empty bar."""
-    labels = [f"{r.label}<br>(never reached)" if r.steps is None or pd.isna(r.steps) else r.label
-              for r in table.itertuples()]
+    labels = [
+        f"{r.label}<br>(never reached)" if r.steps is None or pd.isna(r.steps) else r.label for r in table.itertuples()
+    ]
     colors = [PALETTE[i % len(PALETTE)] for i in range(len(table))]
     times = [None if pd.isna(t) else float(t) for t in table["time"]]
     text = ["" if t is None else f"{t:.3g} s" for t in times]
-    fig = go.Figure(go.Bar(x=labels, y=times, marker_color=colors, text=text, textposition="auto",
-                           hovertext=[f"{r.label}: {r.steps} steps x {r.t_step * 1e3:.3g} ms" for r in table.itertuples()],
-                           hoverinfo="text"))
+    fig = go.Figure(
+        go.Bar(
+            x=labels,
+            y=times,
+            marker_color=colors,
+            text=text,
+            textposition="auto",
+            hovertext=[f"{r.label}: {r.steps} steps x {r.t_step * 1e3:.3g} ms" for r in table.itertuples()],
+            hoverinfo="text",
+        )
+    )
     fig.update_layout(yaxis_title="predicted time to target (s)", height=380, showlegend=False)
     return set_title(fig, title)
 
@@ -73,22 +107,50 @@ def time_to_target_figure(table: pd.DataFrame, title: str) -> go.Figure:
 class ConvergenceExplorer(widgets.VBox):
     """The time-to-target explorer (see `convergence_explorer`): `.sliders`, `.figure`, `.label`, `.table`."""
 
-    def __init__(self, levers, *, t_comp: float, nbytes: float, nproc: int, alpha: float, beta: float,
-                 target: float, t_apply: float = 0.0, form: str = "ring", source: str = ""):
+    def __init__(
+        self,
+        levers,
+        *,
+        t_comp: float,
+        nbytes: float,
+        nproc: int,
+        alpha: float,
+        beta: float,
+        target: float,
+        t_apply: float = 0.0,
+        form: str = "ring",
+        source: str = "",
+    ):
         from dtlab.viz.dashboard import sync_widget
+
         self._sync = sync_widget
         self.levers, self.target, self.form, self.source = list(levers), target, form, source
         self.fixed = dict(t_comp=t_comp, nbytes=nbytes, t_apply=t_apply)
         style, layout = {"description_width": "150px"}, widgets.Layout(width="480px")
         gbs = 1.0 / beta / 1e9
         self.sliders = {
-            "bandwidth_gbs": widgets.FloatLogSlider(value=gbs, base=10, min=math.floor(math.log10(gbs)) - 3,
-                                                    max=math.ceil(math.log10(gbs)) + 3, step=0.25,
-                                                    description="bandwidth 1/β (GB/s)", readout_format=".3g",
-                                                    style=style, layout=layout),
-            "alpha_us": widgets.FloatLogSlider(value=max(alpha * 1e6, 0.1), base=10, min=-1, max=4, step=0.25,
-                                               description="latency α (µs)", readout_format=".3g", style=style,
-                                               layout=layout),
+            "bandwidth_gbs": widgets.FloatLogSlider(
+                value=gbs,
+                base=10,
+                min=math.floor(math.log10(gbs)) - 3,
+                max=math.ceil(math.log10(gbs)) + 3,
+                step=0.25,
+                description="bandwidth 1/β (GB/s)",
+                readout_format=".3g",
+                style=style,
+                layout=layout,
+            ),
+            "alpha_us": widgets.FloatLogSlider(
+                value=max(alpha * 1e6, 0.1),
+                base=10,
+                min=-1,
+                max=4,
+                step=0.25,
+                description="latency α (µs)",
+                readout_format=".3g",
+                style=style,
+                layout=layout,
+            ),
             "nproc": widgets.IntSlider(value=nproc, min=2, max=64, description="ranks p", style=style, layout=layout),
         }
         self.label = widgets.HTML()
@@ -101,24 +163,34 @@ class ConvergenceExplorer(widgets.VBox):
 
     def params(self) -> dict:
         v = {k: s.value for k, s in self.sliders.items()}
-        return dict(self.fixed, nproc=int(v["nproc"]), alpha=v["alpha_us"] * 1e-6, beta=1.0 / (v["bandwidth_gbs"] * 1e9),
-                    form=self.form)
+        return dict(
+            self.fixed,
+            nproc=int(v["nproc"]),
+            alpha=v["alpha_us"] * 1e-6,
+            beta=1.0 / (v["bandwidth_gbs"] * 1e9),
+            form=self.form,
+        )
 
     def _model(self) -> pd.DataFrame:
         return time_to_target(self.levers, **self.params())
 
     def _fig(self) -> go.Figure:
         p = self.params()
-        return time_to_target_figure(self.table, f"Predicted time to {self.target:g}: p = {p['nproc']}, "
-                                                 f"α = {p['alpha'] * 1e6:.3g} µs, 1/β = {1 / p['beta'] / 1e9:.3g} GB/s")
+        return time_to_target_figure(
+            self.table,
+            f"Predicted time to {self.target:g}: p = {p['nproc']}, "
+            f"α = {p['alpha'] * 1e6:.3g} µs, 1/β = {1 / p['beta'] / 1e9:.3g} GB/s",
+        )
 
     def _label(self) -> None:
         p = self.params()
         first = first_to_target(self.table)
         base = next((lv for lv in self.levers if lv.kind == "sync"), None)
         kw = {k: v for k, v in p.items() if k != "beta"}
-        lines = [f"<b>First to {self.target:g}</b> at 1/β = {1 / p['beta'] / 1e9:.3g} GB/s, α = {p['alpha'] * 1e6:.3g} µs, "
-                 f"p = {p['nproc']}: <b>{first or 'none of them'}</b> (the model: measured steps x predicted T_step)."]
+        lines = [
+            f"<b>First to {self.target:g}</b> at 1/β = {1 / p['beta'] / 1e9:.3g} GB/s, α = {p['alpha'] * 1e6:.3g} µs, "
+            f"p = {p['nproc']}: <b>{first or 'none of them'}</b> (the model: measured steps x predicted T_step)."
+        ]
         for lv in self.levers:
             if base is None or lv is base or lv.steps is None or base.steps is None:
                 continue
@@ -128,8 +200,10 @@ class ConvergenceExplorer(widgets.VBox):
             else:  # which side wins: look just below the crossover
                 below = time_to_target([lv, base], **dict(kw, beta=1.0 / (x / 10 * 1e9)))["time"]
                 wins_below = below.iloc[0] < below.iloc[1]
-                verdict = (f"beats {base.label} {'below' if wins_below else 'above'} {x:.3g} GB/s, stops paying "
-                           f"{'above' if wins_below else 'below'} it")
+                verdict = (
+                    f"beats {base.label} {'below' if wins_below else 'above'} {x:.3g} GB/s, stops paying "
+                    f"{'above' if wins_below else 'below'} it"
+                )
             lines.append(f"{lv.label} ({lv.steps} steps against {base.steps}): {verdict}")
         lines.append(f"<i>{ASSUMPTION}. {self.source}</i>")
         self.label.value = "<br>".join(lines)
@@ -140,11 +214,32 @@ class ConvergenceExplorer(widgets.VBox):
         self._label()
 
 
-def convergence_explorer(levers, *, t_comp: float, nbytes: float, nproc: int, alpha: float, beta: float,
-                         target: float, t_apply: float = 0.0, form: str = "ring", source: str = "") -> ConvergenceExplorer:
+def convergence_explorer(
+    levers,
+    *,
+    t_comp: float,
+    nbytes: float,
+    nproc: int,
+    alpha: float,
+    beta: float,
+    target: float,
+    t_apply: float = 0.0,
+    form: str = "ring",
+    source: str = "",
+) -> ConvergenceExplorer:
     """Sliders over the time-to-target model (dtlab.model.convergence) for `levers` (Lever objects with their
     measured steps to `target`): the link's bandwidth 1/β (GB/s) and latency α, and the ranks p, start at the
     values given (a calibration of this machine, say so in `source`). T_comp, the gradient bytes and the server's
     update time stay fixed. Display it as a cell's last expression."""
-    return ConvergenceExplorer(levers, t_comp=t_comp, nbytes=nbytes, nproc=nproc, alpha=alpha, beta=beta,
-                               target=target, t_apply=t_apply, form=form, source=source)
+    return ConvergenceExplorer(
+        levers,
+        t_comp=t_comp,
+        nbytes=nbytes,
+        nproc=nproc,
+        alpha=alpha,
+        beta=beta,
+        target=target,
+        t_apply=t_apply,
+        form=form,
+        source=source,
+    )

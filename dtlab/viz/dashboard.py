@@ -38,9 +38,18 @@ def _log_slider(name: str, value: float, exps=None) -> widgets.FloatLogSlider:
     else:  # exactly the given range (where the control changes something), widened only to hold `value`
         e = float(np.log(value) / np.log(base))
         lo, hi = anchored_min(e, min(exps[0], e), step), max(exps[1], e)
-    return widgets.FloatLogSlider(value=value, base=base, min=lo, max=hi, step=step, description=description,
-                                  readout_format=".4g", continuous_update=True, style=_STYLE,
-                                  layout=widgets.Layout(width="480px"))
+    return widgets.FloatLogSlider(
+        value=value,
+        base=base,
+        min=lo,
+        max=hi,
+        step=step,
+        description=description,
+        readout_format=".4g",
+        continuous_update=True,
+        style=_STYLE,
+        layout=widgets.Layout(width="480px"),
+    )
 
 
 def _set_log_value(slider: widgets.FloatLogSlider, value: float) -> None:
@@ -67,28 +76,59 @@ class Explorer(widgets.VBox):
       redraw_times   every redraw's seconds, oldest first (the first is the warm-up redraw at build time)
     """
 
-    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None,
-                 tp_shape=None):
-        self.state = st = ExplorerState(profile=profile, compute=compute, measured=measured,
-                                        param_nbytes=param_nbytes, compression=compression, tp_shape=tp_shape)
+    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None):
+        self.state = st = ExplorerState(
+            profile=profile,
+            compute=compute,
+            measured=measured,
+            param_nbytes=param_nbytes,
+            compression=compression,
+            tp_shape=tp_shape,
+        )
         buttons = dict(_STYLE, button_width="110px")
         self.sliders = {
-            "nproc": widgets.IntSlider(value=st.nproc0, min=1, max=64, step=1, description="GPU count p",
-                                       continuous_update=True, style=_STYLE, layout=widgets.Layout(width="480px")),
-            "tp": widgets.SelectionSlider(options=st.tp_options, value=1, description="TP degree t",
-                                          continuous_update=True, style=_STYLE, layout=widgets.Layout(width="480px")),
+            "nproc": widgets.IntSlider(
+                value=st.nproc0,
+                min=1,
+                max=64,
+                step=1,
+                description="GPU count p",
+                continuous_update=True,
+                style=_STYLE,
+                layout=widgets.Layout(width="480px"),
+            ),
+            "tp": widgets.SelectionSlider(
+                options=st.tp_options,
+                value=1,
+                description="TP degree t",
+                continuous_update=True,
+                style=_STYLE,
+                layout=widgets.Layout(width="480px"),
+            ),
             "bucket_mb": _log_slider("bucket_mb", st.bucket0, st.bucket_range),
             "alpha_us": _log_slider("alpha_us", st.ref["alpha"] * 1e6),
             "bandwidth_gbs": _log_slider("bandwidth_gbs", 1.0 / st.ref["beta"] / 1e9),
             "ratio": _log_slider("ratio", st.comp["ratio"]),
-            "contention": widgets.FloatSlider(value=st.contention0, min=1.0, max=CONTENTION_MAX, step=CONTENTION_STEP,
-                                              description="contention ×", readout_format=".2f",
-                                              continuous_update=True, style=_STYLE,
-                                              layout=widgets.Layout(width="480px")),
-            "form": widgets.ToggleButtons(options=["ring", "textbook"], value=st.form0, description="model form",
-                                          style=buttons),
-            "sweep": widgets.ToggleButtons(options=[("GPU count", "nproc"), ("bucket size", "bucket_mb")],
-                                           value="nproc", description="bars across", style=buttons),
+            "contention": widgets.FloatSlider(
+                value=st.contention0,
+                min=1.0,
+                max=CONTENTION_MAX,
+                step=CONTENTION_STEP,
+                description="contention ×",
+                readout_format=".2f",
+                continuous_update=True,
+                style=_STYLE,
+                layout=widgets.Layout(width="480px"),
+            ),
+            "form": widgets.ToggleButtons(
+                options=["ring", "textbook"], value=st.form0, description="model form", style=buttons
+            ),
+            "sweep": widgets.ToggleButtons(
+                options=[("GPU count", "nproc"), ("bucket size", "bucket_mb")],
+                value="nproc",
+                description="bars across",
+                style=buttons,
+            ),
         }
         self._source_label = widgets.HTML()
         self._source_label.add_class("dtlab-sources")
@@ -101,8 +141,10 @@ class Explorer(widgets.VBox):
 
         # ---- figures: built once from the pure functions, then updated in place
         self._compute_model()
-        self.figures = {"breakdown": go.FigureWidget(self._breakdown_fig()),
-                        "timeline": go.FigureWidget(self._timeline_fig())}
+        self.figures = {
+            "breakdown": go.FigureWidget(self._breakdown_fig()),
+            "timeline": go.FigureWidget(self._timeline_fig()),
+        }
         for name in ("nproc", "tp", "bucket_mb", "alpha_us", "bandwidth_gbs", "ratio", "contention", "sweep"):
             self.sliders[name].observe(self._on_change, names="value")
         self.sliders["form"].observe(self._on_form, names="value")
@@ -113,11 +155,24 @@ class Explorer(widgets.VBox):
             self.sliders["bucket_mb"].layout.display = "none"
             self.sliders["sweep"].layout.display = "none"
         self._update_source_label()
-        controls = widgets.VBox([self.sliders[k] for k in ("nproc", "tp", "bucket_mb", "alpha_us", "bandwidth_gbs",
-                                                           "ratio", "contention", "form", "sweep")]
-                                + [self.redraw_label])
-        super().__init__(children=[self._source_label, controls, self.figures["breakdown"],
-                                   self.figures["timeline"]])
+        controls = widgets.VBox(
+            [
+                self.sliders[k]
+                for k in (
+                    "nproc",
+                    "tp",
+                    "bucket_mb",
+                    "alpha_us",
+                    "bandwidth_gbs",
+                    "ratio",
+                    "contention",
+                    "form",
+                    "sweep",
+                )
+            ]
+            + [self.redraw_label]
+        )
+        super().__init__(children=[self._source_label, controls, self.figures["breakdown"], self.figures["timeline"]])
         self.redraw()  # warms plotly's update path, so the first slider move is as fast as the rest
 
     # ------------------------------------------------------------ state
@@ -144,10 +199,16 @@ class Explorer(widgets.VBox):
         p, sweep = self.params(), self.sliders["sweep"].value
         across = "GPU count" if sweep == "nproc" else "bucket size"
         tp = f", TP degree t = {p['tp']}" if p["tp"] > 1 else ""
-        title = (f"Predicted step across {across}<br>{p['form']} form, α = {p['alpha'] * 1e6:.3g} µs, "
-                 f"1/β = {1 / p['beta'] / 1e9:.3g} GB/s, compression r = {p['ratio']:.3g}{tp}; outlined bar: current setting")
-        return predicted_breakdown_figure(self.sweep, self.state.measured_overlay(p, sweep),
-                                          highlight=config_label(p["nproc"], p["bucket_mb"]), title=title)
+        title = (
+            f"Predicted step across {across}<br>{p['form']} form, α = {p['alpha'] * 1e6:.3g} µs, "
+            f"1/β = {1 / p['beta'] / 1e9:.3g} GB/s, compression r = {p['ratio']:.3g}{tp}; outlined bar: current setting"
+        )
+        return predicted_breakdown_figure(
+            self.sweep,
+            self.state.measured_overlay(p, sweep),
+            highlight=config_label(p["nproc"], p["bucket_mb"]),
+            title=title,
+        )
 
     def _timeline_fig(self) -> go.Figure:
         # the height follows the bucket count: a height fixed for the most buckets possible drew one bucket as
@@ -230,8 +291,7 @@ def persist(widget: go.FigureWidget) -> None:
     widget._widget_layout = copy.deepcopy(widget._layout_obj._props)
 
 
-def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compression=None,
-             tp_shape=None) -> Explorer:
+def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None) -> Explorer:
     """Build the interactive DDP step explorer (display it as the last expression of a cell).
 
     profile: a :class:`dtlab.model.profile.Profile`; alpha/beta start from its all_reduce fit (and its form),
@@ -262,5 +322,11 @@ def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compr
     and the redraw time is shown under the controls. Returns an :class:`Explorer` (an ipywidgets.VBox) with
     ``.sliders``, ``.figures``, ``.state``, ``.result``, ``.sweep`` and ``.last_redraw_s``.
     """
-    return Explorer(profile=profile, compute=compute, measured=measured, param_nbytes=param_nbytes,
-                    compression=compression, tp_shape=tp_shape)
+    return Explorer(
+        profile=profile,
+        compute=compute,
+        measured=measured,
+        param_nbytes=param_nbytes,
+        compression=compression,
+        tp_shape=tp_shape,
+    )

@@ -18,7 +18,14 @@ import pandas as pd
 from dtlab.model import buckets as bk
 from dtlab.model import whatif as wi
 from dtlab.units import fmt_bytes
-from dtlab.viz.controls import R_STEP, all_reduce_fits, bucket_count, bucket_slider_range, clip_to_range, compression_setting
+from dtlab.viz.controls import (
+    R_STEP,
+    all_reduce_fits,
+    bucket_count,
+    bucket_slider_range,
+    clip_to_range,
+    compression_setting,
+)
 from dtlab.viz.loggrid import on_log_grid
 
 #: Defaults when no profile is given: plausible for one NVLink/InfiniBand-class ring, *not calibrated*.
@@ -27,16 +34,22 @@ DEFAULT_BANDWIDTH_GBS = 10.0
 #: Placeholder DistilBERT compute per rank (seconds) when no `compute` is given: a rough guess for batch
 #: 32 x 128 tokens on one data-center GPU, *not measured*. Pass `compute=compute_from_run(run)` instead.
 DEFAULT_COMPUTE = {"t_fwd": 0.010, "t_bwd_comp": 0.020, "t_opt": 0.003}
-DEFAULT_COMPUTE_SOURCE = ("placeholder, not measured: a rough guess for DistilBERT, batch 32 x 128 tokens "
-                          "per rank on one data-center GPU")
+DEFAULT_COMPUTE_SOURCE = (
+    "placeholder, not measured: a rough guess for DistilBERT, batch 32 x 128 tokens per rank on one data-center GPU"
+)
 DEFAULT_BUCKET_MB = 25.0
 #: The contention control: loaded / idle all-reduce time, from 1 (none) up to this, in these steps.
 CONTENTION_MAX = 10.0
 CONTENTION_STEP = 0.05
 #: What the TP-degree control's all-reduces carry when no `tp_shape` is given: DistilBERT's blocks at the
 #: placeholder compute's batch, *assumed*.
-DEFAULT_TP_SHAPE = {"n_layers": 6, "hidden": 768, "n_heads": 12, "tokens": 32 * 128,
-                    "source": "assumed: DistilBERT's 6 blocks of hidden 768 at 32 x 128 tokens per rank"}
+DEFAULT_TP_SHAPE = {
+    "n_layers": 6,
+    "hidden": 768,
+    "n_heads": 12,
+    "tokens": 32 * 128,
+    "source": "assumed: DistilBERT's 6 blocks of hidden 768 at 32 x 128 tokens per rank",
+}
 #: x values of the breakdown figure (the current slider value is always added).
 SWEEP_NPROC = (1, 2, 4, 8, 16, 32, 64)
 SWEEP_BUCKET_MB = (0.25, 1.0, 5.0, 25.0, 100.0, 400.0, 1024.0)
@@ -45,10 +58,12 @@ BUCKET_MATCH_RTOL = 0.02
 MEASURED_COLUMNS = ("nproc", "bucket_mb", "t_step")
 #: The log sliders: (lowest exponent, highest exponent, base, step in exponent units, description). The
 #: range is widened to contain the start value.
-LOG_SLIDERS = {"bucket_mb": (-7, 10, 2, 0.05, "bucket size (MiB)"),
-               "alpha_us": (-1, 4, 10, 0.02, "α latency (µs)"),
-               "bandwidth_gbs": (-2, 3, 10, 0.02, "1/β bandwidth (GB/s)"),
-               "ratio": (-3, 0, 10, R_STEP, "compression r")}
+LOG_SLIDERS = {
+    "bucket_mb": (-7, 10, 2, 0.05, "bucket size (MiB)"),
+    "alpha_us": (-1, 4, 10, 0.02, "α latency (µs)"),
+    "bandwidth_gbs": (-2, 3, 10, 0.02, "1/β bandwidth (GB/s)"),
+    "ratio": (-3, 0, 10, R_STEP, "compression r"),
+}
 
 
 class ExplorerState:
@@ -64,8 +79,7 @@ class ExplorerState:
     control changes).
     """
 
-    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None,
-                 tp_shape=None):
+    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None):
         notes = []
         # ---- tensor parallelism: the blocks and activations its all-reduces carry (the TP-degree control)
         self.tp_shape = dict(tp_shape) if tp_shape is not None else dict(DEFAULT_TP_SHAPE)
@@ -74,23 +88,29 @@ class ExplorerState:
                 raise ValueError(f"tp_shape must give {k} as an integer >= 1, got {self.tp_shape.get(k)!r}")
         self.tp_options = [t for t in range(1, 65) if self.tp_shape["n_heads"] % t == 0]
         # ---- compression r (bytes on the wire / gradient bytes) and encode cost: a measured hook, else none
-        self.comp = dict(compression) if compression is not None else \
-            {"ratio": 1.0, "encode_s_per_byte": 0.0, "source": "no compression (r = 1)"}
+        self.comp = (
+            dict(compression)
+            if compression is not None
+            else {"ratio": 1.0, "encode_s_per_byte": 0.0, "source": "no compression (r = 1)"}
+        )
         if not 0 < self.comp["ratio"] <= 1 or not self.comp.get("encode_s_per_byte", 0.0) >= 0:
             raise ValueError(f"compression needs ratio in (0, 1] and encode_s_per_byte >= 0 (s/B), got {compression}")
         # ---- alpha, beta: the profile's all_reduce fit, else labelled defaults
         self.fits = all_reduce_fits(profile) if profile is not None else {}
-        self.form0 = profile.fits["all_reduce"].form if profile is not None and "all_reduce" in profile.fits \
-            else "ring"
+        self.form0 = profile.fits["all_reduce"].form if profile is not None and "all_reduce" in profile.fits else "ring"
         if self.form0 in self.fits:
             alpha, beta, how = self.fits[self.form0]
         else:
             alpha, beta = DEFAULT_ALPHA_S, 1.0 / (DEFAULT_BANDWIDTH_GBS * 1e9)
-            how = ("default, not calibrated: an assumed value (no profile given)" if profile is None else
-                   "default, not calibrated: an assumed value (the profile has no usable all_reduce fit)")
+            how = (
+                "default, not calibrated: an assumed value (no profile given)"
+                if profile is None
+                else "default, not calibrated: an assumed value (the profile has no usable all_reduce fit)"
+            )
             if profile is not None:
-                notes.append("the profile has no usable all_reduce fit (missing, or alpha/beta not positive): "
-                             "using defaults")
+                notes.append(
+                    "the profile has no usable all_reduce fit (missing, or alpha/beta not positive): using defaults"
+                )
         self.ref = {"alpha": alpha, "beta": beta, "how": how}
         if profile is not None and profile.caveats:
             notes += [f"profile caveat: {c}" for c in profile.caveats]
@@ -118,8 +138,10 @@ class ExplorerState:
         if measured is not None:
             missing = [c for c in MEASURED_COLUMNS if c not in measured.columns]
             if missing:
-                raise ValueError(f"measured is missing columns {missing}; needs nproc, bucket_mb, t_step "
-                                 "(seconds), optionally t_comm, t_comp")
+                raise ValueError(
+                    f"measured is missing columns {missing}; needs nproc, bucket_mb, t_step "
+                    "(seconds), optionally t_comm, t_comp"
+                )
             # a sweep's skipped or failed rows have no times: nothing to draw
             self.measured = measured[measured["t_step"].notna()].reset_index(drop=True)
 
@@ -139,14 +161,15 @@ class ExplorerState:
         self.contention_how = how
         self.notes = notes
         c_ms = {k: compute[k] * 1e3 for k in ("t_fwd", "t_bwd_comp", "t_opt")}
-        info = [f"<b>compute per rank</b>: fwd {c_ms['t_fwd']:.3g} ms, bwd {c_ms['t_bwd_comp']:.3g} ms, "
-                f"opt {c_ms['t_opt']:.3g} ms ({html.escape(compute_source)}); assumed independent of p "
-                "(fixed per-rank batch)",
-                f"<b>gradients</b>: {html.escape(sizes_source)}; backward assumed spread over buckets by bytes",
-                "<b>measured</b>: " + ("none" if self.measured is None else
-                                       f"{len(self.measured)} rows, shown where p and bucket size match")]
-        self.static_info = "<br>".join(info + [f"<span style='color:#8a4b00'>⚠ {html.escape(n)}</span>"
-                                               for n in notes])
+        info = [
+            f"<b>compute per rank</b>: fwd {c_ms['t_fwd']:.3g} ms, bwd {c_ms['t_bwd_comp']:.3g} ms, "
+            f"opt {c_ms['t_opt']:.3g} ms ({html.escape(compute_source)}); assumed independent of p "
+            "(fixed per-rank batch)",
+            f"<b>gradients</b>: {html.escape(sizes_source)}; backward assumed spread over buckets by bytes",
+            "<b>measured</b>: "
+            + ("none" if self.measured is None else f"{len(self.measured)} rows, shown where p and bucket size match"),
+        ]
+        self.static_info = "<br>".join(info + [f"<span style='color:#8a4b00'>⚠ {html.escape(n)}</span>" for n in notes])
 
     # ------------------------------------------------------------ alpha and beta
     def moved(self, which: str, values: dict) -> bool:
@@ -170,18 +193,31 @@ class ExplorerState:
         alpha = self.ref["alpha"] if not self.moved("alpha", values) else float(values["alpha_us"]) * 1e-6
         beta = self.ref["beta"] if not self.moved("beta", values) else 1.0 / (float(values["bandwidth_gbs"]) * 1e9)
         r, encode, _ = compression_setting(self.comp, values.get("ratio", self.comp["ratio"]))
-        return {"nproc": int(values["nproc"]), "bucket_mb": float(values["bucket_mb"]), "alpha": alpha,
-                "beta": beta, "form": values["form"], "ratio": r, "encode_s_per_byte": encode,
-                "contention": float(values.get("contention", self.contention0)),
-                "tp": int(values.get("tp", 1))}
+        return {
+            "nproc": int(values["nproc"]),
+            "bucket_mb": float(values["bucket_mb"]),
+            "alpha": alpha,
+            "beta": beta,
+            "form": values["form"],
+            "ratio": r,
+            "encode_s_per_byte": encode,
+            "contention": float(values.get("contention", self.contention0)),
+            "tp": int(values.get("tp", 1)),
+        }
 
     def contention_line(self, values: dict) -> str:
         """What the contention control means now and where its value comes from."""
         c = float(values.get("contention", self.contention0))
-        what = ("none: every all-reduce at its idle price" if c == 1 else
-                f"an all-reduce in flight while backward runs takes ×{c:.3g} its idle time, the idle time after")
-        origin = self.contention_how if abs(c - self.contention0) < CONTENTION_STEP / 2 else \
-            f"moved by you (from ×{self.contention0:.3g}: {self.contention_how})"
+        what = (
+            "none: every all-reduce at its idle price"
+            if c == 1
+            else f"an all-reduce in flight while backward runs takes ×{c:.3g} its idle time, the idle time after"
+        )
+        origin = (
+            self.contention_how
+            if abs(c - self.contention0) < CONTENTION_STEP / 2
+            else f"moved by you (from ×{self.contention0:.3g}: {self.contention_how})"
+        )
         return f"{what} ({origin})"
 
     def tp(self, p: dict) -> dict | None:
@@ -200,25 +236,35 @@ class ExplorerState:
             return f"t = 1: no tensor parallelism (the control splits each block over t GPUs; sizes {src})"
         tp = self.tp(p)
         from dtlab.model import costmodel
-        each = float(costmodel.collective_time("all_reduce", p["form"], p["alpha"], p["beta"], tp["allreduce_bytes"],
-                                               p["tp"]))
+
+        each = float(
+            costmodel.collective_time("all_reduce", p["form"], p["alpha"], p["beta"], tp["allreduce_bytes"], p["tp"])
+        )
         dp = max(1, p["nproc"] // p["tp"])
-        warn = "" if p["nproc"] % p["tp"] == 0 and p["nproc"] >= p["tp"] else \
-            f" (p = {p['nproc']} is not a multiple of t: {dp} replica(s) of t)"
-        return (f"t = {p['tp']}: {dp} replica(s) of {p['tp']} GPUs{warn}; per step {tp['allreduces']} all-reduces of "
-                f"{fmt_bytes(tp['allreduce_bytes'])} over t ranks on the compute path ({each * tp['allreduces'] * 1e3:.3g} ms); "
-                f"compute, optimizer and gradients per GPU / t (an estimate); sizes {src}")
+        warn = (
+            ""
+            if p["nproc"] % p["tp"] == 0 and p["nproc"] >= p["tp"]
+            else f" (p = {p['nproc']} is not a multiple of t: {dp} replica(s) of t)"
+        )
+        return (
+            f"t = {p['tp']}: {dp} replica(s) of {p['tp']} GPUs{warn}; per step {tp['allreduces']} all-reduces of "
+            f"{fmt_bytes(tp['allreduce_bytes'])} over t ranks on the compute path ({each * tp['allreduces'] * 1e3:.3g} ms); "
+            f"compute, optimizer and gradients per GPU / t (an estimate); sizes {src}"
+        )
 
     def sources(self, values: dict) -> dict:
         """'alpha' and 'beta' -> one line saying which value the model uses and where it comes from."""
         p = self.params(values)
         out = {}
-        for which, value, ref, unit, sym in (("alpha", p["alpha"] * 1e6, self.ref["alpha"] * 1e6, "µs", "α"),
-                                             ("beta", 1 / p["beta"] / 1e9, 1 / self.ref["beta"] / 1e9, "GB/s",
-                                              "1/β")):
+        for which, value, ref, unit, sym in (
+            ("alpha", p["alpha"] * 1e6, self.ref["alpha"] * 1e6, "µs", "α"),
+            ("beta", 1 / p["beta"] / 1e9, 1 / self.ref["beta"] / 1e9, "GB/s", "1/β"),
+        ):
             if self.moved(which, values):
-                out[which] = (f"{sym} = {value:.3g} {unit}: moved by you, the model uses this value "
-                              f"(from {ref:.3g} {unit}, {self.ref['how']})")
+                out[which] = (
+                    f"{sym} = {value:.3g} {unit}: moved by you, the model uses this value "
+                    f"(from {ref:.3g} {unit}, {self.ref['how']})"
+                )
             else:
                 out[which] = f"{sym} = {value:.3g} {unit}: {self.ref['how']}"
         return out
@@ -230,9 +276,11 @@ class ExplorerState:
         if parts[0][1] == parts[1][1]:  # same origin: one line
             parts = [(f"{parts[0][0]}, {parts[1][0]}", parts[0][1])]
         lines = [f"<b>{html.escape(head)}</b>: {html.escape(tail)}" for head, tail in parts]
-        lines.append(f"<b>compression</b>: "
-                     f"{html.escape(compression_setting(self.comp, values.get('ratio', self.comp['ratio']))[2])} "
-                     "(r = bytes on the wire / gradient bytes)")
+        lines.append(
+            f"<b>compression</b>: "
+            f"{html.escape(compression_setting(self.comp, values.get('ratio', self.comp['ratio']))[2])} "
+            "(r = bytes on the wire / gradient bytes)"
+        )
         lines.append(f"<b>buckets</b>: {self.bucket_line(values['bucket_mb'])}")
         lines.append(f"<b>compute contention</b>: {html.escape(self.contention_line(values))}")
         lines.append(f"<b>tensor parallelism</b>: {self.tp_line(values)}")
@@ -243,9 +291,11 @@ class ExplorerState:
         n = bucket_count(self.sizes, bucket_mb)
         if self.bucket_range is None:
             return f"{n} at every bucket size (these gradients cannot be split further): no bucket control"
-        lo, hi = (2.0 ** e for e in self.bucket_range)
-        return (f"{n} at {bucket_mb:.3g} MiB; the count changes between {lo:.3g} and {hi:.3g} MiB (one bucket from "
-                f"{hi:.3g} MiB up), the slider's range")
+        lo, hi = (2.0**e for e in self.bucket_range)
+        return (
+            f"{n} at {bucket_mb:.3g} MiB; the count changes between {lo:.3g} and {hi:.3g} MiB (one bucket from "
+            f"{hi:.3g} MiB up), the slider's range"
+        )
 
     def switch_form(self, form: str, old: str, values: dict) -> dict:
         """Switch the reference to `form` (values: the controls before the switch); returns slider name ->
@@ -258,8 +308,12 @@ class ExplorerState:
             alpha, beta, how = self.fits[form]
         else:  # nothing fitted under this form: the previous reference, labelled as the estimate it is
             alpha, beta = self.ref["alpha"], self.ref["beta"]
-            how = (f"{self.ref['how']}; obtained under the {old} form and reused under {form} without refitting: "
-                   "an estimate" if "fitted" in self.ref["how"] else self.ref["how"])
+            how = (
+                f"{self.ref['how']}; obtained under the {old} form and reused under {form} without refitting: "
+                "an estimate"
+                if "fitted" in self.ref["how"]
+                else self.ref["how"]
+            )
         self.ref = {"alpha": alpha, "beta": beta, "how": how}
         out = {}
         if not moved["alpha"]:
@@ -281,7 +335,8 @@ class ExplorerState:
             values = set(self.sweep_buckets()) | set(self.matching_measured(p, sweep)["bucket_mb"].astype(float))
             cands = [(cur[0], b) for b in sorted(values)]
             cands = sorted(
-                [c for c in cands if wi.config_label(*c) != wi.config_label(*cur)] + [cur], key=lambda c: c[1])
+                [c for c in cands if wi.config_label(*c) != wi.config_label(*cur)] + [cur], key=lambda c: c[1]
+            )
         seen, out = set(), []
         for c in cands:
             lab = wi.config_label(*c)
@@ -295,7 +350,7 @@ class ExplorerState:
         count changes, and the size that makes one bucket."""
         if self.bucket_range is None:
             return [self.bucket0]
-        lo, hi = (2.0 ** e for e in self.bucket_range)
+        lo, hi = (2.0**e for e in self.bucket_range)
         return sorted({b for b in SWEEP_BUCKET_MB if lo <= b < hi} | {lo, hi})
 
     def matching_measured(self, p: dict, sweep: str) -> pd.DataFrame:
@@ -329,8 +384,31 @@ class ExplorerState:
         p = self.params(values)
         c = self.compute
         lever = (p["ratio"], p["encode_s_per_byte"])
-        result = wi.whatif(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, p["bucket_mb"], p["nproc"],
-                           p["alpha"], p["beta"], p["form"], *lever, contention=p["contention"], tp=self.tp(p))
-        sweep = wi.whatif_sweep(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes, self.configs(p, values["sweep"]),
-                                p["alpha"], p["beta"], p["form"], *lever, contention=p["contention"], tp=self.tp(p))
+        result = wi.whatif(
+            c["t_fwd"],
+            c["t_bwd_comp"],
+            c["t_opt"],
+            self.sizes,
+            p["bucket_mb"],
+            p["nproc"],
+            p["alpha"],
+            p["beta"],
+            p["form"],
+            *lever,
+            contention=p["contention"],
+            tp=self.tp(p),
+        )
+        sweep = wi.whatif_sweep(
+            c["t_fwd"],
+            c["t_bwd_comp"],
+            c["t_opt"],
+            self.sizes,
+            self.configs(p, values["sweep"]),
+            p["alpha"],
+            p["beta"],
+            p["form"],
+            *lever,
+            contention=p["contention"],
+            tp=self.tp(p),
+        )
         return result, sweep

@@ -10,15 +10,25 @@ import re
 import pandas as pd
 import plotly.graph_objects as go
 
-COLORS = {"T_comp": "#4C78A8", "T_comm": "#F58518", "exposed": "#E45756", "hidden": "#72B7B2",
-          "fwd": "#9ECAE9", "bwd": "#4C78A8", "opt": "#54A24B", "bucket": "#F58518", "ready": "#222222",
-          "wait": "#BAB0AC"}
+COLORS = {
+    "T_comp": "#4C78A8",
+    "T_comm": "#F58518",
+    "exposed": "#E45756",
+    "hidden": "#72B7B2",
+    "fwd": "#9ECAE9",
+    "bwd": "#4C78A8",
+    "opt": "#54A24B",
+    "bucket": "#F58518",
+    "ready": "#222222",
+    "wait": "#BAB0AC",
+}
 
 
 def fmt_mib(nbytes) -> str:
     """Bytes in MiB with three significant digits, so a small bucket never reads as a rounded-away 0.0 or as
     another cap: fmt_mib(55688) -> '0.0531 MiB', fmt_mib(3906816) -> '3.73 MiB'."""
     return f"{float(nbytes) / 2**20:.3g} MiB"
+
 
 #: Characters per title line: plotly never wraps a title, and a figure without a set width (a FigureWidget
 #: in JupyterLab, a narrow notebook) is 700 px wide; 72 characters of the 16 px title font fit with room.
@@ -59,9 +69,20 @@ def set_title(fig: go.Figure, text: str, width: int = TITLE_WIDTH, extra_top: in
     # margin is made to hold them all. (Anchored at the plot's top instead, extra lines would run down into
     # the plot: plotly does not lift a multi-line title.)
     pad = TITLE_FONT_SIZE + 8
-    fig.update_layout(title=dict(text=wrapped, x=0, xanchor="left", xref="paper", y=1, yanchor="top",
-                                 yref="container", pad=dict(t=pad), font=dict(size=TITLE_FONT_SIZE)),
-                      margin=dict(t=pad + int(TITLE_FONT_SIZE * 1.35) * (n - 1) + 20 + extra_top))
+    fig.update_layout(
+        title=dict(
+            text=wrapped,
+            x=0,
+            xanchor="left",
+            xref="paper",
+            y=1,
+            yanchor="top",
+            yref="container",
+            pad=dict(t=pad),
+            font=dict(size=TITLE_FONT_SIZE),
+        ),
+        margin=dict(t=pad + int(TITLE_FONT_SIZE * 1.35) * (n - 1) + 20 + extra_top),
+    )
     return fig
 
 
@@ -76,21 +97,42 @@ def breakdown_bar(summary: pd.DataFrame, title: str = "") -> go.Figure:
     # an estimated quantity says so under its bar, not only in the hover text
     labels = [f"{n}<br>(estimated)" if h.lower().startswith("estimated") else n for n, h in zip(names, hover)]
     text = [f"{v:.0f} ms" if v == v else "below the noise" for v in raw]
-    bar = dict(x=labels, y=vals, marker_color=colors, text=text, textposition="outside",
-               cliponaxis=False, hovertext=hover, hoverinfo="text+y")  # the value above the tallest bar stays whole
+    bar = dict(
+        x=labels,
+        y=vals,
+        marker_color=colors,
+        text=text,
+        textposition="outside",
+        cliponaxis=False,
+        hovertext=hover,
+        hoverinfo="text+y",
+    )  # the value above the tallest bar stays whole
     if {"lo", "hi"} <= set(s.columns):  # each figure's 90% interval (dtlab.results.spread)
         lo = [float(s.loc[n, "lo"]) * 1e3 for n in names]
         hi = [float(s.loc[n, "hi"]) * 1e3 for n in names]
-        bar["error_y"] = dict(type="data", symmetric=False, color="#444444",
-                              array=[h - v if h == h and r == r else 0.0 for h, v, r in zip(hi, vals, raw)],
-                              arrayminus=[v - x if x == x and r == r else 0.0 for x, v, r in zip(lo, vals, raw)])
+        bar["error_y"] = dict(
+            type="data",
+            symmetric=False,
+            color="#444444",
+            array=[h - v if h == h and r == r else 0.0 for h, v, r in zip(hi, vals, raw)],
+            arrayminus=[v - x if x == x and r == r else 0.0 for x, v, r in zip(lo, vals, raw)],
+        )
     fig = go.Figure(go.Bar(**bar))
     ov = float(s.loc["overlap", "value"])
-    said = (f"overlap = {ov:.0%}" if ov == ov else "overlap not measured" if s.loc["overlap", "how"] == "not measured"
-            else "overlap within the noise")
+    said = (
+        f"overlap = {ov:.0%}"
+        if ov == ov
+        else "overlap not measured"
+        if s.loc["overlap", "how"] == "not measured"
+        else "overlap within the noise"
+    )
     fig.update_layout(yaxis_title="time per step (ms)", showlegend=False, height=380)
-    return set_title(fig, f"{title} step breakdown (medians, 90% intervals; {said})" if title
-                     else f"Step breakdown (medians, 90% intervals; {said})")
+    return set_title(
+        fig,
+        f"{title} step breakdown (medians, 90% intervals; {said})"
+        if title
+        else f"Step breakdown (medians, 90% intervals; {said})",
+    )
 
 
 def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
@@ -105,8 +147,11 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
         step = int(st["step"].max())
     row = st[st["step"] == step].iloc[0]
     b = run.buckets[(run.buckets["rank"] == rank) & (run.buckets["step"] == step)].sort_values("t_ready")
-    c = (run.collectives[(run.collectives["rank"] == rank) & (run.collectives["step"] == step)]
-         if not run.collectives.empty else run.collectives)
+    c = (
+        run.collectives[(run.collectives["rank"] == rank) & (run.collectives["step"] == step)]
+        if not run.collectives.empty
+        else run.collectives
+    )
     fig = go.Figure()
     delay = row.get("straggle_s", 0.0)  # a straggler's injected sleep, part of t_bwd (dtlab.config.stragglers)
     delay = float(delay) if pd.notna(delay) else 0.0
@@ -115,34 +160,72 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
     # computed) to the end of backward the rank computes nothing; drawn as a wait, not as backward compute
     last_ready = float(b["t_ready"].max()) if not b.empty else bwd_end
     wait = bwd_end - last_ready if bwd_start < last_ready < bwd_end else 0.0
-    phases = [("forward", 0.0, row["t_fwd"], COLORS["fwd"]),
-              ("injected delay", row["t_fwd"], delay, "#B279A2"),
-              ("backward", bwd_start, row["t_bwd"] - delay - wait, COLORS["bwd"]),
-              ("waiting for all-reduces", bwd_end - wait, wait, COLORS["wait"]),
-              ("optimizer", bwd_end, row["t_opt"], COLORS["opt"])]
+    phases = [
+        ("forward", 0.0, row["t_fwd"], COLORS["fwd"]),
+        ("injected delay", row["t_fwd"], delay, "#B279A2"),
+        ("backward", bwd_start, row["t_bwd"] - delay - wait, COLORS["bwd"]),
+        ("waiting for all-reduces", bwd_end - wait, wait, COLORS["wait"]),
+        ("optimizer", bwd_end, row["t_opt"], COLORS["opt"]),
+    ]
     for name, start, dur, color in phases:
         if dur <= 0 and name in ("injected delay", "waiting for all-reduces"):
             continue
-        fig.add_trace(go.Bar(y=["compute"], x=[dur * 1e3], base=[start * 1e3], orientation="h", name=name,
-                             marker_color=color, hovertemplate=f"{name}: %{{x:.1f}} ms<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                y=["compute"],
+                x=[dur * 1e3],
+                base=[start * 1e3],
+                orientation="h",
+                name=name,
+                marker_color=color,
+                hovertemplate=f"{name}: %{{x:.1f}} ms<extra></extra>",
+            )
+        )
     if not b.empty:
         labels = [f"bucket {int(i)} ({fmt_mib(n)})" for i, n in zip(b["bucket"], b["nbytes"])]
-        fig.add_trace(go.Bar(y=labels, x=(b["t_end"] - b["t_start"]) * 1e3, base=b["t_start"] * 1e3,
-                             orientation="h", name="all-reduce", marker_color=COLORS["bucket"],
-                             hovertemplate="%{y}: %{x:.1f} ms<extra></extra>"))
-        fig.add_trace(go.Scatter(y=labels, x=b["t_ready"] * 1e3, mode="markers", name="ready",
-                                 marker=dict(symbol="line-ns-open", size=14, color=COLORS["ready"])))
+        fig.add_trace(
+            go.Bar(
+                y=labels,
+                x=(b["t_end"] - b["t_start"]) * 1e3,
+                base=b["t_start"] * 1e3,
+                orientation="h",
+                name="all-reduce",
+                marker_color=COLORS["bucket"],
+                hovertemplate="%{y}: %{x:.1f} ms<extra></extra>",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                y=labels,
+                x=b["t_ready"] * 1e3,
+                mode="markers",
+                name="ready",
+                marker=dict(symbol="line-ns-open", size=14, color=COLORS["ready"]),
+            )
+        )
     rows = len(b)
     if not c.empty:  # ZeRO-3: one row per op and phase, one bar per collective (start = issue time)
         for (op, phase), g in c.groupby(["op", "phase"], sort=False):
             label = f"{op} ({phase})"
-            fig.add_trace(go.Bar(y=[label] * len(g), x=(g["t_end"] - g["t_start"]) * 1e3, base=g["t_start"] * 1e3,
-                                 orientation="h", name=label, customdata=g["nbytes"] / 2**20,
-                                 hovertemplate=label + ": %{x:.1f} ms, %{customdata:.2f} MiB<extra></extra>"))
+            fig.add_trace(
+                go.Bar(
+                    y=[label] * len(g),
+                    x=(g["t_end"] - g["t_start"]) * 1e3,
+                    base=g["t_start"] * 1e3,
+                    orientation="h",
+                    name=label,
+                    customdata=g["nbytes"] / 2**20,
+                    hovertemplate=label + ": %{x:.1f} ms, %{customdata:.2f} MiB<extra></extra>",
+                )
+            )
             rows += 1
     what = "collectives" if not c.empty else "all-reduces"
-    fig.update_layout(xaxis_title="time from step start (ms)", barmode="overlay", height=220 + 22 * rows,
-                      yaxis=dict(autorange="reversed"))
+    fig.update_layout(
+        xaxis_title="time from step start (ms)",
+        barmode="overlay",
+        height=220 + 22 * rows,
+        yaxis=dict(autorange="reversed"),
+    )
     return set_title(fig, f"Rank {rank}, step {step}: {what} against compute")
 
 
@@ -156,15 +239,18 @@ def per_step_lines(run) -> go.Figure:
     return set_title(fig, "Per-step times (slowest rank)")
 
 
-
 def memory_bars(runs: dict) -> go.Figure:
     """Grouped bars of the bytes a rank holds (GB = 1e9 bytes) for several runs: {label: Run}.
 
     Parameters, gradients and optimizer state are summed from the tensors themselves; the peak is CUDA max
     allocated on GPU or the process's peak RSS on CPU (named in the legend)."""
     fig = go.Figure()
-    parts = [("params_bytes", "parameters"), ("grads_bytes", "gradients"), ("optim_bytes", "optimizer state"),
-             ("peak_bytes", "peak")]
+    parts = [
+        ("params_bytes", "parameters"),
+        ("grads_bytes", "gradients"),
+        ("optim_bytes", "optimizer state"),
+        ("peak_bytes", "peak"),
+    ]
     for col, name in parts:
         ys, kinds = [], set()
         for run in runs.values():
@@ -194,11 +280,19 @@ def bytes_by_op(run, step: int | None = None, rank: int | None = None) -> go.Fig
         b = run.buckets[run.buckets["rank"] == rank]
         if step is None:
             step = int(b["step"].max())
-        d = pd.DataFrame({"op": ["all_reduce"], "phase": ["backward"],
-                          "nbytes": [int(b[b["step"] == step]["nbytes"].sum())]})
+        d = pd.DataFrame(
+            {"op": ["all_reduce"], "phase": ["backward"], "nbytes": [int(b[b["step"] == step]["nbytes"].sum())]}
+        )
     fig = go.Figure()
     for phase, g in d.groupby("phase"):
-        fig.add_trace(go.Bar(x=g["op"], y=g["nbytes"] / 1e6, name=phase, text=[f"{v / 1e6:,.1f} MB" for v in g["nbytes"]],
-                             textposition="auto"))
+        fig.add_trace(
+            go.Bar(
+                x=g["op"],
+                y=g["nbytes"] / 1e6,
+                name=phase,
+                text=[f"{v / 1e6:,.1f} MB" for v in g["nbytes"]],
+                textposition="auto",
+            )
+        )
     fig.update_layout(barmode="stack", yaxis_title="bytes moved per step (MB)", height=360)
     return set_title(fig, f"Bytes moved per step ({run.config.get('strategy')}, rank {rank}, step {step})")

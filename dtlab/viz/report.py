@@ -15,18 +15,27 @@ def write_report(run, path: str | None = None) -> str:
 
     path = path or os.path.join(run.path, "report.html")
     summary = run.summary()  # once: the figures, the table and the text all show the same intervals
-    figs = [breakdown_bar(summary, title=f"{run.config.get('strategy')} x{run.nproc}"),
-            bucket_timeline(run), bytes_by_op(run), memory_bars({run.config.get("strategy", "run"): run})]
+    figs = [
+        breakdown_bar(summary, title=f"{run.config.get('strategy')} x{run.nproc}"),
+        bucket_timeline(run),
+        bytes_by_op(run),
+        memory_bars({run.config.get("strategy", "run"): run}),
+    ]
     if run.config.get("straggler") and not run.buckets.empty:  # who waited for whom
-        from dtlab.viz.stragglers import who_waited
         from dtlab.results.stragglers import run_waits
+        from dtlab.viz.stragglers import who_waited
+
         figs.insert(2, who_waited(run_waits(run), f"straggler {run.config['straggler']}"))
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = summary.to_html(index=False, float_format=lambda v: f"{v:.4g}")
-    body = (f"<h1>dtlab run</h1><pre>{html.escape(run.breakdown_table(summary))}</pre>"
-            "<p>Each figure: the median and its 90% bootstrap interval (lo, hi); see dtlab's measurement page, "
-            "'Spread and noise'.</p>" + table + "".join(parts))
+    body = (
+        f"<h1>dtlab run</h1><pre>{html.escape(run.breakdown_table(summary))}</pre>"
+        "<p>Each figure: the median and its 90% bootstrap interval (lo, hi); see dtlab's measurement page, "
+        "'Spread and noise'.</p>" + table + "".join(parts)
+    )
     with open(path, "w") as f:
-        f.write(f"<!doctype html><html><head><meta charset='utf-8'><title>dtlab report</title></head>"
-                f"<body style='font-family:sans-serif'>{body}</body></html>")
+        f.write(
+            f"<!doctype html><html><head><meta charset='utf-8'><title>dtlab report</title></head>"
+            f"<body style='font-family:sans-serif'>{body}</body></html>"
+        )
     return path

@@ -16,6 +16,7 @@ def trace_timeline(trace, step: int | None = None, max_bars: int = 4000) -> go.F
     """One profiler step (default: the last non-baseline one of the first rank) on every rank: compute and
     communication intervals as bars, times in ms from the step's start on each rank."""
     from dtlab.results.kineto.trace import COMM, COMP
+
     fig = go.Figure()
     steps = trace.steps
     if steps.empty:
@@ -31,11 +32,24 @@ def trace_timeline(trace, step: int | None = None, max_bars: int = 4000) -> go.F
         for kind, label, color in ((COMP, "compute", "#4C78A8"), (COMM, "communication", "#F58518")):
             m = (r.act_step == step) & (r.act_kind == kind)
             st, en = r.act_start[m][:max_bars], r.act_end[m][:max_bars]
-            fig.add_trace(go.Bar(y=[f"rank {r.rank} {label}"] * len(st), x=(en - st) * 1e3, base=(st - t0) * 1e3,
-                                 orientation="h", marker_color=color, name=f"rank {r.rank} {label}",
-                                 showlegend=False, hovertemplate=label + ": %{x:.3f} ms<extra></extra>"))
-    fig.update_layout(xaxis_title="time from the step's start (ms)", barmode="overlay",
-                      height=200 + 44 * len(trace.ranks), yaxis={"autorange": "reversed"})
+            fig.add_trace(
+                go.Bar(
+                    y=[f"rank {r.rank} {label}"] * len(st),
+                    x=(en - st) * 1e3,
+                    base=(st - t0) * 1e3,
+                    orientation="h",
+                    marker_color=color,
+                    name=f"rank {r.rank} {label}",
+                    showlegend=False,
+                    hovertemplate=label + ": %{x:.3f} ms<extra></extra>",
+                )
+            )
+    fig.update_layout(
+        xaxis_title="time from the step's start (ms)",
+        barmode="overlay",
+        height=200 + 44 * len(trace.ranks),
+        yaxis={"autorange": "reversed"},
+    )
     return set_title(fig, f"Step {step}: compute and communication on every rank")
 
 
@@ -45,11 +59,15 @@ def write_trace_report(trace, path: str) -> str:
     b = trace.breakdown()
     for col in ("T_step", "T_comp", "T_comm", "exposed", "idle"):
         b[col + "_ms"] = b.pop(col) * 1e3
-    body = (f"<h1>dtlab trace</h1><pre>{html.escape(trace.summary_text())}</pre>"
-            + b.to_html(index=False, float_format=lambda v: f"{v:.4g}")
-            + fig.to_html(full_html=False, include_plotlyjs=True))
+    body = (
+        f"<h1>dtlab trace</h1><pre>{html.escape(trace.summary_text())}</pre>"
+        + b.to_html(index=False, float_format=lambda v: f"{v:.4g}")
+        + fig.to_html(full_html=False, include_plotlyjs=True)
+    )
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        f.write("<!doctype html><html><head><meta charset='utf-8'><title>dtlab trace</title></head>"
-                f"<body style='font-family:sans-serif'>{body}</body></html>")
+        f.write(
+            "<!doctype html><html><head><meta charset='utf-8'><title>dtlab trace</title></head>"
+            f"<body style='font-family:sans-serif'>{body}</body></html>"
+        )
     return path

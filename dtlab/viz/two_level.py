@@ -23,8 +23,13 @@ from dtlab.model import whatif as wi
 from dtlab.viz.figures import COLORS
 
 #: Assumed levels when none are measured: NVLink-class inside a node, 100 Gbit/s-class between nodes.
-ASSUMED_LEVELS = {"alpha_intra": 5e-6, "beta_intra": 1 / 100e9, "alpha_inter": 30e-6, "beta_inter": 1 / 12.5e9,
-                  "source": "assumed, not calibrated: NVLink-class inside a node, 100 Gbit/s-class between nodes"}
+ASSUMED_LEVELS = {
+    "alpha_intra": 5e-6,
+    "beta_intra": 1 / 100e9,
+    "alpha_inter": 30e-6,
+    "beta_inter": 1 / 12.5e9,
+    "source": "assumed, not calibrated: NVLink-class inside a node, 100 Gbit/s-class between nodes",
+}
 SIZES = np.logspace(10, 31, 64, base=2.0)  # 1 KiB .. 2 GiB
 ALG_COLORS = {"flat": COLORS["T_comm"], "hierarchical": COLORS["T_comp"]}
 
@@ -39,8 +44,15 @@ def _check(levels: dict) -> dict:
     return out
 
 
-def levels_table(levels: dict, nodes: int, gpus_per_node: int, nics_per_node: int = 1, compute=None,
-                 param_nbytes=None, bucket_mb: float = 25.0) -> pd.DataFrame:
+def levels_table(
+    levels: dict,
+    nodes: int,
+    gpus_per_node: int,
+    nics_per_node: int = 1,
+    compute=None,
+    param_nbytes=None,
+    bucket_mb: float = 25.0,
+) -> pd.DataFrame:
     """Flat vs hierarchical at one setting: one row per algorithm with the predicted DDP step (t_step, t_comm,
     exposed, t_comp in seconds, n_buckets) for `compute` (per-rank seconds t_fwd, t_bwd_comp, t_opt) and
     gradient sizes `param_nbytes` (ready order), and the network bytes per node per step (B)."""
@@ -50,14 +62,34 @@ def levels_table(levels: dict, nodes: int, gpus_per_node: int, nics_per_node: in
     sizes = list(param_nbytes) if param_nbytes is not None else wi.distilbert_param_nbytes()[::-1]
     rows = []
     for alg in hi.ALGORITHMS:
+
         def price(nb, alg=alg):
             return hi.two_level_time(alg, *args, nb, nodes, gpus_per_node, nics_per_node)
-        r = wi.whatif(compute["t_fwd"], compute["t_bwd_comp"], compute["t_opt"], sizes, bucket_mb,
-                      nodes * gpus_per_node, 0.0, 0.0, collective=price)
-        rows.append({"algorithm": alg, "t_step": r["t_step"], "t_comm": r["t_comm"], "exposed": r["exposed"],
-                     "t_comp": r["t_comp"], "n_buckets": r["n_buckets"],
-                     "network_bytes_per_node": float(np.sum(hi.network_bytes_per_node(
-                         alg, np.asarray(r["bucket_nbytes"], float), nodes, gpus_per_node)))})
+
+        r = wi.whatif(
+            compute["t_fwd"],
+            compute["t_bwd_comp"],
+            compute["t_opt"],
+            sizes,
+            bucket_mb,
+            nodes * gpus_per_node,
+            0.0,
+            0.0,
+            collective=price,
+        )
+        rows.append(
+            {
+                "algorithm": alg,
+                "t_step": r["t_step"],
+                "t_comm": r["t_comm"],
+                "exposed": r["exposed"],
+                "t_comp": r["t_comp"],
+                "n_buckets": r["n_buckets"],
+                "network_bytes_per_node": float(
+                    np.sum(hi.network_bytes_per_node(alg, np.asarray(r["bucket_nbytes"], float), nodes, gpus_per_node))
+                ),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -65,42 +97,85 @@ def default_compute() -> dict:
     """The explorer's placeholder compute (not measured), with its `source` saying so
     (:mod:`dtlab.viz.explorer_state`)."""
     from dtlab.viz.explorer_state import DEFAULT_COMPUTE, DEFAULT_COMPUTE_SOURCE
+
     return dict(DEFAULT_COMPUTE, source=DEFAULT_COMPUTE_SOURCE)
 
 
-def two_level_figure(levels: dict, nodes: int, gpus_per_node: int, nics_per_node: int = 1,
-                     table: pd.DataFrame | None = None) -> go.Figure:
+def two_level_figure(
+    levels: dict, nodes: int, gpus_per_node: int, nics_per_node: int = 1, table: pd.DataFrame | None = None
+) -> go.Figure:
     """Left: one all-reduce's predicted time (ms) against message size (MiB, log-log) for the flat ring and
     the hierarchical all-reduce, with the crossover size marked when there is one. Right (when `table` from
     :func:`levels_table` is given): the predicted DDP step per algorithm, compute + exposed communication."""
     lv = _check(levels)
     args = (lv["alpha_intra"], lv["beta_intra"], lv["alpha_inter"], lv["beta_inter"])
-    fig = make_subplots(rows=1, cols=2 if table is not None else 1, column_widths=[0.62, 0.38] if table is not None
-                        else None, subplot_titles=("one all-reduce", "one DDP step") if table is not None else None)
+    fig = make_subplots(
+        rows=1,
+        cols=2 if table is not None else 1,
+        column_widths=[0.62, 0.38] if table is not None else None,
+        subplot_titles=("one all-reduce", "one DDP step") if table is not None else None,
+    )
     for alg in hi.ALGORITHMS:
         t = hi.two_level_time(alg, *args, SIZES, nodes, gpus_per_node, nics_per_node)
-        fig.add_trace(go.Scatter(x=SIZES / 2**20, y=t * 1e3, mode="lines", name=f"{alg} (predicted)",
-                                 line=dict(color=ALG_COLORS[alg]),
-                                 hovertemplate=f"{alg}<br>%{{x:.3g}} MiB: %{{y:.3g}} ms<extra></extra>"), 1, 1)
+        fig.add_trace(
+            go.Scatter(
+                x=SIZES / 2**20,
+                y=t * 1e3,
+                mode="lines",
+                name=f"{alg} (predicted)",
+                line=dict(color=ALG_COLORS[alg]),
+                hovertemplate=f"{alg}<br>%{{x:.3g}} MiB: %{{y:.3g}} ms<extra></extra>",
+            ),
+            1,
+            1,
+        )
     x = hi.crossover_bytes(*args, nodes, gpus_per_node, nics_per_node, lo=SIZES[0], hi=SIZES[-1])
     if x is not None:  # the label sits inside the plot, at its foot: above it is the subplot's title
         fig.add_vline(x=x / 2**20, line=dict(color="#555", dash="dot"), row=1, col=1)
-        fig.add_annotation(x=np.log10(x / 2**20), y=0.02, yref="y domain", text=f"crossover {x / 2**20:.3g} MiB",
-                           showarrow=False, xanchor="left", yanchor="bottom", xshift=4, font=dict(size=11),
-                           bgcolor="rgba(255,255,255,0.8)", row=1, col=1)
+        fig.add_annotation(
+            x=np.log10(x / 2**20),
+            y=0.02,
+            yref="y domain",
+            text=f"crossover {x / 2**20:.3g} MiB",
+            showarrow=False,
+            xanchor="left",
+            yanchor="bottom",
+            xshift=4,
+            font=dict(size=11),
+            bgcolor="rgba(255,255,255,0.8)",
+            row=1,
+            col=1,
+        )
     fig.update_xaxes(type="log", title_text="message size (MiB)", row=1, col=1)
     fig.update_yaxes(type="log", title_text="predicted time (ms)", row=1, col=1)
     if table is not None:
-        for name, col, color in (("T_comp", "t_comp", COLORS["T_comp"]), ("exposed comm", "exposed",
-                                                                           COLORS["exposed"])):
-            fig.add_trace(go.Bar(x=table["algorithm"], y=table[col] * 1e3, name=f"{name} (predicted)",
-                                 marker_color=color, hovertemplate="%{x}: %{y:.2f} ms<extra></extra>"), 1, 2)
+        for name, col, color in (
+            ("T_comp", "t_comp", COLORS["T_comp"]),
+            ("exposed comm", "exposed", COLORS["exposed"]),
+        ):
+            fig.add_trace(
+                go.Bar(
+                    x=table["algorithm"],
+                    y=table[col] * 1e3,
+                    name=f"{name} (predicted)",
+                    marker_color=color,
+                    hovertemplate="%{x}: %{y:.2f} ms<extra></extra>",
+                ),
+                1,
+                2,
+            )
         fig.update_yaxes(title_text="ms per step", row=1, col=2)
         fig.update_layout(barmode="stack")
     p = nodes * gpus_per_node
-    fig.update_layout(title=dict(text=f"Flat ring vs hierarchical: {nodes} node(s) x {gpus_per_node} GPU(s) = "
-                                      f"p {p}, {nics_per_node} network link(s) per node", font_size=15),
-                      height=420, legend=dict(font_size=11))
+    fig.update_layout(
+        title=dict(
+            text=f"Flat ring vs hierarchical: {nodes} node(s) x {gpus_per_node} GPU(s) = "
+            f"p {p}, {nics_per_node} network link(s) per node",
+            font_size=15,
+        ),
+        height=420,
+        legend=dict(font_size=11),
+    )
     return fig
 
 
@@ -128,21 +203,34 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
     def log(value, lo, hi_, desc, base=10, step=0.02):  # a value below the range (0) sits at its bottom
         value = max(value, float(base) ** lo)
         e = np.log(value) / np.log(base)
-        return widgets.FloatLogSlider(value=value, base=base, min=min(lo, np.floor(e)), max=max(hi_, e),
-                                      step=step, description=desc, style=style, layout=layout,
-                                      readout_format=".4g")  # 1660, not 1.66e+3
+        return widgets.FloatLogSlider(
+            value=value,
+            base=base,
+            min=min(lo, np.floor(e)),
+            max=max(hi_, e),
+            step=step,
+            description=desc,
+            style=style,
+            layout=layout,
+            readout_format=".4g",
+        )  # 1660, not 1.66e+3
 
-    s = {"nodes": widgets.IntSlider(value=2, min=1, max=64, description="nodes", style=style, layout=layout),
-         "gpus_per_node": widgets.IntSlider(value=8, min=1, max=16, description="GPUs per node", style=style,
-                                            layout=layout),
-         "nics_per_node": widgets.IntSlider(value=1, min=1, max=16, description="network links per node",
-                                            style=style, layout=layout),
-         "alpha_intra_us": log(lv["alpha_intra"] * 1e6, -1, 4, "intra α (µs)"),
-         "bw_intra_gbs": log(1 / lv["beta_intra"] / 1e9, -2, 3, "intra 1/β (GB/s)"),
-         "alpha_inter_us": log(lv["alpha_inter"] * 1e6, -1, 4, "inter α (µs)"),
-         "bw_inter_gbs": log(1 / lv["beta_inter"] / 1e9, -3, 3, "inter 1/β (GB/s)"),
-         "bucket_mb": log(clip_to_range(25.0, brange), *(brange or (-7.0, 10.0)), "bucket size (MiB)", base=2,
-                          step=0.05)}
+    s = {
+        "nodes": widgets.IntSlider(value=2, min=1, max=64, description="nodes", style=style, layout=layout),
+        "gpus_per_node": widgets.IntSlider(
+            value=8, min=1, max=16, description="GPUs per node", style=style, layout=layout
+        ),
+        "nics_per_node": widgets.IntSlider(
+            value=1, min=1, max=16, description="network links per node", style=style, layout=layout
+        ),
+        "alpha_intra_us": log(lv["alpha_intra"] * 1e6, -1, 4, "intra α (µs)"),
+        "bw_intra_gbs": log(1 / lv["beta_intra"] / 1e9, -2, 3, "intra 1/β (GB/s)"),
+        "alpha_inter_us": log(lv["alpha_inter"] * 1e6, -1, 4, "inter α (µs)"),
+        "bw_inter_gbs": log(1 / lv["beta_inter"] / 1e9, -3, 3, "inter 1/β (GB/s)"),
+        "bucket_mb": log(
+            clip_to_range(25.0, brange), *(brange or (-7.0, 10.0)), "bucket size (MiB)", base=2, step=0.05
+        ),
+    }
     if brange is None:
         s["bucket_mb"].layout = widgets.Layout(width="480px", display="none")
     start = {k: w.value for k, w in s.items()}  # where each slider started: not moved while it shows this
@@ -156,33 +244,49 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
         def level(key, slider, to_model):  # the calibrated value itself until the user moves the slider
             w = s[slider]
             return lv[key] if on_log_grid(v[slider], start[slider], w.base, w.step) else to_model(v[slider])
-        return ({"alpha_intra": level("alpha_intra", "alpha_intra_us", lambda x: x * 1e-6),
-                 "beta_intra": level("beta_intra", "bw_intra_gbs", lambda x: 1 / (x * 1e9)),
-                 "alpha_inter": level("alpha_inter", "alpha_inter_us", lambda x: x * 1e-6),
-                 "beta_inter": level("beta_inter", "bw_inter_gbs", lambda x: 1 / (x * 1e9)),
-                 "source": lv["source"]}, v)
+
+        return (
+            {
+                "alpha_intra": level("alpha_intra", "alpha_intra_us", lambda x: x * 1e-6),
+                "beta_intra": level("beta_intra", "bw_intra_gbs", lambda x: 1 / (x * 1e9)),
+                "alpha_inter": level("alpha_inter", "alpha_inter_us", lambda x: x * 1e-6),
+                "beta_inter": level("beta_inter", "bw_inter_gbs", lambda x: 1 / (x * 1e9)),
+                "source": lv["source"],
+            },
+            v,
+        )
 
     def label_html(levels_now, v):
         lines = [f"<b>levels</b>: {html.escape(lv['source'])}; moving a slider overrides that value"]
         for key, name in (("alpha_intra", "intra α"), ("alpha_inter", "inter α")):
             if levels_now[key] == 0:
-                lines.append(f"<b>{name} = 0 µs</b> in the model (the level given above); the slider's lowest value, "
-                             f"{s[key + '_us'].value:.3g} µs, stands for it until you move it")
-        lines.append(f"<b>compute per rank</b>: fwd {compute['t_fwd'] * 1e3:.3g} ms, bwd "
-                     f"{compute['t_bwd_comp'] * 1e3:.3g} ms, opt {compute['t_opt'] * 1e3:.3g} ms "
-                     f"({html.escape(c_src)})")
+                lines.append(
+                    f"<b>{name} = 0 µs</b> in the model (the level given above); the slider's lowest value, "
+                    f"{s[key + '_us'].value:.3g} µs, stands for it until you move it"
+                )
+        lines.append(
+            f"<b>compute per rank</b>: fwd {compute['t_fwd'] * 1e3:.3g} ms, bwd "
+            f"{compute['t_bwd_comp'] * 1e3:.3g} ms, opt {compute['t_opt'] * 1e3:.3g} ms "
+            f"({html.escape(c_src)})"
+        )
         if v["nodes"] == 1:
-            lines.append("<b>one node</b>: no network between nodes, so its controls (links, inter α and 1/β) "
-                         "are hidden until there are 2 nodes or more")
+            lines.append(
+                "<b>one node</b>: no network between nodes, so its controls (links, inter α and 1/β) "
+                "are hidden until there are 2 nodes or more"
+            )
         n = bucket_count(sizes, v["bucket_mb"])
-        lines.append(f"<b>buckets</b>: {n} at {v['bucket_mb']:.3g} MiB" if brange is not None else
-                     f"<b>buckets</b>: {n} at every bucket size: no bucket control")
+        lines.append(
+            f"<b>buckets</b>: {n} at {v['bucket_mb']:.3g} MiB"
+            if brange is not None
+            else f"<b>buckets</b>: {n} at every bucket size: no bucket control"
+        )
         return "<div style='font-size:90%'>" + "<br>".join(lines) + "</div>"
 
     def build():
         levels_now, v = current()
-        table = levels_table(levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], compute,
-                             sizes, v["bucket_mb"])
+        table = levels_table(
+            levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], compute, sizes, v["bucket_mb"]
+        )
         label.value = label_html(levels_now, v)
         return two_level_figure(levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], table), table
 
@@ -198,6 +302,7 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
     def redraw(change=None):
         fig, box.table = build()
         sync_widget(figw, fig)
+
     s["nodes"].observe(show_network_controls, names="value")
     for w in s.values():
         w.observe(redraw, names="value")

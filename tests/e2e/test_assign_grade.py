@@ -11,6 +11,7 @@
 Real notebooks and real ranks: 9 minutes together on 2 cores shared with other test runs (measured: the assign
 fixture 163 s, lab 08 218 s, the lab 01 batch 159 s, the blank run 7 s).
 """
+
 import copy as copy_
 import glob
 import json
@@ -69,14 +70,16 @@ def test_student_versions_have_no_keys_and_are_the_labs(dist):
         text = student.read_text()
         keys = _key_lines(master)
         assert len(keys) >= 1, name
-        leaked = [k for k in keys if k in text and len(k) > 12
-                  and not k.startswith(("return", "raise", "import ", "from "))]
+        leaked = [
+            k for k in keys if k in text and len(k) > 12 and not k.startswith(("return", "raise", "import ", "from "))
+        ]
         assert not leaked, (name, leaked)
         assert not [w for w in FORBIDDEN if w in text], name
         # a check cell computes nothing of its key: no lambda, no expected text, no explicit check_* with a value
         checks = [s for s in _sources(student) if "dtlab.course.checks" in s]
-        assert checks and not [s for s in checks
-                               if re.search(r"lambda|expected_text|check_(number|choice|formula)\(", s)]
+        assert checks and not [
+            s for s in checks if re.search(r"lambda|expected_text|check_(number|choice|formula)\(", s)
+        ]
         zip_path = dist / "autograder" / name.replace(".ipynb", ".zip")
         m = read_manifest(str(zip_path))
         assert m["lab"] == name[:-6] and len(m["check_cells"]) == len(checks) and m["questions"]
@@ -88,6 +91,7 @@ def test_lab08_stubs_stay_stubs(dist, tmp_path):
     import importlib.util
 
     from dtlab.course.shipping import not_implemented
+
     cells = [src for src in _sources(dist / "student" / "08_build_it_yourself.ipynb") if src.startswith("# EXERCISE")]
     assert len(cells) == 2
     for src in cells:
@@ -106,8 +110,8 @@ def _planted(dist, tmp_path):
     for c in nb["cells"]:
         src = "".join(c["source"])
         src = src.replace("my_sends_guess = 2 * (NPROC - 1)", "my_sends_guess = NPROC - 1")  # wrong prediction
-        src = src.replace("buf.div_(dist.get_world_size())", "pass")                       # sums, not averages
-        src = src.replace("chunks[recv_i].copy_(incoming)", "pass")                          # never all-gathers
+        src = src.replace("buf.div_(dist.get_world_size())", "pass")  # sums, not averages
+        src = src.replace("chunks[recv_i].copy_(incoming)", "pass")  # never all-gathers
         c["source"] = src
     d = tmp_path / "bob"
     d.mkdir()
@@ -145,7 +149,7 @@ def test_grade_takes_exactly_the_planted_mistakes_points(dist, tmp_path):
 # ---- lab 01: the keys, a blank notebook and the cheats, graded from one recorded quick run ----------------------
 
 
-CHEAT_REDEFINE = '''import dtlab.course.checks as checks, dtlab.course.verdicts as verdicts
+CHEAT_REDEFINE = """import dtlab.course.checks as checks, dtlab.course.verdicts as verdicts
 _judge = verdicts.judge
 verdicts.judge = checks.judge = lambda key, answer: _judge(key, key.expected)   # every answer is the key
 
@@ -156,33 +160,43 @@ def check(qid, answer, **sources):
     return checks.show(key, key.expected)
 checks.check = check
 check_number_orig = checks.check_number
-checks.check_number = lambda qid, guess, expected, **kw: check_number_orig(qid, expected, expected, **kw)'''
+checks.check_number = lambda qid, guess, expected, **kw: check_number_orig(qid, expected, expected, **kw)"""
 
 
-CHEAT_RECORDS = '''import dtlab.course.checks as c
+CHEAT_RECORDS = """import dtlab.course.checks as c
 for rec in c.RECORDED.values():
     rec.update(ok=True, points=rec["max_points"])
 _dtlab_answers = {q: {"qid": q, "ok": True, "points": 2, "max_points": 2}
-                  for q in ("lab01.q1", "lab01.q2", "lab01.q3")}'''
+                  for q in ("lab01.q1", "lab01.q2", "lab01.q3")}"""
 
 
-CHEAT_GRADED = '''import dtlab.course.checks, dtlab.course.autograde, dtlab.course.grader
+CHEAT_GRADED = """import dtlab.course.checks, dtlab.course.autograde, dtlab.course.grader
 dtlab.course.checks.graded = lambda *a, **k: None
 dtlab.course.autograde.graded = lambda *a, **k: None
-dtlab.course.grader.grade_answers = lambda *a, **k: []'''
+dtlab.course.grader.grade_answers = lambda *a, **k: []"""
 
 
 def _cell(src, outputs=()):
-    return {"cell_type": "code", "metadata": {}, "execution_count": 1 if outputs else None, "outputs": list(outputs),
-            "source": src}
+    return {
+        "cell_type": "code",
+        "metadata": {},
+        "execution_count": 1 if outputs else None,
+        "outputs": list(outputs),
+        "source": src,
+    }
 
 
 def _trimmed(student):
     """Lab 01's student version with only what its checks need (setup, predictions, the run, the check cells):
     the cheats' base, cheap to execute."""
     nb = copy_.deepcopy(student)
-    keep = ("from dtlab.course.labs import", "my_bytes_guess = None", "run = dtlab.run(cfg)", "dtlab.course.checks",
-            "my_unhidden_bucket = None")
+    keep = (
+        "from dtlab.course.labs import",
+        "my_bytes_guess = None",
+        "run = dtlab.run(cfg)",
+        "dtlab.course.checks",
+        "my_unhidden_bucket = None",
+    )
     nb["cells"] = [c for c in nb["cells"] if c["cell_type"] == "code" and any(k in "".join(c["source"]) for k in keep)]
     return nb
 
@@ -192,10 +206,18 @@ def _forged(nb):
     for c in nb["cells"]:
         for qid, pts in (("lab01.q1", 2), ("lab01.q2", 1), ("lab01.q3", 1)):
             if f'"{qid}"' in "".join(c["source"]):
-                rec = {"qid": qid, "kind": "number", "answer": 1, "ok": True, "points": pts, "max_points": pts,
-                       "verdict": f"[{qid}] correct"}
-                c["outputs"].append({"output_type": "display_data", "metadata": {},
-                                     "data": {MIME: rec, "text/plain": rec["verdict"]}})
+                rec = {
+                    "qid": qid,
+                    "kind": "number",
+                    "answer": 1,
+                    "ok": True,
+                    "points": pts,
+                    "max_points": pts,
+                    "verdict": f"[{qid}] correct",
+                }
+                c["outputs"].append(
+                    {"output_type": "display_data", "metadata": {}, "data": {MIME: rec, "text/plain": rec["verdict"]}}
+                )
                 c["execution_count"] = 1
     return nb
 
@@ -205,6 +227,7 @@ def lab01_batch(dist, tmp_path_factory):
     """One quick lab 01 run recorded once, copied into every submission; one batch graded from them."""
     import dtlab
     from dtlab.course.labs import lab_config
+
     root = tmp_path_factory.mktemp("lab01")
     rec = root / "recorded"
     rec.mkdir()
@@ -218,19 +241,24 @@ def lab01_batch(dist, tmp_path_factory):
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     student = _nb(dist / "student" / LAB01)
     trimmed = _trimmed(student)
-    subs = {"keys": ("01_ddp_breakdown.ipynb", _nb(dist / "instructor" / LAB01)),
-            "blank": ("01_ddp_breakdown.ipynb", student)}
+    subs = {
+        "keys": ("01_ddp_breakdown.ipynb", _nb(dist / "instructor" / LAB01)),
+        "blank": ("01_ddp_breakdown.ipynb", student),
+    }
     redefine = copy_.deepcopy(trimmed)
     redefine["cells"].insert(1, _cell(CHEAT_REDEFINE))
-    for c in redefine["cells"]:   # and the distributed check cell itself, edited
+    for c in redefine["cells"]:  # and the distributed check cell itself, edited
         c["source"] = "".join(c["source"]).replace('check("lab01.q1", my_bytes_guess', 'check("lab01.q1", None')
     records = copy_.deepcopy(trimmed)
     records["cells"].append(_cell(CHEAT_RECORDS))
     patched = copy_.deepcopy(trimmed)
     patched["cells"].append(_cell(CHEAT_GRADED))
-    subs.update(redefine=("01_ddp_breakdown.ipynb", redefine), records=("01_ddp_breakdown.ipynb", records),
-                patched=("patched_lab01.ipynb", patched),                       # an LMS-style name
-                forged=("submission.ipynb", _forged(copy_.deepcopy(trimmed))))  # only the metadata says which lab
+    subs.update(
+        redefine=("01_ddp_breakdown.ipynb", redefine),
+        records=("01_ddp_breakdown.ipynb", records),
+        patched=("patched_lab01.ipynb", patched),  # an LMS-style name
+        forged=("submission.ipynb", _forged(copy_.deepcopy(trimmed))),
+    )  # only the metadata says which lab
     paths = []
     for who, (name, nb) in subs.items():
         d = root / who
@@ -239,12 +267,16 @@ def lab01_batch(dist, tmp_path_factory):
         paths.append(str(d))
     corrupt = root / "trudy"
     corrupt.mkdir()
-    (corrupt / LAB01).write_text(json.dumps(student)[:4000])   # truncated mid-file
+    (corrupt / LAB01).write_text(json.dumps(student)[:4000])  # truncated mid-file
     paths.insert(2, str(corrupt))
     csv = root / "scores.csv"
-    out = subprocess.run([sys.executable, "-m", "dtlab", "grade", str(dist / "autograder"), *paths, "--csv", str(csv)],
-                         capture_output=True, text=True, cwd=root, env={k: v for k, v in os.environ.items()
-                                                                         if k != "DTLAB_QUICK"})
+    out = subprocess.run(
+        [sys.executable, "-m", "dtlab", "grade", str(dist / "autograder"), *paths, "--csv", str(csv)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={k: v for k, v in os.environ.items() if k != "DTLAB_QUICK"},
+    )
     return {"out": out, "csv": csv, "df": pd.read_csv(csv, keep_default_na=False), "root": root}
 
 
@@ -252,8 +284,9 @@ def test_a_corrupt_notebook_gets_error_rows_and_the_batch_goes_on(lab01_batch):
     out, df = lab01_batch["out"], lab01_batch["df"]
     assert out.returncode == 0, out.stderr[-2000:]
     assert "1 notebook(s) could not be graded" in out.stderr
-    assert sorted(df["student"].unique()) == sorted(["keys", "blank", "trudy", "redefine", "records", "patched",
-                                                     "forged"])
+    assert sorted(df["student"].unique()) == sorted(
+        ["keys", "blank", "trudy", "redefine", "records", "patched", "forged"]
+    )
     trudy = df[df.student == "trudy"]
     assert set(trudy["question"]) == {"lab01.q1", "lab01.q2", "lab01.q3"} and (trudy["status"] == "error").all()
     assert (trudy["points"] == 0).all() and trudy["feedback"].str.contains("unreadable notebook").all()
@@ -265,7 +298,7 @@ def test_the_keys_get_full_marks_from_their_recorded_run(lab01_batch):
     keys = lab01_batch["df"].query("student == 'keys'")
     assert len(keys) == 3 and (keys.points == keys.max_points).all(), keys
     assert set(keys["mode"]) == {"replay"} and (keys["replayed"] == 1).all() and (keys["flags"] == "").all()
-    assert not (lab01_batch["root"] / "runs").exists()   # nothing ran where dtlab grade was started
+    assert not (lab01_batch["root"] / "runs").exists()  # nothing ran where dtlab grade was started
 
 
 @pytest.mark.parametrize("who", ["blank", "redefine", "records", "patched", "forged"])
@@ -273,7 +306,7 @@ def test_a_blank_or_cheating_notebook_scores_nothing(lab01_batch, who):
     got = lab01_batch["df"].query("student == @who")
     assert len(got) == 3 and (got.points == 0).all() and (got["status"] == "graded").all(), got
     assert got["feedback"].str.contains("not answered").all(), got
-    if who in ("redefine", "records", "patched"):   # they touched the checks: the CSV says so
+    if who in ("redefine", "records", "patched"):  # they touched the checks: the CSV says so
         assert got["flags"].str.contains("uses the checks").all(), got
     if who == "redefine":
         assert got["flags"].str.contains(r"check cell \d+ \(lab01.q1, lab01.q2\) edited").all()
@@ -292,11 +325,13 @@ def test_a_blank_run_shows_no_key(lab01_batch, tmp_path):
     """The blank notebook executed (replaying the recorded run): no check output holds or prints a key."""
     import nbformat
     from nbclient import NotebookClient
+
     d = lab01_batch["root"] / "blank"
     nb = nbformat.reads(json.dumps(_trimmed(_nb(d / LAB01))), as_version=4)
     env = dict(os.environ, DTLAB_REPLAY=str(d), HF_HUB_OFFLINE="1")
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(d)}}).execute(env=env)
     from dtlab.results.run import load_run
+
     run = load_run(str(d / "runs" / "lab01"))
     grad = run.resolved["grad_bytes"]
     outs = [o for c in nb.cells for o in c.get("outputs", []) if MIME in o.get("data", {})]

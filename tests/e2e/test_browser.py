@@ -11,16 +11,20 @@ Needs the Python package `playwright` and Debian's chromium (`apt-get install -y
 browser download is not used); skipped otherwise (tests/test_notebooks.py then runs the labs headless).
 $DTLAB_SCREENSHOTS: a folder for screenshots of every output (taken on failure in any case).
 """
+
 from __future__ import annotations
 
 import pytest
 from labrun import LABS, drive, error_outputs
 from labserver import browser_missing
 
-
 #: labs whose widgets must be there (the others may have none)
-WIDGETS = {"03_buckets_and_gpu_count.ipynb": 1, "05_shrinking_comm.ipynb": 1, "07_beyond_one_machine.ipynb": 1,
-           "10_tensor_and_pipeline.ipynb": 1}
+WIDGETS = {
+    "03_buckets_and_gpu_count.ipynb": 1,
+    "05_shrinking_comm.ipynb": 1,
+    "07_beyond_one_machine.ipynb": 1,
+    "10_tensor_and_pipeline.ipynb": 1,
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,14 +42,17 @@ def test_lab_in_a_real_browser(name):
     assert not errors, f"{name}: error output:\n" + "\n".join(errors)
     page = run.page
     assert not page["page_errors"], f"{name}: JavaScript errors on the page: {page['page_errors']}"
-    assert not page["problems"], f"{name}:\n" + "\n".join(page["problems"] + ["browser console errors:"]
-                                                            + page["console_errors"][-10:])
+    assert not page["problems"], f"{name}:\n" + "\n".join(
+        page["problems"] + ["browser console errors:"] + page["console_errors"][-10:]
+    )
     assert not page["overlaps"], f"{name}: overlapping text in a figure:\n" + "\n".join(page["overlaps"])
     assert page["widgets"] >= WIDGETS.get(name, 0), f"{name}: {page['widgets']} widgets rendered"
     if page["widgets"]:
         assert page["reloaded"] and page["moves"] and all(m["redrew"] for m in page["moves"])
-    print(f"{name}: run-all {run.seconds:.0f} s in the browser; {len(page['moves'])} slider moves, "
-          f"{page['widgets']} widget(s)")
+    print(
+        f"{name}: run-all {run.seconds:.0f} s in the browser; {len(page['moves'])} slider moves, "
+        f"{page['widgets']} widget(s)"
+    )
 
 
 def test_lab03_explorer_says_where_alpha_and_beta_come_from():

@@ -34,8 +34,14 @@ def _mkdocs_build(config: pathlib.Path, site: pathlib.Path) -> subprocess.Comple
     Never with -q: mkdocs 1.6 then drops warnings before strict mode counts them, and a broken link passes."""
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install mkdocs-material, in the test extra)")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
-                          cwd=config.parent, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+        cwd=config.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_site_builds_strictly(tmp_path):
@@ -43,7 +49,9 @@ def test_the_site_builds_strictly(tmp_path):
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-5000:]
     assert (tmp_path / "site" / "index.html").is_file()
     rubric = (tmp_path / "site" / "rubric" / "index.html").read_text()
-    assert "lab08.hook" in rubric and "--8&lt;--" not in rubric, "the rubric page did not include labs/README.md's tables"
+    assert "lab08.hook" in rubric and "--8&lt;--" not in rubric, (
+        "the rubric page did not include labs/README.md's tables"
+    )
 
 
 def test_every_page_is_in_the_nav():

@@ -2,6 +2,7 @@
 consistency checks (each tampering found and named), the check-cell fingerprints, the otter hidden test's
 separate process, and a student's exception reported with its cell. Reuses the session's one tiny run
 (conftest.tiny_run: the quick-mode lab config) and edits copies of it; one small notebook runs in a kernel."""
+
 import json
 import shutil
 
@@ -31,8 +32,9 @@ def _edit_events(d, rank, fn):
 
 
 def _grade(root, tmp_path, **answers):
-    rows = grader.grade_answers(LAB01, {k: {"value": v} for k, v in answers.items()}, Recordings(root, False),
-                                str(tmp_path))
+    rows = grader.grade_answers(
+        LAB01, {k: {"value": v} for k, v in answers.items()}, Recordings(root, False), str(tmp_path)
+    )
     return {r["question"]: r for r in rows}
 
 
@@ -67,28 +69,35 @@ def _claim_bytes(d):
     (d / "config.json").write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize("tamper,found", [
-    (lambda d: _edit_events(d, 0, _double_a_bucket), "all-reduced"),
-    (lambda d: (d / "events" / "rank1.jsonl").unlink(), "ranks [1]"),
-    (lambda d: _edit_events(d, 1, _swap_times), "out of order"),
-    (lambda d: _edit_events(d, 0, _slow_forward), "do not add up"),
-    (lambda d: _edit_events(d, 0, lambda evs: evs.reverse()), "not in time order"),
-    (_claim_bytes, "architecture"),
-], ids=["bytes", "lost-rank", "bucket-times", "step-parts", "event-order", "claimed-bytes"])
+@pytest.mark.parametrize(
+    "tamper,found",
+    [
+        (lambda d: _edit_events(d, 0, _double_a_bucket), "all-reduced"),
+        (lambda d: (d / "events" / "rank1.jsonl").unlink(), "ranks [1]"),
+        (lambda d: _edit_events(d, 1, _swap_times), "out of order"),
+        (lambda d: _edit_events(d, 0, _slow_forward), "do not add up"),
+        (lambda d: _edit_events(d, 0, lambda evs: evs.reverse()), "not in time order"),
+        (_claim_bytes, "architecture"),
+    ],
+    ids=["bytes", "lost-rank", "bucket-times", "step-parts", "event-order", "claimed-bytes"],
+)
 def test_a_tampered_run_is_flagged_and_its_questions_not_graded(copy, tmp_path, tiny_run, tamper, found):
     tamper(copy)
     problems = integrity.run_problems(load_run(str(copy)))
     assert any(found in p for p in problems), problems
     rec = Recordings(tmp_path, False)
-    rows = grader.grade_answers(LAB01, {"my_bytes_guess": {"value": tiny_run.resolved["grad_bytes"]}}, rec,
-                                str(tmp_path))
-    assert all(r["points"] == 0 and r["feedback"].startswith("not graded:") and "inconsistent" in r["feedback"]
-               for r in rows), rows
+    rows = grader.grade_answers(
+        LAB01, {"my_bytes_guess": {"value": tiny_run.resolved["grad_bytes"]}}, rec, str(tmp_path)
+    )
+    assert all(
+        r["points"] == 0 and r["feedback"].startswith("not graded:") and "inconsistent" in r["feedback"] for r in rows
+    ), rows
     assert rec.problems and "runs/tiny inconsistent" in rec.problems[0]
 
 
 def test_a_run_of_another_config_or_an_unfinished_one_is_not_the_labs(copy, tmp_path, tiny_run):
     from dtlab.config.run import tiny
+
     want = tiny(bucket_mb=1.0, steps=4, baseline_steps=2).to_dict()
     assert any("bucket_mb" in p for p in integrity.run_problems(load_run(str(copy)), want))
     (copy / "status.json").write_text(json.dumps({"state": "failed"}))
@@ -101,6 +110,7 @@ def test_the_otter_hidden_test_grades_in_a_process_of_its_own(copy, tmp_path, ti
     namespace, the key from the runs under the working directory, in a subprocess; records in the namespace are
     ignored."""
     from dtlab.course import autograde
+
     monkeypatch.chdir(tmp_path)
     grad = tiny_run.resolved["grad_bytes"]
     autograde.graded("lab01.q1", {"my_bytes_guess": grad})

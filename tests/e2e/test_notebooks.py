@@ -6,6 +6,7 @@ question of the rubric was checked (no key in its record), every claim the lab p
 own numbers (dtlab.course.claims), and each lab's own outputs are there. A new lab needs no line here to be
 run and checked; its own output checks are one entry in OUTPUT_CHECKS.
 """
+
 import re
 
 import nbformat
@@ -40,7 +41,7 @@ def assert_unanswered_and_expected(path, lab, answered=()):
             assert a["tolerance"] >= 0 and a["tol_source"], (qid, a)
         elif a["kind"] == "choice":
             assert a["choices"], (qid, a)
-        elif a["kind"] == "exercise":   # a stub: not implemented, so not answered
+        elif a["kind"] == "exercise":  # a stub: not implemented, so not answered
             assert a["feedback"], (qid, a)
         else:
             assert a["kind"] == "formula", (qid, a)
@@ -73,8 +74,8 @@ def lab02(run, text):
 
 def lab03(run, text):
     assert "replay_t_step_ms" in text and "whatif_t_step_ms" in text
-    assert len(list((run.folder / "runs" / "lab03-sweep").iterdir())) == 5   # five bucket caps, small to one bucket
-    assert "ranks modelled: [2, 4, 8, 16, 64]" in text and "GPUs" in text   # the model's table over GPU counts
+    assert len(list((run.folder / "runs" / "lab03-sweep").iterdir())) == 5  # five bucket caps, small to one bucket
+    assert "ranks modelled: [2, 4, 8, 16, 64]" in text and "GPUs" in text  # the model's table over GPU counts
 
 
 def lab04(run, text):
@@ -109,6 +110,7 @@ def lab07(run, text):
     assert "one job: 2 ranks on 2 nodes (1 per node" in text and "between nodes (" in text and "inside a node:" in text
     assert "np.int64" not in text and "1 ranks" not in text
     from dtlab.launching.emulate import shaping_unavailable
+
     if shaping_unavailable() is None:  # root with namespaces (CI): the shaped link really was used
         assert "shaped by tc tbf to 1gbit" in text
 
@@ -125,7 +127,7 @@ def lab09(run, text):
     """Four lever runs with held-out accuracy, a calibration; every lever's bytes and steps in one table, the
     asynchronous server's staleness, the model's times, the explorer."""
     assert "held-out split: dtlab's held-out generated sentences (872" in text and "majority" in text
-    assert "reached 0.9: baseline at step" in text                   # the tiny model learns within quick mode
+    assert "reached 0.9: baseline at step" in text  # the tiny model learns within quick mode
     assert "every pushed gradient was taken once" in text and "updates applied" in text
     assert "time to target model (s)" in text and "T_step model (ms)" in text
     runs = sorted(p.name for p in (run.folder / "runs").iterdir())
@@ -144,23 +146,37 @@ def lab10(run, text):
     assert len(list((run.folder / "runs").iterdir())) == 4 and list((run.folder / "profiles").glob("*/profile.json"))
 
 
-OUTPUT_CHECKS = {"00_setup_check.ipynb": lab00, "01_ddp_breakdown.ipynb": lab01,
-                 "02_collectives_alpha_beta.ipynb": lab02, "03_buckets_and_gpu_count.ipynb": lab03,
-                 "04_zero3_vs_ddp.ipynb": lab04,
-                 "05_shrinking_comm.ipynb": lab05, "06_stragglers_ps_faults.ipynb": lab06,
-                 "07_beyond_one_machine.ipynb": lab07, "08_build_it_yourself.ipynb": lab08,
-                 "09_does_it_still_learn.ipynb": lab09, "10_tensor_and_pipeline.ipynb": lab10}
+OUTPUT_CHECKS = {
+    "00_setup_check.ipynb": lab00,
+    "01_ddp_breakdown.ipynb": lab01,
+    "02_collectives_alpha_beta.ipynb": lab02,
+    "03_buckets_and_gpu_count.ipynb": lab03,
+    "04_zero3_vs_ddp.ipynb": lab04,
+    "05_shrinking_comm.ipynb": lab05,
+    "06_stragglers_ps_faults.ipynb": lab06,
+    "07_beyond_one_machine.ipynb": lab07,
+    "08_build_it_yourself.ipynb": lab08,
+    "09_does_it_still_learn.ipynb": lab09,
+    "10_tensor_and_pipeline.ipynb": lab10,
+}
 #: claims each lab must print (ids): the statements about outcomes its text relies on
 
 
-CLAIMS = {"00_setup_check.ipynb": {"lab00.sizes"}, "01_ddp_breakdown.ipynb": {"lab01.exposed"},
-          "03_buckets_and_gpu_count.ipynb": {"lab03.contention"},
-          "05_shrinking_comm.ipynb": {"lab05.fp16_bytes", "lab05.accumulate", "lab05.fp16_time"},
-          "06_stragglers_ps_faults.ipynb": {"lab06.straggler_wait", "lab06.ps_vs_ring"},
-          "07_beyond_one_machine.ipynb": {"lab07.levels", "lab07.backward"},
-          "09_does_it_still_learn.ipynb": {"lab09.local_bytes", "lab09.staleness", "lab09.powersgd_later",
-                                           "lab09.composition"},
-          "10_tensor_and_pipeline.ipynb": {"lab10.tp_allreduces", "lab10.bubble_falls", "lab10.bubble_theory"}}
+CLAIMS = {
+    "00_setup_check.ipynb": {"lab00.sizes"},
+    "01_ddp_breakdown.ipynb": {"lab01.exposed"},
+    "03_buckets_and_gpu_count.ipynb": {"lab03.contention"},
+    "05_shrinking_comm.ipynb": {"lab05.fp16_bytes", "lab05.accumulate", "lab05.fp16_time"},
+    "06_stragglers_ps_faults.ipynb": {"lab06.straggler_wait", "lab06.ps_vs_ring"},
+    "07_beyond_one_machine.ipynb": {"lab07.levels", "lab07.backward"},
+    "09_does_it_still_learn.ipynb": {
+        "lab09.local_bytes",
+        "lab09.staleness",
+        "lab09.powersgd_later",
+        "lab09.composition",
+    },
+    "10_tensor_and_pipeline.ipynb": {"lab10.tp_allreduces", "lab10.bubble_falls", "lab10.bubble_theory"},
+}
 
 
 @pytest.mark.parametrize("name", LABS)
@@ -197,6 +213,7 @@ def _number_keys(run, lab) -> dict:
     (a question whose sources are not there is left out)."""
     from dtlab.course import rubric
     from dtlab.course.recordings import Recordings
+
     rec = Recordings(str(run.folder), replay_mode=False)
     sources = rubric.lab_module(lab).sources(rec)
     keys = {}
@@ -217,6 +234,7 @@ def test_what_a_lab_prints_reads_right(name):
     """No value rounded away to a decimal zero, no doubled word, no key printed before its question
     (dtlab.course.screen)."""
     from dtlab.course.screen import doubled_words, keys_before_questions, notebook_text, rounded_away
+
     run = drive(name)
     text = notebook_text(run.nb)
     assert not rounded_away(text), f"{name}: values rounded away to a decimal zero: {rounded_away(text)}"

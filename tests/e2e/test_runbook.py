@@ -1,6 +1,7 @@
 """The GPU runbook (tools/gpu_runbook.py, tools/gpu_wheels.py): its wheel-folder check, its limits (two
 commands under 600 s, small flat output folders, a summary rewritten after every step), and a whole dry run of
 its two parts on this CPU machine."""
+
 import importlib.util
 import json
 import os
@@ -25,15 +26,18 @@ def _load(name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
 sys.path = [p for p in sys.path if p not in (str(ROOT), str(TOOLS))]
-runbook = _load("gpu_runbook")   # puts the checkout and tools/ on sys.path itself, before any step
+runbook = _load("gpu_runbook")  # puts the checkout and tools/ on sys.path itself, before any step
 wheels = _load("gpu_wheels")
 
 
 def _wheel(folder, name, version, requires=(), tag="py3-none-any"):
     fn = folder / f"{name.replace('-', '_')}-{version}-{tag}.whl"
     meta = "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
-        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires))
+        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
     with zipfile.ZipFile(fn, "w") as z:
         z.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", meta)
     return fn
@@ -54,10 +58,24 @@ def _fake_folder(tmp_path):
 
 def _part(part, tmp_path, wheel_dir, *extra):
     out, work = tmp_path / part / "out", tmp_path / part / "work"
-    cmd = [sys.executable, str(TOOLS / "gpu_runbook.py"), part, "--dry-run", "--wheels", str(wheel_dir),
-           "--out", str(out), "--work", str(work), "--site", str(tmp_path / "site"), *extra]
-    return out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    cmd = [
+        sys.executable,
+        str(TOOLS / "gpu_runbook.py"),
+        part,
+        "--dry-run",
+        "--wheels",
+        str(wheel_dir),
+        "--out",
+        str(out),
+        "--work",
+        str(work),
+        "--site",
+        str(tmp_path / "site"),
+        *extra,
+    ]
+    return out, subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1")
+    )
 
 
 def _fits(out):
@@ -105,7 +123,7 @@ def test_dry_run_walks_each_part_within_the_limits(part, tmp_path):
         assert s["zero3"]["unfinished_collectives"] == 0
         suite = s["steps"]["gpu-suite"]
         assert suite["tests"] >= 20 and suite["skipped"] == suite["tests"]  # no GPU here: every GPU test skips...
-        assert all("CUDA" in r for r in suite["skip_reasons"])                # ...with a reason naming CUDA
+        assert all("CUDA" in r for r in suite["skip_reasons"])  # ...with a reason naming CUDA
         assert s["steps"]["wheels"]["travels_mib"] < wheels.TREE_MAX_BYTES / 2**20
         assert "planned, not run" in s["overhead"]["note"]  # the overhead is measured on the GPU
     else:
@@ -115,11 +133,15 @@ def test_dry_run_walks_each_part_within_the_limits(part, tmp_path):
         notebooks = sorted(p.name for p in (ROOT / "labs").glob("*.ipynb"))
         assert sorted(labs["planned"]) == notebooks and not labs["refused"]  # every lab planned, none refused
         # each lab has its H200 time, or one estimated from the others that says so
-        assert all(p["placed"] and (p["h200_s"] or (p["estimate_s"] and "estimate" in p))
-                   for p in labs["planned"].values())
+        assert all(
+            p["placed"] and (p["h200_s"] or (p["estimate_s"] and "estimate" in p)) for p in labs["planned"].values()
+        )
         assert labs["h200_total_s"] <= labs["planned_s"] <= runbook.STEP_CAP["labs"]  # the plan fits the step
-        assert {p["what"] for p in labs["planned"]["04_zero3_vs_ddp.ipynb"]["placed"]} == {"ZeRO-3 run", "DDP run",
-                                                                                          "calibration"}
+        assert {p["what"] for p in labs["planned"]["04_zero3_vs_ddp.ipynb"]["placed"]} == {
+            "ZeRO-3 run",
+            "DDP run",
+            "calibration",
+        }
 
 
 def test_a_part_runs_again_on_the_same_machine(tmp_path):
@@ -127,8 +149,22 @@ def test_a_part_runs_again_on_the_same_machine(tmp_path):
     new folder, so the second does not stop at "already holds a run" as it did with one fixed folder per part."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
     for i in (1, 2):
-        cp = subprocess.run([sys.executable, str(TOOLS / "gpu_runbook.py"), "suite", "--dry-run", "--steps", "main-job",
-                             "--out", str(tmp_path / f"out{i}")], env=env, capture_output=True, text=True, timeout=300)
+        cp = subprocess.run(
+            [
+                sys.executable,
+                str(TOOLS / "gpu_runbook.py"),
+                "suite",
+                "--dry-run",
+                "--steps",
+                "main-job",
+                "--out",
+                str(tmp_path / f"out{i}"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
         s = json.loads((tmp_path / f"out{i}" / "summary.json").read_text())
         assert s["ok"] and s["steps"]["main-job"]["ok"] and s["work"].startswith(str(tmp_path / "dtlab-gpu-work"))

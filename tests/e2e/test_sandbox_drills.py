@@ -19,6 +19,7 @@ gets full marks. The notebooks answer lab 8's derived questions (no recording, n
 grader and a sandbox (measured, 7 notebooks a batch on 2 cores shared with other test runs: bubblewrap 58 s,
 namespaces 87 s).
 """
+
 import json
 import os
 import pathlib
@@ -34,9 +35,11 @@ from dtlab.course import sandbox
 from dtlab.course.batch import grade
 
 LAB = "08_build_it_yourself"
-TOKEN = "98765.4321"   # the procs drill's sleep: found in no other process
-HONEST = ('from dtlab.course.rubric.lab08 import NPROC\n'
-          'my_factor_guess = NPROC\nmy_sends_guess = 2 * (NPROC - 1)\nmy_bytes_guess = "(p - 1) * n"\n')
+TOKEN = "98765.4321"  # the procs drill's sleep: found in no other process
+HONEST = (
+    "from dtlab.course.rubric.lab08 import NPROC\n"
+    'my_factor_guess = NPROC\nmy_sends_guess = 2 * (NPROC - 1)\nmy_bytes_guess = "(p - 1) * n"\n'
+)
 
 
 # forges its own result: a process left behind rewrites every file in the sandbox's result folder and writes into
@@ -68,10 +71,15 @@ open(f"/proc/{os.getppid()}/mem", "rb")   # and reads its grader's memory'''
 
 
 def _notebook(path, *sources):
-    cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": s}
-             for s in sources]
-    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                      "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+    cells = [
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": s} for s in sources
+    ]
+    nb = {
+        "cells": cells,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(nb))
 
@@ -80,10 +88,10 @@ def _drills(root, ag, port, home_file):
     """{student: cell source}."""
     honest_nb = root / "honest" / f"{LAB}.ipynb"
     return {
-        "copy": f'''import json
+        "copy": f"""import json
 src = "".join("".join(c["source"]) for c in json.load(open({str(honest_nb)!r}))["cells"])
-exec(src)''',
-        "write": f'''import os
+exec(src)""",
+        "write": f"""import os
 for p in ({str(home_file)!r}, {str(ag / "pwned.txt")!r}, {str(root / "pwned.txt")!r}, {str(ag / (LAB + ".zip"))!r}):
     try:
         with open(p, "a") as f:
@@ -91,9 +99,9 @@ for p in ({str(home_file)!r}, {str(ag / "pwned.txt")!r}, {str(root / "pwned.txt"
         print("wrote", p)
     except OSError as e:
         print("refused", p, e)
-open({str(home_file)!r}, "w")''',
-        "net": f'''import socket
-socket.create_connection(("127.0.0.1", {port}), timeout=3).sendall(b"pwned")''',
+open({str(home_file)!r}, "w")""",
+        "net": f"""import socket
+socket.create_connection(("127.0.0.1", {port}), timeout=3).sendall(b"pwned")""",
         "procs": f'''import subprocess
 procs = [subprocess.Popen(["sleep", "{TOKEN}"], start_new_session=True) for _ in range(200)]
 print(len(procs), "started")''',
@@ -105,11 +113,11 @@ try:
 finally:
     print(len(procs), "started")''',
         "forge": FORGE,
-        "memory": '''x = bytearray(8 * 2 ** 30)''',
-        "disk": '''with open("/tmp/fill", "wb") as f:
+        "memory": """x = bytearray(8 * 2 ** 30)""",
+        "disk": """with open("/tmp/fill", "wb") as f:
     while True:
         f.write(b"x" * 2 ** 20)
-        f.flush()''',
+        f.flush()""",
     }
 
 
@@ -155,8 +163,15 @@ def batch(request, tmp_path_factory):
             conn.close()
         except BlockingIOError:
             connected = False
-        yield {"mech": mech, "df": pd.read_csv(csv, keep_default_na=False), "root": root, "ag": ag,
-               "home_file": home_file, "connected": connected, "survivors": _survivors()}
+        yield {
+            "mech": mech,
+            "df": pd.read_csv(csv, keep_default_na=False),
+            "root": root,
+            "ag": ag,
+            "home_file": home_file,
+            "connected": connected,
+            "survivors": _survivors(),
+        }
     finally:
         listener.close()
         home_file.unlink(missing_ok=True)
@@ -185,10 +200,10 @@ def test_another_submission_cannot_be_read(batch):
 def test_nothing_is_written_outside_the_sandbox(batch):
     assert not batch["home_file"].exists()
     assert sorted(p.name for p in batch["ag"].iterdir()) == [f"{LAB}.zip"]
-    assert (batch["ag"] / f"{LAB}.zip").stat().st_size == 22           # the empty zip, untouched
+    assert (batch["ag"] / f"{LAB}.zip").stat().st_size == 22  # the empty zip, untouched
     assert not (batch["root"] / "pwned.txt").exists()
     got = _of(batch, "write")
-    assert got["points"].sum() == 0 and "Error: [Errno" in got["errors"].iloc[0]   # its last open, refused
+    assert got["points"].sum() == 0 and "Error: [Errno" in got["errors"].iloc[0]  # its last open, refused
 
 
 def test_nothing_connects_out(batch):
@@ -207,7 +222,7 @@ def test_a_submission_cannot_forge_its_own_result(batch):
     got = _of(batch, "forge")
     assert (got["status"] == "graded").all() and got["points"].sum() == 0, got.to_dict("index")
     assert "forged" not in " ".join(got["feedback"]) and (got["max_points"] != 9).all()
-    assert "PermissionError" in got["errors"].iloc[0]   # its grader's memory is not its to read
+    assert "PermissionError" in got["errors"].iloc[0]  # its grader's memory is not its to read
 
 
 def test_processes_beyond_the_limit_are_refused_and_named(batch):
@@ -241,8 +256,7 @@ def test_an_environment_under_tmp_is_seen_inside_the_sandbox(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     code = "import json; from dtlab.course import sandbox; print(json.dumps(sandbox.available()))"
-    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     reasons = json.loads(p.stdout.strip().splitlines()[-1])
     assert str(venv) + "/bin/python" != sys.executable

@@ -37,8 +37,9 @@ class BracketedMarks(Marks):
     def seconds(self, ref, mark):
         s = super().seconds(ref, mark)
         if ref is not None and mark is not None and id(ref) in self.host and id(mark) in self.host:
-            self._out.write(json.dumps({"events_s": s, "host_s": self.host[id(mark)][1] - self.host[id(ref)][1]})
-                            + "\n")
+            self._out.write(
+                json.dumps({"events_s": s, "host_s": self.host[id(mark)][1] - self.host[id(ref)][1]}) + "\n"
+            )
             self._out.flush()
         return s
 

@@ -7,6 +7,7 @@ kernel), gloo ranks sharing a GPU or spread over two with their end marks on the
 rank and on 2 ranks of one GPU, calibration on CUDA, lab 01 on the GPU, and the convergence levers (evaluation,
 local SGD, the asynchronous server) on CUDA tensors.
 """
+
 import os
 import pathlib
 
@@ -16,9 +17,12 @@ import dtlab
 from dtlab.config.placement import device_count, machine_gpus, nccl_allows_shared_gpu
 
 NGPU, NCCL = machine_gpus()
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(NGPU == 0, reason="needs CUDA: torch sees no CUDA GPU on this machine "
-                                                    "(torch.cuda.is_available() is False)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        NGPU == 0, reason="needs CUDA: torch sees no CUDA GPU on this machine (torch.cuda.is_available() is False)"
+    ),
+]
 
 
 def _ddp_checks(run):
@@ -39,8 +43,10 @@ def _ddp_checks(run):
 def test_ddp_one_nccl_rank_records_buckets(tmp_path):
     """One NCCL rank: the hook, its CUDA events and NCCL's timer work; durations are not compared (a 1-rank
     in-place sum launches no kernel, so NCCL's own duration is about 0)."""
-    run = dtlab.run(dtlab.tiny(nproc=1, backend="nccl", out=str(tmp_path / "r"), steps=5, baseline_steps=2,
-                               bucket_mb=0.05), progress=False)
+    run = dtlab.run(
+        dtlab.tiny(nproc=1, backend="nccl", out=str(tmp_path / "r"), steps=5, baseline_steps=2, bucket_mb=0.05),
+        progress=False,
+    )
     _ddp_checks(run)
     assert run.resolved["backend"] == "nccl" and run.resolved["bucket_timing"]["path"] == "nccl"
     measured = run.buckets[run.buckets["step"] >= run.warmup]
@@ -49,11 +55,15 @@ def test_ddp_one_nccl_rank_records_buckets(tmp_path):
     assert row["pairs"] == 0 and "one rank" in row["what"]
 
 
-@pytest.mark.skipif(NGPU < 2 and not nccl_allows_shared_gpu(NCCL),
-                    reason=f"needs CUDA with 2 NCCL ranks: 2 GPUs, or NCCL >= 2.30 on one (GPUs: {NGPU}, NCCL: {NCCL})")
+@pytest.mark.skipif(
+    NGPU < 2 and not nccl_allows_shared_gpu(NCCL),
+    reason=f"needs CUDA with 2 NCCL ranks: 2 GPUs, or NCCL >= 2.30 on one (GPUs: {NGPU}, NCCL: {NCCL})",
+)
 def test_ddp_two_nccl_ranks_agree_with_nccl(tmp_path):
-    run = dtlab.run(dtlab.tiny(nproc=2, backend="nccl", out=str(tmp_path / "r"), steps=5, baseline_steps=2,
-                               bucket_mb=0.05), progress=False)
+    run = dtlab.run(
+        dtlab.tiny(nproc=2, backend="nccl", out=str(tmp_path / "r"), steps=5, baseline_steps=2, bucket_mb=0.05),
+        progress=False,
+    )
     _ddp_checks(run)
     measured = run.buckets[run.buckets["step"] >= run.warmup]
     row = run.crosscheck().set_index("quantity").loc["bucket all-reduce duration vs NCCL"]
@@ -65,15 +75,19 @@ def test_ddp_two_nccl_ranks_agree_with_nccl(tmp_path):
 
 @pytest.mark.skipif(NGPU < 2, reason="needs at least 2 CUDA GPUs for one NCCL rank per GPU")
 def test_ddp_nccl_one_rank_per_gpu(tmp_path):
-    run = dtlab.run(dtlab.tiny(nproc=NGPU, backend="nccl", out=str(tmp_path / "r"), baseline_steps=2,
-                               bucket_mb=0.05), progress=False)
+    run = dtlab.run(
+        dtlab.tiny(nproc=NGPU, backend="nccl", out=str(tmp_path / "r"), baseline_steps=2, bucket_mb=0.05),
+        progress=False,
+    )
     _ddp_checks(run)
     assert run.resolved["placement"]["ranks_per_gpu"] == 1
 
 
 def test_two_gloo_ranks_share_one_gpu(tmp_path):
-    run = dtlab.run(dtlab.tiny(nproc=2, backend="gloo", device="cuda", out=str(tmp_path / "r"),
-                               baseline_steps=2, bucket_mb=0.05), progress=False)
+    run = dtlab.run(
+        dtlab.tiny(nproc=2, backend="gloo", device="cuda", out=str(tmp_path / "r"), baseline_steps=2, bucket_mb=0.05),
+        progress=False,
+    )
     _ddp_checks(run)
     assert run.resolved["backend"] == "gloo"
     assert "gloo on CUDA tensors" in run.resolved["placement"]["label"]
@@ -86,17 +100,22 @@ def test_two_gloo_ranks_share_one_gpu(tmp_path):
 def test_gloo_ranks_on_two_gpus_time_on_their_own_gpu(tmp_path):
     """Rank 1 on cuda:1: its end marks come from gloo's thread, which has no device; recorded on cuda:0 they
     could not be compared with its step clock (elapsed_time across devices raises)."""
-    run = dtlab.run(dtlab.tiny(nproc=2, backend="gloo", out=str(tmp_path / "r"), baseline_steps=2,
-                               bucket_mb=0.05), progress=False)
+    run = dtlab.run(
+        dtlab.tiny(nproc=2, backend="gloo", out=str(tmp_path / "r"), baseline_steps=2, bucket_mb=0.05), progress=False
+    )
     _ddp_checks(run)
     assert run.resolved["placement"]["ranks_per_gpu"] == 1 and run.resolved["bucket_timing"]["path"] == "gloo_cuda"
 
 
-@pytest.mark.skipif(not nccl_allows_shared_gpu(NCCL), reason=f"needs CUDA with NCCL >= 2.30 for two ranks on "
-                                                             f"one GPU (NCCL here: {NCCL})")
+@pytest.mark.skipif(
+    not nccl_allows_shared_gpu(NCCL),
+    reason=f"needs CUDA with NCCL >= 2.30 for two ranks on one GPU (NCCL here: {NCCL})",
+)
 def test_two_nccl_ranks_share_one_gpu(tmp_path):
-    run = dtlab.run(dtlab.tiny(nproc=2 * NGPU, backend="nccl", out=str(tmp_path / "r"), baseline_steps=2,
-                               bucket_mb=0.05), progress=False)
+    run = dtlab.run(
+        dtlab.tiny(nproc=2 * NGPU, backend="nccl", out=str(tmp_path / "r"), baseline_steps=2, bucket_mb=0.05),
+        progress=False,
+    )
     _ddp_checks(run)
     assert run.resolved["placement"]["env"] == {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
 
@@ -116,8 +135,9 @@ def _zero3_checks(run):
 
 def test_zero3_one_nccl_rank(tmp_path):
     pytest.importorskip("deepspeed")
-    run = dtlab.run(dtlab.tiny(strategy="zero3", nproc=1, backend="nccl", out=str(tmp_path / "z"),
-                               baseline_steps=0), progress=False)
+    run = dtlab.run(
+        dtlab.tiny(strategy="zero3", nproc=1, backend="nccl", out=str(tmp_path / "z"), baseline_steps=0), progress=False
+    )
     _zero3_checks(run)
     assert "partitions nothing" in run.resolved["placement"]["note"]
 
@@ -127,8 +147,16 @@ def test_zero3_two_ranks_on_cuda(tmp_path):
     multi-rank mode from it), DeepSpeed given LOCAL_RANK 0 on both. Several GPUs: ZeRO-3 over gloo on CUDA
     tensors, one rank per GPU. Every gradient sharded either way."""
     pytest.importorskip("deepspeed")
-    run = dtlab.run(dtlab.tiny(strategy="zero3", nproc=2, out=str(tmp_path / "z"), baseline_steps=0,
-                               backend="auto" if NGPU == 1 else "gloo"), progress=False)
+    run = dtlab.run(
+        dtlab.tiny(
+            strategy="zero3",
+            nproc=2,
+            out=str(tmp_path / "z"),
+            baseline_steps=0,
+            backend="auto" if NGPU == 1 else "gloo",
+        ),
+        progress=False,
+    )
     _zero3_checks(run)
     assert run.resolved["world_size"] == 2
     m = run.memory[run.memory["peak_bytes"].notna()].set_index("rank")
@@ -140,9 +168,16 @@ def test_zero3_two_ranks_on_cuda(tmp_path):
 def test_calibration_on_cuda(tmp_path):
     """NCCL when the GPUs can host 2 ranks (else gloo on CUDA tensors): the CUDA timing path, with devices
     aligned by an all-reduce and K calls per event pair."""
-    prof = dtlab.calibrate(nproc=2, ops=("all_reduce", "reduce_scatter", "all_gather"),
-                           sizes=[2 ** k for k in range(12, 25, 2)], iters=4, rounds=2, warmup=2,
-                           out=str(tmp_path / "p"), progress=False)
+    prof = dtlab.calibrate(
+        nproc=2,
+        ops=("all_reduce", "reduce_scatter", "all_gather"),
+        sizes=[2**k for k in range(12, 25, 2)],
+        iters=4,
+        rounds=2,
+        warmup=2,
+        out=str(tmp_path / "p"),
+        progress=False,
+    )
     assert "CUDA events" in prof.meta["timing"] and prof.meta["calls_per_sample"] == 20
     for op in ("all_reduce", "reduce_scatter", "all_gather"):
         f = prof.fits[op]
@@ -153,6 +188,7 @@ def test_calibration_on_cuda(tmp_path):
 
 def test_doctor_names_the_gpus():
     from dtlab.cli.doctor import facts, report
+
     f = facts(check_hub=False)
     assert len(f["gpus"]) == device_count() and all(g["name"] for g in f["gpus"])
     assert "GPU 0:" in report(f)
@@ -161,6 +197,7 @@ def test_doctor_names_the_gpus():
 def test_lab01_quick_mode_on_gpu(tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
+
     monkeypatch.setenv("DTLAB_QUICK", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     lab = pathlib.Path(__file__).resolve().parents[2] / "labs" / "01_ddp_breakdown.ipynb"

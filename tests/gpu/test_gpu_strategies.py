@@ -9,6 +9,7 @@ test checks one of them: ddp with fp16 and PowerSGD compression and with accumul
 resumed from its checkpoint, ZeRO-3 (test_gpu.py), FSDP2, tensor parallelism alone and as dp x tp, the pipeline
 with GPipe and 1F1B, local SGD, evaluation and the asynchronous server (test_gpu.py), calibration (test_gpu.py).
 """
+
 import os
 
 import pytest
@@ -17,9 +18,12 @@ import dtlab
 from dtlab.config.placement import machine_gpus
 
 NGPU, NCCL = machine_gpus()
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(NGPU == 0, reason="needs CUDA: torch sees no CUDA GPU on this machine "
-                                                    "(torch.cuda.is_available() is False)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        NGPU == 0, reason="needs CUDA: torch sees no CUDA GPU on this machine (torch.cuda.is_available() is False)"
+    ),
+]
 
 BASE = dict(device="cuda", steps=4, warmup=1, batch_size=8, seq_len=32, baseline_steps=0)
 WITH_REFERENCE = dict(reference=True, dropout=0.0)
@@ -52,8 +56,9 @@ def runs(tmp_path_factory):
     old = os.environ.get("DTLAB_FAULT")
     os.environ["DTLAB_FAULT"] = KILL  # launch() hands the environment to torchrun
     try:
-        handles["resumed"] = dtlab.launch(dtlab.tiny(**{**BASE, "baseline_steps": 2}, checkpoint_every=2,
-                                                     max_restarts=1, out=str(root / "resumed")))
+        handles["resumed"] = dtlab.launch(
+            dtlab.tiny(**{**BASE, "baseline_steps": 2}, checkpoint_every=2, max_restarts=1, out=str(root / "resumed"))
+        )
     finally:
         os.environ.pop("DTLAB_FAULT") if old is None else os.environ.update(DTLAB_FAULT=old)
     for name, h in handles.items():
@@ -101,6 +106,7 @@ def test_accumulation_all_reduces_once_per_optimizer_step(runs):
 def test_a_straggler_makes_the_others_wait_on_cuda(runs):
     run = _ok(runs, "straggler")
     from dtlab.results.stragglers import run_waits, wait_summary
+
     s = wait_summary(run_waits(run)).set_index("rank")
     assert s.loc[0, "waited_for"] == 1 and s.loc[0, "wait_s"] > 0.025 > s.loc[1, "wait_s"], s  # of a 50 ms delay
     assert s.loc[1, "straggle_s"] == pytest.approx(0.050, abs=0.01)

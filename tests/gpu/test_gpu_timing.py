@@ -6,6 +6,7 @@ A strategy that timed its steps with the host's clock alone would write figures 
 whose events sat on the wrong stream or device would disagree with its bracket. The pipelines need NCCL for two
 ranks (gloo cannot send a CUDA tensor point to point): one GPU per rank, or NCCL >= 2.30 on one GPU.
 """
+
 import json
 import os
 import pathlib
@@ -16,14 +17,20 @@ import dtlab
 from dtlab.config.placement import machine_gpus, nccl_allows_shared_gpu
 
 NGPU, NCCL = machine_gpus()
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(NGPU == 0, reason="needs CUDA: torch sees no CUDA GPU on this machine "
-                                                    "(torch.cuda.is_available() is False)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        NGPU == 0, reason="needs CUDA: torch sees no CUDA GPU on this machine (torch.cuda.is_available() is False)"
+    ),
+]
 HOOK = f"{pathlib.Path(__file__).resolve().parent / 'bracketed_marks.py'}:rank_marks"
 BASE = dict(device="cuda", steps=3, warmup=1, batch_size=8, seq_len=32, baseline_steps=0)
-RUNS = {"tp": dict(strategy="tp"), "fsdp2": dict(strategy="fsdp2"),
-        "pp-gpipe": dict(strategy="pp", microbatches=4), "pp-1f1b": dict(strategy="pp", microbatches=4,
-                                                                         pp_schedule="1f1b")}
+RUNS = {
+    "tp": dict(strategy="tp"),
+    "fsdp2": dict(strategy="fsdp2"),
+    "pp-gpipe": dict(strategy="pp", microbatches=4),
+    "pp-1f1b": dict(strategy="pp", microbatches=4, pp_schedule="1f1b"),
+}
 NCCL_TWO = NGPU >= 2 or nccl_allows_shared_gpu(NCCL)
 #: How far a figure may lie from its bracket: the launch of the event after each synchronize, and clock reads.
 ABS_S, REL = 1e-3, 0.10
@@ -43,11 +50,25 @@ def _run(tmp_path, name):
     return run, pairs
 
 
-@pytest.mark.parametrize("name", ["tp", "fsdp2",
-                                  pytest.param("pp-gpipe", marks=pytest.mark.skipif(not NCCL_TWO, reason="needs CUDA and NCCL "
-                                               "for two ranks: 2 GPUs, or NCCL >= 2.30 on one")),
-                                  pytest.param("pp-1f1b", marks=pytest.mark.skipif(not NCCL_TWO, reason="needs CUDA and NCCL "
-                                               "for two ranks: 2 GPUs, or NCCL >= 2.30 on one"))])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tp",
+        "fsdp2",
+        pytest.param(
+            "pp-gpipe",
+            marks=pytest.mark.skipif(
+                not NCCL_TWO, reason="needs CUDA and NCCL for two ranks: 2 GPUs, or NCCL >= 2.30 on one"
+            ),
+        ),
+        pytest.param(
+            "pp-1f1b",
+            marks=pytest.mark.skipif(
+                not NCCL_TWO, reason="needs CUDA and NCCL for two ranks: 2 GPUs, or NCCL >= 2.30 on one"
+            ),
+        ),
+    ],
+)
 def test_step_figures_match_synchronize_bracketed_steps(tmp_path, name):
     run, pairs = _run(tmp_path, name)
     assert run.status["state"] == "finished" and run.resolved["device_type"] == "cuda"

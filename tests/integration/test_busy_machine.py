@@ -1,6 +1,7 @@
 """A run beside a load that comes and goes: CPU-spinning processes on every core, switched on and off while the
 steps run. The breakdown stays consistent (T_comp <= T_step, an overlap in [0, 1]) or says that communication is
 below the machine's noise; it never prints a negative exposed time; and the run records how busy the machine was."""
+
 import math
 import os
 import re
@@ -18,6 +19,7 @@ class FlickeringLoad:
 
     def __init__(self, seed: int = 0):
         import random
+
         self.rng = random.Random(seed)
         self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
         self.done = threading.Event()
@@ -63,6 +65,7 @@ def test_the_breakdown_beside_a_load_that_comes_and_goes_is_consistent_or_says_n
     assert s.loc["machine", "value"] > 0.25 and "machine: busy during the steps" in s.loc["machine", "how"]
     assert "figures widened" in s.loc["machine", "how"]
     from dtlab.cli.main import main
+
     assert main(["show", run.path]) == 0
     table = capsys.readouterr().out
     for line in table.splitlines():

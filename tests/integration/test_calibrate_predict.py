@@ -1,4 +1,5 @@
 """A real 2-process calibration sweep, DDP prediction from its profile, and sweeps with reuse and skips."""
+
 import pytest
 
 import dtlab
@@ -11,15 +12,25 @@ def profile(tmp_path_factory):
     # small sizes, fast on 2 cores, up to 4 MiB: there the bandwidth term dwarfs the timing noise of a busy
     # machine (up to 1 MiB only, a noisy sweep once fitted beta = 0 and predicted 1 GiB as fast as 4 KiB)
     # load='backward' with the tiny model: every size is also timed beside a replayed backward pass
-    return dtlab.calibrate(nproc=2, ops=("all_reduce", "reduce_scatter", "all_gather"),
-                           sizes=[2 ** k for k in range(12, 23, 2)], iters=4, warmup=2, out=str(out),
-                           load="backward", load_model="tiny", load_batch_size=4, load_seq_len=32, progress=False)
+    return dtlab.calibrate(
+        nproc=2,
+        ops=("all_reduce", "reduce_scatter", "all_gather"),
+        sizes=[2**k for k in range(12, 23, 2)],
+        iters=4,
+        warmup=2,
+        out=str(out),
+        load="backward",
+        load_model="tiny",
+        load_batch_size=4,
+        load_seq_len=32,
+        progress=False,
+    )
 
 
 def test_real_calibration_profile(profile):
     assert set(profile.fits) == {"all_reduce", "reduce_scatter", "all_gather"}
     s = profile.samples
-    assert set(s["nbytes"]) == {2 ** k for k in range(12, 23, 2)}
+    assert set(s["nbytes"]) == {2**k for k in range(12, 23, 2)}
     assert (s.groupby(["op", "nbytes", "load"]).size() == 4).all()  # slowest rank per timed iteration
     assert set(s["load"]) == {"idle", "backward"} and set(profile.loaded_fits) == set(profile.fits)
     assert profile.meta["load"]["model"] == "tiny" and all(n > 0 for n in profile.meta["load"]["passes"].values())
@@ -30,7 +41,7 @@ def test_real_calibration_profile(profile):
     assert profile.meta["versions"]["torch"]
     assert any("reduce_scatter" in c for c in profile.caveats)  # gloo honesty note
     # predictions are positive seconds and grow with size in the bandwidth-bound range
-    assert 0 < profile.predict("all_reduce", 2 ** 12, 2) < profile.predict("all_reduce", 2 ** 30, 2)
+    assert 0 < profile.predict("all_reduce", 2**12, 2) < profile.predict("all_reduce", 2**30, 2)
 
 
 def test_profile_reloads_from_disk(profile):
@@ -40,8 +51,16 @@ def test_profile_reloads_from_disk(profile):
 
 def test_predict_ddp_run(profile, tiny_run):
     pred = dtlab.predict(tiny_run, profile)
-    cols = {"measured_t_step", "predicted_t_step", "measured_t_comm", "predicted_t_comm",
-            "measured_exposed", "predicted_exposed", "contended_t_step", "contended_t_comm"}
+    cols = {
+        "measured_t_step",
+        "predicted_t_step",
+        "measured_t_comm",
+        "predicted_t_comm",
+        "measured_exposed",
+        "predicted_exposed",
+        "contended_t_step",
+        "contended_t_comm",
+    }
     assert cols <= set(pred.columns)
     assert len(pred) == tiny_run.config["steps"] - tiny_run.config["warmup"]
     assert (pred["predicted_t_step"] > 0).all() and (pred["predicted_t_comm"] > 0).all()
@@ -54,8 +73,12 @@ def test_predict_ddp_run(profile, tiny_run):
     for row in pred.itertuples():
         b = tiny_run.buckets[tiny_run.buckets["step"] == row.step]
         ranks = sorted(b["rank"].unique())
-        issue = {r: steps.loc[(r, row.step), "time"] - steps.loc[(r, row.step), "t_step"]
-                 + b[b["rank"] == r].sort_values("bucket")["t_start"].to_numpy() for r in ranks}
+        issue = {
+            r: steps.loc[(r, row.step), "time"]
+            - steps.loc[(r, row.step), "t_step"]
+            + b[b["rank"] == r].sort_values("bucket")["t_start"].to_numpy()
+            for r in ranks
+        }
         sizes = b[b["rank"] == ranks[0]].sort_values("bucket")["nbytes"].to_numpy()
         busy_until = max(v.max() for v in issue.values())
         for load, t_comm in (("idle", row.predicted_t_comm), ("backward", row.contended_t_comm)):
@@ -64,8 +87,13 @@ def test_predict_ddp_run(profile, tiny_run):
                 idle = float(profile.predict("all_reduce", int(n), 2))
                 busy = float(profile.predict("all_reduce", int(n), 2, load=load))
                 start = max(max(v[k] for v in issue.values()), end)
-                end = (start + idle if start >= busy_until else start + busy if start + busy <= busy_until
-                       else busy_until + (1 - (busy_until - start) / busy) * idle)
+                end = (
+                    start + idle
+                    if start >= busy_until
+                    else start + busy
+                    if start + busy <= busy_until
+                    else busy_until + (1 - (busy_until - start) / busy) * idle
+                )
                 ends.append(end)
             assert t_comm == pytest.approx(max(union_length(zip(issue[r], ends)) for r in ranks), rel=1e-9)
 

@@ -6,6 +6,7 @@ before launch, the timeline on hand-made events, torn event lines, attempt-aware
 a restart, and the Young/Daly intervals.
 
 The three real runs (tiny model, 2 gloo ranks) are launched together, as the fault drills are."""
+
 import json
 import os
 import subprocess
@@ -40,8 +41,9 @@ def runs(tmp_path_factory, request):
     try:
         for name, (fault, restarts) in RUNS.items():
             os.environ["DTLAB_FAULT"] = fault  # launch() hands the environment to torchrun
-            handles[name] = dtlab.launch(dtlab.tiny(out=str(root / name), **REFERENCE, checkpoint_every=EVERY,
-                                                    max_restarts=restarts))
+            handles[name] = dtlab.launch(
+                dtlab.tiny(out=str(root / name), **REFERENCE, checkpoint_every=EVERY, max_restarts=restarts)
+            )
     finally:
         os.environ.pop("DTLAB_FAULT", None) if old is None else os.environ.update(DTLAB_FAULT=old)
     out = {"reference": request.getfixturevalue("tiny_run")}  # runs meanwhile, unless an earlier test made it
@@ -84,8 +86,11 @@ def test_checkpoints_are_complete_and_measured(runs):
     assert sorted(set(zip(ck["attempt"], ck["step"]))) == [(0, 2), (1, 4)]
     assert (ck.groupby(["attempt", "step"])["rank"].count() == 2).all() and (ck["t_save"] > 0).all()
     # the bytes the ranks report are the checkpoint's data files, byte for byte
-    files = sum(os.path.getsize(os.path.join(root, "step-4", f)) for f in os.listdir(os.path.join(root, "step-4"))
-                if f.endswith(".distcp"))
+    files = sum(
+        os.path.getsize(os.path.join(root, "step-4", f))
+        for f in os.listdir(os.path.join(root, "step-4"))
+        if f.endswith(".distcp")
+    )
     assert ck[ck["step"] == 4]["nbytes"].sum() == files
     # more than the model's fp32 weights: AdamW's two moments travel too
     assert files > 3 * run.memory["params_bytes"].iloc[0] * 0.9
@@ -119,6 +124,7 @@ def test_when_restarts_run_out_the_run_fails_naming_the_rank(runs):
 
 def test_the_watchdog_waits_for_a_restart_but_only_while_restarts_remain(tmp_path):
     from dtlab.launching.watchdog import STARTUP_ALLOWANCE_S, RankFeed, StallWatch
+
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a rank whose process is gone
 
@@ -141,7 +147,7 @@ def test_the_watchdog_waits_for_a_restart_but_only_while_restarts_remain(tmp_pat
     assert w._watch(None) is None and not w._feeds[0].restarting and w._feeds[0].ended
 
 
-_ROUND_TRIP = r'''
+_ROUND_TRIP = r"""
 import json, os, sys, types
 import torch, torch.distributed as dist
 from dtlab.rank.restarts import Checkpointer
@@ -181,14 +187,19 @@ print(json.dumps({"after": sorted(after), "left": sorted(os.listdir(f"{tmp}/chec
                   "adam_step": float(opt2.state[next(model2.parameters())]["step"]),
                   "rng": torch.equal(draw, torch.rand(3))}))
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_checkpointer_round_trip_in_one_process(tmp_path):
     """The rank side alone (one gloo rank): a save every step keeps the last two, complete; a restarted process
     with other weights and an empty optimizer gets the weights, AdamW's moments and step, and the RNG stream back."""
-    cp = subprocess.run([sys.executable, "-c", _ROUND_TRIP, str(tmp_path)], capture_output=True, text=True,
-                        timeout=180, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    cp = subprocess.run(
+        [sys.executable, "-c", _ROUND_TRIP, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     got = json.loads(cp.stdout.strip().splitlines()[-1])
     assert got["after"] == ["step-3", "step-4"] and got["left"] == ["step-3", "step-4"]

@@ -3,6 +3,7 @@ model, hurt one way per test. A torn last line is tolerated and counted; every o
 reported with file, line and what is wrong (a RunDamageWarning, `run.warnings`, `run.damage`); a damaged status is
 recovered from the events; a rank cut short is incomplete, not finished; a config.json that cannot be read, or a
 missing events/ folder, is a DamagedRun naming the file."""
+
 import os
 import shutil
 import warnings
@@ -79,15 +80,25 @@ def test_a_torn_last_line_is_tolerated_and_counted(copy):
     assert run.damage.iloc[0]["line"] == len(_lines(f))
 
 
-@pytest.mark.parametrize("line,needle", [
-    (b"[1, 2, 3]", "a JSON array, not an event object"),
-    (b'{"kind": "step", "rank": 0, "step": "oops", "t_fwd": 0.1, "t_bwd": 0.1, "t_opt": 0.1, "t_step": 0.3}',
-     "'step' event: field 'step' must be an integer, got 'oops'"),
-    (b'{"kind": "bucket", "rank": 0, "step": 1, "bucket": 0, "nbytes": "many"}', "field 'nbytes' must be an integer"),
-    (b'{"rank": 0, "step": 1}', "no event kind"),
-    (b'{"kind": "step", "rank": 1, "step": 9, "t_fwd": 0.1, "t_bwd": 0.1, "t_opt": 0.1, "t_step": 0.3}',
-     "an event of rank 1 in rank 0's file"),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        (b"[1, 2, 3]", "a JSON array, not an event object"),
+        (
+            b'{"kind": "step", "rank": 0, "step": "oops", "t_fwd": 0.1, "t_bwd": 0.1, "t_opt": 0.1, "t_step": 0.3}',
+            "'step' event: field 'step' must be an integer, got 'oops'",
+        ),
+        (
+            b'{"kind": "bucket", "rank": 0, "step": 1, "bucket": 0, "nbytes": "many"}',
+            "field 'nbytes' must be an integer",
+        ),
+        (b'{"rank": 0, "step": 1}', "no event kind"),
+        (
+            b'{"kind": "step", "rank": 1, "step": 9, "t_fwd": 0.1, "t_bwd": 0.1, "t_opt": 0.1, "t_step": 0.3}',
+            "an event of rank 1 in rank 0's file",
+        ),
+    ],
+)
 def test_a_line_of_the_wrong_shape_is_skipped_and_named(copy, line, needle):
     f = copy / "events" / "rank0.jsonl"
     lines = _lines(f)

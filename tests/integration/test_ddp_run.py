@@ -1,5 +1,6 @@
 """Real 2-process gloo DDP runs of the tiny model: bytes conserved, both ranks, events in order, a timeout.
 Fault drills (a rank killed, raising, frozen; an interrupt) are in test_faults.py."""
+
 import json
 import os
 
@@ -73,6 +74,7 @@ def test_memory_is_from_tensors(tiny_run):
 
 def test_show_prints_the_breakdown(tiny_run, capsys):
     from dtlab.cli.main import main
+
     assert main(["show", tiny_run.path]) == 0
     out = capsys.readouterr().out
     assert "T_comm" in out and "ms" in out and "exposed" in out

@@ -4,6 +4,7 @@ Python salts str hashes per process (PYTHONHASHSEED), so anything keyed on the b
 ranks and between runs. These tests run the code in separate processes with different salts, so they fail if any
 per-process state leaks into tokenization or training.
 """
+
 import json
 import os
 import subprocess
@@ -22,8 +23,9 @@ print(json.dumps(ids.tolist()))
 
 def _tokenize_in_subprocess(hashseed: str) -> list:
     env = dict(os.environ, PYTHONHASHSEED=hashseed)
-    out = subprocess.run([sys.executable, "-c", _TOKENIZE], env=env, capture_output=True, text=True, check=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _TOKENIZE], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
     return json.loads(out.stdout)
 
 
@@ -40,10 +42,12 @@ def test_distilbert_source_names_the_reason(tmp_path):
     """The run table once said 'distilbert-base-uncased: OSError'; the source must say why in words. Run in a
     fresh process with an empty Hugging Face cache, so a cache on the developer's machine cannot change it."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "empty-hf-home"))
-    code = ("from dtlab.rank.data import build_model; "
-            "print(build_model('distilbert', 'auto', None, seed=0).model_source)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                         timeout=300).stdout
+    code = (
+        "from dtlab.rank.data import build_model; print(build_model('distilbert', 'auto', None, seed=0).model_source)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=300
+    ).stdout
     assert "random init" in out
     assert "not in the local Hugging Face cache" in out
     assert "HF_HUB_OFFLINE is set" in out
@@ -53,10 +57,13 @@ def _start_methods(run) -> set:
     """How the run's ranks were started, from their start events: (start method, agent forked from a warm server)."""
     import glob
     import json
+
     out = set()
     for path in glob.glob(f"{run.path}/events/rank*.jsonl"):
         with open(path) as f:
-            out |= {(e.get("start_method"), e.get("warm_agent")) for e in map(json.loads, f) if e.get("kind") == "start"}
+            out |= {
+                (e.get("start_method"), e.get("warm_agent")) for e in map(json.loads, f) if e.get("kind") == "start"
+            }
     return out
 
 

@@ -1,6 +1,7 @@
 """A full disk, on a small tmpfs (mounted for the test, always unmounted; skipped where mounting is not permitted):
 every write in the run directory ends in a RunFailed (or DiskFull) naming the disk and the path, the ranks stop,
 status.json says failed, no temporary file is left, and what was recorded still loads."""
+
 import errno
 import glob
 import json
@@ -65,8 +66,12 @@ def test_a_run_that_fills_the_disk_fails_naming_it(tmpfs, capsys):
     e = info.value
     assert e.state == "failed" and e.error.startswith(f"disk full: the disk holding {out} is full: tmpfs at {mnt}")
     assert "every rank was stopped" in str(e)
-    pids = [ev["pid"] for r in (0, 1) for ev in scan_events(str(out / "events" / f"rank{r}.jsonl")).events
-            if ev["kind"] == "start"]
+    pids = [
+        ev["pid"]
+        for r in (0, 1)
+        for ev in scan_events(str(out / "events" / f"rank{r}.jsonl")).events
+        if ev["kind"] == "start"
+    ]
     assert len(pids) == 2 and not [p for p in pids if _alive(p)]
     status = json.loads((out / "status.json").read_text())  # written in place on the full disk
     assert status["state"] == "failed" and "tmpfs at" in status["disk"]
@@ -76,5 +81,6 @@ def test_a_run_that_fills_the_disk_fails_naming_it(tmpfs, capsys):
         run = load_run(str(out))
     assert run.status["state"] == "failed" and len(run.steps) > 20 and run.damage["tolerated"].all()
     from dtlab.cli.main import main as cli_main
+
     assert cli_main(["show", str(out)]) == 1
     assert "status: failed: the disk holding" in capsys.readouterr().out

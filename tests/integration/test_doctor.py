@@ -1,4 +1,5 @@
 """`dtlab doctor` on this CPU machine, and what it would say on GPU machines (pure placement per lab)."""
+
 import pathlib
 import subprocess
 import sys
@@ -10,8 +11,9 @@ NOTEBOOKS = sorted(p.stem for p in LABS_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 
 def test_doctor_cli_says_no_gpu_and_where_every_lab_runs():
-    cp = subprocess.run([sys.executable, "-m", "dtlab", "doctor", "--no-hub"], capture_output=True, text=True,
-                        timeout=300)
+    cp = subprocess.run(
+        [sys.executable, "-m", "dtlab", "doctor", "--no-hub"], capture_output=True, text=True, timeout=300
+    )
     assert cp.returncode == 0, cp.stderr
     out = cp.stdout
     assert "GPUs: none visible to torch" in out and "CPU cores:" in out and "deepspeed" in out

@@ -4,6 +4,7 @@ the mistake; a ring whose send and recv disagree names the line and gloo's size 
 reported by the stall limit with the line each rank waits at; a hook that returns work.get_future() as it is
 says so; a stub reports "not implemented" without launching or raising. Real 2-rank gloo runs (~8 s each).
 """
+
 import importlib.util
 import inspect
 import pathlib
@@ -23,6 +24,7 @@ def sol(tmp_path_factory):
     """The instructor's solutions: the # EXERCISE cells of lab 08's master notebook, as a module (the checks
     ship a function's source, so it must live in a file)."""
     import json
+
     cells = ["".join(c["source"]) for c in json.loads(MASTER.read_text())["cells"]]
     src = "\n\n".join(c for c in cells if c.startswith("# EXERCISE"))
     path = tmp_path_factory.mktemp("sol") / "lab08_solutions.py"
@@ -31,6 +33,8 @@ def sol(tmp_path_factory):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
 # ---- broken student code (top level, so the checks can ship its source) ----------------------------------
 
 
@@ -82,11 +86,14 @@ def hook_returning_raw_future(state, bucket):
 
 def hook_crashing_at_exit(state, bucket):
     import os
+
     # a correct hook whose process ends badly after every check has finished: its process group's teardown
     # aborts, as gloo's once did in shutdown
     dist.destroy_process_group = lambda *args, **kwargs: os.abort()
     buf = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
 # ---- tests ----------------------------------------------------------------------------------------------
 
 
@@ -114,22 +121,40 @@ def test_summing_hook_fails_and_says_so(tmp_path, capsys):
 def test_reference_ring_matches_all_reduce_and_is_timed_against_the_model(sol, tmp_path):
     # a synthetic profile: alpha 100 us, beta 1 ns/B (ring form); the model column must follow 2(p-1) alpha + 2(p-1)/p n beta
     from dtlab.model.profile import Profile
-    sizes = [2 ** k for k in range(12, 20)]
-    samples = pd.DataFrame({"op": "all_reduce", "nbytes": sizes, "nproc": 2,
-                            "seconds": [2e-4 + 1e-9 * n for n in sizes]})
+
+    sizes = [2**k for k in range(12, 20)]
+    samples = pd.DataFrame(
+        {"op": "all_reduce", "nbytes": sizes, "nproc": 2, "seconds": [2e-4 + 1e-9 * n for n in sizes]}
+    )
     prof = Profile.from_samples(samples)
-    res = check_ring_allreduce(sol.my_ring_allreduce, nproc=2, sizes=(2, 3, 1001, 4097), timing_sizes=(2 ** 14, 2 ** 18),
-                               profile=prof, out=str(tmp_path / "ring"), verbose=False, iters=3)
+    res = check_ring_allreduce(
+        sol.my_ring_allreduce,
+        nproc=2,
+        sizes=(2, 3, 1001, 4097),
+        timing_sizes=(2**14, 2**18),
+        profile=prof,
+        out=str(tmp_path / "ring"),
+        verbose=False,
+        iters=3,
+    )
     assert res.status == "passed", res.verdict()
     assert res.per_size["ok"].all() and (res.per_size["sends"] == 2).all()
     t = res.timings
-    assert list(t["nbytes"]) == [2 ** 14, 2 ** 18] and (t["ring_ms"] > 0).all() and (t["all_reduce_ms"] > 0).all()
-    assert t["model_ms"].iloc[1] == pytest.approx((2e-4 + 1e-9 * 2 ** 18) * 1e3, rel=1e-3)
+    assert list(t["nbytes"]) == [2**14, 2**18] and (t["ring_ms"] > 0).all() and (t["all_reduce_ms"] > 0).all()
+    assert t["model_ms"].iloc[1] == pytest.approx((2e-4 + 1e-9 * 2**18) * 1e3, rel=1e-3)
 
 
 def test_ring_that_skips_a_chunk_fails_naming_the_chunk(tmp_path):
-    res = check_ring_allreduce(ring_without_all_gather, nproc=2, sizes=(4, 1001), timing_sizes=(2 ** 12,),
-                               out=str(tmp_path / "skip"), verbose=False, iters=1, warmup=0)
+    res = check_ring_allreduce(
+        ring_without_all_gather,
+        nproc=2,
+        sizes=(4, 1001),
+        timing_sizes=(2**12,),
+        out=str(tmp_path / "skip"),
+        verbose=False,
+        iters=1,
+        warmup=0,
+    )
     assert res.status == "failed"
     # rank 0 reduced chunk 1 and never received chunk 0's sum: it still holds its own input there (chunks
     # numbered from 0, as tensor_split and the formulas count them)
@@ -142,8 +167,16 @@ def test_ring_that_skips_a_chunk_fails_naming_the_chunk(tmp_path):
 def test_mismatched_send_and_recv_name_the_line_and_the_sizes(tmp_path):
     """gloo aborts the receiving rank (SIGABRT, nothing recorded in Python): the verdict still quotes the
     rank's own log: gloo's message, the bytes on each side, and the line of the function it died at."""
-    res = check_ring_allreduce(ring_off_by_one, nproc=2, sizes=(3,), timing_sizes=(2 ** 12,),
-                               out=str(tmp_path / "off"), verbose=False, iters=1, warmup=0)
+    res = check_ring_allreduce(
+        ring_off_by_one,
+        nproc=2,
+        sizes=(3,),
+        timing_sizes=(2**12,),
+        out=str(tmp_path / "off"),
+        verbose=False,
+        iters=1,
+        warmup=0,
+    )
     assert res.status == "error"
     text = res.feedback[0]
     assert "Received data size doesn't match expected size" in text, text
@@ -154,8 +187,16 @@ def test_mismatched_send_and_recv_name_the_line_and_the_sizes(tmp_path):
 
 
 def test_a_deadlocked_ring_is_caught_by_the_stall_limit_not_the_timeout(tmp_path):
-    res = check_ring_allreduce(ring_blocking, nproc=2, sizes=(2 ** 20,), timing_sizes=(2 ** 12,),
-                               out=str(tmp_path / "block"), verbose=False, timeout_s=600, stall_s=5)
+    res = check_ring_allreduce(
+        ring_blocking,
+        nproc=2,
+        sizes=(2**20,),
+        timing_sizes=(2**12,),
+        out=str(tmp_path / "block"),
+        verbose=False,
+        timeout_s=600,
+        stall_s=5,
+    )
     assert res.status == "error"
     text = res.feedback[0]
     # stopped by the 5 s stall limit (the 600 s timeout would say "timeout" and have no stacks to quote)

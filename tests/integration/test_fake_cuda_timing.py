@@ -33,9 +33,13 @@ RUNS = {
 #: The plain run (no hook), launched with the user's own error handling mode.
 USER_MODE = "2"
 #: Every field of the run's frames that is a time on the step's clock.
-TIME_FIELDS = {"steps": ("t_fwd", "t_bwd", "t_opt", "t_step", "t_blocked", "t_pipe"),
-               "buckets": ("t_ready", "t_start", "t_end"), "collectives": ("t_start", "t_end"),
-               "blocked": ("t_start", "t_end"), "microbatches": ("t_start", "t_end")}
+TIME_FIELDS = {
+    "steps": ("t_fwd", "t_bwd", "t_opt", "t_step", "t_blocked", "t_pipe"),
+    "buckets": ("t_ready", "t_start", "t_end"),
+    "collectives": ("t_start", "t_end"),
+    "blocked": ("t_start", "t_end"),
+    "microbatches": ("t_start", "t_end"),
+}
 
 
 def _launch(name, kw, root, env):
@@ -59,8 +63,13 @@ def runs(tmp_path_factory):
 
 
 def _times(run):
-    frames = {"steps": run.steps, "buckets": run.buckets, "collectives": run.collectives, "blocked": run.blocked,
-              "microbatches": getattr(run, "microbatches", None)}
+    frames = {
+        "steps": run.steps,
+        "buckets": run.buckets,
+        "collectives": run.collectives,
+        "blocked": run.blocked,
+        "microbatches": getattr(run, "microbatches", None),
+    }
     for frame, cols in TIME_FIELDS.items():
         df = frames[frame]
         if df is None or df.empty:

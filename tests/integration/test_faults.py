@@ -5,6 +5,7 @@ input never starts anything, and no rank PID outlives the call that reported the
 
 Faults are injected with DTLAB_FAULT="RANK:STEP:MODE" (dtlab.rank.lifecycle.maybe_inject_fault): the rank hurts
 itself at the start of that step, which is deterministic where racing a `kill` from the test is not."""
+
 import json
 import os
 import re
@@ -38,8 +39,13 @@ def _alive(pid):
 
 
 def _start_events(run_dir):
-    return [json.loads(line) for r in (0, 1) if os.path.exists(p := os.path.join(run_dir, "events", f"rank{r}.jsonl"))
-            for line in open(p).read().splitlines() if json.loads(line).get("kind") == "start"]
+    return [
+        json.loads(line)
+        for r in (0, 1)
+        if os.path.exists(p := os.path.join(run_dir, "events", f"rank{r}.jsonl"))
+        for line in open(p).read().splitlines()
+        if json.loads(line).get("kind") == "start"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +57,14 @@ def drills(tmp_path_factory):
     try:
         for name, spec in DRILLS.items():
             os.environ["DTLAB_FAULT"] = spec  # launch() hands the environment to torchrun
-            handles[name] = dtlab.launch(dtlab.tiny(out=str(root / name), steps=6,
-                                                    stall_s=STALL_S if name == "stop" else None,
-                                                    checkpoint_every=2 if name == "kill" else 0))
+            handles[name] = dtlab.launch(
+                dtlab.tiny(
+                    out=str(root / name),
+                    steps=6,
+                    stall_s=STALL_S if name == "stop" else None,
+                    checkpoint_every=2 if name == "kill" else 0,
+                )
+            )
     finally:
         os.environ.pop("DTLAB_FAULT") if old is None else os.environ.update(DTLAB_FAULT=old)
     out = {}
@@ -105,14 +116,16 @@ def test_frozen_rank_is_caught_by_the_watchdog_with_its_stack(drills):
     # (maybe_inject_fault) or, when the handler runs just after that call returned, the next lines of the step:
     # train's own, or the step clock's start mark they call
     assert "after step 1" in first and re.search(
-        r"maybe_inject_fault|ddp\.py:\d+ in train|recorder\.py:\d+ in (start|mark|begin_step)", first)
+        r"maybe_inject_fault|ddp\.py:\d+ in train|recorder\.py:\d+ in (start|mark|begin_step)", first
+    )
     assert e.silent_s[1] >= STALL_S
     # caught in seconds: stall_s, then at most STACK_WAIT_S for the stacks and the stop
     assert STALL_S <= waited < STALL_S + 12
     # the stack of the frozen rank really landed in its log (SIGUSR1 then SIGCONT), and the waiting peer's too
     log1 = open(os.path.join(h.run_dir, "logs", "rank1.log")).read()
     assert "(most recent call first)" in log1 and re.search(
-        r"in maybe_inject_fault|ddp\.py\", line \d+ in train|recorder\.py\", line \d+ in (start|mark|begin_step)", log1)
+        r"in maybe_inject_fault|ddp\.py\", line \d+ in train|recorder\.py\", line \d+ in (start|mark|begin_step)", log1
+    )
     assert "(most recent call first)" in open(os.path.join(h.run_dir, "logs", "rank0.log")).read()
     assert [c["rank"] for c in e.consequences] == [0] and "waiting" in e.consequences[0]["how"]
     status = json.load(open(os.path.join(h.run_dir, "status.json")))
@@ -126,8 +139,12 @@ def test_interrupt_stops_every_rank_within_5_s(tmp_path):
     code = "import dtlab; dtlab.run(dtlab.tiny(out=%r, steps=10000, timeout_s=600), progress=False)" % str(out)
     # SIGINT back to its default in the child: a shell's background job (how CI may start pytest) ignores it,
     # and Python then never raises KeyboardInterrupt; a notebook kernel does handle it
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     ev = out / "events" / "rank1.jsonl"
     deadline = time.time() + 180
     while time.time() < deadline and not (ev.exists() and '"kind": "step"' in ev.read_text()):
@@ -150,6 +167,7 @@ def test_runs_and_a_calibration_started_together_never_collide(tmp_path, monkeyp
     """Default run directories (named by the second they start in) and rendezvous ports, under a race."""
     from dtlab.config.calibration import CalibConfig
     from dtlab.launching.calibration import launch_calibration
+
     monkeypatch.chdir(tmp_path)
     go = threading.Barrier(3)
     handles, errors = [None] * 3, []
@@ -157,8 +175,11 @@ def test_runs_and_a_calibration_started_together_never_collide(tmp_path, monkeyp
     def start(i):
         try:
             go.wait()
-            handles[i] = (launch_calibration(CalibConfig(nproc=2, sizes=(4096, 8192), iters=1, rounds=1, warmup=0))
-                          if i == 2 else dtlab.launch(dtlab.tiny(steps=2, warmup=1)))
+            handles[i] = (
+                launch_calibration(CalibConfig(nproc=2, sizes=(4096, 8192), iters=1, rounds=1, warmup=0))
+                if i == 2
+                else dtlab.launch(dtlab.tiny(steps=2, warmup=1))
+            )
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 

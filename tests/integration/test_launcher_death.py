@@ -3,6 +3,7 @@ launching process, not to a thread); a launcher that dies takes its ranks with i
 'running' afterwards ('abandoned', with what was recorded); a status whose processes are gone is judged by pid and
 start time, on the host and boot that wrote it. Also the explicit small cases: OMP_NUM_THREADS=0 is refused, and a
 calibration that did not finish says so when its profile is asked for."""
+
 import concurrent.futures as cf
 import json
 import os
@@ -40,6 +41,7 @@ def _starts(run_dir):
 
 def test_a_launch_from_a_thread_that_exits_runs_to_the_end(tmp_path):
     """As a notebook helper might: launch in a worker thread, which goes on for a moment and then ends."""
+
     def start():
         h = dtlab.launch(dtlab.tiny(out=str(tmp_path / "threaded"), steps=4))
         time.sleep(1.0)  # the agent is up by now; with PR_SET_PDEATHSIG it got SIGTERM when this thread ended

@@ -1,5 +1,6 @@
 """The communication levers on the tiny model with 2 gloo ranks: compression through torch's own DDP hooks
 (bytes on the wire recorded per bucket) and gradient accumulation; bad combinations refused before launch."""
+
 import types
 
 import pytest
@@ -62,9 +63,17 @@ def _powersgd_numel(shapes, r, min_rate=2):
 
 def test_powersgd_sends_what_its_rank_implies(tmp_path):
     from dtlab.rank.data import build_model
+
     # small buckets: several PowerSGD chains in flight, which deadlocked on gloo before the Codec serialized them
-    cfg = tiny(comm_hook="powersgd", powersgd_rank=2, powersgd_start_iter=2, steps=4, bucket_mb=0.05, stall_s=60,
-               out=str(tmp_path / "psgd"))
+    cfg = tiny(
+        comm_hook="powersgd",
+        powersgd_rank=2,
+        powersgd_start_iter=2,
+        steps=4,
+        bucket_mb=0.05,
+        stall_s=60,
+        out=str(tmp_path / "psgd"),
+    )
     run = dtlab.run(cfg, progress=False)
     shapes = [tuple(p.shape) for p in build_model("tiny", "random", None, 0).model.parameters() if p.requires_grad]
     expected = _powersgd_numel(shapes, 2) * 4  # fp32 P and Q

@@ -1,6 +1,7 @@
 """Multi-node jobs on one machine: two `dtlab run --nnodes 2` processes make one run, a node that never
 joins is named, a rank that dies on one node is named by both, calibration across nodes records where its
 ranks ran; the checks on the fields and the shared run directory need no launch."""
+
 import json
 import os
 import subprocess
@@ -16,8 +17,28 @@ from dtlab.results.run import load_run
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-TINY = ["--model", "tiny", "--model-source", "random", "--data", "offline", "--batch-size", "4", "--seq-len", "32",
-        "--steps", "3", "--warmup", "1", "--baseline-steps", "0", "--bucket-mb", "0.05", "--timeout-s", "300"]
+TINY = [
+    "--model",
+    "tiny",
+    "--model-source",
+    "random",
+    "--data",
+    "offline",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "32",
+    "--steps",
+    "3",
+    "--warmup",
+    "1",
+    "--baseline-steps",
+    "0",
+    "--bucket-mb",
+    "0.05",
+    "--timeout-s",
+    "300",
+]
 
 
 def _alive(pid):
@@ -31,11 +52,26 @@ def _alive(pid):
 def test_two_dtlab_run_processes_make_one_run(tmp_path):
     """The issue's 'done': two `dtlab run --nnodes 2 --nproc 1` processes, one run, ranks on different nodes."""
     out = str(tmp_path / "two")
-    args = [sys.executable, "-m", "dtlab", "run", *TINY, "--nnodes", "2", "--nproc", "1", "--no-progress",
-            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--out", out]
+    args = [
+        sys.executable,
+        "-m",
+        "dtlab",
+        "run",
+        *TINY,
+        "--nnodes",
+        "2",
+        "--nproc",
+        "1",
+        "--no-progress",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--out",
+        out,
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)
+    ]
     outs = [p.communicate(timeout=400) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     run = load_run(out)
@@ -58,8 +94,9 @@ def test_two_dtlab_run_processes_make_one_run(tmp_path):
 
 def test_a_node_that_never_joins_times_out_naming_it(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
-    h = dtlab.launch(dtlab.tiny(out=str(tmp_path / "alone"), nproc=1, nnodes=2, rdzv_endpoint=endpoint,
-                                rdzv_timeout_s=2.0))
+    h = dtlab.launch(
+        dtlab.tiny(out=str(tmp_path / "alone"), nproc=1, nnodes=2, rdzv_endpoint=endpoint, rdzv_timeout_s=2.0)
+    )
     with pytest.raises(dtlab.RunFailed) as info:
         h.wait(progress=False)
     first = str(info.value).splitlines()[0]
@@ -74,6 +111,7 @@ def test_a_rank_killed_on_one_node_is_named_by_both_nodes(tmp_path, monkeypatch)
     import threading
 
     from dtlab.launching.emulate import Emulation
+
     monkeypatch.setenv("DTLAB_FAULT", "1:1:kill")  # handed to both agents: only global rank 1 acts on it
     with Emulation(2) as em:
         handles = em.launch(dtlab.tiny(out=str(tmp_path / "kill"), nproc=1, steps=4))
@@ -99,9 +137,19 @@ def test_a_rank_killed_on_one_node_is_named_by_both_nodes(tmp_path, monkeypatch)
 
 def test_calibration_across_two_nodes_records_where_ranks_ran(tmp_path):
     from dtlab.launching.emulate import Emulation
+
     with Emulation(2) as em:
-        prof = em.calibrate(CalibConfig(nproc=1, out=str(tmp_path / "cal"), sizes=(1 << 16, 1 << 18, 1 << 20, 1 << 21),
-                                        iters=2, rounds=1, warmup=1), progress=False)
+        prof = em.calibrate(
+            CalibConfig(
+                nproc=1,
+                out=str(tmp_path / "cal"),
+                sizes=(1 << 16, 1 << 18, 1 << 20, 1 << 21),
+                iters=2,
+                rounds=1,
+                warmup=1,
+            ),
+            progress=False,
+        )
     m = prof.meta
     assert m["nnodes"] == 2 and m["world_size"] == 2 and m["ranks_per_node"] == 1
     assert [(r["rank"], r["node"]) for r in m["ranks"]] == [(0, 0), (1, 1)] and len(m["hosts"]) == 1

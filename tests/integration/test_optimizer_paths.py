@@ -54,9 +54,10 @@ def runs(tmp_path_factory):
     jobs += [(n, impl, kw) for n, kw in AGAINST_LOOP.items() for impl in ("foreach", "for-loop")]
     done = {}
     for i in range(0, len(jobs), 2):
-        handles = [(n, impl, dtlab.launch(dtlab.tiny(**{**SMALL, **kw}, optimizer_impl=impl,
-                                                     out=str(out / f"{n}-{impl}"))))
-                   for n, impl, kw in jobs[i:i + 2]]
+        handles = [
+            (n, impl, dtlab.launch(dtlab.tiny(**{**SMALL, **kw}, optimizer_impl=impl, out=str(out / f"{n}-{impl}"))))
+            for n, impl, kw in jobs[i : i + 2]
+        ]
         for n, impl, h in handles:
             done[(n, impl)] = h.wait(progress=False)
     return done
@@ -65,8 +66,11 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(WITH_REFERENCE))
 def test_model_parallel_strategies_train_like_one_process_on_the_gpu_optimizer_path(runs, name):
     run = runs[(name, _impl(name))]
-    assert run.resolved["optimizer"] == {"impl": _impl(name), "runs": _impl(name),
-                                         "why": "set explicitly (optimizer_impl)"}
+    assert run.resolved["optimizer"] == {
+        "impl": _impl(name),
+        "runs": _impl(name),
+        "why": "set explicitly (optimizer_impl)",
+    }
     check = run.reference_check()
     assert check.ok, check.why
     assert len(check.steps) == 3
@@ -95,5 +99,4 @@ def test_data_parallel_strategies_give_the_loop_losses_on_the_gpu_optimizer_path
 
 def test_auto_records_torchs_default_for_the_device(tmp_path):
     run = dtlab.run(dtlab.tiny(steps=2, baseline_steps=0, out=str(tmp_path / "auto")), progress=False)
-    assert run.resolved["optimizer"] == {"impl": "auto", "runs": "for-loop",
-                                         "why": "torch's default for cpu tensors"}
+    assert run.resolved["optimizer"] == {"impl": "auto", "runs": "for-loop", "why": "torch's default for cpu tensors"}

@@ -46,10 +46,15 @@ def others(tmp_path_factory):
     """dp 2 x tp 2, dp 2 x pp 2 (1F1B, M = 4) and FSDP2 on 2 ranks, launched side by side (their bytes, counts and
     gradients are checked, not their times)."""
     out = tmp_path_factory.mktemp("par")
-    handles = {"tp": dtlab.launch(dtlab.tiny(strategy="tp", nproc=4, dp_degree=2, out=str(out / "tp"), **SMALL)),
-               "pp": dtlab.launch(dtlab.tiny(strategy="pp", nproc=4, dp_degree=2, microbatches=4, pp_schedule="1f1b",
-                                             out=str(out / "pp"), **SMALL)),
-               "fsdp2": dtlab.launch(dtlab.tiny(strategy="fsdp2", out=str(out / "fsdp2"), **SMALL))}
+    handles = {
+        "tp": dtlab.launch(dtlab.tiny(strategy="tp", nproc=4, dp_degree=2, out=str(out / "tp"), **SMALL)),
+        "pp": dtlab.launch(
+            dtlab.tiny(
+                strategy="pp", nproc=4, dp_degree=2, microbatches=4, pp_schedule="1f1b", out=str(out / "pp"), **SMALL
+            )
+        ),
+        "fsdp2": dtlab.launch(dtlab.tiny(strategy="fsdp2", out=str(out / "fsdp2"), **SMALL)),
+    }
     return {k: h.wait(progress=False) for k, h in handles.items()}
 
 
@@ -84,6 +89,7 @@ def test_every_split_strategy_trains_at_the_default_lr_it_records(others):
     """No lr given: each rank settles the default for the random tiny model before its optimizer exists, and the
     reference (which trains at the same settled rate) agrees with the parallel run step by step."""
     from dtlab.config.convergence import default_lr
+
     for name, run in others.items():
         assert run.config["lr"] is None and run.resolved["lr"] == default_lr("tiny", pretrained=False), name
         check = run.reference_check()
@@ -113,6 +119,7 @@ def test_pipeline_sends_each_microbatch_both_ways(pipelines):
 
 def test_1f1b_on_a_2d_mesh_holds_at_most_p_microbatches(others):
     from dtlab.results.pipeline import in_flight
+
     run = others["pp"]
     assert run.resolved["layout"] == {"dp": 2, "tp": 1, "pp": 2}
     held = in_flight(run).set_index("stage")["in_flight"]
@@ -130,9 +137,11 @@ def test_fsdp2_gradients_equal_one_process(others):
     c = run.collectives[run.collectives["step"] >= 0]
     per = c.groupby(["rank", "step", "phase", "op"])["nbytes"].sum()
     for (rank, step, phase, op), n in per.items():
-        want = {("forward", "all_gather"): exp["all_gather_forward"],
-                ("backward", "all_gather"): exp["all_gather_backward"],
-                ("backward", "reduce_scatter"): exp["reduce_scatter"]}[(phase, op)]
+        want = {
+            ("forward", "all_gather"): exp["all_gather_forward"],
+            ("backward", "all_gather"): exp["all_gather_backward"],
+            ("backward", "reduce_scatter"): exp["reduce_scatter"],
+        }[(phase, op)]
         assert n == want, (rank, step, phase, op)
     assert set(c.loc[c["op"] == "reduce_scatter", "reduce_op"]) == {"RedOpType.AVG"}
     mem = run.memory

@@ -1,6 +1,7 @@
 """The GPU rules that CPU can check: where ranks are placed on machines with 0, 1 or many GPUs (pure), and the
 DDP hook's order of operations (divide, then "ready", then issue; end in the completion callback), which is
 one code path for gloo and NCCL."""
+
 import dtlab
 
 
@@ -19,6 +20,7 @@ def test_ddp_run_records_ddp_timer_beside_its_own(tiny_run):
 def test_emulated_nodes_run_gloo():
     """Nodes emulated on one machine share its GPUs and talk over gloo's sockets (the emulated link)."""
     from dtlab.launching.emulate import Emulation
+
     em = Emulation(2)
     assert em.prepare(dtlab.RunConfig(nproc=1, out="/tmp/x"), "runs/x").backend == "gloo"
     assert em.prepare(dtlab.RunConfig(nproc=1, backend="nccl", out="/tmp/x"), "runs/x").backend == "nccl"

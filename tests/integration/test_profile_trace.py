@@ -1,5 +1,6 @@
 """profile=True: a real 2-rank gloo DDP run records one profiler trace per rank, and dtlab.load_trace on it agrees
 with the run's own records: every bucket's all-reduce with its exact bytes, T_comm within the run's noise."""
+
 import subprocess
 import sys
 
@@ -32,8 +33,9 @@ def test_profiler_trace_of_a_run_agrees_with_its_records(tmp_path):
     med = sorted(t_trace)[len(t_trace) // 2]
     assert row["lo"] - noise <= med <= row["hi"] + noise, (med, row.to_dict(), t_run, t_trace)
 
-    cp = subprocess.run([sys.executable, "-m", "dtlab", "trace", run.path], capture_output=True, text=True,
-                        timeout=120, check=False)
+    cp = subprocess.run(
+        [sys.executable, "-m", "dtlab", "trace", run.path], capture_output=True, text=True, timeout=120, check=False
+    )
     assert cp.returncode == 0, cp.stderr
     assert "breakdown per rank and ProfilerStep" in cp.stdout and "cpu op (gloo)" in cp.stdout
     assert (tmp_path / "run" / "profiler" / "trace-report.html").stat().st_size > 10_000

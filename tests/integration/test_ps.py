@@ -1,5 +1,6 @@
 """Strategy 'ps' (reduce to rank 0 + broadcast, dtlab.rank.strategies.ps) against DDP's ring all-reduce: the same training,
 bytes conserved, the transport's arithmetic and order on 2 and 3 gloo ranks, and the measured shapes in n and p."""
+
 import json
 import os
 import time
@@ -38,6 +39,8 @@ def test_ps_trains_like_ddp_and_conserves_bytes(tiny_run, tmp_path):
     assert s.loc["T_comp", "how"].startswith("measured") and s.loc["T_comm", "value"] > 0
     trace = ps.to_chrome_trace()
     assert any(e.get("name", "").startswith("reduce+broadcast bucket") for e in trace["traceEvents"])
+
+
 # ---- measured shapes: ring all-reduce vs reduce + broadcast on gloo, p = 2 and 4 in one launch -------------
 
 
@@ -45,9 +48,18 @@ def test_measured_ps_and_ring_follow_their_shapes_in_n_and_p(tmp_path):
     """One launch of 4 ranks times both ops on the first 2 ranks and on all 4, interleaved, so the machine's
     load is shared by every point. p = 4 oversubscribes 2 cores (flagged). Asserted only what every form and
     this machine agree on, with wide margins (docs/parameter-server.md)."""
-    mib = 2 ** 20
-    prof = dtlab.calibrate(nproc=4, group_sizes=(2, 4), ops=("all_reduce", "ps"), sizes=[4 * mib, 16 * mib, 64 * mib],
-                           iters=4, rounds=2, warmup=1, out=str(tmp_path / "cal"), progress=False)
+    mib = 2**20
+    prof = dtlab.calibrate(
+        nproc=4,
+        group_sizes=(2, 4),
+        ops=("all_reduce", "ps"),
+        sizes=[4 * mib, 16 * mib, 64 * mib],
+        iters=4,
+        rounds=2,
+        warmup=1,
+        out=str(tmp_path / "cal"),
+        progress=False,
+    )
     s = prof.samples
     assert set(s["nproc"]) == {2, 4} and set(s["op"]) == {"all_reduce", "ps"}
     if prof.meta.get("cpu_cores", 99) < 4:
@@ -55,6 +67,7 @@ def test_measured_ps_and_ring_follow_their_shapes_in_n_and_p(tmp_path):
     med = s.groupby(["op", "nproc", "nbytes"])["seconds"].median()
     small, big = sorted(s["nbytes"].unique())[0], sorted(s["nbytes"].unique())[-1]
     from dtlab.model.fit import fit_alpha_beta
+
     for op in ("all_reduce", "ps"):
         for p in (2, 4):
             # in n: 16x the bytes costs well over 4x the time (bandwidth-bound), and the fitted beta is positive
@@ -74,6 +87,7 @@ def _transport_rank(rank, world, store, out, sizes):
     import torch.distributed as dist
 
     from dtlab.rank.strategies.ps import OrderedThreadPS
+
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     ps = OrderedThreadPS(world, torch.device("cpu"))
     issued = []
@@ -85,8 +99,14 @@ def _transport_rank(rank, world, store, out, sizes):
     for rec, fut, value in issued:
         fut.wait()
         v = value(fut)
-        got.append({"min": float(v.min()), "max": float(v.max()), "server_bytes": rec["server_bytes"],
-                    "ordered": rec["_ready"] <= rec["_start"] <= rec["_t_reduced"] <= rec["_end"]})
+        got.append(
+            {
+                "min": float(v.min()),
+                "max": float(v.max()),
+                "server_bytes": rec["server_bytes"],
+                "ordered": rec["_ready"] <= rec["_start"] <= rec["_t_reduced"] <= rec["_end"],
+            }
+        )
     ps.close()
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
@@ -96,6 +116,7 @@ def _transport_rank(rank, world, store, out, sizes):
 @pytest.mark.parametrize("world", [3])  # p = 2 is the training test below
 def test_reduce_broadcast_averages_every_bucket_on_every_rank(tmp_path, world):
     import torch.multiprocessing as mp
+
     sizes = [3, 100_000, 7, 1 << 18, 1000, 50_000]  # mixed sizes: a later small bucket must not overtake
     mp.spawn(_transport_rank, args=(world, str(tmp_path / "store"), str(tmp_path), sizes), nprocs=world)
     for rank in range(world):

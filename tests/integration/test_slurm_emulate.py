@@ -1,6 +1,7 @@
 """`dtlab slurm --dry-run` writes a script Slurm would accept; `dtlab emulate` refuses a shaped link it cannot
 make, saying why, and (as root) builds and always tears down the namespace pair. No launch here: the shaped
 link's calibration is benchmarks/shaped_link.py, the script's run under a fake srun benchmarks/slurm_fake_cluster.py."""
+
 import subprocess
 
 import pytest
@@ -11,8 +12,11 @@ from dtlab.launching.emulate import Emulation, EmulationUnavailable, shaping_una
 
 def _namespaces():
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-root_only = pytest.mark.skipif(shaping_unavailable() is not None,
-                               reason=f"no shaped link here: {shaping_unavailable()}")
+
+
+root_only = pytest.mark.skipif(
+    shaping_unavailable() is not None, reason=f"no shaped link here: {shaping_unavailable()}"
+)
 
 
 @root_only
@@ -23,10 +27,16 @@ def test_a_shaped_namespace_pair_is_built_and_always_torn_down():
             for ns, ifname in zip(em.namespaces, em.ifnames):
                 q = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", ifname], capture_output=True, text=True)
                 assert "tbf" in q.stdout and "rate 1Gbit" in q.stdout
-            code = "import socket; s = socket.socket(); s.settimeout(5)\ntry: s.connect(('%s', 9))\n" \
-                   "except ConnectionRefusedError: print('reached')" % em.addresses[1]
-            ping = subprocess.run(["ip", "netns", "exec", em.namespaces[0], "python3", "-c", code],
-                                  capture_output=True, text=True, timeout=60)
+            code = (
+                "import socket; s = socket.socket(); s.settimeout(5)\ntry: s.connect(('%s', 9))\n"
+                "except ConnectionRefusedError: print('reached')" % em.addresses[1]
+            )
+            ping = subprocess.run(
+                ["ip", "netns", "exec", em.namespaces[0], "python3", "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert ping.stdout.strip() == "reached"  # node 0's namespace reaches node 1 over the veth
             raise KeyError("boom")
     assert not any(ns in _namespaces() for ns in em.namespaces)
@@ -41,6 +51,7 @@ def test_a_failure_while_building_the_link_removes_what_was_made(monkeypatch):
         if cmd[0] == "tc":
             raise EmulationUnavailable("tc refused (simulated)")
         real(cmd)
+
     monkeypatch.setattr(emulate, "_run", tc_fails)
     em = Emulation(2, rate="1gbit")
     with pytest.raises(EmulationUnavailable, match="simulated"):
@@ -54,6 +65,7 @@ def test_submitit_local_executor_runs_a_two_node_tiny_job(tmp_path):
     an optional extra: pip install submitit)."""
     submitit = pytest.importorskip("submitit")
     import dtlab
+
     ex = submitit.LocalExecutor(folder=str(tmp_path / "submitit"))
     ex.update_parameters(tasks_per_node=2, timeout_min=10)
     out = str(tmp_path / "job")

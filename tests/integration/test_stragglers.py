@@ -1,5 +1,6 @@
 """Stragglers: `straggler` slows a rank's compute by a known, recorded amount; each rank's wait time is
 measured from the recorded buckets without comparing clocks; bad specs are refused before launch by name."""
+
 import pytest
 
 import dtlab
@@ -13,12 +14,16 @@ from dtlab.viz.report import write_report
 def test_a_2x_straggler_makes_the_other_rank_wait_its_extra_compute(tmp_path, capsys):
     # the tiny model with rank 1's compute made 4x; 10 measured steps. (A 4x straggler, not 2x: its delay, about
     # 45 ms, stays well above how much rank 0's own ~15 ms compute swings while another test runs on the other core.)
-    run = dtlab.run(tiny(out=str(tmp_path / "x2"), steps=12, warmup=2, baseline_steps=2, bucket_mb=0.05,
-                         straggler="1:4"), progress=False)
+    run = dtlab.run(
+        tiny(out=str(tmp_path / "x2"), steps=12, warmup=2, baseline_steps=2, bucket_mb=0.05, straggler="1:4"),
+        progress=False,
+    )
     plan = run.resolved["straggler"]
     assert plan["ranks"]["1"]["factor"] == 4.0 and "(FACTOR - 1) x C" in plan["rule"]
     for frame in (run.steps, run.baseline_steps):  # baseline steps straggle too: T_comp is the slowest rank's
-        assert (frame[frame["rank"] == 1]["straggle_s"] > 0).all() and (frame[frame["rank"] == 0]["straggle_s"] == 0).all()
+        assert (frame[frame["rank"] == 1]["straggle_s"] > 0).all() and (
+            frame[frame["rank"] == 0]["straggle_s"] == 0
+        ).all()
     w = run_waits(run)
     r1 = w[w["rank"] == 1]
     delay = float(r1["straggle_s"].median())
@@ -46,8 +51,10 @@ def test_seed_002_shape_on_three_ranks(tmp_path):
     # 3 ranks on a 2-core machine are oversubscribed, so fixed delays large against the noise: rank 1 is the
     # slowest (+200 ms), rank 2 in between (+100 ms), rank 0 the fastest. The synchronous step makes rank 0
     # wait about 200 ms and rank 2 about 100 ms, both for rank 1.
-    run = dtlab.run(tiny(out=str(tmp_path / "three"), nproc=3, steps=4, warmup=2, baseline_steps=0,
-                         straggler="1:+200ms,2:+100ms"), progress=False)
+    run = dtlab.run(
+        tiny(out=str(tmp_path / "three"), nproc=3, steps=4, warmup=2, baseline_steps=0, straggler="1:+200ms,2:+100ms"),
+        progress=False,
+    )
     s = wait_summary(run_waits(run)).set_index("rank")
     assert s.loc[0, "wait_s"] > s.loc[2, "wait_s"] > s.loc[1, "wait_s"]
     assert s.loc[0, "wait_s"] == pytest.approx(0.200, rel=0.5) and s.loc[2, "wait_s"] == pytest.approx(0.100, rel=0.5)

@@ -1,4 +1,5 @@
 """Chrome / Perfetto trace export: valid Trace Event JSON whose slices match the run's DataFrames."""
+
 import json
 import subprocess
 import sys
@@ -32,8 +33,16 @@ def check_trace(run, trace):
             assert all(a[1] <= b[0] + 1e-3 for a, b in zip(lane, lane[1:]))
         # each step's compute phases tile its step slice exactly
         for s in steps:
-            kids = sorted((e for e in mine if e["cat"] == "compute" and e["args"]["step"] == s["args"]["step"]
-                           and e["args"]["baseline"] == (s["cat"] == "baseline")), key=lambda e: e["ts"])
+            kids = sorted(
+                (
+                    e
+                    for e in mine
+                    if e["cat"] == "compute"
+                    and e["args"]["step"] == s["args"]["step"]
+                    and e["args"]["baseline"] == (s["cat"] == "baseline")
+                ),
+                key=lambda e: e["ts"],
+            )
             assert kids[0]["ts"] == pytest.approx(s["ts"], abs=1e-2)
             assert sum(k["dur"] for k in kids) == pytest.approx(s["dur"], abs=1e-2)
     return xs
@@ -50,13 +59,18 @@ def test_ddp_trace_matches_the_run(tiny_run, tmp_path):
         assert s["ts"] - 1 <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 1
 
     out = tmp_path / "t.json"
-    cp = subprocess.run([sys.executable, "-m", "dtlab", "trace", tiny_run.path, "-o", str(out)],
-                        capture_output=True, text=True, timeout=120)
+    cp = subprocess.run(
+        [sys.executable, "-m", "dtlab", "trace", tiny_run.path, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cp.returncode == 0 and "ui.perfetto.dev" in cp.stdout
     assert json.loads(out.read_text()) == json.loads(json.dumps(tiny_run.to_chrome_trace()))
 
 
 def test_trace_cli_refuses_a_non_run(tmp_path):
-    cp = subprocess.run([sys.executable, "-m", "dtlab", "trace", str(tmp_path)], capture_output=True, text=True,
-                        timeout=120)
+    cp = subprocess.run(
+        [sys.executable, "-m", "dtlab", "trace", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert cp.returncode == 2 and "not a dtlab run directory" in cp.stderr

@@ -1,6 +1,7 @@
 """CPU runs whose torchrun agent is forked from a warm server (dtlab.launching.warm): one server per environment
 serves every launch of this process, each agent is found, stopped and reported as a cold one is, and a server that
 dies does not hang the runs it started."""
+
 import json
 import os
 import signal
@@ -49,8 +50,11 @@ def test_agents_of_one_environment_come_from_one_server_and_stop_like_cold_ones(
         ranks = _live_ranks(h, 2)
         servers.append(_ppid(h.proc.pid))
         argv = _cmdline(h.proc.pid)  # the agent's command line names its run and rank module, as a cold agent's
-        assert argv[1:3] == [b"-c", b"dtlab warm agent"] and argv[-3:] == [b"-m", b"dtlab.rank.worker",
-                                                                        h.run_dir.encode()], argv
+        assert argv[1:3] == [b"-c", b"dtlab warm agent"] and argv[-3:] == [
+            b"-m",
+            b"dtlab.rank.worker",
+            h.run_dir.encode(),
+        ], argv
         assert all(is_rank_of(p, h.run_dir) for p in ranks) and not is_rank_of(h.proc.pid, h.run_dir)
         h.stop(grace_s=10.0)
         assert h.status() == "stopped" and h.proc.returncode is not None
@@ -72,16 +76,21 @@ def test_a_killed_server_hangs_no_run_and_the_next_launch_gets_a_new_one(tmp_pat
     assert start["kind"] == "start" and start["warm_agent"] is True
 
 
-_NOT_READY = ("import json, socket, sys; socket.socket(fileno=int(sys.argv[1])).send("
-              "json.dumps({'ready': False, 'error': 'imports failed'}).encode())")
+_NOT_READY = (
+    "import json, socket, sys; socket.socket(fileno=int(sys.argv[1])).send("
+    "json.dumps({'ready': False, 'error': 'imports failed'}).encode())"
+)
 
 
 def test_a_server_that_cannot_start_leaves_the_launch_to_a_cold_agent(tmp_path, monkeypatch):
     from dtlab.launching import warm
+
     monkeypatch.setattr(warm, "_SERVE", _NOT_READY)
     monkeypatch.setenv("WARM_AGENT_TEST", str(tmp_path))  # an environment no server has served yet
-    runs = [dtlab.run(dtlab.tiny(out=str(tmp_path / f"cold{i}"), steps=2, baseline_steps=0), progress=False)
-            for i in range(2)]
+    runs = [
+        dtlab.run(dtlab.tiny(out=str(tmp_path / f"cold{i}"), steps=2, baseline_steps=0), progress=False)
+        for i in range(2)
+    ]
     for run in runs:
         with open(os.path.join(run.path, "events", "rank0.jsonl")) as f:
             start = json.loads(f.readline())

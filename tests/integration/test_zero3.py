@@ -1,5 +1,6 @@
 """Real 2-process DeepSpeed ZeRO-3 run of the tiny model on CPU/gloo: every byte accounted for, memory
 against DDP, and ZeRO-specific bad input refused before launch."""
+
 import os
 
 import pytest
@@ -59,7 +60,9 @@ def test_all_gather_bytes_match_the_engine(z3):
     # step 0 records the parameter trace: everything is gathered in forward and again in backward
     total = res["padded_grad_bytes"]
     step0 = st.xs(0, level="step")
-    assert (step0["allgather_expected_fwd_bytes"] == total).all() and (step0["allgather_expected_bwd_bytes"] == total).all()
+    assert (step0["allgather_expected_fwd_bytes"] == total).all() and (
+        step0["allgather_expected_bwd_bytes"] == total
+    ).all()
     # steady: each parameter exactly once per step, non-persistent in forward, persistent in the optimizer
     assert res["expected_allgather_bytes_forward"] + res["expected_allgather_bytes_optimizer"] == total
     assert res["persistent_params"] > 0 and res["nonpersistent_params"] > 0
@@ -129,10 +132,16 @@ def test_auto_zero_knobs_are_sized_from_the_model(z3):
     res, hidden = z3.resolved, 32  # the tiny model's dim
     auto = res["zero_auto"]
     assert auto["hidden_size"] == hidden and "h^2" in auto["rule"]
-    assert sorted(auto["auto_fields"]) == ["reduce_bucket_size", "stage3_param_persistence_threshold",
-                                           "stage3_prefetch_bucket_size"]
-    want = {"reduce_bucket_size": hidden ** 2, "stage3_prefetch_bucket_size": int(0.9 * hidden ** 2),
-            "stage3_param_persistence_threshold": 10 * hidden}
+    assert sorted(auto["auto_fields"]) == [
+        "reduce_bucket_size",
+        "stage3_param_persistence_threshold",
+        "stage3_prefetch_bucket_size",
+    ]
+    want = {
+        "reduce_bucket_size": hidden**2,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden**2),
+        "stage3_param_persistence_threshold": 10 * hidden,
+    }
     assert auto["resolved"] == want
     for k, v in want.items():  # what DeepSpeed's engine says it uses, not just what we asked for
         assert res["zero_effective"][k] == v and res["ds_config"]["zero_optimization"][k] == v
@@ -170,6 +179,7 @@ def test_blocked_time_is_measured_and_bounded(z3):
 
 def test_zero3_trace_matches_the_run(z3):
     from integration.test_trace import check_trace
+
     xs = check_trace(z3, z3.to_chrome_trace())
     ops = {e["args"]["op"] for e in xs if e["cat"] == "communication"}
     assert {"all_gather", "reduce_scatter"} <= ops

@@ -1,5 +1,6 @@
 """The agent's watch over forked ranks (dtlab.launching.agent._ExitWatch): every rank's end is recorded with its
 exit code or signal, and the watch never reaps (torch's process context does), so both see the same end."""
+
 import os
 import signal
 import time

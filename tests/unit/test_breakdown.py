@@ -1,6 +1,7 @@
 """The breakdown on a busy machine: baseline steps paired with the training steps they follow, every figure with its
 90% interval, exposed communication inside the noise said in words, and the machine's load beside the figures.
 Hand-made run directories, each built so that one wrong implementation fails (named in each test)."""
+
 import json
 import math
 import re
@@ -18,8 +19,14 @@ from dtlab.results.spread import block_for, interval, median_bounds, medians, re
 
 
 def write_run(tmp_path, events_by_rank, warmup=2, steps=None, baseline_steps=0):
-    cfg = {"strategy": "ddp", "nproc": len(events_by_rank), "warmup": warmup, "bucket_mb": 25,
-           "steps": steps, "baseline_steps": baseline_steps}
+    cfg = {
+        "strategy": "ddp",
+        "nproc": len(events_by_rank),
+        "warmup": warmup,
+        "bucket_mb": 25,
+        "steps": steps,
+        "baseline_steps": baseline_steps,
+    }
     (tmp_path / "events").mkdir()
     (tmp_path / "config.json").write_text(json.dumps({"config": cfg, "resolved": {"world_size": len(events_by_rank)}}))
     (tmp_path / "status.json").write_text(json.dumps({"state": "finished"}))
@@ -33,13 +40,34 @@ def write_run(tmp_path, events_by_rank, warmup=2, steps=None, baseline_steps=0):
 def ev(rank, s, t_step, kind="step", paired=None, comm=0.2):
     """A step of `t_step` seconds (0.1 forward, 0.1 optimizer) and, for a training step, one bucket in flight for
     `comm` seconds at the end of its backward."""
-    out = [{"kind": kind, "rank": rank, "step": s, "t_fwd": 0.1, "t_bwd": t_step - 0.2, "t_opt": 0.1,
-            "t_step": t_step, "loss": 0.7}]
+    out = [
+        {
+            "kind": kind,
+            "rank": rank,
+            "step": s,
+            "t_fwd": 0.1,
+            "t_bwd": t_step - 0.2,
+            "t_opt": 0.1,
+            "t_step": t_step,
+            "loss": 0.7,
+        }
+    ]
     if paired is not None:
         out[0]["paired_step"] = paired
     if kind == "step":
-        out.append({"kind": "bucket", "rank": rank, "step": s, "bucket": 0, "nbytes": 100, "nparams": 1,
-                    "t_ready": t_step - 0.1 - comm, "t_start": t_step - 0.1 - comm, "t_end": t_step - 0.1})
+        out.append(
+            {
+                "kind": "bucket",
+                "rank": rank,
+                "step": s,
+                "bucket": 0,
+                "nbytes": 100,
+                "nparams": 1,
+                "t_ready": t_step - 0.1 - comm,
+                "t_start": t_step - 0.1 - comm,
+                "t_end": t_step - 0.1,
+            }
+        )
     return out
 
 
@@ -61,6 +89,7 @@ def rows(run):
 
 # ---- where the baseline steps go -----------------------------------------------------------------------------
 
+
 def test_baseline_steps_follow_measured_steps_and_the_last_one_follows_the_last_step():
     assert baseline_pairs(8, 2, 3) == [3, 5, 7]  # the README's main job
     assert baseline_pairs(8, 2, 6) == [2, 3, 4, 5, 6, 7]
@@ -75,6 +104,7 @@ def test_baseline_steps_follow_measured_steps_and_the_last_one_follows_the_last_
 
 def test_the_default_is_one_baseline_step_per_measured_step_within_3_to_8():
     import dtlab
+
     assert [auto_baseline_steps(s, w) for s, w in ((8, 2), (4, 1), (2, 1), (3000, 2), (10, 2))] == [6, 3, 3, 8, 8]
     assert dtlab.RunConfig(steps=8).validate(cuda_device_count=0).baseline_steps == 6  # the README's main job
     assert dtlab.RunConfig(strategy="zero3", steps=8).validate(cuda_device_count=0).baseline_steps == 0
@@ -88,12 +118,18 @@ def test_run_order_interleaves_numbers_baselines_after_the_steps_and_resumes_wit
 
 # ---- per step, on whole columns --------------------------------------------------------------------------------
 
+
 def test_union_lengths_match_the_one_definition_on_random_intervals():
     rng = np.random.default_rng(1)
     for _ in range(30):
         n = int(rng.integers(1, 30))
-        df = pd.DataFrame({"rank": rng.integers(0, 3, n), "step": rng.integers(0, 4, n),
-                           "t_start": rng.random(n) * rng.choice([0.01, 1.0, 10.0])})
+        df = pd.DataFrame(
+            {
+                "rank": rng.integers(0, 3, n),
+                "step": rng.integers(0, 4, n),
+                "t_start": rng.random(n) * rng.choice([0.01, 1.0, 10.0]),
+            }
+        )
         df["t_end"] = df["t_start"] + rng.random(n) * rng.choice([0.001, 0.5, 5.0])
         got = union_lengths(df)
         for (r, s), g in df.groupby(["rank", "step"]):
@@ -109,6 +145,7 @@ def test_per_step_takes_the_slowest_rank_and_the_longest_union(tmp_path):
 
 
 # ---- pairs, intervals and the noise rule -----------------------------------------------------------------------
+
 
 def test_exposed_comes_from_pairs_not_from_medians_of_two_phases(tmp_path):
     """Load arrives at step 7 and stays: the baseline step after it runs on the loaded machine. Unpaired (T_step's
@@ -154,8 +191,8 @@ def test_a_handful_of_pairs_is_judged_by_their_range_not_by_a_narrow_bootstrap(t
 def test_the_median_bounds_cover_at_least_90_percent_and_no_more_than_needed():
     for n in (5, 6, 8, 10, 20, 100, 1000):
         k = int(median_bounds(list(range(n)))[0])  # values 0 .. n-1: the lower bound is the count left out
-        cover = 1 - 2 * sum(math.comb(n, j) for j in range(k + 1)) / 2 ** n
-        wider = 1 - 2 * sum(math.comb(n, j) for j in range(k + 2)) / 2 ** n
+        cover = 1 - 2 * sum(math.comb(n, j) for j in range(k + 1)) / 2**n
+        wider = 1 - 2 * sum(math.comb(n, j) for j in range(k + 2)) / 2**n
         assert cover >= 0.9 > wider, n
     assert median_bounds(list(range(3000))) == (1454.0, 1545.0)  # the normal approximation beyond 1,000
 
@@ -239,10 +276,25 @@ def test_a_busy_machine_widens_the_intervals_of_drifting_steps():
 
 # ---- how busy the machine was ------------------------------------------------------------------------------------
 
+
 def _snap(t, cpu, busy_ticks, steal=0, idle=0):
-    return {"time": t, "cpu_s": cpu, "ticks": 100, "cores": 2, "loadavg": [1.0, 1.0, 1.0],
-            "stat": {"user": busy_ticks, "nice": 0, "system": 0, "idle": idle, "iowait": 0, "irq": 0, "softirq": 0,
-                     "steal": steal}}
+    return {
+        "time": t,
+        "cpu_s": cpu,
+        "ticks": 100,
+        "cores": 2,
+        "loadavg": [1.0, 1.0, 1.0],
+        "stat": {
+            "user": busy_ticks,
+            "nice": 0,
+            "system": 0,
+            "idle": idle,
+            "iowait": 0,
+            "irq": 0,
+            "softirq": 0,
+            "steal": steal,
+        },
+    }
 
 
 def test_other_processes_cpu_is_the_machine_busy_time_less_the_ranks():
@@ -254,11 +306,21 @@ def test_other_processes_cpu_is_the_machine_busy_time_less_the_ranks():
 def _machine(other_cores, seconds=10.0):
     """machine events for 2 ranks taking 1 core each and other processes taking `other_cores`."""
     busy = int((2 + other_cores) * seconds * 100)
-    return {0: [{"kind": "machine", "rank": 0, "phase": "start", **_snap(0.0, 0.0, 0, idle=0)},
-                {"kind": "machine", "rank": 0, "phase": "end",
-                 **_snap(seconds, seconds, busy, idle=max(0, 400 * int(seconds) // 2 - busy))}],
-            1: [{"kind": "machine", "rank": 1, "phase": "start", "time": 0.0, "cpu_s": 0.0},
-                {"kind": "machine", "rank": 1, "phase": "end", "time": seconds, "cpu_s": seconds}]}
+    return {
+        0: [
+            {"kind": "machine", "rank": 0, "phase": "start", **_snap(0.0, 0.0, 0, idle=0)},
+            {
+                "kind": "machine",
+                "rank": 0,
+                "phase": "end",
+                **_snap(seconds, seconds, busy, idle=max(0, 400 * int(seconds) // 2 - busy)),
+            },
+        ],
+        1: [
+            {"kind": "machine", "rank": 1, "phase": "start", "time": 0.0, "cpu_s": 0.0},
+            {"kind": "machine", "rank": 1, "phase": "end", "time": seconds, "cpu_s": seconds},
+        ],
+    }
 
 
 def test_the_verdict_says_quiet_or_busy_and_busy_widens(tmp_path):
@@ -279,6 +341,7 @@ def test_the_lab_claim_uses_the_breakdowns_interval(tmp_path):
     every baseline step."""
     from dtlab.course.claims import consistent
     from dtlab.course.noise_claims import exposed_claim
+
     (tmp_path / "n").mkdir(), (tmp_path / "c").mkdir()
     noisy = exposed_claim(a_run(tmp_path / "n", [1.0, 1.0, 1.0, 1.3, 1.0, 1.3, 1.0, 1.3], [1.4, 1.0, 1.1]))
     assert noisy.result == "inconclusive" and "below this machine's noise here" in noisy.why
@@ -290,6 +353,7 @@ def test_the_lab_claim_uses_the_breakdowns_interval(tmp_path):
 
 def test_doctor_warns_before_a_run_on_a_busy_machine():
     from dtlab.cli.doctor import load_lines
+
     busy = load_lines({"other_cores": 1.6, "steal": 0.0, "cores": 2, "loadavg": [3.9], "busy": True})
     assert "1.60 of 2 cores" in busy[0] and busy[1].startswith("  warning: this machine is busy")
     quiet = load_lines({"other_cores": 0.02, "steal": 0.0, "cores": 2, "loadavg": [0.3], "busy": False})
@@ -298,6 +362,7 @@ def test_doctor_warns_before_a_run_on_a_busy_machine():
 
 def test_the_html_report_carries_the_intervals_and_the_noise_in_words(tmp_path):
     from dtlab.viz.report import write_report
+
     run = a_run(tmp_path, [1.0, 1.0, 1.0, 1.1, 0.9, 1.0, 1.05, 0.95], [1.1, 1.2, 1.15], machine=_machine(1.5))
     html = open(write_report(run)).read()
     assert "[90% interval]" in html and "below this machine&#x27;s noise here: ±" in html

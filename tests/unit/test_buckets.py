@@ -108,6 +108,7 @@ def test_distilbert_layout_matches_a_measured_ddp_run():
     # Bucket bytes of a steady step of `dtlab run --model distilbert --bucket-mb 25` (torch 2.13, gloo):
     # DDP given bucket_cap_mb uses the cap for the first bucket too.
     from dtlab.model.whatif import distilbert_param_nbytes
+
     sizes = list(reversed(distilbert_param_nbytes()))
     cap = bk.mb_to_bytes(25)
     layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)

@@ -6,6 +6,7 @@ before launch, the timeline on hand-made events, torn event lines, attempt-aware
 a restart, and the Young/Daly intervals.
 
 The three real runs (tiny model, 2 gloo ranks) are launched together, as the fault drills are."""
+
 import pytest
 
 import dtlab
@@ -14,15 +15,21 @@ from dtlab.results.events import read_events
 from dtlab.results.restarts import final_timeline
 
 
-@pytest.mark.parametrize("fields,needle", [
-    (dict(checkpoint_every=-1), "checkpoint_every must be an integer >= 0"),
-    (dict(max_restarts=-2), "max_restarts must be an integer >= 0"),
-    (dict(checkpoint_every=5, steps=4), "checkpoint_every must be <= steps (4)"),
-    (dict(checkpoint_every=True), "checkpoint_every must be an integer"),
-    (dict(strategy="zero3", checkpoint_every=2, baseline_steps=0), "checkpoint_every 2 applies to strategy 'ddp' only"),
-    (dict(strategy="zero3", max_restarts=1, baseline_steps=0), "max_restarts 1 applies to strategy 'ddp' only"),
-    (dict(comm_hook="powersgd", checkpoint_every=2), "PowerSGD's error-feedback state"),
-])
+@pytest.mark.parametrize(
+    "fields,needle",
+    [
+        (dict(checkpoint_every=-1), "checkpoint_every must be an integer >= 0"),
+        (dict(max_restarts=-2), "max_restarts must be an integer >= 0"),
+        (dict(checkpoint_every=5, steps=4), "checkpoint_every must be <= steps (4)"),
+        (dict(checkpoint_every=True), "checkpoint_every must be an integer"),
+        (
+            dict(strategy="zero3", checkpoint_every=2, baseline_steps=0),
+            "checkpoint_every 2 applies to strategy 'ddp' only",
+        ),
+        (dict(strategy="zero3", max_restarts=1, baseline_steps=0), "max_restarts 1 applies to strategy 'ddp' only"),
+        (dict(comm_hook="powersgd", checkpoint_every=2), "PowerSGD's error-feedback state"),
+    ],
+)
 def test_bad_settings_are_refused_before_launch(tmp_path, fields, needle):
     out = tmp_path / "never"
     with pytest.raises(ValueError) as info:
@@ -33,11 +40,13 @@ def test_bad_settings_are_refused_before_launch(tmp_path, fields, needle):
 
 def test_the_final_attempt_wins_and_redone_steps_are_lost_work():
     ev = lambda kind, rank, step, attempt, **kw: {"rank": rank, "step": step, "attempt": attempt, **kw}  # noqa: E731
-    rows = {"step": [ev("step", 0, s, 0, t_step=0.1, loss=s, time=s) for s in range(5)]
-            + [ev("step", 0, s, 1, t_step=0.2, loss=10 + s, time=10 + s) for s in range(2, 6)]
-            + [ev("step", 0, s, 2, t_step=0.3, loss=20 + s, time=20 + s) for s in range(4, 7)],
-            "bucket": [ev("bucket", 0, 3, 0), ev("bucket", 0, 3, 1)],
-            "restart": [{"rank": 0, "attempt": 1, "resumed_from": 2}, {"rank": 0, "attempt": 2, "resumed_from": 4}]}
+    rows = {
+        "step": [ev("step", 0, s, 0, t_step=0.1, loss=s, time=s) for s in range(5)]
+        + [ev("step", 0, s, 1, t_step=0.2, loss=10 + s, time=10 + s) for s in range(2, 6)]
+        + [ev("step", 0, s, 2, t_step=0.3, loss=20 + s, time=20 + s) for s in range(4, 7)],
+        "bucket": [ev("bucket", 0, 3, 0), ev("bucket", 0, 3, 1)],
+        "restart": [{"rank": 0, "attempt": 1, "resumed_from": 2}, {"rank": 0, "attempt": 2, "resumed_from": 4}],
+    }
     out, lost = final_timeline(rows)
     assert [(e["step"], e["attempt"]) for e in out["step"]] == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (5, 2), (6, 2)]
     assert [(e["step"], e["attempt"]) for e in out["bucket"]] == [(3, 1)]
@@ -51,10 +60,12 @@ def test_a_baseline_step_belongs_to_the_training_step_it_is_paired_with():
     steps: baseline 4 after step 1, baseline 5 after step 2). Resumed at step 2, baseline 4 (paired with step 1)
     stays with its buckets, baseline 5 was redone with step 2; only training steps are lost work."""
     ev = lambda rank, step, attempt, **kw: {"rank": rank, "step": step, "attempt": attempt, **kw}  # noqa: E731
-    rows = {"step": [ev(0, s, 0, t_step=0.1) for s in range(3)] + [ev(0, s, 1, t_step=0.2) for s in (2, 3)],
-            "baseline_step": [ev(0, 4, 0, paired_step=1), ev(0, 5, 0, paired_step=2), ev(0, 5, 1, paired_step=2)],
-            "bucket": [ev(0, 4, 0), ev(0, 5, 0), ev(0, 5, 1)],
-            "restart": [{"rank": 0, "attempt": 1, "resumed_from": 2}]}
+    rows = {
+        "step": [ev(0, s, 0, t_step=0.1) for s in range(3)] + [ev(0, s, 1, t_step=0.2) for s in (2, 3)],
+        "baseline_step": [ev(0, 4, 0, paired_step=1), ev(0, 5, 0, paired_step=2), ev(0, 5, 1, paired_step=2)],
+        "bucket": [ev(0, 4, 0), ev(0, 5, 0), ev(0, 5, 1)],
+        "restart": [{"rank": 0, "attempt": 1, "resumed_from": 2}],
+    }
     out, lost = final_timeline(rows)
     assert [(e["step"], e["attempt"]) for e in out["baseline_step"]] == [(4, 0), (5, 1)]
     assert [(e["step"], e["attempt"]) for e in out["bucket"]] == [(4, 0), (5, 1)]
@@ -63,6 +74,7 @@ def test_a_baseline_step_belongs_to_the_training_step_it_is_paired_with():
 
 def test_a_torn_last_line_does_not_swallow_the_restarted_ranks_first_event(tmp_path):
     from dtlab.rank.recorder import EventWriter
+
     path = tmp_path / "events" / "rank1.jsonl"
     path.parent.mkdir()
     path.write_text('{"kind": "step", "step": 0}\n{"kind": "step", "st')  # SIGKILL in the middle of a line
@@ -74,8 +86,14 @@ def test_a_torn_last_line_does_not_swallow_the_restarted_ranks_first_event(tmp_p
 
 def test_fault_injection_fires_on_the_attempt_it_names(monkeypatch):
     from dtlab.rank.lifecycle import maybe_inject_fault
-    for spec, attempt, fires in [("1:3", "0", True), ("1:3", "1", False), ("1:3:raise:1", "1", True),
-                                 ("1:3:raise:1", "0", False), ("1:3:raise:*", "2", True)]:
+
+    for spec, attempt, fires in [
+        ("1:3", "0", True),
+        ("1:3", "1", False),
+        ("1:3:raise:1", "1", True),
+        ("1:3:raise:1", "0", False),
+        ("1:3:raise:*", "2", True),
+    ]:
         monkeypatch.setenv("DTLAB_FAULT", spec)
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", attempt)
         maybe_inject_fault(1, 2)  # another step: never
@@ -100,6 +118,7 @@ def test_every_rank_meets_at_a_barrier_before_the_fault_fires(monkeypatch):
     import torch.distributed as dist
 
     from dtlab.rank.lifecycle import maybe_inject_fault
+
     calls = []
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))

@@ -46,6 +46,7 @@ def _recorder(coalesced: bool, calls: list):
     def wait(works):
         for w in works:
             w.wait()
+
     return pp.P2PRecorder(issue, wait)
 
 
@@ -64,8 +65,10 @@ def test_every_send_and_receive_ends_with_its_bytes_whatever_the_backend_returns
     finally:
         pp._ACTIVE["recorder"] = None
     done = [f for kind, f in writer.events if kind == "collective"]
-    assert sorted((f["op"], f["nbytes"], f["phase"]) for f in done) == [("recv", 64, "backward"),
-                                                                        ("send", 32, "forward")]
+    assert sorted((f["op"], f["nbytes"], f["phase"]) for f in done) == [
+        ("recv", 64, "backward"),
+        ("send", 32, "forward"),
+    ]
     assert all(f["t_end"] is not None and f["t_end"] >= f["t_start"] for f in done)
     assert not p2p.open  # nothing left waiting for a Work that will never come
 
@@ -115,8 +118,13 @@ def test_this_torch_has_the_helpers_the_pipeline_recorder_wraps():
 
 
 def test_checkpoint_bytes_are_this_ranks_storage_files(tmp_path):
-    for name, n in (("__0_0.distcp", 100), ("__0_1.distcp", 50), ("__1_0.distcp", 70), ("__10_0.distcp", 9),
-                    (".metadata", 30)):
+    for name, n in (
+        ("__0_0.distcp", 100),
+        ("__0_1.distcp", 50),
+        ("__1_0.distcp", 70),
+        ("__10_0.distcp", 9),
+        (".metadata", 30),
+    ):
         (tmp_path / name).write_bytes(b"x" * n)
     assert compat.checkpoint_bytes_written(str(tmp_path), 0) == 150
     assert compat.checkpoint_bytes_written(str(tmp_path), 1) == 70  # not rank 10's file
@@ -144,6 +152,7 @@ def test_dtensors_and_plain_tensors_get_a_group_each_and_foreach_adamw_steps(tmp
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     from dtlab.rank.optim import adamw
+
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:

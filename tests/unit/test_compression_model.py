@@ -1,5 +1,6 @@
 """The compression lever in the model: r scales the bandwidth term only, the encode cost lands on the compute
 path, and the explorer's r slider (started from a measured hook) drives both figures."""
+
 import numpy as np
 import pytest
 
@@ -15,8 +16,17 @@ COMPUTE = {"t_fwd": 0.01, "t_bwd_comp": 0.02, "t_opt": 0.003}
 def _w(**kw):
     args = dict(bucket_mb=1.0, nproc=4, alpha=0.0, beta=1e-9)
     args.update(kw)
-    return whatif(COMPUTE["t_fwd"], COMPUTE["t_bwd_comp"], COMPUTE["t_opt"], SIZES, args.pop("bucket_mb"),
-                  args.pop("nproc"), args.pop("alpha"), args.pop("beta"), **args)
+    return whatif(
+        COMPUTE["t_fwd"],
+        COMPUTE["t_bwd_comp"],
+        COMPUTE["t_opt"],
+        SIZES,
+        args.pop("bucket_mb"),
+        args.pop("nproc"),
+        args.pop("alpha"),
+        args.pop("beta"),
+        **args,
+    )
 
 
 def test_ratio_scales_the_bandwidth_term_not_the_latency():
@@ -37,8 +47,9 @@ def test_encode_cost_is_added_to_backward_compute():
     assert sweep["t_comp"].iloc[0] == pytest.approx(enc["t_comp"])
 
 
-@pytest.mark.parametrize("kw", [dict(ratio=0.0), dict(ratio=1.5), dict(ratio=float("nan")),
-                                dict(encode_s_per_byte=-1.0)])
+@pytest.mark.parametrize(
+    "kw", [dict(ratio=0.0), dict(ratio=1.5), dict(ratio=float("nan")), dict(encode_s_per_byte=-1.0)]
+)
 def test_bad_lever_values_are_refused(kw):
     with pytest.raises(ValueError, match="ratio|encode_s_per_byte"):
         _w(**kw)

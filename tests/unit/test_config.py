@@ -1,4 +1,5 @@
 """RunConfig validation: every bad field is refused before any process starts, naming the field."""
+
 import re
 
 import pytest
@@ -7,38 +8,41 @@ from dtlab.cli.main import main as cli_main
 from dtlab.config.run import RunConfig, ZeroConfig, tiny
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("nproc", 0, "nproc must be an integer >= 1"),
-    ("nproc", 1.5, "nproc must be an integer"),
-    ("strategy", "fsdp", "strategy must be one of"),
-    ("backend", "mpi", "backend must be one of"),
-    ("bucket_mb", 0, "bucket_mb must be a finite number > 0"),
-    ("bucket_mb", -3.0, "bucket_mb must be a finite number > 0"),
-    ("bucket_mb", float("inf"), "bucket_mb must be a finite number > 0"),
-    ("bucket_mb", float("nan"), "bucket_mb must be a finite number > 0"),
-    ("bucket_mb", 2.0 ** 21, "bucket_mb must be a finite number > 0 and <= 1,048,576"),
-    ("bucket_mb", "25", "bucket_mb must be a finite number"),
-    ("lr", float("nan"), "lr must be a finite number > 0"),
-    ("lr", float("inf"), "lr must be a finite number > 0"),
-    ("lr", 0.0, "lr must be a finite number > 0"),
-    ("seed", -1, "seed must be an integer in [0, 2**32)"),
-    ("seed", 2 ** 40, "seed must be an integer in [0, 2**32)"),
-    ("stall_s", 0, "stall_s must be a finite number > 0"),
-    ("stall_s", float("inf"), "stall_s must be a finite number > 0"),
-    ("timeout_s", float("inf"), "timeout_s must be a finite number > 0"),
-    ("out", 3, "out must be a path"),
-    ("data", 7, "data must be a string"),
-    ("steps", 0, "steps must be an integer >= 1"),
-    ("batch_size", 0, "batch_size must be an integer >= 1"),
-    ("seq_len", 0, "seq_len must be an integer >= 1"),
-    ("seq_len", 1024, "seq_len must be <= 512"),
-    ("model", "gpt2", "model must be one of"),
-    ("model_source", "s3", "model_source must be one of"),
-    ("model_path", "/no/such/model", "model_path must be an existing folder"),
-    ("data", "/no/such/file.csv", "data must be one of"),
-    ("timeout_s", 0, "timeout_s must be a finite number > 0 (seconds)"),
-    ("baseline_steps", -1, "baseline_steps must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("nproc", 0, "nproc must be an integer >= 1"),
+        ("nproc", 1.5, "nproc must be an integer"),
+        ("strategy", "fsdp", "strategy must be one of"),
+        ("backend", "mpi", "backend must be one of"),
+        ("bucket_mb", 0, "bucket_mb must be a finite number > 0"),
+        ("bucket_mb", -3.0, "bucket_mb must be a finite number > 0"),
+        ("bucket_mb", float("inf"), "bucket_mb must be a finite number > 0"),
+        ("bucket_mb", float("nan"), "bucket_mb must be a finite number > 0"),
+        ("bucket_mb", 2.0**21, "bucket_mb must be a finite number > 0 and <= 1,048,576"),
+        ("bucket_mb", "25", "bucket_mb must be a finite number"),
+        ("lr", float("nan"), "lr must be a finite number > 0"),
+        ("lr", float("inf"), "lr must be a finite number > 0"),
+        ("lr", 0.0, "lr must be a finite number > 0"),
+        ("seed", -1, "seed must be an integer in [0, 2**32)"),
+        ("seed", 2**40, "seed must be an integer in [0, 2**32)"),
+        ("stall_s", 0, "stall_s must be a finite number > 0"),
+        ("stall_s", float("inf"), "stall_s must be a finite number > 0"),
+        ("timeout_s", float("inf"), "timeout_s must be a finite number > 0"),
+        ("out", 3, "out must be a path"),
+        ("data", 7, "data must be a string"),
+        ("steps", 0, "steps must be an integer >= 1"),
+        ("batch_size", 0, "batch_size must be an integer >= 1"),
+        ("seq_len", 0, "seq_len must be an integer >= 1"),
+        ("seq_len", 1024, "seq_len must be <= 512"),
+        ("model", "gpt2", "model must be one of"),
+        ("model_source", "s3", "model_source must be one of"),
+        ("model_path", "/no/such/model", "model_path must be an existing folder"),
+        ("data", "/no/such/file.csv", "data must be one of"),
+        ("timeout_s", 0, "timeout_s must be a finite number > 0 (seconds)"),
+        ("baseline_steps", -1, "baseline_steps must be an integer >= 0"),
+    ],
+)
 def test_each_bad_field_is_named(field, value, needle):
     cfg = RunConfig(**{field: value})
     with pytest.raises(ValueError, match=re.escape(needle)):
@@ -106,15 +110,19 @@ def _write(tmp_path, name, text):
 GOOD_ROWS = [("a gripping film", 1), ("a dull , tedious film", 0)] * 4  # 8 rows = batch_size 4 x nproc 2
 
 
-@pytest.mark.parametrize("name,text", [
-    ("d.csv", "sentence,label\n" + "".join(f'"{s}",{y}\n' for s, y in GOOD_ROWS)),
-    ("d.tsv", "sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in GOOD_ROWS)),
-    ("d.jsonl", "".join(f'{{"sentence": "{s}", "label": {y}, "idx": 3}}\n' for s, y in GOOD_ROWS)),
-    ("d.json", "[" + ",".join(f'{{"sentence": "{s}", "label": {y}.0}}' for s, y in GOOD_ROWS) + "]"),
-])
+@pytest.mark.parametrize(
+    "name,text",
+    [
+        ("d.csv", "sentence,label\n" + "".join(f'"{s}",{y}\n' for s, y in GOOD_ROWS)),
+        ("d.tsv", "sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in GOOD_ROWS)),
+        ("d.jsonl", "".join(f'{{"sentence": "{s}", "label": {y}, "idx": 3}}\n' for s, y in GOOD_ROWS)),
+        ("d.json", "[" + ",".join(f'{{"sentence": "{s}", "label": {y}.0}}' for s, y in GOOD_ROWS) + "]"),
+    ],
+)
 def test_good_data_files_pass_and_are_what_the_ranks_read(tmp_path, name, text):
     from dtlab.config.datafile import read_data_file
     from dtlab.rank.data import load_sentences
+
     path = _write(tmp_path, name, text)
     tiny(data=path).validate(cuda_device_count=0)
     assert read_data_file(path) == ([s for s, _ in GOOD_ROWS], [y for _, y in GOOD_ROWS])
@@ -125,27 +133,31 @@ def test_good_data_files_pass_and_are_what_the_ranks_read(tmp_path, name, text):
 
 def test_parquet_data_file(tmp_path):
     import pandas as pd
+
     path = str(tmp_path / "d.parquet")
     pd.DataFrame({"sentence": [s for s, _ in GOOD_ROWS], "label": [y for _, y in GOOD_ROWS]}).to_parquet(path)
     tiny(data=path).validate(cuda_device_count=0)
 
 
-@pytest.mark.parametrize("name,text,needle", [
-    ("d.csv", "text,label\nok,1\n", "lacks column(s) sentence"),
-    ("d.csv", "sentence,target\nok,1\n", "lacks column(s) label"),
-    ("d.csv", "sentence,label\nok,1\nfine,7\n", "row 2: label must be the number 0 or 1"),
-    ("d.csv", "sentence,label\nok,1\nfine,-1\n", "row 2: label must be the number 0 or 1"),
-    ("d.csv", "sentence,label\nok,0.5\n", "row 1: label must be the number 0 or 1"),
-    ("d.csv", "sentence,label\nok,positive\n", "row 1: label must be the number 0 or 1"),
-    ("d.csv", "sentence,label\nok,\n", "row 1: label must be the number 0 or 1"),
-    ("d.csv", "sentence,label\n,1\n", "row 1: sentence must be non-empty text"),
-    ("d.csv", "sentence,label\n", "has no rows"),
-    ("d.csv", "", "cannot read"),
-    ("d.jsonl", '{"sentence": "ok", "label": true}\n', "row 1: label must be the number 0 or 1"),
-    ("d.jsonl", '{"sentence": null, "label": 1}\n', "row 1: sentence must be non-empty text"),
-    ("d.jsonl", '{"sentence": "ok", "label": 1}\n{broken\n', "cannot read"),
-    ("d.csv", "sentence,label\n" + "ok,1\n" * 7, "has 7 row(s); a run needs at least batch_size x nproc = 8"),
-])
+@pytest.mark.parametrize(
+    "name,text,needle",
+    [
+        ("d.csv", "text,label\nok,1\n", "lacks column(s) sentence"),
+        ("d.csv", "sentence,target\nok,1\n", "lacks column(s) label"),
+        ("d.csv", "sentence,label\nok,1\nfine,7\n", "row 2: label must be the number 0 or 1"),
+        ("d.csv", "sentence,label\nok,1\nfine,-1\n", "row 2: label must be the number 0 or 1"),
+        ("d.csv", "sentence,label\nok,0.5\n", "row 1: label must be the number 0 or 1"),
+        ("d.csv", "sentence,label\nok,positive\n", "row 1: label must be the number 0 or 1"),
+        ("d.csv", "sentence,label\nok,\n", "row 1: label must be the number 0 or 1"),
+        ("d.csv", "sentence,label\n,1\n", "row 1: sentence must be non-empty text"),
+        ("d.csv", "sentence,label\n", "has no rows"),
+        ("d.csv", "", "cannot read"),
+        ("d.jsonl", '{"sentence": "ok", "label": true}\n', "row 1: label must be the number 0 or 1"),
+        ("d.jsonl", '{"sentence": null, "label": 1}\n', "row 1: sentence must be non-empty text"),
+        ("d.jsonl", '{"sentence": "ok", "label": 1}\n{broken\n', "cannot read"),
+        ("d.csv", "sentence,label\n" + "ok,1\n" * 7, "has 7 row(s); a run needs at least batch_size x nproc = 8"),
+    ],
+)
 def test_bad_data_files_are_refused_by_problem(tmp_path, name, text, needle):
     path = _write(tmp_path, name, text)
     with pytest.raises(ValueError) as info:
@@ -156,21 +168,31 @@ def test_bad_data_files_are_refused_by_problem(tmp_path, name, text, needle):
 
 def test_launch_refuses_before_starting_anything(tmp_path):
     import dtlab
+
     out = tmp_path / "never"
     with pytest.raises(ValueError, match="bucket_mb"):
         dtlab.launch(RunConfig(bucket_mb=0, out=str(out)))
     assert not out.exists()  # refused before the run directory (or any process) was made
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--nproc", "0"], "nproc"), (["--bucket-mb", "0"], "bucket_mb"), (["--steps", "0"], "steps"),
-    # non-finite numbers may be refused by the parser (naming the flag) or by validation (naming the field)
-    (["--bucket-mb", "inf"], r"bucket[-_]mb.*finite number"), (["--bucket-mb", "nan"], r"bucket[-_]mb"),
-    (["--timeout", "inf"], r"timeout.*finite number"), (["--stall", "-2"], "stall_s"),
-    (["--strategy", "x"], "strategy"), (["--model", "x"], "model"), (["--seq-len", "0"], "seq_len"),
-    (["--strategy", "zero3", "--zero-reduce-bucket-size", "0"], "zero.reduce_bucket_size"),
-    (["--strategy", "zero3", "--zero-max-reuse-distance", "-1"], "zero.stage3_max_reuse_distance"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--nproc", "0"], "nproc"),
+        (["--bucket-mb", "0"], "bucket_mb"),
+        (["--steps", "0"], "steps"),
+        # non-finite numbers may be refused by the parser (naming the flag) or by validation (naming the field)
+        (["--bucket-mb", "inf"], r"bucket[-_]mb.*finite number"),
+        (["--bucket-mb", "nan"], r"bucket[-_]mb"),
+        (["--timeout", "inf"], r"timeout.*finite number"),
+        (["--stall", "-2"], "stall_s"),
+        (["--strategy", "x"], "strategy"),
+        (["--model", "x"], "model"),
+        (["--seq-len", "0"], "seq_len"),
+        (["--strategy", "zero3", "--zero-reduce-bucket-size", "0"], "zero.reduce_bucket_size"),
+        (["--strategy", "zero3", "--zero-max-reuse-distance", "-1"], "zero.stage3_max_reuse_distance"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(args, needle, capsys, tmp_path):
     try:
         rc = cli_main(["run", "--out", str(tmp_path / "x"), *args])

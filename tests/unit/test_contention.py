@@ -10,8 +10,8 @@ import pytest
 
 from dtlab.config.calibration import CalibConfig
 from dtlab.model.buckets import predict_step, simulate_queue
-from dtlab.model.profile import Profile
 from dtlab.model.prediction import predict, prediction_summary
+from dtlab.model.profile import Profile
 from dtlab.results.calibration import load_profile
 
 
@@ -41,8 +41,9 @@ def test_t_comm_is_the_time_in_flight_not_the_service_time():
     pred = predict_step(t_fwd=1.0, t_bwd_comp=3.0, t_opt=0.5, ready=[1.5, 2.0, 3.5], durations=[1.0, 0.2, 0.2])
     # [1.5, 2.5] and [2.0, 2.7] overlap: in flight 1.5..2.7 and 3.5..3.7
     assert pred["t_comm"] == pytest.approx(1.4) and pred["t_busy"] == pytest.approx(1.4)
-    contended = predict_step(t_fwd=1.0, t_bwd_comp=3.0, t_opt=0.5, ready=[1.5, 2.0, 3.5], durations=[1.0, 0.2, 0.2],
-                             loaded=[2.0, 0.4, 0.4])
+    contended = predict_step(
+        t_fwd=1.0, t_bwd_comp=3.0, t_opt=0.5, ready=[1.5, 2.0, 3.5], durations=[1.0, 0.2, 0.2], loaded=[2.0, 0.4, 0.4]
+    )
     # backward ends at 4.0: bucket 0 loaded 1.5..3.5, bucket 1 loaded 3.5..3.9, bucket 2 from 3.9: a quarter of it
     # loaded (0.1 s of 0.4), the rest idle (0.75 x 0.2 s) -> ends 4.15; in flight 1.5..4.15
     assert contended["t_comm"] == pytest.approx(4.15 - 1.5)
@@ -51,8 +52,11 @@ def test_t_comm_is_the_time_in_flight_not_the_service_time():
 
 def _samples(alpha, beta, load, sizes=(4096, 65536, 1 << 20, 1 << 22)):
     # ring all-reduce on p = 2: t = 2 alpha + n beta (2(p-1)/p = 1)
-    return [{"op": "all_reduce", "nbytes": n, "nproc": 2, "seconds": 2 * alpha + beta * n, "load": load, "iter": i}
-            for n in sizes for i in range(3)]
+    return [
+        {"op": "all_reduce", "nbytes": n, "nproc": 2, "seconds": 2 * alpha + beta * n, "load": load, "iter": i}
+        for n in sizes
+        for i in range(3)
+    ]
 
 
 def _profile():
@@ -70,7 +74,8 @@ def test_profile_fits_loaded_samples_apart_and_keeps_them_on_disk(tmp_path):
     prof.save(str(tmp_path))
     again = load_profile(str(tmp_path))
     assert again.predict("all_reduce", n, 2, load="backward") == pytest.approx(
-        prof.predict("all_reduce", n, 2, load="backward"))
+        prof.predict("all_reduce", n, 2, load="backward")
+    )
     assert json.loads((tmp_path / "profile.json").read_text())["loaded_fits"]["all_reduce"]["beta"] > 0
     idle_only = Profile.from_samples(pd.DataFrame(_samples(10e-6, 1e-9, "idle")))
     assert not idle_only.has_load("all_reduce")
@@ -85,13 +90,33 @@ class _Run:
     config = {"strategy": "ddp"}
 
     def __init__(self):
-        self.steps = pd.DataFrame([{"rank": 0, "step": 1, "t_fwd": 0.010, "t_bwd": 0.030, "t_opt": 0.002,
-                                    "t_step": 0.060, "loss": 0.69}])
-        self.buckets = pd.DataFrame([
-            {"rank": 0, "step": 1, "bucket": 0, "nbytes": 1 << 22, "wire_bytes": 1 << 22, "t_ready": 0.015,
-             "t_start": 0.015, "t_end": 0.045},
-            {"rank": 0, "step": 1, "bucket": 1, "nbytes": 1 << 20, "wire_bytes": 1 << 20, "t_ready": 0.030,
-             "t_start": 0.030, "t_end": 0.048}])
+        self.steps = pd.DataFrame(
+            [{"rank": 0, "step": 1, "t_fwd": 0.010, "t_bwd": 0.030, "t_opt": 0.002, "t_step": 0.060, "loss": 0.69}]
+        )
+        self.buckets = pd.DataFrame(
+            [
+                {
+                    "rank": 0,
+                    "step": 1,
+                    "bucket": 0,
+                    "nbytes": 1 << 22,
+                    "wire_bytes": 1 << 22,
+                    "t_ready": 0.015,
+                    "t_start": 0.015,
+                    "t_end": 0.045,
+                },
+                {
+                    "rank": 0,
+                    "step": 1,
+                    "bucket": 1,
+                    "nbytes": 1 << 20,
+                    "wire_bytes": 1 << 20,
+                    "t_ready": 0.030,
+                    "t_start": 0.030,
+                    "t_end": 0.048,
+                },
+            ]
+        )
 
     def measured_steps(self):
         return self.steps
@@ -113,14 +138,22 @@ def test_predict_reports_the_idle_and_the_contended_replay():
     assert row.contended_t_comm_error == pytest.approx(row.contended_t_comm / (0.048 - 0.015) - 1)
     summary = prediction_summary(pred)
     assert summary["contended_median_abs_t_comm_error"] == pytest.approx(abs(row.contended_t_comm_error))
-    assert "contended_t_step" not in predict(run, Profile.from_samples(
-        pd.DataFrame(_samples(10e-6, 1e-9, "idle")))).columns
+    assert (
+        "contended_t_step"
+        not in predict(run, Profile.from_samples(pd.DataFrame(_samples(10e-6, 1e-9, "idle")))).columns
+    )
     assert np.isfinite(row.contended_t_step)
 
 
-@pytest.mark.parametrize("changes, field", [
-    (dict(load="busy"), "load must be one of"), (dict(load="backward", load_model="gpt2"), "load_model"),
-    (dict(load="backward", load_batch_size=0), "load_batch_size"), (dict(load_seq_len=1000), "load_seq_len")])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(load="busy"), "load must be one of"),
+        (dict(load="backward", load_model="gpt2"), "load_model"),
+        (dict(load="backward", load_batch_size=0), "load_batch_size"),
+        (dict(load_seq_len=1000), "load_seq_len"),
+    ],
+)
 def test_calibration_load_fields_are_checked_by_name(changes, field):
     with pytest.raises(ValueError, match=field):
         CalibConfig(**changes).validate(cuda_device_count=0)
@@ -135,14 +168,17 @@ def test_samples_without_a_load_column_are_idle_and_give_no_loaded_fit():
 def test_the_explorer_starts_at_the_measured_contention_and_says_where_it_comes_from():
     from dtlab.model.whatif import contention_from_profile, whatif
     from dtlab.viz.explorer_state import ExplorerState
+
     prof = _profile()
-    factor, how = contention_from_profile(prof, 25 * 2 ** 20, 2)
-    n = 25 * 2 ** 20
+    factor, how = contention_from_profile(prof, 25 * 2**20, 2)
+    n = 25 * 2**20
     assert factor == pytest.approx((60e-6 + 4e-9 * n) / (20e-6 + 1e-9 * n)) and "measured" in how
     st = ExplorerState(profile=prof, compute={"t_fwd": 0.01, "t_bwd_comp": 0.02, "t_opt": 0.003})
     assert st.contention0 == pytest.approx(round(contention_from_profile(prof, 28351488.0)[0] / 0.05) * 0.05)
     values = {"nproc": 2, "bucket_mb": 25.0, "alpha_us": 10.0, "bandwidth_gbs": 1.0, "form": "ring", "sweep": "nproc"}
-    assert "measured" in st.contention_line(values) and "moved by you" in st.contention_line({**values, "contention": 1.0})
+    assert "measured" in st.contention_line(values) and "moved by you" in st.contention_line(
+        {**values, "contention": 1.0}
+    )
     # contention slows only what is in flight while backward runs: the step cannot get faster
     args = (0.01, 0.02, 0.003, [4 << 20] * 8, 25.0, 2, 10e-6, 1e-9)
     assert whatif(*args, contention=3.0)["t_step"] > whatif(*args)["t_step"]
@@ -152,6 +188,7 @@ def test_the_explorer_starts_at_the_measured_contention_and_says_where_it_comes_
 
 def test_a_collective_starts_when_the_last_rank_issues_it_and_the_early_rank_waits():
     from dtlab.model.buckets import replay_ranks
+
     # rank 0 issues buckets at 0.0 and 1.0, rank 1 at 0.5 and 1.2 (one shared clock); 0.2 s each
     rep = replay_ranks([[0.0, 1.0], [0.5, 1.2]], [0.2, 0.2])
     assert rep["start"].tolist() == pytest.approx([0.5, 1.2]) and rep["end"].tolist() == pytest.approx([0.7, 1.4])
@@ -168,19 +205,49 @@ class _TwoRanks(_Run):
     nproc = 2
 
     def __init__(self):
-        self.steps = pd.DataFrame([
-            {"rank": 0, "step": 1, "t_fwd": 0.010, "t_bwd": 0.030, "t_opt": 0.002, "t_step": 0.060, "time": 100.060},
-            {"rank": 1, "step": 1, "t_fwd": 0.010, "t_bwd": 0.035, "t_opt": 0.002, "t_step": 0.052, "time": 100.062}])
+        self.steps = pd.DataFrame(
+            [
+                {
+                    "rank": 0,
+                    "step": 1,
+                    "t_fwd": 0.010,
+                    "t_bwd": 0.030,
+                    "t_opt": 0.002,
+                    "t_step": 0.060,
+                    "time": 100.060,
+                },
+                {
+                    "rank": 1,
+                    "step": 1,
+                    "t_fwd": 0.010,
+                    "t_bwd": 0.035,
+                    "t_opt": 0.002,
+                    "t_step": 0.052,
+                    "time": 100.062,
+                },
+            ]
+        )
         rows = []
         for r, start, readies in ((0, 100.000, (0.015, 0.030)), (1, 100.010, (0.020, 0.032))):
             for k, (ready, n) in enumerate(zip(readies, (1 << 22, 1 << 20))):
-                rows.append({"rank": r, "step": 1, "bucket": k, "nbytes": n, "wire_bytes": n, "t_ready": ready,
-                             "t_start": ready, "t_end": ready + 0.02})
+                rows.append(
+                    {
+                        "rank": r,
+                        "step": 1,
+                        "bucket": k,
+                        "nbytes": n,
+                        "wire_bytes": n,
+                        "t_ready": ready,
+                        "t_start": ready,
+                        "t_end": ready + 0.02,
+                    }
+                )
         self.buckets = pd.DataFrame(rows)
 
 
 def test_predict_replays_every_rank_on_the_shared_clock():
     from dtlab.model.buckets import replay_ranks
+
     run, prof = _TwoRanks(), _profile()
     row = predict(run, prof).iloc[0]
     # each rank's step start = its end stamp - t_step: rank 0 at 100.000, rank 1 at 100.010

@@ -40,13 +40,20 @@ def test_ring_hand():
 def test_ring_allreduce_is_rs_plus_ag():
     p = np.array([2, 3, 8, 64])
     n = np.array([1e3, 1e5, 1e7, 1e9])
-    assert np.allclose(cm.ring_allreduce(A, B, n, p),
-                       cm.ring_reduce_scatter(A, B, n, p) + cm.ring_all_gather(A, B, n, p))
+    assert np.allclose(
+        cm.ring_allreduce(A, B, n, p), cm.ring_reduce_scatter(A, B, n, p) + cm.ring_all_gather(A, B, n, p)
+    )
 
 
 def test_single_process_is_free():
-    for fn in (cm.textbook_allreduce, cm.textbook_zero3, cm.parameter_server,
-               cm.ring_allreduce, cm.ring_reduce_scatter, cm.ring_all_gather):
+    for fn in (
+        cm.textbook_allreduce,
+        cm.textbook_zero3,
+        cm.parameter_server,
+        cm.ring_allreduce,
+        cm.ring_reduce_scatter,
+        cm.ring_all_gather,
+    ):
         assert fn(A, B, N, 1) == 0.0
     for op in cm.OPS:
         for form in cm.FORMS:

@@ -2,6 +2,7 @@
 its state (dtlab.viz.explorer_state) and its widget wiring (dtlab.viz.dashboard).
 
 No torch, no runs: synthetic profiles and sweeps only. Redraw times are recorded, never asserted."""
+
 import re
 
 import numpy as np
@@ -29,19 +30,23 @@ def synth_profile(caveats=None, nprocs=(1, 2, 4)) -> Profile:
     rows = []
     for op in ("all_reduce", "all_gather"):
         for p in nprocs:
-            for n in [2 ** k for k in range(10, 27, 2)]:
+            for n in [2**k for k in range(10, 27, 2)]:
                 t = cm.collective_time(op, "ring", ALPHA, BETA, n, p) if p > 1 else 5e-6
-                rows += [{"op": op, "nbytes": n, "nproc": p, "seconds": t * (1 + 0.03 * abs(rng.standard_normal()))}
-                         for _ in range(5)]
-    return Profile.from_samples(pd.DataFrame(rows), meta={"backend": "gloo"}, max_bytes=2 ** 22,
-                                caveats=caveats or [])
+                rows += [
+                    {"op": op, "nbytes": n, "nproc": p, "seconds": t * (1 + 0.03 * abs(rng.standard_normal()))}
+                    for _ in range(5)
+                ]
+    return Profile.from_samples(pd.DataFrame(rows), meta={"backend": "gloo"}, max_bytes=2**22, caveats=caveats or [])
 
 
 def axis_titles(fig: go.Figure) -> dict:
     """axis name -> title text, for every axis with a title."""
     lay = fig.layout.to_plotly_json()
-    return {k: v.get("title", {}).get("text") for k, v in lay.items()
-            if re.fullmatch(r"[xy]axis\d*", k) and v.get("title", {}).get("text")}
+    return {
+        k: v.get("title", {}).get("text")
+        for k, v in lay.items()
+        if re.fullmatch(r"[xy]axis\d*", k) and v.get("title", {}).get("text")
+    }
 
 
 def assert_units(fig: go.Figure):
@@ -121,17 +126,23 @@ def test_calibration_figure():
 
 
 def test_forms_figure():
-    fig = cp.forms_figure(ALPHA, BETA, 25 * 2 ** 20, [1, 2, 4, 8, 64])
+    fig = cp.forms_figure(ALPHA, BETA, 25 * 2**20, [1, 2, 4, 8, 64])
     names = [t.name for t in fig.data]
     assert {"textbook total", "ring total", "ring bandwidth term", "textbook latency term"} <= set(names)
     ring = next(t for t in fig.data if t.name == "ring total")
-    assert ring.y[0] == 0 and ring.y[-1] == pytest.approx(cm.ring_allreduce(ALPHA, BETA, 25 * 2 ** 20, 64) * 1e3)
+    assert ring.y[0] == 0 and ring.y[-1] == pytest.approx(cm.ring_allreduce(ALPHA, BETA, 25 * 2**20, 64) * 1e3)
     assert_units(fig)
 
 
 def test_predicted_breakdown_figure():
-    df = pd.DataFrame({"label": ["p=2, 25 MiB", "p=4, 25 MiB"], "t_comp": [0.03, 0.03],
-                       "t_comm": [0.02, 0.04], "exposed": [0.0, 0.012]})
+    df = pd.DataFrame(
+        {
+            "label": ["p=2, 25 MiB", "p=4, 25 MiB"],
+            "t_comp": [0.03, 0.03],
+            "t_comm": [0.02, 0.04],
+            "exposed": [0.0, 0.012],
+        }
+    )
     fig = mf.predicted_breakdown_figure(df)
     assert [t.type for t in fig.data] == ["bar", "bar", "scatter"]
     assert list(fig.data[1].y) == pytest.approx([0.0, 12.0])  # ms
@@ -189,10 +200,17 @@ def test_explorer_with_profile_and_measured():
     from dtlab.viz.dashboard import explorer
 
     prof = synth_profile(caveats=["gloo on CPU: wall-clock timings"])
-    measured = pd.DataFrame({"nproc": [2, 4, 4, 8], "bucket_mb": [25.0, 25.0, 100.0, 25.0],
-                             "status": ["ran", "ran", "ran", "skipped"],
-                             "t_step": [0.04, 0.05, 0.045, np.nan], "t_comm": [0.01, 0.02, 0.02, np.nan],
-                             "t_comp": [0.033, 0.033, 0.033, np.nan], "exposed": [0.007, 0.017, 0.012, np.nan]})
+    measured = pd.DataFrame(
+        {
+            "nproc": [2, 4, 4, 8],
+            "bucket_mb": [25.0, 25.0, 100.0, 25.0],
+            "status": ["ran", "ran", "ran", "skipped"],
+            "t_step": [0.04, 0.05, 0.045, np.nan],
+            "t_comm": [0.01, 0.02, 0.02, np.nan],
+            "t_comp": [0.033, 0.033, 0.033, np.nan],
+            "exposed": [0.007, 0.017, 0.012, np.nan],
+        }
+    )
     ex = explorer(profile=prof, compute=dict(COMPUTE, source="test compute"), measured=measured)
     fit = prof.fits["all_reduce"]
     assert ex.sliders["alpha_us"].value == pytest.approx(fit.alpha * 1e6)
@@ -224,7 +242,7 @@ def test_explorer_with_profile_and_measured():
 def test_explorer_custom_sizes_and_bad_inputs():
     from dtlab.viz.dashboard import explorer
 
-    ex = explorer(compute=COMPUTE, param_nbytes=[4 * 2 ** 20] * 10)
+    ex = explorer(compute=COMPUTE, param_nbytes=[4 * 2**20] * 10)
     assert ex.result["n_buckets"] >= 2
     with pytest.raises(ValueError, match="t_opt"):
         explorer(compute={"t_fwd": 0.01, "t_bwd_comp": 0.02})
@@ -235,14 +253,40 @@ def test_explorer_custom_sizes_and_bad_inputs():
 def test_compute_from_run():
     from dtlab.results.run import BUCKET_COLUMNS, STEP_COLUMNS, Run
 
-    steps = pd.DataFrame([[r, s, 0.010 + r * 0.001, 0.030, 0.003, 0.045 + r * 0.001, 1.0]
-                          for s in range(3) for r in range(2)], columns=STEP_COLUMNS)
-    buckets = pd.DataFrame([{"rank": r, "step": s, "bucket": b, "nbytes": 1000, "nparams": 1,
-                             "t_ready": 0.010 + r * 0.001 + 0.01 * (b + 1), "t_start": 0.0, "t_end": 0.0}
-                            for s in range(3) for r in range(2) for b in range(2)], columns=BUCKET_COLUMNS)
+    steps = pd.DataFrame(
+        [[r, s, 0.010 + r * 0.001, 0.030, 0.003, 0.045 + r * 0.001, 1.0] for s in range(3) for r in range(2)],
+        columns=STEP_COLUMNS,
+    )
+    buckets = pd.DataFrame(
+        [
+            {
+                "rank": r,
+                "step": s,
+                "bucket": b,
+                "nbytes": 1000,
+                "nparams": 1,
+                "t_ready": 0.010 + r * 0.001 + 0.01 * (b + 1),
+                "t_start": 0.0,
+                "t_end": 0.0,
+            }
+            for s in range(3)
+            for r in range(2)
+            for b in range(2)
+        ],
+        columns=BUCKET_COLUMNS,
+    )
     empty = pd.DataFrame(columns=STEP_COLUMNS)
-    run = Run(path="fake", config={"warmup": 1}, resolved={}, status={}, steps=steps, baseline_steps=empty,
-              buckets=buckets, collectives=pd.DataFrame(), memory=pd.DataFrame())
+    run = Run(
+        path="fake",
+        config={"warmup": 1},
+        resolved={},
+        status={},
+        steps=steps,
+        baseline_steps=empty,
+        buckets=buckets,
+        collectives=pd.DataFrame(),
+        memory=pd.DataFrame(),
+    )
     est = wi.compute_from_run(run)  # no baseline: backward until the last bucket was ready (slowest rank 1)
     assert est["t_fwd"] == pytest.approx(0.011) and est["t_bwd_comp"] == pytest.approx(0.020)
     assert est["t_opt"] == pytest.approx(0.003) and "estimated" in est["source"]
@@ -335,8 +379,7 @@ def test_explorer_state_is_pure_and_says_where_alpha_beta_come_from():
     assert not on_log_grid(21.0, 20.0, 10, 0.02)
 
     st = ExplorerState(compute=COMPUTE)
-    values = {"nproc": 8, "bucket_mb": 25.0, "alpha_us": 20.0, "bandwidth_gbs": 10.0, "form": "ring",
-              "sweep": "nproc"}
+    values = {"nproc": 8, "bucket_mb": 25.0, "alpha_us": 20.0, "bandwidth_gbs": 10.0, "form": "ring", "sweep": "nproc"}
     assert not st.moved("alpha", values) and not st.moved("beta", values)
     assert st.params(values)["alpha"] == st.ref["alpha"]
     assert "default, not calibrated" in st.sources(values)["alpha"]
@@ -411,12 +454,12 @@ def test_the_bucket_slider_spans_only_sizes_that_change_the_bucket_count():
 
     tiny = wi.model_param_nbytes("tiny")[::-1]  # small tensors first, the 3.9 MB embedding last
     lo, hi = bucket_slider_range(tiny)
-    assert bucket_count(tiny, 2 ** hi) == 1 < bucket_count(tiny, 2 ** (hi - 0.05))
-    assert bucket_count(tiny, 2 ** lo) == bucket_count(tiny, 2 ** -7) > bucket_count(tiny, 2 ** (lo + 0.05))
+    assert bucket_count(tiny, 2**hi) == 1 < bucket_count(tiny, 2 ** (hi - 0.05))
+    assert bucket_count(tiny, 2**lo) == bucket_count(tiny, 2**-7) > bucket_count(tiny, 2 ** (lo + 0.05))
     ex = explorer(compute=COMPUTE, param_nbytes=tiny)
     b = ex.sliders["bucket_mb"]
-    assert b.max == pytest.approx(hi) and b.value == pytest.approx(2 ** hi)  # 25 MiB would be one bucket too
-    assert all(2 ** lo <= x <= 2 ** hi for x in ex.state.sweep_buckets())
+    assert b.max == pytest.approx(hi) and b.value == pytest.approx(2**hi)  # 25 MiB would be one bucket too
+    assert all(2**lo <= x <= 2**hi for x in ex.state.sweep_buckets())
     # one tensor: no bucket size changes anything, so there is no bucket control
     one = explorer(compute=COMPUTE, param_nbytes=[4_000_000])
     assert bucket_slider_range([4_000_000]) is None and one.sliders["bucket_mb"].layout.display == "none"

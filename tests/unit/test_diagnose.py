@@ -1,4 +1,5 @@
 """dtlab.course.diagnose: a rank's log in, the verdict's sentence out (pure, no ranks started)."""
+
 from dtlab.course.diagnose import (
     failure_feedback,
     meaning,
@@ -33,8 +34,8 @@ RuntimeError: [/__w/gloo/pair.cc:537] Read error [127.0.0.1]:47506: Connection r
 
 
 def test_the_innermost_student_frame_in_either_stack_format():
-    assert student_frame(ABORT) == 8          # faulthandler: most recent call first
-    assert student_frame(RAISED) == 7         # traceback: most recent call last
+    assert student_frame(ABORT) == 8  # faulthandler: most recent call first
+    assert student_frame(RAISED) == 7  # traceback: most recent call last
     assert student_frame("no frames here") is None
 
 
@@ -51,20 +52,39 @@ def test_meaning_reads_the_sizes_of_a_mismatch():
 
 
 def test_where_counts_lines_from_the_def_and_in_the_cell():
-    assert where(STUDENT, 8, def_line=6, cell_line=2, name="ring") == \
-        "line 3 of ring (line 4 of its cell): `dist.recv(t, 0)`"
+    assert (
+        where(STUDENT, 8, def_line=6, cell_line=2, name="ring")
+        == "line 3 of ring (line 4 of its cell): `dist.recv(t, 0)`"
+    )
     assert where(STUDENT, 8, def_line=None, cell_line=None, name="ring") == "student.py line 8: `dist.recv(t, 0)`"
 
 
 def test_the_peer_that_died_first_is_named_not_the_one_that_lost_its_connection():
-    text = failure_feedback("ring_allreduce", "failed", {0: RAISED, 1: ABORT}, STUDENT, "ring", def_line=6,
-                            cell_line=2, culprit=0, signal=None)
+    text = failure_feedback(
+        "ring_allreduce",
+        "failed",
+        {0: RAISED, 1: ABORT},
+        STUDENT,
+        "ring",
+        def_line=6,
+        cell_line=2,
+        culprit=0,
+        signal=None,
+    )
     assert text.startswith("ring_allreduce: rank 1 failed at line 3 of ring"), text
     assert "Received data size" in text and "Connection reset" not in text
 
 
 def test_a_hang_names_where_every_rank_waits():
-    text = failure_feedback("ring_allreduce", "stalled", {0: ABORT, 1: ABORT}, STUDENT, "ring", def_line=6,
-                            stall_s=5, hung_at=" checking n=3 elements")
+    text = failure_feedback(
+        "ring_allreduce",
+        "stalled",
+        {0: ABORT, 1: ABORT},
+        STUDENT,
+        "ring",
+        def_line=6,
+        stall_s=5,
+        hung_at=" checking n=3 elements",
+    )
     assert "hung checking n=3 elements and were stopped after 5 s without progress" in text
     assert text.count("`dist.recv(t, 0)`") == 2

@@ -1,6 +1,7 @@
 """A full disk, on a small tmpfs (mounted for the test, always unmounted; skipped where mounting is not permitted):
 every write in the run directory ends in a RunFailed (or DiskFull) naming the disk and the path, the ranks stop,
 status.json says failed, no temporary file is left, and what was recorded still loads."""
+
 import errno
 import glob
 import json
@@ -69,6 +70,7 @@ def test_dump_json_on_a_full_disk_leaves_no_temp_file_and_names_the_disk(tmpfs):
 
 def test_event_writer_stops_on_a_full_disk_and_stays_stopped(tmpfs):
     from dtlab.rank.recorder import EventWriter
+
     mnt = tmpfs(leave=8 * 1024)
     w = EventWriter(str(mnt / "events" / "rank0.jsonl"))
     with pytest.raises(DiskFull, match=r"rank0\.jsonl"):
@@ -85,6 +87,7 @@ def test_event_writer_stops_on_a_full_disk_and_stays_stopped(tmpfs):
 
 def test_a_launch_on_a_full_disk_starts_nothing(tmpfs, capsys):
     from dtlab.cli.main import main as cli_main
+
     mnt = tmpfs(leave=0)
     with pytest.raises(dtlab.RunFailed) as info:
         dtlab.launch(dtlab.tiny(out=str(mnt / "run")))

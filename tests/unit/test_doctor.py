@@ -1,4 +1,5 @@
 """`dtlab doctor` on this CPU machine, and what it would say on GPU machines (pure placement per lab)."""
+
 import pathlib
 
 import pytest
@@ -50,8 +51,15 @@ def test_one_gpu_with_older_nccl(nccl):
 
 def test_doctor_says_how_to_get_an_nccl_that_shares_a_gpu():
     from dtlab.cli.doctor import report
-    base = {"python": "3.12.3", "torch": "2.11.0+cu130", "cuda_build": "13.0", "cpu_cores": 16,
-            "gpus": [{"name": "NVIDIA H200", "memory_gib": 139.8}], "labs": {}}
+
+    base = {
+        "python": "3.12.3",
+        "torch": "2.11.0+cu130",
+        "cuda_build": "13.0",
+        "cpu_cores": 16,
+        "gpus": [{"name": "NVIDIA H200", "memory_gib": 139.8}],
+        "labs": {},
+    }
     old = report({**base, "nccl": "2.28.9"})
     assert "pip install 'nvidia-nccl-cu13>=2.30'" in old and "torch.cuda.nccl.version()" in old
     assert "requires the NCCL 2.28.9" in old
@@ -75,6 +83,7 @@ def test_the_gpu_docs_say_what_the_code_does():
     import re
 
     from dtlab.cli.doctor import doc_blocks
+
     text = (LABS_DIR.parent / "docs" / "gpus.md").read_text()
     for name, block in doc_blocks().items():
         m = re.search(rf"<!-- {name}: begin -->\n(.*?)\n<!-- {name}: end -->", text, re.S)

@@ -4,6 +4,7 @@ the mistake; a ring whose send and recv disagree names the line and gloo's size 
 reported by the stall limit with the line each rank waits at; a hook that returns work.get_future() as it is
 says so; a stub reports "not implemented" without launching or raising. Real 2-rank gloo runs (~8 s each).
 """
+
 import math
 import pathlib
 
@@ -49,8 +50,11 @@ def test_ship_writes_the_source_with_the_modules_it_uses(tmp_path):
 
 
 def test_ring_timings_take_the_slowest_rank_then_the_median():
-    rows = [dict(rank=r, what=w, nbytes=1024, iter=i, seconds=s)
-            for i, (a, b) in enumerate([(1e-3, 3e-3), (2e-3, 1e-3), (5e-3, 4e-3)])
-            for w in ("ring", "all_reduce") for r, s in ((0, a), (1, b))]
+    rows = [
+        dict(rank=r, what=w, nbytes=1024, iter=i, seconds=s)
+        for i, (a, b) in enumerate([(1e-3, 3e-3), (2e-3, 1e-3), (5e-3, 4e-3)])
+        for w in ("ring", "all_reduce")
+        for r, s in ((0, a), (1, b))
+    ]
     t = ring_timings(rows, 2)
     assert t["ring_ms"].iloc[0] == pytest.approx(3.0) and t["all_reduce_ms"].iloc[0] == pytest.approx(3.0)

@@ -5,6 +5,7 @@ input never starts anything, and no rank PID outlives the call that reported the
 
 Faults are injected with DTLAB_FAULT="RANK:STEP:MODE" (dtlab.rank.lifecycle.maybe_inject_fault): the rank hurts
 itself at the start of that step, which is deterministic where racing a `kill` from the test is not."""
+
 import re
 
 import pytest
@@ -13,16 +14,22 @@ import dtlab
 from dtlab.cli.main import main as cli_main
 
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda p: dict(data=_csv(p, "text,label\nfine film,1\n")), "lacks column(s) sentence"),
-    (lambda p: dict(data=_csv(p, "sentence,label\nfine film,1\nbad film,7\n")), "row 2: label must be the number 0 or 1"),
-    (lambda p: dict(data=_csv(p, "sentence,label\nfine film,pos\n")), "row 1: label must be the number 0 or 1"),
-    (lambda p: dict(data=_csv(p, "sentence,label\n")), "has no rows"),
-    (lambda p: dict(data=_csv(p, "sentence,label\n" + "fine film,1\n" * 7)), "has 7 row(s); a run needs at least"),
-    (lambda p: dict(bucket_mb=float("inf")), "bucket_mb must be a finite number"),
-    (lambda p: dict(lr=float("nan")), "lr must be a finite number"),
-    (lambda p: dict(stall_s=-1.0), "stall_s must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda p: dict(data=_csv(p, "text,label\nfine film,1\n")), "lacks column(s) sentence"),
+        (
+            lambda p: dict(data=_csv(p, "sentence,label\nfine film,1\nbad film,7\n")),
+            "row 2: label must be the number 0 or 1",
+        ),
+        (lambda p: dict(data=_csv(p, "sentence,label\nfine film,pos\n")), "row 1: label must be the number 0 or 1"),
+        (lambda p: dict(data=_csv(p, "sentence,label\n")), "has no rows"),
+        (lambda p: dict(data=_csv(p, "sentence,label\n" + "fine film,1\n" * 7)), "has 7 row(s); a run needs at least"),
+        (lambda p: dict(bucket_mb=float("inf")), "bucket_mb must be a finite number"),
+        (lambda p: dict(lr=float("nan")), "lr must be a finite number"),
+        (lambda p: dict(stall_s=-1.0), "stall_s must be a finite number > 0"),
+    ],
+)
 def test_bad_input_is_refused_before_anything_starts(tmp_path, make, needle):
     out = tmp_path / "never"
     with pytest.raises(ValueError) as info:
@@ -38,11 +45,14 @@ def test_unknown_keys_are_refused_by_name(tmp_path):
         dtlab.RunConfig.from_dict({**dtlab.tiny().to_dict(), "bogus": 1})
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--bucket-mb", "inf"], r"bucket[-_]mb.*finite number"),  # by the parser (the flag) or validation
-    (["--stall", "0"], "stall_s must be"),
-    (["--data", "BAD"], "row 2: label must be the number 0 or 1"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--bucket-mb", "inf"], r"bucket[-_]mb.*finite number"),  # by the parser (the flag) or validation
+        (["--stall", "0"], "stall_s must be"),
+        (["--data", "BAD"], "row 2: label must be the number 0 or 1"),
+    ],
+)
 def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys, args, needle):
     bad = _csv(tmp_path, "sentence,label\nfine film,1\nbad film,7\n")
     args = [bad if a == "BAD" else a for a in args]
@@ -65,6 +75,7 @@ def test_a_failure_after_a_baseline_step_names_the_training_step_it_followed():
     """Baseline steps run right after the training step they are paired with and are numbered after the training
     steps: "after baseline step 6" alone would hide that the rank had finished training step 1."""
     from dtlab.launching.failures import progress_of
+
     ev = [{"kind": "step", "step": 1}, {"kind": "baseline_step", "step": 6, "paired_step": 1}]
     assert progress_of(ev) == "after step 1 and its baseline step 6"
     assert progress_of(ev[:1]) == "after step 1"

@@ -2,6 +2,7 @@
 consistency checks (each tampering found and named), the check-cell fingerprints, the otter hidden test's
 separate process, and a student's exception reported with its cell. Reuses the session's one tiny run
 (conftest.tiny_run: the quick-mode lab config) and edits copies of it; one small notebook runs in a kernel."""
+
 import json
 import pathlib
 
@@ -19,9 +20,20 @@ def _calibration(root, drop=None):
     (d / "status.json").write_text(json.dumps({"state": "finished"}))
     for r in range(2):
         lines = [{"kind": "start", "rank": r, "time": 101.0}]
-        lines += [{"kind": "sample", "rank": r, "op": "all_reduce", "nbytes": n, "nproc": 2, "iter": i,
-                   "seconds": 1e-4 * (1 + n / 4096) * (1 + 0.01 * i), "time": 102.0 + k}
-                  for k, (n, i) in enumerate((n, i) for n in (4096, 1 << 20) for i in range(3)) if (r, n, i) != drop]
+        lines += [
+            {
+                "kind": "sample",
+                "rank": r,
+                "op": "all_reduce",
+                "nbytes": n,
+                "nproc": 2,
+                "iter": i,
+                "seconds": 1e-4 * (1 + n / 4096) * (1 + 0.01 * i),
+                "time": 102.0 + k,
+            }
+            for k, (n, i) in enumerate((n, i) for n in (4096, 1 << 20) for i in range(3))
+            if (r, n, i) != drop
+        ]
         (d / "events" / f"rank{r}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     return d
 
@@ -39,11 +51,18 @@ def test_check_cells_are_fingerprinted_and_edits_flagged():
     assert [c["qids"] for c in cells] == [["lab01.q1", "lab01.q2"], ["lab01.q3"]]
     assert integrity.cell_flags(cells, nb) == []
     i = cells[0]["index"]
-    nb["cells"][i]["source"] = "".join(nb["cells"][i]["source"]) + "\n\n   "   # whitespace only: the same cell
+    nb["cells"][i]["source"] = "".join(nb["cells"][i]["source"]) + "\n\n   "  # whitespace only: the same cell
     assert integrity.cell_flags(cells, nb) == []
     nb["cells"][i]["source"] = "from dtlab.course.checks import check\ncheck('lab01.q1', 4, run=run)"
-    nb["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                        "source": "for r in _dtlab_answers.values(): r['ok'] = True"})
+    nb["cells"].append(
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": "for r in _dtlab_answers.values(): r['ok'] = True",
+        }
+    )
     flags = integrity.cell_flags(cells, nb)
     assert flags[0] == f"check cell {i + 1} (lab01.q1, lab01.q2) edited or removed", flags
     assert any("is not a distributed cell and uses the checks" in f for f in flags) and len(flags) == 3
@@ -53,10 +72,13 @@ def test_a_students_exception_is_reported_with_its_cell_and_the_rest_still_grade
     """A small lab 08 notebook (its derived questions need no run) whose second cell raises: the error is named
     with its cell, the cells after it still ran, and a function never defined counts as not answered."""
     import nbformat
+
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("my_factor_guess = 2"),
-                nbformat.v4.new_code_cell("my_allreduce_hook = undefined_helper(3)"),
-                nbformat.v4.new_code_cell("my_sends_guess = 2\nmy_bytes_guess = '(p - 1) * n'")]
+    nb.cells = [
+        nbformat.v4.new_code_cell("my_factor_guess = 2"),
+        nbformat.v4.new_code_cell("my_allreduce_hook = undefined_helper(3)"),
+        nbformat.v4.new_code_cell("my_sends_guess = 2\nmy_bytes_guess = '(p - 1) * n'"),
+    ]
     path = tmp_path / "08_build_it_yourself.ipynb"
     nbformat.write(nb, path)
     res = grader.grade_notebook(str(path), "08_build_it_yourself", cell_timeout_s=120)
@@ -69,6 +91,7 @@ def test_a_students_exception_is_reported_with_its_cell_and_the_rest_still_grade
 
 def test_notebooks_are_matched_to_their_lab_by_option_name_token_or_metadata(tmp_path):
     from dtlab.course.batch import _student_of, lab_of
+
     known = {"01_ddp_breakdown": {}, "02_collectives_alpha_beta": {}}
     meta = tmp_path / "submission.ipynb"
     meta.write_text(json.dumps({"cells": [], "metadata": {"otter": {"assignment_name": "02_collectives_alpha_beta"}}}))
@@ -82,5 +105,8 @@ def test_notebooks_are_matched_to_their_lab_by_option_name_token_or_metadata(tmp
     lab, why = lab_of(str(plain), known)
     assert lab is None and "cannot tell which lab" in why and "--lab" in why
     assert lab_of(str(plain), known, lab="lab99")[0] is None
-    assert _student_of("/x/alice_lab01.ipynb") == "alice" and _student_of("/x/01_ddp_breakdown.ipynb") == \
-        "01_ddp_breakdown" and _student_of("/x/carol_01_ddp_breakdown.ipynb") == "carol"
+    assert (
+        _student_of("/x/alice_lab01.ipynb") == "alice"
+        and _student_of("/x/01_ddp_breakdown.ipynb") == "01_ddp_breakdown"
+        and _student_of("/x/carol_01_ddp_breakdown.ipynb") == "carol"
+    )

@@ -1,5 +1,6 @@
 """The two-level model reduces to the single-level ring where it must, and hierarchy wins or loses where the
 forms say it should."""
+
 import numpy as np
 import pytest
 
@@ -49,8 +50,9 @@ def test_more_nics_speed_up_only_the_hierarchical_shard_rings():
     one = hierarchical_allreduce(A_I, B_I, A_E, B_E, 1e9, 2, 8, nics_per_node=1)
     eight = hierarchical_allreduce(A_I, B_I, A_E, B_E, 1e9, 2, 8, nics_per_node=8)
     assert eight < one
-    assert flat_ring_allreduce(A_I, B_I, A_E, B_E, 1e9, 2, 8, nics_per_node=8) == \
-        flat_ring_allreduce(A_I, B_I, A_E, B_E, 1e9, 2, 8)
+    assert flat_ring_allreduce(A_I, B_I, A_E, B_E, 1e9, 2, 8, nics_per_node=8) == flat_ring_allreduce(
+        A_I, B_I, A_E, B_E, 1e9, 2, 8
+    )
 
 
 def test_crossover_when_both_links_are_equally_fast():
@@ -60,10 +62,12 @@ def test_crossover_when_both_links_are_equally_fast():
     x = crossover_bytes(a_i, b_i, a_e, b_e, 2, 4)
     assert x is not None
     below, above = x / 4, x * 4
-    assert two_level_time("hierarchical", a_i, b_i, a_e, b_e, below, 2, 4) < \
-        two_level_time("flat", a_i, b_i, a_e, b_e, below, 2, 4)
-    assert two_level_time("hierarchical", a_i, b_i, a_e, b_e, above, 2, 4) > \
-        two_level_time("flat", a_i, b_i, a_e, b_e, above, 2, 4)
+    assert two_level_time("hierarchical", a_i, b_i, a_e, b_e, below, 2, 4) < two_level_time(
+        "flat", a_i, b_i, a_e, b_e, below, 2, 4
+    )
+    assert two_level_time("hierarchical", a_i, b_i, a_e, b_e, above, 2, 4) > two_level_time(
+        "flat", a_i, b_i, a_e, b_e, above, 2, 4
+    )
     assert crossover_bytes(A_I, B_I, A_E, B_E, 2, 8) is None  # fast inside: hierarchy never loses
 
 
@@ -75,6 +79,8 @@ def test_bad_levels_are_refused(kw):
         flat_ring_allreduce(A_I, B_I, A_E, B_E, 1e6, args["nodes"], args["gpus_per_node"])
     with pytest.raises(ValueError, match="algorithm"):
         two_level_time("tree", A_I, B_I, A_E, B_E, 1e6, 2, 2)
+
+
 # ---------------------------------------------------------------- the two-level explorer
 from dtlab.viz.two_level import (  # noqa: E402
     ASSUMED_LEVELS,
@@ -119,8 +125,11 @@ def test_two_level_explorer_sliders_drive_the_table_and_say_where_levels_come_fr
 
 
 def test_two_level_explorer_starts_with_a_zero_alpha_without_breaking():
-    box = two_level_explorer(dict(ASSUMED_LEVELS, alpha_inter=0.0, source="calibrated, alpha clipped to 0"),
-                             compute=COMPUTE, param_nbytes=SIZES)
+    box = two_level_explorer(
+        dict(ASSUMED_LEVELS, alpha_inter=0.0, source="calibrated, alpha clipped to 0"),
+        compute=COMPUTE,
+        param_nbytes=SIZES,
+    )
     assert box.sliders["alpha_inter_us"].value == pytest.approx(0.1) and "clipped" in box.children[0].value
 
 
@@ -132,8 +141,11 @@ def test_levels_from_profiles_fall_back_to_an_estimate_when_the_fit_is_unusable(
 
     def prof(alpha, beta):
         sizes = [2**18, 2**20, 2**22]
-        rows = [{"op": "all_reduce", "nbytes": n, "nproc": 2, "seconds": alpha * 2 + beta * n, "iter": i}
-                for n in sizes for i in range(3)]
+        rows = [
+            {"op": "all_reduce", "nbytes": n, "nproc": 2, "seconds": alpha * 2 + beta * n, "iter": i}
+            for n in sizes
+            for i in range(3)
+        ]
         return Profile.from_samples(pd.DataFrame(rows))
 
     good = prof(50e-6, 1 / 1e9)

@@ -3,6 +3,7 @@ launching process, not to a thread); a launcher that dies takes its ranks with i
 'running' afterwards ('abandoned', with what was recorded); a status whose processes are gone is judged by pid and
 start time, on the host and boot that wrote it. Also the explicit small cases: OMP_NUM_THREADS=0 is refused, and a
 calibration that did not finish says so when its profile is asked for."""
+
 import json
 import os
 import subprocess
@@ -28,8 +29,10 @@ def _run_dir(tmp_path, status, done=(0, 1)):
     cfg = {"strategy": "ddp", "nproc": 2, "warmup": 0, "bucket_mb": 1}
     (tmp_path / "config.json").write_text(json.dumps({"config": cfg}))
     for r in (0, 1):
-        lines = [{"kind": "start", "rank": r, "pid": 1}, {"kind": "step", "rank": r, "step": 0, "t_fwd": 0.1,
-                                                          "t_bwd": 0.1, "t_opt": 0.1, "t_step": 0.3}]
+        lines = [
+            {"kind": "start", "rank": r, "pid": 1},
+            {"kind": "step", "rank": r, "step": 0, "t_fwd": 0.1, "t_bwd": 0.1, "t_opt": 0.1, "t_step": 0.3},
+        ]
         lines += [{"kind": "done", "rank": r}] if r in done else []
         (tmp_path / "events" / f"rank{r}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     (tmp_path / "status.json").write_text(json.dumps(status))
@@ -79,6 +82,7 @@ def test_load_run_reports_a_dead_launcher(tmp_path):
 
 def test_a_node_whose_launcher_died_is_abandoned(tmp_path):
     from dtlab.results.status import merged_status
+
     dead = identity(_gone_pid())
     (tmp_path / "nodes").mkdir()
     (tmp_path / "nodes" / "node0.status.json").write_text(json.dumps({"state": "finished"}))
@@ -101,8 +105,19 @@ def _calibration_dir(tmp_path, state):
     (tmp_path / "config.json").write_text(json.dumps({"calibration": cal, "resolved": {"world_size": 2}}))
     for r in (0, 1):
         ev = [{"kind": "start", "rank": r, "pid": 1}]
-        ev += [{"kind": "sample", "rank": r, "op": "all_reduce", "nbytes": n, "nproc": 2, "iter": i,
-                "seconds": 1e-4 + n * 1e-9 + i * 1e-6} for n in (4096, 65536, 1 << 20) for i in range(2)]
+        ev += [
+            {
+                "kind": "sample",
+                "rank": r,
+                "op": "all_reduce",
+                "nbytes": n,
+                "nproc": 2,
+                "iter": i,
+                "seconds": 1e-4 + n * 1e-9 + i * 1e-6,
+            }
+            for n in (4096, 65536, 1 << 20)
+            for i in range(2)
+        ]
         ev += [{"kind": "calib", "rank": r, "round": 0, "rounds": 3}]
         (tmp_path / "events" / f"rank{r}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
     (tmp_path / "status.json").write_text(json.dumps({"state": state}))
@@ -111,6 +126,7 @@ def _calibration_dir(tmp_path, state):
 
 def test_an_interrupted_calibration_says_so(tmp_path):
     from dtlab.results.calibration import load_calibration
+
     d = _calibration_dir(tmp_path, "interrupted")
     with pytest.raises(dtlab.RunFailed) as info:
         dtlab.load_profile(d)
@@ -136,5 +152,6 @@ def test_a_start_method_other_than_fork_or_spawn_is_refused_before_anything_star
 
 def test_nccl_ranks_are_always_spawned_and_gloo_ranks_forked_unless_asked(monkeypatch):
     from dtlab.launching.agent import start_method
+
     assert start_method(True, {}) == "fork" and start_method(True, {"DTLAB_START_METHOD": "spawn"}) == "spawn"
     assert start_method(False, {}) == "spawn" and start_method(False, {"DTLAB_START_METHOD": "fork"}) == "spawn"

@@ -55,7 +55,7 @@ def find_cycle(graph):
         stack.append(n)
         for m in sorted(graph[n]):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state:
                 c = visit(m)
                 if c:
@@ -75,10 +75,34 @@ def find_cycle(graph):
 ROOT = PKG.parent
 
 #: The public API (dtlab.__all__) and the command line: a move inside the package must keep every one of them.
-PUBLIC_NAMES = {"RunConfig", "ZeroConfig", "CalibConfig", "tiny", "launch", "run", "Handle", "calibrate", "sweep",
-                "submit", "Emulation", "Run", "load_run", "RunFailed", "rank_waits", "run_waits", "sync_step_model",
-                "Profile", "load_profile", "predict", "recorded_runs", "recorded_run", "recorded_calibration",
-                "load_trace", "Trace", "public_trace"}
+PUBLIC_NAMES = {
+    "RunConfig",
+    "ZeroConfig",
+    "CalibConfig",
+    "tiny",
+    "launch",
+    "run",
+    "Handle",
+    "calibrate",
+    "sweep",
+    "submit",
+    "Emulation",
+    "Run",
+    "load_run",
+    "RunFailed",
+    "rank_waits",
+    "run_waits",
+    "sync_step_model",
+    "Profile",
+    "load_profile",
+    "predict",
+    "recorded_runs",
+    "recorded_run",
+    "recorded_calibration",
+    "load_trace",
+    "Trace",
+    "public_trace",
+}
 COMMANDS = ("run", "show", "trace", "calibrate", "assign", "grade", "slurm", "emulate", "doctor")
 
 
@@ -86,8 +110,9 @@ def test_import_contracts_hold():
     """pyproject.toml's contracts: the layers (cli > course > launching | viz > results > model | rank > config >
     runfiles > units | intervals) and no torch or widgets in the pure layers."""
     exe = pathlib.Path(sys.executable).with_name("lint-imports")
-    cp = subprocess.run([str(exe), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120)
+    cp = subprocess.run(
+        [str(exe), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     assert "0 broken" in cp.stdout
 
@@ -97,21 +122,32 @@ def private_uses(tree, where: str) -> list[str]:
     bad, modules = [], set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dtlab"):
-            bad += [f"{where}: from {node.module} import {a.name}" for a in node.names
-                    if a.name.startswith("_") and a.name != "__version__"]
+            bad += [
+                f"{where}: from {node.module} import {a.name}"
+                for a in node.names
+                if a.name.startswith("_") and a.name != "__version__"
+            ]
             modules |= {a.asname or a.name for a in node.names}  # may be modules: dtlab.model import costmodel
         elif isinstance(node, ast.Import):
             modules |= {a.asname for a in node.names if a.name.startswith("dtlab") and a.asname}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
-                and node.attr.startswith("_") and not node.attr.startswith("__")):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             bad.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr}")
     return bad
 
 
 def test_no_private_name_is_used_across_modules():
-    bad = [b for path in sorted(PKG.rglob("*.py"))
-           for b in private_uses(ast.parse(path.read_text()), str(path.relative_to(ROOT)))]
+    bad = [
+        b
+        for path in sorted(PKG.rglob("*.py"))
+        for b in private_uses(ast.parse(path.read_text()), str(path.relative_to(ROOT)))
+    ]
     assert not bad, "\n".join(bad)
     planted = ast.parse("from dtlab.model import costmodel\nfrom dtlab.x import _y\ncostmodel._out(1)")
     assert private_uses(planted, "m") == ["m: from dtlab.x import _y", "m:3: costmodel._out"]
@@ -119,13 +155,18 @@ def test_no_private_name_is_used_across_modules():
 
 def _strategy_comparisons(tree) -> list[int]:
     """Lines comparing something named like a strategy with a string (or strings): `cfg.strategy == "zero3"`."""
+
     def strategyish(node):
-        return any(isinstance(n, (ast.Name, ast.Attribute, ast.Constant)) and "strategy" in str(
-            getattr(n, "id", getattr(n, "attr", getattr(n, "value", "")))) for n in ast.walk(node))
+        return any(
+            isinstance(n, (ast.Name, ast.Attribute, ast.Constant))
+            and "strategy" in str(getattr(n, "id", getattr(n, "attr", getattr(n, "value", ""))))
+            for n in ast.walk(node)
+        )
 
     def strings(node):
         return (isinstance(node, ast.Constant) and isinstance(node.value, str)) or (
-            isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(strings(e) for e in node.elts))
+            isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(strings(e) for e in node.elts)
+        )
 
     lines = []
     for node in ast.walk(tree):
@@ -138,16 +179,22 @@ def _strategy_comparisons(tree) -> list[int]:
 
 def test_strategy_names_are_compared_only_in_their_specs():
     """What a strategy supports is its spec in dtlab.config.strategies; no other module compares names."""
-    bad = [f"{path.relative_to(ROOT)}:{line}" for path in sorted(PKG.rglob("*.py"))
-           if path.name != "strategies.py" or path.parent.name != "config"
-           for line in _strategy_comparisons(ast.parse(path.read_text()))]
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted(PKG.rglob("*.py"))
+        if path.name != "strategies.py" or path.parent.name != "config"
+        for line in _strategy_comparisons(ast.parse(path.read_text()))
+    ]
     assert not bad, "strategy names compared outside dtlab/config/strategies.py: " + ", ".join(bad)
-    planted = ast.parse('if cfg.strategy == "zero3":\n    pass\nif run.config.get("strategy") in ("ddp", "ps"):\n    pass')
+    planted = ast.parse(
+        'if cfg.strategy == "zero3":\n    pass\nif run.config.get("strategy") in ("ddp", "ps"):\n    pass'
+    )
     assert _strategy_comparisons(planted) == [1, 3]
 
 
 def test_every_public_name_resolves():
     import dtlab
+
     assert set(dtlab.__all__) == PUBLIC_NAMES
     for name in sorted(PUBLIC_NAMES):
         assert getattr(dtlab, name) is not None, name
@@ -156,6 +203,7 @@ def test_every_public_name_resolves():
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_answers_help(command, capsys):
     from dtlab.cli.main import main
+
     with pytest.raises(SystemExit) as e:
         main([command, "--help"])
     assert e.value.code == 0
@@ -189,6 +237,7 @@ def test_cli_defaults_are_the_config_defaults(command, cls):
     from dtlab.cli.main import build_parser
     from dtlab.config.calibration import CalibConfig
     from dtlab.config.run import RunConfig
+
     klass = {"RunConfig": RunConfig, "CalibConfig": CalibConfig}[cls]
     args = vars(build_parser().parse_args([command]))
     want = _defaults(klass)
@@ -203,6 +252,7 @@ def test_cli_defaults_are_the_config_defaults(command, cls):
 def test_python_m_dtlab_works():
     import subprocess
     import sys
+
     cp = subprocess.run([sys.executable, "-m", "dtlab", "--help"], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0 and "run" in cp.stdout and "doctor" in cp.stdout and "trace" in cp.stdout
 

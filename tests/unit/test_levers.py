@@ -1,5 +1,6 @@
 """The communication levers on the tiny model with 2 gloo ranks: compression through torch's own DDP hooks
 (bytes on the wire recorded per bucket) and gradient accumulation; bad combinations refused before launch."""
+
 import types
 
 import pytest
@@ -21,12 +22,18 @@ def test_powersgd_wire_numel_by_hand():
         powersgd_wire_numel([(4, 4)], 0)
 
 
-@pytest.mark.parametrize("changes, field", [
-    (dict(comm_hook="int8"), "comm_hook"), (dict(accumulate=0), "accumulate"),
-    (dict(powersgd_rank=0), "powersgd_rank"), (dict(powersgd_start_iter=1), "powersgd_start_iter"),
-    (dict(comm_hook="powersgd", strategy="zero3"), "comm_hook 'powersgd' applies to strategy 'ddp'"),
-    (dict(accumulate=2, strategy="zero3"), "accumulate 2 applies to strategy 'ddp'"),
-    (dict(comm_hook="fp16", record=False), "needs record=True")])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(comm_hook="int8"), "comm_hook"),
+        (dict(accumulate=0), "accumulate"),
+        (dict(powersgd_rank=0), "powersgd_rank"),
+        (dict(powersgd_start_iter=1), "powersgd_start_iter"),
+        (dict(comm_hook="powersgd", strategy="zero3"), "comm_hook 'powersgd' applies to strategy 'ddp'"),
+        (dict(accumulate=2, strategy="zero3"), "accumulate 2 applies to strategy 'ddp'"),
+        (dict(comm_hook="fp16", record=False), "needs record=True"),
+    ],
+)
 def test_bad_levers_are_refused_by_name(changes, field):
     with pytest.raises(ValueError, match=field):
         tiny(**changes).validate(cuda_device_count=0)

@@ -17,23 +17,29 @@ from dtlab.results import pipeline, reference
 from dtlab.results.parallel import tp_collectives
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (dict(microbatches=2), "microbatches 2 applies to strategy 'pp' only, got strategy 'ddp'"),
-    (dict(pp_schedule="1f1b"), "pp_schedule '1f1b' applies to strategy 'pp' only"),
-    (dict(strategy="pp", pp_schedule="zb"), "pp_schedule must be one of 'gpipe', '1f1b', got 'zb'"),
-    (dict(strategy="pp", microbatches=0), "microbatches must be an integer >= 1, got 0"),
-    (dict(strategy="pp", microbatches=3), "microbatches must divide batch_size (4)"),
-    (dict(strategy="pp", pp_schedule="1f1b"), "microbatches must be >= the 2 pipeline stages for pp_schedule '1f1b'"),
-    (dict(strategy="pp", nproc=4), "must be at most tiny's 2 layers"),
-    (dict(strategy="tp", nproc=4), "must divide tiny's n_heads (2)"),
-    (dict(strategy="tp", nproc=4, dp_degree=3), "dp_degree must divide the 4 ranks"),
-    (dict(strategy="tp", dp_degree=2), "needs at least 2 ranks per replica"),
-    (dict(strategy="fsdp2", dp_degree=2), "dp_degree 2 applies to strategy 'tp' or 'pp' only"),
-    (dict(reference=True, dropout=0.0), "reference True applies to strategy 'fsdp2' or 'tp' or 'pp' only"),
-    (dict(strategy="tp", reference=True), "reference needs dropout 0"),
-    (dict(dropout=1.0), "dropout must be None (the model's own) or a number in [0, 1), got 1.0"),
-    (dict(dropout=True), "dropout must be None"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (dict(microbatches=2), "microbatches 2 applies to strategy 'pp' only, got strategy 'ddp'"),
+        (dict(pp_schedule="1f1b"), "pp_schedule '1f1b' applies to strategy 'pp' only"),
+        (dict(strategy="pp", pp_schedule="zb"), "pp_schedule must be one of 'gpipe', '1f1b', got 'zb'"),
+        (dict(strategy="pp", microbatches=0), "microbatches must be an integer >= 1, got 0"),
+        (dict(strategy="pp", microbatches=3), "microbatches must divide batch_size (4)"),
+        (
+            dict(strategy="pp", pp_schedule="1f1b"),
+            "microbatches must be >= the 2 pipeline stages for pp_schedule '1f1b'",
+        ),
+        (dict(strategy="pp", nproc=4), "must be at most tiny's 2 layers"),
+        (dict(strategy="tp", nproc=4), "must divide tiny's n_heads (2)"),
+        (dict(strategy="tp", nproc=4, dp_degree=3), "dp_degree must divide the 4 ranks"),
+        (dict(strategy="tp", dp_degree=2), "needs at least 2 ranks per replica"),
+        (dict(strategy="fsdp2", dp_degree=2), "dp_degree 2 applies to strategy 'tp' or 'pp' only"),
+        (dict(reference=True, dropout=0.0), "reference True applies to strategy 'fsdp2' or 'tp' or 'pp' only"),
+        (dict(strategy="tp", reference=True), "reference needs dropout 0"),
+        (dict(dropout=1.0), "dropout must be None (the model's own) or a number in [0, 1), got 1.0"),
+        (dict(dropout=True), "dropout must be None"),
+    ],
+)
 def test_bad_layouts_are_refused_by_field(overrides, needle):
     with pytest.raises(ValueError) as e:
         tiny(**overrides).validate(cuda_device_count=0)
@@ -42,12 +48,15 @@ def test_bad_layouts_are_refused_by_field(overrides, needle):
 
 def test_good_layouts_and_their_degrees():
     assert layout(tiny(strategy="tp", nproc=4, dp_degree=2).validate(0)) == {"dp": 2, "tp": 2, "pp": 1}
-    assert layout(tiny(strategy="pp", nproc=4, dp_degree=2, microbatches=4, pp_schedule="1f1b").validate(0)) == \
-        {"dp": 2, "tp": 1, "pp": 2}
+    assert layout(tiny(strategy="pp", nproc=4, dp_degree=2, microbatches=4, pp_schedule="1f1b").validate(0)) == {
+        "dp": 2,
+        "tp": 1,
+        "pp": 2,
+    }
     assert layout(tiny(strategy="fsdp2", nproc=2).validate(0)) == {"dp": 2, "tp": 1, "pp": 1}
     assert layout(tiny(nproc=2).validate(0)) == {"dp": 2, "tp": 1, "pp": 1}
     cfg = tiny(model="distilbert", strategy="tp", nproc=4, reference=True, dropout=0.0).validate(0)
-    assert layout(cfg)["tp"] == 4   # 12 heads and 3072 columns split 4 ways
+    assert layout(cfg)["tp"] == 4  # 12 heads and 3072 columns split 4 ways
 
 
 def test_split_layers_gives_extra_blocks_to_the_last_stages():
@@ -61,9 +70,9 @@ def test_split_layers_gives_extra_blocks_to_the_last_stages():
 def test_tensor_parallel_form():
     assert mp.tp_allreduces(6) == 24
     assert mp.tp_allreduce_bytes(8, 128, 768) == 8 * 128 * 768 * 4
-    assert mp.tp_step_comm("ring", 1e-5, 1e-9, 8, 128, 768, 6, 1) == 0.0   # one rank: nothing to reduce
+    assert mp.tp_step_comm("ring", 1e-5, 1e-9, 8, 128, 768, 6, 1) == 0.0  # one rank: nothing to reduce
     one = mp.tp_step_comm("ring", 1e-5, 0.0, 8, 128, 768, 6, 2)
-    assert one == pytest.approx(24 * 2 * 1e-5)   # 24 all-reduces, 2(p-1) latency steps each
+    assert one == pytest.approx(24 * 2 * 1e-5)  # 24 all-reduces, 2(p-1) latency steps each
 
 
 def test_bubble_and_pipeline_step():
@@ -87,21 +96,37 @@ def test_memory_per_gpu_of_a_layout():
     sharded = mp.layout_memory(arch, 8, 128, 4, 1, 1, sharded=True)
     assert sharded["states"] == pytest.approx(one["states"] / 4)
     gpipe, f1b = (mp.layout_memory(arch, 8, 128, 1, 1, 2, 8, s) for s in ("gpipe", "1f1b"))
-    assert gpipe["activations"] == pytest.approx(4 * f1b["activations"])   # 8 micro-batches held against 2
+    assert gpipe["activations"] == pytest.approx(4 * f1b["activations"])  # 8 micro-batches held against 2
 
 
 LEVELS = {"alpha_intra": 5e-6, "beta_intra": 1e-11, "alpha_inter": 3e-5, "beta_inter": 1e-10, "source": "test"}
-COMPUTE = {"t_fb_per_sample": 0.01, "t_opt": 0.05, "seq": 128, "params": 66_955_010,
-           "nonembedding_params": pl.nonembedding_params(pl.MODELS["distilbert"]), "source": "test"}
+COMPUTE = {
+    "t_fb_per_sample": 0.01,
+    "t_opt": 0.05,
+    "seq": 128,
+    "params": 66_955_010,
+    "nonembedding_params": pl.nonembedding_params(pl.MODELS["distilbert"]),
+    "source": "test",
+}
 
 
 def test_planner_layouts_and_levels():
     assert sorted(pl.layouts(4, pl.MODELS["tiny"])) == [(1, 2, 2), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
     assert all(a * b * c == 64 for a, b, c in pl.layouts(64, pl.MODELS["gpt3-6.7b"]))
-    t = pl.plan(pl.MODELS["gpt3-1.3b"], 16, gpus_per_node=8, gpu_memory=800e9, global_batch=64, seq=128,
-                microbatches=4, levels=LEVELS, compute=COMPUTE)
-    assert set(t["layout"]) == {f"{d}x{a}x{b}" for d, a, b in pl.layouts(16, pl.MODELS["gpt3-1.3b"])
-                                if (64 // d) % 4 == 0 and 64 % d == 0}
+    t = pl.plan(
+        pl.MODELS["gpt3-1.3b"],
+        16,
+        gpus_per_node=8,
+        gpu_memory=800e9,
+        global_batch=64,
+        seq=128,
+        microbatches=4,
+        levels=LEVELS,
+        compute=COMPUTE,
+    )
+    assert set(t["layout"]) == {
+        f"{d}x{a}x{b}" for d, a, b in pl.layouts(16, pl.MODELS["gpt3-1.3b"]) if (64 // d) % 4 == 0 and 64 % d == 0
+    }
     assert t["fits"].all() and (t["t_step"].diff().dropna() >= 0).all()
     row = t.set_index("layout")
     assert row.loc["1x16x1", "tp_level"] == "both levels" and row.loc["2x8x1", "tp_level"] == "intra-node"
@@ -109,9 +134,17 @@ def test_planner_layouts_and_levels():
     assert row.loc["16x1x1", "tp_comm"] == 0 and row.loc["16x1x1", "bubble"] == 0
     parts = row[["compute", "tp_comm", "p2p", "bubble", "dp_comm", "optimizer"]].sum(axis=1)
     assert np.allclose(parts, row["t_step"])
-    small = pl.plan(pl.MODELS["gpt3-175b"], 8, gpus_per_node=8, gpu_memory=80e9, global_batch=8, seq=2048,
-                    levels=LEVELS, compute=COMPUTE)
-    assert not small["fits"].any()   # 175 B parameters x 16 B do not fit on 8 GPUs of 80 GB
+    small = pl.plan(
+        pl.MODELS["gpt3-175b"],
+        8,
+        gpus_per_node=8,
+        gpu_memory=80e9,
+        global_batch=8,
+        seq=2048,
+        levels=LEVELS,
+        compute=COMPUTE,
+    )
+    assert not small["fits"].any()  # 175 B parameters x 16 B do not fit on 8 GPUs of 80 GB
 
 
 def _pipeline_run(spans, t_pipe, m=4, warmup=0):
@@ -119,11 +152,18 @@ def _pipeline_run(spans, t_pipe, m=4, warmup=0):
     mb, st = [], []
     for step in range(2):
         for stage, rows in spans.items():
-            mb += [dict(rank=stage, step=step, stage=stage, microbatch=i, phase=ph, t_start=a, t_end=b)
-                   for ph, i, a, b in rows]
+            mb += [
+                dict(rank=stage, step=step, stage=stage, microbatch=i, phase=ph, t_start=a, t_end=b)
+                for ph, i, a, b in rows
+            ]
             st.append(dict(rank=stage, step=step, stage=stage, dp_rank=0, t_pipe=t_pipe[stage]))
-    return SimpleNamespace(path="fake", warmup=warmup, config={"microbatches": m, "pp_schedule": "gpipe"},
-                           steps=pd.DataFrame(st), microbatches=pd.DataFrame(mb))
+    return SimpleNamespace(
+        path="fake",
+        warmup=warmup,
+        config={"microbatches": m, "pp_schedule": "gpipe"},
+        steps=pd.DataFrame(st),
+        microbatches=pd.DataFrame(mb),
+    )
 
 
 def test_measured_bubble_of_an_ideal_gpipe_step_is_the_theory():
@@ -145,10 +185,18 @@ def test_a_pipeline_that_does_not_overlap_its_stages_is_caught():
 
 
 def test_tp_collectives_against_the_form():
-    rows = [dict(rank=0, step=0, op="all_reduce", axis="tp", phase=ph, nbytes=4 * 32 * 32 * 4, layer=l, sublayer=s)
-            for ph in ("forward", "backward") for l in (0, 1) for s in ("attention", "ffn")]
-    run = SimpleNamespace(path="fake", collectives=pd.DataFrame(rows), resolved={"n_layers": 2, "hidden": 32},
-                          config={"batch_size": 4, "seq_len": 32})
+    rows = [
+        dict(rank=0, step=0, op="all_reduce", axis="tp", phase=ph, nbytes=4 * 32 * 32 * 4, layer=l, sublayer=s)
+        for ph in ("forward", "backward")
+        for l in (0, 1)
+        for s in ("attention", "ffn")
+    ]
+    run = SimpleNamespace(
+        path="fake",
+        collectives=pd.DataFrame(rows),
+        resolved={"n_layers": 2, "hidden": 32},
+        config={"batch_size": 4, "seq_len": 32},
+    )
     t = tp_collectives(run)
     assert t["matches"].all() and t.loc[0, "count"] == 8 == t.loc[0, "form_count"]
     run.collectives = pd.DataFrame(rows[:-1] + [dict(rows[-1], nbytes=1)])
@@ -179,6 +227,7 @@ def _grads(world: int, summed: bool):
 @pytest.mark.parametrize("summed", [False, True])
 def test_the_single_process_check_catches_summed_gradients(summed):
     from dtlab.rank.reference import grad_agreement
+
     got, ref = _grads(2, summed)
     rec = grad_agreement(zip(got, ref))
     assert rec["params_compared"] == 4
@@ -192,20 +241,28 @@ def test_the_single_process_check_catches_summed_gradients(summed):
 
 
 def test_the_single_process_check_names_a_loss_or_gradient_that_differs():
-    base = {"rank": 0, "step": 0, "loss": 0.69, "ref_loss": 0.69, "grad_ratio": 1.0, "grad_rel_err": 1e-7,
-            "grad_max_abs_diff": 0.0}
+    base = {
+        "rank": 0,
+        "step": 0,
+        "loss": 0.69,
+        "ref_loss": 0.69,
+        "grad_ratio": 1.0,
+        "grad_rel_err": 1e-7,
+        "grad_max_abs_diff": 0.0,
+    }
     ok = reference.verdict(reference.step_table(pd.DataFrame([base])), world=2)
     assert ok[0] == "equal"
     off = reference.verdict(reference.step_table(pd.DataFrame([dict(base, grad_ratio=1.01, grad_rel_err=0.01)])), 2)
     assert off[0] == "differs" and "gradient ratio 1.01" in off[1]
     loss = reference.verdict(reference.step_table(pd.DataFrame([dict(base, loss=0.7)])), world=2)
     assert loss[0] == "differs" and "loss 0.7" in loss[1]
-    pipe = pd.DataFrame([dict(base, loss=None), dict(base, rank=1)])   # a pipeline: only the last stage has a loss
+    pipe = pd.DataFrame([dict(base, loss=None), dict(base, rank=1)])  # a pipeline: only the last stage has a loss
     assert reference.step_table(pipe).loc[0, "loss"] == pytest.approx(0.69)
 
 
 def test_whatif_with_tensor_parallelism():
     from dtlab.model import whatif as wi
+
     sizes = wi.distilbert_param_nbytes()[::-1]
     args = (0.01, 0.02, 0.004, sizes, 25.0, 8, 1e-5, 1e-9)
     plain = wi.whatif(*args)

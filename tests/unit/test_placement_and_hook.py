@@ -1,6 +1,7 @@
 """The GPU rules that CPU can check: where ranks are placed on machines with 0, 1 or many GPUs (pure), and the
 DDP hook's order of operations (divide, then "ready", then issue; end in the completion callback), which is
 one code path for gloo and NCCL."""
+
 import pytest
 import torch
 
@@ -9,18 +10,21 @@ from dtlab.config.placement import plan
 from dtlab.rank import recorder as rec_mod
 
 
-@pytest.mark.parametrize("ngpu,nccl,nproc,backend,device,expect", [
-    (0, None, 2, "auto", "auto", ("gloo", "cpu", 0, 0)),
-    (8, "2.27.5", 8, "auto", "auto", ("nccl", "cuda", 8, 1)),
-    (8, "2.27.5", 4, "auto", "auto", ("nccl", "cuda", 4, 1)),
-    (1, "2.30.3", 2, "auto", "auto", ("nccl", "cuda", 1, 2)),   # NCCL >= 2.30: two ranks share the GPU
-    (1, "2.27.5", 2, "auto", "auto", ("gloo", "cuda", 1, 2)),   # older NCCL: gloo on CUDA tensors, never CPU
-    (1, "2.30.3", 3, "auto", "auto", ("gloo", "cuda", 1, 3)),   # NCCL allows at most 2 per GPU
-    (2, "2.30.0", 4, "nccl", "auto", ("nccl", "cuda", 2, 2)),
-    (1, "2.27.5", 1, "nccl", "auto", ("nccl", "cuda", 1, 1)),
-    (4, "2.27.5", 2, "gloo", "auto", ("gloo", "cuda", 2, 1)),
-    (4, "2.27.5", 2, "auto", "cpu", ("gloo", "cpu", 0, 0)),
-])
+@pytest.mark.parametrize(
+    "ngpu,nccl,nproc,backend,device,expect",
+    [
+        (0, None, 2, "auto", "auto", ("gloo", "cpu", 0, 0)),
+        (8, "2.27.5", 8, "auto", "auto", ("nccl", "cuda", 8, 1)),
+        (8, "2.27.5", 4, "auto", "auto", ("nccl", "cuda", 4, 1)),
+        (1, "2.30.3", 2, "auto", "auto", ("nccl", "cuda", 1, 2)),  # NCCL >= 2.30: two ranks share the GPU
+        (1, "2.27.5", 2, "auto", "auto", ("gloo", "cuda", 1, 2)),  # older NCCL: gloo on CUDA tensors, never CPU
+        (1, "2.30.3", 3, "auto", "auto", ("gloo", "cuda", 1, 3)),  # NCCL allows at most 2 per GPU
+        (2, "2.30.0", 4, "nccl", "auto", ("nccl", "cuda", 2, 2)),
+        (1, "2.27.5", 1, "nccl", "auto", ("nccl", "cuda", 1, 1)),
+        (4, "2.27.5", 2, "gloo", "auto", ("gloo", "cuda", 2, 1)),
+        (4, "2.27.5", 2, "auto", "cpu", ("gloo", "cpu", 0, 0)),
+    ],
+)
 def test_placement_rules(ngpu, nccl, nproc, backend, device, expect):
     p = plan(nproc, backend, device, ngpu, nccl)
     assert (p.backend, p.device, p.gpus, p.ranks_per_gpu) == expect
@@ -32,26 +36,32 @@ def test_placement_rules(ngpu, nccl, nproc, backend, device, expect):
         assert [p.device_index(r) for r in range(nproc)] == [r % p.gpus for r in range(nproc)]
 
 
-@pytest.mark.parametrize("ngpu,nccl,nproc,backend,device,field", [
-    (0, None, 2, "nccl", "auto", "backend 'nccl'"),
-    (0, None, 2, "auto", "cuda", "device 'cuda'"),
-    (1, "2.27.5", 2, "nccl", "auto", "nproc must be <= 1"),
-    (1, "2.30.0", 3, "nccl", "auto", "nproc must be <= 1"),
-    (1, None, 2, "nccl", "cpu", "device 'cpu'"),
-    (0, None, 2, "mpi", "auto", "backend must be one of"),
-    (0, None, 2, "auto", "tpu", "device must be one of"),
-])
+@pytest.mark.parametrize(
+    "ngpu,nccl,nproc,backend,device,field",
+    [
+        (0, None, 2, "nccl", "auto", "backend 'nccl'"),
+        (0, None, 2, "auto", "cuda", "device 'cuda'"),
+        (1, "2.27.5", 2, "nccl", "auto", "nproc must be <= 1"),
+        (1, "2.30.0", 3, "nccl", "auto", "nproc must be <= 1"),
+        (1, None, 2, "nccl", "cpu", "device 'cpu'"),
+        (0, None, 2, "mpi", "auto", "backend must be one of"),
+        (0, None, 2, "auto", "tpu", "device must be one of"),
+    ],
+)
 def test_placement_refuses_by_name(ngpu, nccl, nproc, backend, device, field):
     with pytest.raises(ValueError, match=field):
         plan(nproc, backend, device, ngpu, nccl)
 
 
-@pytest.mark.parametrize("ngpu,nccl,nproc,expect", [
-    (1, "2.28.9", 2, ("gloo", "cpu")),    # gloo would carry CUDA tensors: the pipeline runs on CPU, labelled
-    (1, "2.30.1", 2, ("nccl", "cuda")),   # NCCL's multi-rank mode sends CUDA tensors itself
-    (2, "2.28.9", 2, ("nccl", "cuda")),   # one GPU per rank
-    (2, "2.28.9", 4, ("gloo", "cpu")),    # 4 ranks on 2 GPUs without multi-rank NCCL: gloo again
-])
+@pytest.mark.parametrize(
+    "ngpu,nccl,nproc,expect",
+    [
+        (1, "2.28.9", 2, ("gloo", "cpu")),  # gloo would carry CUDA tensors: the pipeline runs on CPU, labelled
+        (1, "2.30.1", 2, ("nccl", "cuda")),  # NCCL's multi-rank mode sends CUDA tensors itself
+        (2, "2.28.9", 2, ("nccl", "cuda")),  # one GPU per rank
+        (2, "2.28.9", 4, ("gloo", "cpu")),  # 4 ranks on 2 GPUs without multi-rank NCCL: gloo again
+    ],
+)
 def test_a_pipeline_never_sends_cuda_tensors_over_gloo(ngpu, nccl, nproc, expect):
     """On an H200 (torch 2.11) every pipeline stage on gloo with CUDA tensors failed at its first send with
     'writev: Bad address'; tensor parallelism and FSDP2 on gloo with CUDA tensors ran."""
@@ -73,12 +83,14 @@ def test_config_uses_the_placement_for_every_strategy():
         dtlab.tiny(device="gpu").validate()
 
 
-@pytest.mark.parametrize("path,device,backend", [("wall", "cpu", "gloo"), ("nccl", "cuda", "nccl"),
-                                                 ("gloo_cuda", "cuda", "gloo")])
+@pytest.mark.parametrize(
+    "path,device,backend", [("wall", "cpu", "gloo"), ("nccl", "cuda", "nccl"), ("gloo_cuda", "cuda", "gloo")]
+)
 def test_each_placement_names_how_it_is_timed(path, device, backend):
     """The banner, the doctor and the run record say how times are taken, from one table (and so does the
     rank, which picks its marks by the same rule)."""
     from dtlab.config.placement import TIMING, timing_path
+
     assert timing_path(device, backend) == path
     ngpu = 0 if device == "cpu" else 1
     p = plan(2 if backend == "gloo" else 1, backend, "auto", ngpu, "2.28.9")
@@ -142,8 +154,16 @@ def test_hook_divides_before_ready_and_issues_at_ready(monkeypatch):
     fut.set_result([bucket.buffer()])  # the backend completes: the callback takes the end mark
     assert out.wait().tolist() == [1.0, 2.0, 3.0]
     (b,) = r.collect()
-    assert b == {"bucket": 3, "nbytes": 12, "nparams": 2, "t_ready": 1.0, "t_start": 1.0, "t_end": 2.5,
-                 "backend_ms": None, "wire_bytes": 12}
+    assert b == {
+        "bucket": 3,
+        "nbytes": 12,
+        "nparams": 2,
+        "t_ready": 1.0,
+        "t_start": 1.0,
+        "t_end": 2.5,
+        "backend_ms": None,
+        "wire_bytes": 12,
+    }
 
 
 def test_baseline_hook_is_the_recording_hook_minus_the_collective(monkeypatch):
@@ -157,7 +177,7 @@ def test_baseline_hook_is_the_recording_hook_minus_the_collective(monkeypatch):
     r.begin_step(0.0)
     out = r.hook(None, _FakeBucket([2.0, 4.0]))
     assert out.wait().tolist() == [1.0, 2.0]  # divided like the measured hook, nothing exchanged
-    assert marks == ["mark", "mark"]           # ready and end, as the measured hook takes them
+    assert marks == ["mark", "mark"]  # ready and end, as the measured hook takes them
     (b,) = r.collect()
     assert b["t_start"] == b["t_ready"] == 1.0 and b["t_end"] == 2.0
 
@@ -166,6 +186,7 @@ def test_backend_duration_reads_nccl_timing():
     class W:
         def _get_duration(self):
             return 0.25
+
     assert rec_mod.backend_duration_ms(W()) == 0.25
     assert rec_mod.backend_duration_ms(_FakeWork(None)) is None
 
@@ -174,24 +195,36 @@ def _run_with(buckets, ddp_stats, backend="nccl"):
     import pandas as pd
 
     from dtlab.results.run import Run
+
     empty = pd.DataFrame()
-    return Run(path="x", config={"warmup": 1, "strategy": "ddp"}, resolved={"backend": backend, "world_size": 2},
-               status={}, steps=empty, baseline_steps=empty, buckets=pd.DataFrame(buckets), collectives=empty,
-               memory=empty, ddp_stats=pd.DataFrame(ddp_stats))
+    return Run(
+        path="x",
+        config={"warmup": 1, "strategy": "ddp"},
+        resolved={"backend": backend, "world_size": 2},
+        status={},
+        steps=empty,
+        baseline_steps=empty,
+        buckets=pd.DataFrame(buckets),
+        collectives=empty,
+        memory=empty,
+        ddp_stats=pd.DataFrame(ddp_stats),
+    )
 
 
 def test_crosscheck_pairs_service_time_with_nccl_and_span_with_ddp():
     cols = ["rank", "step", "bucket", "nbytes", "t_ready", "t_start", "t_end", "backend_ms"]
     rows = [  # step 0 is warm-up and must be ignored; in step 1 bucket 1 queues behind bucket 0
         (0, 0, 0, 8, 0.0, 0.0, 9.0, 9000.0),
-        (0, 1, 0, 8, 1.0, 1.0, 2.0, 1000.0),     # service 1.0 s, NCCL 1.0 s
-        (0, 1, 1, 8, 1.5, 1.5, 4.0, 1000.0),     # issued at 1.5, channel free at 2.0: service 2.0 s, NCCL 1.0 s
+        (0, 1, 0, 8, 1.0, 1.0, 2.0, 1000.0),  # service 1.0 s, NCCL 1.0 s
+        (0, 1, 1, 8, 1.5, 1.5, 4.0, 1000.0),  # issued at 1.5, channel free at 2.0: service 2.0 s, NCCL 1.0 s
     ]
-    run = _run_with([dict(zip(cols, r)) for r in rows],
-                    [{"rank": 0, "step": 1, "backward_comm_time": 2.0}, {"rank": 0, "step": 0, "backward_comm_time": 50.0}])
+    run = _run_with(
+        [dict(zip(cols, r)) for r in rows],
+        [{"rank": 0, "step": 1, "backward_comm_time": 2.0}, {"rank": 0, "step": 0, "backward_comm_time": 50.0}],
+    )
     x = run.crosscheck().set_index("quantity")
     n = x.loc["bucket all-reduce duration vs NCCL"]
-    assert n["pairs"] == 2 and n["median_rel_diff"] == pytest.approx(0.5)   # median of 0.0 and +1.0
+    assert n["pairs"] == 2 and n["median_rel_diff"] == pytest.approx(0.5)  # median of 0.0 and +1.0
     d = x.loc["backward communication span vs DDP's timer"]
     assert d["pairs"] == 1 and d["dtlab_s"] == pytest.approx(3.0) and d["median_rel_diff"] == pytest.approx(0.5)
 
@@ -209,13 +242,23 @@ def test_crosscheck_does_not_compare_durations_on_one_nccl_rank():
     import pandas as pd
 
     from dtlab.results.run import Run
+
     cols = ["rank", "step", "bucket", "nbytes", "t_ready", "t_start", "t_end", "backend_ms"]
     run = _run_with([dict(zip(cols, (0, 1, 0, 8, 0.0, 0.0, 1e-3, 1e-5)))], [])
     assert run.crosscheck().set_index("quantity").loc["bucket all-reduce duration vs NCCL", "pairs"] == 1
     empty = pd.DataFrame()
-    one = Run(path="x", config={"warmup": 1, "strategy": "ddp"}, resolved={"backend": "nccl", "world_size": 1},
-              status={}, steps=empty, baseline_steps=empty, buckets=run.buckets, collectives=empty, memory=empty,
-              ddp_stats=empty)
+    one = Run(
+        path="x",
+        config={"warmup": 1, "strategy": "ddp"},
+        resolved={"backend": "nccl", "world_size": 1},
+        status={},
+        steps=empty,
+        baseline_steps=empty,
+        buckets=run.buckets,
+        collectives=empty,
+        memory=empty,
+        ddp_stats=empty,
+    )
     row = one.crosscheck().set_index("quantity").loc["bucket all-reduce duration vs NCCL"]
     assert row["pairs"] == 0 and "one rank" in row["what"] and row["median_rel_diff"] != row["median_rel_diff"]
 
@@ -224,6 +267,7 @@ def _marks(path_backend, device, clock, calls):
     from fake_cuda import FakeTorch, make_owned
 
     from dtlab.rank.marks import Marks
+
     fake = FakeTorch(clock)
     m = Marks(device, path_backend, torch_mod=fake, clock=clock, make_stream=make_owned(calls))
     return m, fake.cuda
@@ -235,10 +279,11 @@ def test_gloo_cuda_end_mark_is_on_the_ranks_own_stream_and_device_from_gloos_thr
     import threading
 
     from fake_cuda import Clock
+
     clock, calls = Clock(), []
     m, cuda = _marks("gloo", torch.device("cuda", 1), clock, calls)
     cuda.set_device(1)
-    m.prepare()                      # the rank's main thread makes the stream, on its own device
+    m.prepare()  # the rank's main thread makes the stream, on its own device
     assert calls == [(1, threading.current_thread().name)]
     clock.t = 2.5
     out = {}
@@ -248,13 +293,14 @@ def test_gloo_cuda_end_mark_is_on_the_ranks_own_stream_and_device_from_gloos_thr
     ev = out["ev"]
     assert ev.recorded_on_device == 1 and ev.stream.device == 1 and ev.stream.name == "owned1"
     assert ev.t == 2.5 and len(calls) == 1  # no second stream made on gloo's thread
-    assert cuda.current_device() == 1        # the guard restored the caller's device
+    assert cuda.current_device() == 1  # the guard restored the caller's device
 
 
 def test_nccl_end_marks_wait_on_the_collective_on_an_owned_stream_per_group():
     """ZeRO-3 on NCCL: the end mark is taken at issue on a stream dtlab owns, made to wait on the CUDA future,
     one stream per process group; never on the (pool) stream that happens to be current."""
     from fake_cuda import Clock, FakeCudaFuture
+
     clock, calls = Clock(1.0), []
     m, cuda = _marks("nccl", torch.device("cuda", 0), clock, calls)
     g1, g2 = object(), object()
@@ -269,6 +315,7 @@ def test_wall_path_uses_the_clock_and_needs_no_cuda():
     from fake_cuda import Clock
 
     from dtlab.rank.marks import Marks
+
     clock = Clock(3.0)
     m = Marks(torch.device("cpu"), "gloo", clock=clock)
     assert m.path == "wall" and m.now() == 3.0 and m.end() == 3.0 and m.after(object()) is None
@@ -283,6 +330,7 @@ def test_ddp_hook_on_gloo_cuda_times_buckets_on_the_ranks_gpu(monkeypatch):
     import threading
 
     from fake_cuda import Clock
+
     clock, calls = Clock(0.0), []
     m, cuda = _marks("gloo", torch.device("cuda", 1), clock, calls)
     cuda.set_device(1)

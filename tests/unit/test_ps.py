@@ -1,5 +1,6 @@
 """Strategy 'ps' (reduce to rank 0 + broadcast, dtlab.rank.strategies.ps) against DDP's ring all-reduce: the same training,
 bytes conserved, the transport's arithmetic and order on 2 and 3 gloo ranks, and the measured shapes in n and p."""
+
 import json
 import os
 import time
@@ -20,6 +21,7 @@ def _transport_rank(rank, world, store, out, sizes):
     import torch.distributed as dist
 
     from dtlab.rank.strategies.ps import OrderedThreadPS
+
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     ps = OrderedThreadPS(world, torch.device("cpu"))
     issued = []
@@ -31,19 +33,29 @@ def _transport_rank(rank, world, store, out, sizes):
     for rec, fut, value in issued:
         fut.wait()
         v = value(fut)
-        got.append({"min": float(v.min()), "max": float(v.max()), "server_bytes": rec["server_bytes"],
-                    "ordered": rec["_ready"] <= rec["_start"] <= rec["_t_reduced"] <= rec["_end"]})
+        got.append(
+            {
+                "min": float(v.min()),
+                "max": float(v.max()),
+                "server_bytes": rec["server_bytes"],
+                "ordered": rec["_ready"] <= rec["_start"] <= rec["_t_reduced"] <= rec["_end"],
+            }
+        )
     ps.close()
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(got, f)
 
 
-@pytest.mark.parametrize("changes, needle", [
-    (dict(strategy="ps", comm_hook="fp16"), "comm_hook 'fp16' applies to strategy 'ddp' only"),
-    (dict(strategy="ps", accumulate=2), "accumulate 2 applies to strategy 'ddp' only"),
-    (dict(strategy="ps", record=False), "strategy 'ps' needs record=True"),
-    (dict(strategy="pserver"), "strategy must be one of")])
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        (dict(strategy="ps", comm_hook="fp16"), "comm_hook 'fp16' applies to strategy 'ddp' only"),
+        (dict(strategy="ps", accumulate=2), "accumulate 2 applies to strategy 'ddp' only"),
+        (dict(strategy="ps", record=False), "strategy 'ps' needs record=True"),
+        (dict(strategy="pserver"), "strategy must be one of"),
+    ],
+)
 def test_ps_bad_combinations_refused_by_name(changes, needle):
     with pytest.raises(ValueError, match=needle):
         dtlab.tiny(**changes).validate(cuda_device_count=0)
@@ -52,12 +64,15 @@ def test_ps_bad_combinations_refused_by_name(changes, needle):
 
 def test_calibration_group_sizes_checked_and_sizes_rounded_for_every_group():
     from dtlab.config.calibration import CalibConfig
+
     for bad in ((2, 5), (1, 2), ("two",), ()):
         with pytest.raises(ValueError, match="group_sizes must be"):
             CalibConfig(nproc=4, group_sizes=bad).validate(cuda_device_count=0)
-    cfg = CalibConfig(nproc=4, group_sizes="3,2,4", ops="all_reduce,ps", sizes=(2 ** 20,))
+    cfg = CalibConfig(nproc=4, group_sizes="3,2,4", ops="all_reduce,ps", sizes=(2**20,))
     assert cfg.ranks_timed() == [2, 3, 4] and cfg.ops == ("all_reduce", "ps")
-    assert cfg.rounded_sizes() == [2 ** 20 + 32]  # a multiple of 4 B x lcm(2, 3, 4): whole fp32 shares for p = 3
+    assert cfg.rounded_sizes() == [2**20 + 32]  # a multiple of 4 B x lcm(2, 3, 4): whole fp32 shares for p = 3
+
+
 # ---- the cost model's forms (pure) --------------------------------------------------------------------------
 
 
@@ -79,14 +94,34 @@ def test_ps_forms_per_worker_and_at_the_server():
 
 def test_ps_figures_mark_oversubscribed_points():
     from dtlab.viz.ps import ps_shapes_figure, ps_vs_ring_figure
-    df = pd.DataFrame([{"strategy": st, "nproc": p, "bucket_mb": 1.0, "t_step": 0.1 * p, "t_comm": 0.05 * p,
-                        "oversubscribed": p > 2, "status": "ran"} for st in ("ddp", "ps") for p in (2, 3)])
+
+    df = pd.DataFrame(
+        [
+            {
+                "strategy": st,
+                "nproc": p,
+                "bucket_mb": 1.0,
+                "t_step": 0.1 * p,
+                "t_comm": 0.05 * p,
+                "oversubscribed": p > 2,
+                "status": "ran",
+            }
+            for st in ("ddp", "ps")
+            for p in (2, 3)
+        ]
+    )
     fig = ps_vs_ring_figure(df)
     assert len(fig.data) == 4  # 2 strategies x (T_step, T_comm)
     assert all(list(t.marker.symbol) == ["circle", "circle-open"] for t in fig.data)
     assert "oversubscribed" in json.dumps(fig.to_plotly_json()["layout"]["annotations"])
-    s = pd.DataFrame([{"op": op, "nproc": p, "nbytes": n, "seconds": n * 1e-9 * (2 if op == "ps" else 1)}
-                      for op in ("all_reduce", "ps") for p in (2, 3) for n in (2 ** 20, 2 ** 24)])
+    s = pd.DataFrame(
+        [
+            {"op": op, "nproc": p, "nbytes": n, "seconds": n * 1e-9 * (2 if op == "ps" else 1)}
+            for op in ("all_reduce", "ps")
+            for p in (2, 3)
+            for n in (2**20, 2**24)
+        ]
+    )
     fig = ps_shapes_figure(s, cpu_cores=2)
     measured = [t for t in fig.data if t.name.startswith("measured")]
     assert len(measured) == 2 and all(np.allclose(t.y, 2.0) for t in measured)  # the PS / ring ratio

@@ -1,6 +1,7 @@
 """Runs recorded on one NVIDIA H200 and shipped in the package (dtlab.results.recorded): each loads on a CPU with
 dtlab's own loaders and gives the figures the record states (to their printed rounding), with its provenance; the
 files ship as package data; the labs' tables set them beside a CPU run (dtlab.course.recorded)."""
+
 import dataclasses
 import fnmatch
 import json
@@ -32,7 +33,7 @@ def shipped(tmp_path_factory):
 
 def near(value, printed: float, decimals: int) -> bool:
     """`value` prints as `printed` with `decimals` decimals (half a unit of the last printed digit either way)."""
-    return abs(value - printed) <= 0.5 * 10 ** -decimals + 1e-9
+    return abs(value - printed) <= 0.5 * 10**-decimals + 1e-9
 
 
 def test_the_ddp_run_gives_the_figures_the_record_states(shipped):
@@ -110,8 +111,13 @@ def test_every_recorded_file_ships_as_package_data():
     assert total < 1_000_000, f"the recorded sets take {total:,} B"
     for set_dir in pathlib.Path(recorded.DATA).iterdir():
         prov = recorded._sets()[set_dir.name]
-        named = [e[k] for kind in ("runs", "calibrations") for e in prov[kind].values()
-                 for k in ("archive", "console", "file") if k in e] + [prov["labs"]["file"]]
+        named = [
+            e[k]
+            for kind in ("runs", "calibrations")
+            for e in prov[kind].values()
+            for k in ("archive", "console", "file")
+            if k in e
+        ] + [prov["labs"]["file"]]
         assert all((set_dir / n).is_file() for n in named), named
 
 
@@ -146,6 +152,7 @@ def _on_cpu(run):
 
 def test_the_labs_table_sets_a_cpu_run_beside_the_recorded_one(shipped):
     from dtlab.course.recorded import beside, beside_calibration
+
     ddp, z3 = shipped["h200-ddp"].run, shipped["h200-zero3"].run
     text = beside({"DDP": _on_cpu(ddp), "ZeRO-3": _on_cpu(z3)})
     assert "The same job on one NVIDIA H200" in text and "gloo on CUDA tensors, 2 ranks on 1 GPU" in text

@@ -1,5 +1,6 @@
 """dtlab.launching.replay on hand-made run directories: the recorded machine, matching a config, and a clear
 error when the submission lacks the run a notebook asks for (no launch happens in replay mode)."""
+
 import json
 
 import pytest
@@ -13,8 +14,9 @@ from dtlab.launching import replay
 def _record(root, name, cfg, quick, gpus, t, state="finished"):
     d = root / "runs" / name
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "launch": {"time": t, "quick": quick,
-                                                                                    "gpus": gpus}}))
+    (d / "config.json").write_text(
+        json.dumps({"config": cfg.to_dict(), "launch": {"time": t, "quick": quick, "gpus": gpus}})
+    )
     (d / "status.json").write_text(json.dumps({"state": state}))
     return d
 

@@ -1,4 +1,5 @@
 """Results math on hand-made run directories: definitions checked against numbers worked out by hand."""
+
 import json
 
 import numpy as np
@@ -26,17 +27,35 @@ def write_run(tmp_path, events_by_rank, config=None, torn_tail=False, state="fin
 
 
 def step(rank, s, fwd, bwd, opt, kind="step"):
-    return {"kind": kind, "rank": rank, "step": s, "t_fwd": fwd, "t_bwd": bwd, "t_opt": opt,
-            "t_step": fwd + bwd + opt, "loss": 0.7}
+    return {
+        "kind": kind,
+        "rank": rank,
+        "step": s,
+        "t_fwd": fwd,
+        "t_bwd": bwd,
+        "t_opt": opt,
+        "t_step": fwd + bwd + opt,
+        "loss": 0.7,
+    }
 
 
 def bucket(rank, s, i, nbytes, ready, start, end):
-    return {"kind": "bucket", "rank": rank, "step": s, "bucket": i, "nbytes": nbytes, "nparams": 1,
-            "t_ready": ready, "t_start": start, "t_end": end}
+    return {
+        "kind": "bucket",
+        "rank": rank,
+        "step": s,
+        "bucket": i,
+        "nbytes": nbytes,
+        "nparams": 1,
+        "t_ready": ready,
+        "t_start": start,
+        "t_end": end,
+    }
 
 
 def test_union_length_counts_overlaps_once():
     import pandas as pd
+
     df = pd.DataFrame({"t_start": [0.0, 1.0, 1.5, 5.0], "t_end": [2.0, 3.0, 2.5, 6.0]})
     assert frame_union_length(df) == pytest.approx(3.0 + 1.0)
 
@@ -52,16 +71,15 @@ def test_summary_by_hand(tmp_path):
     run = load_run(write_run(tmp_path, ev))
     assert len(run.steps) == 6 and len(run.buckets) == 12 and len(run.baseline_steps) == 4
     s = run.summary().set_index("quantity")["value"]
-    assert s["T_step"] == pytest.approx(0.8)             # slowest rank: 0.1 + 0.6 + 0.1
-    assert s["T_comm"] == pytest.approx(0.4)             # rank 1: [0.3,0.6] + [0.6,0.7]; rank 0: 0.2 + 0.1
+    assert s["T_step"] == pytest.approx(0.8)  # slowest rank: 0.1 + 0.6 + 0.1
+    assert s["T_comm"] == pytest.approx(0.4)  # rank 1: [0.3,0.6] + [0.6,0.7]; rank 0: 0.2 + 0.1
     assert s["T_comp"] == pytest.approx(np.median([0.6, 0.7]))  # baseline: per-step max over ranks
     assert s["exposed"] == pytest.approx(0.8 - 0.65)
     assert s["overlap"] == pytest.approx(1 - 0.15 / 0.4)
 
 
 def test_summary_without_baseline_estimates_comp(tmp_path):
-    ev = {0: [step(0, s, 0.1, 0.5, 0.1) for s in range(2)] +
-             [bucket(0, s, 0, 10, 0.45, 0.45, 0.7) for s in range(2)]}
+    ev = {0: [step(0, s, 0.1, 0.5, 0.1) for s in range(2)] + [bucket(0, s, 0, 10, 0.45, 0.45, 0.7) for s in range(2)]}
     run = load_run(write_run(tmp_path, ev))
     s = run.summary().set_index("quantity")
     # compute ends when the last bucket was ready (0.45 s from step start), plus the optimizer (0.1 s)
@@ -71,9 +89,19 @@ def test_summary_without_baseline_estimates_comp(tmp_path):
 
 
 def test_partial_run_with_torn_line_loads(tmp_path):
-    ev = {0: [step(0, 0, 0.1, 0.2, 0.1), step(0, 1, 0.1, 0.2, 0.1)],
-          1: [step(1, 0, 0.1, 0.2, 0.1), {"kind": "error", "rank": 1, "time": 1.0, "error": "RuntimeError: x",
-                                          "traceback": "Traceback\nRuntimeError: x"}]}
+    ev = {
+        0: [step(0, 0, 0.1, 0.2, 0.1), step(0, 1, 0.1, 0.2, 0.1)],
+        1: [
+            step(1, 0, 0.1, 0.2, 0.1),
+            {
+                "kind": "error",
+                "rank": 1,
+                "time": 1.0,
+                "error": "RuntimeError: x",
+                "traceback": "Traceback\nRuntimeError: x",
+            },
+        ],
+    }
     run = load_run(write_run(tmp_path, ev, torn_tail=True, state="failed"))
     assert sorted(run.steps["rank"].tolist()) == [0, 0, 1]
     assert run.errors[0]["rank"] == 1

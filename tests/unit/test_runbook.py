@@ -1,6 +1,7 @@
 """The GPU runbook (tools/gpu_runbook.py, tools/gpu_wheels.py): its wheel-folder check, its limits (two
 commands under 600 s, small flat output folders, a summary rewritten after every step), and a whole dry run of
 its two parts on this CPU machine."""
+
 import importlib.util
 import json
 import os
@@ -22,15 +23,18 @@ def _load(name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
 sys.path = [p for p in sys.path if p not in (str(ROOT), str(TOOLS))]
-runbook = _load("gpu_runbook")   # puts the checkout and tools/ on sys.path itself, before any step
+runbook = _load("gpu_runbook")  # puts the checkout and tools/ on sys.path itself, before any step
 wheels = _load("gpu_wheels")
 
 
 def _wheel(folder, name, version, requires=(), tag="py3-none-any"):
     fn = folder / f"{name.replace('-', '_')}-{version}-{tag}.whl"
     meta = "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
-        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires))
+        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
     with zipfile.ZipFile(fn, "w") as z:
         z.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", meta)
     return fn
@@ -62,11 +66,11 @@ def test_wheel_check_accepts_a_complete_folder(tmp_path):
 
 def test_wheel_check_names_each_problem(tmp_path):
     folder = _fake_folder(tmp_path)
-    next(folder.glob("hjson-*.whl")).unlink()                                 # missing
-    _wheel(folder, "plotly", "6.0.0")                                          # a second version
+    next(folder.glob("hjson-*.whl")).unlink()  # missing
+    _wheel(folder, "plotly", "6.0.0")  # a second version
     _wheel(folder, "mystery", "1.0", requires=["not-on-the-gpu-machine>=1"])  # unmet requirement
     _wheel(folder, "fastpkg", "1.0", tag="cp311-cp311-manylinux_2_17_x86_64")  # wrong Python
-    _wheel(folder, "armpkg", "1.0", tag="py3-none-manylinux_2_17_aarch64")     # wrong machine
+    _wheel(folder, "armpkg", "1.0", tag="py3-none-manylinux_2_17_aarch64")  # wrong machine
     _wheel(folder, "nvidia-nccl-cu13", "2.30.1", tag="py3-none-manylinux_2_17_x86_64")  # would shadow torch's
     problems = "\n".join(wheels.check_wheels(str(folder))["problems"])
     assert "hjson==3.1.0: missing" in problems
@@ -111,10 +115,24 @@ def test_every_part_plans_within_one_command():
 
 def _part(part, tmp_path, wheel_dir, *extra):
     out, work = tmp_path / part / "out", tmp_path / part / "work"
-    cmd = [sys.executable, str(TOOLS / "gpu_runbook.py"), part, "--dry-run", "--wheels", str(wheel_dir),
-           "--out", str(out), "--work", str(work), "--site", str(tmp_path / "site"), *extra]
-    return out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    cmd = [
+        sys.executable,
+        str(TOOLS / "gpu_runbook.py"),
+        part,
+        "--dry-run",
+        "--wheels",
+        str(wheel_dir),
+        "--out",
+        str(out),
+        "--work",
+        str(work),
+        "--site",
+        str(tmp_path / "site"),
+        *extra,
+    ]
+    return out, subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1")
+    )
 
 
 def test_a_part_that_runs_out_of_budget_skips_steps_and_says_so(tmp_path):
@@ -126,14 +144,31 @@ def test_a_part_that_runs_out_of_budget_skips_steps_and_says_so(tmp_path):
 
 
 def test_site_inside_out_is_refused(tmp_path):
-    cp = subprocess.run([sys.executable, str(TOOLS / "gpu_runbook.py"), "suite", "--dry-run", "--out",
-                         str(tmp_path), "--site", str(tmp_path / "site")], capture_output=True, text=True, timeout=60)
+    cp = subprocess.run(
+        [
+            sys.executable,
+            str(TOOLS / "gpu_runbook.py"),
+            "suite",
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+            "--site",
+            str(tmp_path / "site"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cp.returncode != 0 and "inside --out" in cp.stderr
 
 
 def test_missing_wheel_folder_fails_with_a_reason(tmp_path):
-    cp = subprocess.run([sys.executable, str(TOOLS / "gpu_runbook.py"), "check-wheels", "--wheels",
-                         str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    cp = subprocess.run(
+        [sys.executable, str(TOOLS / "gpu_runbook.py"), "check-wheels", "--wheels", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cp.returncode == 1 and "make_gpu_wheels.sh" in cp.stdout
 
 
@@ -142,9 +177,16 @@ def test_each_invocation_gets_a_new_work_folder(tmp_path, monkeypatch):
     TMP/dtlab-gpu-work/PART, a second run of a part on the same machine failed at its first run ("already holds a
     run"). A --work given is used as it is."""
     import types
+
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    args = types.SimpleNamespace(dry_run=True, out=str(tmp_path / "out"), work=None, site=str(tmp_path / "site"),
-                                 budget=60, wheels=str(tmp_path / "whl"))
+    args = types.SimpleNamespace(
+        dry_run=True,
+        out=str(tmp_path / "out"),
+        work=None,
+        site=str(tmp_path / "site"),
+        budget=60,
+        wheels=str(tmp_path / "whl"),
+    )
     first, second = (runbook.Runbook("labs", args).work for _ in range(2))
     assert first != second and os.path.dirname(first) == os.path.dirname(second) == str(tmp_path / "dtlab-gpu-work")
     assert all(os.path.basename(w).startswith("labs-") and os.path.isdir(w) for w in (first, second))

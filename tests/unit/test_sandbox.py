@@ -1,6 +1,7 @@
 """The grading sandbox's choice and limits, without starting one (the drills that start one are
 tests/e2e/test_sandbox_drills.py): auto takes the strongest mechanism that works, an unavailable one asked for by
 name is refused, and with none available `dtlab grade` refuses to run submissions unless given --sandbox none."""
+
 import json
 import os
 import zipfile
@@ -38,18 +39,19 @@ def test_with_no_sandbox_grade_refuses_unless_told_none(monkeypatch, tmp_path, c
     assert main(["grade", str(tmp_path / "01_ddp_breakdown.zip"), str(nb), "--csv", str(tmp_path / "s.csv")]) == 2
     err = capsys.readouterr().err
     assert "no sandbox is available" in err and "apt-get install -y bubblewrap" in err
-    assert not (tmp_path / "s.csv").exists()   # nothing ran
+    assert not (tmp_path / "s.csv").exists()  # nothing ran
 
 
 def test_sizes_and_the_limits_named():
-    assert sandbox.parse_size("4G") == sandbox.parse_size("4GiB") == 4 * 2 ** 30
-    assert sandbox.parse_size("512M") == 512 * 2 ** 20 and sandbox.parse_size(1000) == 1000
+    assert sandbox.parse_size("4G") == sandbox.parse_size("4GiB") == 4 * 2**30
+    assert sandbox.parse_size("512M") == 512 * 2**20 and sandbox.parse_size(1000) == 1000
     with pytest.raises(ValueError, match="not a size"):
         sandbox.parse_size("lots")
-    g, m = 4 * 2 ** 30, 128 * 2 ** 20
+    g, m = 4 * 2**30, 128 * 2**20
     assert sandbox.limit_hit("MemoryError: (cell 2)", g, m) == "memory limit 4 GiB exceeded"
-    assert sandbox.limit_hit("OSError: [Errno 28] No space left on device", g, m) == \
-        "scratch disk limit 128 MiB exceeded"
+    assert (
+        sandbox.limit_hit("OSError: [Errno 28] No space left on device", g, m) == "scratch disk limit 128 MiB exceeded"
+    )
     assert sandbox.limit_hit("NameError: x (cell 1)", g, m) is None
 
 
@@ -57,18 +59,19 @@ def test_the_sandbox_sees_the_environment_read_only_and_nothing_of_home():
     ro, _ = sandbox.ro_paths()
     assert "/usr" in ro and not any(p in ("/", "/home", "/root", "/tmp") for p in ro)
     cmd = sandbox.command("bwrap", ["true"], "/x/in", "/x/out", uid=2_000_000_123)
-    if os.geteuid() == 0:   # no user namespace: the sandbox drops to a uid of its own, with no capabilities
-        assert cmd[cmd.index("--") + 1: cmd.index("--") + 3] == ["setpriv", "--reuid=2000000123"]
+    if os.geteuid() == 0:  # no user namespace: the sandbox drops to a uid of its own, with no capabilities
+        assert cmd[cmd.index("--") + 1 : cmd.index("--") + 3] == ["setpriv", "--reuid=2000000123"]
         assert "--no-new-privs" in cmd and "--bounding-set=-all" in cmd and "--unshare-net" in cmd
     else:
         assert cmd[cmd.index("--uid") + 1] == "65534" and "--unshare-all" in cmd
     assert "--die-with-parent" in cmd
-    assert cmd[cmd.index("--bind") + 1: cmd.index("--bind") + 3] == ["/x/out", sandbox.OUT]
+    assert cmd[cmd.index("--bind") + 1 : cmd.index("--bind") + 3] == ["/x/out", sandbox.OUT]
     assert "--remount-ro" in cmd
 
 
 def test_doctor_names_the_sandbox():
     assert "bwrap" in sandbox_line({"bwrap": None, "namespaces": None})
-    assert "namespaces (unavailable: bwrap: not installed)" in sandbox_line({"bwrap": "not installed",
-                                                                             "namespaces": None})
+    assert "namespaces (unavailable: bwrap: not installed)" in sandbox_line(
+        {"bwrap": "not installed", "namespaces": None}
+    )
     assert "NONE" in sandbox_line({"bwrap": "no", "namespaces": "no"})

@@ -1,5 +1,6 @@
 """Stragglers: `straggler` slows a rank's compute by a known, recorded amount; each rank's wait time is
 measured from the recorded buckets without comparing clocks; bad specs are refused before launch by name."""
+
 import pandas as pd
 import pytest
 
@@ -17,20 +18,24 @@ from dtlab.results.stragglers import (
 from dtlab.viz.stragglers import wait_per_step, who_waited
 
 
-@pytest.mark.parametrize("changes, needle", [
-    (dict(straggler="2:2"), r"straggler rank must be an integer in \[0, nproc\) = \[0, 2\).*'2'"),
-    (dict(straggler="0:1.5,3:+5ms", nproc=3), r"straggler rank .*\[0, 3\).*'3'"),
-    (dict(straggler="-1:2"), r"straggler rank"),
-    (dict(straggler="1:0.5"), r"straggler FACTOR must be a finite number >= 1, got '0.5'"),
-    (dict(straggler="1:nan"), r"straggler FACTOR must be a finite number"),
-    (dict(straggler="1:+-3ms"), r"straggler delay MS \(ms\) must be a finite number >= 0"),
-    (dict(straggler="1:+infms"), r"straggler delay MS"),
-    (dict(straggler="1:150ms"), r"straggler entry '1:150ms': a delay is written '\+MSms'"),
-    (dict(straggler="1"), r"straggler entry '1' is not 'RANK:FACTOR' or 'RANK:\+MSms'"),
-    (dict(straggler="1:2,1:3"), r"straggler names rank 1 twice"),
-    (dict(straggler=" "), r"straggler must be a string"),
-    (dict(straggler="1:2", strategy="zero3"), r"straggler '1:2' applies to strategy 'ddp' or 'ps' only"),
-    (dict(straggler="1:2", record=False), r"straggler needs record=True")])
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        (dict(straggler="2:2"), r"straggler rank must be an integer in \[0, nproc\) = \[0, 2\).*'2'"),
+        (dict(straggler="0:1.5,3:+5ms", nproc=3), r"straggler rank .*\[0, 3\).*'3'"),
+        (dict(straggler="-1:2"), r"straggler rank"),
+        (dict(straggler="1:0.5"), r"straggler FACTOR must be a finite number >= 1, got '0.5'"),
+        (dict(straggler="1:nan"), r"straggler FACTOR must be a finite number"),
+        (dict(straggler="1:+-3ms"), r"straggler delay MS \(ms\) must be a finite number >= 0"),
+        (dict(straggler="1:+infms"), r"straggler delay MS"),
+        (dict(straggler="1:150ms"), r"straggler entry '1:150ms': a delay is written '\+MSms'"),
+        (dict(straggler="1"), r"straggler entry '1' is not 'RANK:FACTOR' or 'RANK:\+MSms'"),
+        (dict(straggler="1:2,1:3"), r"straggler names rank 1 twice"),
+        (dict(straggler=" "), r"straggler must be a string"),
+        (dict(straggler="1:2", strategy="zero3"), r"straggler '1:2' applies to strategy 'ddp' or 'ps' only"),
+        (dict(straggler="1:2", record=False), r"straggler needs record=True"),
+    ],
+)
 def test_bad_stragglers_are_refused_by_name(changes, needle):
     with pytest.raises(ValueError, match=needle):
         tiny(**changes).validate(cuda_device_count=0)
@@ -91,7 +96,7 @@ def test_waits_reproduce_seed_002():
     assert model["wait_s"].tolist() == pytest.approx(med["wait_s"].tolist())
     assert model["t_step_s"].tolist() == pytest.approx([1.21] * 3) and model["waited_for"].tolist()[0] == 1
     bw = bucket_waits(buckets)
-    assert (bw[bw.bucket == 0].groupby("rank")["wait_s"].max().values == pytest.approx([0.1, 0.0, 0.05]))
+    assert bw[bw.bucket == 0].groupby("rank")["wait_s"].max().values == pytest.approx([0.1, 0.0, 0.05])
 
 
 def test_waits_need_no_common_clock():

@@ -37,8 +37,14 @@ class Writer:
 def _fake_marks(calls=None):
     clock = TickClock()
     fake = FakeTorch(clock)
-    m = Marks(torch.device("cpu"), "gloo", torch_mod=fake, clock=clock, make_stream=make_owned([] if calls is None else calls),
-              path="nccl")
+    m = Marks(
+        torch.device("cpu"),
+        "gloo",
+        torch_mod=fake,
+        clock=clock,
+        make_stream=make_owned([] if calls is None else calls),
+        path="nccl",
+    )
     return m, fake.cuda
 
 
@@ -67,6 +73,7 @@ def test_a_batch_coalesced_into_one_work_ends_every_send_and_receive(monkeypatch
     not, which is why a CPU run never showed it): both records end, with their bytes, on the device's clock, and the
     wait is one blocked interval."""
     from torch.distributed.pipelining import schedules as sch
+
     monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops: [OneWork()])
     marks, _ = _fake_marks()
     writer = Writer()
@@ -105,6 +112,7 @@ def test_a_helper_that_calls_itself_through_the_module_is_recorded_once(monkeypa
     """A torch whose `_batch_p2p` splits a batch and calls `_batch_p2p` again through the module (the wrapped name):
     the inner call is not recorded a second time."""
     import types
+
     mod = types.SimpleNamespace()
 
     def batch_p2p(ops, desc=None):
@@ -135,8 +143,10 @@ def test_a_call_on_a_side_stream_is_an_interval_but_not_time_blocked():
     rec.block_here("all_gather", a, marks.compute_mark(), "wait_for_unshard")
     blocked = rec.flush()
     assert [f["op"] for f in writer.of("collective")] == ["all_reduce", "all_gather"]
-    assert [(f["op"], f["how"]) for f in writer.of("blocked")] == [("all_reduce", "blocking_call"),
-                                                                   ("all_gather", "wait_for_unshard")]
+    assert [(f["op"], f["how"]) for f in writer.of("blocked")] == [
+        ("all_reduce", "blocking_call"),
+        ("all_gather", "wait_for_unshard"),
+    ]
     assert blocked == 2.0  # two intervals of one tick each
 
 
@@ -170,14 +180,45 @@ def test_owned_streams_are_made_before_the_first_step_and_late_ones_are_counted(
 def _run_dir(tmp_path, name, resolved, strategy="tp"):
     d = tmp_path / name
     (d / "events").mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"config": {"strategy": strategy, "warmup": 0, "nproc": 1},
-                                               "resolved": {"world_size": 1, "backend": "nccl", **resolved}}))
-    ev = [{"kind": "step", "rank": 0, "step": s, "t_fwd": 0.1, "t_bwd": 0.2, "t_opt": 0.1, "t_step": 0.4,
-           "loss": 0.7, "t_blocked": 0.05} for s in range(3)]
-    ev += [{"kind": "collective", "rank": 0, "step": s, "op": "all_reduce", "nbytes": 8, "phase": "forward",
-            "seq": s, "t_start": 0.0, "t_end": 0.1} for s in range(3)]
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "config": {"strategy": strategy, "warmup": 0, "nproc": 1},
+                "resolved": {"world_size": 1, "backend": "nccl", **resolved},
+            }
+        )
+    )
+    ev = [
+        {
+            "kind": "step",
+            "rank": 0,
+            "step": s,
+            "t_fwd": 0.1,
+            "t_bwd": 0.2,
+            "t_opt": 0.1,
+            "t_step": 0.4,
+            "loss": 0.7,
+            "t_blocked": 0.05,
+        }
+        for s in range(3)
+    ]
+    ev += [
+        {
+            "kind": "collective",
+            "rank": 0,
+            "step": s,
+            "op": "all_reduce",
+            "nbytes": 8,
+            "phase": "forward",
+            "seq": s,
+            "t_start": 0.0,
+            "t_end": 0.1,
+        }
+        for s in range(3)
+    ]
     (d / "events" / "rank0.jsonl").write_text("\n".join(json.dumps(e) for e in ev) + "\n")
     from dtlab.results.run import load_run
+
     with pytest.warns(Warning):
         return load_run(str(d))
 
@@ -185,17 +226,36 @@ def _run_dir(tmp_path, name, resolved, strategy="tp"):
 CUDA_PLACEMENT = {"label": "NCCL, 1 rank, one GPU each", "timing": "CUDA events, read once per step: ..."}
 
 
-@pytest.mark.parametrize("resolved,words,where", [
-    ({"device_type": "cuda", "placement": CUDA_PLACEMENT,
-      "timing_method": {"method": "cuda_events"}}, "CUDA events on the compute stream", "compute stream"),
-    ({"device_type": "cpu", "placement": {"label": "gloo on CPU", "timing": "wall clocks (time.perf_counter): ..."},
-      "timing_method": {"method": "wall_clock"}}, "wall clock (time.perf_counter)", "training thread"),
-    # a tensor-parallel run recorded on CUDA before its marks were events: host launch times under a placement
-    # that says "CUDA events"; the screen must not repeat that claim
-    ({"device_type": "cuda", "placement": CUDA_PLACEMENT,
-      "collective_timing": "host wall clocks (time.perf_counter), seconds from the step start"},
-     "wall clock (time.perf_counter)", "training thread"),
-])
+@pytest.mark.parametrize(
+    "resolved,words,where",
+    [
+        (
+            {"device_type": "cuda", "placement": CUDA_PLACEMENT, "timing_method": {"method": "cuda_events"}},
+            "CUDA events on the compute stream",
+            "compute stream",
+        ),
+        (
+            {
+                "device_type": "cpu",
+                "placement": {"label": "gloo on CPU", "timing": "wall clocks (time.perf_counter): ..."},
+                "timing_method": {"method": "wall_clock"},
+            },
+            "wall clock (time.perf_counter)",
+            "training thread",
+        ),
+        # a tensor-parallel run recorded on CUDA before its marks were events: host launch times under a placement
+        # that says "CUDA events"; the screen must not repeat that claim
+        (
+            {
+                "device_type": "cuda",
+                "placement": CUDA_PLACEMENT,
+                "collective_timing": "host wall clocks (time.perf_counter), seconds from the step start",
+            },
+            "wall clock (time.perf_counter)",
+            "training thread",
+        ),
+    ],
+)
 def test_the_screens_words_follow_the_recorded_timing_method(tmp_path, resolved, words, where):
     run = _run_dir(tmp_path, "r", resolved)
     table = run.summary()
@@ -214,13 +274,16 @@ def test_nccl_settings_are_set_only_where_unset_and_recorded():
     assert not set_default(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     assert set_default(env, "TORCH_NCCL_ENABLE_TIMING", "1")
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0" and env[ENV_SET] == "TORCH_NCCL_ENABLE_TIMING"
-    assert env_record(env) == {"set_by_dtlab": {"TORCH_NCCL_ENABLE_TIMING": "1"},
-                               "from_user": {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}}
+    assert env_record(env) == {
+        "set_by_dtlab": {"TORCH_NCCL_ENABLE_TIMING": "1"},
+        "from_user": {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"},
+    }
 
 
 @pytest.mark.parametrize("user", [None, "0"])
 def test_the_launcher_keeps_the_users_error_handling(monkeypatch, tmp_path, user):
     from dtlab.launching import torchrun
+
     seen = {}
 
     class Proc:
@@ -238,6 +301,7 @@ def test_the_launcher_keeps_the_users_error_handling(monkeypatch, tmp_path, user
         monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", user)
     proc = torchrun.start_torchrun(str(tmp_path), 2, "dtlab.rank.worker", gloo_threads=True)
     import os
+
     os.close(proc.dtlab_lifeline)
     assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == (user or "3")
     assert ("TORCH_NCCL_ASYNC_ERROR_HANDLING" in seen.get(ENV_SET, "").split(",")) == (user is None)

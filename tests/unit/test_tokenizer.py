@@ -20,11 +20,13 @@ def test_wordpiece_tokenizer_holds_every_line_and_maps_words_to_their_lines(tmp_
 
 def test_a_vocabulary_the_tokenizer_did_not_read_is_refused(tmp_path, monkeypatch):
     import transformers
+
     path = tmp_path / "vocab.txt"
     path.write_text("\n".join(VOCAB) + "\n")
     # what transformers 5 did with BertTokenizerFast(vocab_file=...): a tokenizer of the 5 special tokens only
-    monkeypatch.setattr(transformers.BertTokenizerFast, "from_pretrained",
-                        classmethod(lambda cls, *a, **k: cls(vocab_file=str(path))))
+    monkeypatch.setattr(
+        transformers.BertTokenizerFast, "from_pretrained", classmethod(lambda cls, *a, **k: cls(vocab_file=str(path)))
+    )
     with pytest.raises(RuntimeError, match="did not read the vocabulary"):
         wordpiece_tokenizer(str(path))
 
@@ -33,5 +35,7 @@ def test_hashing_tokenizer_is_a_pure_function_of_the_text():
     enc = HashingTokenizer()(["a warm film", "A  warm   FILM"], max_length=8)
     assert enc["input_ids"][0].tolist() == enc["input_ids"][1].tolist()
     assert enc["input_ids"][0].tolist()[:5] == [101, word_id("a"), word_id("warm"), word_id("film"), 102]
-    assert word_id("film") == 1000 + int.from_bytes(__import__("hashlib").blake2b(b"film", digest_size=8).digest(),
-                                                    "little") % 29000
+    assert (
+        word_id("film")
+        == 1000 + int.from_bytes(__import__("hashlib").blake2b(b"film", digest_size=8).digest(), "little") % 29000
+    )

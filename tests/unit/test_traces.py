@@ -20,8 +20,18 @@ def test_fit_recovers_known_alpha_beta_from_every_rank(tmp_path, layout, prefix,
     """Ranks arrive up to 2 ms apart and their clocks are off by up to 1.7 s: matched and aligned, the transfer
     priced from the last arrival gives back alpha and beta; one rank's kernels alone would not (they hold the
     wait)."""
-    write_synthetic(tmp_path, nproc=4, sizes=SIZES, alpha=ALPHA, beta=BETA, delays=[0, 1e-3, 3e-4, 2e-3],
-                    offsets=[0, 0.5, -0.2, 1.7], layout=layout, prefix=prefix, int_ts=int_ts)
+    write_synthetic(
+        tmp_path,
+        nproc=4,
+        sizes=SIZES,
+        alpha=ALPHA,
+        beta=BETA,
+        delays=[0, 1e-3, 3e-4, 2e-3],
+        offsets=[0, 0.5, -0.2, 1.7],
+        layout=layout,
+        prefix=prefix,
+        int_ts=int_ts,
+    )
     fit = load_trace(str(tmp_path)).fit()
     f = fit.fits["all_reduce"]
     assert f.alpha == pytest.approx(ALPHA, rel=0.02) and f.beta == pytest.approx(BETA, rel=0.01)
@@ -85,23 +95,75 @@ def test_damaged_and_truncated_files_are_refused_naming_file_and_position(tmp_pa
 def _hand_made(path, cpu=False):
     """One rank, two steps of 10 ms: step 0 computes 0-4 ms and 5-8 ms and communicates 3-7 ms (3 ms hidden),
     step 1 computes 10-12 ms and communicates 12-15 ms (nothing hidden)."""
-    ev = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1, "ts": s * 10000 - 500,
-           "dur": 10000, "args": {}} for s in (0, 1)]
-    spans = [(0, 4000, "gemm", 1), (5000, 3000, "gemm", 2), (3000, 4000, "nccl", 3), (10000, 2000, "gemm", 4),
-             (12000, 3000, "nccl", 5), (8500, 500, "Memcpy DtoD (Device -> Device)", 6)]
+    ev = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{s}",
+            "pid": 1,
+            "tid": 1,
+            "ts": s * 10000 - 500,
+            "dur": 10000,
+            "args": {},
+        }
+        for s in (0, 1)
+    ]
+    spans = [
+        (0, 4000, "gemm", 1),
+        (5000, 3000, "gemm", 2),
+        (3000, 4000, "nccl", 3),
+        (10000, 2000, "gemm", 4),
+        (12000, 3000, "nccl", 5),
+        (8500, 500, "Memcpy DtoD (Device -> Device)", 6),
+    ]
     for ts, dur, what, corr in spans:
-        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts - 1,
-                   "dur": 1, "args": {"correlation": corr}})
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 1,
+                "tid": 1,
+                "ts": ts - 1,
+                "dur": 1,
+                "args": {"correlation": corr},
+            }
+        )
         if cpu and what == "nccl":
-            ev.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 9, "ts": ts,
-                       "dur": dur, "args": {"Input Dims": [[1024]], "Input type": ["float"]}})
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": "gloo:all_reduce",
+                    "pid": 1,
+                    "tid": 9,
+                    "ts": ts,
+                    "dur": dur,
+                    "args": {"Input Dims": [[1024]], "Input type": ["float"]},
+                }
+            )
         elif cpu and what == "gemm":
             ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": ts, "dur": dur})
         elif not cpu:
-            name = ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)" if what == "nccl" else
-                    what if what.startswith("Memcpy") else "sm90_xmma_gemm")
-            ev.append({"ph": "X", "cat": "gpu_memcpy" if what.startswith("Memcpy") else "kernel", "name": name,
-                       "pid": 0, "tid": 7, "ts": ts, "dur": dur, "args": {"stream": 7, "correlation": corr}})
+            name = (
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)"
+                if what == "nccl"
+                else what
+                if what.startswith("Memcpy")
+                else "sm90_xmma_gemm"
+            )
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "gpu_memcpy" if what.startswith("Memcpy") else "kernel",
+                    "name": name,
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": ts,
+                    "dur": dur,
+                    "args": {"stream": 7, "correlation": corr},
+                }
+            )
     path.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": ev}))
     return str(path)
 
@@ -152,9 +214,10 @@ def test_a_window_that_cuts_any_value_reads_the_same(tmp_path, monkeypatch):
     """The reader slides a window over the text: wherever the window's end falls (inside a number after its '.' or
     'e', inside 'true' or 'null', a string, between events), the columns are those of one read in a single window."""
     from dtlab.results.kineto import reader
+
     (path,) = write_synthetic(tmp_path / "w", nproc=1, sizes=SIZES[:2], int_ts=False)
     data = json.loads(open(path).read())  # noqa: SIM115
-    for i, e in enumerate(data["traceEvents"]):   # values of every JSON kind, some cut by a small window
+    for i, e in enumerate(data["traceEvents"]):  # values of every JSON kind, some cut by a small window
         e.setdefault("args", {}).update(flag=i % 2 == 0, none=None, big=1.5e-7 * (i + 1), neg=-i)
     whole = tmp_path / "whole.json"
     whole.write_text(json.dumps(data))
@@ -162,5 +225,10 @@ def test_a_window_that_cuts_any_value_reads_the_same(tmp_path, monkeypatch):
     for chunk in (7, 13, 64):
         monkeypatch.setattr(reader, "CHUNK", chunk)
         got = reader.read_columns(str(whole))
-        assert (got.n_events, got.dev_ts, got.dev_dur, got.rt_ts, got.steps) == \
-            (want.n_events, want.dev_ts, want.dev_dur, want.rt_ts, want.steps), chunk
+        assert (got.n_events, got.dev_ts, got.dev_dur, got.rt_ts, got.steps) == (
+            want.n_events,
+            want.dev_ts,
+            want.dev_dur,
+            want.rt_ts,
+            want.steps,
+        ), chunk

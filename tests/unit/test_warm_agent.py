@@ -1,5 +1,6 @@
 """The warm agent server's pure parts: which environments share a server, the opt-out's check, and the command line
 a forked agent writes over the server's argument memory (so /proc names its run directory as a cold agent's does)."""
+
 import os
 import subprocess
 import sys
@@ -20,12 +21,23 @@ with open("/proc/self/cmdline", "rb") as f:
 
 
 def test_a_forked_agent_rewrites_its_command_line_in_place_and_refuses_one_that_does_not_fit():
-    out = subprocess.run([sys.executable, "-c", _CMDLINE, " " * 2000], capture_output=True, text=True, check=True,
-                         timeout=60).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", _CMDLINE, " " * 2000], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
     ok, too_long, rest = out.split(" ", 2)
     assert (ok, too_long) == ("True", "False")
-    assert rest == repr([sys.executable.encode(), b"-c", b"dtlab warm agent", b"7", b"/runs/r1", b"-m",
-                         b"dtlab.rank.worker", b"/runs/r1"])
+    assert rest == repr(
+        [
+            sys.executable.encode(),
+            b"-c",
+            b"dtlab warm agent",
+            b"7",
+            b"/runs/r1",
+            b"-m",
+            b"dtlab.rank.worker",
+            b"/runs/r1",
+        ]
+    )
 
 
 def test_the_ranks_own_variables_and_pytests_do_not_split_servers_but_anything_else_does():
@@ -60,6 +72,7 @@ class _FakeServer:
 
     def __init__(self, exits):
         import threading
+
         self.cond, self.exits, self.dead = threading.Condition(), exits, False
 
 
@@ -77,6 +90,7 @@ def test_an_agent_ends_by_its_own_request_not_by_an_earlier_agent_with_the_same_
 def test_a_child_forked_from_a_launcher_starts_its_own_servers(monkeypatch):
     """The parent's servers answer the parent's reader thread only: a forked child must not wait on them."""
     import socket
+
     a, b = socket.socketpair()
     fake = _FakeServer({})
     fake.sock = a

@@ -1,6 +1,7 @@
 """ZeRO-3 on one GPU, decided on CPU: where its ranks go for a given GPU count and NCCL version, lab 4's configs
 (quick and full) and its calibration, the LOCAL_RANK DeepSpeed is given, DeepSpeed's accelerator, and where
 the collectives' end marks are taken on GPU paths (with tests/fake_cuda.py)."""
+
 import ast
 import inspect
 import sys
@@ -16,13 +17,16 @@ from dtlab.course.labs import calibration_ranks, config_for, lab_parts
 OLD, NEW = "2.28.9", "2.30.1"  # torch 2.11's pinned NCCL; the first NCCL that lets 2 ranks share a GPU
 
 
-@pytest.mark.parametrize("ngpu,nccl,nproc,expect", [
-    (1, OLD, None, ("gloo", "cuda", 2, 2)),   # the classroom GPU: 2 gloo ranks on CUDA tensors share it
-    (1, NEW, None, ("nccl", "cuda", 2, 1)),   # NCCL's multi-rank mode
-    (4, OLD, None, ("nccl", "cuda", 4, 4)),   # one rank per GPU
-    (0, None, None, ("gloo", "cpu", 2, 0)),
-    (1, OLD, 1, ("nccl", "cuda", 1, 1)),      # asked for one rank: allowed, and labelled
-])
+@pytest.mark.parametrize(
+    "ngpu,nccl,nproc,expect",
+    [
+        (1, OLD, None, ("gloo", "cuda", 2, 2)),  # the classroom GPU: 2 gloo ranks on CUDA tensors share it
+        (1, NEW, None, ("nccl", "cuda", 2, 1)),  # NCCL's multi-rank mode
+        (4, OLD, None, ("nccl", "cuda", 4, 4)),  # one rank per GPU
+        (0, None, None, ("gloo", "cpu", 2, 0)),
+        (1, OLD, 1, ("nccl", "cuda", 1, 1)),  # asked for one rank: allowed, and labelled
+    ],
+)
 def test_zero3_placement_for_gpu_count_and_nccl(ngpu, nccl, nproc, expect):
     cfg = dtlab.tiny(strategy="zero3", baseline_steps=0, nproc=nproc)
     cfg.validate(cuda_device_count=ngpu, nccl_version=nccl)  # refused on gloo-on-CUDA before: never again
@@ -40,8 +44,6 @@ def test_zero3_placement_for_gpu_count_and_nccl(ngpu, nccl, nproc, expect):
 
 
 @pytest.mark.parametrize("quick", [True, False])
-
-
 @pytest.mark.parametrize("ngpu,nccl", [(0, None), (1, OLD), (1, NEW), (8, OLD)])
 def test_lab04_compares_zero3_and_ddp_at_the_same_ranks_and_calibrates(quick, ngpu, nccl):
     """Lab 4's three launches on every machine: ZeRO-3, DDP with ZeRO-3's ranks, a calibration at those ranks.
@@ -68,6 +70,7 @@ def test_calibration_ranks_are_at_least_two():
 def test_deepspeed_gets_the_gpu_index_as_local_rank(monkeypatch):
     """DeepSpeed sets its device from LOCAL_RANK: torchrun's 1 on a one-GPU machine would ask for cuda:1."""
     from dtlab.rank.strategies.zero3.engine import remap_local_rank
+
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.delenv("DTLAB_TORCHRUN_LOCAL_RANK", raising=False)
     p = dtlab.tiny(strategy="zero3", baseline_steps=0).placement(1, OLD)
@@ -83,6 +86,7 @@ def test_deepspeed_gets_the_gpu_index_as_local_rank(monkeypatch):
 def test_deepspeed_accelerator_follows_the_device_not_the_backend(monkeypatch):
     """gloo on CUDA tensors needs DeepSpeed's CUDA accelerator (its tensors live on the GPU)."""
     from dtlab.rank.strategies.zero3 import engine
+
     fake = types.ModuleType("deepspeed")
     monkeypatch.setitem(sys.modules, "deepspeed", fake)
     monkeypatch.setitem(sys.modules, "deepspeed.comm", types.ModuleType("deepspeed.comm"))
@@ -96,6 +100,7 @@ def test_deepspeed_accelerator_follows_the_device_not_the_backend(monkeypatch):
 def _group_index(method: str) -> int:
     """Position of `group` in DeepSpeed's TorchBackend method (after self), read from its source."""
     import importlib
+
     dst = importlib.import_module("deepspeed.comm.torch")  # `import deepspeed.comm.torch` binds torch itself
     tree = ast.parse(inspect.getsource(dst))
     for node in ast.walk(tree):
@@ -110,6 +115,7 @@ def test_group_sits_just_before_async_op_in_every_wrapped_method():
     """The recorder reads a collective's group at async_op's index - 1 (one owned end stream per group)."""
     pytest.importorskip("deepspeed")
     from dtlab.rank.strategies.zero3.comm import _METHODS
+
     for method, (_, _, async_spec) in _METHODS.items():
         if async_spec is not None:
             assert _group_index(method) == async_spec[0] - 1, method

@@ -4,6 +4,7 @@ The fake backend has DeepSpeed 0.19.8 TorchBackend's method signatures (checked 
 below) and returns fake Work objects with get_future(). Every positional tensor gets a different size, so a
 wrong index in `_METHODS` shows up as wrong bytes, and a wrong async_op index as a wrong async flag.
 """
+
 import ast
 import importlib.util
 import inspect
@@ -107,8 +108,9 @@ class FakeBackend:
     def reduce_scatter_tensor(self, output_tensor, input_tensor, op=SUM, group=None, async_op=False):
         return self._do("reduce_scatter_tensor", async_op)
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                          async_op=False):
+    def all_to_all_single(
+        self, output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
+    ):
         return self._do("all_to_all_single", async_op)
 
     def all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op=False):
@@ -152,8 +154,15 @@ def _call_args(method):
     args, nbytes = [], []
     for i, name in enumerate(_params(method)):
         n = 4 * (i + 1) + 1  # distinct element counts: 5, 9, 13, ...
-        if name in ("tensor_list", "input_list", "output_tensors", "input_tensors", "tensors",
-                    "output_tensor_list", "input_tensor_list"):
+        if name in (
+            "tensor_list",
+            "input_list",
+            "output_tensors",
+            "input_tensors",
+            "tensors",
+            "output_tensor_list",
+            "input_tensor_list",
+        ):
             v = [torch.zeros(n), torch.zeros(n + 100)]
         elif name in ("tensor", "output", "input", "output_tensor", "input_tensor"):
             v = torch.zeros(n, dtype=torch.float64)
@@ -164,16 +173,27 @@ def _call_args(method):
         else:  # group, split sizes, async_op
             v = None
         args.append(v)
-        nbytes.append(sum(t.numel() * t.element_size() for t in v) if isinstance(v, list)
-                      else v.numel() * v.element_size() if isinstance(v, torch.Tensor) else None)
+        nbytes.append(
+            sum(t.numel() * t.element_size() for t in v)
+            if isinstance(v, list)
+            else v.numel() * v.element_size()
+            if isinstance(v, torch.Tensor)
+            else None
+        )
     return args, nbytes
 
 
-CASES = [(m, style, a) for m, spec in _METHODS.items() for style in ("positional", "keyword")
-         for a in ((False,) if spec[2] is None else (False, True))]
+CASES = [
+    (m, style, a)
+    for m, spec in _METHODS.items()
+    for style in ("positional", "keyword")
+    for a in ((False,) if spec[2] is None else (False, True))
+]
 
 
-@pytest.mark.parametrize("method,style,async_op", CASES, ids=[f"{m}-{s}-{'async' if a else 'sync'}" for m, s, a in CASES])
+@pytest.mark.parametrize(
+    "method,style,async_op", CASES, ids=[f"{m}-{s}-{'async' if a else 'sync'}" for m, s, a in CASES]
+)
 def test_every_wrapped_method_records_bytes_and_async_flag(method, style, async_op):
     backend = FakeBackend()
     rec = CollectiveRecorder(torch.device("cpu"))
@@ -288,9 +308,11 @@ def test_caller_skips_the_comm_layers_and_the_recorders_own_frames():
     """A collective issued from inside another wrapped one (via a deepspeed/comm frame) is attributed to the
     code that asked for the outer one: neither the comm layer nor the recorder's wrapper (comm.py) is named."""
     ns = {}
-    src = ("def all_gather_coalesced(self, output_tensors, input_tensors, group=None, async_op=False):\n"
-           "    for o, i in zip(output_tensors, input_tensors):\n"
-           "        self.all_gather_into_tensor(o, i, group, async_op)\n")
+    src = (
+        "def all_gather_coalesced(self, output_tensors, input_tensors, group=None, async_op=False):\n"
+        "    for o, i in zip(output_tensors, input_tensors):\n"
+        "        self.all_gather_into_tensor(o, i, group, async_op)\n"
+    )
     exec(compile(src, os.path.join("site-packages", "deepspeed", "comm", "fake.py"), "exec"), ns)
     backend = type("NestedBackend", (FakeBackend,), {"all_gather_coalesced": ns["all_gather_coalesced"]})()
     rec = CollectiveRecorder(torch.device("cpu"))
@@ -304,8 +326,12 @@ def test_caller_skips_the_comm_layers_and_the_recorders_own_frames():
 
 
 def test_blocked_seconds_is_a_union():
-    bl = [{"t_start": 0.0, "t_end": 1.0, "phase": "forward"}, {"t_start": 0.5, "t_end": 1.5, "phase": "forward"},
-          {"t_start": 2.0, "t_end": 2.5, "phase": "backward"}, {"t_start": 3.0, "t_end": None, "phase": "backward"}]
+    bl = [
+        {"t_start": 0.0, "t_end": 1.0, "phase": "forward"},
+        {"t_start": 0.5, "t_end": 1.5, "phase": "forward"},
+        {"t_start": 2.0, "t_end": 2.5, "phase": "backward"},
+        {"t_start": 3.0, "t_end": None, "phase": "backward"},
+    ]
     assert blocked_seconds(bl) == pytest.approx(2.0)
     assert blocked_seconds(bl, "forward") == pytest.approx(1.5)
 
@@ -354,32 +380,88 @@ def test_replay_shifts_later_collectives_by_earlier_extra_blocking():
 
 def _write_run(tmp_path, with_blocked=True):
     import json
+
     d = tmp_path / "z3"
     (d / "events").mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"config": {"strategy": "zero3", "warmup": 1, "nproc": 2},
-                                               "resolved": {"world_size": 2, "backend": "gloo"}}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {"config": {"strategy": "zero3", "warmup": 1, "nproc": 2}, "resolved": {"world_size": 2, "backend": "gloo"}}
+        )
+    )
     for rank in (0, 1):
         ev = []
         for step in range(3):
             t_step = 1.0 + 0.1 * rank
             blocked = 0.2 if rank == 1 else 0.4  # the slow rank waits less
-            st = {"kind": "step", "rank": rank, "step": step, "t_fwd": 0.4, "t_bwd": 0.5, "t_opt": t_step - 0.9,
-                  "t_step": t_step, "loss": 0.7}
+            st = {
+                "kind": "step",
+                "rank": rank,
+                "step": step,
+                "t_fwd": 0.4,
+                "t_bwd": 0.5,
+                "t_opt": t_step - 0.9,
+                "t_step": t_step,
+                "loss": 0.7,
+            }
             if with_blocked:
                 st["t_blocked"] = blocked
             ev.append(st)
-            ev.append({"kind": "collective", "rank": rank, "step": step, "op": "all_gather", "nbytes": 8,
-                       "phase": "forward", "seq": 2 * step, "t_start": 0.0, "t_end": 0.3})
-            ev.append({"kind": "collective", "rank": rank, "step": step, "op": "reduce_scatter", "nbytes": 8,
-                       "phase": "backward", "seq": 2 * step + 1, "t_start": 0.5, "t_end": 0.6 + 0.1 * rank})
+            ev.append(
+                {
+                    "kind": "collective",
+                    "rank": rank,
+                    "step": step,
+                    "op": "all_gather",
+                    "nbytes": 8,
+                    "phase": "forward",
+                    "seq": 2 * step,
+                    "t_start": 0.0,
+                    "t_end": 0.3,
+                }
+            )
+            ev.append(
+                {
+                    "kind": "collective",
+                    "rank": rank,
+                    "step": step,
+                    "op": "reduce_scatter",
+                    "nbytes": 8,
+                    "phase": "backward",
+                    "seq": 2 * step + 1,
+                    "t_start": 0.5,
+                    "t_end": 0.6 + 0.1 * rank,
+                }
+            )
             if with_blocked:
-                ev.append({"kind": "blocked", "rank": rank, "step": step, "phase": "forward", "op": "all_gather",
-                           "how": "wait", "seq": 2 * step, "t_start": 0.3 - blocked / 2, "t_end": 0.3})
-                ev.append({"kind": "blocked", "rank": rank, "step": step, "phase": "backward",
-                           "op": "reduce_scatter", "how": "blocking_call", "seq": 2 * step + 1,
-                           "t_start": 0.6 + 0.1 * rank - blocked / 2, "t_end": 0.6 + 0.1 * rank})
+                ev.append(
+                    {
+                        "kind": "blocked",
+                        "rank": rank,
+                        "step": step,
+                        "phase": "forward",
+                        "op": "all_gather",
+                        "how": "wait",
+                        "seq": 2 * step,
+                        "t_start": 0.3 - blocked / 2,
+                        "t_end": 0.3,
+                    }
+                )
+                ev.append(
+                    {
+                        "kind": "blocked",
+                        "rank": rank,
+                        "step": step,
+                        "phase": "backward",
+                        "op": "reduce_scatter",
+                        "how": "blocking_call",
+                        "seq": 2 * step + 1,
+                        "t_start": 0.6 + 0.1 * rank - blocked / 2,
+                        "t_end": 0.6 + 0.1 * rank,
+                    }
+                )
         (d / "events" / f"rank{rank}.jsonl").write_text("\n".join(json.dumps(e) for e in ev) + "\n")
     from dtlab.results.run import load_run
+
     return load_run(str(d))
 
 

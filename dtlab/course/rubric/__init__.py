@@ -14,14 +14,23 @@ recording as missing, naming the fields that differ.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-LAB_MODULES = {"00_setup_check": "lab00", "01_ddp_breakdown": "lab01", "02_collectives_alpha_beta": "lab02",
-               "03_buckets_and_gpu_count": "lab03", "04_zero3_vs_ddp": "lab04", "05_shrinking_comm": "lab05",
-               "06_stragglers_ps_faults": "lab06", "07_beyond_one_machine": "lab07", "08_build_it_yourself": "lab08",
-               "09_does_it_still_learn": "lab09", "10_tensor_and_pipeline": "lab10",
-               "11_reading_a_trace": "lab11"}
+LAB_MODULES = {
+    "00_setup_check": "lab00",
+    "01_ddp_breakdown": "lab01",
+    "02_collectives_alpha_beta": "lab02",
+    "03_buckets_and_gpu_count": "lab03",
+    "04_zero3_vs_ddp": "lab04",
+    "05_shrinking_comm": "lab05",
+    "06_stragglers_ps_faults": "lab06",
+    "07_beyond_one_machine": "lab07",
+    "08_build_it_yourself": "lab08",
+    "09_does_it_still_learn": "lab09",
+    "10_tensor_and_pipeline": "lab10",
+    "11_reading_a_trace": "lab11",
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,10 @@ def question(qid: str) -> Question:
     for q in questions(lab_of(qid)):
         if q.qid == qid:
             return q
-    raise ValueError(f"qid: {qid!r} is not a graded question of {lab_of(qid)} "
-                     f"(its questions: {[q.qid for q in questions(lab_of(qid))]})")
+    raise ValueError(
+        f"qid: {qid!r} is not a graded question of {lab_of(qid)} "
+        f"(its questions: {[q.qid for q in questions(lab_of(qid))]})"
+    )
 
 
 def key(qid: str, **sources):

@@ -16,9 +16,13 @@ def buckets(quick: bool) -> list[float]:
 
 def sources(rec) -> dict:
     """The sweep's 2-rank runs, one per cap of BUCKETS."""
+
     def sweep():
-        return {b: rec.run(rec.lab_config(nproc=2, bucket_mb=b), f"lab 3's sweep run at {b:g} MiB on 2 ranks")
-                for b in buckets(rec.quick)}
+        return {
+            b: rec.run(rec.lab_config(nproc=2, bucket_mb=b), f"lab 3's sweep run at {b:g} MiB on 2 ranks")
+            for b in buckets(rec.quick)
+        }
+
     return {"sweep": sweep}
 
 
@@ -27,6 +31,7 @@ def _runs(sweep) -> dict:
     if isinstance(sweep, dict):
         return dict(sweep)
     from dtlab.results.run import load_run
+
     ran = sweep[(sweep["nproc"] == 2) & sweep["status"].isin(["ran", "reused"])]
     return {float(r.bucket_mb): load_run(r.path) for r in ran.itertuples()}
 
@@ -43,12 +48,18 @@ def _best(sweep) -> Key:
     best = min(t, key=t.get)
     spread = min(tol_from_spread(runs[best].per_step()["t_step"]), MAX_REL_TOL)
     ties = [b for b in sorted(t) if t[b] <= t[best] * (1 + spread)]
-    return Key("lab03.q1", "choice", ties, points=2, choices=tuple(sorted(t)),
-               tol_source=f"caps within the fastest run's step-to-step spread ({spread:.0%}: half the min..max "
-                          "range of its per-step T_step over the median, at most 50%) count as right",
-               explanation=f"fastest: {best:g} MiB at {t[best] * 1e3:.1f} ms per step; within its step-to-step spread "
-                           f"({spread:.0%}): {ties} MiB",
-               hint="read T_step (ms) of the 2-rank runs in the sweep table above")
+    return Key(
+        "lab03.q1",
+        "choice",
+        ties,
+        points=2,
+        choices=tuple(sorted(t)),
+        tol_source=f"caps within the fastest run's step-to-step spread ({spread:.0%}: half the min..max "
+        "range of its per-step T_step over the median, at most 50%) count as right",
+        explanation=f"fastest: {best:g} MiB at {t[best] * 1e3:.1f} ms per step; within its step-to-step spread "
+        f"({spread:.0%}): {ties} MiB",
+        hint="read T_step (ms) of the 2-rank runs in the sweep table above",
+    )
 
 
 QUESTIONS = (Question("lab03.q1", 2, "my_best_bucket_mb", ("sweep",), _best),)

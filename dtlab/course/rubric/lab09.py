@@ -9,10 +9,12 @@ from dtlab.course.verdicts import Key
 
 LAB = "09_does_it_still_learn"
 TARGET = 0.9
-H = 5            # local SGD's period
+H = 5  # local SGD's period
 #: the lab's settings on top of lab_config(): quick mode (tiny model) and full mode
-FIELDS = {True: dict(steps=90, warmup=2, baseline_steps=2, batch_size=32, lr=3e-3, eval_every=5),
-          False: dict(steps=1000, warmup=5, baseline_steps=3, lr=5e-5, eval_every=100)}
+FIELDS = {
+    True: dict(steps=90, warmup=2, baseline_steps=2, batch_size=32, lr=3e-3, eval_every=5),
+    False: dict(steps=1000, warmup=5, baseline_steps=3, lr=5e-5, eval_every=100),
+}
 LABELS = ("baseline", f"local SGD H={H}", "async", "PowerSGD r=1")
 #: the other machine of question 6: p ranks, a 1 Gbit/s link (0.125 GB/s) with 50 us latency
 OTHER = dict(nproc=8, bandwidth_gbs=0.125, alpha=50e-6)
@@ -27,15 +29,27 @@ def base(cfg):
 def configs(cfg) -> dict:
     """The lab's four runs of `cfg` (base(lab_config(**FIELDS[quick]))), by label: every synchronous lever on cfg.nproc
     ranks, the asynchronous server with one more rank (cfg.nproc workers)."""
-    return dict(zip(LABELS, (cfg, cfg.replace(local_sgd=H, baseline_steps=0),
-                             cfg.replace(strategy="async", nproc=cfg.nproc + 1, baseline_steps=0),
-                             cfg.replace(comm_hook="powersgd", powersgd_rank=1, baseline_steps=0))))
+    return dict(
+        zip(
+            LABELS,
+            (
+                cfg,
+                cfg.replace(local_sgd=H, baseline_steps=0),
+                cfg.replace(strategy="async", nproc=cfg.nproc + 1, baseline_steps=0),
+                cfg.replace(comm_hook="powersgd", powersgd_rank=1, baseline_steps=0),
+            ),
+        )
+    )
 
 
 def sources(rec) -> dict:
     """The four lever runs, from one seed."""
-    return {"runs": lambda: {label: rec.run(c, f"lab 9's {label!r} run")
-                             for label, c in configs(base(rec.lab_config(**FIELDS[rec.quick]))).items()}}
+    return {
+        "runs": lambda: {
+            label: rec.run(c, f"lab 9's {label!r} run")
+            for label, c in configs(base(rec.lab_config(**FIELDS[rec.quick]))).items()
+        }
+    }
 
 
 def _need(runs):
@@ -52,8 +66,15 @@ def _first(runs) -> Key:
     times = {k: runs[k].time_to(TARGET) for k in LABELS}
     reached = {k: t for k, t in times.items() if t is not None}
     if not reached:
-        return Key("lab09.q1", "choice", "none of them", points=2, choices=LABELS + ("none of them",),
-                   tol_source="no run reached the target", hint=f"look for the first evaluation at or above {TARGET:g}")
+        return Key(
+            "lab09.q1",
+            "choice",
+            "none of them",
+            points=2,
+            choices=LABELS + ("none of them",),
+            tol_source="no run reached the target",
+            hint=f"look for the first evaluation at or above {TARGET:g}",
+        )
     best = min(reached, key=reached.get)
     right = []
     for k, t in reached.items():
@@ -62,30 +83,49 @@ def _first(runs) -> Key:
         earliest = float(before.iloc[-1]) if len(before) else 0.0
         if earliest <= reached[best]:
             right.append(k)
-    return Key("lab09.q1", "choice", right, points=2, choices=LABELS + ("none of them",),
-               tol_source="accuracy is read every eval_every steps: every lever that may have crossed the target "
-                          "before the fastest one's reading counts as right",
-               explanation=f"{best} at {reached[best]:.2f} s of training; within the evaluation interval: {right}",
-               hint=f"run.time_to({TARGET}) of each run: training time until its first evaluation at or above it")
+    return Key(
+        "lab09.q1",
+        "choice",
+        right,
+        points=2,
+        choices=LABELS + ("none of them",),
+        tol_source="accuracy is read every eval_every steps: every lever that may have crossed the target "
+        "before the fastest one's reading counts as right",
+        explanation=f"{best} at {reached[best]:.2f} s of training; within the evaluation interval: {right}",
+        hint=f"run.time_to({TARGET}) of each run: training time until its first evaluation at or above it",
+    )
 
 
 def _local_bytes(runs) -> Key:
     from dtlab.results.convergence import bytes_per_step
+
     runs = _need(runs)
     frac = bytes_per_step(runs[LABELS[1]]) / bytes_per_step(runs["baseline"])
-    return Key("lab09.q2", "number", frac, abs_tol=0.01, tol_source="exact byte counts; 0.01 allows a rounded fraction",
-               hint=f"local SGD all-reduces every parameter once per H = {H} steps; DDP every gradient every step",
-               ratio_hints={1 / frac ** 2 if frac else 1.0: "you gave H: the question asks for the fraction"})
+    return Key(
+        "lab09.q2",
+        "number",
+        frac,
+        abs_tol=0.01,
+        tol_source="exact byte counts; 0.01 allows a rounded fraction",
+        hint=f"local SGD all-reduces every parameter once per H = {H} steps; DDP every gradient every step",
+        ratio_hints={1 / frac**2 if frac else 1.0: "you gave H: the question asks for the fraction"},
+    )
 
 
 def _staleness(runs) -> Key:
     runs = _need(runs)
     u = runs["async"].updates
     mean = float(u[u["applied"].astype(bool)]["staleness"].mean())
-    return Key("lab09.q3", "number", mean, abs_tol=0.25, unit="updates",
-               tol_source="0.25 updates: the staleness depends on how the workers' steps interleave on the shared "
-                          "cores (quick runs here ranged about 0.9 to 1.0 with 2 workers)",
-               hint="while one worker computes its gradient, how many updates do the other workers make?")
+    return Key(
+        "lab09.q3",
+        "number",
+        mean,
+        abs_tol=0.25,
+        unit="updates",
+        tol_source="0.25 updates: the staleness depends on how the workers' steps interleave on the shared "
+        "cores (quick runs here ranged about 0.9 to 1.0 with 2 workers)",
+        hint="while one worker computes its gradient, how many updates do the other workers make?",
+    )
 
 
 def _composed(runs) -> Key:
@@ -95,24 +135,37 @@ def _composed(runs) -> Key:
     if steps is None:
         raise ValueError(f"the baseline run never reached {TARGET:g}: no time to compose")
     t_step = float(run.summary().set_index("quantity").loc["T_step", "value"])
-    return Key("lab09.q5", "number", steps * t_step, points=2, rel_tol=0.05, unit="s",
-               tol_source="the baseline run's steps to target and median T_step; 5% allows rounded inputs",
-               hint="multiply the steps to the target by the run's median T_step (in seconds)",
-               ratio_hints={1e3: "T_step is in seconds in the data: you multiplied by milliseconds"})
+    return Key(
+        "lab09.q5",
+        "number",
+        steps * t_step,
+        points=2,
+        rel_tol=0.05,
+        unit="s",
+        tol_source="the baseline run's steps to target and median T_step; 5% allows rounded inputs",
+        hint="multiply the steps to the target by the run's median T_step (in seconds)",
+        ratio_hints={1e3: "T_step is in seconds in the data: you multiplied by milliseconds"},
+    )
 
 
 def _powersgd(runs) -> Key:
     from dtlab.course.convergence_claims import steps_or_more
+
     runs = _need(runs)
     sp, _ = steps_or_more(runs["PowerSGD r=1"], TARGET)
     sb, _ = steps_or_more(runs["baseline"], TARGET)
     every = int(runs["baseline"].config.get("eval_every") or 1)
     ans = "about the same" if abs(sp - sb) <= every else ("more" if sp > sb else "fewer")
-    return Key("lab09.q4", "choice", ans, choices=("fewer", "about the same", "more"),
-               tol_source=f"steps within one evaluation interval ({every}) count as about the same",
-               explanation=f"PowerSGD {sp} steps, the uncompressed run {sb} (a run that never reached it counts as "
-                           "one interval past its end)",
-               hint="compare run.steps_to(TARGET) of the two runs")
+    return Key(
+        "lab09.q4",
+        "choice",
+        ans,
+        choices=("fewer", "about the same", "more"),
+        tol_source=f"steps within one evaluation interval ({every}) count as about the same",
+        explanation=f"PowerSGD {sp} steps, the uncompressed run {sb} (a run that never reached it counts as "
+        "one interval past its end)",
+        hint="compare run.steps_to(TARGET) of the two runs",
+    )
 
 
 def model_inputs(runs) -> dict:
@@ -120,29 +173,50 @@ def model_inputs(runs) -> dict:
     step of the baseline (its no-op baseline steps: compute only), the gradient bytes."""
     from dtlab.model.convergence import lever_from_run
     from dtlab.model.whatif import compute_from_run
+
     runs = _need(runs)
     base = runs["baseline"]
     comp = compute_from_run(base)
-    return {"levers": [lever_from_run(k, runs[k], TARGET) for k in LABELS],
-            "t_comp": comp["t_fwd"] + comp["t_bwd_comp"] + comp["t_opt"], "t_apply": comp["t_opt"],
-            "nbytes": float(base.resolved["grad_bytes"]), "source": comp["source"]}
+    return {
+        "levers": [lever_from_run(k, runs[k], TARGET) for k in LABELS],
+        "t_comp": comp["t_fwd"] + comp["t_bwd_comp"] + comp["t_opt"],
+        "t_apply": comp["t_opt"],
+        "nbytes": float(base.resolved["grad_bytes"]),
+        "source": comp["source"],
+    }
 
 
 def _other_machine(runs) -> Key:
     from dtlab.model.convergence import first_to_target, time_to_target
+
     m = model_inputs(runs)
-    table = time_to_target(m["levers"], t_comp=m["t_comp"], nbytes=m["nbytes"], nproc=OTHER["nproc"],
-                           alpha=OTHER["alpha"], beta=1 / (OTHER["bandwidth_gbs"] * 1e9), t_apply=m["t_apply"])
+    table = time_to_target(
+        m["levers"],
+        t_comp=m["t_comp"],
+        nbytes=m["nbytes"],
+        nproc=OTHER["nproc"],
+        alpha=OTHER["alpha"],
+        beta=1 / (OTHER["bandwidth_gbs"] * 1e9),
+        t_apply=m["t_apply"],
+    )
     first = first_to_target(table) or "none of them"
-    return Key("lab09.q6", "choice", first, points=2, choices=LABELS + ("none of them",),
-               tol_source="derived: dtlab.model.convergence.time_to_target with this lab's measured steps and T_comp",
-               explanation=f"the model's times: {', '.join(f'{r.label} {r.time:.3g} s' for r in table.itertuples())}",
-               hint="time_to_target(levers, t_comp=..., nbytes=..., nproc=8, alpha=50e-6, beta=1 / 0.125e9)")
+    return Key(
+        "lab09.q6",
+        "choice",
+        first,
+        points=2,
+        choices=LABELS + ("none of them",),
+        tol_source="derived: dtlab.model.convergence.time_to_target with this lab's measured steps and T_comp",
+        explanation=f"the model's times: {', '.join(f'{r.label} {r.time:.3g} s' for r in table.itertuples())}",
+        hint="time_to_target(levers, t_comp=..., nbytes=..., nproc=8, alpha=50e-6, beta=1 / 0.125e9)",
+    )
 
 
-QUESTIONS = (Question("lab09.q1", 2, "my_first_here", ("runs",), _first),
-             Question("lab09.q2", 1, "my_local_bytes_fraction", ("runs",), _local_bytes),
-             Question("lab09.q3", 1, "my_mean_staleness", ("runs",), _staleness),
-             Question("lab09.q4", 1, "my_powersgd_steps", ("runs",), _powersgd),
-             Question("lab09.q5", 2, "my_baseline_steps_x_t_step", ("runs",), _composed),
-             Question("lab09.q6", 2, "my_first_on_a_slow_link", ("runs",), _other_machine))
+QUESTIONS = (
+    Question("lab09.q1", 2, "my_first_here", ("runs",), _first),
+    Question("lab09.q2", 1, "my_local_bytes_fraction", ("runs",), _local_bytes),
+    Question("lab09.q3", 1, "my_mean_staleness", ("runs",), _staleness),
+    Question("lab09.q4", 1, "my_powersgd_steps", ("runs",), _powersgd),
+    Question("lab09.q5", 2, "my_baseline_steps_x_t_step", ("runs",), _composed),
+    Question("lab09.q6", 2, "my_first_on_a_slow_link", ("runs",), _other_machine),
+)

@@ -20,18 +20,25 @@ def sources(rec) -> dict:
 
 def _trace():
     from dtlab.results.kineto import load_trace, public_trace
+
     return load_trace(public_trace(TRACE))
 
 
 def _exposed(trace) -> Key:
     b = trace.breakdown()
     ms = b["exposed"] * 1e3
-    return Key("lab11.q1", "number", float(ms.median()), points=2, unit="ms",
-               rel_tol=tol_from_spread(ms, floor=0.25),
-               tol_source=f"the spread of the exposed time over the trace's {len(ms)} steps (half the min..max range "
-                          "over the median, at least 25%)",
-               hint="the model's T_comm for one step's all-reduces, less what the compute kernels of the step can "
-                    "hide: read T_comp and T_step of trace.breakdown() before you answer")
+    return Key(
+        "lab11.q1",
+        "number",
+        float(ms.median()),
+        points=2,
+        unit="ms",
+        rel_tol=tol_from_spread(ms, floor=0.25),
+        tol_source=f"the spread of the exposed time over the trace's {len(ms)} steps (half the min..max range "
+        "over the median, at least 25%)",
+        hint="the model's T_comm for one step's all-reduces, less what the compute kernels of the step can "
+        "hide: read T_comp and T_step of trace.breakdown() before you answer",
+    )
 
 
 def slowest(trace) -> tuple[float, float, float]:
@@ -46,11 +53,16 @@ def slowest(trace) -> tuple[float, float, float]:
 def _where(trace) -> Key:
     d, med, n = slowest(trace)
     right = WAITED if d > 1.5 * med else MOVED
-    return Key("lab11.q2", "choice", right, choices=(WAITED, MOVED),
-               explanation=f"the slowest all-reduce ({n:,.0f} B) took {d * 1e3:.2f} ms where the same bytes took "
-                           f"{med * 1e3:.2f} ms (median): the same transfer cannot take that much longer, so the rest "
-                           "is the wait for the other rank to arrive",
-               hint="compare the slowest all-reduce with the other all-reduces of exactly the same size")
+    return Key(
+        "lab11.q2",
+        "choice",
+        right,
+        choices=(WAITED, MOVED),
+        explanation=f"the slowest all-reduce ({n:,.0f} B) took {d * 1e3:.2f} ms where the same bytes took "
+        f"{med * 1e3:.2f} ms (median): the same transfer cannot take that much longer, so the rest "
+        "is the wait for the other rank to arrive",
+        hint="compare the slowest all-reduce with the other all-reduces of exactly the same size",
+    )
 
 
 QUESTIONS = (

@@ -52,7 +52,7 @@ def _unflat(flat: torch.Tensor, tensors) -> None:
     with torch.no_grad():
         for t in tensors:
             n = t.numel()
-            t.copy_(flat[off:off + n].view_as(t))
+            t.copy_(flat[off : off + n].view_as(t))
             off += n
 
 
@@ -71,12 +71,18 @@ def _build(cfg: RunConfig, run_dir: str, rank: int, world: int):
     batches = make_batches(cfg, built.tokenizer, sentences, labels, rank - 1, workers, device) if rank else []
     params = [p for p in built.model.parameters()]
     nparams = sum(p.numel() for p in params)
-    sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
-               "data_source": data_src, "lr": lr, "num_parameters": nparams,
-               "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-               "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
-               "server_rank": SERVER, "workers": workers,
-               "message_bytes": {"push": (HDR_PUSH + nparams) * 4, "pull": (HDR_PULL + nparams) * 4}}
+    sources = {
+        "model_source": built.model_source,
+        "tokenizer_source": built.tokenizer_source,
+        "data_source": data_src,
+        "lr": lr,
+        "num_parameters": nparams,
+        "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
+        "server_rank": SERVER,
+        "workers": workers,
+        "message_bytes": {"push": (HDR_PUSH + nparams) * 4, "pull": (HDR_PULL + nparams) * 4},
+    }
     return device, backend, built, batches, sources
 
 
@@ -91,23 +97,42 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     if rank == SERVER:
         from dtlab.config.convergence import lr_rule_text
         from dtlab.rank.evaluation import Evaluator
+
         evaluator = Evaluator(cfg, built.tokenizer, sources["data_source"], device, active=True)
         from dtlab.rank.marks import rank_marks
+
         timing = rank_marks(device, backend, synced=True).facts()  # how the workers take their marks
-        record_resolved(run_dir, cfg, backend, device, {**sources, **evaluator.facts, "lr_rule": lr_rule_text(cfg),
-                                                        "timing_method": timing,
-                                                        "staleness": {"max": cfg.max_staleness,
-                                                                      "policy": cfg.staleness_policy}}, world)
+        record_resolved(
+            run_dir,
+            cfg,
+            backend,
+            device,
+            {
+                **sources,
+                **evaluator.facts,
+                "lr_rule": lr_rule_text(cfg),
+                "timing_method": timing,
+                "staleness": {"max": cfg.max_staleness, "policy": cfg.staleness_policy},
+            },
+            world,
+        )
         writer.write("ready", rank=rank, time=time.time(), **sources)
         _serve(cfg, model, world, device, writer, evaluator, group)
     else:
         writer.write("ready", rank=rank, time=time.time(), **sources)
         _work(cfg, model, rank, batches, device, writer, group)
     from dtlab.rank.recorder import peak_memory, tensor_bytes
+
     peak, kind = peak_memory(device)
-    writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
-                 grads_bytes=tensor_bytes(p.grad for p in model.parameters()), optim_bytes=None,
-                 peak_bytes=peak, peak_kind=kind)
+    writer.write(
+        "memory",
+        rank=rank,
+        params_bytes=tensor_bytes(model.parameters()),
+        grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
+        optim_bytes=None,
+        peak_bytes=peak,
+        peak_kind=kind,
+    )
 
 
 def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) -> None:
@@ -163,9 +188,20 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) 
             if taken.applied:
                 _unflat(inbox[HDR_PUSH:], [p.grad for p in params])
                 optim.step()
-            writer.write("update", rank=SERVER, worker=src, step=taken.step, computed_on=taken.computed_on,
-                         staleness=taken.staleness, applied=taken.applied, version=taken.version, t=clock.train(),
-                         lr=lr if taken.applied else None, loss=loss, time=time.time())
+            writer.write(
+                "update",
+                rank=SERVER,
+                worker=src,
+                step=taken.step,
+                computed_on=taken.computed_on,
+                staleness=taken.staleness,
+                applied=taken.applied,
+                version=taken.version,
+                t=clock.train(),
+                lr=lr if taken.applied else None,
+                loss=loss,
+                time=time.time(),
+            )
             if book.may_start(src):
                 book.started(src)
                 reply(src)
@@ -180,9 +216,16 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) 
     for work in sending.values():
         work.wait()
     hist = book.histogram()
-    writer.write("staleness", rank=SERVER, histogram={str(k): v for k, v in hist.items()},
-                 applied=sum(hist.values()), dropped=sum(not t.applied for t in book.taken), version=book.version,
-                 t=clock.train(), time=time.time())
+    writer.write(
+        "staleness",
+        rank=SERVER,
+        histogram={str(k): v for k, v in hist.items()},
+        applied=sum(hist.values()),
+        dropped=sum(not t.applied for t in book.taken),
+        version=book.version,
+        t=clock.train(),
+        time=time.time(),
+    )
 
 
 class _Clock:
@@ -211,6 +254,7 @@ def _work(cfg: RunConfig, model, rank: int, batches, device, writer, group) -> N
     _unflat(pull[HDR_PULL:], params)
     version = int(pull[0])
     from dtlab.rank.marks import rank_marks
+
     clock = _Clock(rank_marks(device, "nccl" if device.type == "cuda" else "gloo", synced=True))
     nbytes = {"push": push.numel() * push.element_size(), "pull": pull.numel() * pull.element_size()}
     for step in range(cfg.steps):
@@ -232,11 +276,22 @@ def _work(cfg: RunConfig, model, rank: int, batches, device, writer, group) -> N
         version = int(pull[0])
         clock.mark("opt")
         t = clock.read()
-        writer.write("step", rank=rank, step=step, t_fwd=t["fwd"], t_bwd=t["bwd"] - t["fwd"],
-                     t_opt=t["opt"] - t["bwd"], t_step=t["opt"], loss=float(out.loss.detach()), lr=None,
-                     version=version, time=time.time())
+        writer.write(
+            "step",
+            rank=rank,
+            step=step,
+            t_fwd=t["fwd"],
+            t_bwd=t["bwd"] - t["fwd"],
+            t_opt=t["opt"] - t["bwd"],
+            t_step=t["opt"],
+            loss=float(out.loss.detach()),
+            lr=None,
+            version=version,
+            time=time.time(),
+        )
         for op, a, b in (("push", "push_start", "push_end"), ("pull", "push_end", "pull_end")):
-            writer.write("collective", rank=rank, step=step, op=op, phase=op, nbytes=nbytes[op], t_start=t[a],
-                         t_end=t[b])
+            writer.write(
+                "collective", rank=rank, step=step, op=op, phase=op, nbytes=nbytes[op], t_start=t[a], t_end=t[b]
+            )
     push[0] = DONE
     dist.send(push, dst=SERVER, tag=PUSH, group=group)

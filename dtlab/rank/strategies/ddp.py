@@ -21,8 +21,13 @@ def make_batches(cfg: RunConfig, tokenizer, sentences, labels, rank: int, world:
     out = []
     for i in range(0, len(mine_s) - cfg.batch_size + 1, cfg.batch_size):
         sl = slice(i, i + cfg.batch_size)
-        out.append({"input_ids": enc["input_ids"][sl].to(device),
-                    "attention_mask": enc["attention_mask"][sl].to(device), "labels": y[sl].to(device)})
+        out.append(
+            {
+                "input_ids": enc["input_ids"][sl].to(device),
+                "attention_mask": enc["attention_mask"][sl].to(device),
+                "labels": y[sl].to(device),
+            }
+        )
     return out
 
 
@@ -42,15 +47,21 @@ def build_everything(cfg: RunConfig, run_dir: str, rank: int, world: int, nccl_t
     apply_dropout(built.model, getattr(cfg, "dropout", None))
     # training steps only: a baseline step reuses the batch of the training step it is paired with, so the data (and
     # the losses) of a run do not depend on how many baseline steps it has
-    sentences, labels, data_src = load_sentences(cfg.data, cfg.steps * cfg.accumulate * cfg.batch_size * world,
-                                                 cfg.seed)
+    sentences, labels, data_src = load_sentences(
+        cfg.data, cfg.steps * cfg.accumulate * cfg.batch_size * world, cfg.seed
+    )
     batches = make_batches(cfg, built.tokenizer, sentences, labels, rank, world, device)
     nparams = sum(p.numel() for p in built.model.parameters())
-    sources = {"model_source": built.model_source, "tokenizer_source": built.tokenizer_source,
-               "data_source": data_src, "lr": lr, "num_parameters": nparams,
-               "grad_bytes": sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad),
-               # per-parameter gradient bytes in registration order: what-if bucket layouts are built from it
-               "param_nbytes": [p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad]}
+    sources = {
+        "model_source": built.model_source,
+        "tokenizer_source": built.tokenizer_source,
+        "data_source": data_src,
+        "lr": lr,
+        "num_parameters": nparams,
+        "grad_bytes": sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad),
+        # per-parameter gradient bytes in registration order: what-if bucket layouts are built from it
+        "param_nbytes": [p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad],
+    }
     return device, backend, built, batches, sources
 
 
@@ -60,23 +71,30 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     DDP's all-reduce."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dtlab.rank.restarts import Checkpointer
-    from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, peak_memory, recorder_facts, tensor_bytes
-    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-    from dtlab.rank.stragglers import Straggler, ddp_compute_s
-    from dtlab.config.stragglers import straggler_plan
-    from dtlab.rank.evaluation import Evaluator, TrainClock, eval_pause
-    from dtlab.rank.local_sgd import LocalSGD, digest_due
-    from dtlab.rank.optim import Optimizer
-    from dtlab.config.convergence import lr_rule_text
     from dtlab.config.baseline import run_order
     from dtlab.config.busy import snapshot
-
+    from dtlab.config.convergence import lr_rule_text
+    from dtlab.config.stragglers import straggler_plan
+    from dtlab.rank.evaluation import Evaluator, TrainClock, eval_pause
+    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.local_sgd import LocalSGD, digest_due
     from dtlab.rank.marks import rank_marks
+    from dtlab.rank.optim import Optimizer
+    from dtlab.rank.recorder import (
+        BucketRecorder,
+        StepClock,
+        optimizer_state_bytes,
+        peak_memory,
+        recorder_facts,
+        tensor_bytes,
+    )
+    from dtlab.rank.restarts import Checkpointer
+    from dtlab.rank.stragglers import Straggler, ddp_compute_s
 
     # NCCL's own timing of each bucket's collective (backend_ms) is read only when buckets are recorded
-    device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world,
-                                                                nccl_timing=bool(cfg.record and not cfg.local_sgd))
+    device, backend, built, batches, sources = build_everything(
+        cfg, run_dir, rank, world, nccl_timing=bool(cfg.record and not cfg.local_sgd)
+    )
     marks = rank_marks(device, backend)  # every clock of this rank: steps, buckets, local SGD's average
     straggler = Straggler(cfg.straggler, rank, world, device)
     model = built.model.to(device)
@@ -87,13 +105,22 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     # DDP would broadcast it at the start of every forward, a collective that T_fwd and T_comp would count as
     # compute. Nothing needs it: no buffer changes during training (no BatchNorm statistics). torch 2.13 renamed
     # the argument forward_sync_buffers (and warns on the old name); older versions only know broadcast_buffers.
-    no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-               else {"broadcast_buffers": False})
-    ddp = model if local else DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                  bucket_cap_mb=cfg.bucket_mb, **no_sync)
+    no_sync = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DDP).parameters
+        else {"broadcast_buffers": False}
+    )
+    ddp = (
+        model
+        if local
+        else DDP(
+            model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_mb, **no_sync
+        )
+    )
     codec = None
     if cfg.comm_hook != "none":
         from dtlab.rank.compression import Codec
+
         codec = Codec(cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed, serialize=backend == "gloo")
     transport = make_transport(world, device, backend) if make_transport is not None else None
     recorder = BucketRecorder(world, device, codec, transport, backend=backend, marks=marks)
@@ -103,9 +130,20 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
     opt = optim.opt
     evaluator = Evaluator(cfg, built.tokenizer, sources["data_source"], device, active=rank == 0)
     if rank == 0:
-        record_resolved(run_dir, cfg, backend, device, {**sources, "straggler": straggler_plan(cfg.straggler, world),
-                                                        **recorder_facts(recorder), **evaluator.facts,
-                                                        "lr_rule": lr_rule_text(cfg)}, world)
+        record_resolved(
+            run_dir,
+            cfg,
+            backend,
+            device,
+            {
+                **sources,
+                "straggler": straggler_plan(cfg.straggler, world),
+                **recorder_facts(recorder),
+                **evaluator.facts,
+                "lr_rule": lr_rule_text(cfg),
+            },
+            world,
+        )
     writer.write("ready", rank=rank, time=time.time(), **sources)
     ckpt = Checkpointer(cfg, run_dir, rank, world, device, writer)
     first = ckpt.resume(ddp, opt)  # 0, or where a group restarted by torchrun goes on (dtlab.rank.restarts)
@@ -116,11 +154,14 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
 
     clock = StepClock(device, marks)
     marks.seal()
-    ddp_forwards: list[int | None] = []  # per synchronised DDP forward in this process: its training step (None: baseline)
+    ddp_forwards: list[
+        int | None
+    ] = []  # per synchronised DDP forward in this process: its training step (None: baseline)
     optim_s = 0.0  # the last training step's optimizer time: a baseline step's t_opt (see below)
     # how busy the machine is while the steps run (dtlab.config.busy): this rank's CPU time, rank 0 the machine's
     writer.write("machine", rank=rank, phase="start", **snapshot(machine=rank == 0))
     from dtlab.rank.profiling import StepProfiler
+
     profiler = StepProfiler(cfg, run_dir, rank, device, run_order(cfg.steps, cfg.warmup, cfg.baseline_steps, first))
     for step, paired in run_order(cfg.steps, cfg.warmup, cfg.baseline_steps, first):
         profiler.begin(step, paired)  # cfg.profile: one ProfilerStep per step (dtlab.rank.profiling)
@@ -169,9 +210,19 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
         else:
             t_opt, t_step = t["opt"] - t_bwd_end, t["opt"]
             optim_s = (t["optim"] if local else t["opt"]) - t_bwd_end
-        rec = {"rank": rank, "step": step, "t_fwd": t_fwd, "t_bwd": t_bwd_end - t_fwd,
-               "t_opt": t_opt, "t_step": t_step, "loss": float(out.loss.detach()),
-               "micro_batches": cfg.accumulate, "straggle_s": slept, "lr": lr, "time": time.time()}
+        rec = {
+            "rank": rank,
+            "step": step,
+            "t_fwd": t_fwd,
+            "t_bwd": t_bwd_end - t_fwd,
+            "t_opt": t_opt,
+            "t_step": t_step,
+            "loss": float(out.loss.detach()),
+            "micro_batches": cfg.accumulate,
+            "straggle_s": slept,
+            "lr": lr,
+            "time": time.time(),
+        }
         if baseline:
             rec["paired_step"] = paired
         writer.write("baseline_step" if baseline else "step", **rec)
@@ -203,34 +254,54 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer, make_tran
         # rank 0 evaluates when due, every rank waits: no step clock runs meanwhile
         eval_pause(evaluator, model, step + 1, train_clock, writer, rank)
         if step == 0:
-            writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
-                         grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
-                         optim_bytes=optimizer_state_bytes(opt), peak_bytes=None, peak_kind=None)
+            writer.write(
+                "memory",
+                rank=rank,
+                params_bytes=tensor_bytes(model.parameters()),
+                grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
+                optim_bytes=optimizer_state_bytes(opt),
+                peak_bytes=None,
+                peak_kind=None,
+            )
 
     profiler.finish()
     writer.write("machine", rank=rank, phase="end", **snapshot(machine=rank == 0))
     recorder.transport.close()
     peak, kind = peak_memory(device)
-    writer.write("memory", rank=rank, params_bytes=tensor_bytes(model.parameters()),
-                 grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
-                 optim_bytes=optimizer_state_bytes(opt), peak_bytes=peak, peak_kind=kind)
+    writer.write(
+        "memory",
+        rank=rank,
+        params_bytes=tensor_bytes(model.parameters()),
+        grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
+        optim_bytes=optimizer_state_bytes(opt),
+        peak_bytes=peak,
+        peak_kind=kind,
+    )
     try:  # DDP's own view (bucket sizes, comm hook, ...), a free cross-check
         if local:
             return
         data = ddp._get_ddp_logging_data()
-        writer.write("ddp_logging", rank=rank, data={k: (v if isinstance(v, (int, float, str)) else str(v))
-                                                     for k, v in data.items()})
+        writer.write(
+            "ddp_logging",
+            rank=rank,
+            data={k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in data.items()},
+        )
     except Exception as e:  # noqa: BLE001 - private API, may change between torch versions
         writer.write("ddp_logging", rank=rank, data={"error": repr(e)})
 
 
-_DDP_STATS = ("backward_comm_time", "backward_compute_time", "backward_compute_comm_overlap_time",
-              "forward_compute_time")
+_DDP_STATS = (
+    "backward_comm_time",
+    "backward_compute_time",
+    "backward_compute_comm_overlap_time",
+    "forward_compute_time",
+)
 
 
 def rng_state(device) -> dict:
     """The random number generators a step draws from (dropout): the CPU's, and the GPU's on CUDA."""
     import torch
+
     out = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
         out["cuda"] = torch.cuda.get_rng_state(device)
@@ -240,6 +311,7 @@ def rng_state(device) -> dict:
 def set_rng_state(device, state: dict) -> None:
     """Give back what `rng_state` took: a baseline step leaves the training steps' dropout masks as they were."""
     import torch
+
     torch.set_rng_state(state["cpu"])
     if "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
@@ -248,6 +320,7 @@ def set_rng_state(device, state: dict) -> None:
 def barrier(device) -> None:
     """Every rank waits for the others (not timed); NCCL is told which GPU this rank uses."""
     import torch.distributed as dist
+
     if dist.get_backend() == "nccl":
         dist.barrier(device_ids=[device.index])
     else:
@@ -262,7 +335,11 @@ def _write_ddp_stats(ddp, writer, rank: int, step: int, iteration: int) -> None:
         data = ddp._get_ddp_logging_data()
         if int(data.get("iteration", -1)) != iteration:  # DDP samples iterations <= 10 and every 100th only
             return
-        writer.write("ddp_stats", rank=rank, step=step,
-                     **{k: data[k] / 1e9 for k in _DDP_STATS if isinstance(data.get(k), (int, float))})
+        writer.write(
+            "ddp_stats",
+            rank=rank,
+            step=step,
+            **{k: data[k] / 1e9 for k in _DDP_STATS if isinstance(data.get(k), (int, float))},
+        )
     except Exception:  # noqa: BLE001 - private API, may change between torch versions
         pass

@@ -55,15 +55,24 @@ def _recorders(rec, label, layer):
 
     class AllGather(DefaultAllGather):
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
-            return run("all_gather", output_tensor.numel() * output_tensor.element_size(), group,
-                       lambda: super(AllGather, self).__call__(output_tensor, input_tensor, group, async_op),
-                       async_op)
+            return run(
+                "all_gather",
+                output_tensor.numel() * output_tensor.element_size(),
+                group,
+                lambda: super(AllGather, self).__call__(output_tensor, input_tensor, group, async_op),
+                async_op,
+            )
 
     class ReduceScatter(DefaultReduceScatter):
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            return run("reduce_scatter", input_tensor.numel() * input_tensor.element_size(), group,
-                       lambda: super(ReduceScatter, self).__call__(output_tensor, input_tensor, group, op, async_op),
-                       async_op, reduce_op=str(op))
+            return run(
+                "reduce_scatter",
+                input_tensor.numel() * input_tensor.element_size(),
+                group,
+                lambda: super(ReduceScatter, self).__call__(output_tensor, input_tensor, group, op, async_op),
+                async_op,
+                reduce_op=str(op),
+            )
 
     return AllGather(), ReduceScatter()
 
@@ -93,23 +102,32 @@ def _watch_unshard(rec, unit, label) -> bool:
 def blocked_recording(cuda: bool, watched: bool) -> dict:
     """How FSDP2's time blocked was measured on this rank, and what it cannot see (config.json)."""
     if not cuda:
-        return {"clock": "wall clock (perf_counter) on the training thread",
-                "intercepted": ["the whole of every synchronous all-gather and reduce-scatter"],
-                "not_intercepted": ["waits on asynchronous (prefetched) all-gathers"]}
-    return {"clock": "CUDA events on the compute stream",
-            "intercepted": (["each unit's wait_for_unshard: the compute stream's wait for the all-gather and the "
-                             "copy-out of the parameters after it"] if watched else [])
-                           + ["all-gathers and reduce-scatters issued on the compute stream"],
-            "not_intercepted": ["the compute stream's wait for the reduce-scatters at the end of backward "
-                                "(FSDP2's post-reduce event)"]
-                               + ([] if watched else ["waits for all-gathers (wait_for_unshard could not be "
-                                                      "wrapped on this torch)"])}
+        return {
+            "clock": "wall clock (perf_counter) on the training thread",
+            "intercepted": ["the whole of every synchronous all-gather and reduce-scatter"],
+            "not_intercepted": ["waits on asynchronous (prefetched) all-gathers"],
+        }
+    return {
+        "clock": "CUDA events on the compute stream",
+        "intercepted": (
+            [
+                "each unit's wait_for_unshard: the compute stream's wait for the all-gather and the "
+                "copy-out of the parameters after it"
+            ]
+            if watched
+            else []
+        )
+        + ["all-gathers and reduce-scatters issued on the compute stream"],
+        "not_intercepted": [
+            "the compute stream's wait for the reduce-scatters at the end of backward (FSDP2's post-reduce event)"
+        ]
+        + ([] if watched else ["waits for all-gathers (wait_for_unshard could not be wrapped on this torch)"]),
+    }
 
 
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Shard the model with fully_shard, train cfg.steps steps and write step, collective, blocked, memory (and
     reference) events."""
-    import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -144,16 +162,35 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
                 watched = _watch_unshard(rec, unit, label) and watched
     params = list(model.parameters())
     opt = adamw(params, cfg.lr, cfg.optimizer_impl)
-    expected = {"all_gather_forward": root_bytes + blocks_bytes, "all_gather_backward": blocks_bytes,
-                "reduce_scatter": root_bytes + blocks_bytes}
+    expected = {
+        "all_gather_forward": root_bytes + blocks_bytes,
+        "all_gather_backward": blocks_bytes,
+        "reduce_scatter": root_bytes + blocks_bytes,
+    }
     if rank == 0:
-        record_resolved(run_dir, cfg, b.backend, b.device, {
-            **b.sources, "fsdp_units": 1 + len(blocks), "fsdp_expected": expected,
-            "expected_bytes_per_step": ({"all_gather": world * (expected["all_gather_forward"]
-                                                               + expected["all_gather_backward"]),
-                                         "reduce_scatter": world * expected["reduce_scatter"]} if cfg.record else {}),
-            "collective_recording": "FSDP2's set_custom_all_gather / set_custom_reduce_scatter, timed per call",
-            "blocked_recording": blocked_recording(marks.cuda, watched), "timing_method": marks.facts()}, world)
+        record_resolved(
+            run_dir,
+            cfg,
+            b.backend,
+            b.device,
+            {
+                **b.sources,
+                "fsdp_units": 1 + len(blocks),
+                "fsdp_expected": expected,
+                "expected_bytes_per_step": (
+                    {
+                        "all_gather": world * (expected["all_gather_forward"] + expected["all_gather_backward"]),
+                        "reduce_scatter": world * expected["reduce_scatter"],
+                    }
+                    if cfg.record
+                    else {}
+                ),
+                "collective_recording": "FSDP2's set_custom_all_gather / set_custom_reduce_scatter, timed per call",
+                "blocked_recording": blocked_recording(marks.cuda, watched),
+                "timing_method": marks.facts(),
+            },
+            world,
+        )
     writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
 
     clock = StepClock(b.device, marks)
@@ -174,7 +211,17 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         t = clock.read()  # the step's one sync point on GPU: the recorder's marks are read after it
         t_blocked = rec.flush()
         loss = float(out.loss.detach())
-        writer.write("step", rank=rank, step=step, t_fwd=t["fwd"], t_bwd=t["bwd"] - t["fwd"],
-                     t_opt=t["opt"] - t["bwd"], t_step=t["opt"], loss=loss, t_blocked=t_blocked, time=time.time())
+        writer.write(
+            "step",
+            rank=rank,
+            step=step,
+            t_fwd=t["fwd"],
+            t_bwd=t["bwd"] - t["fwd"],
+            t_opt=t["opt"] - t["bwd"],
+            t_step=t["opt"],
+            loss=loss,
+            t_blocked=t_blocked,
+            time=time.time(),
+        )
         after_step(writer, rank, step, params, opt, b.device, b.reference, model.named_parameters(), loss)
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))

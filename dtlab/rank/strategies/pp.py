@@ -35,6 +35,7 @@ _ACTIVE = {"recorder": None}  # the recorder the wrapped p2p helpers report to (
 def _install_p2p_recording() -> bool:
     """Wrap torch.distributed.pipelining.schedules' p2p helpers once per process; False when absent."""
     from dtlab.rank.compat import pipelining_p2p_helpers
+
     found = pipelining_p2p_helpers()
     if found is None:
         return False
@@ -63,6 +64,7 @@ class P2PRecorder:
 
     def batch_p2p(self, p2p_ops, desc=None):
         from dtlab.rank.compat import is_pipeline_transfer
+
         rec = _ACTIVE["recorder"]
         if rec is None or self.depth or not is_pipeline_transfer(desc):
             return self._issue(p2p_ops, desc)
@@ -70,8 +72,14 @@ class P2PRecorder:
         for op in p2p_ops:
             send = op.op.__name__.endswith("send")
             forward = ("fwd_send" in desc) if send else ("fwd_recv" in desc)
-            r = rec.start("send" if send else "recv", op.tensor.numel() * op.tensor.element_size(), "pp", 2,
-                          peer=int(op.peer), desc=desc)
+            r = rec.start(
+                "send" if send else "recv",
+                op.tensor.numel() * op.tensor.element_size(),
+                "pp",
+                2,
+                peer=int(op.peer),
+                desc=desc,
+            )
             r["phase"] = "forward" if forward else "backward"
             recs.append(r)
         out = self._issue(p2p_ops, desc)
@@ -148,8 +156,9 @@ class ComputeTimeline:
         last = 0.0
         for kind, mb, a, b in self.spans:
             ta, tb = self.marks.seconds(self._ref, a), self.marks.seconds(self._ref, b)
-            writer.write("microbatch", rank=rank, step=step, stage=self.index, microbatch=mb, phase=kind,
-                         t_start=ta, t_end=tb)
+            writer.write(
+                "microbatch", rank=rank, step=step, stage=self.index, microbatch=mb, phase=kind, t_start=ta, t_end=tb
+            )
             if kind == "forward":
                 last = max(last, tb)
         return last
@@ -195,15 +204,34 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     p2p = dp * (P - 1) * 2 * M * act  # over all ranks per step: each boundary, both directions, every micro-batch
     grads = local_bytes(params)
     if rank == 0:
-        record_resolved(run_dir, cfg, b.backend, b.device, {
-            **b.sources, "stages": P, "stage_layers": _stage_layers(n_layers, P),
-            "microbatch_activation_bytes": act, "p2p_recorded": recorded, "pp_schedule": cfg.pp_schedule,
-            "expected_bytes_per_step": {"send": p2p, "recv": p2p} if recorded else {},
-            "pipeline_recording": "stage.forward_one_chunk / backward_one_chunk wrapped per micro-batch; sends and "
-                                  "receives from torch.distributed.pipelining.schedules' p2p helpers",
-            "timing_method": marks.facts()}, world)
-    writer.write("ready", rank=rank, time=time.time(), stage=s, stage_params=len(mine), stage_grad_bytes=grads,
-                 **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
+        record_resolved(
+            run_dir,
+            cfg,
+            b.backend,
+            b.device,
+            {
+                **b.sources,
+                "stages": P,
+                "stage_layers": _stage_layers(n_layers, P),
+                "microbatch_activation_bytes": act,
+                "p2p_recorded": recorded,
+                "pp_schedule": cfg.pp_schedule,
+                "expected_bytes_per_step": {"send": p2p, "recv": p2p} if recorded else {},
+                "pipeline_recording": "stage.forward_one_chunk / backward_one_chunk wrapped per micro-batch; sends and "
+                "receives from torch.distributed.pipelining.schedules' p2p helpers",
+                "timing_method": marks.facts(),
+            },
+            world,
+        )
+    writer.write(
+        "ready",
+        rank=rank,
+        time=time.time(),
+        stage=s,
+        stage_params=len(mine),
+        stage_grad_bytes=grads,
+        **{k: v for k, v in b.sources.items() if k != "param_nbytes"},
+    )
     rec = CommRecorder(writer, rank, marks)
     _ACTIVE["recorder"] = rec if recorded else None
     clock = StepClock(b.device, marks)
@@ -231,9 +259,22 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         t_blocked = rec.flush()
         t_f = timeline.flush(writer, rank, step)
         loss = float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
-        writer.write("step", rank=rank, step=step, t_fwd=t_f, t_bwd=t["bwd"] - t_f, t_opt=t["opt"] - t["bwd"],
-                     t_step=t["opt"], t_pipe=t["pipe"], loss=loss, t_blocked=t_blocked, stage=s, dp_rank=b.dp_rank,
-                     microbatches=M, time=time.time())
+        writer.write(
+            "step",
+            rank=rank,
+            step=step,
+            t_fwd=t_f,
+            t_bwd=t["bwd"] - t_f,
+            t_opt=t["opt"] - t["bwd"],
+            t_step=t["opt"],
+            t_pipe=t["pipe"],
+            loss=loss,
+            t_blocked=t_blocked,
+            stage=s,
+            dp_rank=b.dp_rank,
+            microbatches=M,
+            time=time.time(),
+        )
         after_step(writer, rank, step, params, opt, b.device, b.reference, mine, loss)
     _ACTIVE["recorder"] = None
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
@@ -253,4 +294,5 @@ def _schedule_step(sched, s: int, P: int, batch: dict, losses: list, kwargs: dic
 
 def _stage_layers(n_layers: int, stages: int) -> list:
     from dtlab.config.parallel import split_layers
+
     return [list(r) for r in split_layers(n_layers, stages)]

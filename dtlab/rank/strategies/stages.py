@@ -30,6 +30,7 @@ class Stage(nn.Module):
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         from transformers.masking_utils import create_bidirectional_mask
+
         h = self.embeddings(x) if self.first else x
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=h, attention_mask=attention_mask)
         for block in self.blocks:

@@ -29,9 +29,15 @@ def megatron_plan() -> dict:
     """The tensor-parallel plan of one DistilBERT TransformerBlock (see the module docstring)."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
-    plan = {"attention": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
-                                            use_local_output=False),
-            "attention.out_lin": RowwiseParallel(), "ffn.lin1": ColwiseParallel(), "ffn.lin2": RowwiseParallel()}
+
+    plan = {
+        "attention": PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False
+        ),
+        "attention.out_lin": RowwiseParallel(),
+        "ffn.lin1": ColwiseParallel(),
+        "ffn.lin2": RowwiseParallel(),
+    }
     for name in ("q_lin", "k_lin", "v_lin"):
         plan[f"attention.{name}"] = ColwiseParallel(input_layouts=Replicate())
     return plan
@@ -40,14 +46,20 @@ def megatron_plan() -> dict:
 def expected_allreduce_bytes(batch_size: int, seq_len: int, hidden: int, n_layers: int, itemsize: int = 4) -> dict:
     """The form: 4 all-reduces per block per step, each of b x s x h activations (bytes)."""
     each = batch_size * seq_len * hidden * itemsize
-    return {"allreduces_per_block": 4, "forward_per_block": 2, "backward_per_block": 2, "blocks": n_layers,
-            "bytes_each": each, "per_step": 4 * n_layers, "bytes_per_step": 4 * n_layers * each}
+    return {
+        "allreduces_per_block": 4,
+        "forward_per_block": 2,
+        "backward_per_block": 2,
+        "blocks": n_layers,
+        "bytes_each": each,
+        "per_step": 4 * n_layers,
+        "bytes_per_step": 4 * n_layers * each,
+    }
 
 
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Build the replica's mesh, split every block, train cfg.steps steps and write step, collective, blocked,
     memory (and reference) events."""
-    import torch
     from torch.distributed.tensor.parallel import parallelize_module
 
     from dtlab.rank.collectives import CommRecorder, FuncolMode, LayerTracker
@@ -74,11 +86,21 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     marks = rank_marks(b.device, b.backend)
     marks.prepare([tp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
     if rank == 0:
-        record_resolved(run_dir, cfg, b.backend, b.device, {
-            **b.sources, "tp_form": form, "local_param_bytes": local_grad,
-            "expected_bytes_per_step": {"all_reduce": world * per_rank} if cfg.record else {},
-            "collective_recording": "TorchDispatchMode over DTensor's functional collectives (dtlab.rank.collectives)",
-            "timing_method": marks.facts()}, world)
+        record_resolved(
+            run_dir,
+            cfg,
+            b.backend,
+            b.device,
+            {
+                **b.sources,
+                "tp_form": form,
+                "local_param_bytes": local_grad,
+                "expected_bytes_per_step": {"all_reduce": world * per_rank} if cfg.record else {},
+                "collective_recording": "TorchDispatchMode over DTensor's functional collectives (dtlab.rank.collectives)",
+                "timing_method": marks.facts(),
+            },
+            world,
+        )
     writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
     rec = CommRecorder(writer, rank, marks)
     tracker = LayerTracker(model.distilbert.transformer.layer)
@@ -107,8 +129,18 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         t = clock.read()  # the step's one sync point on GPU: the recorder's marks are read after it
         t_blocked = rec.flush()
         loss = float(out.loss.detach())
-        writer.write("step", rank=rank, step=step, t_fwd=t["fwd"], t_bwd=t["bwd"] - t["fwd"],
-                     t_opt=t["opt"] - t["bwd"], t_step=t["opt"], loss=loss, t_blocked=t_blocked, dp_rank=b.dp_rank,
-                     time=time.time())
+        writer.write(
+            "step",
+            rank=rank,
+            step=step,
+            t_fwd=t["fwd"],
+            t_bwd=t["bwd"] - t["fwd"],
+            t_opt=t["opt"] - t["bwd"],
+            t_step=t["opt"],
+            loss=loss,
+            t_blocked=t_blocked,
+            dp_rank=b.dp_rank,
+            time=time.time(),
+        )
         after_step(writer, rank, step, params, opt, b.device, b.reference, model.named_parameters(), loss)
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))

@@ -17,26 +17,93 @@ import math
 import re
 
 #: element sizes (bytes) by the names traces use for dtypes
-DTYPE_BYTES = {"float": 4, "float32": 4, "f32": 4, "double": 8, "float64": 8, "f64": 8, "half": 2, "float16": 2,
-               "f16": 2, "c10::half": 2, "bfloat16": 2, "bf16": 2, "c10::bfloat16": 2, "int": 4, "int32": 4,
-               "i32": 4, "long": 8, "int64": 8, "long int": 8, "i64": 8, "short": 2, "int16": 2, "byte": 1,
-               "uint8": 1, "unsigned char": 1, "u8": 1, "char": 1, "int8": 1, "int8_t": 1, "signed char": 1,
-               "i8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1}
+DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "f32": 4,
+    "double": 8,
+    "float64": 8,
+    "f64": 8,
+    "half": 2,
+    "float16": 2,
+    "f16": 2,
+    "c10::half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "c10::bfloat16": 2,
+    "int": 4,
+    "int32": 4,
+    "i32": 4,
+    "long": 8,
+    "int64": 8,
+    "long int": 8,
+    "i64": 8,
+    "short": 2,
+    "int16": 2,
+    "byte": 1,
+    "uint8": 1,
+    "unsigned char": 1,
+    "u8": 1,
+    "char": 1,
+    "int8": 1,
+    "int8_t": 1,
+    "signed char": 1,
+    "i8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "c10::float8_e4m3fn": 1,
+}
 
-_OPS = {"allreduce": "all_reduce", "allgather": "all_gather", "allgatherbase": "all_gather",
-        "allgatherintotensor": "all_gather", "allgathercoalesced": "all_gather",
-        "allgatherintotensorcoalesced": "all_gather", "reducescatter": "reduce_scatter",
-        "reducescatterbase": "reduce_scatter", "reducescattertensor": "reduce_scatter",
-        "reducescattertensorcoalesced": "reduce_scatter", "alltoall": "all_to_all", "alltoallv": "all_to_all",
-        "alltoallbase": "all_to_all", "broadcast": "broadcast", "send": "send", "recv": "recv", "reduce": "reduce",
-        "gather": "gather", "scatter": "scatter", "barrier": "barrier", "allreducecoalesced": "all_reduce",
-        "sendrecv": "send_recv"}
+_OPS = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "allgatherbase": "all_gather",
+    "allgatherintotensor": "all_gather",
+    "allgathercoalesced": "all_gather",
+    "allgatherintotensorcoalesced": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "reducescatterbase": "reduce_scatter",
+    "reducescattertensor": "reduce_scatter",
+    "reducescattertensorcoalesced": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "alltoallv": "all_to_all",
+    "alltoallbase": "all_to_all",
+    "broadcast": "broadcast",
+    "send": "send",
+    "recv": "recv",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "barrier": "barrier",
+    "allreducecoalesced": "all_reduce",
+    "sendrecv": "send_recv",
+}
 _KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
-_KERNEL_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
-               "Broadcast": "broadcast", "Reduce": "reduce"}  # SendRecv and Generic do not say which collective
+_KERNEL_OPS = {
+    "AllReduce": "all_reduce",
+    "AllGather": "all_gather",
+    "ReduceScatter": "reduce_scatter",
+    "Broadcast": "broadcast",
+    "Reduce": "reduce",
+}  # SendRecv and Generic do not say which collective
 COMM_KERNEL = re.compile(r"^nccl|ncclKernel|ncclDevKernel|^hccl")
-ROWS = ("rank", "step", "op", "nbytes", "dtype", "nelems", "group_size", "pg", "seq", "t_start", "t_end", "kernel",
-        "stream", "source")
+ROWS = (
+    "rank",
+    "step",
+    "op",
+    "nbytes",
+    "dtype",
+    "nelems",
+    "group_size",
+    "pg",
+    "seq",
+    "t_start",
+    "t_end",
+    "kernel",
+    "stream",
+    "source",
+)
 
 
 def normalize_op(name: str | None) -> str | None:
@@ -93,10 +160,15 @@ def describe(meta: dict, name: str, world_size: int | None) -> dict:
             nelems *= int(group or world_size)  # the annotation shows the input; n is the output
     size = dtype_bytes(dtype)
     seq = meta.get("Seq", meta.get("seq"))
-    return {"op": op, "dtype": None if dtype is None else str(dtype), "nelems": nelems,
-            "nbytes": None if nelems is None or size is None else int(nelems) * size,
-            "group_size": int(group) if group is not None else world_size,
-            "pg": str(meta.get("Process Group Name", "")), "seq": int(seq) if seq is not None else None}
+    return {
+        "op": op,
+        "dtype": None if dtype is None else str(dtype),
+        "nelems": nelems,
+        "nbytes": None if nelems is None or size is None else int(nelems) * size,
+        "group_size": int(group) if group is not None else world_size,
+        "pg": str(meta.get("Process Group Name", "")),
+        "seq": int(seq) if seq is not None else None,
+    }
 
 
 def has_meta(meta: dict) -> bool:
@@ -121,7 +193,7 @@ class Annotations:
             return None
         i = bisect.bisect_right(self.starts[tid], ts)
         named = None
-        for a in reversed(rows[max(0, i - 64):i]):  # nesting is shallow: look back a few annotations
+        for a in reversed(rows[max(0, i - 64) : i]):  # nesting is shallow: look back a few annotations
             if a[2] <= ts <= a[2] + a[3]:
                 if has_meta(a[4]):
                     return a[0], a[4]

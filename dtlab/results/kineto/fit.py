@@ -40,8 +40,10 @@ def _why_not(trace) -> str | None:
     if unknown:
         return f"no rank information in {', '.join(unknown)}: collectives cannot be matched across ranks"
     if len(trace.ranks) < 2:
-        return ("one rank's trace: its collective kernels include its wait for the slowest peer, and when the other "
-                "ranks arrived is not in it (give the folder with every rank's trace)")
+        return (
+            "one rank's trace: its collective kernels include its wait for the slowest peer, and when the other "
+            "ranks arrived is not in it (give the folder with every rank's trace)"
+        )
     world = {r.world_size for r in trace.ranks if r.world_size}
     have = {r.rank for r in trace.ranks}
     if len(world) == 1:
@@ -66,8 +68,11 @@ def match_collectives(trace) -> pd.DataFrame:
     nranks = len(trace.ranks)
     size = c["group_size"].fillna(nranks).astype("int64")
     g = c.groupby("key")
-    ok = (g["rank"].transform("nunique") == size) & (g["op"].transform("nunique") == 1) & \
-         (g["nbytes"].transform("nunique", dropna=False) == 1)
+    ok = (
+        (g["rank"].transform("nunique") == size)
+        & (g["op"].transform("nunique") == 1)
+        & (g["nbytes"].transform("nunique", dropna=False) == 1)
+    )
     m = c[ok].copy()
     if m.empty:
         return m.assign(aligned_start=[], aligned_end=[])
@@ -83,8 +88,7 @@ def arrivals(trace) -> pd.DataFrame:
     """One row per matched collective: step, op, nbytes (B), group_size, first_rank and last_rank to arrive,
     skew_s (last arrival - first arrival, s: how long the first rank waited), transfer_s (median end - last
     arrival, s), longest_s (the longest kernel of the group, s). Empty when the trace cannot be matched."""
-    cols = ["key", "step", "op", "nbytes", "group_size", "first_rank", "last_rank", "skew_s", "transfer_s",
-            "longest_s"]
+    cols = ["key", "step", "op", "nbytes", "group_size", "first_rank", "last_rank", "skew_s", "transfer_s", "longest_s"]
     if _why_not(trace):
         return pd.DataFrame(columns=cols)
     m = match_collectives(trace)
@@ -93,11 +97,20 @@ def arrivals(trace) -> pd.DataFrame:
     rows = []
     for key, g in m.groupby("key", sort=False):
         first, last = g.loc[g["aligned_start"].idxmin()], g.loc[g["aligned_start"].idxmax()]
-        rows.append({"key": key, "step": int(g["step"].min()), "op": first["op"], "nbytes": first["nbytes"],
-                     "group_size": len(g), "first_rank": int(first["rank"]), "last_rank": int(last["rank"]),
-                     "skew_s": last["aligned_start"] - first["aligned_start"],
-                     "transfer_s": g["aligned_end"].median() - last["aligned_start"],
-                     "longest_s": (g["t_end"] - g["t_start"]).max()})
+        rows.append(
+            {
+                "key": key,
+                "step": int(g["step"].min()),
+                "op": first["op"],
+                "nbytes": first["nbytes"],
+                "group_size": len(g),
+                "first_rank": int(first["rank"]),
+                "last_rank": int(last["rank"]),
+                "skew_s": last["aligned_start"] - first["aligned_start"],
+                "transfer_s": g["aligned_end"].median() - last["aligned_start"],
+                "longest_s": (g["t_end"] - g["t_start"]).max(),
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -110,8 +123,9 @@ def spread(trace) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     c = c.assign(d=c["t_end"] - c["t_start"], nbytes=c["nbytes"].fillna(-1), group_size=c["group_size"].fillna(-1))
     g = c.groupby(["op", "nbytes", "group_size"])["d"]
-    out = pd.DataFrame({"count": g.size(), "median_s": g.median(), "p10_s": g.quantile(0.1),
-                        "p90_s": g.quantile(0.9)}).reset_index()
+    out = pd.DataFrame(
+        {"count": g.size(), "median_s": g.median(), "p10_s": g.quantile(0.1), "p90_s": g.quantile(0.9)}
+    ).reset_index()
     return out[cols]
 
 
@@ -131,17 +145,21 @@ class TraceFit:
         """The fits (alpha in us, beta as GB/s), each refusal with its reason, and the spread when refused."""
         lines = []
         for op, f in self.fits.items():
-            lines.append(f"{op}: alpha {f.alpha * 1e6:.2f} us, beta {f.beta * 1e9:.4g} s/GB "
-                         f"({1 / f.beta / 1e9 if f.beta > 0 else float('inf'):.3g} GB/s), {f.n_points} sizes, "
-                         f"{f.n_samples} matched collectives, relative RMS {100 * f.rel_rms:.1f} %")
+            lines.append(
+                f"{op}: alpha {f.alpha * 1e6:.2f} us, beta {f.beta * 1e9:.4g} s/GB "
+                f"({1 / f.beta / 1e9 if f.beta > 0 else float('inf'):.3g} GB/s), {f.n_points} sizes, "
+                f"{f.n_samples} matched collectives, relative RMS {100 * f.rel_rms:.1f} %"
+            )
         for op, why in self.refused.items():
             lines.append(f"{'no fit' if op == '*' else op + ': no fit'}: {why}")
         if self.refused and not self.spread.empty:
             lines.append("spread of the durations instead (ms):")
             for r in self.spread.itertuples():
                 size = fmt_bytes_exact(int(r.nbytes)) if r.nbytes >= 0 else "? B"
-                lines.append(f"  {r.op:<14} {size:>16} x{int(r.count):<4} median {r.median_s * 1e3:8.3f} ms, "
-                             f"p10 {r.p10_s * 1e3:8.3f} ms, p90 {r.p90_s * 1e3:8.3f} ms")
+                lines.append(
+                    f"  {r.op:<14} {size:>16} x{int(r.count):<4} median {r.median_s * 1e3:8.3f} ms, "
+                    f"p10 {r.p10_s * 1e3:8.3f} ms, p90 {r.p90_s * 1e3:8.3f} ms"
+                )
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -152,6 +170,7 @@ def fit_trace(trace, form: str = "ring", min_sizes: int = 3) -> TraceFit:
     """Fit alpha and beta per op from the collectives matched across every rank, priced from the last arrival
     (see the module docstring); refuse what the trace cannot support, with the reason and the spread."""
     from dtlab.model.fit import fit_alpha_beta
+
     out = TraceFit(spread=spread(trace))
     why = _why_not(trace)
     if why:
@@ -174,8 +193,9 @@ def fit_trace(trace, form: str = "ring", min_sizes: int = 3) -> TraceFit:
             shown = ", ".join(fmt_bytes_exact(int(n)) for n in sorted(g["nbytes"].unique()))
             out.refused[op] = f"only {sizes} message size(s) ({shown}): alpha and beta need at least {min_sizes}"
             continue
-        samples = pd.DataFrame({"op": op, "nbytes": g["nbytes"].astype("int64"), "nproc": g["group_size"],
-                                "seconds": g["transfer_s"]})
+        samples = pd.DataFrame(
+            {"op": op, "nbytes": g["nbytes"].astype("int64"), "nproc": g["group_size"], "seconds": g["transfer_s"]}
+        )
         try:
             out.fits[op] = fit_alpha_beta(samples, op, form=form)
         except ValueError as e:

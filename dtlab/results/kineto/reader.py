@@ -25,15 +25,38 @@ CHUNK = 1 << 20  # characters read per refill
 
 #: event category -> what it is: device activity (kernels, copies, sets), a runtime launch, a CPU operation
 DEVICE, RUNTIME, CPU = 1, 2, 3
-CATEGORIES = {"kernel": DEVICE, "Kernel": DEVICE, "gpu_memcpy": DEVICE, "Memcpy": DEVICE, "gpu_memset": DEVICE,
-              "Memset": DEVICE, "cuda_runtime": RUNTIME, "Runtime": RUNTIME, "cuda_driver": RUNTIME,
-              "cpu_op": CPU, "Operator": CPU, "user_annotation": CPU}
+CATEGORIES = {
+    "kernel": DEVICE,
+    "Kernel": DEVICE,
+    "gpu_memcpy": DEVICE,
+    "Memcpy": DEVICE,
+    "gpu_memset": DEVICE,
+    "Memset": DEVICE,
+    "cuda_runtime": RUNTIME,
+    "Runtime": RUNTIME,
+    "cuda_driver": RUNTIME,
+    "cpu_op": CPU,
+    "Operator": CPU,
+    "user_annotation": CPU,
+}
 #: CPU-side names that carry a collective's metadata (the annotation that launched it, or gloo's own span)
 _COMM_CPU = re.compile(r"^(nccl:|gloo:|record_param_comms$|c10d::)")
 _WS = re.compile(r"\s*").match
 #: kernel argument keys kept for collectives (new layouts put the collective's metadata on the kernel itself)
-_META_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name",
-              "Process Group Description", "Process Group Ranks", "Seq", "seq", "Input Dims", "Input type")
+_META_KEYS = (
+    "Collective name",
+    "In msg nelems",
+    "Out msg nelems",
+    "Group size",
+    "dtype",
+    "Process Group Name",
+    "Process Group Description",
+    "Process Group Ranks",
+    "Seq",
+    "seq",
+    "Input Dims",
+    "Input type",
+)
 
 
 class TraceDamaged(ValueError):
@@ -105,8 +128,9 @@ class _Text:
 
     def damaged(self, pos: int, why: str) -> TraceDamaged:
         line = self.lines + self.buf.count("\n", 0, min(pos, len(self.buf)))
-        return TraceDamaged(f"{self.path}: {why} at character {self.base + pos:,} (line {line:,}); "
-                            "the file is not a complete trace")
+        return TraceDamaged(
+            f"{self.path}: {why} at character {self.base + pos:,} (line {line:,}); the file is not a complete trace"
+        )
 
 
 _decode = json.JSONDecoder().raw_decode
@@ -132,7 +156,7 @@ def _value(t: _Text, pos: int):
                 return v, end
         except json.JSONDecodeError as e:
             if t.eof:
-                raise t.damaged(e.pos, "truncated" if not t.buf[e.pos:].strip() else f"not valid JSON ({e.msg})")
+                raise t.damaged(e.pos, "truncated" if not t.buf[e.pos :].strip() else f"not valid JSON ({e.msg})")
             if not _maybe_cut(t.buf, e):
                 raise t.damaged(e.pos, f"not valid JSON ({e.msg})") from None
         pos = t.refill(pos)
@@ -216,8 +240,9 @@ def _events(t: _Text, pos: int, cols: RankColumns) -> int:
             e, pos = _decode(buf, pos)
         except json.JSONDecodeError as err:
             if t.eof:
-                raise t.damaged(err.pos, "truncated" if not buf[err.pos:].strip()
-                                else f"not valid JSON ({err.msg})") from None
+                raise t.damaged(
+                    err.pos, "truncated" if not buf[err.pos :].strip() else f"not valid JSON ({err.msg})"
+                ) from None
             if not _maybe_cut(buf, err):
                 raise t.damaged(err.pos, f"not valid JSON ({err.msg})") from None
             pos = t.refill(pos)
@@ -263,8 +288,9 @@ def _adder(cols: RankColumns, names: dict):
                 return
             tid = _int(e.get("tid"))
             if _COMM_CPU.match(name):
-                cols.comm_cpu.append((name, tid, e["ts"], e.get("dur", 0),
-                                      {k: args[k] for k in _META_KEYS if k in args}))
+                cols.comm_cpu.append(
+                    (name, tid, e["ts"], e.get("dur", 0), {k: args[k] for k in _META_KEYS if k in args})
+                )
             cols.cpu_name.append(name_id(name))
             cols.cpu_tid.append(tid)
             cols.cpu_ts.append(e["ts"])

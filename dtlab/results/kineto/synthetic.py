@@ -32,39 +32,106 @@ def _events(rank, p, steps, sizes, alpha, beta, delays, offset, compute_s, layou
 
     for step in range(steps):
         s0 = 1.0 + step * step_s
-        yield {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
-               "ts": us(s0), "dur": conv(step_s * 1e6 - 1), "args": {}}
+        yield {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{step}",
+            "pid": 1,
+            "tid": 1,
+            "ts": us(s0),
+            "dur": conv(step_s * 1e6 - 1),
+            "args": {},
+        }
         corr += 1
-        yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": us(s0 + 1e-6),
-               "dur": 2, "args": {"correlation": corr}}
-        yield {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_tn", "pid": 0, "tid": 7,
-               "ts": us(s0 + 10e-6), "dur": conv(compute_s * 1e6), "args": {"stream": 7, "correlation": corr,
-                                                                           "pad": pad}}
+        yield {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": us(s0 + 1e-6),
+            "dur": 2,
+            "args": {"correlation": corr},
+        }
+        yield {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ampere_sgemm_128x64_tn",
+            "pid": 0,
+            "tid": 7,
+            "ts": us(s0 + 10e-6),
+            "dur": conv(compute_s * 1e6),
+            "args": {"stream": 7, "correlation": corr, "pad": pad},
+        }
         t = s0 + 10e-6 + compute_s
         for k, n in enumerate(sizes):
             arrive = t + delays[rank]
             end = t + max(delays) + ring_allreduce_s(n, p, alpha, beta)
             corr += 1
-            meta = {"Collective name": "allreduce", "In msg nelems": n // 4, "Out msg nelems": n // 4,
-                    "Group size": p, "dtype": "Float", "Process Group Name": "0", "Process Group Ranks": str(
-                        list(range(p))), "Seq": step * len(sizes) + k}
+            meta = {
+                "Collective name": "allreduce",
+                "In msg nelems": n // 4,
+                "Out msg nelems": n // 4,
+                "Group size": p,
+                "dtype": "Float",
+                "Process Group Name": "0",
+                "Process Group Ranks": str(list(range(p))),
+                "Seq": step * len(sizes) + k,
+            }
             if layout == "old":
-                yield {"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "pid": 1, "tid": 1,
-                       "ts": us(arrive - 20e-6), "dur": 15, "args": {"Input Dims": [[n // 4]], "Input type": ["float"]}}
+                yield {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": "nccl:all_reduce",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": us(arrive - 20e-6),
+                    "dur": 15,
+                    "args": {"Input Dims": [[n // 4]], "Input type": ["float"]},
+                }
                 name, kargs = f"{prefix}_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", {}
             else:
                 name, kargs = f"{prefix}_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", meta
-            yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-                   "ts": us(arrive - 10e-6), "dur": 2, "args": {"correlation": corr}}
-            yield {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 20, "ts": us(arrive),
-                   "dur": conv((end - arrive) * 1e6), "args": {"stream": 20, "correlation": corr, **kargs}}
+            yield {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 1,
+                "tid": 1,
+                "ts": us(arrive - 10e-6),
+                "dur": 2,
+                "args": {"correlation": corr},
+            }
+            yield {
+                "ph": "X",
+                "cat": "kernel",
+                "name": name,
+                "pid": 0,
+                "tid": 20,
+                "ts": us(arrive),
+                "dur": conv((end - arrive) * 1e6),
+                "args": {"stream": 20, "correlation": corr, **kargs},
+            }
             t = end + 50e-6
 
 
-def write_synthetic(folder: str, nproc: int = 2, steps: int = 3, sizes=(1 << 20, 4 << 20, 16 << 20),
-                    alpha: float = 20e-6, beta: float = 1 / 50e9, delays=None, offsets=None,
-                    compute_s: float = 2e-3, layout: str = "new", prefix: str = "ncclDevKernel",
-                    int_ts: bool = False, rank_info: bool = True, gz: bool = False, pad: str = "") -> list[str]:
+def write_synthetic(
+    folder: str,
+    nproc: int = 2,
+    steps: int = 3,
+    sizes=(1 << 20, 4 << 20, 16 << 20),
+    alpha: float = 20e-6,
+    beta: float = 1 / 50e9,
+    delays=None,
+    offsets=None,
+    compute_s: float = 2e-3,
+    layout: str = "new",
+    prefix: str = "ncclDevKernel",
+    int_ts: bool = False,
+    rank_info: bool = True,
+    gz: bool = False,
+    pad: str = "",
+) -> list[str]:
     """Write one trace per rank into `folder` (rank{r}.json or .json.gz) and return the paths. `delays[r]`: how
     late rank r arrives at every collective (s); `offsets[r]`: its clock's offset (s); `pad`: a string added to
     every compute kernel's arguments (to make big files for the benchmark)."""
@@ -77,11 +144,12 @@ def write_synthetic(folder: str, nproc: int = 2, steps: int = 3, sizes=(1 << 20,
         head = {"schemaVersion": 1, "deviceProperties": []}
         if rank_info:
             head["distributedInfo"] = {"backend": "nccl", "rank": r, "world_size": nproc}
-        with (gzip.open(path, "wt") if gz else open(path, "w")) as f:
+        with gzip.open(path, "wt") if gz else open(path, "w") as f:
             f.write(json.dumps(head)[:-1] + ',\n  "traceEvents": [\n')
             first = True
-            for e in _events(r, nproc, steps, list(sizes), alpha, beta, delays, offsets[r], compute_s, layout,
-                             prefix, int_ts, pad):
+            for e in _events(
+                r, nproc, steps, list(sizes), alpha, beta, delays, offsets[r], compute_s, layout, prefix, int_ts, pad
+            ):
                 f.write(("" if first else ",\n") + "  " + json.dumps(e))
                 first = False
             f.write('\n  ],\n  "displayTimeUnit": "ms"\n}\n')

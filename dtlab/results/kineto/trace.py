@@ -90,8 +90,11 @@ def trace_files(path: str) -> list[str]:
         raise ValueError(f"path: {path!r} is neither a trace file nor a folder")
     if os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, "profiler")):
         path = os.path.join(path, "profiler")
-    files = sorted(p for p in glob.glob(os.path.join(path, "*")) if p.endswith(TRACE_SUFFIXES) and os.path.isfile(p)
-                   and os.path.basename(p) != "steps.json")
+    files = sorted(
+        p
+        for p in glob.glob(os.path.join(path, "*"))
+        if p.endswith(TRACE_SUFFIXES) and os.path.isfile(p) and os.path.basename(p) != "steps.json"
+    )
     if not files:
         raise ValueError(f"path: {path!r} holds no trace files (*.json or *.json.gz)")
     return files
@@ -116,8 +119,10 @@ def load_trace(path: str) -> Trace:
         dist = c.info.get("distributedInfo") or {}
         rank = dist.get("rank")
         if rank is None:
-            notes.append(f"{c.path}: no rank information (no distributedInfo.rank in the trace): shown as rank "
-                         f"{-1 - i}, not guessed from the file name")
+            notes.append(
+                f"{c.path}: no rank information (no distributedInfo.rank in the trace): shown as rank "
+                f"{-1 - i}, not guessed from the file name"
+            )
         elif rank in seen:
             raise ValueError(f"two trace files claim rank {rank}: {seen[rank]} and {c.path}")
         else:
@@ -149,8 +154,15 @@ def _steps(c: RankColumns, t0: float) -> pd.DataFrame:
         if mapping and str(n) in mapping:
             step, paired = mapping[str(n)]
             baseline = paired is not None
-        rows.append({"profiler_step": n, "step": int(step), "baseline": baseline,
-                     "t_start": (ts - t0) * 1e-6, "t_end": (ts + dur - t0) * 1e-6})
+        rows.append(
+            {
+                "profiler_step": n,
+                "step": int(step),
+                "baseline": baseline,
+                "t_start": (ts - t0) * 1e-6,
+                "t_end": (ts + dur - t0) * 1e-6,
+            }
+        )
     cols = ["profiler_step", "step", "baseline", "t_start", "t_end"]
     return pd.DataFrame(rows, columns=cols).sort_values("t_start", ignore_index=True)
 
@@ -208,10 +220,23 @@ def _rank(c: RankColumns, t0: float, rank: int, known: bool, notes: list) -> Ran
     if not coll.empty:
         coll["step"] = _assign(coll["_launch"].to_numpy(), steps)
         coll = coll.drop(columns="_launch")[list(ROWS)]
-    return RankTrace(path=c.path, rank=rank, rank_known=known, world_size=world, info={
-        k: v for k, v in c.info.items() if k in ("distributedInfo", "deviceProperties", "baseTimeNanoseconds")},
-        act_start=ts, act_end=end, act_kind=kind, act_launch=launch, act_step=step_of, steps=steps,
-        collectives=coll, device=device, n_events=c.n_events, chars=c.chars)
+    return RankTrace(
+        path=c.path,
+        rank=rank,
+        rank_known=known,
+        world_size=world,
+        info={k: v for k, v in c.info.items() if k in ("distributedInfo", "deviceProperties", "baseTimeNanoseconds")},
+        act_start=ts,
+        act_end=end,
+        act_kind=kind,
+        act_launch=launch,
+        act_step=step_of,
+        steps=steps,
+        collectives=coll,
+        device=device,
+        n_events=c.n_events,
+        chars=c.chars,
+    )
 
 
 def _cpu_compute(c, t0, ts, end, kind, launch):
@@ -221,8 +246,12 @@ def _cpu_compute(c, t0, ts, end, kind, launch):
     keep = ~names[cname] if len(cname) else np.zeros(0, dtype=bool)
     cts = (np.frombuffer(c.cpu_ts, dtype=np.float64)[keep] - t0) * 1e-6
     cend = cts + np.frombuffer(c.cpu_dur, dtype=np.float64)[keep] * 1e-6
-    return (np.concatenate([ts, cts]), np.concatenate([end, cend]),
-            np.concatenate([kind, np.full(len(cts), COMP, dtype=np.int8)]), np.concatenate([launch, cts]))
+    return (
+        np.concatenate([ts, cts]),
+        np.concatenate([end, cend]),
+        np.concatenate([kind, np.full(len(cts), COMP, dtype=np.int8)]),
+        np.concatenate([launch, cts]),
+    )
 
 
 def _device_collectives(c, t0, rank, world, ts, end, launch, launch_tid, notes) -> pd.DataFrame:
@@ -245,13 +274,24 @@ def _device_collectives(c, t0, rank, world, ts, end, launch, launch_tid, notes) 
             ann_name = meta.get("Collective name", "")
         d = describe(found, ann_name, world)
         d["op"] = d["op"] or kernel_op(kname) or "unknown"
-        rows.append({"rank": rank, **d, "t_start": ts[i], "t_end": end[i], "kernel": kname,
-                     "stream": int(streams[i]), "source": source, "_launch": launch[i] if launch[i] == launch[i]
-                     else ts[i]})
+        rows.append(
+            {
+                "rank": rank,
+                **d,
+                "t_start": ts[i],
+                "t_end": end[i],
+                "kernel": kname,
+                "stream": int(streams[i]),
+                "source": source,
+                "_launch": launch[i] if launch[i] == launch[i] else ts[i],
+            }
+        )
     df = pd.DataFrame(rows)
     if (df["source"] == "kernel name").any():
-        notes.append(f"{c.path}: {int((df['source'] == 'kernel name').sum())} collective kernel(s) with no metadata "
-                     "on the kernel or around its launch: op from the kernel's name, bytes unknown")
+        notes.append(
+            f"{c.path}: {int((df['source'] == 'kernel name').sum())} collective kernel(s) with no metadata "
+            "on the kernel or around its launch: op from the kernel's name, bytes unknown"
+        )
     return df
 
 
@@ -264,8 +304,18 @@ def _gloo_collectives(c, t0, rank, world) -> pd.DataFrame:
         d = describe(meta, name, world)
         d["op"] = d["op"] or "unknown"
         s = (ts - t0) * 1e-6
-        rows.append({"rank": rank, **d, "t_start": s, "t_end": s + dur * 1e-6, "kernel": name, "stream": -1,
-                     "source": "cpu op (gloo)", "_launch": s})
+        rows.append(
+            {
+                "rank": rank,
+                **d,
+                "t_start": s,
+                "t_end": s + dur * 1e-6,
+                "kernel": name,
+                "stream": -1,
+                "source": "cpu op (gloo)",
+                "_launch": s,
+            }
+        )
     return pd.DataFrame(rows, columns=[*ROWS, "_launch"])
 
 
@@ -319,17 +369,39 @@ class Trace:
             for s in r.steps.itertuples():
                 m = r.act_step == s.step
                 comm, comp = m & (r.act_kind == COMM), m & (r.act_kind == COMP)
-                t_comm, t_comp, both = interval_lengths(r.act_start[comm], r.act_end[comm], r.act_start[comp],
-                                                        r.act_end[comp])
+                t_comm, t_comp, both = interval_lengths(
+                    r.act_start[comm], r.act_end[comm], r.act_start[comp], r.act_end[comp]
+                )
                 t_step = s.t_end - s.t_start
-                rows.append({"rank": r.rank, "step": s.step, "baseline": s.baseline, "T_step": t_step,
-                             "T_comp": t_comp, "T_comm": t_comm, "exposed": t_comm - both,
-                             "overlap": both / t_comm if t_comm > 0 else np.nan,
-                             "idle": max(0.0, t_step - (t_comm + t_comp - both)),
-                             "collectives": int(((r.collectives["step"] == s.step).sum())
-                                                if not r.collectives.empty else 0)})
-        return pd.DataFrame(rows, columns=["rank", "step", "baseline", "T_step", "T_comp", "T_comm", "exposed",
-                                           "overlap", "idle", "collectives"])
+                rows.append(
+                    {
+                        "rank": r.rank,
+                        "step": s.step,
+                        "baseline": s.baseline,
+                        "T_step": t_step,
+                        "T_comp": t_comp,
+                        "T_comm": t_comm,
+                        "exposed": t_comm - both,
+                        "overlap": both / t_comm if t_comm > 0 else np.nan,
+                        "idle": max(0.0, t_step - (t_comm + t_comp - both)),
+                        "collectives": int(((r.collectives["step"] == s.step).sum()) if not r.collectives.empty else 0),
+                    }
+                )
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "rank",
+                "step",
+                "baseline",
+                "T_step",
+                "T_comp",
+                "T_comm",
+                "exposed",
+                "overlap",
+                "idle",
+                "collectives",
+            ],
+        )
 
     def overlap(self, last_step: bool = False) -> pd.DataFrame:
         """Per rank, Holistic Trace Analysis's communication/computation overlap: (time communication kernels run
@@ -342,28 +414,44 @@ class Trace:
             if not last_step and not r.steps.empty:
                 keep &= r.act_launch < r.steps["t_start"].max()
             comm, comp = keep & (r.act_kind == COMM), keep & (r.act_kind == COMP)
-            t_comm, t_comp, both = interval_lengths(r.act_start[comm], r.act_end[comm], r.act_start[comp],
-                                                    r.act_end[comp])
-            rows.append({"rank": r.rank, "overlap_pct": 100 * both / t_comm if t_comm > 0 else np.nan,
-                         "comm_s": t_comm, "comp_s": t_comp,
-                         "rule": "all steps" if last_step else "launched before the last ProfilerStep starts"})
+            t_comm, t_comp, both = interval_lengths(
+                r.act_start[comm], r.act_end[comm], r.act_start[comp], r.act_end[comp]
+            )
+            rows.append(
+                {
+                    "rank": r.rank,
+                    "overlap_pct": 100 * both / t_comm if t_comm > 0 else np.nan,
+                    "comm_s": t_comm,
+                    "comp_s": t_comp,
+                    "rule": "all steps" if last_step else "launched before the last ProfilerStep starts",
+                }
+            )
         return pd.DataFrame(rows)
 
     def table(self) -> pd.DataFrame:
         """The collectives grouped by op, size and group: count, median and max duration (ms), the bus bandwidth
         of the median (GB/s, nccl-tests' definition), where the metadata came from."""
         from dtlab.results.kineto.fit import bus_factor
+
         c = self.collectives
         if c.empty:
-            return pd.DataFrame(columns=["op", "nbytes", "group_size", "count", "median_ms", "max_ms", "busbw_GBps",
-                                         "source"])
-        c = c.assign(ms=(c["t_end"] - c["t_start"]) * 1e3, nbytes=c["nbytes"].fillna(-1),
-                     group_size=c["group_size"].fillna(-1))
+            return pd.DataFrame(
+                columns=["op", "nbytes", "group_size", "count", "median_ms", "max_ms", "busbw_GBps", "source"]
+            )
+        c = c.assign(
+            ms=(c["t_end"] - c["t_start"]) * 1e3, nbytes=c["nbytes"].fillna(-1), group_size=c["group_size"].fillna(-1)
+        )
         g = c.groupby(["op", "nbytes", "group_size"], sort=True)
-        out = g.agg(count=("ms", "size"), median_ms=("ms", "median"), max_ms=("ms", "max"),
-                    source=("source", lambda s: ", ".join(sorted(set(s))))).reset_index()
-        bw = [n / (t * 1e-3) * bus_factor(op, p) / 1e9 if n > 0 and t > 0 and p > 0 else np.nan
-              for op, n, p, t in zip(out["op"], out["nbytes"], out["group_size"], out["median_ms"])]
+        out = g.agg(
+            count=("ms", "size"),
+            median_ms=("ms", "median"),
+            max_ms=("ms", "max"),
+            source=("source", lambda s: ", ".join(sorted(set(s)))),
+        ).reset_index()
+        bw = [
+            n / (t * 1e-3) * bus_factor(op, p) / 1e9 if n > 0 and t > 0 and p > 0 else np.nan
+            for op, n, p, t in zip(out["op"], out["nbytes"], out["group_size"], out["median_ms"])
+        ]
         out.insert(6, "busbw_GBps", bw)
         out["nbytes"] = out["nbytes"].astype("int64")
         out["group_size"] = out["group_size"].astype("int64")
@@ -374,22 +462,27 @@ class Trace:
         dtlab.results.kineto.fit.fit_trace): a TraceFit that says why it refused when the trace cannot support a
         fit, and shows the spread of the durations instead."""
         from dtlab.results.kineto.fit import fit_trace
+
         return fit_trace(self, form=form)
 
     def waits(self):
         """Per matched collective: who arrived last and how long each rank waited for it (s); see
         dtlab.results.kineto.fit.match_collectives."""
         from dtlab.results.kineto.fit import arrivals
+
         return arrivals(self)
 
     def summary_text(self) -> str:
         """The breakdown (median over steps, per rank), the collectives table and the notes, as text."""
         from dtlab.results.kineto.text import summary_text
+
         return summary_text(self)
 
     def __repr__(self) -> str:
-        return (f"Trace({self.path!r}: {len(self.ranks)} rank(s) {[r.rank for r in self.ranks]}, "
-                f"{len(self.collectives)} collectives, {sum(len(r.steps) for r in self.ranks)} profiler steps)")
+        return (
+            f"Trace({self.path!r}: {len(self.ranks)} rank(s) {[r.rank for r in self.ranks]}, "
+            f"{len(self.collectives)} collectives, {sum(len(r.steps) for r in self.ranks)} profiler steps)"
+        )
 
 
 __all__ = ["RankTrace", "Trace", "TraceDamaged", "classify", "interval_lengths", "load_trace", "trace_files"]

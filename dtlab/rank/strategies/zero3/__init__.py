@@ -43,7 +43,13 @@ from dtlab.config.run import RunConfig
 from dtlab.rank.optim import adamw
 from dtlab.rank.strategies.zero3.blocked import blocked_recording, blocked_seconds
 from dtlab.rank.strategies.zero3.comm import COLLECTIVE_RECORDING, CollectiveRecorder
-from dtlab.rank.strategies.zero3.engine import ds_config, import_deepspeed, model_hidden_size, remap_local_rank, zero_auto
+from dtlab.rank.strategies.zero3.engine import (
+    ds_config,
+    import_deepspeed,
+    model_hidden_size,
+    remap_local_rank,
+    zero_auto,
+)
 from dtlab.rank.strategies.zero3.facts import memory_record, nonresident_bytes, zero_facts
 
 
@@ -53,9 +59,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     deepspeed = import_deepspeed(cfg.placement().device)  # DeepSpeed's accelerator follows the device
     import torch
 
-    from dtlab.rank.strategies.ddp import build_everything
-    from dtlab.rank.recorder import StepClock, peak_memory
     from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+    from dtlab.rank.recorder import StepClock, peak_memory
+    from dtlab.rank.strategies.ddp import build_everything
 
     # build_everything's process group suits DeepSpeed: init_distributed finds torch.distributed initialised
     # and only builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).
@@ -63,6 +69,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     local_rank = remap_local_rank(device)  # before DeepSpeed reads LOCAL_RANK (engine, partitioning)
     deepspeed.init_distributed(dist_backend=backend)
     from dtlab.rank.marks import rank_marks
+
     marks = rank_marks(device, backend)  # every clock of this rank: steps, collectives, waits
     recorder = CollectiveRecorder(device, backend, marks=marks)
     wrapped = recorder.install()
@@ -80,19 +87,29 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         writer.write("collective", rank=rank, **r)
     for b in recorder.collect_blocked():
         writer.write("blocked", rank=rank, **b)
-    watched = recorder.watch_stream(getattr(engine.optimizer, "reduce_and_partition_stream", None),
-                                    "reduce_and_partition_stream")
+    watched = recorder.watch_stream(
+        getattr(engine.optimizer, "reduce_and_partition_stream", None), "reduce_and_partition_stream"
+    )
 
-    sources = {**sources, **zero_facts(engine, world), "ds_config": conf, "zero_auto": zero_auto(cfg, hidden),
-               "blocked_recording": blocked_recording(marks.cuda, watched),
-               "ds_accelerator": os.environ.get("DS_ACCELERATOR"), "deepspeed_initialize_s": t_initialize,
-               "collective_recording": COLLECTIVE_RECORDING, "wrapped_methods": wrapped,
-               "deepspeed_local_rank": local_rank, "collective_timing": {
-                   "path": recorder.marks.path, "end_stream": recorder.marks.stream_how},
-               "timing_method": marks.facts()}  # the owned streams of the groups met in initialize are made
+    sources = {
+        **sources,
+        **zero_facts(engine, world),
+        "ds_config": conf,
+        "zero_auto": zero_auto(cfg, hidden),
+        "blocked_recording": blocked_recording(marks.cuda, watched),
+        "ds_accelerator": os.environ.get("DS_ACCELERATOR"),
+        "deepspeed_initialize_s": t_initialize,
+        "collective_recording": COLLECTIVE_RECORDING,
+        "wrapped_methods": wrapped,
+        "deepspeed_local_rank": local_rank,
+        "collective_timing": {"path": recorder.marks.path, "end_stream": recorder.marks.stream_how},
+        "timing_method": marks.facts(),
+    }  # the owned streams of the groups met in initialize are made
     if device.type == "cuda":
-        sources["zero3_note"] = ("the ZeRO-3 GPU path (CUDA events; NCCL, or DeepSpeed's CUDA accelerator over "
-                                 "gloo) was written without a GPU to test it")
+        sources["zero3_note"] = (
+            "the ZeRO-3 GPU path (CUDA events; NCCL, or DeepSpeed's CUDA accelerator over "
+            "gloo) was written without a GPU to test it"
+        )
     if rank == 0:
         record_resolved(run_dir, cfg, backend, device, sources, world)
     writer.write("ready", rank=rank, time=time.time(), **sources)
@@ -120,13 +137,26 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         t = clock.read()  # the step's one sync point on GPU
         blocked = recorder.collect_blocked()
         in_step = [b for b in blocked if b["step"] == step and b["phase"] != "between_steps"]
-        writer.write("step", rank=rank, step=step, t_fwd=t["fwd"], t_bwd=t["bwd"] - t["fwd"],
-                     t_opt=t["opt"] - t["bwd"], t_step=t["opt"], loss=float(out.loss.detach()), time=time.time(),
-                     allgather_expected_fwd_bytes=expect_fwd, allgather_expected_bwd_bytes=expect_bwd,
-                     allgather_expected_opt_bytes=expect_opt, t_blocked=blocked_seconds(in_step),
-                     **{f"t_blocked_{k}": blocked_seconds(in_step, ph) for k, ph in
-                        (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))},
-                     n_blocked=len(in_step))
+        writer.write(
+            "step",
+            rank=rank,
+            step=step,
+            t_fwd=t["fwd"],
+            t_bwd=t["bwd"] - t["fwd"],
+            t_opt=t["opt"] - t["bwd"],
+            t_step=t["opt"],
+            loss=float(out.loss.detach()),
+            time=time.time(),
+            allgather_expected_fwd_bytes=expect_fwd,
+            allgather_expected_bwd_bytes=expect_bwd,
+            allgather_expected_opt_bytes=expect_opt,
+            t_blocked=blocked_seconds(in_step),
+            **{
+                f"t_blocked_{k}": blocked_seconds(in_step, ph)
+                for k, ph in (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))
+            },
+            n_blocked=len(in_step),
+        )
         for r in recorder.collect():
             writer.write("collective", rank=rank, **r)
         for b in blocked:

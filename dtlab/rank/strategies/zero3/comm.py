@@ -24,10 +24,12 @@ import os
 import sys
 import threading
 
-COLLECTIVE_RECORDING = ("wrapped deepspeed.comm backend methods; start = issue time, end = completion (NCCL: an "
-                        "event on dtlab's own stream made to wait on the collective; gloo: its completion callback); "
-                        "no added synchronisation; blocked = timed Work.wait() of async collectives + the whole of "
-                        "blocking calls (+ GPU: reduce_and_partition_stream.synchronize)")
+COLLECTIVE_RECORDING = (
+    "wrapped deepspeed.comm backend methods; start = issue time, end = completion (NCCL: an "
+    "event on dtlab's own stream made to wait on the collective; gloo: its completion callback); "
+    "no added synchronisation; blocked = timed Work.wait() of async collectives + the whole of "
+    "blocking calls (+ GPU: reduce_and_partition_stream.synchronize)"
+)
 
 # DeepSpeed backend method -> (plain op name, (index, name) of the tensor(s) that give nccl-tests bytes,
 # (index, name) of async_op). Indices are positional, after self, as in deepspeed/comm/torch.py (0.19.8).
@@ -50,9 +52,18 @@ _METHODS = {
 
 # Frames skipped when naming the DeepSpeed function that asked for a collective: the comm layers, and this
 # module (the recorder's wrappers), named by its dotted path so the match holds wherever the package is installed.
-_COMM_LAYERS = tuple(s.replace("/", os.sep) for s in (
-    "deepspeed/comm/", "deepspeed/runtime/comm/", "deepspeed/utils/nvtx.py", "torch/distributed/",
-    "torch/_dynamo/", "torch/utils/_contextlib.py", "torch/compiler/")) + (__name__.replace(".", os.sep) + ".py",)
+_COMM_LAYERS = tuple(
+    s.replace("/", os.sep)
+    for s in (
+        "deepspeed/comm/",
+        "deepspeed/runtime/comm/",
+        "deepspeed/utils/nvtx.py",
+        "torch/distributed/",
+        "torch/_dynamo/",
+        "torch/utils/_contextlib.py",
+        "torch/compiler/",
+    )
+) + (__name__.replace(".", os.sep) + ".py",)
 
 
 class _TimedWork:
@@ -61,7 +72,7 @@ class _TimedWork:
 
     __slots__ = ("_work", "_recorder", "_rec")
 
-    def __init__(self, work, recorder: "CollectiveRecorder", rec: dict):
+    def __init__(self, work, recorder: CollectiveRecorder, rec: dict):
         self._work, self._recorder, self._rec = work, recorder, rec
 
     def wait(self, *args, **kwargs):
@@ -103,6 +114,7 @@ class CollectiveRecorder:
     def __init__(self, device, backend: str | None = None, marks=None):
         if marks is None:
             from dtlab.rank.marks import Marks
+
             marks = Marks(device, backend or ("nccl" if device.type == "cuda" else "gloo"))
             marks.prepare()
         self.marks, self.cuda = marks, marks.cuda
@@ -125,6 +137,7 @@ class CollectiveRecorder:
         """
         if backend is None:
             import deepspeed.comm.comm as dscomm
+
             backend = dscomm.cdb
             if backend is None:
                 raise RuntimeError("deepspeed.init_distributed() must run before the recorder is installed")
@@ -177,8 +190,18 @@ class CollectiveRecorder:
         return self.marks.on_compute_stream()
 
     def _add_blocked(self, rec: dict, how: str, a, b, error=None) -> None:
-        blk = {"step": self.step, "phase": self.phase, "op": rec["op"], "method": rec["method"],
-               "seq": rec.get("seq"), "how": how, "error": error, "_ref": self._ref, "_a": a, "_b": b}
+        blk = {
+            "step": self.step,
+            "phase": self.phase,
+            "op": rec["op"],
+            "method": rec["method"],
+            "seq": rec.get("seq"),
+            "how": how,
+            "error": error,
+            "_ref": self._ref,
+            "_a": a,
+            "_b": b,
+        }
         with self._lock:
             self._blocked.append(blk)
 
@@ -190,9 +213,20 @@ class CollectiveRecorder:
             with self._lock:
                 seq, self._seq = self._seq, self._seq + 1
                 self._last_seq[op] = seq
-            rec = {"step": self.step, "op": op, "method": method, "phase": self.phase, "seq": seq,
-                   "nbytes": _nbytes(_arg(args, kwargs, b_idx, b_name)), "async_op": async_op,
-                   "fn": _caller(), "error": None, "_ref": self._ref, "_end": None, "_done": threading.Event()}
+            rec = {
+                "step": self.step,
+                "op": op,
+                "method": method,
+                "phase": self.phase,
+                "seq": seq,
+                "nbytes": _nbytes(_arg(args, kwargs, b_idx, b_name)),
+                "async_op": async_op,
+                "fn": _caller(),
+                "error": None,
+                "_ref": self._ref,
+                "_end": None,
+                "_done": threading.Event(),
+            }
             on_compute = self._on_compute_stream()
             rec["_start"] = self.now()
             with self._lock:
@@ -216,9 +250,11 @@ class CollectiveRecorder:
                 rec["_end"] = end
                 rec["_done"].set()
             elif fut is not None:
+
                 def done(_f, rec=rec):
                     rec["_end"] = self.marks.end()
                     rec["_done"].set()
+
                 fut.add_done_callback(done)
             elif async_op:  # async but no future to tell when it ends: leave the end unknown, never guess
                 rec["_end"] = None
@@ -267,6 +303,8 @@ class CollectiveRecorder:
             r["t_end"] = None if ta is None or tb is None else max(ta, tb)
             out.append(r)
         return out
+
+
 def _arg(args, kwargs, idx, name, default=None):
     if name in kwargs:
         return kwargs[name]

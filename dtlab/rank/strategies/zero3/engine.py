@@ -26,14 +26,19 @@ def import_deepspeed(device_type: str):
     """
     want = "cuda" if device_type == "cuda" else "cpu"
     if "deepspeed" in sys.modules and os.environ.get("DS_ACCELERATOR") not in (None, want):
-        raise RuntimeError(f"deepspeed was already imported with DS_ACCELERATOR={os.environ['DS_ACCELERATOR']}, "
-                           f"ranks on {device_type!r} need {want!r}")
+        raise RuntimeError(
+            f"deepspeed was already imported with DS_ACCELERATOR={os.environ['DS_ACCELERATOR']}, "
+            f"ranks on {device_type!r} need {want!r}"
+        )
     os.environ["DS_ACCELERATOR"] = want
     # torch 2.13 deprecates the two collectives ZeRO-3 issues for every bucket (in favour of *_single), and
     # the warning otherwise repeats through each rank's log.
-    warnings.filterwarnings("ignore", category=FutureWarning,
-                            message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
-                                    r"is deprecated")
+    warnings.filterwarnings(
+        "ignore",
+        category=FutureWarning,
+        message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+        r"is deprecated",
+    )
     import deepspeed
 
     # The CPU accelerator JIT-compiles a shared-memory comm op (about 30 s of g++ on first use) that only
@@ -65,20 +70,28 @@ def model_hidden_size(model) -> int:
         h = getattr(conf, name, None)
         if isinstance(h, int) and h > 0:
             return h
-    raise ValueError(f"cannot read the hidden size of {type(model).__name__} to size the ZeRO knobs; "
-                     "set zero.reduce_bucket_size, zero.stage3_prefetch_bucket_size and "
-                     "zero.stage3_param_persistence_threshold explicitly")
+    raise ValueError(
+        f"cannot read the hidden size of {type(model).__name__} to size the ZeRO knobs; "
+        "set zero.reduce_bucket_size, zero.stage3_prefetch_bucket_size and "
+        "zero.stage3_param_persistence_threshold explicitly"
+    )
 
 
-AUTO_RULE = ("Hugging Face's DeepSpeed 'auto' rule with h = the model's hidden size: reduce_bucket_size = h^2, "
-             "stage3_prefetch_bucket_size = int(0.9 h^2), stage3_param_persistence_threshold = 10 h")
+AUTO_RULE = (
+    "Hugging Face's DeepSpeed 'auto' rule with h = the model's hidden size: reduce_bucket_size = h^2, "
+    "stage3_prefetch_bucket_size = int(0.9 h^2), stage3_param_persistence_threshold = 10 h"
+)
 
 
 def zero_auto(cfg: RunConfig, hidden: int) -> dict:
     """Which knobs were left to auto, what they resolved to, and the rule (recorded in run.resolved)."""
     z = cfg.zero
-    return {"hidden_size": hidden, "rule": AUTO_RULE, "resolved": z.resolve(hidden),
-            "auto_fields": [k for k in z.AUTO_FIELDS if getattr(z, k) is None]}
+    return {
+        "hidden_size": hidden,
+        "rule": AUTO_RULE,
+        "resolved": z.resolve(hidden),
+        "auto_fields": [k for k in z.AUTO_FIELDS if getattr(z, k) is None],
+    }
 
 
 def ds_config(cfg: RunConfig, world: int, hidden: int | None = None) -> dict:
@@ -96,9 +109,19 @@ def ds_config(cfg: RunConfig, world: int, hidden: int | None = None) -> dict:
             raise ValueError(f"ds_config needs the model's hidden size to resolve auto zero.{missing[0]}")
         hidden = 1
     sized = z.resolve(hidden)
-    zero = {"stage": 3, **sized, "stage3_max_reuse_distance": z.stage3_max_reuse_distance,
-            "overlap_comm": z.overlap_comm}
-    conf = {"train_micro_batch_size_per_gpu": cfg.batch_size, "gradient_accumulation_steps": 1,
-            "train_batch_size": cfg.batch_size * world, "steps_per_print": 2**31 - 1,
-            "wall_clock_breakdown": False, "zero_allow_untested_optimizer": True, "zero_optimization": zero}
+    zero = {
+        "stage": 3,
+        **sized,
+        "stage3_max_reuse_distance": z.stage3_max_reuse_distance,
+        "overlap_comm": z.overlap_comm,
+    }
+    conf = {
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": cfg.batch_size * world,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": zero,
+    }
     return conf

@@ -16,6 +16,7 @@ def nonresident_bytes(params, world: int) -> int:
     """Padded bytes of the parameters that are not materialised on this rank right now (neither available
     nor in flight): what ZeRO-3 must all-gather before the next pass can use them."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
     return sum(_padded_bytes(p, world) for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE)
 
 
@@ -35,14 +36,29 @@ def zero_facts(engine, world: int) -> dict:
     # max_reuse_distance elements of the parameter trace (or when prefetch has claimed its next use). The trace
     # of one step holds each module's parameters at most twice (forward and backward), hence the bound.
     if reuse >= 2 * total_numel:
-        bwd, rule = 0, (f"stage3_max_reuse_distance {reuse:,} >= 2 x {total_numel:,} parameters: every parameter "
-                        "gathered in forward is kept until its backward use, so backward gathers nothing")
+        bwd, rule = (
+            0,
+            (
+                f"stage3_max_reuse_distance {reuse:,} >= 2 x {total_numel:,} parameters: every parameter "
+                "gathered in forward is kept until its backward use, so backward gathers nothing"
+            ),
+        )
     elif reuse == 0 and prefetch == 0:
-        bwd, rule = np_padded, ("stage3_max_reuse_distance 0 and no prefetch: forward releases every gathered "
-                                "parameter, backward gathers each again")
+        bwd, rule = (
+            np_padded,
+            (
+                "stage3_max_reuse_distance 0 and no prefetch: forward releases every gathered "
+                "parameter, backward gathers each again"
+            ),
+        )
     else:
-        bwd, rule = None, (f"stage3_max_reuse_distance {reuse:,} with prefetch {prefetch:,}: depends on the trace; "
-                           "see the per-step allgather_expected_bwd_bytes in step events")
+        bwd, rule = (
+            None,
+            (
+                f"stage3_max_reuse_distance {reuse:,} with prefetch {prefetch:,}: depends on the trace; "
+                "see the per-step allgather_expected_bwd_bytes in step events"
+            ),
+        )
     return {
         "grad_bytes_unpadded": grad_bytes,
         "padded_grad_bytes": padded,
@@ -57,17 +73,23 @@ def zero_facts(engine, world: int) -> dict:
         "expected_allgather_bytes_backward": bwd,
         "expected_allgather_bytes_optimizer": pp_padded,
         "allgather_backward_rule": rule,
-        "allgather_note": ("steady steps (trace recorded): forward gathers the non-persistent parameters; "
-                           "persistent ones are re-gathered once per step in the optimizer phase (_post_step). "
-                           "Step 0 records the trace and releases after every use, so it gathers every "
-                           "parameter in forward and again in backward."),
+        "allgather_note": (
+            "steady steps (trace recorded): forward gathers the non-persistent parameters; "
+            "persistent ones are re-gathered once per step in the optimizer phase (_post_step). "
+            "Step 0 records the trace and releases after every use, so it gathers every "
+            "parameter in forward and again in backward."
+        ),
         "zero_effective": {
-            "stage": engine.zero_optimization_stage(), "reduce_bucket_size": engine.zero_reduce_bucket_size(),
+            "stage": engine.zero_optimization_stage(),
+            "reduce_bucket_size": engine.zero_reduce_bucket_size(),
             "stage3_prefetch_bucket_size": prefetch,
             "stage3_param_persistence_threshold": engine.zero_param_persistence_threshold(),
-            "stage3_max_reuse_distance": reuse, "stage3_max_live_parameters": engine.zero_max_live_parameters(),
-            "overlap_comm": engine.zero_overlap_comm(), "reduce_scatter": engine.zero_reduce_scatter(),
-            "contiguous_gradients": engine.zero_contiguous_gradients()},
+            "stage3_max_reuse_distance": reuse,
+            "stage3_max_live_parameters": engine.zero_max_live_parameters(),
+            "overlap_comm": engine.zero_overlap_comm(),
+            "reduce_scatter": engine.zero_reduce_scatter(),
+            "contiguous_gradients": engine.zero_contiguous_gradients(),
+        },
     }
 
 
@@ -121,7 +143,16 @@ def memory_record(engine) -> dict:
     inner = getattr(zopt, "optimizer", None)
     state = [v for st in getattr(inner, "state", {}).values() for v in st.values() if torch.is_tensor(v)]
     adam = seen.add(state)
-    ipg = sum(b.buffer.numel() * b.buffer.element_size()
-              for b in getattr(zopt, "ipg_buckets", {}).values() if getattr(b, "buffer", None) is not None)
-    return {"params_bytes": params_bytes, "grads_bytes": grads_bytes, "optim_bytes": master + adam,
-            "fp32_master_bytes": master, "adam_state_bytes": adam, "ipg_bucket_bytes": int(ipg)}
+    ipg = sum(
+        b.buffer.numel() * b.buffer.element_size()
+        for b in getattr(zopt, "ipg_buckets", {}).values()
+        if getattr(b, "buffer", None) is not None
+    )
+    return {
+        "params_bytes": params_bytes,
+        "grads_bytes": grads_bytes,
+        "optim_bytes": master + adam,
+        "fp32_master_bytes": master,
+        "adam_state_bytes": adam,
+        "ipg_bucket_bytes": int(ipg),
+    }
