@@ -10,8 +10,9 @@ Nothing the notebook does to the checks, their records or its outputs changes a 
 
 `python -m dtlab.course.grader notebook NB --lab LAB [--submission DIR] [--cells JSON] (--out RESULT.json |
 --out-fd N)`: execute and grade (what `dtlab grade` runs once per notebook; in a sandbox it reads the result from a
-pipe, N, which the notebook's kernel cannot reach: see out_of_reach). `python -m dtlab.course.grader answers --lab LAB --answers
-JSON [--qid QID] [--root DIR] --out RESULT.json`: grade answers exported elsewhere (the otter hidden tests,
+pipe, N, which the notebook's kernel cannot reach: see out_of_reach).
+`python -m dtlab.course.grader answers --lab LAB --answers JSON [--qid QID] [--root DIR] --out RESULT.json`:
+grade answers exported elsewhere (the otter hidden tests,
 dtlab.course.autograde), from the recordings under --root.
 """
 
@@ -21,6 +22,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -187,6 +189,17 @@ def _row(q, points, feedback, v) -> dict:
     }
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FRAME = re.compile(r"\bin ([A-Za-z_][\w.]*)\(")
+
+
+def _raised_in(traceback: list) -> str | None:
+    """The innermost named function of an IPython traceback (its frames read 'File path:line, in name(args)'):
+    'Popen._execute_child' for a fork the process limit refused, None for an error at a cell's top level."""
+    found = _FRAME.findall(_ANSI.sub("", "\n".join(str(t) for t in traceback)))
+    return found[-1] if found else None
+
+
 def _errors(nb) -> list[str]:
     """'cell N: Name: message' for every cell whose output is an error, in order."""
     out = []
@@ -194,7 +207,9 @@ def _errors(nb) -> list[str]:
         for o in c.get("outputs", []) if c.cell_type == "code" else []:
             if o.get("output_type") == "error":
                 msg = " ".join(str(o.get("evalue", "")).split())[:200]
-                out.append(f"{o.get('ename', 'Error')}: {msg} (cell {i + 1})")
+                where = _raised_in(o.get("traceback", []))
+                at = f" (raised in {where})" if where else ""
+                out.append(f"{o.get('ename', 'Error')}: {msg}{at} (cell {i + 1})")
                 break
     return out
 

@@ -267,7 +267,7 @@ def _script(ro, links, inbox, outbox, disk, env, argv, uid) -> str:
         "pivot_root . old",
         "umount -l /old",
         "cd /tmp",
-        "exec %s env -i %s %s" % (drop, " ".join(q(f"{k}={v}") for k, v in env.items()), " ".join(q(a) for a in argv)),
+        f"exec {drop} env -i {' '.join(q(f'{k}={v}') for k, v in env.items())} {' '.join(q(a) for a in argv)}",
     ]
     return "\n".join(lines)
 
@@ -391,8 +391,11 @@ def limit_hit(text: str, memory: int, disk: int) -> str | None:
         return f"scratch disk limit {size_text(disk)} exceeded"
     if "MemoryError" in text or "Cannot allocate memory" in text or "std::bad_alloc" in text:
         return f"memory limit {size_text(memory)} exceeded"
-    if "Resource temporarily unavailable" in text and any(
-        w in text for w in ("fork", "thread", "spawn", "BlockingIOError")
+    # A process limit shows as EAGAIN from fork/clone (os.fork, subprocess's fork_exec) or as a thread that could
+    # not start; a bare "Resource temporarily unavailable" is also what a non-blocking socket or pipe raises.
+    if "can't start new thread" in text or (
+        "Resource temporarily unavailable" in text
+        and any(w in text for w in ("fork", "_execute_child", "start_new_thread", "pthread_create", "clone"))
     ):
         return "process limit exceeded"
     return None

@@ -53,6 +53,12 @@ def test_sizes_and_the_limits_named():
         sandbox.limit_hit("OSError: [Errno 28] No space left on device", g, m) == "scratch disk limit 128 MiB exceeded"
     )
     assert sandbox.limit_hit("NameError: x (cell 1)", g, m) is None
+    fork = 'File "/usr/lib/python3.11/os.py", in fork\nBlockingIOError: [Errno 11] Resource temporarily unavailable'
+    assert sandbox.limit_hit(fork, g, m) == "process limit exceeded"
+    assert sandbox.limit_hit("RuntimeError: can't start new thread", g, m) == "process limit exceeded"
+    # a non-blocking socket raises the same error text as a refused fork; it is not a limit
+    sock = "sock.recv(4)\nBlockingIOError: [Errno 11] Resource temporarily unavailable"
+    assert sandbox.limit_hit(sock, g, m) is None
 
 
 def test_the_sandbox_sees_the_environment_read_only_and_nothing_of_home():
@@ -75,3 +81,29 @@ def test_doctor_names_the_sandbox():
         {"bwrap": "not installed", "namespaces": None}
     )
     assert "NONE" in sandbox_line({"bwrap": "no", "namespaces": "no"})
+
+
+def test_a_refused_fork_is_told_from_a_busy_socket_by_where_it_was_raised():
+    import nbformat
+
+    from dtlab.course import grader
+
+    def failing(ename, evalue, frames):
+        tb = [f"File \x1b[0;32m/usr/lib/x.py:1\x1b[0m, in \x1b[0;36m{f}\x1b[0;34m(self)\x1b[0m" for f in frames]
+        out = nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=["Cell In[1], line 1", *tb])
+        return nbformat.v4.new_code_cell("...", outputs=[out])
+
+    eagain = "[Errno 11] Resource temporarily unavailable"
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            failing("BlockingIOError", eagain, ["Popen.__init__", "Popen._execute_child"]),
+            failing("BlockingIOError", eagain, ["socket.recv"]),
+            failing("NameError", "name 'x' is not defined", []),
+        ]
+    )
+    fork, sock, name = grader._errors(nb)
+    assert fork.endswith("(raised in Popen._execute_child) (cell 1)") and sock.endswith("(cell 2)")
+    assert name == "NameError: name 'x' is not defined (cell 3)"
+    g, m = 4 * 2**30, 128 * 2**20
+    assert sandbox.limit_hit(fork, g, m) == "process limit exceeded"
+    assert sandbox.limit_hit(sock, g, m) is None
