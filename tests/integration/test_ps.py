@@ -1,5 +1,6 @@
-"""Strategy 'ps' (reduce to rank 0 + broadcast, dtlab.rank.strategies.ps) against DDP's ring all-reduce: the same training,
-bytes conserved, the transport's arithmetic and order on 2 and 3 gloo ranks, and the measured shapes in n and p."""
+"""Strategy 'ps' (reduce to rank 0 + broadcast, dtlab.rank.strategies.ps) against DDP's ring all-reduce: the same
+training, bytes conserved, the transport's arithmetic and order on 2 and 3 gloo ranks, and the measured
+shapes in n and p."""
 
 import json
 import os
@@ -64,22 +65,25 @@ def test_measured_ps_and_ring_follow_their_shapes_in_n_and_p(tmp_path):
     assert set(s["nproc"]) == {2, 4} and set(s["op"]) == {"all_reduce", "ps"}
     if prof.meta.get("cpu_cores", 99) < 4:
         assert any("p = 4" in c and "oversubscribed" in c for c in prof.caveats)
-    med = s.groupby(["op", "nproc", "nbytes"])["seconds"].median()
+    # the fastest of the repeats: other work on the machine only ever adds time, so the minimum is the estimate of
+    # each op's own cost that a busy machine (CI running other suites beside this one) disturbs least
+    fastest = s.groupby(["op", "nproc", "nbytes"])["seconds"].min()
     small, big = sorted(s["nbytes"].unique())[0], sorted(s["nbytes"].unique())[-1]
     from dtlab.model.fit import fit_alpha_beta
 
     for op in ("all_reduce", "ps"):
         for p in (2, 4):
             # in n: 16x the bytes costs well over 4x the time (bandwidth-bound), and the fitted beta is positive
-            assert med[(op, p, big)] > 4 * med[(op, p, small)], (op, p)
+            assert fastest[(op, p, big)] > 4 * fastest[(op, p, small)], (op, p)
             assert fit_alpha_beta(s[s["nproc"] == p], op, "ring").beta > 0
         # in p: neither gets cheaper with more ranks (the textbook ring's beta n / p would halve it at p = 4)
-        assert med[(op, 4, big)] > med[(op, 2, big)], op
+        assert fastest[(op, 4, big)] > fastest[(op, 2, big)], op
     # p = 2, not oversubscribed: every form says PS -> 2x the ring at large n, and even a CPU so loaded that
-    # every copy is serialised gives the bytes-moved ratio 1.25 (docs/parameter-server.md). Measured 1.6-2.4 on this machine,
-    # 1.1 with 2-4 extra busy loops on its 2 cores: asserted is only that the ring wins, at 16 and 64 MiB together
+    # every copy is serialised gives the bytes-moved ratio 1.25 (docs/parameter-server.md). Measured 1.6-2.4 on this
+    # machine, 1.1 with 2-4 extra busy loops on its 2 cores (medians): asserted is only that the ring wins, at 16 and
+    # 64 MiB together
     two = sorted(s["nbytes"].unique())[-2:]
-    assert sum(med[("ps", 2, n)] for n in two) > sum(med[("all_reduce", 2, n)] for n in two)
+    assert sum(fastest[("ps", 2, n)] for n in two) > sum(fastest[("all_reduce", 2, n)] for n in two)
 
 
 def _transport_rank(rank, world, store, out, sizes):
