@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtlab.config.checks import choice, int_at_least
+from dtlab.config.validate import choice, int_at_least
 from dtlab.config.job import JobConfig
 from dtlab.config.run import MODELS, RunConfig
 

@@ -14,7 +14,7 @@ DDP comm hooks, and communicating once per `accumulate` micro-batches. Pure: che
 
 from __future__ import annotations
 
-from dtlab.config.checks import choice, int_at_least
+from dtlab.config.validate import choice, int_at_least
 from dtlab.config.strategies import strategy_spec
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")

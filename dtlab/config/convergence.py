@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from dtlab.config.checks import choice, int_at_least
+from dtlab.config.validate import choice, int_at_least
 from dtlab.config.strategies import strategy_spec
 
 LR_SCALINGS = ("none", "linear", "sqrt")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtlab.config.checks import choice, finite
+from dtlab.config.validate import choice, finite
 from dtlab.config.nodes import validate_nodes
 from dtlab.config.placement import BACKENDS
 

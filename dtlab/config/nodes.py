@@ -21,7 +21,7 @@ import ipaddress
 import os
 import re
 
-from dtlab.config.checks import finite, int_at_least
+from dtlab.config.validate import finite, int_at_least
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from dtlab.config.checks import choice, int_at_least
+from dtlab.config.validate import choice, int_at_least
 from dtlab.config.models import model_arch
 from dtlab.config.strategies import SUPPORT_FIELDS, strategy_spec
 

@@ -3,7 +3,7 @@ restarted run leaves is read by dtlab.results.restarts)."""
 
 from __future__ import annotations
 
-from dtlab.config.checks import int_at_least
+from dtlab.config.validate import int_at_least
 from dtlab.config.strategies import strategy_spec
 
 

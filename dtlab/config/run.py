@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtlab.config.baseline import auto_baseline_steps
-from dtlab.config.checks import choice, finite, int_at_least, refuse_unknown
+from dtlab.config.validate import choice, finite, int_at_least, refuse_unknown
 from dtlab.config.job import JobConfig
 from dtlab.config.placement import BACKENDS, DEVICES
 from dtlab.config.strategies import STRATEGIES, strategy_spec
