@@ -21,7 +21,7 @@ import sys
 import pandas as pd
 
 import dtlab
-from dtlab.course.convergence_claims import steps_or_more
+from dtlab.course.claims.lab09 import steps_or_more
 from dtlab.model.convergence import lever_from_run, time_to_target
 from dtlab.model.whatif import compute_from_run
 from dtlab.results.convergence import bytes_per_step, staleness_histogram, update_interval

@@ -483,7 +483,7 @@ class Runbook:
         self._write_json("labs.json", record)
         failed = sorted(n for n, r in record.items() if r.get("rc") != 0)
         contradicted = sorted(
-            c["cid"] for r in record.values() for c in r.get("claims", []) if c.get("result") == "contradicted"
+            c["cid"] for r in record.values() for c in r.get("claims", []) if c.get("outcome") == "contradicted"
         )
         return self.record(
             "labs",

@@ -109,7 +109,7 @@ def recorded_lab_seconds() -> dict:
 
 def lab_record(executed: str) -> dict:
     """What an executed lab notebook shows: the error outputs (ename: evalue) and every claim it printed with its
-    verdict and, where the claim's own numbers disagree with its verdict, the problems
+    outcome and, where the claim's own numbers disagree with its outcome, the problems
     (dtlab.course.claims.consistent)."""
     import os
 
@@ -134,7 +134,7 @@ def lab_record(executed: str) -> dict:
         claims.append(
             {
                 "cid": c.get("cid"),
-                "result": c.get("result"),
+                "outcome": c.get("outcome"),
                 "says": c.get("says"),
                 "why": c.get("why"),
                 "problems": problems,

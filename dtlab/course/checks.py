@@ -19,10 +19,10 @@ it is recorded as not answered with 0 points.
 
 from __future__ import annotations
 
-import json
 import math
 
-from dtlab.course.verdicts import Key, judge
+from dtlab.course import outputs, rubric
+from dtlab.course.verdicts import Key, judge, judge_formula
 
 MIME = "application/vnd.dtlab.answer+json"
 PREFIX = "DTLAB-ANSWER "
@@ -70,17 +70,7 @@ RECORDED: dict = {}  # qid -> the last Record checked in this process (formative
 def _emit(rec: dict) -> Record:
     rec = Record(rec)
     RECORDED[rec["qid"]] = rec
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-
-        if get_ipython() is None:
-            raise ImportError
-    except ImportError:
-        print(rec["verdict"])
-        print(PREFIX + json.dumps(dict(rec)))
-        return rec
-    display({MIME: dict(rec), "text/plain": rec["verdict"]}, raw=True)
+    outputs.show(dict(rec), mime=MIME, prefix=PREFIX, text=rec["verdict"])
     return rec
 
 
@@ -95,8 +85,6 @@ def check(qid: str, answer, **sources) -> Record:
     Unknown qids and missing sources raise ValueError naming them. A source that is None (the run of an earlier
     section failed, dtlab.course.labs.attempt) is said in one line and nothing is checked or raised, so the rest
     of the lab still runs."""
-    from dtlab.course import rubric
-
     try:
         needs = next(q.needs for q in rubric.questions(rubric.lab_of(qid)) if q.qid == qid)
     except (ValueError, StopIteration):
@@ -199,8 +187,6 @@ def check_formula(
         explanation=expected_text,
         tol_source="exact formula, compared at every point of a grid",
     )
-    from dtlab.course.verdicts import judge_formula
-
     return _emit(judge_formula(key, answer, rel_tol=rel_tol))
 
 
@@ -214,7 +200,7 @@ def graded(qid: str, env: dict | None = None) -> None:
     """The autograder's test of one question (`graded("lab01.q1", globals())` in a master's hidden test): the
     question is graded in a separate process (dtlab.course.autograde.graded) from the answer variables in `env`
     and the recorded run directories; raises AssertionError with the verdict when it is not right."""
-    from dtlab.course.autograde import graded as apart
+    from dtlab.course.autograde import graded as apart  # the grader with it: loaded only when a hidden test runs
 
     apart(qid, env or {})
 
@@ -222,30 +208,10 @@ def graded(qid: str, env: dict | None = None) -> None:
 def parse_answers(notebook_path) -> list[dict]:
     """Every verdict recorded in an executed notebook's outputs, in cell order: the dtlab MIME type of
     display_data / execute_result outputs and `DTLAB-ANSWER {json}` lines of stream outputs (a line that does not
-    parse as a JSON object with a qid is skipped). When a check ran twice in a notebook, both records are
-    returned (the last one counts). Formative: outputs are whatever the notebook file says, so a grade never comes
-    from them (`dtlab grade` re-runs the notebook and computes every key itself)."""
-    with open(notebook_path, encoding="utf-8") as f:
-        nb = json.load(f)
-    out = []
-    for cell in nb.get("cells", []):
-        for o in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
-            data = o.get("data", {})
-            if MIME in data:
-                d = data[MIME]
-                out.append(json.loads(d) if isinstance(d, str) else dict(d))
-            elif o.get("output_type") == "stream":
-                text = o.get("text", "")
-                text = "".join(text) if isinstance(text, list) else text
-                for line in text.splitlines():
-                    if line.startswith(PREFIX):
-                        try:
-                            rec = json.loads(line[len(PREFIX) :])
-                        except ValueError:
-                            continue  # a line that only looks like an answer
-                        if isinstance(rec, dict) and "qid" in rec:
-                            out.append(rec)
-    return out
+    parse as a JSON object with a qid is skipped; dtlab.course.outputs). When a check ran twice in a notebook, both
+    records are returned (the last one counts). Formative: outputs are whatever the notebook file says, so a grade
+    never comes from them (`dtlab grade` re-runs the notebook and computes every key itself)."""
+    return outputs.read(notebook_path, mime=MIME, prefix=PREFIX, required="qid")
 
 
 def score(answers: list[dict]) -> dict:

@@ -22,6 +22,11 @@ from __future__ import annotations
 
 import os
 
+from dtlab.course import outputs
+from dtlab.course.labs import lab_config
+from dtlab.model.costmodel import ring_allreduce
+from dtlab.units import fmt_time
+
 KINDS = ("cpu", "host_staged", "nccl_shared", "nccl")
 
 #: Reference links for an estimate of NCCL's ring all-reduce (ring form: 2(p-1) alpha + 2(p-1)/p n / busbw).
@@ -50,8 +55,6 @@ def kind(placement) -> str:
 
 def lab_placement():
     """The placement of the lab's default config on this machine (the one `dtlab doctor` reports)."""
-    from dtlab.course.labs import lab_config
-
     return lab_config().placement()
 
 
@@ -175,24 +178,14 @@ def text(key: str, placement=None) -> str:
 def show(key: str, placement=None) -> None:
     """Display passage `key` as Markdown (printed outside IPython)."""
     body = text(key, placement)
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-
-        if get_ipython() is None:
-            raise ImportError
-    except ImportError:
+    if not outputs.display_bundle({"text/markdown": body, "text/plain": body}):  # the plain text is what a test reads
         print(body)
-        return
-    display({"text/markdown": body, "text/plain": body}, raw=True)  # the plain text is what a test reads
 
 
 def nccl_estimate(run) -> dict:
     """A DDP run's communication priced over NCCL on the reference links (:data:`NCCL_REFERENCE`): {link: seconds
     of all-reduce a step}, the buckets of the run's median measured step (rank 0) each priced alone with the ring
     form, summed. An estimate from published figures, not a measurement (:data:`NCCL_REFERENCE_SOURCE`)."""
-    from dtlab.model.costmodel import ring_allreduce
-
     b = run.buckets
     if b is None or b.empty:
         return {}
@@ -211,8 +204,6 @@ def nccl_estimate(run) -> dict:
 
 def nccl_beside(run) -> str:
     """One line per reference link: the run's measured T_comm beside the NCCL estimate for its buckets (text)."""
-    from dtlab.units import fmt_time
-
     est = nccl_estimate(run)
     if not est:
         return "no buckets recorded: nothing to price over NCCL"

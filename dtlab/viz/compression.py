@@ -46,7 +46,7 @@ def wire_bytes_figure(table: pd.DataFrame, title: str | None = None) -> go.Figur
 
 def per_sample_figure(table: pd.DataFrame, title: str | None = None) -> go.Figure:
     """T_comm and T_step per training sample (ms) per run: what communicating once per K micro-batches buys.
-    table: :func:`dtlab.model.compression.lever_table`, or :func:`dtlab.course.lab_claims.timed_medians` of
+    table: :func:`dtlab.model.compression.lever_table`, or :func:`dtlab.course.claims.runs.timed_medians` of
     repeated runs (then the bars are medians over the runs and the error bars their range)."""
     x = table["label"].astype(str).tolist()
     fig = go.Figure()

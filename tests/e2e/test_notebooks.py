@@ -193,7 +193,7 @@ def test_lab_runs_top_to_bottom(name):
 
 @pytest.mark.parametrize("name", LABS)
 def test_no_printed_claim_contradicts_its_own_numbers(name):
-    """Every claim a lab printed: its verdict follows from its numbers, one that does not hold says why, and
+    """Every claim a lab printed: its outcome follows from its numbers, one that does not hold says why, and
     the lab printed the claims its text relies on."""
     run = drive(name)
     claims = parse_claims(run.path)
@@ -203,8 +203,8 @@ def test_no_printed_claim_contradicts_its_own_numbers(name):
     text = outputs_text(run.nb)
     assert not re.search(r"\bnan\b", text, flags=re.I), f"{name}: 'nan' in an output"
     for c in claims:  # the sentence on screen is the record's own
-        assert f"Verdict: {c['result'].upper()}" in text and c["says"] in text, c["cid"]
-    decided = [c["cid"] for c in claims if c["unit"] == "s" and c["result"] != "inconclusive" and c["ratios"]["n"] < 3]
+        assert f"Outcome: {c['outcome'].upper()}" in text and c["says"] in text, c["cid"]
+    decided = [c["cid"] for c in claims if c["unit"] == "s" and c["outcome"] != "inconclusive" and c["ratios"]["n"] < 3]
     assert not decided, f"{name}: claims about time decided from fewer than 3 repeats: {decided}"
 
 

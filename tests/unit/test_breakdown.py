@@ -340,14 +340,14 @@ def test_the_lab_claim_uses_the_breakdowns_interval(tmp_path):
     claim judged on the range of unpaired steps (the old way) on the first run, whose every step is slower than
     every baseline step."""
     from dtlab.course.claims import consistent
-    from dtlab.course.noise_claims import exposed_claim
+    from dtlab.course.claims.lab01 import exposed_claim
 
     (tmp_path / "n").mkdir(), (tmp_path / "c").mkdir()
     noisy = exposed_claim(a_run(tmp_path / "n", [1.0, 1.0, 1.0, 1.3, 1.0, 1.3, 1.0, 1.3], [1.4, 1.0, 1.1]))
-    assert noisy.result == "inconclusive" and "below this machine's noise here" in noisy.why
+    assert noisy.outcome == "inconclusive" and "below this machine's noise here" in noisy.why
     assert consistent(noisy.record()) == []
     clear = exposed_claim(a_run(tmp_path / "c", [1.0, 1.0, 1.0, 1.02, 0.98, 1.01, 0.99, 1.0], [0.9, 0.91, 0.89]))
-    assert clear.result == "holds" and clear.paired and consistent(clear.record()) == []
+    assert clear.outcome == "holds" and clear.paired and consistent(clear.record()) == []
     assert "90% interval" in clear.text()
 
 

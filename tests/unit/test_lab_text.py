@@ -125,17 +125,17 @@ def test_a_key_printed_before_its_question_is_found():
 
 def test_a_claim_about_time_needs_three_repeats():
     one = compare("x.t", "a is faster", "T", ("a", [1.0]), ("b", [2.0]), expected=0.5, model="m")
-    assert one.result == "inconclusive" and "at least 3" in one.why and "holds" in one.why
+    assert one.outcome == "inconclusive" and "at least 3" in one.why and "holds" in one.why
     assert not consistent(one.record())
     three = compare("x.t", "a is faster", "T", ("a", [1.0, 1.1, 0.9]), ("b", [2.0, 2.1, 1.9]), expected=0.5, model="m")
-    assert three.result == "holds" and three.min_n == MIN_TIME_REPEATS
+    assert three.outcome == "holds" and three.min_n == MIN_TIME_REPEATS
     rec = three.record()
     rec["ratios"]["n"] = 2  # a record that decides from 2 repeats is caught
     assert consistent(rec)
     exact = compare(
         "x.b", "bytes halve", "B", ("a", [1.0]), ("b", [2.0]), expected=0.5, model="m", unit="B", rel_tol=0.01
     )
-    assert exact.result == "holds"  # a byte count is exact: one run decides
+    assert exact.outcome == "holds"  # a byte count is exact: one run decides
 
 
 def test_a_hidden_tolerance_is_not_said_twice():

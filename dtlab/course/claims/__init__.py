@@ -1,8 +1,8 @@
 """Statements about outcomes, computed from the runs on screen: what the model says beside what was measured.
 
 A lab never prints "accumulation cuts T_comm per sample by K" as a fact: it measures both configurations,
-several times and interleaved, and prints a :class:`Claim`: the textbook statement, the model's value, the
-measured value with how many runs and their spread, and a verdict computed from those numbers:
+several times and interleaved (dtlab.course.claims.runs), and prints a :class:`Claim`: the textbook statement, the
+model's value, the measured value with how many runs and their spread, and an outcome computed from those numbers:
 
 - ``holds``: the measured median agrees with the model (``test="within"``: within `rel_tol` of the model's
   ratio; ``"below"`` / ``"above"``: every run's ratio lies on the model's side of 1);
@@ -14,25 +14,27 @@ CPU, cold start, oversubscription), with the measurement that shows it where the
 into the cell's output under :data:`MIME` (``text/plain`` and ``text/html`` are what a student reads), so a test
 can check every printed claim against its own numbers (:func:`parse_claims`, :func:`consistent`).
 
-Runs for a comparison come from :func:`interleaved`: configurations in the order A B C, then C B A, ..., so a
-drift in the machine (a cold first launch, a neighbour's load) does not land on one configuration.
-Pure apart from :func:`interleaved` (which launches through the `run` function it is given) and
+This package holds the machinery; each lab's claims are one module of it, which the lab imports as
+``from dtlab.course.claims import lab05 as lab_claims`` (`lab00`, `lab01`, `lab03`, `lab05` to `lab10`), and the
+runs they share (interleaved repeats, their medians) are in dtlab.course.claims.runs. Pure apart from
 :meth:`Claim.show` (which displays).
 """
 
 from __future__ import annotations
 
 import html
-import json
 import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
+from dtlab.course import outputs
 from dtlab.units import fmt_bytes_exact, fmt_ratio, fmt_time
 
 MIME = "application/vnd.dtlab.claim+json"
 PREFIX = "DTLAB-CLAIM "
 TESTS = ("within", "below", "above")
-VERDICTS = ("holds", "inconclusive", "contradicted")
+OUTCOMES = ("holds", "inconclusive", "contradicted")
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ def spread(values) -> Spread:
 MIN_TIME_REPEATS = 3
 
 
-def verdict(ratios: Spread, expected: float, test: str, rel_tol: float, min_n: int = 1) -> str:
+def outcome_of(ratios: Spread, expected: float, test: str, rel_tol: float, min_n: int = 1) -> str:
     """'holds', 'inconclusive' or 'contradicted' for measured ratios against the model's ratio `expected`
     (see the module's docstring); 'inconclusive' whatever they say when there are fewer than `min_n` of them."""
     if test not in TESTS:
@@ -97,12 +99,11 @@ class Claim:
     text) makes it; quantity: what is compared; a, b: the two configurations' labels; values: label ->
     :class:`Spread` of the quantity per run, in `unit` ('s', 'B' or a unit name); ratios: the :class:`Spread`
     of a / b over paired runs; expected: the model's a / b; model: where `expected` comes from; test and
-    rel_tol: how the verdict is reached (:func:`verdict`); why: the reason when it does not hold; how: how the
+    rel_tol: how the outcome is reached (:func:`outcome_of`); why: the reason when it does not hold; how: how the
     runs were made (count and order); per: what one value is ('run', 'step', 'size', 'call'); paired: whether
     value i of a and of b were measured together (then `ratios` spans the ratios of pairs; otherwise it spans
     Q1(a) / Q3(b) .. Q3(a) / Q1(b) around the ratio of the medians, the middle halves of both sets). expected
-    may be None for a "below" /
-    "above" claim (the model says only which side of 1)."""
+    may be None for a "below" / "above" claim (the model says only which side of 1)."""
 
     cid: str
     says: str
@@ -125,22 +126,23 @@ class Claim:
     e.g. a bootstrap interval of the median (dtlab.results.spread)."""
     min_n: int = 1
     """Ratios needed before the claim may hold or be contradicted (a claim about time: MIN_TIME_REPEATS)."""
-    result: str = field(init=False)
+    outcome: str = field(init=False)
+    """One of OUTCOMES, from the numbers above (:func:`outcome_of`)."""
 
     def __post_init__(self):
-        self.result = verdict(self.ratios, self.expected, self.test, self.rel_tol, self.min_n)
-        if self.result != "holds" and not self.why:
+        self.outcome = outcome_of(self.ratios, self.expected, self.test, self.rel_tol, self.min_n)
+        if self.outcome != "holds" and not self.why:
             raise ValueError(
-                f"claim {self.cid!r} is {self.result} on this machine: give `why` (what makes this "
+                f"claim {self.cid!r} is {self.outcome} on this machine: give `why` (what makes this "
                 f"machine differ, with the measurement that shows it)"
             )
 
     @property
     def holds(self) -> bool:
-        return self.result == "holds"
+        return self.outcome == "holds"
 
     def lines(self) -> list:
-        """The claim as a person reads it: statement and model, measurement, verdict (and why)."""
+        """The claim as a person reads it: statement and model, measurement, outcome (and why)."""
         va, vb = self.values[self.a], self.values[self.b]
         r = self.ratios
         rng = f"range {fmt_ratio(r.lo)} .. {fmt_ratio(r.hi)}" if r.n > 1 else f"a single {self.per}: no spread"
@@ -167,7 +169,7 @@ class Claim:
             f"Measured {self.quantity}: {self.a} {_fmt(va.median, self.unit)}, {self.b} {_fmt(vb.median, self.unit)}"
             f" (medians of {va.n} {self.per}(s) each{', ' + self.how if self.how else ''}); {self.a} / {self.b} = "
             f"{fmt_ratio(r.median)} ({rng}).",
-            f"Verdict: {self.result.upper()} on this machine (the test: {band}).",
+            f"Outcome: {self.outcome.upper()} on this machine (the test: {band}).",
         ]
         if self.why:
             out.append(f"Why: {self.why}")
@@ -177,37 +179,24 @@ class Claim:
         return "\n".join(self.lines())
 
     def record(self) -> dict:
-        """The JSON record stored with the output (everything a test needs to re-derive the verdict)."""
+        """The JSON record stored with the output (everything a test needs to re-derive the outcome)."""
         rec = asdict(self)
         rec["values"] = {k: asdict(v) for k, v in self.values.items()}
         return rec
 
-    def show(self) -> Claim:
-        """Display the claim in the notebook (text, HTML and the record), or print it outside IPython."""
-        try:
-            from IPython import get_ipython
-            from IPython.display import display
-
-            if get_ipython() is None:
-                raise ImportError
-        except ImportError:
-            print(self.text())
-            print(PREFIX + json.dumps(self.record()))
-            return self
-        color = {"holds": "#1a7f37", "inconclusive": "#8a6d00", "contradicted": "#b3261e"}[self.result]
+    def html(self) -> str:
+        """The claim as the notebook shows it: its lines, the outcome in its colour."""
+        color = {"holds": "#1a7f37", "inconclusive": "#8a6d00", "contradicted": "#b3261e"}[self.outcome]
         body = "<br>".join(html.escape(line) for line in self.lines())
         body = body.replace(
-            html.escape(f"Verdict: {self.result.upper()}"),
-            f"<b style='color:{color}'>Verdict: {self.result.upper()}</b>",
+            html.escape(f"Outcome: {self.outcome.upper()}"),
+            f"<b style='color:{color}'>Outcome: {self.outcome.upper()}</b>",
         )
-        display(
-            {
-                MIME: self.record(),
-                "text/plain": self.text(),
-                "text/html": f"<div style='border-left:4px solid {color};padding-left:8px'>{body}</div>",
-            },
-            raw=True,
-        )
+        return f"<div style='border-left:4px solid {color};padding-left:8px'>{body}</div>"
+
+    def show(self) -> Claim:
+        """Display the claim in the notebook (text, HTML and the record), or print it outside IPython."""
+        outputs.show(self.record(), mime=MIME, prefix=PREFIX, text=self.text(), html=self.html())
         return self
 
     def _ipython_display_(self):
@@ -236,10 +225,10 @@ def compare(
 ) -> Claim:
     """A :class:`Claim` that `a` relates to `b` as the model says. a, b: (label, values), one value per run
     (paired by position: run i of a was made next to run i of b; `per`="step" for the steps of two runs), in
-    `unit`. why: a sentence, or a function of the verdict ('inconclusive' / 'contradicted') returning one,
+    `unit`. why: a sentence, or a function of the outcome ('inconclusive' / 'contradicted') returning one,
     used only when the claim does not hold. ratios: the a / b spread to judge by, when the lab computed it (a
     bootstrap interval of the median, named by `interval`) instead of the range of the values. min_n: ratios
-    needed before a verdict other than 'inconclusive' (default: MIN_TIME_REPEATS for a claim about time, unit
+    needed before an outcome other than 'inconclusive' (default: MIN_TIME_REPEATS for a claim about time, unit
     's'; 1 otherwise); with fewer, `why` is told so and the spread is shown."""
     (la, xa), (lb, xb) = a, b
     xa, xb = [float(v) for v in xa], [float(v) for v in xb]
@@ -254,8 +243,7 @@ def compare(
         ratios = Spread(am / bm, a1 / b3, a3 / b1, min(len(xa), len(xb)))
     if min_n is None:
         min_n = MIN_TIME_REPEATS if unit == "s" else 1
-    result = verdict(ratios, expected, test, rel_tol, min_n)
-    decided = verdict(ratios, expected, test, rel_tol)  # what the numbers alone say, however few
+    decided = outcome_of(ratios, expected, test, rel_tol)  # what the numbers alone say, however few
     reason = (why(decided) if callable(why) else why) if decided != "holds" else None
     if ratios.n < min_n:
         reason = (
@@ -287,22 +275,20 @@ def compare(
 
 def _quartiles(values) -> tuple:
     """(first quartile, median, third quartile) of finite values (linear interpolation)."""
-    import numpy as np
-
     return tuple(float(q) for q in np.percentile(sorted(values), [25, 50, 75]))
 
 
 def consistent(record: dict) -> list:
-    """What is wrong with a claim record read back from a notebook (empty when nothing): its verdict must
+    """What is wrong with a claim record read back from a notebook (empty when nothing): its outcome must
     follow from its own numbers, a claim that does not hold must say why, its median ratio must lie in its
     range, and there are as many ratios as paired runs."""
     problems = []
     r = Spread(**record["ratios"])
-    want = verdict(r, record["expected"], record["test"], record["rel_tol"], int(record.get("min_n", 1)))
-    if record["result"] != want:
-        problems.append(f"{record['cid']}: prints {record['result']!r}, its numbers give {want!r}")
-    if record["result"] != "holds" and not record.get("why"):
-        problems.append(f"{record['cid']}: {record['result']} without a reason")
+    want = outcome_of(r, record["expected"], record["test"], record["rel_tol"], int(record.get("min_n", 1)))
+    if record["outcome"] != want:
+        problems.append(f"{record['cid']}: prints {record['outcome']!r}, its numbers give {want!r}")
+    if record["outcome"] != "holds" and not record.get("why"):
+        problems.append(f"{record['cid']}: {record['outcome']} without a reason")
     if not r.lo <= r.median <= r.hi:
         problems.append(f"{record['cid']}: median ratio {r.median} outside its range {r.lo}..{r.hi}")
     va, vb = (Spread(**record["values"][k]) for k in (record["a"], record["b"]))
@@ -313,40 +299,17 @@ def consistent(record: dict) -> list:
 
 def parse_claims(notebook_path) -> list:
     """Every claim record in an executed notebook's outputs, in cell order (the MIME output, or the
-    ``DTLAB-CLAIM {json}`` line printed outside IPython)."""
-    with open(notebook_path, encoding="utf-8") as f:
-        nb = json.load(f)
-    out = []
-    for cell in nb.get("cells", []):
-        for o in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
-            data = o.get("data", {})
-            if MIME in data:
-                d = data[MIME]
-                out.append(json.loads(d) if isinstance(d, str) else dict(d))
-            elif o.get("output_type") == "stream":
-                text = o.get("text", "")
-                text = "".join(text) if isinstance(text, list) else text
-                out += [json.loads(ln[len(PREFIX) :]) for ln in text.splitlines() if ln.startswith(PREFIX)]
-    return out
+    ``DTLAB-CLAIM {json}`` line printed outside IPython; dtlab.course.outputs)."""
+    return outputs.read(notebook_path, mime=MIME, prefix=PREFIX, required="cid")
 
 
-def interleaved(configs: dict, repeats: int, run) -> dict:
-    """Run every configuration `repeats` times, interleaved: A B C, C B A, A B C, ... (a drift of the machine
-    spreads over all of them). configs: label -> RunConfig; run: the function that runs one (dtlab.run).
-    Returns label -> list of runs, in repeat order, so run i of one label was made next to run i of another."""
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    labels = list(configs)
-    out = {k: [] for k in labels}
-    for i in range(repeats):
-        for k in labels if i % 2 == 0 else labels[::-1]:
-            out[k].append(run(configs[k]))
-    return out
-
-
-def order_text(labels, repeats: int) -> str:
-    """'interleaved: A B, then B A' for the order :func:`interleaved` used."""
-    if repeats == 1:
-        return "one run each, in the order " + " ".join(labels)
-    rounds = [" ".join(labels if i % 2 == 0 else labels[::-1]) for i in range(repeats)]
-    return "interleaved: " + ", then ".join(rounds)
+def fit_note(fit, n_calls: int, limit: float = 0.2) -> str:
+    """A sentence for a fit whose relative RMS error exceeds `limit` (0.2: 20%): how rough its predictions
+    are and why; '' for a good fit (labs 5, 8 and 10 print it before a claim that uses the fit)."""
+    if not fit.rel_rms > limit:
+        return ""
+    return (
+        f"note: the fitted line misses the measured times by {fit.rel_rms:.0%} on average (relative RMS): the "
+        f"{n_calls} timed calls scatter on shared cores. Read the model's times below as rough, about "
+        f"±{fit.rel_rms:.0%}; lab 2 shows the samples and the fit."
+    )

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dtlab.config.strategies import strategy_spec
 from dtlab.course.claims import compare
+from dtlab.results.convergence import bytes_per_step, update_interval
 from dtlab.units import fmt_time
 
 
 def _t_step(run) -> float:
     """The measured seconds per optimizer step: the summary's T_step; for the asynchronous server, the median
     training time between two applied updates (one server step)."""
-    from dtlab.config.strategies import strategy_spec
-    from dtlab.results.convergence import update_interval
-
     if strategy_spec(run.config.get("strategy")).asynchronous:
         return update_interval(run)
     return float(run.summary().set_index("quantity").loc["T_step", "value"])
@@ -51,8 +50,6 @@ def lever_table(
     measured time to target (s), and the model's T_step and time when `predicted`
     (dtlab.model.convergence.time_to_target) is given. `composed`: also steps x T_step (s), which a question asks
     the student to compute: leave it False until that question has been checked."""
-    from dtlab.results.convergence import bytes_per_step
-
     rows = []
     pred = predicted.set_index("label") if predicted is not None else None
     for label, run in runs.items():
@@ -78,8 +75,6 @@ def lever_table(
 
 def local_bytes_claim(runs: dict, local: str, baseline: str, h: int):
     """'Local SGD with H moves 1/H of the bytes', from the byte counts (exact)."""
-    from dtlab.results.convergence import bytes_per_step
-
     return compare(
         "lab09.local_bytes",
         f"local SGD with H = {h} moves 1/H of the bytes of synchronous DDP",
@@ -99,20 +94,20 @@ def powersgd_claim(runs: dict, psgd: str, baseline: str, target: float):
     keeps it converging, a low rank slows it)."""
     (sp, rp), (sb, rb) = steps_or_more(runs[psgd], target), steps_or_more(runs[baseline], target)
     every = int(runs[baseline].config.get("eval_every") or 1)
+    rank = runs[psgd].config.get("powersgd_rank")
 
-    def why(result):
+    def why(outcome):
         return (
             f"here PowerSGD's first evaluation at or above {target:g} came at step {sp}"
             f"{'' if rp else ' (not reached: counted as one evaluation past the run)'}, the uncompressed run's "
             f"at step {sb}{'' if rb else ' (not reached)'}. Accuracy is read every {every} steps, so steps "
-            f"closer than that are not told apart, and one seed is one draw: rank {runs[psgd].config.get('powersgd_rank')} "
+            f"closer than that are not told apart, and one seed is one draw: rank {rank} "
             "with error feedback lost little of the gradient on these sentences."
         )
 
     return compare(
         "lab09.powersgd_later",
-        f"PowerSGD (rank {runs[psgd].config.get('powersgd_rank')}, error feedback) "
-        f"reaches {target:g} later than the uncompressed run",
+        f"PowerSGD (rank {rank}, error feedback) reaches {target:g} later than the uncompressed run",
         f"steps to {target:g}",
         (psgd, [sp]),
         (baseline, [sb]),
@@ -132,7 +127,7 @@ def staleness_claim(run, workers: int):
     applied = u[u["applied"].astype(bool)]
     mean = float(applied["staleness"].mean())
 
-    def why(result):
+    def why(outcome):
         t = run.steps.groupby("rank")["t_step"].median()
         return (
             f"the mean staleness was {mean:.2f}: the workers' steps took {', '.join(fmt_time(v) for v in t)} "
@@ -163,7 +158,7 @@ def composition_claim(runs: dict, target: float):
     measured = [reached[k].time_to(target) for k in reached]
     composed = [reached[k].steps_to(target) * _t_step(reached[k]) for k in reached]
 
-    def why(result):
+    def why(outcome):
         ratios = ", ".join(f"{k} {m / c:.2f}" for k, m, c in zip(reached, measured, composed))
         return (
             f"measured / composed per lever: {ratios}. The composition multiplies by the median step; the "

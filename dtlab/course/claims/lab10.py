@@ -1,5 +1,4 @@
-"""The claims lab 10 prints about tensor and pipeline parallelism, each from the runs on screen (dtlab.course.claims);
-re-exported by dtlab.course.lab_claims.
+"""The claims lab 10 prints about tensor and pipeline parallelism, each from the runs on screen (dtlab.course.claims).
 
 - `tp_count_claim(run)`: Megatron's 4 all-reduces per block per step, 2 forward and 2 backward (exact counts);
 - `bubble_falls_claim(m1, m4)`: the bubble shrinks from M = 1 to M = 4, step by step;
@@ -10,13 +9,12 @@ re-exported by dtlab.course.lab_claims.
 from __future__ import annotations
 
 from dtlab.course.claims import compare
+from dtlab.results.parallel import tp_collectives
 from dtlab.units import fmt_time
 
 
 def tp_count_claim(run):
     """'A tensor-parallel step has 4 all-reduces per transformer block', from every rank-step of a 'tp' run."""
-    from dtlab.results.parallel import tp_collectives
-
     t = tp_collectives(run).sort_values(["step", "rank"])
     L = int(run.resolved["n_layers"])
 

@@ -4,8 +4,12 @@ says reaches the target first on another machine."""
 
 from __future__ import annotations
 
+from dtlab.course.claims.lab09 import steps_or_more
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
+from dtlab.model.convergence import first_to_target, lever_from_run, time_to_target
+from dtlab.model.whatif import compute_from_run
+from dtlab.results.convergence import bytes_per_step
 
 LAB = "09_does_it_still_learn"
 TARGET = 0.9
@@ -97,8 +101,6 @@ def _first(runs) -> Key:
 
 
 def _local_bytes(runs) -> Key:
-    from dtlab.results.convergence import bytes_per_step
-
     runs = _need(runs)
     frac = bytes_per_step(runs[LABELS[1]]) / bytes_per_step(runs["baseline"])
     return Key(
@@ -149,8 +151,6 @@ def _composed(runs) -> Key:
 
 
 def _powersgd(runs) -> Key:
-    from dtlab.course.convergence_claims import steps_or_more
-
     runs = _need(runs)
     sp, _ = steps_or_more(runs["PowerSGD r=1"], TARGET)
     sb, _ = steps_or_more(runs["baseline"], TARGET)
@@ -171,9 +171,6 @@ def _powersgd(runs) -> Key:
 def model_inputs(runs) -> dict:
     """What the time-to-target model takes from the runs: the levers (measured steps), T_comp and the optimizer
     step of the baseline (its no-op baseline steps: compute only), the gradient bytes."""
-    from dtlab.model.convergence import lever_from_run
-    from dtlab.model.whatif import compute_from_run
-
     runs = _need(runs)
     base = runs["baseline"]
     comp = compute_from_run(base)
@@ -187,8 +184,6 @@ def model_inputs(runs) -> dict:
 
 
 def _other_machine(runs) -> Key:
-    from dtlab.model.convergence import first_to_target, time_to_target
-
     m = model_inputs(runs)
     table = time_to_target(
         m["levers"],
