@@ -18,6 +18,7 @@ otter-grader is the optional extra `pip install -e ".[course]"`.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import shutil
@@ -25,6 +26,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from importlib.metadata import PackageNotFoundError, version
+
+from dtlab import __version__
+from dtlab.course import integrity, rubric
 
 FORBIDDEN = (
     "BEGIN SOLUTION",
@@ -38,12 +43,10 @@ FORBIDDEN = (
 
 
 def _otter() -> list[str]:
-    try:
-        import otter  # noqa: F401
-    except ImportError as e:
+    if importlib.util.find_spec("otter") is None:
         raise RuntimeError(
             'dtlab assign/grade need otter-grader: pip install -e ".[course]" (or pip install otter-grader)'
-        ) from e
+        )
     return [sys.executable, "-m", "otter"]
 
 
@@ -169,16 +172,11 @@ def _commit() -> str:
 def manifest_for(lab: str, student_nb: str) -> dict:
     """What dtlab grade needs to know about an autograder: the lab, its questions (qid, points, answer variable),
     the distributed check cells' fingerprints, and the versions it was made with."""
-    from dtlab import __version__
-    from dtlab.course import integrity, rubric
-
     with open(student_nb, encoding="utf-8") as f:
         nb = json.load(f)
-    try:
-        import torch
-
-        torch_version = torch.__version__.split("+")[0]
-    except ImportError:
+    try:  # the installed distribution's version: importing torch here would cost seconds
+        torch_version = version("torch").split("+")[0]
+    except PackageNotFoundError:
         torch_version = "unknown"
     return {
         "lab": lab,

@@ -21,6 +21,9 @@ import pandas as pd
 
 from dtlab.course.diagnose import failure_feedback
 from dtlab.course.shipping import launch_check, not_implemented, ship  # noqa: F401 - ship: public, re-exported
+from dtlab.model.costmodel import ring_allreduce
+from dtlab.model.profile import Profile
+from dtlab.results.calibration import load_profile
 
 HOOK_DEFAULTS = dict(
     dims=[16, 32, 32, 4], batch=8, lr=0.1, init_seed=0, data_seed=1, bucket_bytes=4096, rtol=1e-7, atol=1e-10
@@ -373,8 +376,6 @@ def _ring_verdict(events, p, ex, profile, out) -> ExerciseResult:
 def ring_timings(samples, nproc: int, profile=None) -> pd.DataFrame:
     """Median over iterations of the slowest rank, in ms, per size: the student's ring, dist.all_reduce, and
     (with a profile) the ring model 2(p-1) alpha + 2(p-1)/p n beta from the profile's all-reduce fit."""
-    from dtlab.model.costmodel import ring_allreduce
-
     t = pd.DataFrame(samples)
     if t.empty:
         return t
@@ -383,9 +384,6 @@ def ring_timings(samples, nproc: int, profile=None) -> pd.DataFrame:
         {"nbytes": slow.index, "ring_ms": slow["ring"].values * 1e3, "all_reduce_ms": slow["all_reduce"].values * 1e3}
     )
     if profile is not None:
-        from dtlab.model.profile import Profile
-        from dtlab.results.calibration import load_profile
-
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
         fit = prof.fits["all_reduce"]
         if fit.form != "ring":

@@ -25,6 +25,9 @@ import os
 import re
 
 from dtlab.config.strategies import strategy_spec
+from dtlab.launching.replay import RUN_SPECIFIC, field_same, status_of
+from dtlab.model.whatif import model_param_nbytes
+from dtlab.results.calibration import samples_frame
 
 EPS_S = 1e-6  # float noise in recorded seconds
 SLACK_S = 1.0  # wall-clock slack between processes (launch time vs a rank's first event)
@@ -63,8 +66,6 @@ def _time_order(run_dir: str, launch_time) -> list[str]:
 
 
 def _field_diff(want: dict, got: dict, defaults: dict | None) -> list[str]:
-    from dtlab.launching.replay import RUN_SPECIFIC, field_same
-
     return [
         f"{k}: the lab's {v!r}, recorded {got.get(k)!r}"
         for k, v in want.items()
@@ -99,8 +100,6 @@ def run_problems(run, want: dict | None = None, defaults: dict | None = None) ->
 
 
 def _byte_problems(run) -> list[str]:
-    from dtlab.model.whatif import model_param_nbytes
-
     try:
         want = int(sum(model_param_nbytes(run.config["model"])))
     except (KeyError, ValueError):
@@ -202,9 +201,6 @@ def _timing_problems(run) -> list[str]:
 
 def calibration_problems(run_dir: str, want: dict | None = None) -> list[str]:
     """What is inconsistent in a calibration directory (see the module's docstring); [] when nothing."""
-    from dtlab.launching.replay import status_of
-    from dtlab.results.calibration import samples_frame
-
     with open(os.path.join(run_dir, "config.json")) as f:
         doc = json.load(f)
     cal = doc.get("calibration", {})

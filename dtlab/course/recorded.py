@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import textwrap
 
+from dtlab.course.wording import kind
 from dtlab.results.recorded import (
     RecordedRun,
     bus_bandwidth,
@@ -91,8 +92,6 @@ def beside(runs) -> str:
         return "no recorded run of this strategy ships with dtlab (dtlab.recorded_runs() lists them)"
     names = ", ".join(f'dtlab.recorded_run("{name}")' for _, _, name in pairs)
     if not all(_on_cpu(run.resolved) for _, run, _ in pairs):
-        from dtlab.course.wording import kind
-
         if any(kind(run.resolved.get("placement") or {}) == "host_staged" for _, run, _ in pairs):
             return (
                 f"your runs ran on a GPU through gloo, like the recording: compute is GPU compute, communication "
@@ -156,15 +155,18 @@ def beside_calibration(profile, name: str = "h200-calibration") -> str:
     p_rec = int(rec.provenance["nproc"])
     p_mine = int(profile.meta.get("world_size") or p_rec)
     ops = sorted(set(profile.fits) | set(rec.profile.fits))
-    us = lambda f: f"{f.alpha * 1e6:.1f} us" if f is not None else "n/a"  # noqa: E731
-    bw = lambda f, p: (
-        f"{bus_bandwidth(f, p) / 1e9:.3g} GB/s"
-        if f is not None and f.beta > 0  # noqa: E731
-        else "n/a"
-        if f is None
-        else "inf"
-    )
-    rms = lambda f: f"{f.rel_rms:.2f}" if f is not None and f.rel_rms == f.rel_rms else "n/a"  # noqa: E731
+
+    def us(f):
+        return f"{f.alpha * 1e6:.1f} us" if f is not None else "n/a"
+
+    def bw(f, p):
+        if f is None:
+            return "n/a"
+        return f"{bus_bandwidth(f, p) / 1e9:.3g} GB/s" if f.beta > 0 else "inf"
+
+    def rms(f):
+        return f"{f.rel_rms:.2f}" if f is not None and f.rel_rms == f.rel_rms else "n/a"
+
     rows = []
     for op in ops:
         mine, theirs = profile.fits.get(op), rec.profile.fits.get(op)

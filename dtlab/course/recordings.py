@@ -14,7 +14,11 @@ from __future__ import annotations
 import contextlib
 import os
 
+from dtlab.course.integrity import calibration_problems, run_problems
+from dtlab.course.labs import lab_config, quick_mode
 from dtlab.launching import replay
+from dtlab.results.calibration import load_calibration
+from dtlab.results.run import load_run
 
 
 class SourceProblem(Exception):
@@ -56,15 +60,11 @@ class Recordings:
     @property
     def quick(self) -> bool:
         """Quick mode for the lab configs: the recordings' mode when replaying, else True."""
-        from dtlab.course.labs import quick_mode
-
         with self._context():
             return quick_mode()
 
     def lab_config(self, **overrides):
         """dtlab.course.labs.lab_config(**overrides) for the machine the recordings were made on."""
-        from dtlab.course.labs import lab_config
-
         with self._context():
             return lab_config(**overrides)
 
@@ -77,9 +77,6 @@ class Recordings:
 
     def run(self, cfg, what: str):
         """The newest finished run of `cfg` (a RunConfig; `out` ignored), checked and loaded."""
-        from dtlab.course.integrity import run_problems
-        from dtlab.results.run import load_run
-
         fields, defaults = cfg.to_dict(), type(cfg)().to_dict()
         d = self._find("config", fields, defaults, what)
         if d not in self._cache:
@@ -89,8 +86,6 @@ class Recordings:
 
     def calib_dir(self, fields: dict, what: str) -> str:
         """The newest finished calibration whose config has these `fields`, checked; its directory."""
-        from dtlab.course.integrity import calibration_problems
-
         d = self._find("calibration", fields, None, what)
         key = ("dir", d)
         if key not in self._cache:
@@ -99,8 +94,6 @@ class Recordings:
 
     def calibration(self, fields: dict, what: str):
         """The newest finished calibration with these `fields`, checked and fitted again from its samples."""
-        from dtlab.results.calibration import load_calibration
-
         d = self.calib_dir(fields, what)
         if d not in self._cache:
             self._cache[d] = load_calibration(d)

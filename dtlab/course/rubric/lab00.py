@@ -8,6 +8,7 @@ import math
 from dtlab.course.checks import tol_from_spread
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
+from dtlab.results.calibration import samples_frame
 
 LAB = "00_setup_check"
 MIB = 1 << 20
@@ -25,8 +26,6 @@ def sources(rec) -> dict:
 
 
 def _ms(smoke_dir) -> dict:
-    from dtlab.results.calibration import samples_frame
-
     _, s = samples_frame(smoke_dir)
     if s.empty or MIB not in set(s["nbytes"]):
         raise ValueError(f"{smoke_dir}: no timed 1 MiB all-reduce in the smoke test's samples")

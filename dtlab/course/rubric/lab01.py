@@ -6,6 +6,7 @@ import math
 
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
+from dtlab.model.whatif import model_param_nbytes
 
 LAB = "01_ddp_breakdown"
 
@@ -17,8 +18,6 @@ def sources(rec) -> dict:
 
 def grad_bytes(run) -> int:
     """fp32 gradient bytes per rank and step, from the architecture of the run's model (not from its records)."""
-    from dtlab.model.whatif import model_param_nbytes
-
     return int(sum(model_param_nbytes(run.config["model"])))
 
 

@@ -8,6 +8,8 @@ import math
 from dtlab.course.checks import tol_from_spread
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
+from dtlab.model import costmodel
+from dtlab.model.costmodel import coefficients
 
 LAB = "02_collectives_alpha_beta"
 P_PREDICT = 8  # lab02.q2 asks for the ring fit's prediction on this many ranks
@@ -58,8 +60,6 @@ def held_out(profile) -> int:
 
 
 def _predict8(profile) -> Key:
-    from dtlab.model import costmodel
-
     ar = profile.fits["all_reduce"]
     n = held_out(profile)
     want = float(costmodel.ring_allreduce(ar.alpha, ar.beta, n, P_PREDICT)) * 1e3
@@ -98,8 +98,6 @@ def _regime(profile) -> Key:
 
 def ring_over_textbook(p, n):
     """The ring all-reduce's bandwidth term over the textbook's (dtlab.model.costmodel's coefficients B x n)."""
-    from dtlab.model.costmodel import coefficients
-
     return coefficients("all_reduce", "ring", p)[1] * n / (coefficients("all_reduce", "textbook", p)[1] * n)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dtlab.course.checks import tol_from_spread
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import MAX_REL_TOL, Key
+from dtlab.results.run import load_run
 
 LAB = "03_buckets_and_gpu_count"
 
@@ -30,7 +31,6 @@ def _runs(sweep) -> dict:
     """{bucket_mb: Run} from the notebook's sweep table (dtlab.sweep's rows with a path) or such a dict."""
     if isinstance(sweep, dict):
         return dict(sweep)
-    from dtlab.results.run import load_run
 
     ran = sweep[(sweep["nproc"] == 2) & sweep["status"].isin(["ran", "reused"])]
     return {float(r.bucket_mb): load_run(r.path) for r in ran.itertuples()}

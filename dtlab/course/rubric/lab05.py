@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
+from dtlab.model import costmodel
+from dtlab.model.compression import lever_table
 
 LAB = "05_shrinking_comm"
 K = 4  # micro-batches per optimizer step in the lab's accumulation run
@@ -34,8 +36,6 @@ def sources(rec) -> dict:
 
 
 def _table(runs):
-    from dtlab.model.compression import lever_table
-
     missing = [k for k in LABELS if k not in runs]
     if missing:
         raise ValueError(f"runs: lab 5's checks need the runs labelled {list(LABELS)}; missing {missing}")
@@ -89,8 +89,6 @@ def _rounds(runs) -> Key:
 
 
 def _term(*_) -> Key:
-    from dtlab.model import costmodel
-
     n, p, r, alpha, beta = 1e8, 8, 0.5, 1e-5, 1e-9  # any positive alpha, beta, n: the form decides
     lat_same = costmodel.ring_allreduce(alpha, 0.0, r * n, p) == costmodel.ring_allreduce(alpha, 0.0, n, p)
     bw_same = costmodel.ring_allreduce(0.0, beta, r * n, p) == costmodel.ring_allreduce(0.0, beta, n, p)

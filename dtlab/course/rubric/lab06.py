@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
+from dtlab.model import costmodel
+from dtlab.model.restarts import measured_costs
+from dtlab.results.stragglers import run_waits, sync_step_model, wait_summary
 
 LAB = "06_stragglers_ps_faults"
 EXAMPLE_S = (1.0, 1.2, 1.1)  # three workers' compute per step (s), the lab's synchronous-step example
@@ -28,8 +31,6 @@ def sources(rec) -> dict:
 
 
 def _wait0(run) -> float:
-    from dtlab.results.stragglers import run_waits, wait_summary
-
     return float(wait_summary(run_waits(run)).set_index("rank").loc[0, "wait_s"])
 
 
@@ -49,8 +50,6 @@ def _growth(ref, slow) -> Key:
 
 
 def _example(*_) -> Key:
-    from dtlab.results.stragglers import sync_step_model
-
     seed = sync_step_model(list(EXAMPLE_S))
     return Key(
         "lab06.q2",
@@ -66,8 +65,6 @@ def _example(*_) -> Key:
 def server_bytes(p, n):
     """Bytes through a dedicated parameter server's link per step (p workers, none on the server's machine):
     costmodel.ps_server's beta term with the server as one more rank that has no gradients of its own."""
-    from dtlab.model import costmodel
-
     return costmodel.ps_server(0.0, 1.0, n, p + 1)
 
 
@@ -85,8 +82,6 @@ def _server(*_) -> Key:
 
 
 def _redone(crashed) -> Key:
-    from dtlab.model.restarts import measured_costs
-
     return Key(
         "lab06.q4",
         "number",

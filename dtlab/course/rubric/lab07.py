@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
+from dtlab.launching.emulate import parse_rate
+from dtlab.model.hierarchy import (
+    flat_ring_allreduce,
+    hierarchical_allreduce,
+    level_from_profile,
+    levels_from_profiles,
+    network_bytes_per_node,
+)
 
 LAB = "07_beyond_one_machine"
 RATE = "1gbit"  # the emulated link's rate
@@ -30,15 +38,10 @@ def sources(rec) -> dict:
 
 
 def _levels(intra, inter) -> dict:
-    from dtlab.model.hierarchy import levels_from_profiles
-
     return levels_from_profiles(intra, inter)
 
 
 def _link(inter) -> Key:
-    from dtlab.launching.emulate import parse_rate
-    from dtlab.model.hierarchy import level_from_profile
-
     link = inter.meta.get("emulation", {}).get("link", "loopback")
     shaped = link != "loopback" and "shaped" in link
     want = 1 / level_from_profile(inter)[1] / 1e6 if shaped else parse_rate(RATE) / 1e6
@@ -60,11 +63,9 @@ def _link(inter) -> Key:
 
 
 def _faster(intra, inter) -> Key:
-    from dtlab.model import hierarchy as hi
-
     lv = _levels(intra, inter)
     args = (lv["alpha_intra"], lv["beta_intra"], lv["alpha_inter"], lv["beta_inter"], 25 * 2**20, NODES, G)
-    t_flat, t_hier = float(hi.flat_ring_allreduce(*args)), float(hi.hierarchical_allreduce(*args))
+    t_flat, t_hier = float(flat_ring_allreduce(*args)), float(hierarchical_allreduce(*args))
     return Key(
         "lab07.q2",
         "choice",
@@ -78,8 +79,6 @@ def _faster(intra, inter) -> Key:
 
 def node_bytes(N, n):
     """A node's network bytes per hierarchical all-reduce of n bytes on N nodes of G GPUs (dtlab.model.hierarchy)."""
-    from dtlab.model.hierarchy import network_bytes_per_node
-
     return network_bytes_per_node("hierarchical", n, N, G)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from dtlab.course.exercises import check_comm_hook, check_ring_allreduce
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
 
@@ -19,8 +20,6 @@ def sources(rec) -> dict:
 
 
 def _hook(answer, scratch) -> Key:
-    from dtlab.course.exercises import check_comm_hook
-
     res = check_comm_hook(
         answer,
         nproc=NPROC,
@@ -32,8 +31,6 @@ def _hook(answer, scratch) -> Key:
 
 
 def _ring(answer, scratch) -> Key:
-    from dtlab.course.exercises import check_ring_allreduce
-
     res = check_ring_allreduce(
         answer,
         nproc=NPROC,

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
+from dtlab.model import planner
+from dtlab.model.parallel import bubble_fraction
+from dtlab.results.parallel import tp_collectives
+from dtlab.results.pipeline import in_flight
 
 LAB = "10_tensor_and_pipeline"
 M = 4  # micro-batches of the lab's pipeline runs (and of lab10.q3)
@@ -73,8 +77,6 @@ def _run(runs, label):
 
 
 def _allreduces(runs) -> Key:
-    from dtlab.results.parallel import tp_collectives
-
     t = tp_collectives(_run(runs, "tp"))
     return Key(
         "lab10.q1",
@@ -93,8 +95,6 @@ def _allreduces(runs) -> Key:
 
 
 def _bytes(runs) -> Key:
-    from dtlab.results.parallel import tp_collectives
-
     t = tp_collectives(_run(runs, "tp"))
     tp = int(_run(runs, "tp").resolved["layout"]["tp"])
     return Key(
@@ -115,8 +115,6 @@ def _bytes(runs) -> Key:
 
 
 def _theory(runs) -> Key:
-    from dtlab.model.parallel import bubble_fraction
-
     run = _run(runs, f"pp M={M}")
     p = int(run.resolved["layout"]["pp"])
     return Key(
@@ -143,8 +141,6 @@ def _falls(runs) -> Key:
 
 
 def _held(runs) -> Key:
-    from dtlab.results.pipeline import in_flight
-
     held = in_flight(_run(runs, f"pp M={M} 1f1b")).set_index("stage")["in_flight"]
     return Key(
         "lab10.q5",
@@ -159,11 +155,9 @@ def _held(runs) -> Key:
 
 
 def _planner(runs, profile) -> Key:
-    from dtlab.model import planner as pl
-
     q = PLANNER_Q
-    table = pl.plan(
-        pl.MODELS[q["model"]],
+    table = planner.plan(
+        planner.MODELS[q["model"]],
         q["gpus"],
         gpus_per_node=q["gpus_per_node"],
         gpu_memory=q["gpu_memory_gb"] * 1e9,
@@ -172,8 +166,8 @@ def _planner(runs, profile) -> Key:
         microbatches=q["microbatches"],
         schedule=q["schedule"],
         sharded=q["sharded"],
-        levels=pl.levels_from_profile(profile),
-        compute=pl.compute_from_run(_run(runs, "pp M=1")),
+        levels=planner.levels_from_profile(profile),
+        compute=planner.compute_from_run(_run(runs, "pp M=1")),
     )
     fit = table[table["fits"]]
     best = fit.iloc[0]["layout"] if len(fit) else "none fits"

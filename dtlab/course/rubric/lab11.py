@@ -7,6 +7,7 @@ from __future__ import annotations
 from dtlab.course.checks import tol_from_spread
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
+from dtlab.results.kineto import load_trace, public_trace
 
 LAB = "11_reading_a_trace"
 TRACE = "hta-2ranks-rank0"
@@ -19,8 +20,6 @@ def sources(rec) -> dict:
 
 
 def _trace():
-    from dtlab.results.kineto import load_trace, public_trace
-
     return load_trace(public_trace(TRACE))
 
 
