@@ -1,8 +1,10 @@
 """Command-line flags generated from config dataclasses: one source of truth for names, defaults and help.
 
 `add_arguments(parser, RunConfig)` adds `--field-name` for every field, with the field's default and the first
-sentence of its attribute docstring as help; nested config dataclasses (RunConfig.zero) get prefixed flags
-(`--zero-reduce-bucket-size`). `from_args(args, RunConfig)` builds the config back. Pure: no torch.
+sentence of its attribute docstring as help. A nested config dataclass (an option group of RunConfig) gets its
+fields' flat names where dtlab.config.options.FLAT gives them (`--microbatches`, `--pp-schedule`,
+`--comm-hook`), prefixed flags otherwise (`--zero-reduce-bucket-size`). `from_args(args, RunConfig)` builds the
+config back. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -78,6 +80,14 @@ def _number(kind):
     return parse
 
 
+def _dest(prefix: str, name: str) -> str:
+    """The argparse name of field `name` of the group `prefix` names ('zero_', '' at the top): its flat name where
+    dtlab.config.options.FLAT has one (('parallel', 'schedule') -> 'pp_schedule'), else prefix + name."""
+    from dtlab.config.options import FLAT_NAME
+
+    return FLAT_NAME.get((prefix.rstrip("_-"), name), prefix.replace("-", "_") + name)
+
+
 def add_arguments(
     parser, cls, prefix: str = "", skip: tuple = (), group_titles: dict | None = None, aliases: dict | None = None
 ) -> None:
@@ -89,11 +99,12 @@ def add_arguments(
             continue
         if _nested(cls, f):
             sub = _base_type(cls, f)
-            title = (group_titles or {}).get(f.name, f"{f.name} ({sub.__name__})")
+            about = " ".join((sub.__doc__ or sub.__name__).split()).split(" (")[0].rstrip(".")
+            title = (group_titles or {}).get(f.name, f"{f.name} ({sub.__name__}): {about}")
             add_arguments(parser.add_argument_group(title), sub, prefix=f"{prefix}{f.name}-", aliases=aliases)
             continue
-        flag = ["--" + (prefix + f.name).replace("_", "-"), *(aliases or {}).get(prefix + f.name, [])]
-        dest = (prefix + f.name).replace("-", "_")
+        dest = _dest(prefix, f.name)
+        flag = ["--" + dest.replace("_", "-"), *(aliases or {}).get(prefix + f.name, [])]
         default = _default(f)
         doc = docs.get(f.name, "")
         help_text = f"{doc} (default: {default})".replace("%", "%%")
@@ -117,7 +128,7 @@ def from_args(args, cls, prefix: str = "", skip: tuple = ()):
         if _nested(cls, f):
             values[f.name] = from_args(args, _base_type(cls, f), prefix=f"{prefix}{f.name}_")
             continue
-        dest = prefix + f.name
+        dest = _dest(prefix, f.name)
         if hasattr(args, dest):
             values[f.name] = getattr(args, dest)
     return cls(**values)

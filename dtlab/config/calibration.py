@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtlab.config.validate import choice, int_at_least
 from dtlab.config.job import JobConfig
 from dtlab.config.run import MODELS, RunConfig
+from dtlab.config.validate import choice, int_at_least
 
 # "ps": a parameter-server round, dist.reduce to rank 0 then dist.broadcast from it (dtlab.rank.strategies.ps, one bucket)
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "ps")

@@ -9,15 +9,42 @@ DDP comm hooks, and communicating once per `accumulate` micro-batches. Pure: che
 - accumulate K: K micro-batches per optimizer step, K - 1 of them under `ddp.no_sync()`: one all-reduce round
   per K micro-batches, so T_comm per sample drops by K while the compute per sample stays.
 
-`wire_factor(name)` is the model's r for the 16-bit hooks (bytes on the wire / gradient bytes).
+`CompressionConfig` is the options group `RunConfig.compression` (hook, powersgd_rank, powersgd_start_iter; flat
+names comm_hook, powersgd_rank, powersgd_start_iter: dtlab.config.options). `accumulate` is read by every synchronous
+update's batch size and stays a RunConfig field. `wire_factor(name)` is the model's r for the 16-bit hooks (bytes
+on the wire / gradient bytes).
 """
 
 from __future__ import annotations
 
-from dtlab.config.validate import choice, int_at_least
+from dataclasses import dataclass
+
+from dtlab.config.options import label
 from dtlab.config.strategies import strategy_spec
+from dtlab.config.validate import choice, int_at_least
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+
+
+@dataclass(kw_only=True)
+class CompressionConfig:
+    """Gradient compression through torch's DDP comm hooks (`RunConfig.compression`; strategy 'ddp')."""
+
+    hook: str = "none"
+    """How DDP reduces each gradient bucket: 'none' (fp32 all-reduce, averaged), 'fp16' or 'bf16' (torch's
+    fp16_compress_hook / bf16_compress_hook: half the bytes on the wire), 'powersgd' (torch's PowerSGD: an n x m
+    gradient travels as (n + m) x powersgd_rank numbers). Strategy 'ddp' only; see dtlab.config.compression."""
+    powersgd_rank: int = 1
+    """PowerSGD's matrix approximation rank r (comm_hook 'powersgd')."""
+    powersgd_start_iter: int = 2
+    """PowerSGD all-reduces uncompressed for this many steps first (DDP rebuilds its buckets after step 0;
+    torch requires at least 2 with error feedback)."""
+
+    def validate(self) -> None:
+        """Each field on its own (ValueError naming it); `validate_levers` checks them against the run."""
+        choice(label("compression", "hook"), self.hook, COMM_HOOKS)
+        int_at_least(label("compression", "powersgd_rank"), self.powersgd_rank, 1)
+        int_at_least(label("compression", "powersgd_start_iter"), self.powersgd_start_iter, 2)
 
 
 def wire_factor(comm_hook: str) -> float | None:
@@ -28,15 +55,16 @@ def wire_factor(comm_hook: str) -> float | None:
 
 def validate_levers(cfg, placed) -> None:
     """Refuse bad lever settings by name before launch (`placed`: the run's dtlab.config.placement plan)."""
-    choice("comm_hook", cfg.comm_hook, COMM_HOOKS)
+    comp = cfg.compression
+    if not isinstance(comp, CompressionConfig):
+        raise ValueError(f"compression must be a CompressionConfig or a dict of its fields, got {type(comp).__name__}")
+    comp.validate()
     int_at_least("accumulate", cfg.accumulate, 1)
-    int_at_least("powersgd_rank", cfg.powersgd_rank, 1)
-    int_at_least("powersgd_start_iter", cfg.powersgd_start_iter, 2)
     spec = strategy_spec(cfg.strategy)
-    if cfg.comm_hook != "none" and not spec.comm_hooks:
+    if comp.hook != "none" and not spec.comm_hooks:
         raise spec.refuse(
             "comm_hook",
-            cfg.comm_hook,
+            comp.hook,
             "a DDP compression hook reaches only the buckets DDP all-reduces itself "
             "(ZeRO-3 reduce-scatters inside DeepSpeed; ps reduces with its own hook)",
         )
@@ -47,9 +75,9 @@ def validate_levers(cfg, placed) -> None:
             f"strategy {spec.name!r} needs record=True: the recording hook is what reduces each "
             "bucket (without it DDP would all-reduce)"
         )
-    if cfg.comm_hook != "none" and not cfg.record:
-        raise ValueError(f"comm_hook {cfg.comm_hook!r} needs record=True: the recorder is what installs the hook")
-    if cfg.comm_hook == "bf16" and placed.backend == "gloo" and placed.device == "cuda":
+    if comp.hook != "none" and not cfg.record:
+        raise ValueError(f"comm_hook {comp.hook!r} needs record=True: the recorder is what installs the hook")
+    if comp.hook == "bf16" and placed.backend == "gloo" and placed.device == "cuda":
         raise ValueError(
             "comm_hook 'bf16' is not supported for gloo on CUDA tensors here; use 'fp16', or NCCL (one rank per GPU)"
         )

@@ -12,19 +12,85 @@
 - `lr` None (the default): the base rate is resolved by the rank once the model is built (`resolve_lr`):
   FINE_TUNING_LR for pretrained weights, RANDOM_INIT_LR[model] for random ones; scaling and warmup apply on top.
 
+Their options are three groups of RunConfig (flat names in dtlab.config.options): `evaluation` (EvaluationConfig:
+every, samples), `lr_schedule` (LrScheduleConfig: scaling, base_batch, warmup_steps) and `sync` (SyncConfig:
+local_sgd, max_staleness, staleness_policy: when replicas synchronise, if not every step).
+
 Pure: the ranks build their schedule from `lr_factor`, the model and the tests read the same function.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from dtlab.config.validate import choice, int_at_least
+from dtlab.config.options import label
 from dtlab.config.strategies import strategy_spec
+from dtlab.config.validate import choice, int_at_least
 
 LR_SCALINGS = ("none", "linear", "sqrt")
 STALENESS_POLICIES = ("drop", "wait")
 DEFAULT_MAX_STALENESS = 2
+
+
+@dataclass(kw_only=True)
+class EvaluationConfig:
+    """Held-out evaluation between steps (`RunConfig.evaluation`; flat names eval_every, eval_samples)."""
+
+    every: int = 0
+    """Held-out accuracy every N optimizer steps, before step 0 and after the last (0: off): on rank 0 (the
+    server for 'async') between steps, outside the timed step, its time recorded apart (run.evals); see
+    dtlab.config.convergence."""
+    samples: int | None = None
+    """Held-out sentences per evaluation (None: all 872, except full DistilBERT on a CPU: 64, recorded)."""
+
+    def validate(self) -> None:
+        int_at_least(label("evaluation", "every"), self.every, 0)
+        if self.samples is not None:
+            int_at_least(label("evaluation", "samples"), self.samples, 1)
+
+
+@dataclass(kw_only=True)
+class LrScheduleConfig:
+    """The learning-rate rule on top of `lr` (`RunConfig.lr_schedule`; flat names lr_scaling, base_batch,
+    warmup_steps): read by the ranks' optimizer (dtlab.rank.optim) through `lr_at`."""
+
+    scaling: str = "none"
+    """Scale lr with the batch: 'none', 'linear' (x k) or 'sqrt' (x sqrt(k)), k = samples per optimizer update
+    / base_batch (Goyal et al. 2017)."""
+    base_batch: int | None = None
+    """The batch `lr` was tuned for, in samples per update (None: batch_size, one rank's batch)."""
+    warmup_steps: int = 0
+    """Learning-rate warmup: step s < warmup_steps uses lr x (s + 1) / warmup_steps (not `warmup`, which only
+    leaves steps out of the medians)."""
+
+    def validate(self) -> None:
+        choice(label("lr_schedule", "scaling"), self.scaling, LR_SCALINGS)
+        if self.base_batch is not None:
+            int_at_least(label("lr_schedule", "base_batch"), self.base_batch, 1)
+        int_at_least(label("lr_schedule", "warmup_steps"), self.warmup_steps, 0)
+
+
+@dataclass(kw_only=True)
+class SyncConfig:
+    """When replicas synchronise, if not every step (`RunConfig.sync`; flat names local_sgd, max_staleness,
+    staleness_policy): local SGD's averaging period and the asynchronous server's staleness bound."""
+
+    local_sgd: int = 0
+    """Local SGD: 0 off; H: no gradient all-reduce, each rank steps its own AdamW and the parameters are averaged
+    after every H steps (1/H of the gradient bytes per step on average). Strategy 'ddp' only."""
+    max_staleness: int = DEFAULT_MAX_STALENESS
+    """Strategy 'async': the most server updates between a worker's pull and the update its gradient makes."""
+    staleness_policy: str = "drop"
+    """Strategy 'async': 'drop' (a staler gradient is not applied) or 'wait' (the server holds a worker's pull
+    until its next gradient cannot be staler: stale-synchronous, nothing dropped)."""
+
+    def validate(self) -> None:
+        int_at_least(label("sync", "local_sgd"), self.local_sgd, 0)
+        int_at_least(label("sync", "max_staleness"), self.max_staleness, 0)
+        choice(label("sync", "staleness_policy"), self.staleness_policy, STALENESS_POLICIES)
+
+
 #: the generated sentences' held-out split and GLUE SST-2's validation split have this many sentences
 HELDOUT_SENTENCES = 872
 #: evaluating full DistilBERT on a CPU costs about 75-115 ms a sentence: a subset of this many, said so in the run
@@ -106,7 +172,7 @@ def update_batch(cfg) -> int:
     for the asynchronous server (one update per pushed gradient)."""
     spec = strategy_spec(cfg.strategy)
     per_rank = cfg.batch_size * cfg.accumulate
-    if spec.asynchronous or cfg.local_sgd:
+    if spec.asynchronous or cfg.sync.local_sgd:
         return per_rank
     return per_rank * cfg.nproc * getattr(cfg, "nnodes", 1)
 
@@ -129,28 +195,32 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     return 1.0
 
 
+def _base_batch(cfg) -> int:
+    return cfg.lr_schedule.base_batch if cfg.lr_schedule.base_batch is not None else cfg.batch_size
+
+
 def peak_lr(cfg) -> float:
-    """The base rate (`base_lr`: `cfg.lr` or its default) scaled by `cfg.lr_scaling` for this run's update batch
-    over `cfg.base_batch` (None: batch_size)."""
-    base = cfg.base_batch if cfg.base_batch is not None else cfg.batch_size
-    return base_lr(cfg) * lr_multiplier(cfg.lr_scaling, update_batch(cfg) / base)
+    """The base rate (`base_lr`: `cfg.lr` or its default) scaled by `cfg.lr_schedule.scaling` for this run's update
+    batch over `cfg.lr_schedule.base_batch` (None: batch_size)."""
+    return base_lr(cfg) * lr_multiplier(cfg.lr_schedule.scaling, update_batch(cfg) / _base_batch(cfg))
 
 
 def lr_at(cfg, step: int) -> float:
     """The learning rate optimizer step `step` of this run uses (the scaling rule and the warmup)."""
-    return peak_lr(cfg) * warmup_factor(step, cfg.warmup_steps)
+    return peak_lr(cfg) * warmup_factor(step, cfg.lr_schedule.warmup_steps)
 
 
 def lr_rule_text(cfg) -> str:
     """The rule in words, with this run's numbers (recorded in config.json)."""
-    base = cfg.base_batch if cfg.base_batch is not None else cfg.batch_size
+    sched, base = cfg.lr_schedule, _base_batch(cfg)
     k = update_batch(cfg) / base
     text = (
-        f"lr {base_lr(cfg):g} x {lr_multiplier(cfg.lr_scaling, k):.4g} ({cfg.lr_scaling}, k = update batch "
+        f"lr {base_lr(cfg):g} x {lr_multiplier(sched.scaling, k):.4g} ({sched.scaling}, k = update batch "
         f"{update_batch(cfg)} / base batch {base} = {k:.4g}) = {peak_lr(cfg):.4g}"
     )
-    if cfg.warmup_steps:
-        text += f", warmed up linearly over {cfg.warmup_steps} steps: step s uses (s + 1) / {cfg.warmup_steps} of it"
+    if sched.warmup_steps:
+        n = sched.warmup_steps
+        text += f", warmed up linearly over {n} steps: step s uses (s + 1) / {n} of it"
     return text
 
 
@@ -161,54 +231,61 @@ def eval_due(steps_done: int, every: int, total: int) -> bool:
 
 
 def eval_samples_for(cfg, device_type: str) -> int | None:
-    """Held-out sentences one evaluation uses: cfg.eval_samples, or None (all) except full DistilBERT on a CPU
+    """Held-out sentences one evaluation uses: cfg.evaluation.samples, or None (all) except full DistilBERT on a CPU
     (CPU_DISTILBERT_EVAL_SAMPLES: a subset, which the run records)."""
-    if cfg.eval_samples is not None:
-        return cfg.eval_samples
+    if cfg.evaluation.samples is not None:
+        return cfg.evaluation.samples
     if device_type == "cpu" and cfg.model == "distilbert":
         return CPU_DISTILBERT_EVAL_SAMPLES
     return None
 
 
 def validate_convergence(cfg) -> None:
-    """Refuse bad convergence-lever settings by name before launch (ValueError)."""
+    """Refuse bad convergence-lever settings by name before launch (ValueError): each group on its own, then
+    against the strategy and the other levers."""
     spec = strategy_spec(cfg.strategy)
-    int_at_least("eval_every", cfg.eval_every, 0)
-    if cfg.eval_samples is not None:
-        int_at_least("eval_samples", cfg.eval_samples, 1)
-    if cfg.eval_every and not spec.evaluates:
-        raise spec.refuse("eval_every", cfg.eval_every, "its rank loop has no place to evaluate between steps")
-    if cfg.eval_every and cfg.data not in ("auto", "glue", "offline"):
+    for name, cls in (("evaluation", EvaluationConfig), ("lr_schedule", LrScheduleConfig), ("sync", SyncConfig)):
+        group = getattr(cfg, name)
+        if not isinstance(group, cls):
+            raise ValueError(f"{name} must be a {cls.__name__} or a dict of its fields, got {type(group).__name__}")
+        group.validate()
+    ev, sched, sync = cfg.evaluation, cfg.lr_schedule, cfg.sync
+    if ev.every and not spec.evaluates:
+        raise spec.refuse("eval_every", ev.every, "its rank loop has no place to evaluate between steps")
+    if ev.every and cfg.data not in ("auto", "glue", "offline"):
         raise ValueError(
             f"eval_every needs a held-out split: data 'auto', 'glue' (SST-2 validation) or 'offline' "
             f"(dtlab's held-out generated sentences); a local file has none, got data {cfg.data!r}"
         )
-    choice("lr_scaling", cfg.lr_scaling, LR_SCALINGS)
-    if cfg.base_batch is not None:
-        int_at_least("base_batch", cfg.base_batch, 1)
-    int_at_least("warmup_steps", cfg.warmup_steps, 0)
-    for name, default in (("lr_scaling", "none"), ("warmup_steps", 0), ("base_batch", None)):
-        if getattr(cfg, name) != default and not spec.lr_schedule:
-            raise spec.refuse(name, getattr(cfg, name), "its optimizer is not built by dtlab's loop")
-    int_at_least("local_sgd", cfg.local_sgd, 0)
-    if cfg.local_sgd:
+    for name, value, default in (
+        ("lr_scaling", sched.scaling, "none"),
+        ("warmup_steps", sched.warmup_steps, 0),
+        ("base_batch", sched.base_batch, None),
+    ):
+        if value != default and not spec.lr_schedule:
+            raise spec.refuse(name, value, "its optimizer is not built by dtlab's loop")
+    if sync.local_sgd:
         if not spec.local_sgd:
-            raise spec.refuse("local_sgd", cfg.local_sgd, "it needs a rank loop that steps its own optimizer")
-        for name, off, why in (
-            ("comm_hook", "none", "local SGD all-reduces parameters, not DDP's gradient buckets"),
-            ("straggler", None, "the straggler rule reads DDP's buckets"),
-            ("checkpoint_every", 0, "each rank's own optimizer state is not checkpointed"),
-            ("max_restarts", 0, "each rank's own optimizer state is not checkpointed"),
+            raise spec.refuse("local_sgd", sync.local_sgd, "it needs a rank loop that steps its own optimizer")
+        for name, value, off, why in (
+            ("comm_hook", cfg.compression.hook, "none", "local SGD all-reduces parameters, not DDP's gradient buckets"),
+            ("straggler", cfg.straggler, None, "the straggler rule reads DDP's buckets"),
+            (
+                "checkpoint_every",
+                cfg.restarts.checkpoint_every,
+                0,
+                "each rank's own optimizer state is not checkpointed",
+            ),
+            ("max_restarts", cfg.restarts.max_restarts, 0, "each rank's own optimizer state is not checkpointed"),
         ):
-            if getattr(cfg, name) != off:
-                raise ValueError(
-                    f"local_sgd {cfg.local_sgd} cannot be combined with {name} {getattr(cfg, name)!r}: {why}"
-                )
-    int_at_least("max_staleness", cfg.max_staleness, 0)
-    choice("staleness_policy", cfg.staleness_policy, STALENESS_POLICIES)
-    for name, default in (("max_staleness", DEFAULT_MAX_STALENESS), ("staleness_policy", "drop")):
-        if getattr(cfg, name) != default and not spec.asynchronous:
-            raise spec.refuse(name, getattr(cfg, name), "only an asynchronous server has stale gradients")
+            if value != off:
+                raise ValueError(f"local_sgd {sync.local_sgd} cannot be combined with {name} {value!r}: {why}")
+    for name, value, default in (
+        ("max_staleness", sync.max_staleness, DEFAULT_MAX_STALENESS),
+        ("staleness_policy", sync.staleness_policy, "drop"),
+    ):
+        if value != default and not spec.asynchronous:
+            raise spec.refuse(name, value, "only an asynchronous server has stale gradients")
     if spec.asynchronous and cfg.nproc * getattr(cfg, "nnodes", 1) <= spec.server_ranks:
         raise ValueError(
             f"strategy {spec.name!r} needs at least {spec.server_ranks + 1} ranks (rank 0 is the "

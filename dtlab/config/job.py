@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtlab.config.validate import choice, finite
 from dtlab.config.nodes import validate_nodes
 from dtlab.config.placement import BACKENDS
+from dtlab.config.validate import choice, finite
 
 
 @dataclass(kw_only=True)

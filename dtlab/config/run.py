@@ -8,21 +8,30 @@ machine (GPU count) and raises `ValueError` naming the field and what is allowed
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from dtlab.config.baseline import auto_baseline_steps
-from dtlab.config.validate import choice, finite, int_at_least, refuse_unknown
+from dtlab.config.compression import CompressionConfig
+from dtlab.config.convergence import EvaluationConfig, LrScheduleConfig, SyncConfig
 from dtlab.config.job import JobConfig
+from dtlab.config.options import FLAT, nest
+from dtlab.config.parallel import ParallelConfig
 from dtlab.config.placement import BACKENDS, DEVICES
+from dtlab.config.restarts import RestartsConfig
 from dtlab.config.strategies import STRATEGIES, strategy_spec
+from dtlab.config.validate import choice, finite, int_at_least, refuse_unknown
 
 MODELS = ("distilbert", "tiny")
 MODEL_SOURCES = ("auto", "hub", "random")
 DATA_SOURCES = ("auto", "glue", "offline")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")  # torch.optim.AdamW's implementations
 MAX_BUCKET_MB = 1024 * 1024  # 1 TiB
+#: The form RunConfig.to_dict writes (config.json's "config" holds it as `config_version`): 2 = the option groups.
+#: Records of an earlier form are brought to this one by dtlab.results.upgrade.
+CONFIG_VERSION = 2
 
 
 @dataclass(kw_only=True)
@@ -154,68 +163,49 @@ class RunConfig(JobConfig):
     ranks' Python stacks are dumped into their logs, the run is stopped and RunFailed names the silent rank.
     None derives it from the run: max(60 s, 10 x the median step time seen so far). Before a rank's first
     step (imports, rendezvous, model download and build, DeepSpeed setup) it gets max(stall_s, 600 s)."""
-    comm_hook: str = "none"
-    """How DDP reduces each gradient bucket: 'none' (fp32 all-reduce, averaged), 'fp16' or 'bf16' (torch's
-    fp16_compress_hook / bf16_compress_hook: half the bytes on the wire), 'powersgd' (torch's PowerSGD: an n x m
-    gradient travels as (n + m) x powersgd_rank numbers). Strategy 'ddp' only; see dtlab.config.compression."""
-    powersgd_rank: int = 1
-    """PowerSGD's matrix approximation rank r (comm_hook 'powersgd')."""
-    powersgd_start_iter: int = 2
-    """PowerSGD all-reduces uncompressed for this many steps first (DDP rebuilds its buckets after step 0;
-    torch requires at least 2 with error feedback)."""
     accumulate: int = 1
     """Micro-batches per optimizer step: the first accumulate - 1 run under DDP's no_sync() (no communication),
     the last all-reduces the accumulated gradients. Strategy 'ddp' only."""
     straggler: str | None = None
     """Slow ranks down: 'RANK:FACTOR' (compute x FACTOR) or 'RANK:+MSms', comma-separated (dtlab.config.stragglers)."""
-    checkpoint_every: int = 0
-    """Save a torch.distributed.checkpoint every N training steps into RUN/checkpoints/ (0: off); see dtlab.results.restarts."""
-    max_restarts: int = 0
-    """torchrun --max-restarts: restarts of a group whose rank died, each resuming from the newest checkpoint."""
-    microbatches: int = 1
-    """Micro-batches M per step of a pipeline (strategy 'pp'): the batch is cut into M equal parts that flow
-    through the stages one after another (batch_size must divide by M); see dtlab.config.parallel."""
-    pp_schedule: str = "gpipe"
-    """A pipeline's schedule: 'gpipe' (every forward, then every backward) or '1f1b' (one forward, one backward:
-    at most P micro-batches' activations in flight; needs microbatches >= the P stages)."""
-    dp_degree: int = 1
-    """Data-parallel replicas of a model-parallel layout ('tp', 'pp'): the ranks form a dp_degree x
-    (ranks / dp_degree) DeviceMesh, each replica trains on its own batch and the replicas average gradients."""
     dropout: float | None = None
     """Dropout probability of every dropout layer; None keeps the model's own (DistilBERT: 0.1, and 0.2 before
     the classifier). 0 makes a run comparable, step by step, with a single process (`reference`)."""
     reference: bool = False
     """Every rank also trains an unparallelised copy of the model on the step's global batch and records how its
     loss and gradients compare with it (strategies 'tp', 'pp', 'fsdp2'; needs dropout 0); results.reference."""
-    eval_every: int = 0
-    """Held-out accuracy every N optimizer steps, before step 0 and after the last (0: off): on rank 0 (the
-    server for 'async') between steps, outside the timed step, its time recorded apart (run.evals); see
-    dtlab.config.convergence."""
-    eval_samples: int | None = None
-    """Held-out sentences per evaluation (None: all 872, except full DistilBERT on a CPU: 64, recorded)."""
-    local_sgd: int = 0
-    """Local SGD: 0 off; H: no gradient all-reduce, each rank steps its own AdamW and the parameters are averaged
-    after every H steps (1/H of the gradient bytes per step on average). Strategy 'ddp' only."""
-    max_staleness: int = 2
-    """Strategy 'async': the most server updates between a worker's pull and the update its gradient makes."""
-    staleness_policy: str = "drop"
-    """Strategy 'async': 'drop' (a staler gradient is not applied) or 'wait' (the server holds a worker's pull
-    until its next gradient cannot be staler: stale-synchronous, nothing dropped)."""
-    lr_scaling: str = "none"
-    """Scale lr with the batch: 'none', 'linear' (x k) or 'sqrt' (x sqrt(k)), k = samples per optimizer update
-    / base_batch (Goyal et al. 2017)."""
-    base_batch: int | None = None
-    """The batch `lr` was tuned for, in samples per update (None: batch_size, one rank's batch)."""
-    warmup_steps: int = 0
-    """Learning-rate warmup: step s < warmup_steps uses lr x (s + 1) / warmup_steps (not `warmup`, which only
-    leaves steps out of the medians)."""
+    # ---- option groups: what one strategy or lever reads (dtlab.config.options: the flat names and who reads them)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """A model-parallel layout ('tp', 'pp'): dp_degree, microbatches, schedule (dtlab.config.parallel)."""
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    """DDP's gradient compression hooks: hook, powersgd_rank, powersgd_start_iter (dtlab.config.compression)."""
+    restarts: RestartsConfig = field(default_factory=RestartsConfig)
+    """Checkpoints and restarts: checkpoint_every, max_restarts (dtlab.config.restarts)."""
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    """Held-out evaluation between steps: every, samples (dtlab.config.convergence)."""
+    lr_schedule: LrScheduleConfig = field(default_factory=LrScheduleConfig)
+    """The learning-rate rule: scaling, base_batch, warmup_steps (dtlab.config.convergence)."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """Synchronising less than every step: local_sgd, max_staleness, staleness_policy (dtlab.config.convergence)."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.zero, dict):
-            refuse_unknown("zero", self.zero, ZeroConfig)
-            self.zero = ZeroConfig(**self.zero)
+        for name, cls in GROUPS.items():  # a dict of a group's fields becomes the group; a given group is copied
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                refuse_unknown(name, value, cls)
+                setattr(self, name, cls(**value))
+            elif isinstance(value, cls):
+                setattr(self, name, dataclasses.replace(value))
+
+    def __getattr__(self, name: str) -> Any:
+        """Transitional, while readers outside config/ move to the groups: `cfg.microbatches` reads
+        `cfg.parallel.microbatches` (dtlab.config.options.FLAT). Read options through their group."""
+        where = FLAT.get(name)
+        if where is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(object.__getattribute__(self, where[0]), where[1])
 
     # ---- validation -------------------------------------------------------------------------------------
     def validate(self, cuda_device_count: int | None = None, nccl_version=None) -> RunConfig:
@@ -331,21 +321,53 @@ class RunConfig(JobConfig):
 
     # ---- serialisation ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict of every field."""
-        return dataclasses.asdict(self)
+        """A JSON-safe dict of every field, the groups nested, with `config_version` (CONFIG_VERSION)."""
+        return {"config_version": CONFIG_VERSION, **dataclasses.asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-        """Build from `to_dict()` output; unknown keys, top-level or in `zero`, are refused by name."""
+        """Build from `to_dict()` output (or any dict of fields and flat names, dtlab.config.options.FLAT); unknown
+        keys, top-level or in a group, are refused by name, and so is a record of another `config_version` (a run
+        recorded by an earlier dtlab: read it with dtlab.results.upgrade.upgrade first)."""
         if not isinstance(d, dict):
             raise ValueError(f"a RunConfig is built from a dict of its fields, got {type(d).__name__}")
-        refuse_unknown("RunConfig", d, cls)
+        d = dict(d)
+        version = d.pop("config_version", CONFIG_VERSION)
+        if version != CONFIG_VERSION:
+            raise ValueError(
+                f"config_version {version!r} is not this dtlab's ({CONFIG_VERSION}): a config recorded by another "
+                "version; dtlab.results.upgrade.upgrade(config) brings an earlier one to this form"
+            )
+        refuse_unknown("RunConfig", d, cls, also=tuple(FLAT))
         return cls(**d)
 
     def replace(self, **changes: Any) -> RunConfig:
-        """A copy with some fields changed (the run directory is reset unless given)."""
+        """A copy with some fields changed, flat option names included (the run directory is reset unless given)."""
         changes.setdefault("out", None)
         return dataclasses.replace(self, **changes)
+
+
+#: RunConfig's option groups: field name -> dataclass (dtlab.config.options has their flat names)
+GROUPS = {
+    "parallel": ParallelConfig,
+    "compression": CompressionConfig,
+    "restarts": RestartsConfig,
+    "evaluation": EvaluationConfig,
+    "lr_schedule": LrScheduleConfig,
+    "sync": SyncConfig,
+    "zero": ZeroConfig,
+}
+_fields_init = RunConfig.__init__
+
+
+@functools.wraps(_fields_init)
+def _init(self, **values: Any) -> None:
+    """RunConfig(...) also takes the flat option names (microbatches=4), each moved into its group by
+    dtlab.config.options.nest."""
+    _fields_init(self, **nest(values))
+
+
+RunConfig.__init__ = _init
 
 
 def tiny(**overrides: Any) -> RunConfig:

@@ -205,9 +205,8 @@ STRATEGIES: dict[str, StrategySpec] = {
 }
 
 
-def strategy_spec(name: str | None) -> StrategySpec:
-    """The spec of strategy `name` (None: 'ddp', what a recording from before the field existed ran)."""
-    name = "ddp" if name is None else name
+def strategy_spec(name: str) -> StrategySpec:
+    """The spec of strategy `name` (a recorded run's config names it: dtlab.results.upgrade)."""
     if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {name!r}")
     return STRATEGIES[name]

@@ -1,4 +1,6 @@
-"""Field checks shared by the config dataclasses: each raises ValueError naming the field and what is allowed."""
+"""Field validators shared by the config dataclasses: each raises ValueError naming the field and what is allowed.
+
+(Named `validate` to tell them from the course's answer checks, dtlab.course.checks.)"""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
 
 
-def refuse_unknown(what: str, d: dict, cls) -> None:
-    """ValueError naming every key of `d` that is not a field of dataclass `cls`."""
-    names = {f.name for f in dataclasses.fields(cls)}
+def refuse_unknown(what: str, d: dict, cls, also: tuple[str, ...] = ()) -> None:
+    """ValueError naming every key of `d` that is neither a field of dataclass `cls` nor one of `also`."""
+    names = {f.name for f in dataclasses.fields(cls)} | set(also)
     unknown = sorted(map(str, set(d) - names))
     if unknown:
         raise ValueError(f"unknown {what} field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")

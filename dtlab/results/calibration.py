@@ -11,6 +11,7 @@ from dtlab.model.fit import PROFILE_FILE, REQUIRED_COLUMNS, AlphaBetaFit
 from dtlab.model.profile import Profile
 from dtlab.results.events import read_events
 from dtlab.results.status import RunFailed, read_run_dir, require_finished, sweep_progress
+from dtlab.results.upgrade import upgrade_event
 from dtlab.runfiles import RunDamageWarning
 
 
@@ -22,13 +23,12 @@ def samples_frame(run_dir: str):
     import glob
 
     rows = [
-        e
+        upgrade_event(e, 1)  # a calibration's config carries no version (dtlab.results.upgrade)
         for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))
         for e in read_events(p)
         if e.get("kind") == "sample"
     ]
     raw = pd.DataFrame(rows, columns=["rank", "op", "nbytes", "nproc", "load", "iter", "seconds"])
-    raw["load"] = raw["load"].astype(object).fillna("idle")  # sweeps recorded before loads existed were idle
     if raw.empty:
         return raw, raw
     g = raw.groupby(["op", "nbytes", "nproc", "load", "iter"])["seconds"]

@@ -33,15 +33,16 @@ _STEP = {
     "t_step": (NUM, _REQ),
     "loss": (NUM, _OPT),
 }
-#: Field types of the kinds dtlab's ranks write: {kind: {field: (type, never null)}}; a field may be absent (records
-#: written by older versions lack newer fields). Other fields and other kinds (course exercises write their own)
-#: are kept as they are: only `kind` (a string) and `rank` (an integer, where present) are checked for those.
+#: Field types of the kinds dtlab's ranks write: {kind: {field: (type, never null)}}; a field may be absent (the
+#: readers get lines through dtlab.results.upgrade, which fills in what an earlier form lacks). Other fields and
+#: other kinds (course exercises write their own) are kept as they are: only `kind` (a string) and `rank` (an
+#: integer, where present) are checked for those.
 SCHEMA = {
     "start": {"rank": (INT, _REQ), "pid": (INT, _REQ), "world_size": (INT, _OPT)},
     "done": {"rank": (INT, _REQ)},
     "error": {"rank": (INT, _REQ), "error": (STR, _REQ)},
     "step": _STEP,
-    "baseline_step": {**_STEP, "paired_step": (INT, _OPT)},  # absent in runs recorded before the pairing
+    "baseline_step": {**_STEP, "paired_step": (INT, _OPT)},  # null: unpaired
     "bucket": {
         "rank": (INT, _REQ),
         "step": (INT, _REQ),

@@ -51,12 +51,15 @@ MEMORY_COLUMNS = ["rank", "params_bytes", "grads_bytes", "optim_bytes", "peak_by
 RANK_COLUMNS = ["rank", "node", "local_rank", "host", "pid", "slot"]
 DAMAGE_COLUMNS = ["file", "line", "what", "tolerated"]
 MICROBATCH_COLUMNS = ["rank", "step", "stage", "microbatch", "phase", "t_start", "t_end"]
+REPR_PATH = 200  # characters of the path `repr(run)` shows (the end of a longer one)
 REFERENCE_COLUMNS = ["rank", "step", "loss", "ref_loss", "grad_ratio", "grad_rel_err", "grad_max_abs_diff"]
 
 
-@dataclass
+@dataclass(repr=False)
 class Run:
-    """A run directory loaded into DataFrames (seconds and bytes throughout)."""
+    """A run directory loaded into DataFrames (seconds and bytes throughout). `config` is the run's config in the
+    current form, whatever dtlab recorded it (dtlab.results.upgrade): options groups nested,
+    `run.config["parallel"]["microbatches"]`."""
 
     path: str
     config: dict
@@ -99,6 +102,14 @@ class Run:
     """The `machine` events: each rank's CPU time, and rank 0's machine counters, when its steps started and ended
     (dtlab.config.busy); `dtlab.results.busy.machine_load(run)` turns them into other processes' CPU time."""
 
+    def __repr__(self) -> str:
+        """One short line: path, strategy, ranks, state (the frames are attributes; `summary()` has the numbers)."""
+        path = self.path if len(self.path) <= REPR_PATH else "..." + self.path[-(REPR_PATH - 3) :]
+        return (
+            f"Run({path!r}, strategy={self.config.get('strategy')!r}, ranks={self.nproc}, "
+            f"state={self.status.get('state', '?')!r})"
+        )
+
     def time_to(self, accuracy: float) -> float | None:
         """Seconds of training time until the first evaluation at or above `accuracy` (None: never reached)."""
         return first_at(self.evals, accuracy, "t")
@@ -130,7 +141,7 @@ class Run:
     @property
     def spec(self):
         """The run's strategy spec (dtlab.config.strategies): how its communication was recorded."""
-        return strategy_spec(self.config.get("strategy"))
+        return strategy_spec(self.config["strategy"])
 
     @property
     def timing_method(self) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from dtlab.results.events import EventScan, file_rank, scan_events
 from dtlab.results.liveness import judge
 from dtlab.results.restarts import final_attempt_events
+from dtlab.results.upgrade import upgrade_doc, upgrade_event
 from dtlab.runfiles import DamagedRun, read_json
 
 EXAMPLES = 3  # damaged lines quoted per file in a warning
@@ -79,8 +80,8 @@ class RunFailed(RuntimeError):
 
 @dataclass
 class RunRecord:
-    """What a run directory holds, read strictly: config.json's document, the effective status, every rank
-    file's scan, and the warnings a reader should see."""
+    """What a run directory holds, read strictly: config.json's document (its config in the current form:
+    dtlab.results.upgrade), the effective status, every rank file's scan, and the warnings a reader should see."""
 
     path: str
     doc: dict
@@ -89,11 +90,14 @@ class RunRecord:
     warnings: list = field(default_factory=list)
     ended: dict = field(default_factory=dict)
     """rank -> 'done', 'error' or 'incomplete' (its final attempt's events end without either)."""
+    version: int = 1
+    """The config form the run was recorded in (`config_version`; 1 before it was recorded)."""
 
     def events(self):
-        """Every valid event of every rank file, file by file."""
+        """Every valid event of every rank file, file by file, in the current form (dtlab.results.upgrade)."""
         for scan in self.scans:
-            yield from scan.events
+            for ev in scan.events:
+                yield upgrade_event(ev, self.version)
 
     def damage(self) -> list[dict]:
         """One dict per line that was skipped or tolerated: file (relative), line, what, tolerated."""
@@ -131,6 +135,10 @@ def read_run_dir(path: str, key: str = "config") -> RunRecord:
             + ("training run" if key == "config" else "calibration")
             + " (or a damaged one)",
         )
+    try:
+        doc, version = upgrade_doc(doc, key)
+    except ValueError as e:
+        raise DamagedRun(cfg_path, str(e)) from None
     ev_dir = os.path.join(path, "events")
     if not os.path.isdir(ev_dir):
         raise DamagedRun(
@@ -141,7 +149,7 @@ def read_run_dir(path: str, key: str = "config") -> RunRecord:
     paths = sorted(
         glob.glob(os.path.join(ev_dir, "rank*.jsonl")), key=lambda p: (file_rank(p) is None, file_rank(p) or 0)
     )
-    rec = RunRecord(path, doc, {}, [scan_events(p) for p in paths])
+    rec = RunRecord(path, doc, {}, [scan_events(p) for p in paths], version=version)
     for s in rec.scans:
         if s.damage:
             rec.warnings.append(_damage_sentence(os.path.relpath(s.path, path), s))

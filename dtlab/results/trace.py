@@ -63,7 +63,7 @@ def _lanes(intervals: list[tuple[float, float]]) -> list[int]:
 def _ran(kind: str, r) -> float:
     """How long a step ran on its rank's clock (s): t_step, except for a baseline step paired with a training step
     (dtlab.config.baseline), which runs forward and backward only and counts its paired step's optimizer time."""
-    paired = getattr(r, "paired_step", None)
+    paired = r.paired_step
     if kind == "baseline_step" and paired is not None and paired == paired:
         return float(r.t_fwd + r.t_bwd)
     return float(r.t_step)
@@ -82,7 +82,7 @@ def chrome_trace(run) -> dict:
             starts[(int(r.rank), int(r.step))] = t_end - _ran(kind, r)
     t0 = min(starts.values()) if starts else 0.0
     us = lambda s: round(s * 1e6, 3)  # noqa: E731
-    strategy = run.config.get("strategy", "ddp")
+    strategy = run.config["strategy"]
     spec = strategy_spec(strategy)
     ev: list[dict] = []
     for rank in sorted({int(r.rank) for _, r in steps}):
@@ -194,7 +194,7 @@ def _recovery_events(run, t0: float, us) -> list[dict]:
             named.add((rank, tid))
             ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
 
-    for r in getattr(run, "checkpoints", _empty()).itertuples():
+    for r in run.checkpoints.itertuples():
         track(int(r.rank), CKPT_TID, "checkpoint")
         ev.append(
             {
@@ -208,7 +208,7 @@ def _recovery_events(run, t0: float, us) -> list[dict]:
                 "args": {"steps_done": int(r.step), "nbytes": int(r.nbytes), "attempt": int(r.attempt)},
             }
         )
-    for r in getattr(run, "lost", _empty()).itertuples():
+    for r in run.lost.itertuples():
         track(int(r.rank), LOST_TID, "lost work (redone after a restart)")
         ev.append(
             {
@@ -222,7 +222,7 @@ def _recovery_events(run, t0: float, us) -> list[dict]:
                 "args": {"step": int(r.step), "attempt": int(r.attempt), "loss": r.loss},
             }
         )
-    for r in getattr(run, "restarts", _empty()).itertuples():
+    for r in run.restarts.itertuples():
         ev.append(
             {
                 "ph": "i",
@@ -241,13 +241,6 @@ def _recovery_events(run, t0: float, us) -> list[dict]:
             }
         )
     return ev
-
-
-def _empty():
-    """An empty frame, for runs loaded before checkpoints existed."""
-    import pandas as pd
-
-    return pd.DataFrame()
 
 
 def write_chrome_trace(run, path: str) -> str:

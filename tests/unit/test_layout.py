@@ -220,14 +220,18 @@ def test_the_cycle_finder_finds_a_planted_circle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def _defaults(cls, prefix=""):
+def _defaults(cls, group=""):
+    """{argparse name: default} of every field, an option group's fields under their flat names where
+    dtlab.config.options gives them (parallel.schedule -> pp_schedule), under group_field otherwise (zero_...)."""
+    from dtlab.config.options import FLAT_NAME
+
     out = {}
     for f in dataclasses.fields(cls):
         d = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if dataclasses.is_dataclass(d):
-            out.update(_defaults(type(d), prefix=f"{prefix}{f.name}_"))
+            out.update(_defaults(type(d), group=f.name))
         else:
-            out[prefix + f.name] = d
+            out[FLAT_NAME.get((group, f.name), f"{group}_{f.name}" if group else f.name)] = d
     return out
 
 

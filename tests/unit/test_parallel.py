@@ -22,7 +22,10 @@ from dtlab.results.parallel import tp_collectives
     [
         (dict(microbatches=2), "microbatches 2 applies to strategy 'pp' only, got strategy 'ddp'"),
         (dict(pp_schedule="1f1b"), "pp_schedule '1f1b' applies to strategy 'pp' only"),
-        (dict(strategy="pp", pp_schedule="zb"), "pp_schedule must be one of 'gpipe', '1f1b', got 'zb'"),
+        (
+            dict(strategy="pp", pp_schedule="zb"),
+            "parallel.schedule (pp_schedule) must be one of 'gpipe', '1f1b', got 'zb'",
+        ),
         (dict(strategy="pp", microbatches=0), "microbatches must be an integer >= 1, got 0"),
         (dict(strategy="pp", microbatches=3), "microbatches must divide batch_size (4)"),
         (
@@ -160,7 +163,7 @@ def _pipeline_run(spans, t_pipe, m=4, warmup=0):
     return SimpleNamespace(
         path="fake",
         warmup=warmup,
-        config={"microbatches": m, "pp_schedule": "gpipe"},
+        config={"parallel": {"microbatches": m, "schedule": "gpipe"}},
         steps=pd.DataFrame(st),
         microbatches=pd.DataFrame(mb),
     )
@@ -186,9 +189,9 @@ def test_a_pipeline_that_does_not_overlap_its_stages_is_caught():
 
 def test_tp_collectives_against_the_form():
     rows = [
-        dict(rank=0, step=0, op="all_reduce", axis="tp", phase=ph, nbytes=4 * 32 * 32 * 4, layer=l, sublayer=s)
+        dict(rank=0, step=0, op="all_reduce", axis="tp", phase=ph, nbytes=4 * 32 * 32 * 4, layer=layer, sublayer=s)
         for ph in ("forward", "backward")
-        for l in (0, 1)
+        for layer in (0, 1)
         for s in ("attention", "ffn")
     ]
     run = SimpleNamespace(

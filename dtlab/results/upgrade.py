@@ -1,0 +1,114 @@
+"""Records made by an earlier dtlab, brought to the current form: the one place that knows the old forms. Pure.
+
+Every reader of a run directory goes through dtlab.results.status.read_run_dir, which passes config.json's config
+through `upgrade` and every event line through `upgrade_event`; past that point readers read only the current form
+(a `Run`'s `config` is today's nested dict with every field).
+
+A run's config records its form as `config_version` (dtlab.config.run.CONFIG_VERSION). A config without one is
+version 1: everything recorded before the option groups. `upgrade` runs one step per version, each named by what
+changed, then gives every field the record predates its default (an option a run predates was off: no
+compression, no restarts, no evaluation, strategy 'ddp', the only strategy before the field existed).
+
+The steps:
+
+- 1 -> 2, `option_groups`: the options one strategy or lever reads moved from RunConfig's top level into its groups
+  (`microbatches` -> `parallel.microbatches`, `pp_schedule` -> `parallel.schedule`, `comm_hook` ->
+  `compression.hook`, ...). `OPTION_GROUPS_V2` is that move as version 2 made it; dtlab.config.options.FLAT, the
+  flat names every entry point accepts, equals it today but is free to grow, and a later version that moves an
+  option again adds its own step after this one.
+
+Event lines of a version-1 record (`upgrade_event`): a calibration `sample` without `load` was taken idle (sweeps
+recorded before loaded calibration); a `baseline_step` without `paired_step` is unpaired (runs recorded before the
+baseline steps were interleaved). A calibration's config carries no version: its events are read as version 1's,
+which changes nothing in a sweep that recorded `load`.
+"""
+
+from __future__ import annotations
+
+from dtlab.config.run import CONFIG_VERSION, RunConfig
+
+#: what version 2 moved: flat name -> (group, field)
+OPTION_GROUPS_V2 = {
+    "dp_degree": ("parallel", "dp_degree"),
+    "microbatches": ("parallel", "microbatches"),
+    "pp_schedule": ("parallel", "schedule"),
+    "comm_hook": ("compression", "hook"),
+    "powersgd_rank": ("compression", "powersgd_rank"),
+    "powersgd_start_iter": ("compression", "powersgd_start_iter"),
+    "checkpoint_every": ("restarts", "checkpoint_every"),
+    "max_restarts": ("restarts", "max_restarts"),
+    "eval_every": ("evaluation", "every"),
+    "eval_samples": ("evaluation", "samples"),
+    "lr_scaling": ("lr_schedule", "scaling"),
+    "base_batch": ("lr_schedule", "base_batch"),
+    "warmup_steps": ("lr_schedule", "warmup_steps"),
+    "local_sgd": ("sync", "local_sgd"),
+    "max_staleness": ("sync", "max_staleness"),
+    "staleness_policy": ("sync", "staleness_policy"),
+}
+
+
+def option_groups(config: dict) -> dict:
+    """Version 1 -> 2: each flat option of `OPTION_GROUPS_V2` moved into its group."""
+    out = {k: v for k, v in config.items() if k not in OPTION_GROUPS_V2}
+    for flat, (group, field) in OPTION_GROUPS_V2.items():
+        if flat in config:
+            out[group] = {**out.get(group, {}), field: config[flat]}
+    return out
+
+
+#: STEPS[v - 1] takes a config of version v to version v + 1
+STEPS = (option_groups,)
+
+
+def recorded_version(config: dict) -> int:
+    """The form a recorded config is in: its `config_version`, 1 without one. ValueError for a version that is not
+    an integer from 1 to this dtlab's CONFIG_VERSION (a record written by a newer dtlab)."""
+    v = config.get("config_version", 1)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= CONFIG_VERSION:
+        raise ValueError(
+            f"config_version must be an integer from 1 to {CONFIG_VERSION} (this dtlab's), got {v!r}: "
+            "a record written by a newer dtlab, or a damaged one"
+        )
+    return v
+
+
+def upgrade(config: dict) -> dict:
+    """A run's recorded config (config.json's "config", any version) in the current form: every step from its
+    version on, then every field it predates at its default; `config_version` is CONFIG_VERSION."""
+    version = recorded_version(config)
+    out = {k: v for k, v in config.items() if k != "config_version"}
+    for step in STEPS[version - 1 :]:
+        out = step(out)
+    return {"config_version": CONFIG_VERSION, **_complete(out, RunConfig().to_dict())}
+
+
+def _complete(config: dict, defaults: dict) -> dict:
+    out = dict(config)
+    for k, d in defaults.items():
+        if k == "config_version":
+            continue
+        if k not in out:
+            out[k] = d
+        elif isinstance(d, dict) and isinstance(out[k], dict):
+            out[k] = {**d, **out[k]}
+    return out
+
+
+def upgrade_doc(doc: dict, key: str = "config") -> tuple[dict, int]:
+    """(config.json's document with its `key` object in the current form, the version it was recorded in). Only
+    training runs ('config') have versions; a calibration ('calibration') is returned as it is, as version 1."""
+    if key != "config":
+        return doc, 1
+    return {**doc, "config": upgrade(doc["config"])}, recorded_version(doc["config"])
+
+
+def upgrade_event(ev: dict, version: int) -> dict:
+    """One event line of a record of `version`, in the current form (the same dict when nothing changes)."""
+    if version < 2:
+        kind = ev.get("kind")
+        if kind == "sample" and "load" not in ev:
+            return {**ev, "load": "idle"}
+        if kind == "baseline_step" and "paired_step" not in ev:
+            return {**ev, "paired_step": None}
+    return ev
