@@ -26,11 +26,13 @@ Choices, and why:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from scipy import stats
+from scipy.optimize import nnls
 
 from dtlab.model import costmodel
 
@@ -117,79 +119,19 @@ def fit_alpha_beta(
     costmodel.coefficients(op, form, 2)  # validates op and form with clear messages
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
-
-    rows = samples[samples["op"] == op]
-    if min_bytes is not None:
-        rows = rows[rows["nbytes"] >= min_bytes]
-    if max_bytes is not None:
-        rows = rows[rows["nbytes"] <= max_bytes]
-    rows = rows[rows["nproc"] > 1]
-    secs = rows["seconds"].to_numpy(dtype=float)
-    if np.any(~np.isfinite(secs)) or np.any(secs <= 0):
-        raise ValueError(f"samples['seconds'] for op {op!r} must be finite and > 0")
-
-    pts = rows.groupby(["nbytes", "nproc"], sort=True)["seconds"].agg(["median", "count"]).reset_index()
-    if len(pts) < 3:
-        raise ValueError(
-            f"need at least 3 distinct (nbytes, nproc) points with nproc > 1 for op {op!r} "
-            f"within min_bytes={min_bytes!r}, max_bytes={max_bytes!r}; found {len(pts)}"
-        )
+    pts = _median_points(samples, op, min_bytes, max_bytes)
 
     n = pts["nbytes"].to_numpy(dtype=float)
     p = pts["nproc"].to_numpy(dtype=float)
     t = pts["median"].to_numpy(dtype=float)
     a, b = costmodel.coefficients(op, form, p)
     X = np.column_stack([a, b * n])
-    # dividing each row by t_i turns absolute errors into relative ones
-    Xw = X / t[:, None]
-    # alpha and beta columns differ by ~1e9 in scale; normalising them keeps
-    # the solve and the covariance inverse well conditioned
-    scale = np.linalg.norm(Xw, axis=0)
-    scale[scale == 0] = 1.0
-    Xs = Xw / scale
-    cs, _, rank, _ = np.linalg.lstsq(Xs, np.ones_like(t), rcond=None)
-    if rank < 2:
-        raise ValueError(
-            f"the points for op {op!r} cannot separate alpha from beta (design matrix rank {rank}); "
-            "widen min_bytes/max_bytes or measure more message sizes"
-        )
-    coef = cs / scale
-    constrained = nonneg and bool(np.any(coef < 0))
-    if constrained:
-        from scipy.optimize import nnls
-
-        cs, _ = nnls(Xs, np.ones_like(t))
-        coef = cs / scale
+    coef, Xs, scale, constrained = _solve(X, t, op, nonneg)
     alpha, beta = float(coef[0]), float(coef[1])
 
     pred = X @ coef
     rel = (pred - t) / t
-    dof = len(t) - 2
-    sigma2 = float(np.sum(rel**2)) / dof
-    cov = sigma2 * np.linalg.inv(Xs.T @ Xs) / np.outer(scale, scale)
-    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    q = float(stats.t.ppf(0.5 + confidence / 2, dof))
-
-    warnings = []
-    if constrained:
-        which = "beta" if beta == 0 else "alpha" if alpha == 0 else "alpha, beta"
-        warnings.append(
-            f"{which} held at 0 by the non-negative fit: in {int(n.min()):,}..{int(n.max()):,} B the "
-            "time barely changes with size (latency-bound), so bandwidth is not visible here"
-            if beta == 0
-            else f"{which} held at 0 by the non-negative fit"
-        )
-    if alpha < 0:
-        warnings.append(
-            f"fitted alpha is negative ({alpha:.3g} s): the size range may not "
-            "constrain latency; try including smaller messages"
-        )
-    if beta < 0:
-        warnings.append(
-            f"fitted beta is negative ({beta:.3g} s/B): the size range may not "
-            "constrain bandwidth; try including larger messages"
-        )
-
+    q, se = _interval_terms(Xs, scale, rel, confidence)
     residuals = [
         {
             "nbytes": int(n_i),
@@ -215,8 +157,88 @@ def fit_alpha_beta(
         residuals=residuals,
         rel_rms=float(np.sqrt(np.mean(rel**2))),
         confidence=float(confidence),
-        warnings=warnings,
+        warnings=_fit_warnings(alpha, beta, constrained, n),
     )
+
+
+def _median_points(samples: pd.DataFrame, op: str, min_bytes=None, max_bytes=None) -> pd.DataFrame:
+    """The points a fit uses: per (nbytes, nproc) with nproc > 1 and nbytes in [min_bytes, max_bytes], the
+    median seconds and the count of samples behind it (columns nbytes, nproc, median, count). At least 3."""
+    rows = samples[samples["op"] == op]
+    if min_bytes is not None:
+        rows = rows[rows["nbytes"] >= min_bytes]
+    if max_bytes is not None:
+        rows = rows[rows["nbytes"] <= max_bytes]
+    rows = rows[rows["nproc"] > 1]
+    secs = rows["seconds"].to_numpy(dtype=float)
+    if np.any(~np.isfinite(secs)) or np.any(secs <= 0):
+        raise ValueError(f"samples['seconds'] for op {op!r} must be finite and > 0")
+
+    pts = rows.groupby(["nbytes", "nproc"], sort=True)["seconds"].agg(["median", "count"]).reset_index()
+    if len(pts) < 3:
+        raise ValueError(
+            f"need at least 3 distinct (nbytes, nproc) points with nproc > 1 for op {op!r} "
+            f"within min_bytes={min_bytes!r}, max_bytes={max_bytes!r}; found {len(pts)}"
+        )
+    return pts
+
+
+def _solve(X, t, op: str, nonneg: bool):
+    """Relative-error least squares for t = X @ (alpha, beta): (coef, the scaled weighted design matrix, its
+    column scales, whether the non-negative solve replaced the free one)."""
+    # dividing each row by t_i turns absolute errors into relative ones
+    Xw = X / t[:, None]
+    # alpha and beta columns differ by ~1e9 in scale; normalising them keeps
+    # the solve and the covariance inverse well conditioned
+    scale = np.linalg.norm(Xw, axis=0)
+    scale[scale == 0] = 1.0
+    Xs = Xw / scale
+    cs, _, rank, _ = np.linalg.lstsq(Xs, np.ones_like(t), rcond=None)
+    if rank < 2:
+        raise ValueError(
+            f"the points for op {op!r} cannot separate alpha from beta (design matrix rank {rank}); "
+            "widen min_bytes/max_bytes or measure more message sizes"
+        )
+    coef = cs / scale
+    constrained = nonneg and bool(np.any(coef < 0))
+    if constrained:
+        cs, _ = nnls(Xs, np.ones_like(t))
+        coef = cs / scale
+    return coef, Xs, scale, constrained
+
+
+def _interval_terms(Xs, scale, rel, confidence: float):
+    """(t quantile, standard errors of alpha and beta) from the WLS covariance on len(rel) - 2 degrees of
+    freedom."""
+    dof = len(rel) - 2
+    sigma2 = float(np.sum(rel**2)) / dof
+    cov = sigma2 * np.linalg.inv(Xs.T @ Xs) / np.outer(scale, scale)
+    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    q = float(stats.t.ppf(0.5 + confidence / 2, dof))
+    return q, se
+
+
+def _fit_warnings(alpha: float, beta: float, constrained: bool, n) -> list[str]:
+    warnings = []
+    if constrained:
+        which = "beta" if beta == 0 else "alpha" if alpha == 0 else "alpha, beta"
+        warnings.append(
+            f"{which} held at 0 by the non-negative fit: in {int(n.min()):,}..{int(n.max()):,} B the "
+            "time barely changes with size (latency-bound), so bandwidth is not visible here"
+            if beta == 0
+            else f"{which} held at 0 by the non-negative fit"
+        )
+    if alpha < 0:
+        warnings.append(
+            f"fitted alpha is negative ({alpha:.3g} s): the size range may not "
+            "constrain latency; try including smaller messages"
+        )
+    if beta < 0:
+        warnings.append(
+            f"fitted beta is negative ({beta:.3g} s/B): the size range may not "
+            "constrain bandwidth; try including larger messages"
+        )
+    return warnings
 
 
 def fit_piecewise(
@@ -240,8 +262,6 @@ def fit_piecewise(
     in a few points must not invent negative latency or a time that falls with size (the unconstrained
     full-range fit stays in `Profile.fits`, with a warning when it is unphysical). Returns the fits,
     ascending."""
-    import itertools
-
     check_samples(samples)
     sub = samples[samples["op"] == op]
     sizes = np.sort(sub["nbytes"].unique())

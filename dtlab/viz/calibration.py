@@ -91,16 +91,37 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
     plot.
     """
     samples = profile.samples
+    ops = _ops_to_draw(profile, op)
+    fig = _calibration_grid(profile, ops)
+    all_p = sorted(int(p) for p in samples["nproc"].unique()) if len(samples) else []
+    color = {p: NPROC_PALETTE[i % len(NPROC_PALETTE)] for i, p in enumerate(all_p)}
+    shown = set()  # legend entries already shown: each name once, in the first column that draws it
+    lo_all, hi_all = np.inf, 0.0
+    for c, o in enumerate(ops, start=1):
+        s = samples[(samples["op"] == o) & (samples["nbytes"] > 0)]
+        if not s.empty:
+            lo, hi = _calibration_column(fig, o, profile.fits.get(o), s, c, color, shown)
+            lo_all, hi_all = min(lo_all, lo), max(hi_all, hi)
+    _calibration_axes(fig, lo_all, hi_all)
+    bottom = _calibration_notes(fig, profile, ops)
+    fig.update_layout(height=780 + bottom - 70, margin=dict(b=bottom), legend=dict(font_size=11))
+    # the column titles (up to 4 lines of 12 px) sit between the figure title and the plots
+    return set_title(fig, _calibration_title(profile, ops), width=90 if len(ops) > 1 else 72, extra_top=70)
+
+
+def _ops_to_draw(profile, op: str | None) -> list[str]:
+    samples = profile.samples
     present = sorted(set(samples["op"].unique()) | set(profile.fits)) if len(samples) or profile.fits else []
-    if op is not None:
-        if op not in present:
-            raise ValueError(f"op {op!r} is not in this profile; ops present: {present}")
-        ops = [op]
-    else:
-        ops = present
+    if op is not None and op not in present:
+        raise ValueError(f"op {op!r} is not in this profile; ops present: {present}")
+    ops = [op] if op is not None else present
     if not ops:
         raise ValueError("the profile has no samples and no fits to draw")
+    return ops
 
+
+def _calibration_grid(profile, ops: list[str]) -> go.Figure:
+    """Three rows (time, model error, busbw), one column per op titled with its fit."""
     col_titles = []
     for o in ops:
         fit = profile.fits.get(o)
@@ -108,7 +129,6 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
         col_titles.append(
             "<br>".join([f"<b>{o}</b>"] + _fit_lines(fit)) if fit else f"<b>{o}</b><br>not fitted (see notes)"
         )
-    titles = col_titles + [""] * (2 * len(ops))
     fig = make_subplots(
         rows=3,
         cols=len(ops),
@@ -116,181 +136,177 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
         vertical_spacing=0.05,
         horizontal_spacing=0.08,
         row_heights=[0.5, 0.2, 0.3],
-        subplot_titles=titles,
+        subplot_titles=col_titles + [""] * (2 * len(ops)),
     )
     fig.update_annotations(font_size=12)
+    return fig
 
-    all_p = sorted(int(p) for p in samples["nproc"].unique()) if len(samples) else []
-    color = {p: NPROC_PALETTE[i % len(NPROC_PALETTE)] for i, p in enumerate(all_p)}
-    shown = set()
 
-    def legend_once(name: str) -> bool:
-        first = name not in shown
-        shown.add(name)
-        return first
+def _legend_once(shown: set, name: str) -> bool:
+    first = name not in shown
+    shown.add(name)
+    return first
 
-    lo_all, hi_all = np.inf, 0.0
-    for c, o in enumerate(ops, start=1):
-        fit = profile.fits.get(o)
-        s = samples[(samples["op"] == o) & (samples["nbytes"] > 0)]
-        if s.empty:
-            continue
-        stats = (
-            s.groupby(["nproc", "nbytes"], sort=True)["seconds"]
-            .agg(
-                med="median",
-                q25=lambda x: x.quantile(0.25),
-                q75=lambda x: x.quantile(0.75),
-                lo="min",
-                hi="max",
-                count="count",
-            )
-            .reset_index()
+
+def _calibration_column(fig, o: str, fit, s, c: int, color: dict, shown: set) -> tuple[float, float]:
+    """Column `c`: op `o`'s samples `s` (nbytes > 0) and its fit (or None) in all three rows; the size range."""
+    stats = (
+        s.groupby(["nproc", "nbytes"], sort=True)["seconds"]
+        .agg(
+            med="median",
+            q25=lambda x: x.quantile(0.25),
+            q75=lambda x: x.quantile(0.75),
+            lo="min",
+            hi="max",
+            count="count",
         )
-        lo = float(stats["nbytes"].min())
-        hi = float(stats["nbytes"].max())
-        if fit is not None:
-            lo, hi = min(lo, fit.min_bytes), max(hi, fit.max_bytes)
-        lo_all, hi_all = min(lo_all, lo), max(hi_all, hi)
-        grid = np.geomspace(lo, hi, 160)
-        if fit is not None:  # the fitted range ends are grid points, so solid and dashed pieces meet
-            grid = np.unique(np.concatenate([grid, [fit.min_bytes, fit.max_bytes]]))
-        for p, g in stats.groupby("nproc"):
-            p = int(p)
-            n = g["nbytes"].to_numpy(float)
-            med = g["med"].to_numpy(float)
-            hover = [
-                f"{fmt_bytes(ni)}, p={p}<br>median {m * 1e3:.4g} ms (n={k})<br>"
-                f"IQR {a * 1e3:.4g}–{b * 1e3:.4g} ms, range {x * 1e3:.4g}–{y * 1e3:.4g} ms"
-                for ni, m, k, a, b, x, y in zip(n, med, g["count"], g["q25"], g["q75"], g["lo"], g["hi"])
-            ]
-            name = f"measured p={p}: median, bars IQR" + (" (not modelled: no peer)" if p == 1 else "")
-            fig.add_trace(
-                go.Scatter(
-                    x=n,
-                    y=med * 1e3,
-                    mode="markers",
-                    name=name,
-                    legendgroup=f"p{p}",
-                    showlegend=legend_once(name),
-                    marker=dict(color=color[p], size=7),
-                    error_y=dict(
-                        type="data",
-                        array=(g["q75"] - g["med"]).to_numpy(float) * 1e3,
-                        arrayminus=(g["med"] - g["q25"]).to_numpy(float) * 1e3,
-                        thickness=1,
-                    ),
-                    hovertext=hover,
-                    hoverinfo="text",
-                ),
-                row=1,
-                col=c,
-            )
-            if fit is None or p == 1:
-                continue
-            pred_grid = np.asarray(fit.predict(grid, p), dtype=float)
-            inside = (grid >= fit.min_bytes) & (grid <= fit.max_bytes)
-            y_in = np.where(inside, pred_grid * 1e3, np.nan)
-            edge = (grid == fit.min_bytes) | (grid == fit.max_bytes)
-            y_out = np.where(inside & ~edge, np.nan, pred_grid * 1e3)
-            name = f"model p={p} (fitted range)"
-            fig.add_trace(
-                go.Scatter(
-                    x=grid,
-                    y=y_in,
-                    mode="lines",
-                    name=name,
-                    legendgroup=f"p{p}",
-                    showlegend=legend_once(name),
-                    line=dict(color=color[p], width=2),
-                    connectgaps=False,
-                    hovertemplate="%{x:.3s} B: %{y:.4g} ms<extra>model</extra>",
-                ),
-                row=1,
-                col=c,
-            )
-            if np.any(~inside):
-                name = f"model p={p} (extrapolated)"
-                fig.add_trace(
-                    go.Scatter(
-                        x=grid,
-                        y=y_out,
-                        mode="lines",
-                        name=name,
-                        legendgroup=f"p{p}",
-                        showlegend=legend_once(name),
-                        line=dict(color=color[p], width=1.5, dash="dash"),
-                        connectgaps=False,
-                        hovertemplate="%{x:.3s} B: %{y:.4g} ms<extra>extrapolated</extra>",
-                    ),
-                    row=1,
-                    col=c,
-                )
-            pred = np.asarray(fit.predict(n, p), dtype=float)
-            rel = (pred - med) / med * 100.0
-            in_fit = (n >= fit.min_bytes) & (n <= fit.max_bytes)
-            fig.add_trace(
-                go.Scatter(
-                    x=n,
-                    y=rel,
-                    mode="markers",
-                    name=f"error p={p}",
-                    legendgroup=f"p{p}",
-                    showlegend=False,
-                    marker=dict(color=color[p], size=7, symbol=np.where(in_fit, "circle", "circle-open")),
-                    hovertemplate="%{x:.3s} B: %{y:+.1f} %<extra>model error</extra>",
-                ),
-                row=2,
-                col=c,
-            )
-            bus_meas = np.asarray(costmodel.busbw(o, n, med, p), dtype=float) / 1e9
-            fig.add_trace(
-                go.Scatter(
-                    x=n,
-                    y=bus_meas,
-                    mode="markers",
-                    name=f"busbw p={p}",
-                    legendgroup=f"p{p}",
-                    showlegend=False,
-                    marker=dict(color=color[p], size=7),
-                    hovertemplate="%{x:.3s} B: %{y:.3g} GB/s<extra>measured busbw</extra>",
-                ),
-                row=3,
-                col=c,
-            )
-            ok = pred_grid > 0  # a negative fitted alpha can give t <= 0 at tiny sizes: no bandwidth there
-            bus_model = np.full_like(grid, np.nan)
-            bus_model[ok] = np.asarray(costmodel.busbw(o, grid[ok], pred_grid[ok], p), dtype=float) / 1e9
-            fig.add_trace(
-                go.Scatter(
-                    x=grid,
-                    y=bus_model,
-                    mode="lines",
-                    name=f"model busbw p={p}",
-                    legendgroup=f"p{p}",
-                    showlegend=False,
-                    line=dict(color=color[p], width=1.5),
-                    hovertemplate="%{x:.3s} B: %{y:.3g} GB/s<extra>model busbw</extra>",
-                ),
-                row=3,
-                col=c,
-            )
-        if fit is not None:
-            fig.add_hline(y=0, line=dict(color="#888", width=1), row=2, col=c)
-            fig.add_vrect(
-                x0=fit.min_bytes, x1=fit.max_bytes, fillcolor="#888", opacity=0.07, line_width=0, row="all", col=c
-            )
-            if fit.form == "ring" and fit.beta > 0:  # ring busbw tends to 1/beta for every op and p
-                fig.add_hline(
-                    y=_bw_gbs(fit.beta),
-                    line=dict(color="#444", width=1, dash="dot"),
-                    annotation_text=f"1/β = {_bw_gbs(fit.beta):.3g} GB/s",
-                    annotation_position="bottom right",
-                    annotation_font_size=10,
-                    row=3,
-                    col=c,
-                )
+        .reset_index()
+    )
+    lo = float(stats["nbytes"].min())
+    hi = float(stats["nbytes"].max())
+    if fit is not None:
+        lo, hi = min(lo, fit.min_bytes), max(hi, fit.max_bytes)
+    grid = np.geomspace(lo, hi, 160)
+    if fit is not None:  # the fitted range ends are grid points, so solid and dashed pieces meet
+        grid = np.unique(np.concatenate([grid, [fit.min_bytes, fit.max_bytes]]))
+    for p, g in stats.groupby("nproc"):
+        p = int(p)
+        n = g["nbytes"].to_numpy(float)
+        med = g["med"].to_numpy(float)
+        _add_measured(fig, g, n, med, p, c, color[p], shown)
+        if fit is None or p == 1:
+            continue
+        pred_grid = np.asarray(fit.predict(grid, p), dtype=float)
+        _add_model_lines(fig, fit, grid, pred_grid, p, c, color[p], shown)
+        _add_error_row(fig, fit, n, med, p, c, color[p])
+        _add_busbw_row(fig, o, grid, pred_grid, n, med, p, c, color[p])
+    if fit is not None:
+        _mark_fit(fig, fit, c)
+    return lo, hi
 
+
+def _add_measured(fig, g, n, med, p: int, c: int, color: str, shown: set) -> None:
+    """Row 1: the medians of one p with inter-quartile error bars."""
+    hover = [
+        f"{fmt_bytes(ni)}, p={p}<br>median {m * 1e3:.4g} ms (n={k})<br>"
+        f"IQR {a * 1e3:.4g}–{b * 1e3:.4g} ms, range {x * 1e3:.4g}–{y * 1e3:.4g} ms"
+        for ni, m, k, a, b, x, y in zip(n, med, g["count"], g["q25"], g["q75"], g["lo"], g["hi"])
+    ]
+    name = f"measured p={p}: median, bars IQR" + (" (not modelled: no peer)" if p == 1 else "")
+    fig.add_trace(
+        go.Scatter(
+            x=n,
+            y=med * 1e3,
+            mode="markers",
+            name=name,
+            legendgroup=f"p{p}",
+            showlegend=_legend_once(shown, name),
+            marker=dict(color=color, size=7),
+            error_y=dict(
+                type="data",
+                array=(g["q75"] - g["med"]).to_numpy(float) * 1e3,
+                arrayminus=(g["med"] - g["q25"]).to_numpy(float) * 1e3,
+                thickness=1,
+            ),
+            hovertext=hover,
+            hoverinfo="text",
+        ),
+        row=1,
+        col=c,
+    )
+
+
+def _add_model_lines(fig, fit, grid, pred_grid, p: int, c: int, color: str, shown: set) -> None:
+    """Row 1: the model for one p, solid inside the fitted size range and dashed where it extrapolates."""
+    inside = (grid >= fit.min_bytes) & (grid <= fit.max_bytes)
+    edge = (grid == fit.min_bytes) | (grid == fit.max_bytes)
+    pieces = [("fitted range", np.where(inside, pred_grid * 1e3, np.nan), dict(width=2), "model")]
+    if np.any(~inside):
+        y_out = np.where(inside & ~edge, np.nan, pred_grid * 1e3)
+        pieces.append(("extrapolated", y_out, dict(width=1.5, dash="dash"), "extrapolated"))
+    for what, y, line, extra in pieces:
+        name = f"model p={p} ({what})"
+        fig.add_trace(
+            go.Scatter(
+                x=grid,
+                y=y,
+                mode="lines",
+                name=name,
+                legendgroup=f"p{p}",
+                showlegend=_legend_once(shown, name),
+                line=dict(color=color, **line),
+                connectgaps=False,
+                hovertemplate=f"%{{x:.3s}} B: %{{y:.4g}} ms<extra>{extra}</extra>",
+            ),
+            row=1,
+            col=c,
+        )
+
+
+def _add_error_row(fig, fit, n, med, p: int, c: int, color: str) -> None:
+    """Row 2: (predicted - measured) / measured in % per median; open markers outside the fitted range."""
+    pred = np.asarray(fit.predict(n, p), dtype=float)
+    rel = (pred - med) / med * 100.0
+    in_fit = (n >= fit.min_bytes) & (n <= fit.max_bytes)
+    fig.add_trace(
+        go.Scatter(
+            x=n,
+            y=rel,
+            mode="markers",
+            name=f"error p={p}",
+            legendgroup=f"p{p}",
+            showlegend=False,
+            marker=dict(color=color, size=7, symbol=np.where(in_fit, "circle", "circle-open")),
+            hovertemplate="%{x:.3s} B: %{y:+.1f} %<extra>model error</extra>",
+        ),
+        row=2,
+        col=c,
+    )
+
+
+def _add_busbw_row(fig, o: str, grid, pred_grid, n, med, p: int, c: int, color: str) -> None:
+    """Row 3: the bus bandwidth of the medians (markers) and of the model (line), GB/s."""
+    bus_meas = np.asarray(costmodel.busbw(o, n, med, p), dtype=float) / 1e9
+    ok = pred_grid > 0  # a negative fitted alpha can give t <= 0 at tiny sizes: no bandwidth there
+    bus_model = np.full_like(grid, np.nan)
+    bus_model[ok] = np.asarray(costmodel.busbw(o, grid[ok], pred_grid[ok], p), dtype=float) / 1e9
+    for x, y, mode, name, style, extra in (
+        (n, bus_meas, "markers", f"busbw p={p}", {"marker": dict(color=color, size=7)}, "measured busbw"),
+        (grid, bus_model, "lines", f"model busbw p={p}", {"line": dict(color=color, width=1.5)}, "model busbw"),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode=mode,
+                name=name,
+                legendgroup=f"p{p}",
+                showlegend=False,
+                **style,
+                hovertemplate=f"%{{x:.3s}} B: %{{y:.3g}} GB/s<extra>{extra}</extra>",
+            ),
+            row=3,
+            col=c,
+        )
+
+
+def _mark_fit(fig, fit, c: int) -> None:
+    """Column `c`: the zero-error line, the fitted size range shaded, and the ring model's asymptote 1/beta."""
+    fig.add_hline(y=0, line=dict(color="#888", width=1), row=2, col=c)
+    fig.add_vrect(x0=fit.min_bytes, x1=fit.max_bytes, fillcolor="#888", opacity=0.07, line_width=0, row="all", col=c)
+    if fit.form == "ring" and fit.beta > 0:  # ring busbw tends to 1/beta for every op and p
+        fig.add_hline(
+            y=_bw_gbs(fit.beta),
+            line=dict(color="#444", width=1, dash="dot"),
+            annotation_text=f"1/β = {_bw_gbs(fit.beta):.3g} GB/s",
+            annotation_position="bottom right",
+            annotation_font_size=10,
+            row=3,
+            col=c,
+        )
+
+
+def _calibration_axes(fig, lo_all: float, hi_all: float) -> None:
     if np.isfinite(lo_all):
         tv, tt = _bytes_ticks(lo_all, hi_all)
         fig.update_xaxes(type="log", tickvals=tv, ticktext=tt)
@@ -303,26 +319,30 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
     fig.update_yaxes(title_text="busbw (GB/s)", rangemode="tozero", row=3, col=1)
     fig.update_yaxes(rangemode="tozero", row=3)
 
+
+def _calibration_title(profile, ops: list[str]) -> str:
     where = ", ".join(str(profile.meta[k]) for k in ("backend", "host") if profile.meta.get(k))
     if len(ops) == 1 and ops[0] in profile.fits:
-        title = (
+        return (
             f"Calibration{' (' + where + ')' if where else ''}: {ops[0]} (shaded: fitted size range)"
             f"<br><sup>{_fit_text(profile.fits[ops[0]])}</sup>"
         )
-    else:
-        forms = sorted({profile.fits[o].form for o in ops if o in profile.fits})
-        title = (
-            f"Calibration{' (' + where + ')' if where else ''}: measured collectives vs the "
-            f"{'/'.join(forms) or 'alpha-beta'} fit (shaded: fitted size range)"
-        )
+    forms = sorted({profile.fits[o].form for o in ops if o in profile.fits})
+    return (
+        f"Calibration{' (' + where + ')' if where else ''}: measured collectives vs the "
+        f"{'/'.join(forms) or 'alpha-beta'} fit (shaded: fitted size range)"
+    )
+
+
+def _calibration_notes(fig, profile, ops: list[str]) -> int:
+    """The profile's caveats and the fits' warnings under the plot; the bottom margin (px) they need."""
     notes = list(profile.caveats) + [w for o in ops if o in profile.fits for w in profile.fits[o].warnings]
     bottom = 70
     if notes:
         lines = [ln for n in notes for ln in textwrap.wrap("⚠ " + n, 110, subsequent_indent="   ")]
-        text = "<br>".join(lines)
         # below the x-axis title: anchored at the plot's bottom edge, shifted down in pixels
         fig.add_annotation(
-            text=text,
+            text="<br>".join(lines),
             xref="paper",
             yref="paper",
             x=0,
@@ -335,9 +355,7 @@ def calibration_figure(profile, op: str | None = None) -> go.Figure:
             font=dict(size=11, color="#8a4b00"),
         )
         bottom += 10 + 16 * len(lines)
-    fig.update_layout(height=780 + bottom - 70, margin=dict(b=bottom), legend=dict(font_size=11))
-    # the column titles (up to 4 lines of 12 px) sit between the figure title and the plots
-    return set_title(fig, title, width=90 if len(ops) > 1 else 72, extra_top=70)
+    return bottom
 
 
 # ------------------------------------------------------------------ textbook vs ring

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.model import buckets as bk
+from dtlab.model import costmodel
 from dtlab.model import whatif as wi
 from dtlab.units import fmt_bytes
 from dtlab.viz.controls import (
@@ -66,6 +67,95 @@ LOG_SLIDERS = {
 }
 
 
+# ------------------------------------------------------------ the explorer's inputs, checked
+
+
+def _checked_tp_shape(tp_shape) -> dict:
+    shape = dict(tp_shape) if tp_shape is not None else dict(DEFAULT_TP_SHAPE)
+    for k in ("n_layers", "hidden", "n_heads", "tokens"):
+        if not isinstance(shape.get(k), (int, np.integer)) or shape[k] < 1:
+            raise ValueError(f"tp_shape must give {k} as an integer >= 1, got {shape.get(k)!r}")
+    return shape
+
+
+def _checked_compression(compression) -> dict:
+    comp = (
+        dict(compression)
+        if compression is not None
+        else {"ratio": 1.0, "encode_s_per_byte": 0.0, "source": "no compression (r = 1)"}
+    )
+    if not 0 < comp["ratio"] <= 1 or not comp.get("encode_s_per_byte", 0.0) >= 0:
+        raise ValueError(f"compression needs ratio in (0, 1] and encode_s_per_byte >= 0 (s/B), got {compression}")
+    return comp
+
+
+def _reference(profile, fits: dict, form: str) -> tuple[dict, list[str]]:
+    """(where alpha and beta start: alpha, beta and how they were obtained; notes for the label)."""
+    notes = []
+    if form in fits:
+        alpha, beta, how = fits[form]
+    else:
+        alpha, beta = DEFAULT_ALPHA_S, 1.0 / (DEFAULT_BANDWIDTH_GBS * 1e9)
+        how = (
+            "default, not calibrated: an assumed value (no profile given)"
+            if profile is None
+            else "default, not calibrated: an assumed value (the profile has no usable all_reduce fit)"
+        )
+        if profile is not None:
+            notes.append(
+                "the profile has no usable all_reduce fit (missing, or alpha/beta not positive): using defaults"
+            )
+    if profile is not None and profile.caveats:
+        notes += [f"profile caveat: {c}" for c in profile.caveats]
+    return {"alpha": alpha, "beta": beta, "how": how}, notes
+
+
+def _checked_compute(compute) -> dict:
+    compute = dict(compute) if compute is not None else dict(DEFAULT_COMPUTE, source=DEFAULT_COMPUTE_SOURCE)
+    for k in ("t_fwd", "t_bwd_comp", "t_opt"):
+        if k not in compute or not np.isfinite(compute[k]) or compute[k] < 0:
+            raise ValueError(f"compute must give {k} in seconds (finite, >= 0); got {compute.get(k)!r}")
+    return compute
+
+
+def _gradient_sizes(param_nbytes) -> tuple[list[int], str]:
+    """(gradient bytes in ready order, where they come from)."""
+    if param_nbytes is None:
+        sizes = wi.distilbert_param_nbytes()[::-1]
+        return sizes, "DistilBERT-base (66,955,010 fp32 parameters), reverse registration order"
+    sizes = [int(x) for x in param_nbytes]
+    if not sizes or sum(sizes) <= 0:
+        raise ValueError("param_nbytes must list gradient sizes in bytes (ready order) with a positive total")
+    return sizes, f"{len(sizes)} tensors given by the caller ({fmt_bytes(sum(sizes))})"
+
+
+def _measured_rows(measured) -> pd.DataFrame | None:
+    if measured is None:
+        return None
+    missing = [c for c in MEASURED_COLUMNS if c not in measured.columns]
+    if missing:
+        raise ValueError(
+            f"measured is missing columns {missing}; needs nproc, bucket_mb, t_step (seconds), "
+            "optionally t_comm, t_comp"
+        )
+    # a sweep's skipped or failed rows have no times: nothing to draw
+    return measured[measured["t_step"].notna()].reset_index(drop=True)
+
+
+def _static_info(compute: dict, sizes_source: str, measured, notes: list[str]) -> str:
+    """The label's HTML that no control changes: compute, gradients, measured rows, warnings."""
+    c_ms = {k: compute[k] * 1e3 for k in ("t_fwd", "t_bwd_comp", "t_opt")}
+    info = [
+        f"<b>compute per rank</b>: fwd {c_ms['t_fwd']:.3g} ms, bwd {c_ms['t_bwd_comp']:.3g} ms, "
+        f"opt {c_ms['t_opt']:.3g} ms ({html.escape(compute.get('source', 'given by the caller'))}); assumed "
+        "independent of p (fixed per-rank batch)",
+        f"<b>gradients</b>: {html.escape(sizes_source)}; backward assumed spread over buckets by bytes",
+        "<b>measured</b>: "
+        + ("none" if measured is None else f"{len(measured)} rows, shown where p and bucket size match"),
+    ]
+    return "<br>".join(info + [f"<span style='color:#8a4b00'>⚠ {html.escape(n)}</span>" for n in notes])
+
+
 class ExplorerState:
     """The inputs of the explorer, checked, and the logic between its controls and the model.
 
@@ -80,70 +170,19 @@ class ExplorerState:
     """
 
     def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None):
-        notes = []
         # ---- tensor parallelism: the blocks and activations its all-reduces carry (the TP-degree control)
-        self.tp_shape = dict(tp_shape) if tp_shape is not None else dict(DEFAULT_TP_SHAPE)
-        for k in ("n_layers", "hidden", "n_heads", "tokens"):
-            if not isinstance(self.tp_shape.get(k), (int, np.integer)) or self.tp_shape[k] < 1:
-                raise ValueError(f"tp_shape must give {k} as an integer >= 1, got {self.tp_shape.get(k)!r}")
+        self.tp_shape = _checked_tp_shape(tp_shape)
         self.tp_options = [t for t in range(1, 65) if self.tp_shape["n_heads"] % t == 0]
         # ---- compression r (bytes on the wire / gradient bytes) and encode cost: a measured hook, else none
-        self.comp = (
-            dict(compression)
-            if compression is not None
-            else {"ratio": 1.0, "encode_s_per_byte": 0.0, "source": "no compression (r = 1)"}
-        )
-        if not 0 < self.comp["ratio"] <= 1 or not self.comp.get("encode_s_per_byte", 0.0) >= 0:
-            raise ValueError(f"compression needs ratio in (0, 1] and encode_s_per_byte >= 0 (s/B), got {compression}")
+        self.comp = _checked_compression(compression)
         # ---- alpha, beta: the profile's all_reduce fit, else labelled defaults
         self.fits = all_reduce_fits(profile) if profile is not None else {}
         self.form0 = profile.fits["all_reduce"].form if profile is not None and "all_reduce" in profile.fits else "ring"
-        if self.form0 in self.fits:
-            alpha, beta, how = self.fits[self.form0]
-        else:
-            alpha, beta = DEFAULT_ALPHA_S, 1.0 / (DEFAULT_BANDWIDTH_GBS * 1e9)
-            how = (
-                "default, not calibrated: an assumed value (no profile given)"
-                if profile is None
-                else "default, not calibrated: an assumed value (the profile has no usable all_reduce fit)"
-            )
-            if profile is not None:
-                notes.append(
-                    "the profile has no usable all_reduce fit (missing, or alpha/beta not positive): using defaults"
-                )
-        self.ref = {"alpha": alpha, "beta": beta, "how": how}
-        if profile is not None and profile.caveats:
-            notes += [f"profile caveat: {c}" for c in profile.caveats]
-
-        # ---- compute per rank
-        compute = dict(compute) if compute is not None else dict(DEFAULT_COMPUTE, source=DEFAULT_COMPUTE_SOURCE)
-        for k in ("t_fwd", "t_bwd_comp", "t_opt"):
-            if k not in compute or not np.isfinite(compute[k]) or compute[k] < 0:
-                raise ValueError(f"compute must give {k} in seconds (finite, >= 0); got {compute.get(k)!r}")
-        self.compute = compute
-        compute_source = compute.get("source", "given by the caller")
-
-        # ---- gradient sizes in ready order
-        if param_nbytes is None:
-            self.sizes = wi.distilbert_param_nbytes()[::-1]
-            sizes_source = "DistilBERT-base (66,955,010 fp32 parameters), reverse registration order"
-        else:
-            self.sizes = [int(x) for x in param_nbytes]
-            if not self.sizes or sum(self.sizes) <= 0:
-                raise ValueError("param_nbytes must list gradient sizes in bytes (ready order) with a positive total")
-            sizes_source = f"{len(self.sizes)} tensors given by the caller ({fmt_bytes(sum(self.sizes))})"
-
-        # ---- measured sweep to overlay
-        self.measured = None
-        if measured is not None:
-            missing = [c for c in MEASURED_COLUMNS if c not in measured.columns]
-            if missing:
-                raise ValueError(
-                    f"measured is missing columns {missing}; needs nproc, bucket_mb, t_step "
-                    "(seconds), optionally t_comm, t_comp"
-                )
-            # a sweep's skipped or failed rows have no times: nothing to draw
-            self.measured = measured[measured["t_step"].notna()].reset_index(drop=True)
+        self.ref, notes = _reference(profile, self.fits, self.form0)
+        # ---- compute per rank, gradient sizes in ready order, the measured sweep to overlay
+        self.compute = _checked_compute(compute)
+        self.sizes, sizes_source = _gradient_sizes(param_nbytes)
+        self.measured = _measured_rows(measured)
 
         # ---- the GPU count starts at the largest p the profile measured (where it is calibrated)
         self.nproc0 = 8
@@ -160,16 +199,7 @@ class ExplorerState:
         self.contention0 = float(np.clip(round(factor / CONTENTION_STEP) * CONTENTION_STEP, 1.0, CONTENTION_MAX))
         self.contention_how = how
         self.notes = notes
-        c_ms = {k: compute[k] * 1e3 for k in ("t_fwd", "t_bwd_comp", "t_opt")}
-        info = [
-            f"<b>compute per rank</b>: fwd {c_ms['t_fwd']:.3g} ms, bwd {c_ms['t_bwd_comp']:.3g} ms, "
-            f"opt {c_ms['t_opt']:.3g} ms ({html.escape(compute_source)}); assumed independent of p "
-            "(fixed per-rank batch)",
-            f"<b>gradients</b>: {html.escape(sizes_source)}; backward assumed spread over buckets by bytes",
-            "<b>measured</b>: "
-            + ("none" if self.measured is None else f"{len(self.measured)} rows, shown where p and bucket size match"),
-        ]
-        self.static_info = "<br>".join(info + [f"<span style='color:#8a4b00'>⚠ {html.escape(n)}</span>" for n in notes])
+        self.static_info = _static_info(self.compute, sizes_source, self.measured, notes)
 
     # ------------------------------------------------------------ alpha and beta
     def moved(self, which: str, values: dict) -> bool:
@@ -235,8 +265,6 @@ class ExplorerState:
         if p["tp"] <= 1:
             return f"t = 1: no tensor parallelism (the control splits each block over t GPUs; sizes {src})"
         tp = self.tp(p)
-        from dtlab.model import costmodel
-
         each = float(
             costmodel.collective_time("all_reduce", p["form"], p["alpha"], p["beta"], tp["allreduce_bytes"], p["tp"])
         )
@@ -248,8 +276,9 @@ class ExplorerState:
         )
         return (
             f"t = {p['tp']}: {dp} replica(s) of {p['tp']} GPUs{warn}; per step {tp['allreduces']} all-reduces of "
-            f"{fmt_bytes(tp['allreduce_bytes'])} over t ranks on the compute path ({each * tp['allreduces'] * 1e3:.3g} ms); "
-            f"compute, optimizer and gradients per GPU / t (an estimate); sizes {src}"
+            f"{fmt_bytes(tp['allreduce_bytes'])} over t ranks on the compute path "
+            f"({each * tp['allreduces'] * 1e3:.3g} ms); compute, optimizer and gradients per GPU / t (an estimate); "
+            f"sizes {src}"
         )
 
     def sources(self, values: dict) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 
+import ipywidgets as widgets
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -20,7 +21,11 @@ from plotly.subplots import make_subplots
 
 from dtlab.model import hierarchy as hi
 from dtlab.model import whatif as wi
+from dtlab.viz.controls import bucket_count, bucket_slider_range, clip_to_range
+from dtlab.viz.dashboard import sync_widget
+from dtlab.viz.explorer_state import DEFAULT_COMPUTE, DEFAULT_COMPUTE_SOURCE
 from dtlab.viz.figures import COLORS
+from dtlab.viz.loggrid import on_log_grid
 
 #: Assumed levels when none are measured: NVLink-class inside a node, 100 Gbit/s-class between nodes.
 ASSUMED_LEVELS = {
@@ -96,8 +101,6 @@ def levels_table(
 def default_compute() -> dict:
     """The explorer's placeholder compute (not measured), with its `source` saying so
     (:mod:`dtlab.viz.explorer_state`)."""
-    from dtlab.viz.explorer_state import DEFAULT_COMPUTE, DEFAULT_COMPUTE_SOURCE
-
     return dict(DEFAULT_COMPUTE, source=DEFAULT_COMPUTE_SOURCE)
 
 
@@ -189,16 +192,50 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
     the sizes where these gradients' bucket count changes, and is hidden when it never does; with one node
     the network's controls (links, inter-node alpha and bandwidth) are hidden. The figure's
     state is stored after every redraw, so a reloaded page draws what the sliders show."""
-    import ipywidgets as widgets
-
-    from dtlab.viz.controls import bucket_count, bucket_slider_range, clip_to_range
-    from dtlab.viz.dashboard import sync_widget
-    from dtlab.viz.loggrid import on_log_grid
-
     lv = _check(levels if levels is not None else ASSUMED_LEVELS)
-    style, layout = {"description_width": "170px"}, widgets.Layout(width="480px")
     sizes = list(param_nbytes) if param_nbytes is not None else wi.distilbert_param_nbytes()[::-1]
     brange = bucket_slider_range(sizes, -7.0, 10.0, 0.05)
+    s = _sliders(lv, brange)
+    start = {k: w.value for k, w in s.items()}  # where each slider started: not moved while it shows this
+    compute = compute or default_compute()
+    label = widgets.HTML()
+
+    def current():
+        v = {k: w.value for k, w in s.items()}
+        return _levels_now(lv, s, start, v), v
+
+    def build():
+        levels_now, v = current()
+        table = levels_table(
+            levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], compute, sizes, v["bucket_mb"]
+        )
+        label.value = _label_html(lv, s, compute, sizes, brange, levels_now, v)
+        return two_level_figure(levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], table), table
+
+    fig0, table0 = build()
+    figw = go.FigureWidget(fig0)
+    box = widgets.VBox([label, widgets.VBox(list(s.values())), figw])
+    box.sliders, box.figure, box.table, box.levels = s, figw, table0, current
+
+    def show_network_controls(change=None):  # one node has no network: its controls could change nothing
+        for k in ("nics_per_node", "alpha_inter_us", "bw_inter_gbs"):
+            s[k].layout.display = "none" if s["nodes"].value == 1 else None
+
+    def redraw(change=None):
+        fig, box.table = build()
+        sync_widget(figw, fig)
+
+    s["nodes"].observe(show_network_controls, names="value")
+    for w in s.values():
+        w.observe(redraw, names="value")
+    box.redraw = redraw
+    return box
+
+
+def _sliders(lv: dict, brange) -> dict:
+    """The explorer's sliders, by name, starting at the levels `lv` and a 25 MiB bucket (hidden when `brange`,
+    the bucket sizes where the count changes, is None)."""
+    style, layout = {"description_width": "170px"}, widgets.Layout(width="480px")
 
     def log(value, lo, hi_, desc, base=10, step=0.02):  # a value below the range (0) sits at its bottom
         value = max(value, float(base) ** lo)
@@ -233,78 +270,50 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
     }
     if brange is None:
         s["bucket_mb"].layout = widgets.Layout(width="480px", display="none")
-    start = {k: w.value for k, w in s.items()}  # where each slider started: not moved while it shows this
-    compute = compute or default_compute()
-    c_src = compute.get("source", "given by the caller")
-    label = widgets.HTML()
+    return s
 
-    def current():
-        v = {k: w.value for k, w in s.items()}
 
-        def level(key, slider, to_model):  # the calibrated value itself until the user moves the slider
-            w = s[slider]
-            return lv[key] if on_log_grid(v[slider], start[slider], w.base, w.step) else to_model(v[slider])
+def _levels_now(lv: dict, s: dict, start: dict, v: dict) -> dict:
+    """The levels the model uses at slider values `v`: each one given in `lv` itself (not the slider's rounded
+    copy of it) until the user moves its slider away from where it started."""
 
-        return (
-            {
-                "alpha_intra": level("alpha_intra", "alpha_intra_us", lambda x: x * 1e-6),
-                "beta_intra": level("beta_intra", "bw_intra_gbs", lambda x: 1 / (x * 1e9)),
-                "alpha_inter": level("alpha_inter", "alpha_inter_us", lambda x: x * 1e-6),
-                "beta_inter": level("beta_inter", "bw_inter_gbs", lambda x: 1 / (x * 1e9)),
-                "source": lv["source"],
-            },
-            v,
-        )
+    def level(key, slider, to_model):
+        w = s[slider]
+        return lv[key] if on_log_grid(v[slider], start[slider], w.base, w.step) else to_model(v[slider])
 
-    def label_html(levels_now, v):
-        lines = [f"<b>levels</b>: {html.escape(lv['source'])}; moving a slider overrides that value"]
-        for key, name in (("alpha_intra", "intra α"), ("alpha_inter", "inter α")):
-            if levels_now[key] == 0:
-                lines.append(
-                    f"<b>{name} = 0 µs</b> in the model (the level given above); the slider's lowest value, "
-                    f"{s[key + '_us'].value:.3g} µs, stands for it until you move it"
-                )
-        lines.append(
-            f"<b>compute per rank</b>: fwd {compute['t_fwd'] * 1e3:.3g} ms, bwd "
-            f"{compute['t_bwd_comp'] * 1e3:.3g} ms, opt {compute['t_opt'] * 1e3:.3g} ms "
-            f"({html.escape(c_src)})"
-        )
-        if v["nodes"] == 1:
+    return {
+        "alpha_intra": level("alpha_intra", "alpha_intra_us", lambda x: x * 1e-6),
+        "beta_intra": level("beta_intra", "bw_intra_gbs", lambda x: 1 / (x * 1e9)),
+        "alpha_inter": level("alpha_inter", "alpha_inter_us", lambda x: x * 1e-6),
+        "beta_inter": level("beta_inter", "bw_inter_gbs", lambda x: 1 / (x * 1e9)),
+        "source": lv["source"],
+    }
+
+
+def _label_html(lv: dict, s: dict, compute: dict, sizes: list, brange, levels_now: dict, v: dict) -> str:
+    """The label above the sliders: where the levels and the compute come from, a zero alpha the slider cannot
+    show, one node's hidden controls, and the bucket count."""
+    lines = [f"<b>levels</b>: {html.escape(lv['source'])}; moving a slider overrides that value"]
+    for key, name in (("alpha_intra", "intra α"), ("alpha_inter", "inter α")):
+        if levels_now[key] == 0:
             lines.append(
-                "<b>one node</b>: no network between nodes, so its controls (links, inter α and 1/β) "
-                "are hidden until there are 2 nodes or more"
+                f"<b>{name} = 0 µs</b> in the model (the level given above); the slider's lowest value, "
+                f"{s[key + '_us'].value:.3g} µs, stands for it until you move it"
             )
-        n = bucket_count(sizes, v["bucket_mb"])
+    lines.append(
+        f"<b>compute per rank</b>: fwd {compute['t_fwd'] * 1e3:.3g} ms, bwd "
+        f"{compute['t_bwd_comp'] * 1e3:.3g} ms, opt {compute['t_opt'] * 1e3:.3g} ms "
+        f"({html.escape(compute.get('source', 'given by the caller'))})"
+    )
+    if v["nodes"] == 1:
         lines.append(
-            f"<b>buckets</b>: {n} at {v['bucket_mb']:.3g} MiB"
-            if brange is not None
-            else f"<b>buckets</b>: {n} at every bucket size: no bucket control"
+            "<b>one node</b>: no network between nodes, so its controls (links, inter α and 1/β) "
+            "are hidden until there are 2 nodes or more"
         )
-        return "<div style='font-size:90%'>" + "<br>".join(lines) + "</div>"
-
-    def build():
-        levels_now, v = current()
-        table = levels_table(
-            levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], compute, sizes, v["bucket_mb"]
-        )
-        label.value = label_html(levels_now, v)
-        return two_level_figure(levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], table), table
-
-    fig0, table0 = build()
-    figw = go.FigureWidget(fig0)
-    box = widgets.VBox([label, widgets.VBox(list(s.values())), figw])
-    box.sliders, box.figure, box.table, box.levels = s, figw, table0, current
-
-    def show_network_controls(change=None):  # one node has no network: its controls could change nothing
-        for k in ("nics_per_node", "alpha_inter_us", "bw_inter_gbs"):
-            s[k].layout.display = "none" if s["nodes"].value == 1 else None
-
-    def redraw(change=None):
-        fig, box.table = build()
-        sync_widget(figw, fig)
-
-    s["nodes"].observe(show_network_controls, names="value")
-    for w in s.values():
-        w.observe(redraw, names="value")
-    box.redraw = redraw
-    return box
+    n = bucket_count(sizes, v["bucket_mb"])
+    lines.append(
+        f"<b>buckets</b>: {n} at {v['bucket_mb']:.3g} MiB"
+        if brange is not None
+        else f"<b>buckets</b>: {n} at every bucket size: no bucket control"
+    )
+    return "<div style='font-size:90%'>" + "<br>".join(lines) + "</div>"

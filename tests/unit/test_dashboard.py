@@ -125,6 +125,66 @@ def test_calibration_figure():
         cp.calibration_figure(prof, op="broadcast")
 
 
+def test_calibration_figure_draws_the_samples_and_the_fit_in_their_rows():
+    """Every trace of one op's calibration figure against numbers computed here from the samples and the fit: the
+    medians and their IQR bars (row 1), the model solid inside the fitted range and dashed outside it (row 1), the
+    relative error (row 2), the measured and modelled bus bandwidth (row 3), in that order per p."""
+    prof = synth_profile()
+    fit = prof.fits["all_reduce"]
+    s = prof.samples[prof.samples["op"] == "all_reduce"]
+    fig = cp.calibration_figure(prof, op="all_reduce")
+    by_name = {t.name: t for t in fig.data}
+    expected_order = []
+    for p in (1, 2, 4):
+        g = s[s["nproc"] == p].groupby("nbytes")["seconds"]
+        n = np.array(sorted(s["nbytes"].unique()), dtype=float)
+        med = g.median().to_numpy(float)
+        measured = next(t for t in fig.data if t.name.startswith(f"measured p={p}:"))
+        assert (measured.xaxis, measured.yaxis) == ("x", "y")
+        assert np.allclose(measured.x, n) and np.allclose(measured.y, med * 1e3)
+        assert np.allclose(measured.error_y.array, (g.quantile(0.75).to_numpy(float) - med) * 1e3)
+        assert np.allclose(measured.error_y.arrayminus, (med - g.quantile(0.25).to_numpy(float)) * 1e3)
+        if p == 1:
+            assert measured.name.endswith("(not modelled: no peer)")
+            assert not any(t.name.endswith(f"p={p}") or f"p={p} (" in t.name for t in fig.data if t is not measured)
+            continue
+        solid, dashed = by_name[f"model p={p} (fitted range)"], by_name[f"model p={p} (extrapolated)"]
+        inside = (solid.x >= fit.min_bytes) & (solid.x <= fit.max_bytes)
+        model = np.asarray(fit.predict(solid.x, p), dtype=float) * 1e3
+        assert (solid.yaxis, dashed.yaxis) == ("y", "y") and dashed.line.dash == "dash"
+        assert np.allclose(solid.y[inside], model[inside]) and np.isnan(solid.y[~inside]).all()
+        ends = (dashed.x == fit.min_bytes) | (dashed.x == fit.max_bytes)
+        assert np.allclose(dashed.y[~inside | ends], model[~inside | ends]) and np.isnan(dashed.y[inside & ~ends]).all()
+        error = by_name[f"error p={p}"]
+        pred = np.asarray(fit.predict(n, p), dtype=float)
+        assert error.yaxis == "y2" and np.allclose(error.y, (pred - med) / med * 100)
+        busbw, model_busbw = by_name[f"busbw p={p}"], by_name[f"model busbw p={p}"]
+        assert (busbw.yaxis, model_busbw.yaxis) == ("y3", "y3")
+        assert np.allclose(busbw.y, np.asarray(cm.busbw("all_reduce", n, med, p)) / 1e9)
+        assert np.allclose(model_busbw.y, np.asarray(cm.busbw("all_reduce", solid.x, model / 1e3, p)) / 1e9)
+        expected_order += [solid.name, dashed.name, error.name, busbw.name, model_busbw.name]
+    names = [t.name for t in fig.data if not t.name.startswith("measured")]
+    assert names == expected_order
+    assert axis_titles(fig) == {
+        "xaxis3": "message size (bytes, log)",
+        "yaxis": "time per call (ms, log)",
+        "yaxis2": "model error (%)",
+        "yaxis3": "busbw (GB/s)",
+    }
+    title = fig.layout.title.text.replace("<br>", " ")
+    assert title.startswith("Calibration (gloo): all_reduce (shaded: fitted size range)")
+    assert f"ring fit: α = {fit.alpha * 1e6:.3g} µs" in title and f"rms error {fit.rel_rms:.1%}" in title
+    shades = [sh for sh in fig.layout.shapes if sh.type == "rect"]  # the fitted range, in each of the three rows
+    assert len(shades) == 3 and all((sh.x0, sh.x1) == (fit.min_bytes, fit.max_bytes) for sh in shades)
+    assert any(a.text == f"1/β = {1 / fit.beta / 1e9:.3g} GB/s" for a in fig.layout.annotations)
+
+    both = cp.calibration_figure(prof)  # all_gather in the second column; each legend entry shown once
+    gather = [t for t in both.data if t.xaxis in ("x2", "x4", "x6")]
+    assert gather and {t.yaxis for t in gather} == {"y2", "y4", "y6"}
+    assert all(not t.showlegend for t in gather)
+    assert len(both.data) == 2 * len(fig.data)
+
+
 def test_forms_figure():
     fig = cp.forms_figure(ALPHA, BETA, 25 * 2**20, [1, 2, 4, 8, 64])
     names = [t.name for t in fig.data]
