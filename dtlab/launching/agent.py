@@ -126,6 +126,7 @@ def forked_rank(module: str, *argv: str) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if _WATCH is not None:
         _WATCH.started(int(os.environ["RANK"]))
+    # here, not at the top: the agent imports this module before its lifeline starts, and only a rank needs it
     from dtlab.rank import lifecycle
 
     lifecycle.START_METHOD = "fork"
@@ -196,6 +197,7 @@ def run_agent(exits_path: str, rdzv_path: str, argv: list[str]) -> None:
     """torchrun's `main(argv)`, with a function entry point when argv says --start-method=fork; writes what it knows
     of each failed rank to `exits_path` and a failed rendezvous to `rdzv_path`."""
     global _WATCH
+    # torch only here, in the agent process: the notebook and the CLI import this module and never pay for torch
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch

@@ -26,6 +26,10 @@ import os
 import time
 
 from dtlab.config.calibration import DEFAULT_SIZES, CalibConfig
+from dtlab.launching import replay
+from dtlab.launching.handle import Handle, launch_facts
+from dtlab.launching.nodes import start_job
+from dtlab.launching.torchrun import unique_dir
 from dtlab.results.calibration import load_calibration
 
 
@@ -86,11 +90,6 @@ def calibrate(
 def launch_calibration(cfg: CalibConfig, spec=None):
     """Start a calibration sweep (this node's part of it when nnodes > 1; `spec`: a dtlab.launching.nodes.NodeSpec,
     see dtlab.launching.emulate); returns a launcher Handle whose wait() gives the Profile."""
-    from dtlab.launching import replay
-    from dtlab.launching.handle import Handle, launch_facts
-    from dtlab.launching.nodes import start_job
-    from dtlab.launching.torchrun import unique_dir
-
     if replay.replay_root():  # grading a submission: its recorded sweep, not a new one
         fields, defaults = dataclasses.asdict(cfg), dataclasses.asdict(type(cfg)())
         return replay.Replayed(replay.require("calibration", fields, defaults), load_calibration)

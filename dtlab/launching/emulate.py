@@ -200,6 +200,7 @@ class Emulation:
 
     def launch(self, cfg) -> list:
         """Start every node of a training run; returns their Handles (node 0's first)."""
+        # the launcher (pandas, scipy) only here: `dtlab emulate check` and the namespaces need none of it
         from dtlab.launching.handle import launch
 
         cfg = self.prepare(cfg, f"runs/{cfg.strategy}-{cfg.model}-{self.nnodes}x{cfg.nproc or 2}")
@@ -213,7 +214,7 @@ class Emulation:
 
     def calibrate(self, cfg, progress: bool = True):
         """Calibrate across the emulated nodes (cfg: a CalibConfig; nproc ranks per node); the `Profile`."""
-        from dtlab.launching.calibration import launch_calibration
+        from dtlab.launching.calibration import launch_calibration  # not at the top: see launch()
 
         cfg = self.prepare(cfg, f"profiles/calib-{self.nnodes}x{cfg.nproc}")
         handles = [launch_calibration(cfg, spec) for spec in self.specs()]

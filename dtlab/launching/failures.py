@@ -23,7 +23,7 @@ from dtlab.launching.nodes import rendezvous_sentence
 from dtlab.launching.torchrun import last_lines
 from dtlab.results.events import read_events
 from dtlab.results.restarts import attempt_of, final_attempt_events
-from dtlab.results.status import RunFailed
+from dtlab.results.status import RunFailed, node_statuses
 from dtlab.runfiles import RANK_EXIT_DISK_FULL, disk_sentence, looks_full
 
 PROGRESS_KINDS = ("step", "baseline_step", "sample", "calib")  # events that mean "this rank is stepping"
@@ -181,8 +181,6 @@ def _stall_failure(run_dir: str, run, stall: dict) -> RunFailed:
 def _stalled_elsewhere(node, frozen: bool) -> dict | None:
     """Multi-node: the status of another node whose watchdog stopped the run (with `frozen`, only one that found
     a frozen rank): what held up, or cut off, this node's ranks. None if no node says so."""
-    from dtlab.results.status import node_statuses
-
     for slot, st in sorted(node_statuses(node.run_dir).items()):
         if slot != node.slot and st.get("state") == "stalled" and st.get("frozen_ranks" if frozen else "stalled_ranks"):
             return {"slot": slot, **st}
@@ -388,8 +386,8 @@ def progress_of(events: list | None) -> str:
 
 
 def _final_attempt(run_dir: str) -> list[list[dict]]:
-    """Each rank's events of the run's last attempt (torchrun restarts the group: dtlab.results.restarts): what torchrun's
-    exit record (exits.json) describes. Without restarts, all of them."""
+    """Each rank's events of the run's last attempt (torchrun restarts the group: dtlab.results.restarts): what
+    torchrun's exit record (exits.json) describes. Without restarts, all of them."""
     per_rank = [read_events(p) for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))]
     last = max((attempt_of(e) for evs in per_rank for e in evs), default=0)
     return [final_attempt_events(evs, last) for evs in per_rank]

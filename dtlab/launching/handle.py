@@ -18,8 +18,10 @@ import subprocess
 import sys
 import time
 
+from dtlab.config.placement import device_count
 from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
+from dtlab.launching import replay
 from dtlab.launching.failures import crashed_after_done, run_failure
 from dtlab.launching.nodes import NodeLaunch, NodeSpec, start_job, wait_for_nodes
 from dtlab.launching.torchrun import default_out, is_rank_of, kill_pid, rank_processes, release_lifeline, signal_group
@@ -257,9 +259,8 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
     (DTLAB_REPLAY, see dtlab.launching.replay), returns its recorded run instead, or raises ReplayMissing.
 
     With `nnodes` > 1 this starts this node's part of the job (see dtlab.config.nodes): call it on every node with
-    the same config; `node` says how to start this node's agent where the defaults do not fit (dtlab.launching.emulate)."""
-    from dtlab.launching import replay
-
+    the same config; `node` says how to start this node's agent where the defaults do not fit
+    (dtlab.launching.emulate)."""
     if replay.replay_root():  # grading a submission: load its recorded run, on whatever machine grades it
         return replay.Replayed(replay.require("config", config.to_dict(), type(config)().to_dict()), load_run)
     cfg = config.validate()
@@ -288,8 +289,6 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
 
 def launch_facts() -> dict:
     """What a replay needs to rebuild a lab's configs on another machine: quick mode and the GPU count."""
-    from dtlab.config.placement import device_count
-
     return {"quick": os.environ.get("DTLAB_QUICK", "0") == "1", "gpus": device_count()}
 
 
@@ -299,6 +298,7 @@ def run(config: RunConfig, progress: bool = True) -> Run:
 
 
 def _bar(total: int, desc: str, unit: str = "step"):
+    # tqdm.auto imports IPython and ipywidgets where present (heavy): only when a bar is drawn, not with the module
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit)

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
 import time
 
 from dtlab.config.run import RunConfig
+from dtlab.launching.torchrun import prepare_dir
 from dtlab.results.status import recorded_status
 from dtlab.runfiles import dump_json
 
@@ -134,8 +136,8 @@ def prepare(cfg: RunConfig, nodes: int, gpus_per_node: int = 0, dry_run: bool = 
     False: a dry run writes the same files but leaves the claim to the submission, so the job can be submitted to
     the same directory after its script was inspected (or the dry run repeated with other flags). A directory that
     holds anything else (a submitted job, a run) is refused either way."""
+    # the launcher (pandas) only when used: the sbatch script runs this module for its status marks (`mark`)
     from dtlab.launching.handle import launch_facts
-    from dtlab.launching.torchrun import prepare_dir
 
     job = job_config(cfg, nodes, gpus_per_node)
     script = sbatch_script(job, gpus_per_node=gpus_per_node, **script_args)
@@ -246,11 +248,9 @@ def submit(
 
 def _node_task(cfg_dict: dict, port: int | None) -> str:
     """One submitit task = one node: join the job's rendezvous, run this node's ranks, return the run directory."""
-    import re
+    import submitit  # optional (the slurm extra); this runs in a submitit task, which has it
 
-    import submitit
-
-    from dtlab.launching.handle import launch
+    from dtlab.launching.handle import launch  # not at the top: see prepare()
 
     env = submitit.JobEnvironment()
     host = env.hostnames[0] if env.num_nodes > 1 else "127.0.0.1"  # one machine (LocalExecutor): loopback

@@ -5,12 +5,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
 
 import pandas as pd
 
 from dtlab.config.run import RunConfig
+from dtlab.launching.handle import run as run_one
 from dtlab.model.whatif import config_label
-from dtlab.results.status import recorded_status
+from dtlab.results.run import load_run
+from dtlab.results.status import RunFailed, recorded_status
 
 SWEEP_COLUMNS = [
     "label",
@@ -65,11 +68,7 @@ def sweep(
     that fails is reported with status 'failed' and the error, and the sweep goes on. A run whose exposed time is
     inside the machine's noise has no `exposed` or `overlap` (NaN), and `reason` says so with the noise's size
     (dtlab.results.breakdown)."""
-    from tqdm.auto import tqdm
-
-    from dtlab.launching.handle import run as run_one
-    from dtlab.results.run import load_run
-    from dtlab.results.status import RunFailed
+    from tqdm.auto import tqdm  # imports IPython and ipywidgets where present: only when a sweep runs
 
     nprocs = list(nproc) if nproc is not None else [base.nproc]
     buckets = list(bucket_mb) if bucket_mb is not None else [base.bucket_mb]
@@ -94,8 +93,6 @@ def sweep(
                 run, status = load_run(cfg.out), "reused"
             else:
                 if os.path.exists(cfg.out):  # an unfinished or different run here: keep it, aside
-                    import time
-
                     os.rename(cfg.out, f"{cfg.out}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
                 run, status = run_one(cfg, progress=False), "ran"
         except RunFailed as e:

@@ -34,8 +34,8 @@ RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.rank.harne
 
 def free_port() -> int:
     """A TCP port free on loopback right now. Racy by nature (someone may take it before it is used): a
-    single-node launch never uses it (port 0 rendezvous); emulated nodes on loopback (dtlab.launching.emulate) must agree
-    on a port before any of them binds it, so they take one from here."""
+    single-node launch never uses it (port 0 rendezvous); emulated nodes on loopback (dtlab.launching.emulate) must
+    agree on a port before any of them binds it, so they take one from here."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -227,8 +227,8 @@ def _comm(pid: int) -> str:
 def is_rank_of(pid: int, run_dir: str, slot: int | None = None) -> bool:
     """True if `pid` is alive and is a rank started for `run_dir`: its arguments include the run directory
     itself (not merely a path that starts with it) and a dtlab rank module; a rank forked from torchrun's agent
-    carries the agent's command line and is told from the agent by its name (RANK_COMM). Never a reused PID. With `slot`,
-    only a rank of that node of a multi-node job (two emulated nodes share one machine's process table)."""
+    carries the agent's command line and is told from the agent by its name (RANK_COMM). Never a reused PID. With
+    `slot`, only a rank of that node of a multi-node job (two emulated nodes share one machine's process table)."""
     argv = _argv(pid)  # a zombie has an empty command line: dead for our purposes
     ok = (
         os.path.abspath(run_dir).encode() in argv

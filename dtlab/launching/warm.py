@@ -35,6 +35,7 @@ import threading
 import time
 
 from dtlab.launching.warmserver import MARKER
+from dtlab.results.liveness import alive, identity
 
 #: DTLAB_WARM_AGENT: '1' (default) forks CPU jobs' agents from a warm server; '0' starts each one afresh.
 WARM_VALUES = ("0", "1")
@@ -190,8 +191,6 @@ class WarmProc:
     """A forked agent, with the parts of `subprocess.Popen` the launcher uses: pid, returncode, poll(), wait()."""
 
     def __init__(self, server: _Server, req: int, pid: int, args: list[str]):
-        from dtlab.results.liveness import identity
-
         self._server, self._req, self.pid, self.args = server, req, pid, args
         self.returncode: int | None = None
         self._ident = identity(pid)
@@ -204,8 +203,6 @@ class WarmProc:
         return self.returncode
 
     def _settle(self) -> None:
-        from dtlab.results.liveness import alive
-
         if self._req in self._server.exits:
             self.returncode = self._server.exits.pop(self._req)
         elif self._server.dead and not alive(self._ident):

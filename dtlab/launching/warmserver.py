@@ -21,6 +21,8 @@ import sys
 import threading
 import traceback
 
+from dtlab.launching import agent
+
 MARKER = "dtlab warm agent"  # a forked agent's `-c` argument (a cold agent's is the shim's source)
 
 
@@ -49,10 +51,10 @@ def set_cmdline(args: list[str]) -> bool:
 def _imports() -> None:
     """What every CPU agent and its forked ranks import: torch, torch's elastic agent, transformers' DistilBERT
     and tokenizer classes, dtlab's rank modules."""
+    # here, not at the top: the launching process imports this module, and the server reports a failed import to it
     import torch.distributed.run  # noqa: F401
     from torch.distributed.launcher.api import elastic_launch  # noqa: F401
 
-    import dtlab.launching.agent  # noqa: F401
     import dtlab.rank.calibration  # noqa: F401
     import dtlab.rank.harness  # noqa: F401
     import dtlab.rank.worker  # noqa: F401
@@ -163,8 +165,6 @@ def _become_agent(req: dict, fds: list[int], sock: socket.socket, wake: tuple[in
         args = [str(life_fd)] + req["args"]
         sys.argv = ["-c"] + args
         set_cmdline([sys.executable, "-c", MARKER] + args)
-        from dtlab.launching import agent
-
         agent.WARM = True
         code = _as_interpreter(lambda: agent.agent_main(args))
     except BaseException:  # noqa: BLE001 - setting up failed: say why in the run's torchrun log (fd 2 by now)

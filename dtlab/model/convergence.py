@@ -33,7 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dtlab.config.strategies import strategy_spec
 from dtlab.model import costmodel
+from dtlab.model.compression import compression_from_run
 
 KINDS = ("sync", "local_sgd", "compressed", "async")
 ASSUMPTION = (
@@ -173,8 +175,6 @@ def crossover_bandwidth(
 def lever_from_run(label: str, run, target: float) -> Lever:
     """A Lever from a recorded run (a dtlab Run): its kind and parameters from the config, steps to `target` from its
     evaluations, compression's r and encode time measured from its buckets (dtlab.model.compression)."""
-    from dtlab.config.strategies import strategy_spec
-
     cfg = run.config
     steps = run.steps_to(target)
     source = f"measured: {run.path}, first evaluation at or above {target:g}"
@@ -183,8 +183,6 @@ def lever_from_run(label: str, run, target: float) -> Lever:
     if int(cfg.get("local_sgd") or 0):
         return Lever(label, "local_sgd", steps, period=int(cfg["local_sgd"]), source=source)
     if cfg.get("comm_hook", "none") != "none":
-        from dtlab.model.compression import compression_from_run
-
         c = compression_from_run(run)
         return Lever(label, "compressed", steps, ratio=c["ratio"], encode_s=c["encode_s"], source=source)
     return Lever(label, "sync", steps, source=source)

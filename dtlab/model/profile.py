@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.model.fit import PROFILE_FILE, REQUIRED_COLUMNS, AlphaBetaFit, check_samples, fit_alpha_beta, fit_piecewise
+from dtlab.units import fmt_gbps, fmt_us
 
 
 @dataclass(kw_only=True)
@@ -132,8 +133,6 @@ class Profile:
 
 def profile_table(profile) -> str:
     """The fitted alpha (microseconds) and beta (as GB/s) per op with 95% intervals, and the caveats."""
-    from dtlab.units import fmt_gbps, fmt_us
-
     m = profile.meta
     nodes = m.get("nnodes", 1)
     where = (

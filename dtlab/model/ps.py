@@ -7,12 +7,13 @@ dtlab's strategy 'ps' (dtlab.rank.strategies.ps) reduces each gradient bucket to
 torch.distributed's `reduce` and `broadcast`: rank 0 is the server, colocated with worker 0. Four ways to
 price that, all at p = 1 free (no peer):
 
-| form | formula | what it assumes |
-| --- | --- | --- |
-| textbook, per worker (`parameter_server`) | alpha + beta n | one message of n per worker, the server never the bottleneck: flat in p |
-| at the server link (`ps_server`) | 2 alpha + 2(p-1) n beta | p-1 workers push n through one link, then pull n back: linear in p |
-| gloo's reduce + broadcast (`ps_gloo`) | (p + L) alpha + (2(p-1)/p + L) n beta, L = ceil(log2 p) | what torch's gloo backend does |
-| NCCL's reduce + broadcast (`ps_nccl`) | 2(p-1) alpha + 2 n beta | pipelined rings (large n) |
+- textbook, per worker (`parameter_server`): alpha + beta n. One message of n per worker, the server never the
+  bottleneck: flat in p.
+- at the server link (`ps_server`): 2 alpha + 2(p-1) n beta. p-1 workers push n through one link, then pull n back:
+  linear in p.
+- gloo's reduce + broadcast (`ps_gloo`): (p + L) alpha + (2(p-1)/p + L) n beta, L = ceil(log2 p). What torch's gloo
+  backend does.
+- NCCL's reduce + broadcast (`ps_nccl`): 2(p-1) alpha + 2 n beta. Pipelined rings (large n).
 
 beside the ring all-reduce, 2(p-1) alpha + 2(p-1)/p n beta (textbook alpha (p-1) + beta n / p).
 

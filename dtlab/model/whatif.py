@@ -18,6 +18,7 @@ import pandas as pd
 from dtlab.config.models import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
 from dtlab.model import buckets as bk
 from dtlab.model import costmodel
+from dtlab.model.parallel import tp_allreduces
 from dtlab.units import fmt_mib
 
 
@@ -143,8 +144,8 @@ def whatif(
     at that rate, after it at the idle one (:func:`dtlab.model.buckets.simulate_queue`).
 
     Steps: :func:`dtlab.model.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
-    does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`, ready times
-    from :func:`dtlab.model.buckets.whatif_ready_times` (backward spread over buckets by bytes, an
+    does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`,
+    ready times from :func:`dtlab.model.buckets.whatif_ready_times` (backward spread over buckets by bytes, an
     assumption), then :func:`dtlab.model.buckets.predict_step`.
 
     Returns predict_step's dict (t_comm, t_comm_end, exposed, t_step, t_comp, overlap, start, end;
@@ -215,8 +216,6 @@ def whatif(
 def tp_setting(degree: int, n_layers: int, tokens: int, hidden: int, itemsize: int = 4) -> dict:
     """:func:`whatif`'s `tp`: Megatron tensor parallelism of degree t, 4 all-reduces per block and step of
     tokens x hidden x itemsize bytes (tokens = batch x sequence length per rank)."""
-    from dtlab.model.parallel import tp_allreduces
-
     return {
         "degree": int(degree),
         "allreduces": tp_allreduces(n_layers),

@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dtlab.model.convergence import ASSUMPTION, crossover_bandwidth, first_to_target, time_to_target
+from dtlab.viz.dashboard import sync_widget
 from dtlab.viz.figures import set_title
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#9D755D")
@@ -121,8 +122,6 @@ class ConvergenceExplorer(widgets.VBox):
         form: str = "ring",
         source: str = "",
     ):
-        from dtlab.viz.dashboard import sync_widget
-
         self._sync = sync_widget
         self.levers, self.target, self.form, self.source = list(levers), target, form, source
         self.fixed = dict(t_comp=t_comp, nbytes=nbytes, t_apply=t_apply)

@@ -171,7 +171,8 @@ def bubble_figure(table: pd.DataFrame, stages: int | None = None) -> go.Figure:
 
 
 def phase_bytes_figure(tables: dict) -> go.Figure:
-    """Bytes per rank and step by phase and op, one group per run (label -> :func:`dtlab.results.parallel.phase_bytes`)."""
+    """Bytes per rank and step by phase and op, one group per run (label ->
+    :func:`dtlab.results.parallel.phase_bytes`)."""
     fig = go.Figure()
     for label, t in tables.items():
         fig.add_trace(

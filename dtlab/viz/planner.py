@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import html
 
+import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dtlab.model import planner as pl
 from dtlab.units import fmt_time
+from dtlab.viz.dashboard import sync_widget
 from dtlab.viz.figures import set_title
 
 PARTS = (
@@ -149,10 +151,6 @@ def planner(
     beta_inter (s, s/B) and source (:func:`dtlab.model.planner.levels_from_profile`); compute:
     :func:`dtlab.model.planner.compute_from_run`; measured: :func:`dtlab.model.planner.measured_rows`, drawn
     while the controls show `measured_setting` (model, global_batch, seq, microbatches: what the runs ran)."""
-    import ipywidgets as widgets
-
-    from dtlab.viz.dashboard import sync_widget
-
     style, layout = {"description_width": "150px"}, widgets.Layout(width="460px")
 
     def sel(options, value, desc):

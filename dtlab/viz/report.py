@@ -5,14 +5,16 @@ from __future__ import annotations
 import html
 import os
 
+from dtlab.results.stragglers import run_waits
+from dtlab.viz.figures import breakdown_bar, bucket_timeline, bytes_by_op, memory_bars
+from dtlab.viz.stragglers import who_waited
+
 
 def write_report(run, path: str | None = None) -> str:
     """Write the breakdown bar (with each figure's 90% interval), the bucket timeline and the summary table to one
     HTML file; return its path.
 
     plotly.js is inlined once so the file opens offline."""
-    from dtlab.viz.figures import breakdown_bar, bucket_timeline, bytes_by_op, memory_bars
-
     path = path or os.path.join(run.path, "report.html")
     summary = run.summary()  # once: the figures, the table and the text all show the same intervals
     figs = [
@@ -22,9 +24,6 @@ def write_report(run, path: str | None = None) -> str:
         memory_bars({run.config.get("strategy", "run"): run}),
     ]
     if run.config.get("straggler") and not run.buckets.empty:  # who waited for whom
-        from dtlab.results.stragglers import run_waits
-        from dtlab.viz.stragglers import who_waited
-
         figs.insert(2, who_waited(run_waits(run), f"straggler {run.config['straggler']}"))
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = summary.to_html(index=False, float_format=lambda v: f"{v:.4g}")

@@ -1,8 +1,10 @@
-"""Pure figures for stragglers: who waited for whom. Data in (`dtlab.results.stragglers` frames), `go.Figure` out; ms on screen."""
+"""Pure figures for stragglers: who waited for whom. Data in (`dtlab.results.stragglers` frames), `go.Figure` out;
+ms on screen."""
 
 from __future__ import annotations
 
 import pandas as pd
+import plotly.colors
 import plotly.graph_objects as go
 
 from dtlab.results.stragglers import sync_step_model, wait_summary
@@ -113,6 +115,4 @@ def wait_per_step(waits: pd.DataFrame) -> go.Figure:
 
 def px_colors() -> list[str]:
     """Plotly's default qualitative palette (the colours traces get when none is set)."""
-    import plotly.colors
-
     return list(plotly.colors.qualitative.Plotly)

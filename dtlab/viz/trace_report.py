@@ -9,14 +9,13 @@ import os
 
 import plotly.graph_objects as go
 
+from dtlab.results.kineto.trace import COMM, COMP
 from dtlab.viz.figures import set_title
 
 
 def trace_timeline(trace, step: int | None = None, max_bars: int = 4000) -> go.Figure:
     """One profiler step (default: the last non-baseline one of the first rank) on every rank: compute and
     communication intervals as bars, times in ms from the step's start on each rank."""
-    from dtlab.results.kineto.trace import COMM, COMP
-
     fig = go.Figure()
     steps = trace.steps
     if steps.empty:
