@@ -6,18 +6,25 @@
 only after success (after a failure, peers may never join a clean shutdown: exiting is what frees them).
 Also here: the process-group setup every strategy uses, the run-time facts rank 0 adds to config.json, and the
 fault injection the drills use.
+
+The entry modules (dtlab.rank.worker, dtlab.rank.calibration) import this one before `rank_main` has set the rank up,
+so it imports no torch (nor transformers) at its top: the functions that need them import them, once the rank is
+tied to torchrun and writes to its own log.
 """
 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import os
+import platform
 import signal
 import socket
 import sys
 import time
 import traceback
+from importlib.metadata import PackageNotFoundError, version
 
 from dtlab.config.environment import env_record, set_default
 from dtlab.config.run import RunConfig
@@ -173,10 +180,9 @@ def _attempt_store(world: int) -> dict:
     }
 
 
-def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources: dict, world: int) -> None:
-    """Rank 0 adds what was resolved at run time to config.json (versions, devices, sources)."""
-    import platform
-
+def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, facts: dict, world: int) -> None:
+    """Rank 0 adds what was resolved at run time to config.json (versions, devices) and the rank's `facts` (where the
+    model and data came from, the strategy's layout and expected traffic, how times were taken)."""
     import torch
     import transformers
 
@@ -213,7 +219,7 @@ def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, sources:
         "determinism": determinism_note(cfg, device.type),
         "environment": env_record(os.environ),  # the NCCL settings: the user's, and what dtlab set where unset
         "optimizer": optimizer_note(cfg, device.type),
-        **sources,
+        **facts,
     }
     dump_json(doc, path)
 
@@ -300,8 +306,6 @@ def dump_stacks_on_sigusr1() -> None:
     thread is blocked in C++ (a collective, backward): the launcher's watchdog asks for it on a stall.
     faulthandler's handler runs at signal level, which a Python-level handler could not do there. A crash
     (SIGSEGV, SIGBUS, SIGABRT, ...) also leaves the stack in the log before the rank dies of it."""
-    import faulthandler
-
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
 
@@ -328,8 +332,6 @@ def record_error_file(e: BaseException) -> None:
 
 
 def _optional_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for name in ("datasets", "deepspeed"):  # read from metadata: importing deepspeed costs seconds
         try:

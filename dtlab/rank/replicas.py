@@ -1,6 +1,7 @@
-"""What the strategies beyond data parallelism ('tp', 'pp', 'fsdp2') share inside a rank: the model and this
-replica's batches, the DeviceMesh of a 2-D layout, the data-parallel gradient average between replicas, the
-bytes a rank holds, and the single-process reference (dtlab.rank.reference) when the config asks for it.
+"""What the strategies beyond data parallelism ('tp', 'pp', 'fsdp2') share inside a rank: the replica
+(dtlab.rank.build) with this replica's batches, the DeviceMesh of a 2-D layout, the data-parallel gradient average
+between replicas, the timed step, the bytes a rank holds, and the single-process reference (dtlab.rank.reference)
+when the config asks for it.
 
 A 'tp' or 'pp' run of W ranks with dp_degree d is a d x (W / d) mesh with dimensions ("dp", "tp") or ("dp",
 "pp"): rank r sits at dp coordinate r // (W / d), so the ranks of one replica are consecutive. Every rank of a
@@ -13,8 +14,17 @@ import copy
 import time
 from dataclasses import dataclass
 
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
 from dtlab.config.parallel import layout
 from dtlab.config.run import RunConfig
+from dtlab.rank.build import build_replica
+from dtlab.rank.recorder import peak_memory
+from dtlab.rank.reference import Reference
 
 
 @dataclass
@@ -31,57 +41,32 @@ class Built:
     mesh: object
     dp_rank: int
     degrees: dict
-    sources: dict
+    facts: dict
 
 
 def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
-    """Process group, mesh, model, tokenizer, this replica's batches and the reference."""
-    import torch
-
-    from dtlab.rank.data import apply_dropout, build_model, load_sentences
-    from dtlab.rank.lifecycle import setup_distributed
-    from dtlab.rank.optim import settle_lr
-    from dtlab.rank.strategies.ddp import make_batches
-
-    device, backend = setup_distributed(cfg, rank, world)
+    """The replica (dtlab.rank.build: process group, model, this replica's batches), the mesh and the reference."""
     deg = layout(cfg)
+    dp = deg["dp"]
+    dp_rank = rank // (world // dp)
+    rep = build_replica(cfg, rank, world, shards=dp, shard=dp_rank, every_shard=cfg.reference)
     spec_axis = "tp" if deg["tp"] > 1 else "pp" if deg["pp"] > 1 else None
     mesh = None
     if spec_axis is not None:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(device.type, (deg["dp"], deg[spec_axis]), mesh_dim_names=("dp", spec_axis))
-    dp = deg["dp"]
-    dp_rank = rank // (world // dp)
-    torch.manual_seed(cfg.seed)
-    built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
-    lr = settle_lr(cfg, built)  # cfg.lr: explicit, or the default for these weights (the strategies' AdamW reads it)
-    apply_dropout(built.model, cfg.dropout)
-    sentences, labels, data_src = load_sentences(cfg.data, cfg.steps * cfg.batch_size * dp, cfg.seed)
-    per_replica = [make_batches(cfg, built.tokenizer, sentences, labels, r, dp, device) for r in range(dp)]
-    ref = None
-    if cfg.reference:
-        from dtlab.rank.reference import Reference
-
-        ref = Reference(copy.deepcopy(built.model), per_replica, cfg.lr, device)
-    params = list(built.model.parameters())
-    sources = {
-        "model_source": built.model_source,
-        "tokenizer_source": built.tokenizer_source,
-        "data_source": data_src,
-        "lr": lr,
-        "num_parameters": sum(p.numel() for p in params),
-        "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-        "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
+        mesh = init_device_mesh(rep.device.type, (dp, deg[spec_axis]), mesh_dim_names=("dp", spec_axis))
+    ref = Reference(copy.deepcopy(rep.model), rep.every_shard, cfg.lr, rep.device) if cfg.reference else None
+    config = rep.model.config
+    facts = {
+        **rep.facts,
         "layout": deg,
-        "n_layers": int(built.model.config.n_layers),
-        "hidden": int(built.model.config.dim),
-        "n_heads": int(built.model.config.n_heads),
-        "ffn_hidden": int(built.model.config.hidden_dim),
+        "n_layers": int(config.n_layers),
+        "hidden": int(config.dim),
+        "n_heads": int(config.n_heads),
+        "ffn_hidden": int(config.hidden_dim),
         "global_batch": cfg.batch_size * dp,
         "dropout": cfg.dropout,
     }
-    return Built(device, backend, built.model, per_replica[dp_rank], ref, mesh, dp_rank, deg, sources)
+    return Built(rep.device, rep.backend, rep.model, rep.batches, ref, mesh, dp_rank, deg, facts)
 
 
 def dp_sync(params, mesh, recorder) -> None:
@@ -89,10 +74,6 @@ def dp_sync(params, mesh, recorder) -> None:
     gradient flattened into one buffer, then / dp. A no-op with one replica."""
     if mesh is None or mesh.size(0) == 1:
         return
-    import torch
-    import torch.distributed as dist
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
     grads = [_local(p.grad) for p in params if p.grad is not None]
     flat = _flatten_dense_tensors(grads)
     group, n = mesh.get_group("dp"), mesh.size(0)
@@ -106,8 +87,6 @@ def dp_sync(params, mesh, recorder) -> None:
 
 
 def _local(t):
-    from torch.distributed.tensor import DTensor
-
     return t.to_local() if isinstance(t, DTensor) else t
 
 
@@ -118,10 +97,6 @@ def local_bytes(tensors) -> int:
 
 def memory_record(params, opt, device) -> dict:
     """What this rank holds: its parameters, gradients and optimizer state (local shards), and its peak."""
-    import torch
-
-    from dtlab.rank.recorder import peak_memory
-
     params = list(params)
     state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
     peak, kind = peak_memory(device)
@@ -137,8 +112,6 @@ def memory_record(params, opt, device) -> dict:
 def check_reference(ref, step: int, named_params, writer, rank: int, loss) -> None:
     """Train the reference one step on the global batch and write how this rank's gradients compare; then wait
     for every rank (the reference's time must not land in the next step as a wait for this one)."""
-    import torch.distributed as dist
-
     t0 = time.perf_counter()
     rec = ref.step_and_compare(step, named_params)
     writer.write("reference", rank=rank, step=step, loss=loss, seconds=time.perf_counter() - t0, **rec)
@@ -155,3 +128,33 @@ def after_step(writer, rank: int, step: int, params, opt, device, reference, nam
         )
     if reference is not None:
         check_reference(reference, step, named_params, writer, rank, loss)
+
+
+def timed_step(step: int, clock, rec, opt, compute, batch, params, mesh=None, align: bool = False):
+    """One timed step of a split strategy (tp, pp, fsdp2); returns (the clock's marks, time blocked, what `compute`
+    returned). The gradients are zeroed before the clock starts (the reference compares them after the step);
+    with `align`, every rank meets at a barrier first, so that the step starts together on every stage.
+    `compute(batch)` runs forward and backward and marks "fwd" (or its own marks) on `clock`; then come the
+    replicas' gradient average over the mesh's "dp" dimension (`dp_sync`; nothing without a mesh), the mark "bwd",
+    the optimizer and the mark "opt". The clock is read once (on GPU, the step's one sync point) before the
+    recorder's marks are."""
+    opt.zero_grad(set_to_none=True)
+    if align:
+        dist.barrier()
+    clock.mark("start")
+    rec.begin(step, clock.start)
+    out = compute(batch)
+    rec.phase = "backward"
+    dp_sync(params, mesh, rec)
+    clock.mark("bwd")
+    rec.phase = "optimizer"
+    opt.step()
+    clock.mark("opt")
+    t = clock.read()
+    return t, rec.flush(), out
+
+
+def step_times(t: dict, t_fwd: float) -> dict:
+    """A step event's times from `timed_step`'s marks: forward until `t_fwd`, backward (and the gradient average)
+    until "bwd", the optimizer until "opt"."""
+    return {"t_fwd": t_fwd, "t_bwd": t["bwd"] - t_fwd, "t_opt": t["opt"] - t["bwd"], "t_step": t["opt"]}

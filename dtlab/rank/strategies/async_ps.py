@@ -35,7 +35,15 @@ import time
 import torch
 import torch.distributed as dist
 
+from dtlab.config.convergence import lr_rule_text
 from dtlab.config.run import RunConfig
+from dtlab.rank.build import build_replica
+from dtlab.rank.evaluation import Evaluator, TrainClock
+from dtlab.rank.lifecycle import record_resolved
+from dtlab.rank.marks import rank_marks
+from dtlab.rank.optim import Optimizer
+from dtlab.rank.recorder import peak_memory, tensor_bytes
+from dtlab.rank.staleness import Book
 
 PUSH, PULL = 1, 2
 HDR_PUSH, HDR_PULL = 4, 2
@@ -56,51 +64,23 @@ def _unflat(flat: torch.Tensor, tensors) -> None:
             off += n
 
 
-def _build(cfg: RunConfig, run_dir: str, rank: int, world: int):
-    from dtlab.rank.data import build_model, load_sentences
-    from dtlab.rank.lifecycle import setup_distributed
-    from dtlab.rank.optim import settle_lr
-    from dtlab.rank.strategies.ddp import make_batches
-
-    device, backend = setup_distributed(cfg, rank, world)
-    torch.manual_seed(cfg.seed)
-    built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
-    lr = settle_lr(cfg, built)  # cfg.lr: explicit, or the default for these weights
-    workers = world - 1
-    sentences, labels, data_src = load_sentences(cfg.data, cfg.steps * cfg.batch_size * workers, cfg.seed)
-    batches = make_batches(cfg, built.tokenizer, sentences, labels, rank - 1, workers, device) if rank else []
-    params = [p for p in built.model.parameters()]
-    nparams = sum(p.numel() for p in params)
-    sources = {
-        "model_source": built.model_source,
-        "tokenizer_source": built.tokenizer_source,
-        "data_source": data_src,
-        "lr": lr,
-        "num_parameters": nparams,
-        "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-        "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    """The server on rank 0, a worker on every other rank."""
+    workers = world - 1  # the global batch is cut into one share per worker; the server reads none
+    rep = build_replica(cfg, rank, world, shards=workers, shard=rank - 1 if rank else None)
+    device, backend = rep.device, rep.backend
+    nparams = rep.facts["num_parameters"]
+    facts = {
+        **rep.facts,
         "server_rank": SERVER,
         "workers": workers,
         "message_bytes": {"push": (HDR_PUSH + nparams) * 4, "pull": (HDR_PULL + nparams) * 4},
     }
-    return device, backend, built, batches, sources
-
-
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """The server on rank 0, a worker on every other rank."""
-    from dtlab.rank.lifecycle import record_resolved
-
-    device, backend, built, batches, sources = _build(cfg, run_dir, rank, world)
     group = dist.new_group(backend="gloo") if backend != "gloo" else None  # host messages, any source
-    model = built.model.to(device)
+    model = rep.model.to(device)
     model.train()
     if rank == SERVER:
-        from dtlab.config.convergence import lr_rule_text
-        from dtlab.rank.evaluation import Evaluator
-
-        evaluator = Evaluator(cfg, built.tokenizer, sources["data_source"], device, active=True)
-        from dtlab.rank.marks import rank_marks
-
+        evaluator = Evaluator(cfg, rep.tokenizer, facts["data_source"], device, active=True)
         timing = rank_marks(device, backend, synced=True).facts()  # how the workers take their marks
         record_resolved(
             run_dir,
@@ -108,7 +88,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             backend,
             device,
             {
-                **sources,
+                **facts,
                 **evaluator.facts,
                 "lr_rule": lr_rule_text(cfg),
                 "timing_method": timing,
@@ -116,13 +96,11 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             },
             world,
         )
-        writer.write("ready", rank=rank, time=time.time(), **sources)
+        writer.write("ready", rank=rank, time=time.time(), **facts)
         _serve(cfg, model, world, device, writer, evaluator, group)
     else:
-        writer.write("ready", rank=rank, time=time.time(), **sources)
-        _work(cfg, model, rank, batches, device, writer, group)
-    from dtlab.rank.recorder import peak_memory, tensor_bytes
-
+        writer.write("ready", rank=rank, time=time.time(), **facts)
+        _work(cfg, model, rank, rep.batches, device, writer, group)
     peak, kind = peak_memory(device)
     writer.write(
         "memory",
@@ -136,10 +114,6 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
 
 def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) -> None:
-    from dtlab.rank.evaluation import TrainClock
-    from dtlab.rank.optim import Optimizer
-    from dtlab.rank.staleness import Book
-
     params = [p for p in model.parameters()]
     n = sum(p.numel() for p in params)
     for p in params:
@@ -167,15 +141,19 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) 
         evaluator.run(model, book.version, clock, writer, SERVER, force=True, updates=len(book.taken))
         last_eval = book.version
 
-    if evaluator.due(0):
-        evaluate()
-    clock.start()
-    for w in sorted(active):  # the initial parameters (version 0), as far as the policy lets workers start
+    def start_or_hold(w: int) -> None:
+        """Send worker `w` the parameters, or hold it back while the policy says it may not start a step."""
         if book.may_start(w):
             book.started(w)
             reply(w)
         else:
             book.held.append(w)
+
+    if evaluator.due(0):
+        evaluate()
+    clock.start()
+    for w in sorted(active):  # the initial parameters (version 0), as far as the policy lets workers start
+        start_or_hold(w)
     while active:
         src = dist.recv(inbox, src=None, tag=PUSH, group=group)  # any worker (gloo returns the sender's rank)
         kind, wstep, wver, loss = (float(x) for x in inbox[:HDR_PUSH])
@@ -183,30 +161,8 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) 
             active.discard(src)
             book.outstanding.pop(src, None)
         else:
-            taken = book.push(src, int(wstep), int(wver))
-            lr = optim.lr
-            if taken.applied:
-                _unflat(inbox[HDR_PUSH:], [p.grad for p in params])
-                optim.step()
-            writer.write(
-                "update",
-                rank=SERVER,
-                worker=src,
-                step=taken.step,
-                computed_on=taken.computed_on,
-                staleness=taken.staleness,
-                applied=taken.applied,
-                version=taken.version,
-                t=clock.train(),
-                lr=lr if taken.applied else None,
-                loss=loss,
-                time=time.time(),
-            )
-            if book.may_start(src):
-                book.started(src)
-                reply(src)
-            else:
-                book.held.append(src)
+            taken = _take(book, optim, params, inbox, src, int(wstep), int(wver), loss, writer, clock)
+            start_or_hold(src)
         for w in book.release(active):
             reply(w)
         if kind != DONE and taken.applied and evaluator.every and book.version % evaluator.every == 0:
@@ -215,6 +171,36 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) 
         evaluate()
     for work in sending.values():
         work.wait()
+    _write_staleness(writer, book, clock)
+
+
+def _take(book, optim, params, inbox, src: int, wstep: int, wver: int, loss: float, writer, clock):
+    """Worker `src`'s pushed gradient (in `inbox`): applied unless the policy drops it, and its `update` event
+    written; returns the book's record of it."""
+    taken = book.push(src, wstep, wver)
+    lr = optim.lr
+    if taken.applied:
+        _unflat(inbox[HDR_PUSH:], [p.grad for p in params])
+        optim.step()
+    writer.write(
+        "update",
+        rank=SERVER,
+        worker=src,
+        step=taken.step,
+        computed_on=taken.computed_on,
+        staleness=taken.staleness,
+        applied=taken.applied,
+        version=taken.version,
+        t=clock.train(),
+        lr=lr if taken.applied else None,
+        loss=loss,
+        time=time.time(),
+    )
+    return taken
+
+
+def _write_staleness(writer, book, clock) -> None:
+    """The server's summary at the end: the histogram of staleness, updates applied and dropped."""
     hist = book.histogram()
     writer.write(
         "staleness",
@@ -253,8 +239,6 @@ def _work(cfg: RunConfig, model, rank: int, batches, device, writer, group) -> N
     dist.recv(pull, src=SERVER, tag=PULL, group=group)  # the initial parameters: before the first step, not timed
     _unflat(pull[HDR_PULL:], params)
     version = int(pull[0])
-    from dtlab.rank.marks import rank_marks
-
     clock = _Clock(rank_marks(device, "nccl" if device.type == "cuda" else "gloo", synced=True))
     nbytes = {"push": push.numel() * push.element_size(), "pull": pull.numel() * pull.element_size()}
     for step in range(cfg.steps):

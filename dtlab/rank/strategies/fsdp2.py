@@ -27,7 +27,16 @@ from __future__ import annotations
 
 import time
 
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
 from dtlab.config.run import RunConfig
+from dtlab.rank.collectives import CommRecorder
+from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+from dtlab.rank.marks import rank_marks
+from dtlab.rank.optim import adamw
+from dtlab.rank.recorder import StepClock
+from dtlab.rank.replicas import after_step, build, memory_record, step_times, timed_step
 
 
 def _padded_bytes(p, world: int) -> int:
@@ -39,6 +48,8 @@ def _padded_bytes(p, world: int) -> int:
 
 def _recorders(rec, label, layer):
     """A recording all-gather and reduce-scatter for one FSDP unit (subclasses of torch's defaults)."""
+    # a private module of torch (2.11 to 2.14): imported only by a recording run, so that a torch that moves it
+    # fails the recording, not every fsdp2 run
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
     def run(op, nbytes, group, call, async_op, **extra):
@@ -128,16 +139,6 @@ def blocked_recording(cuda: bool, watched: bool) -> dict:
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Shard the model with fully_shard, train cfg.steps steps and write step, collective, blocked, memory (and
     reference) events."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from dtlab.rank.collectives import CommRecorder
-    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-    from dtlab.rank.marks import rank_marks
-    from dtlab.rank.optim import adamw
-    from dtlab.rank.recorder import StepClock
-    from dtlab.rank.replicas import after_step, build, memory_record
-
     b = build(cfg, run_dir, rank, world)
     model = b.model.to(b.device)
     model.train()
@@ -152,14 +153,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     marks = rank_marks(b.device, b.backend)
     marks.prepare([mesh.get_group()])
     rec = CommRecorder(writer, rank, marks)
-    watched = bool(cfg.record and marks.cuda)
-    if cfg.record:
-        for label, layer, unit in [("root", None, model)] + [(f"layer.{i}", i, blk) for i, blk in enumerate(blocks)]:
-            ag, rs = _recorders(rec, label, layer)
-            unit.set_custom_all_gather(ag)
-            unit.set_custom_reduce_scatter(rs)
-            if marks.cuda:
-                watched = _watch_unshard(rec, unit, label) and watched
+    watched = _record_units(cfg, rec, model, blocks)
     params = list(model.parameters())
     opt = adamw(params, cfg.lr, cfg.optimizer_impl)
     expected = {
@@ -174,7 +168,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             b.backend,
             b.device,
             {
-                **b.sources,
+                **b.facts,
                 "fsdp_units": 1 + len(blocks),
                 "fsdp_expected": expected,
                 "expected_bytes_per_step": (
@@ -191,37 +185,38 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             },
             world,
         )
-    writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
+    writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.facts.items() if k != "param_nbytes"})
 
     clock = StepClock(b.device, marks)
     marks.seal()
-    for step in range(cfg.steps):
-        maybe_inject_fault(rank, step)
-        batch = b.batches[step % len(b.batches)]
-        opt.zero_grad(set_to_none=True)  # before the clock: the reference compares the gradients after the step
-        clock.mark("start")
-        rec.begin(step, clock.start)
+
+    def compute(batch):
         out = model(**batch)
         clock.mark("fwd")
         out.loss.backward()
-        clock.mark("bwd")
-        rec.phase = "optimizer"
-        opt.step()
-        clock.mark("opt")
-        t = clock.read()  # the step's one sync point on GPU: the recorder's marks are read after it
-        t_blocked = rec.flush()
+        return out
+
+    for step in range(cfg.steps):
+        maybe_inject_fault(rank, step)
+        batch = b.batches[step % len(b.batches)]
+        t, t_blocked, out = timed_step(step, clock, rec, opt, compute, batch, params)
         loss = float(out.loss.detach())
         writer.write(
-            "step",
-            rank=rank,
-            step=step,
-            t_fwd=t["fwd"],
-            t_bwd=t["bwd"] - t["fwd"],
-            t_opt=t["opt"] - t["bwd"],
-            t_step=t["opt"],
-            loss=loss,
-            t_blocked=t_blocked,
-            time=time.time(),
+            "step", rank=rank, step=step, **step_times(t, t["fwd"]), loss=loss, t_blocked=t_blocked, time=time.time()
         )
         after_step(writer, rank, step, params, opt, b.device, b.reference, model.named_parameters(), loss)
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
+
+
+def _record_units(cfg: RunConfig, rec, model, blocks) -> bool:
+    """With cfg.record, install the recording all-gather and reduce-scatter on every FSDP unit (the root and each
+    block) and, on CUDA, time each unit's wait for its all-gather; returns whether those waits are watched."""
+    watched = bool(cfg.record and rec.marks.cuda)
+    if cfg.record:
+        for label, layer, unit in [("root", None, model)] + [(f"layer.{i}", i, blk) for i, blk in enumerate(blocks)]:
+            ag, rs = _recorders(rec, label, layer)
+            unit.set_custom_all_gather(ag)
+            unit.set_custom_reduce_scatter(rs)
+            if rec.marks.cuda:
+                watched = _watch_unshard(rec, unit, label) and watched
+    return watched

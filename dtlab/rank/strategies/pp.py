@@ -19,23 +19,35 @@ What a rank records, besides dtlab's step events:
   one clock: 1 - sum over stages of busy time / (P x the longest t_pipe).
 
 The schedules use batch_isend_irecv, reported to hang on gloo (github.com/pytorch/pytorch/issues/132644); with
-torch 2.13 on gloo they run (tested). t_fwd is the time until this stage's last forward ended, t_bwd from there to the end of its
-schedule and the gradient average (1F1B interleaves backwards before the last forward), t_opt the optimizer.
+torch 2.13 on gloo they run (tested). t_fwd is the time until this stage's last forward ended, t_bwd from there to
+the end of its schedule and the gradient average (1F1B interleaves backwards before the last forward), t_opt the
+optimizer.
 """
 
 from __future__ import annotations
 
 import time
 
+import torch
+import torch.nn.functional as F
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from dtlab.config.parallel import split_layers
 from dtlab.config.run import RunConfig
+from dtlab.rank.collectives import CommRecorder
+from dtlab.rank.compat import is_pipeline_transfer, pipelining_p2p_helpers
+from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+from dtlab.rank.marks import rank_marks
+from dtlab.rank.optim import adamw
+from dtlab.rank.recorder import StepClock
+from dtlab.rank.replicas import after_step, build, local_bytes, memory_record, step_times, timed_step
+from dtlab.rank.strategies.stages import make_stage, stage_param_names
 
 _ACTIVE = {"recorder": None}  # the recorder the wrapped p2p helpers report to (one stage per process)
 
 
 def _install_p2p_recording() -> bool:
     """Wrap torch.distributed.pipelining.schedules' p2p helpers once per process; False when absent."""
-    from dtlab.rank.compat import pipelining_p2p_helpers
-
     found = pipelining_p2p_helpers()
     if found is None:
         return False
@@ -63,8 +75,6 @@ class P2PRecorder:
         self.depth = 0
 
     def batch_p2p(self, p2p_ops, desc=None):
-        from dtlab.rank.compat import is_pipeline_transfer
-
         rec = _ACTIVE["recorder"]
         if rec is None or self.depth or not is_pipeline_transfer(desc):
             return self._issue(p2p_ops, desc)
@@ -166,19 +176,6 @@ class ComputeTimeline:
 
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Build this rank's stage and schedule, train cfg.steps steps and write the events above."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    from dtlab.rank.collectives import CommRecorder
-    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-    from dtlab.rank.marks import rank_marks
-    from dtlab.rank.optim import adamw
-    from dtlab.rank.recorder import StepClock
-    from dtlab.rank.replicas import after_step, build, dp_sync, local_bytes, memory_record
-    from dtlab.rank.strategies.stages import make_stage, stage_param_names
-
     b = build(cfg, run_dir, rank, world)
     model = b.model.to(b.device)
     model.train()
@@ -198,31 +195,9 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     recorded = _install_p2p_recording() if cfg.record else False
     params = list(stage_mod.parameters())
     opt = adamw(params, cfg.lr, cfg.optimizer_impl)
-    M = cfg.microbatches
-    act = (cfg.batch_size // M) * cfg.seq_len * b.sources["hidden"] * 4  # one micro-batch's activations, fp32
-    dp = b.degrees["dp"]
-    p2p = dp * (P - 1) * 2 * M * act  # over all ranks per step: each boundary, both directions, every micro-batch
     grads = local_bytes(params)
     if rank == 0:
-        record_resolved(
-            run_dir,
-            cfg,
-            b.backend,
-            b.device,
-            {
-                **b.sources,
-                "stages": P,
-                "stage_layers": _stage_layers(n_layers, P),
-                "microbatch_activation_bytes": act,
-                "p2p_recorded": recorded,
-                "pp_schedule": cfg.pp_schedule,
-                "expected_bytes_per_step": {"send": p2p, "recv": p2p} if recorded else {},
-                "pipeline_recording": "stage.forward_one_chunk / backward_one_chunk wrapped per micro-batch; sends and "
-                "receives from torch.distributed.pipelining.schedules' p2p helpers",
-                "timing_method": marks.facts(),
-            },
-            world,
-        )
+        record_resolved(run_dir, cfg, b.backend, b.device, _facts(cfg, b, P, n_layers, recorded, marks), world)
     writer.write(
         "ready",
         rank=rank,
@@ -230,54 +205,63 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         stage=s,
         stage_params=len(mine),
         stage_grad_bytes=grads,
-        **{k: v for k, v in b.sources.items() if k != "param_nbytes"},
+        **{k: v for k, v in b.facts.items() if k != "param_nbytes"},
     )
     rec = CommRecorder(writer, rank, marks)
     _ACTIVE["recorder"] = rec if recorded else None
     clock = StepClock(b.device, marks)
     marks.seal()
 
+    def compute(batch):
+        """This stage's part of the schedule, every micro-batch timed; returns the last stage's losses."""
+        losses: list = []
+        timeline.begin(clock.start)
+        _schedule_step(sched, s, P, batch, losses, {"attention_mask": batch["attention_mask"]})
+        clock.mark("pipe")
+        return losses
+
     for step in range(cfg.steps):
         maybe_inject_fault(rank, step)
         batch = b.batches[step % len(b.batches)]
-        kwargs = {"attention_mask": batch["attention_mask"]}
-        losses: list = []
-        opt.zero_grad(set_to_none=True)  # before the clock: the reference compares the gradients after the step
-        dist.barrier()  # every stage starts the step together: the bubble is measured from one start
-        clock.mark("start")
-        rec.begin(step, clock.start)
-        timeline.begin(clock.start)
-        _schedule_step(sched, s, P, batch, losses, kwargs)
-        clock.mark("pipe")
-        rec.phase = "backward"
-        dp_sync(params, b.mesh, rec)
-        clock.mark("bwd")
-        rec.phase = "optimizer"
-        opt.step()
-        clock.mark("opt")
-        t = clock.read()  # the step's one sync point on GPU: every mark below is read after it
-        t_blocked = rec.flush()
+        # align: every stage starts the step together, so the bubble is measured from one start
+        t, t_blocked, losses = timed_step(step, clock, rec, opt, compute, batch, params, b.mesh, align=True)
         t_f = timeline.flush(writer, rank, step)
         loss = float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
         writer.write(
             "step",
             rank=rank,
             step=step,
-            t_fwd=t_f,
-            t_bwd=t["bwd"] - t_f,
-            t_opt=t["opt"] - t["bwd"],
-            t_step=t["opt"],
+            **step_times(t, t_f),
             t_pipe=t["pipe"],
             loss=loss,
             t_blocked=t_blocked,
             stage=s,
             dp_rank=b.dp_rank,
-            microbatches=M,
+            microbatches=cfg.microbatches,
             time=time.time(),
         )
         after_step(writer, rank, step, params, opt, b.device, b.reference, mine, loss)
     _ACTIVE["recorder"] = None
     writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
+
+
+def _facts(cfg: RunConfig, b, P: int, n_layers: int, recorded: bool, marks) -> dict:
+    """What rank 0 adds to config.json: the stages, one micro-batch's activation bytes and the traffic expected."""
+    M = cfg.microbatches
+    act = (cfg.batch_size // M) * cfg.seq_len * b.facts["hidden"] * 4  # one micro-batch's activations, fp32
+    p2p = b.degrees["dp"] * (P - 1) * 2 * M * act  # over all ranks per step: each boundary, both ways, every one
+    return {
+        **b.facts,
+        "stages": P,
+        "stage_layers": [list(r) for r in split_layers(n_layers, P)],
+        "microbatch_activation_bytes": act,
+        "p2p_recorded": recorded,
+        "pp_schedule": cfg.pp_schedule,
+        "expected_bytes_per_step": {"send": p2p, "recv": p2p} if recorded else {},
+        "pipeline_recording": "stage.forward_one_chunk / backward_one_chunk wrapped per micro-batch; sends and "
+        "receives from torch.distributed.pipelining.schedules' p2p helpers",
+        "timing_method": marks.facts(),
+    }
 
 
 def _schedule_step(sched, s: int, P: int, batch: dict, losses: list, kwargs: dict) -> None:
@@ -290,9 +274,3 @@ def _schedule_step(sched, s: int, P: int, batch: dict, losses: list, kwargs: dic
         sched.step(target=batch["labels"], losses=losses, **kwargs)
     else:
         sched.step(**kwargs)
-
-
-def _stage_layers(n_layers: int, stages: int) -> list:
-    from dtlab.config.parallel import split_layers
-
-    return [list(r) for r in split_layers(n_layers, stages)]

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.config.run import RunConfig
+from dtlab.rank.strategies.ddp import train as ddp_train
 
 SERVER_RANK = 0
 
@@ -137,6 +138,4 @@ def make_transport(world: int, device: torch.device, backend: str):
 
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Strategy 'ps': DDP's training loop with the reduce-to-rank-0 + broadcast transport."""
-    from dtlab.rank.strategies.ddp import train as ddp_train
-
     ddp_train(cfg, run_dir, rank, world, writer, make_transport=make_transport)

@@ -22,14 +22,25 @@ from __future__ import annotations
 import contextlib
 import time
 
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    parallelize_module,
+)
+
 from dtlab.config.run import RunConfig
+from dtlab.rank.collectives import CommRecorder, FuncolMode, LayerTracker
+from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+from dtlab.rank.marks import rank_marks
+from dtlab.rank.optim import adamw
+from dtlab.rank.recorder import StepClock
+from dtlab.rank.replicas import after_step, build, local_bytes, memory_record, step_times, timed_step
 
 
 def megatron_plan() -> dict:
     """The tensor-parallel plan of one DistilBERT TransformerBlock (see the module docstring)."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
-
     plan = {
         "attention": PrepareModuleInput(
             input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False
@@ -60,15 +71,6 @@ def expected_allreduce_bytes(batch_size: int, seq_len: int, hidden: int, n_layer
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Build the replica's mesh, split every block, train cfg.steps steps and write step, collective, blocked,
     memory (and reference) events."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    from dtlab.rank.collectives import CommRecorder, FuncolMode, LayerTracker
-    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-    from dtlab.rank.marks import rank_marks
-    from dtlab.rank.optim import adamw
-    from dtlab.rank.recorder import StepClock
-    from dtlab.rank.replicas import after_step, build, dp_sync, local_bytes, memory_record
-
     b = build(cfg, run_dir, rank, world)
     model = b.model.to(b.device)
     model.train()
@@ -80,7 +82,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         block.attention.n_heads = block.attention.n_heads // tp  # not read in forward; kept truthful
     params = list(model.parameters())
     opt = adamw(params, cfg.lr, cfg.optimizer_impl)
-    form = expected_allreduce_bytes(cfg.batch_size, cfg.seq_len, b.sources["hidden"], b.sources["n_layers"])
+    form = expected_allreduce_bytes(cfg.batch_size, cfg.seq_len, b.facts["hidden"], b.facts["n_layers"])
     local_grad = local_bytes(params)
     per_rank = form["bytes_per_step"] + (local_grad if b.degrees["dp"] > 1 else 0)
     marks = rank_marks(b.device, b.backend)
@@ -92,27 +94,24 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             b.backend,
             b.device,
             {
-                **b.sources,
+                **b.facts,
                 "tp_form": form,
                 "local_param_bytes": local_grad,
                 "expected_bytes_per_step": {"all_reduce": world * per_rank} if cfg.record else {},
-                "collective_recording": "TorchDispatchMode over DTensor's functional collectives (dtlab.rank.collectives)",
+                "collective_recording": "TorchDispatchMode over DTensor's functional collectives "
+                "(dtlab.rank.collectives)",
                 "timing_method": marks.facts(),
             },
             world,
         )
-    writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.sources.items() if k != "param_nbytes"})
+    writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.facts.items() if k != "param_nbytes"})
     rec = CommRecorder(writer, rank, marks)
     tracker = LayerTracker(model.distilbert.transformer.layer)
     clock = StepClock(b.device, marks)
     marks.seal()
 
-    for step in range(cfg.steps):
-        maybe_inject_fault(rank, step)
-        batch = b.batches[step % len(b.batches)]
-        opt.zero_grad(set_to_none=True)  # before the clock: the reference compares the gradients after the step
-        clock.mark("start")
-        rec.begin(step, clock.start)
+    def compute(batch):
+        """Forward and backward, every functional collective of DTensor recorded (cfg.record)."""
         mode = FuncolMode(rec, "tp", tracker) if cfg.record else contextlib.nullcontext()
         with mode:
             out = model(**batch)
@@ -120,23 +119,18 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             out.loss.backward()
         if cfg.record:
             mode.close()
-        rec.phase = "backward"
-        dp_sync(params, b.mesh, rec)
-        clock.mark("bwd")
-        rec.phase = "optimizer"
-        opt.step()
-        clock.mark("opt")
-        t = clock.read()  # the step's one sync point on GPU: the recorder's marks are read after it
-        t_blocked = rec.flush()
+        return out
+
+    for step in range(cfg.steps):
+        maybe_inject_fault(rank, step)
+        batch = b.batches[step % len(b.batches)]
+        t, t_blocked, out = timed_step(step, clock, rec, opt, compute, batch, params, b.mesh)
         loss = float(out.loss.detach())
         writer.write(
             "step",
             rank=rank,
             step=step,
-            t_fwd=t["fwd"],
-            t_bwd=t["bwd"] - t["fwd"],
-            t_opt=t["opt"] - t["bwd"],
-            t_step=t["opt"],
+            **step_times(t, t["fwd"]),
             loss=loss,
             t_blocked=t_blocked,
             dp_rank=b.dp_rank,

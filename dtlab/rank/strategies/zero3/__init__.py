@@ -24,8 +24,9 @@ streams, so T_step - T_comm is not compute time):
 - overlap: 1 - exposed / T_comm.
 
 How the collectives are recorded (wrapped deepspeed.comm backend methods) and their byte convention:
-dtlab.rank.strategies.zero3.comm; how blocked time is timed and summed: dtlab.rank.strategies.zero3.blocked; DeepSpeed's import and
-config: dtlab.rank.strategies.zero3.engine; the traffic and memory read from the engine: dtlab.rank.strategies.zero3.facts.
+dtlab.rank.strategies.zero3.comm; how blocked time is timed and summed: dtlab.rank.strategies.zero3.blocked;
+DeepSpeed's import and config: dtlab.rank.strategies.zero3.engine; the traffic and memory read from the engine:
+dtlab.rank.strategies.zero3.facts.
 
 CPU path (tested): DS_ACCELERATOR=cpu before deepspeed is imported, gloo, and DeepSpeed's shared-memory comm
 op build patched out. GPU paths (DS_ACCELERATOR=cuda; NCCL, or gloo on CUDA tensors where NCCL cannot place the
@@ -40,7 +41,11 @@ import os
 import time
 
 from dtlab.config.run import RunConfig
+from dtlab.rank.build import build_replica
+from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+from dtlab.rank.marks import rank_marks
 from dtlab.rank.optim import adamw
+from dtlab.rank.recorder import StepClock, peak_memory
 from dtlab.rank.strategies.zero3.blocked import blocked_recording, blocked_seconds
 from dtlab.rank.strategies.zero3.comm import COLLECTIVE_RECORDING, CollectiveRecorder
 from dtlab.rank.strategies.zero3.engine import (
@@ -57,26 +62,19 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """The rank's ZeRO-3 training loop: build, initialize DeepSpeed with the recorder installed, run
     cfg.steps steps and write the events listed in the module docstring."""
     deepspeed = import_deepspeed(cfg.placement().device)  # DeepSpeed's accelerator follows the device
-    import torch
-
-    from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-    from dtlab.rank.recorder import StepClock, peak_memory
-    from dtlab.rank.strategies.ddp import build_everything
-
-    # build_everything's process group suits DeepSpeed: init_distributed finds torch.distributed initialised
-    # and only builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).
-    device, backend, built, batches, sources = build_everything(cfg, run_dir, rank, world)
+    # the replica's process group suits DeepSpeed: init_distributed finds torch.distributed initialised and only
+    # builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).
+    rep = build_replica(cfg, rank, world, shards=world, shard=rank)
+    device, backend = rep.device, rep.backend
     local_rank = remap_local_rank(device)  # before DeepSpeed reads LOCAL_RANK (engine, partitioning)
     deepspeed.init_distributed(dist_backend=backend)
-    from dtlab.rank.marks import rank_marks
-
     marks = rank_marks(device, backend)  # every clock of this rank: steps, collectives, waits
     recorder = CollectiveRecorder(device, backend, marks=marks)
     wrapped = recorder.install()
 
-    hidden = model_hidden_size(built.model)
+    hidden = model_hidden_size(rep.model)
     conf = ds_config(cfg, world, hidden)
-    model = built.model
+    model = rep.model
     model.train()
     opt = adamw(model.parameters(), cfg.lr, cfg.optimizer_impl)
     recorder.begin(-1, "init", recorder.now())
@@ -91,8 +89,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         getattr(engine.optimizer, "reduce_and_partition_stream", None), "reduce_and_partition_stream"
     )
 
-    sources = {
-        **sources,
+    facts = {
+        **rep.facts,
         **zero_facts(engine, world),
         "ds_config": conf,
         "zero_auto": zero_auto(cfg, hidden),
@@ -106,63 +104,68 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         "timing_method": marks.facts(),
     }  # the owned streams of the groups met in initialize are made
     if device.type == "cuda":
-        sources["zero3_note"] = (
+        facts["zero3_note"] = (
             "the ZeRO-3 GPU path (CUDA events; NCCL, or DeepSpeed's CUDA accelerator over "
             "gloo) was written without a GPU to test it"
         )
     if rank == 0:
-        record_resolved(run_dir, cfg, backend, device, sources, world)
-    writer.write("ready", rank=rank, time=time.time(), **sources)
+        record_resolved(run_dir, cfg, backend, device, facts, world)
+    writer.write("ready", rank=rank, time=time.time(), **facts)
 
     params = list(engine.module.parameters())
-    expect_opt = sources["expected_allgather_bytes_optimizer"]
     clock = StepClock(device, marks)
     marks.seal()
     for step in range(cfg.steps):
         maybe_inject_fault(rank, step)
-        batch = batches[step % len(batches)]
-        expect_fwd = nonresident_bytes(params, world)
-        clock.mark("start")
-        recorder.begin(step, "forward", clock.start)
-        out = engine(**batch)
-        clock.mark("fwd")
-        expect_bwd = nonresident_bytes(params, world)  # forward's leftovers decide backward's gathers
-        recorder.phase = "backward"
-        engine.backward(out.loss)
-        clock.mark("bwd")
-        recorder.phase = "optimizer"
-        engine.step()
-        clock.mark("opt")
-        recorder.phase = "between_steps"
-        t = clock.read()  # the step's one sync point on GPU
-        blocked = recorder.collect_blocked()
-        in_step = [b for b in blocked if b["step"] == step and b["phase"] != "between_steps"]
-        writer.write(
-            "step",
-            rank=rank,
-            step=step,
-            t_fwd=t["fwd"],
-            t_bwd=t["bwd"] - t["fwd"],
-            t_opt=t["opt"] - t["bwd"],
-            t_step=t["opt"],
-            loss=float(out.loss.detach()),
-            time=time.time(),
-            allgather_expected_fwd_bytes=expect_fwd,
-            allgather_expected_bwd_bytes=expect_bwd,
-            allgather_expected_opt_bytes=expect_opt,
-            t_blocked=blocked_seconds(in_step),
-            **{
-                f"t_blocked_{k}": blocked_seconds(in_step, ph)
-                for k, ph in (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))
-            },
-            n_blocked=len(in_step),
-        )
-        for r in recorder.collect():
-            writer.write("collective", rank=rank, **r)
-        for b in blocked:
-            writer.write("blocked", rank=rank, **b)
+        _step(engine, recorder, clock, rep.batches, params, step, world, writer, rank, facts)
         if step == 0:
             writer.write("memory", rank=rank, **memory_record(engine), peak_bytes=None, peak_kind=None)
 
     peak, kind = peak_memory(device)
     writer.write("memory", rank=rank, **memory_record(engine), peak_bytes=peak, peak_kind=kind)
+
+
+def _step(engine, recorder, clock, batches, params, step: int, world: int, writer, rank: int, facts: dict) -> None:
+    """One timed step of the engine (forward, backward, optimizer), then its step event and the collectives and
+    waits recorded in it."""
+    batch = batches[step % len(batches)]
+    expect_fwd = nonresident_bytes(params, world)
+    clock.mark("start")
+    recorder.begin(step, "forward", clock.start)
+    out = engine(**batch)
+    clock.mark("fwd")
+    expect_bwd = nonresident_bytes(params, world)  # forward's leftovers decide backward's gathers
+    recorder.phase = "backward"
+    engine.backward(out.loss)
+    clock.mark("bwd")
+    recorder.phase = "optimizer"
+    engine.step()
+    clock.mark("opt")
+    recorder.phase = "between_steps"
+    t = clock.read()  # the step's one sync point on GPU
+    blocked = recorder.collect_blocked()
+    in_step = [b for b in blocked if b["step"] == step and b["phase"] != "between_steps"]
+    writer.write(
+        "step",
+        rank=rank,
+        step=step,
+        t_fwd=t["fwd"],
+        t_bwd=t["bwd"] - t["fwd"],
+        t_opt=t["opt"] - t["bwd"],
+        t_step=t["opt"],
+        loss=float(out.loss.detach()),
+        time=time.time(),
+        allgather_expected_fwd_bytes=expect_fwd,
+        allgather_expected_bwd_bytes=expect_bwd,
+        allgather_expected_opt_bytes=facts["expected_allgather_bytes_optimizer"],
+        t_blocked=blocked_seconds(in_step),
+        **{
+            f"t_blocked_{k}": blocked_seconds(in_step, ph)
+            for k, ph in (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))
+        },
+        n_blocked=len(in_step),
+    )
+    for r in recorder.collect():
+        writer.write("collective", rank=rank, **r)
+    for b in blocked:
+        writer.write("blocked", rank=rank, **b)
