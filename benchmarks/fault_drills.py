@@ -308,7 +308,8 @@ def main():
         "diskfull": "last event written -> RunFailed",
     }
     print(
-        "\n| drill | runs | survived (RunFailed / clean) | named correctly | time, median [max] | what is timed | orphans |"
+        "\n| drill | runs | survived (RunFailed / clean) | named correctly | time, median [max] | what is timed "
+        "| orphans |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, rs in rows.items():

@@ -2,8 +2,9 @@
 
 Part 1 (collectives): calibrate all_reduce at the default sizes (powers of 2, 4 KiB..64 MiB), then time
 plain torch.distributed all-reduce independently (benchmarks/plain_allreduce.py, 3 separate launches, so the
-repeatability of the measurement itself is shown) at held-out sizes not in the sweep (3 x 2^k), and report predicted vs measured for the single full-range fit and for the
-piecewise (per-regime) fit the profile uses by default (gloo switches algorithm between 256 KiB and 1 MiB).
+repeatability of the measurement itself is shown) at held-out sizes not in the sweep (3 x 2^k), and report
+predicted vs measured for the single full-range fit and for the piecewise (per-regime) fit the profile uses by
+default (gloo switches algorithm between 256 KiB and 1 MiB).
 Part 2 (DDP steps): real DDP runs over a grid of bucket sizes; `dtlab.predict(run, profile)` median absolute
 T_step and T_comm errors per bucket size, for the idle prediction (every bucket at its idle price) and the
 contended one (the calibration also timed every size beside a replayed backward pass of the same model and batch,

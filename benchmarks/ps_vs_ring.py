@@ -1,4 +1,4 @@
-"""Parameter server (reduce to rank 0 + broadcast) vs ring all-reduce on this machine, in two parts.
+r"""Parameter server (reduce to rank 0 + broadcast) vs ring all-reduce on this machine, in two parts.
 
 Part 1 (collectives alone): one calibration launch of max(p) ranks times both ops on the first k ranks for every
 k in --nprocs (the others wait at the barrier), at --sizes, interleaved, so every p sees the same machine load.
@@ -9,7 +9,8 @@ for both: T_step, T_comm, exposed per point.
 Oversubscribed points (more ranks than CPU cores) are flagged in both tables. Figures: OUT/ps_shapes.html and
 OUT/ps_vs_ring.html (dtlab.viz.ps).
 
-    python benchmarks/ps_vs_ring.py --nprocs 2,3,4 --sizes 1M,4M,16M,64M --buckets 1,25 --model tiny --out runs/ps_vs_ring
+    python benchmarks/ps_vs_ring.py --nprocs 2,3,4 --sizes 1M,4M,16M,64M --buckets 1,25 --model tiny \
+        --out runs/ps_vs_ring
 """
 
 import argparse

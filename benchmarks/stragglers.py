@@ -3,8 +3,8 @@ synchronous step takes the slowest one's 1200 ms, and the others wait 200 and 10
 
 Runs DDP with `straggler` (default '1:1.2,2:1.1': rank 1's compute x 1.2, rank 2's x 1.1) and prints, per rank,
 the medians over the measured steps of its compute (without the injected delay), the delay injected, its
-measured wait for the slowest peer (`dtlab.results.stragglers`), the synchronous-step model's wait from the measured compute
-(`sync_step_model`) and whom it waited for. Three ranks on a 2-core machine are oversubscribed: every rank's
+measured wait for the slowest peer (`dtlab.results.stragglers`), the synchronous-step model's wait from the measured
+compute (`sync_step_model`) and whom it waited for. Three ranks on a 2-core machine are oversubscribed: every rank's
 compute is inflated and noisier than on 3 free cores, which the printout says. Not a test.
 
     python benchmarks/stragglers.py --model distilbert --steps 8 --html stragglers.html

@@ -151,14 +151,16 @@ def main():
                 "steps": steps,
                 "ranks": ranks,
                 "events": n,
-                "load_run_s": timed(lambda: load_run(path), a.repeats),
+                "load_run_s": timed(lambda path=path: load_run(path), a.repeats),
                 "summary_s": timed(run.summary, a.repeats),
                 "table_s": timed(run.breakdown_table, a.repeats),
             }
             if a.report:
                 from dtlab.viz.report import write_report
 
-                row["report_s"] = timed(lambda: write_report(run, os.path.join(path, "report.html")), a.repeats)
+                row["report_s"] = timed(
+                    lambda run=run, path=path: write_report(run, os.path.join(path, "report.html")), a.repeats
+                )
             rows.append(row)
             print(
                 f"{steps:6d} {ranks:5d} {n:8d} {row['load_run_s']:10.3f} {row['summary_s']:9.3f} "

@@ -1,7 +1,8 @@
 """Shared fixtures and the tiers. Real runs use the tiny model on CPU with gloo and 2 ranks; nothing needs the hub.
 
 Tiers, one folder each, marked by folder (select with -m):
-- tests/unit: no launch, no torchrun, no notebook kernel; the whole tier in under a minute (`pytest tests/unit -n auto`);
+- tests/unit: no launch, no torchrun, no notebook kernel; the whole tier in under a minute
+  (`pytest tests/unit -n auto`);
 - tests/integration: real torchrun launches on gloo (the tiny model, 2-4 ranks);
 - tests/e2e: notebooks executed in JupyterLab and Chromium, grading, the GPU runbook's dry run, the docs build;
 - tests/gpu: needs a CUDA GPU; skips with the reason on a machine without one.

@@ -119,7 +119,8 @@ def test_summing_hook_fails_and_says_so(tmp_path, capsys):
 
 
 def test_reference_ring_matches_all_reduce_and_is_timed_against_the_model(sol, tmp_path):
-    # a synthetic profile: alpha 100 us, beta 1 ns/B (ring form); the model column must follow 2(p-1) alpha + 2(p-1)/p n beta
+    # a synthetic profile: alpha 100 us, beta 1 ns/B (ring form); the model column must follow
+    # 2(p-1) alpha + 2(p-1)/p n beta
     from dtlab.model.profile import Profile
 
     sizes = [2**k for k in range(12, 20)]

@@ -136,7 +136,7 @@ def test_frozen_rank_is_caught_by_the_watchdog_with_its_stack(drills):
 def test_interrupt_stops_every_rank_within_5_s(tmp_path):
     """What a notebook's 'interrupt kernel' does: SIGINT to the process waiting in dtlab.run."""
     out = tmp_path / "interrupted"
-    code = "import dtlab; dtlab.run(dtlab.tiny(out=%r, steps=10000, timeout_s=600), progress=False)" % str(out)
+    code = f"import dtlab; dtlab.run(dtlab.tiny(out={str(out)!r}, steps=10000, timeout_s=600), progress=False)"
     # SIGINT back to its default in the child: a shell's background job (how CI may start pytest) ignores it,
     # and Python then never raises KeyboardInterrupt; a notebook kernel does handle it
     proc = subprocess.Popen(

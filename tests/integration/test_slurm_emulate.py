@@ -28,8 +28,8 @@ def test_a_shaped_namespace_pair_is_built_and_always_torn_down():
                 q = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", ifname], capture_output=True, text=True)
                 assert "tbf" in q.stdout and "rate 1Gbit" in q.stdout
             code = (
-                "import socket; s = socket.socket(); s.settimeout(5)\ntry: s.connect(('%s', 9))\n"
-                "except ConnectionRefusedError: print('reached')" % em.addresses[1]
+                f"import socket; s = socket.socket(); s.settimeout(5)\ntry: s.connect(('{em.addresses[1]}', 9))\n"
+                "except ConnectionRefusedError: print('reached')"
             )
             ping = subprocess.run(
                 ["ip", "netns", "exec", em.namespaces[0], "python3", "-c", code],

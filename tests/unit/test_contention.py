@@ -228,7 +228,8 @@ class _TwoRanks(_Run):
             ]
         )
         rows = []
-        for r, start, readies in ((0, 100.000, (0.015, 0.030)), (1, 100.010, (0.020, 0.032))):
+        # ready times from each rank's step start (rank 0's at 100.000, rank 1's at 100.010: time - t_step above)
+        for r, readies in ((0, (0.015, 0.030)), (1, (0.020, 0.032))):
             for k, (ready, n) in enumerate(zip(readies, (1 << 22, 1 << 20))):
                 rows.append(
                     {

@@ -151,7 +151,7 @@ def _two_regime_samples(seed=0, noise=0.02):
         n = 2**k
         a, b = (50e-6, 1 / 4e9) if n < 2**20 else (2e-3, 1 / 1e9)
         t = a * 2 * (2 - 1) + b * 2 * (2 - 1) / 2 * n
-        for it in range(7):
+        for _ in range(7):
             rows.append({"op": "all_reduce", "nbytes": n, "nproc": 2, "seconds": t * rng.lognormal(0, noise)})
     return pd.DataFrame(rows)
 

@@ -43,9 +43,11 @@ def test_slurm_dry_run_writes_an_sbatch_script_with_srun_torchrun_and_c10d(tmp_p
     )
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash"
-    first_cmd = next(i for i, l in enumerate(lines) if l and not l.startswith("#"))
-    sbatch = [l for l in lines if l.startswith("#SBATCH")]
-    assert all(lines.index(l) < first_cmd for l in sbatch)  # sbatch reads directives only before the first command
+    first_cmd = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    sbatch = [line for line in lines if line.startswith("#SBATCH")]
+    assert all(
+        lines.index(line) < first_cmd for line in sbatch
+    )  # sbatch reads directives only before the first command
     for want in (
         "--nodes=2",
         "--ntasks-per-node=1",
