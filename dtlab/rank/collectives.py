@@ -31,10 +31,14 @@ from __future__ import annotations
 import threading
 
 import torch
+import torch.distributed as dist
+from torch.distributed._functional_collectives import AsyncCollectiveTensor, _is_view_op
+from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from dtlab.intervals import union_length
+from dtlab.rank.marks import Marks
 
 #: ops of the functional-collectives namespace that move no data
 _NOT_COLLECTIVES = {"_wrap_tensor_autograd", "wait_tensor"}
@@ -62,8 +66,6 @@ class CommRecorder:
 
     def __init__(self, writer, rank: int, marks=None):
         if marks is None:
-            from dtlab.rank.marks import Marks
-
             marks = Marks(torch.device("cpu"), "gloo")
         self.writer, self.rank, self.marks = writer, rank, marks
         self.step, self.phase, self._ref = -1, "init", marks.now()
@@ -232,8 +234,6 @@ class FuncolMode(TorchDispatchMode):
 
     def __init__(self, recorder: CommRecorder, axis: str = "tp", tracker: LayerTracker | None = None):
         super().__init__()
-        from torch.distributed._functional_collectives import AsyncCollectiveTensor, _is_view_op
-
         self.recorder, self.axis, self.tracker = recorder, axis, tracker
         self._pending: dict[int, dict] = {}
         self._act, self._is_view = AsyncCollectiveTensor, _is_view_op
@@ -284,9 +284,6 @@ class FuncolMode(TorchDispatchMode):
 def _group_size(args, kwargs) -> int:
     group = kwargs.get("group_name", args[-1] if args and isinstance(args[-1], str) else None)
     try:
-        import torch.distributed as dist
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
         return dist.get_world_size(_resolve_process_group(group))
     except Exception:  # noqa: BLE001 - a group the resolver does not know: size unknown
         return -1

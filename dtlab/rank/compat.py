@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.distributed.pipelining.schedules as sch
+from torch.distributed.tensor import DTensor
 
 # ---- torch.distributed.checkpoint ---------------------------------------------------------------------------
 
@@ -36,8 +38,6 @@ P2P_HELPERS = ("_batch_p2p", "_wait_batch_p2p")
 
 def pipelining_p2p_helpers():
     """(schedules module, issue, wait), or None when this torch has no such helpers to wrap."""
-    import torch.distributed.pipelining.schedules as sch
-
     if not all(hasattr(sch, name) for name in P2P_HELPERS):
         return None
     return sch, sch._batch_p2p, sch._wait_batch_p2p
@@ -65,8 +65,6 @@ def param_groups_by_kind(params) -> list:
     is what torch picks by default for CUDA tensors; a tensor-parallel model holds both (its split linear layers
     are DTensors, its embeddings and LayerNorms plain tensors). One group per kind gives the same update: every
     group has the same hyperparameters and AdamW's step is per parameter."""
-    from torch.distributed.tensor import DTensor
-
     params = list(params)
     kinds = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
     groups = [{"params": g} for g in kinds if g]
@@ -77,7 +75,7 @@ def default_adamw_impl(params) -> str:
     """What torch's AdamW runs when neither `foreach` nor `fused` is given: 'foreach' when every parameter is a
     CUDA tensor (torch's `_default_to_fused_or_foreach`, 2.11 to 2.14), else 'for-loop'."""
     params = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
-    try:
+    try:  # a private helper of torch's: a torch without it falls back to the rule below
         from torch.optim.optimizer import _default_to_fused_or_foreach
 
         _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)

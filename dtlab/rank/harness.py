@@ -26,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
 
@@ -96,16 +97,8 @@ def _flat_grads(model):
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def check_hook(fn, ex, rank, world, writer) -> None:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    dims, lr, batch = ex["dims"], ex["lr"], ex["batch"]
-    model, ref, local = _mlp(dims, ex["init_seed"]), _mlp(dims, ex["init_seed"]), _mlp(dims, ex["init_seed"])
-    names = [n for n, _ in model.named_parameters()]
-    by_id = {id(p): n for n, p in model.named_parameters()}
-    layer_of = _layer_names(model)
-    ddp = DDP(model, bucket_cap_mb=ex["bucket_bytes"] / 2**20)
-    recs = []
+def _timed_hook(fn, by_id: dict, layer_of: dict, recs: list):
+    """The student's hook `fn` wrapped so that each bucket it reduces is appended to `recs` with its marks."""
 
     def timed_hook(state, bucket):
         # t_ready: the bucket reached the hook; t_start: the student's hook returned its future (the
@@ -125,7 +118,7 @@ def check_hook(fn, ex, rank, world, writer) -> None:
         rec["t_start"] = time.perf_counter()
         if not isinstance(fut, torch._C.Future):  # what work.get_future() and .then() return
             raise TypeError(
-                f"the hook must return a torch.futures.Future (e.g. work.get_future().then(...)), "
+                "the hook must return a torch.futures.Future (e.g. work.get_future().then(...)), "
                 f"got {type(fut).__name__}"
             )
         recs.append(rec)
@@ -143,7 +136,18 @@ def check_hook(fn, ex, rank, world, writer) -> None:
 
         return fut.then(done)
 
-    ddp.register_comm_hook(None, timed_hook)
+    return timed_hook
+
+
+def check_hook(fn, ex, rank, world, writer) -> None:
+    dims, lr, batch = ex["dims"], ex["lr"], ex["batch"]
+    model, ref, local = _mlp(dims, ex["init_seed"]), _mlp(dims, ex["init_seed"]), _mlp(dims, ex["init_seed"])
+    names = [n for n, _ in model.named_parameters()]
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    layer_of = _layer_names(model)
+    ddp = DDP(model, bucket_cap_mb=ex["bucket_bytes"] / 2**20)
+    recs = []
+    ddp.register_comm_hook(None, _timed_hook(fn, by_id, layer_of, recs))
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
     loss_fn = torch.nn.MSELoss()
@@ -245,9 +249,7 @@ def check_ring(fn, ex, rank, world, writer) -> None:
         ok = got.shape == want.shape and torch.allclose(got, want, rtol=ex["rtol"], atol=ex["atol"])
         chunks = []
         if got.shape == want.shape:
-            for k, (gc, wc, xc) in enumerate(
-                zip(got.tensor_split(world), want.tensor_split(world), x.tensor_split(world))
-            ):
+            for gc, wc, xc in zip(got.tensor_split(world), want.tensor_split(world), x.tensor_split(world)):
                 chunks.append(_chunk_state(gc, wc, xc, ex))
         writer.write(
             "ring_size",
@@ -263,7 +265,9 @@ def check_ring(fn, ex, rank, world, writer) -> None:
         )
     for nbytes in ex["timing_sizes"]:
         buf, ref = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
-        for what, call in (("ring", lambda: _call_ring(fn, buf)), ("all_reduce", lambda: dist.all_reduce(ref))):
+        # each call bound to this size's buffers
+        ring, allreduce = (lambda buf=buf: _call_ring(fn, buf)), (lambda ref=ref: dist.all_reduce(ref))
+        for what, call in (("ring", ring), ("all_reduce", allreduce)):
             for i in range(ex["warmup"] + ex["iters"]):
                 dist.barrier()  # align the ranks (not timed); the slowest rank per iteration is the sample
                 t0 = time.perf_counter()

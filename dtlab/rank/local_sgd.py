@@ -22,6 +22,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from dtlab.rank.marks import Marks
+
 
 def average_due(step: int, period: int) -> bool:
     """Average after step `step` (0-based): after every `period` local steps, steps period-1, 2 period-1, ..."""
@@ -48,8 +50,6 @@ class LocalSGD:
     """Averages a model's parameters every `period` steps; `after_step` returns the collective it recorded."""
 
     def __init__(self, model, period: int, world: int, device, marks=None):
-        from dtlab.rank.marks import Marks
-
         self.params = [p for p in model.parameters()]
         self.period, self.world = period, world
         # the rank's marks (dtlab.rank.marks): the wall clock on CPU, CUDA events on the current stream on GPU

@@ -43,6 +43,8 @@ test-only hook: "FILE.py:FUNCTION", called as FUNCTION(device, backend) -> Marks
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import os
 import threading
 import time
@@ -56,8 +58,6 @@ HOOK_ENV = "DTLAB_MARKS_HOOK"
 def owned_stream(device, torch_mod=None):
     """(stream, how): a CUDA stream on `device` that only dtlab uses, non-blocking with respect to the legacy
     default stream; a torch pool stream, labelled as such, when the driver cannot make one."""
-    import ctypes
-
     torch = torch_mod or __import__("torch")
     with torch.cuda.device(device):
         torch.cuda.synchronize(device)  # the runtime has made the device's primary context current here
@@ -256,8 +256,6 @@ def rank_marks(device, backend: str, synced: bool = False) -> Marks:
     `SyncedMarks` when `synced`. A test may replace it through `DTLAB_MARKS_HOOK` (see the module docstring)."""
     hook = os.environ.get(HOOK_ENV)
     if hook:
-        import importlib.util
-
         path, _, name = hook.rpartition(":")
         spec = importlib.util.spec_from_file_location("_dtlab_marks_hook", path)
         mod = importlib.util.module_from_spec(spec)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from dtlab.config.convergence import peak_lr, resolve_lr, warmup_factor
+from dtlab.rank.compat import adamw_kwargs, param_groups_by_kind
 
 
 def settle_lr(cfg, built) -> dict:
@@ -59,6 +60,4 @@ def adamw(params, lr: float, impl: str = "auto") -> torch.optim.AdamW:
 
     Parameters are grouped by tensor kind (dtlab.rank.compat.param_groups_by_kind), so a tensor-parallel model's
     DTensors and plain tensors never share one multi-tensor or fused kernel call, which torch refuses."""
-    from dtlab.rank.compat import adamw_kwargs, param_groups_by_kind
-
     return torch.optim.AdamW(param_groups_by_kind(params), lr=lr, **adamw_kwargs(impl))

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 
+import torch.profiler as tp
+
 
 class StepProfiler:
     """Wraps torch.profiler for a rank's step loop: `begin(step, paired)` at the top of every iteration,
@@ -25,8 +27,6 @@ class StepProfiler:
         self.i = 0
         if not self.active:
             return
-        import torch.profiler as tp
-
         order = list(order)
         measured = [i for i, (step, paired) in enumerate(order) if paired is None and step >= cfg.warmup]
         first = measured[0] if measured else 0

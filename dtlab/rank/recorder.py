@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import threading
 
 import torch
 import torch.distributed as dist
 
+from dtlab.config.placement import TIMING
+from dtlab.rank.marks import Marks
 from dtlab.runfiles import DiskFull, is_disk_error
 
 
@@ -80,8 +83,6 @@ class StepClock:
 
     def __init__(self, device: torch.device, marks=None):
         if marks is None:
-            from dtlab.rank.marks import Marks
-
             marks = Marks(device, "nccl" if device.type == "cuda" else "gloo")
         self.marks = marks
         self.cuda = marks.cuda
@@ -138,7 +139,8 @@ class BucketRecorder:
     more on a GPU, where the marks are CUDA events), which the measured steps pay, and T_step - T_comp would
     count it as exposed communication.
     Steps 3 and 4 are the `transport`'s (default `AllReduceTransport`, DDP's all-reduce); strategy 'ps' passes
-    its reduce + broadcast (dtlab.rank.strategies.ps), which may add marks of its own (`rec["_t_<name>"]` -> `t_<name>`).
+    its reduce + broadcast (dtlab.rank.strategies.ps), which may add marks of its own (`rec["_t_<name>"]` ->
+    `t_<name>`).
     """
 
     def __init__(
@@ -149,8 +151,6 @@ class BucketRecorder:
         # how a divided bucket is reduced: DDP's all-reduce, or a strategy's own (dtlab.rank.strategies.ps)
         self.transport = transport if transport is not None else AllReduceTransport()
         if marks is None:
-            from dtlab.rank.marks import Marks
-
             marks = Marks(device, backend or ("nccl" if device.type == "cuda" else "gloo"))
             marks.prepare()
         self.marks = marks
@@ -257,8 +257,6 @@ class BucketRecorder:
 
 def recorder_facts(recorder: BucketRecorder) -> dict:
     """How this rank's bucket marks were taken, for config.json's resolved facts (see dtlab.rank.marks)."""
-    from dtlab.config.placement import TIMING
-
     m = recorder.marks
     return {
         "bucket_timing": {
@@ -312,6 +310,4 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     """(bytes, what it is): CUDA max allocated on GPU, the process's peak resident set size on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    import resource
-
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak_rss"  # ru_maxrss is KiB on Linux

@@ -5,11 +5,14 @@ tensor-parallel or FSDP2 shard through its full tensor, a pipeline stage its own
 
 `grad_agreement` is the check: the ratio <g, r> / <r, r> (1 when the gradients agree; the world size when the
 ranks summed instead of averaging, as FSDP2 was reported to do on gloo,
-github.com/pytorch/pytorch/issues/162338), the relative error |g - r| / |r| and the largest absolute difference. dtlab.results.reference turns the records into a
-verdict.
+github.com/pytorch/pytorch/issues/162338), the relative error |g - r| / |r| and the largest absolute difference.
+dtlab.results.reference turns the records into a verdict.
 """
 
 from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
 
 
 def grad_agreement(pairs) -> dict:
@@ -40,8 +43,6 @@ def grad_agreement(pairs) -> dict:
 
 def full_tensor(t):
     """The whole tensor of a DTensor (a collective over its mesh), or `t` itself."""
-    from torch.distributed.tensor import DTensor
-
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
@@ -50,8 +51,6 @@ class Reference:
     of step i; the reference's step i trains on all of them at once."""
 
     def __init__(self, model, per_replica: list, lr: float, device=None):
-        import torch
-
         # on the batches' device: the copy is taken before the run's model moves to its GPU, and a CPU copy fed
         # CUDA batches fails at its first embedding lookup (seen on an H200)
         self.model = model.to(device) if device is not None else model
@@ -61,8 +60,6 @@ class Reference:
         self.params = dict(self.model.named_parameters())
 
     def batch(self, step: int) -> dict:
-        import torch
-
         parts = [b[step % len(b)] for b in self.per_replica]
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 

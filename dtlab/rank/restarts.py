@@ -3,14 +3,15 @@
 What a checkpoint holds: the model and AdamW state (`get_state_dict`, fully-qualified names), the number of
 training steps done K, and every rank's RNG states (CPU, and CUDA on a GPU), gathered so that each rank saves the
 same keys (DCP requires it) and DCP's de-duplication writes each replicated tensor once. The batch of a step depends
-only on the step index (dtlab.rank.strategies.ddp), so the data position is K itself. Together these make a resumed step
-compute exactly what the uninterrupted run computed (tests/integration/test_checkpoint.py checks the losses).
+only on the step index (dtlab.rank.strategies.ddp), so the data position is K itself. Together these make a resumed
+step compute exactly what the uninterrupted run computed (tests/integration/test_checkpoint.py checks the losses).
 
 Complete or absent: DCP writes into checkpoints/.tmp-step-K-a<attempt>; DCP's save ends with a collective in which
 rank 0 writes the metadata after every rank reported its files written, so when it returns on rank 0 the folder is
 complete; after a barrier at which every rank has measured the bytes of its own files there (from the files:
-torch 2.11's `dcp.save` returns no sizes), rank 0 renames it to checkpoints/step-K (a rename is atomic). Older ones beyond the last `KEEP` are
-renamed away before they are deleted, so a half-deleted folder never carries a `step-K` name.
+torch 2.11's `dcp.save` returns no sizes), rank 0 renames it to checkpoints/step-K (a rename is atomic). Older ones
+beyond the last `KEEP` are renamed away before they are deleted, so a half-deleted folder never carries a `step-K`
+name.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import torch
 import torch.distributed as dist
 
 from dtlab.rank.compat import checkpoint_bytes_written
+
+# torch.distributed.checkpoint (DCP) takes about a second to import: it is imported inside the methods that save or
+# load, so that only a run that checkpoints (or resumes) pays for it.
 
 KEEP = 2  # checkpoints kept: the newest, and one in case the newest turns out unreadable
 _NAME = re.compile(r"^step-(\d+)$")

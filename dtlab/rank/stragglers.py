@@ -14,6 +14,8 @@ import statistics
 import time
 from collections import deque
 
+import torch
+
 from dtlab.config.stragglers import HISTORY_STEPS, parse_straggler
 
 
@@ -51,8 +53,6 @@ class Straggler:
         if self.entry is None:
             return 0.0
         if self.cuda:  # let the queued forward finish first, so the GPU idles for the whole delay
-            import torch
-
             torch.cuda.synchronize(self.device)
         t = time.perf_counter()
         d = self.delay_s(t - self._t0)

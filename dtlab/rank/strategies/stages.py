@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.masking_utils import create_bidirectional_mask
 
 from dtlab.config.parallel import split_layers
 
@@ -29,8 +30,6 @@ class Stage(nn.Module):
             self.pre_classifier, self.dropout, self.classifier = model.pre_classifier, model.dropout, model.classifier
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        from transformers.masking_utils import create_bidirectional_mask
-
         h = self.embeddings(x) if self.first else x
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=h, attention_mask=attention_mask)
         for block in self.blocks:

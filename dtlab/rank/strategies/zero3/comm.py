@@ -24,6 +24,8 @@ import os
 import sys
 import threading
 
+from dtlab.rank.marks import Marks
+
 COLLECTIVE_RECORDING = (
     "wrapped deepspeed.comm backend methods; start = issue time, end = completion (NCCL: an "
     "event on dtlab's own stream made to wait on the collective; gloo: its completion callback); "
@@ -113,8 +115,6 @@ class CollectiveRecorder:
 
     def __init__(self, device, backend: str | None = None, marks=None):
         if marks is None:
-            from dtlab.rank.marks import Marks
-
             marks = Marks(device, backend or ("nccl" if device.type == "cuda" else "gloo"))
             marks.prepare()
         self.marks, self.cuda = marks, marks.cuda
@@ -136,7 +136,7 @@ class CollectiveRecorder:
         deepspeed.init_distributed); any object with TorchBackend's method signatures works (tests use a fake).
         """
         if backend is None:
-            import deepspeed.comm.comm as dscomm
+            import deepspeed.comm.comm as dscomm  # imported by now (engine.import_deepspeed); tests pass a fake
 
             backend = dscomm.cdb
             if backend is None:

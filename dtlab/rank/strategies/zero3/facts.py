@@ -6,6 +6,8 @@ each storage byte counted once by `_Storage`).
 
 from __future__ import annotations
 
+import torch
+
 
 def _padded_bytes(p, world: int) -> int:
     """Bytes of `p` as ZeRO-3 communicates it: its partition (ceil(numel/world) elements) times world."""
@@ -15,6 +17,7 @@ def _padded_bytes(p, world: int) -> int:
 def nonresident_bytes(params, world: int) -> int:
     """Padded bytes of the parameters that are not materialised on this rank right now (neither available
     nor in flight): what ZeRO-3 must all-gather before the next pass can use them."""
+    # deepspeed only after engine.import_deepspeed set DS_ACCELERATOR (importing this module must not import it)
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     return sum(_padded_bytes(p, world) for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE)
@@ -132,8 +135,6 @@ def memory_record(engine) -> dict:
     bucket, `reduce_bucket_size` elements allocated with torch.empty: virtual memory on CPU, mostly untouched;
     real device memory on GPU), none of which is part of the three totals above except as stated.
     """
-    import torch
-
     zopt = engine.optimizer
     params = list(engine.module.parameters())
     seen = _Storage()
