@@ -235,7 +235,10 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
 def _sliders(lv: dict, brange) -> dict:
     """The explorer's sliders, by name, starting at the levels `lv` and a 25 MiB bucket (hidden when `brange`,
     the bucket sizes where the count changes, is None)."""
-    style, layout = {"description_width": "170px"}, widgets.Layout(width="480px")
+    style = {"description_width": "170px"}
+
+    def layout():  # one per slider: hiding one control (display) must not hide the others
+        return widgets.Layout(width="480px")
 
     def log(value, lo, hi_, desc, base=10, step=0.02):  # a value below the range (0) sits at its bottom
         value = max(value, float(base) ** lo)
@@ -248,17 +251,17 @@ def _sliders(lv: dict, brange) -> dict:
             step=step,
             description=desc,
             style=style,
-            layout=layout,
+            layout=layout(),
             readout_format=".4g",
         )  # 1660, not 1.66e+3
 
     s = {
-        "nodes": widgets.IntSlider(value=2, min=1, max=64, description="nodes", style=style, layout=layout),
+        "nodes": widgets.IntSlider(value=2, min=1, max=64, description="nodes", style=style, layout=layout()),
         "gpus_per_node": widgets.IntSlider(
-            value=8, min=1, max=16, description="GPUs per node", style=style, layout=layout
+            value=8, min=1, max=16, description="GPUs per node", style=style, layout=layout()
         ),
         "nics_per_node": widgets.IntSlider(
-            value=1, min=1, max=16, description="network links per node", style=style, layout=layout
+            value=1, min=1, max=16, description="network links per node", style=style, layout=layout()
         ),
         "alpha_intra_us": log(lv["alpha_intra"] * 1e6, -1, 4, "intra α (µs)"),
         "bw_intra_gbs": log(1 / lv["beta_intra"] / 1e9, -2, 3, "intra 1/β (GB/s)"),

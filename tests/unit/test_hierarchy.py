@@ -124,6 +124,17 @@ def test_two_level_explorer_sliders_drive_the_table_and_say_where_levels_come_fr
     assert "8 node(s) x 8 GPU(s) = p 64" in box.figure.layout.title.text
 
 
+def test_two_level_explorer_hides_only_the_network_controls_with_one_node():
+    """One node has no network: its links, inter α and 1/β are hidden, and the node count stays there to go back
+    (the sliders shared one Layout, so hiding one hid them all)."""
+    box = two_level_explorer(compute=COMPUTE, param_nbytes=SIZES)
+    box.sliders["nodes"].value = 1
+    hidden = {k for k, w in box.sliders.items() if w.layout.display == "none"}
+    assert hidden == {"nics_per_node", "alpha_inter_us", "bw_inter_gbs"}
+    box.sliders["nodes"].value = 2
+    assert not any(w.layout.display == "none" for w in box.sliders.values())
+
+
 def test_two_level_explorer_starts_with_a_zero_alpha_without_breaking():
     box = two_level_explorer(
         dict(ASSUMED_LEVELS, alpha_inter=0.0, source="calibrated, alpha clipped to 0"),
