@@ -63,8 +63,8 @@ def _lanes(intervals: list[tuple[float, float]]) -> list[int]:
 def _ran(kind: str, r) -> float:
     """How long a step ran on its rank's clock (s): t_step, except for a baseline step paired with a training step
     (dtlab.config.baseline), which runs forward and backward only and counts its paired step's optimizer time."""
-    paired = r.paired_step
-    if kind == "baseline_step" and paired is not None and paired == paired:
+    paired = r.paired_step if kind == "baseline_step" else None  # a training step has none
+    if paired is not None and paired == paired:
         return float(r.t_fwd + r.t_bwd)
     return float(r.t_step)
 
