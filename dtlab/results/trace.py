@@ -184,8 +184,9 @@ def chrome_trace(run) -> dict:
 
 
 def _recovery_events(run, t0: float, us) -> list[dict]:
-    """Checkpoint and restart (dtlab.results.restarts), placed by wall clock: a "checkpoint" track with one slice per save,
-    a "lost work" track with the steps an attempt recorded and a restart redid, and an instant marker per restart."""
+    """Checkpoint and restart (dtlab.results.restarts), placed by wall clock: a "checkpoint" track with one slice per
+    save, a "lost work" track with the steps an attempt recorded and a restart redid, and an instant marker per
+    restart."""
     ev: list[dict] = []
     named: set = set()
 
