@@ -79,30 +79,7 @@ def predicted_breakdown_figure(
         )
     )
     if measured is not None:
-        if "label" not in measured.columns or "t_step" not in measured.columns:
-            raise ValueError("measured needs columns label and t_step (seconds); t_comm, t_comp are optional")
-        style = {
-            "t_step": ("measured T_step", dict(symbol="x", size=12, color="#111")),
-            "t_comm": (
-                "measured T_comm",
-                dict(symbol="diamond-open", size=12, color=COLORS["T_comm"], line=dict(width=2)),
-            ),
-            # gold, not the T_comp bar's blue: drawn on that bar, a blue mark would be invisible
-            "t_comp": ("measured T_comp", dict(symbol="line-ew-open", size=30, color="#F2C12E", line=dict(width=4))),
-        }
-        for col, (name, marker) in style.items():
-            if col not in measured.columns:
-                continue
-            fig.add_trace(
-                go.Scatter(
-                    x=measured["label"].astype(str).tolist(),
-                    y=measured[col].to_numpy(float) * 1e3,
-                    mode="markers",
-                    name=name,
-                    marker=marker,
-                    hovertemplate="%{x}<br>" + name + " %{y:.2f} ms<extra></extra>",
-                )
-            )
+        _add_measured_markers(fig, measured)
     set_title(fig, title or "Predicted step time: compute + exposed communication")
     fig.update_layout(
         barmode="stack",
@@ -113,6 +90,56 @@ def predicted_breakdown_figure(
         xaxis=dict(type="category", categoryorder="array", categoryarray=labels),
     )
     return fig
+
+
+def _add_measured_markers(fig: go.Figure, measured: pd.DataFrame) -> None:
+    """The measured T_step (and T_comm, T_comp where given) as markers, one trace per column present."""
+    if "label" not in measured.columns or "t_step" not in measured.columns:
+        raise ValueError("measured needs columns label and t_step (seconds); t_comm, t_comp are optional")
+    style = {
+        "t_step": ("measured T_step", dict(symbol="x", size=12, color="#111")),
+        "t_comm": (
+            "measured T_comm",
+            dict(symbol="diamond-open", size=12, color=COLORS["T_comm"], line=dict(width=2)),
+        ),
+        # gold, not the T_comp bar's blue: drawn on that bar, a blue mark would be invisible
+        "t_comp": ("measured T_comp", dict(symbol="line-ew-open", size=30, color="#F2C12E", line=dict(width=4))),
+    }
+    for col, (name, marker) in style.items():
+        if col not in measured.columns:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=measured["label"].astype(str).tolist(),
+                y=measured[col].to_numpy(float) * 1e3,
+                mode="markers",
+                name=name,
+                marker=marker,
+                hovertemplate="%{x}<br>" + name + " %{y:.2f} ms<extra></extra>",
+            )
+        )
+
+
+def _add_compute_row(fig: go.Figure, t_fwd: float, t_bwd: float, exposed: float, t_opt: float) -> None:
+    """Row 'compute' of the bucket queue: forward, backward, the wait for exposed communication, optimizer."""
+    bwd_end = t_fwd + t_bwd
+    for name, s, d, color in (
+        ("forward", 0.0, t_fwd, COLORS["fwd"]),
+        ("backward", t_fwd, t_bwd, COLORS["bwd"]),
+        ("exposed comm (wait)", bwd_end, exposed, COLORS["exposed"]),
+        ("optimizer", bwd_end + exposed, t_opt, COLORS["opt"]),
+    ):
+        fig.add_trace(
+            go.Bar(
+                y=["compute"],
+                x=[d * 1e3],
+                base=[s * 1e3],
+                orientation="h",
+                name=name,
+                marker_color=color,
+                hovertemplate=f"{name}: %{{x:.2f}} ms<extra></extra>",
+            )
+        )
 
 
 def whatif_timeline_figure(result: dict, height: int | None = None) -> go.Figure:
@@ -132,23 +159,7 @@ def whatif_timeline_figure(result: dict, height: int | None = None) -> go.Figure
     bwd_end = t_fwd + t_bwd
     exposed = result["exposed"]
     fig = go.Figure()
-    for name, s, d, color in (
-        ("forward", 0.0, t_fwd, COLORS["fwd"]),
-        ("backward", t_fwd, t_bwd, COLORS["bwd"]),
-        ("exposed comm (wait)", bwd_end, exposed, COLORS["exposed"]),
-        ("optimizer", bwd_end + exposed, t_opt, COLORS["opt"]),
-    ):
-        fig.add_trace(
-            go.Bar(
-                y=["compute"],
-                x=[d * 1e3],
-                base=[s * 1e3],
-                orientation="h",
-                name=name,
-                marker_color=color,
-                hovertemplate=f"{name}: %{{x:.2f}} ms<extra></extra>",
-            )
-        )
+    _add_compute_row(fig, t_fwd, t_bwd, exposed, t_opt)
     fig.add_trace(
         go.Bar(
             y=labels,
