@@ -135,24 +135,8 @@ def breakdown_bar(summary: pd.DataFrame, title: str = "") -> go.Figure:
     )
 
 
-def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
-    """One step on one rank: forward, backward and optimizer as bars, each bucket's all-reduce as a bar on
-    its own row, with a marker where the bucket became ready. Times in ms from the step start. The end of
-    backward after the last bucket became ready, where DDP only waits for its all-reduces, is its own segment
-    ("waiting for all-reduces"), not backward compute."""
-    st = run.steps[run.steps["rank"] == rank]
-    if st.empty:
-        return set_title(go.Figure(), f"no steps recorded on rank {rank}")
-    if step is None:  # the last measured step: past warm-up and DDP's bucket rebuild
-        step = int(st["step"].max())
-    row = st[st["step"] == step].iloc[0]
-    b = run.buckets[(run.buckets["rank"] == rank) & (run.buckets["step"] == step)].sort_values("t_ready")
-    c = (
-        run.collectives[(run.collectives["rank"] == rank) & (run.collectives["step"] == step)]
-        if not run.collectives.empty
-        else run.collectives
-    )
-    fig = go.Figure()
+def _add_step_phases(fig: go.Figure, row, b: pd.DataFrame) -> None:
+    """Row 'compute': forward, a straggler's injected delay, backward, the wait for all-reduces, optimizer."""
     delay = row.get("straggle_s", 0.0)  # a straggler's injected sleep, part of t_bwd (dtlab.config.stragglers)
     delay = float(delay) if pd.notna(delay) else 0.0
     bwd_start, bwd_end = row["t_fwd"] + delay, row["t_fwd"] + row["t_bwd"]
@@ -181,44 +165,77 @@ def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
                 hovertemplate=f"{name}: %{{x:.1f}} ms<extra></extra>",
             )
         )
-    if not b.empty:
-        labels = [f"bucket {int(i)} ({fmt_mib(n)})" for i, n in zip(b["bucket"], b["nbytes"])]
+
+
+def _add_bucket_rows(fig: go.Figure, b: pd.DataFrame) -> None:
+    """One row per bucket: its all-reduce as a bar, a marker where it became ready."""
+    labels = [f"bucket {int(i)} ({fmt_mib(n)})" for i, n in zip(b["bucket"], b["nbytes"])]
+    fig.add_trace(
+        go.Bar(
+            y=labels,
+            x=(b["t_end"] - b["t_start"]) * 1e3,
+            base=b["t_start"] * 1e3,
+            orientation="h",
+            name="all-reduce",
+            marker_color=COLORS["bucket"],
+            hovertemplate="%{y}: %{x:.1f} ms<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            y=labels,
+            x=b["t_ready"] * 1e3,
+            mode="markers",
+            name="ready",
+            marker=dict(symbol="line-ns-open", size=14, color=COLORS["ready"]),
+        )
+    )
+
+
+def _add_collective_rows(fig: go.Figure, c: pd.DataFrame) -> int:
+    """ZeRO-3: one row per op and phase, one bar per collective (start = issue time); the number of rows."""
+    rows = 0
+    for (op, phase), g in c.groupby(["op", "phase"], sort=False):
+        label = f"{op} ({phase})"
         fig.add_trace(
             go.Bar(
-                y=labels,
-                x=(b["t_end"] - b["t_start"]) * 1e3,
-                base=b["t_start"] * 1e3,
+                y=[label] * len(g),
+                x=(g["t_end"] - g["t_start"]) * 1e3,
+                base=g["t_start"] * 1e3,
                 orientation="h",
-                name="all-reduce",
-                marker_color=COLORS["bucket"],
-                hovertemplate="%{y}: %{x:.1f} ms<extra></extra>",
+                name=label,
+                customdata=g["nbytes"] / 2**20,
+                hovertemplate=label + ": %{x:.1f} ms, %{customdata:.2f} MiB<extra></extra>",
             )
         )
-        fig.add_trace(
-            go.Scatter(
-                y=labels,
-                x=b["t_ready"] * 1e3,
-                mode="markers",
-                name="ready",
-                marker=dict(symbol="line-ns-open", size=14, color=COLORS["ready"]),
-            )
-        )
+        rows += 1
+    return rows
+
+
+def bucket_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
+    """One step on one rank: forward, backward and optimizer as bars, each bucket's all-reduce as a bar on
+    its own row, with a marker where the bucket became ready. Times in ms from the step start. The end of
+    backward after the last bucket became ready, where DDP only waits for its all-reduces, is its own segment
+    ("waiting for all-reduces"), not backward compute."""
+    st = run.steps[run.steps["rank"] == rank]
+    if st.empty:
+        return set_title(go.Figure(), f"no steps recorded on rank {rank}")
+    if step is None:  # the last measured step: past warm-up and DDP's bucket rebuild
+        step = int(st["step"].max())
+    row = st[st["step"] == step].iloc[0]
+    b = run.buckets[(run.buckets["rank"] == rank) & (run.buckets["step"] == step)].sort_values("t_ready")
+    c = (
+        run.collectives[(run.collectives["rank"] == rank) & (run.collectives["step"] == step)]
+        if not run.collectives.empty
+        else run.collectives
+    )
+    fig = go.Figure()
+    _add_step_phases(fig, row, b)
+    if not b.empty:
+        _add_bucket_rows(fig, b)
     rows = len(b)
-    if not c.empty:  # ZeRO-3: one row per op and phase, one bar per collective (start = issue time)
-        for (op, phase), g in c.groupby(["op", "phase"], sort=False):
-            label = f"{op} ({phase})"
-            fig.add_trace(
-                go.Bar(
-                    y=[label] * len(g),
-                    x=(g["t_end"] - g["t_start"]) * 1e3,
-                    base=g["t_start"] * 1e3,
-                    orientation="h",
-                    name=label,
-                    customdata=g["nbytes"] / 2**20,
-                    hovertemplate=label + ": %{x:.1f} ms, %{customdata:.2f} MiB<extra></extra>",
-                )
-            )
-            rows += 1
+    if not c.empty:
+        rows += _add_collective_rows(fig, c)
     what = "collectives" if not c.empty else "all-reduces"
     fig.update_layout(
         xaxis_title="time from step start (ms)",
