@@ -112,7 +112,7 @@ def _byte_problems(run) -> list[str]:
         ]
     spec = strategy_spec(run.config.get("strategy"))
     records = spec.records
-    if int(run.config.get("local_sgd") or 0) or spec.asynchronous:
+    if int(run.config["sync"]["local_sgd"] or 0) or spec.asynchronous:
         return _convergence_byte_problems(run, want, spec)
     if records == "buckets":
         b = run.buckets
@@ -163,7 +163,7 @@ def _convergence_byte_problems(run, want: int, spec) -> list[str]:
             if (m["nbytes"] != want + extra).any():
                 return [f"a {op} message carries other than the {want:,} B of the model plus its {extra} B header"]
         return []
-    h = int(run.config["local_sgd"])
+    h = int(run.config["sync"]["local_sgd"])
     due = {(r, s) for r, s in rank_steps if (s + 1) % h == 0 and s < int(run.config.get("steps", 0))}
     avg = c[c["phase"] == "average"] if not c.empty else c
     if not run.buckets.empty or set(zip(avg["rank"].astype(int), avg["step"].astype(int))) != due:

@@ -30,7 +30,7 @@ def steps_or_more(run, target: float) -> tuple[int, bool]:
     if s is not None:
         return s, True
     last = int(run.evals["step"].max()) if not run.evals.empty else 0
-    return last + int(run.config.get("eval_every") or 1), False
+    return last + int(run.config["evaluation"]["every"] or 1), False
 
 
 #: the bytes column's name: a mean over all of a run's steps, its first (warm-up, uncompressed) steps included
@@ -93,8 +93,8 @@ def powersgd_claim(runs: dict, psgd: str, baseline: str, target: float):
     """'PowerSGD reaches the target later (in steps) than the uncompressed run' (Vogels et al.: error feedback
     keeps it converging, a low rank slows it)."""
     (sp, rp), (sb, rb) = steps_or_more(runs[psgd], target), steps_or_more(runs[baseline], target)
-    every = int(runs[baseline].config.get("eval_every") or 1)
-    rank = runs[psgd].config.get("powersgd_rank")
+    every = int(runs[baseline].config["evaluation"]["every"] or 1)
+    rank = runs[psgd].config["compression"]["powersgd_rank"]
 
     def why(outcome):
         return (
