@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.distributed.pipelining.schedules as sch
-from torch.distributed.tensor import DTensor
+
+# torch.distributed.tensor and torch.distributed.pipelining take seconds to import (10 s on a loaded 2-core
+# machine): they are imported inside the functions below, so that a DDP rank, and torchrun's agent warming up its
+# strategy module, pay for them only when an optimizer is built or a pipeline recorded.
 
 # ---- torch.distributed.checkpoint ---------------------------------------------------------------------------
 
@@ -38,6 +40,8 @@ P2P_HELPERS = ("_batch_p2p", "_wait_batch_p2p")
 
 def pipelining_p2p_helpers():
     """(schedules module, issue, wait), or None when this torch has no such helpers to wrap."""
+    import torch.distributed.pipelining.schedules as sch
+
     if not all(hasattr(sch, name) for name in P2P_HELPERS):
         return None
     return sch, sch._batch_p2p, sch._wait_batch_p2p
@@ -65,6 +69,8 @@ def param_groups_by_kind(params) -> list:
     is what torch picks by default for CUDA tensors; a tensor-parallel model holds both (its split linear layers
     are DTensors, its embeddings and LayerNorms plain tensors). One group per kind gives the same update: every
     group has the same hyperparameters and AdamW's step is per parameter."""
+    from torch.distributed.tensor import DTensor
+
     params = list(params)
     kinds = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
     groups = [{"params": g} for g in kinds if g]
