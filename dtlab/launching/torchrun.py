@@ -102,6 +102,24 @@ _AGENT = "import sys\nfrom dtlab.launching.agent import agent_main\nagent_main(s
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _agent_env(nproc: int, gloo_threads: bool, node) -> dict:
+    """The agent's environment: the launcher's, dtlab's launch defaults where unset, a node's own settings, the
+    CPU ranks' thread count, and a PYTHONPATH that finds this dtlab."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name, value in LAUNCH_DEFAULTS.items():  # only where unset: the user's NCCL settings win (recorded)
+        set_default(env, name, value)
+    if node is not None:
+        env.update(node.spec.env)
+        if node.multi:
+            env["DTLAB_NODE_SLOT"] = str(node.slot)  # the ranks record it; the launcher finds its own ranks by it
+    if gloo_threads and "OMP_NUM_THREADS" not in os.environ:
+        # CPU ranks share the cores: give each its share instead of torchrun's default of 1 thread.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    # The package must be importable by the ranks even when the kernel found it through sys.path alone.
+    env["PYTHONPATH"] = os.pathsep.join([_PKG_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
 def start_torchrun(
     run_dir: str,
     nproc: int,
@@ -118,18 +136,7 @@ def start_torchrun(
     gets its share of the cores, and they are forked from the warm agent unless DTLAB_START_METHOD=spawn)."""
     method = start_method(gloo_threads)
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for name, value in LAUNCH_DEFAULTS.items():  # only where unset: the user's NCCL settings win (recorded)
-        set_default(env, name, value)
-    if node is not None:
-        env.update(node.spec.env)
-        if node.multi:
-            env["DTLAB_NODE_SLOT"] = str(node.slot)  # the ranks record it; the launcher finds its own ranks by it
-    if gloo_threads and "OMP_NUM_THREADS" not in os.environ:
-        # CPU ranks share the cores: give each its share instead of torchrun's default of 1 thread.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    # The package must be importable by the ranks even when the kernel found it through sys.path alone.
-    env["PYTHONPATH"] = os.pathsep.join([_PKG_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = _agent_env(nproc, gloo_threads, node)
     run_dir = os.path.abspath(run_dir)
     # c10d rendezvous on port 0: the agent's store binds a port the OS picks and the ranks use that store
     # (TORCHELASTIC_USE_AGENT_STORE), so there is no window in which another launch could take the port.
