@@ -106,6 +106,55 @@ def _distilbert_shapes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072
 # ------------------------------------------------------------------ the step model
 
 
+def _tp_replica(tp: dict, form, alpha, beta, t_fwd, t_bwd_comp, t_opt, sizes: list, gpus: int) -> tuple:
+    """Tensor parallelism of degree t inside each replica: per-rank compute, optimizer and gradients / t and the
+    TP all-reduces on the compute path, half in forward, half in backward. (t_fwd, t_bwd_comp, t_opt, sizes,
+    replicas, t, tp_comm)."""
+    tp_degree = int(tp["degree"])
+    tp_comm = float(tp["allreduces"]) * float(
+        costmodel.collective_time("all_reduce", form, alpha, beta, tp["allreduce_bytes"], tp_degree)
+    )
+    t_fwd = float(t_fwd) / tp_degree + tp_comm / 2
+    t_bwd_comp = float(t_bwd_comp) / tp_degree + tp_comm / 2
+    t_opt = float(t_opt) / tp_degree
+    sizes = [int(round(s / tp_degree)) for s in sizes]
+    return t_fwd, t_bwd_comp, t_opt, sizes, max(1, gpus // tp_degree), tp_degree, tp_comm
+
+
+def _priced_buckets(sizes: list, bucket_mb, ratio, form, alpha, beta, nproc, collective) -> tuple:
+    """DDP's buckets for a cap of `bucket_mb` MiB and each one's idle all-reduce seconds for `ratio` x its bytes on
+    the wire (`collective`, or alpha, beta and form): (layout, bucket bytes, durations)."""
+    if not sizes or sum(sizes) <= 0:
+        raise ValueError("param_nbytes_in_ready_order must list gradient sizes (bytes) with a positive total")
+    cap = bk.mb_to_bytes(bucket_mb)
+    layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)  # DDP given bucket_cap_mb: no small first bucket
+    nbytes = bk.bucket_sizes(sizes, layout)
+    wire = ratio * np.asarray(nbytes, dtype=float)
+    durations = np.asarray(
+        collective(wire)
+        if collective is not None
+        else costmodel.collective_time("all_reduce", form, alpha, beta, wire, nproc),
+        dtype=float,
+    )
+    return layout, nbytes, np.atleast_1d(durations)
+
+
+def _inputs(t_fwd, t_bwd_comp, t_opt, bucket_mb, gpus, alpha, beta, form, ratio, encode_s_per_byte) -> dict:
+    """The inputs as :func:`whatif` used them (compute after TP's split and with the encode time), for its result."""
+    return dict(
+        t_fwd=float(t_fwd),
+        t_bwd_comp=float(t_bwd_comp),
+        t_opt=float(t_opt),
+        bucket_mb=float(bucket_mb),
+        nproc=gpus,
+        alpha=float(alpha),
+        beta=float(beta),
+        form=form,
+        ratio=float(ratio),
+        encode_s_per_byte=float(encode_s_per_byte),
+    )
+
+
 def whatif(
     t_fwd,
     t_bwd_comp,
@@ -157,59 +206,24 @@ def whatif(
     gpus = int(nproc)
     tp_degree, tp_comm = 1, 0.0
     if tp is not None and int(tp["degree"]) > 1:
-        tp_degree = int(tp["degree"])
-        tp_comm = float(tp["allreduces"]) * float(
-            costmodel.collective_time("all_reduce", form, alpha, beta, tp["allreduce_bytes"], tp_degree)
+        t_fwd, t_bwd_comp, t_opt, sizes, nproc, tp_degree, tp_comm = _tp_replica(
+            tp, form, alpha, beta, t_fwd, t_bwd_comp, t_opt, sizes, gpus
         )
-        t_fwd = float(t_fwd) / tp_degree + tp_comm / 2
-        t_bwd_comp = float(t_bwd_comp) / tp_degree + tp_comm / 2
-        t_opt = float(t_opt) / tp_degree
-        sizes = [int(round(s / tp_degree)) for s in sizes]
-        nproc = max(1, gpus // tp_degree)
     if not np.isfinite(ratio) or not 0 < ratio <= 1:
         raise ValueError(f"ratio (bytes on the wire / gradient bytes) must be in (0, 1], got {ratio!r}")
     if not np.isfinite(encode_s_per_byte) or encode_s_per_byte < 0:
         raise ValueError(f"encode_s_per_byte must be a finite number >= 0 (s/B), got {encode_s_per_byte!r}")
     t_bwd_comp = float(t_bwd_comp) + encode_s_per_byte * sum(sizes)
-    if not sizes or sum(sizes) <= 0:
-        raise ValueError("param_nbytes_in_ready_order must list gradient sizes (bytes) with a positive total")
-    cap = bk.mb_to_bytes(bucket_mb)
-    layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)  # DDP given bucket_cap_mb: no small first bucket
-    nbytes = bk.bucket_sizes(sizes, layout)
-    wire = ratio * np.asarray(nbytes, dtype=float)
-    durations = np.asarray(
-        collective(wire)
-        if collective is not None
-        else costmodel.collective_time("all_reduce", form, alpha, beta, wire, nproc),
-        dtype=float,
-    )
-    durations = np.atleast_1d(durations)
+    layout, nbytes, durations = _priced_buckets(sizes, bucket_mb, ratio, form, alpha, beta, nproc, collective)
     if not np.isfinite(contention) or contention < 1:
         raise ValueError(f"contention (loaded / idle all-reduce time) must be a finite number >= 1, got {contention!r}")
     ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes)
     out = bk.predict_step(
         t_fwd, t_bwd_comp, t_opt, ready, durations, loaded=None if contention == 1 else contention * durations
     )
-    out.update(
-        n_buckets=len(layout),
-        bucket_nbytes=nbytes,
-        ready=ready,
-        durations=durations,
-        t_fwd=float(t_fwd),
-        t_bwd_comp=float(t_bwd_comp),
-        t_opt=float(t_opt),
-        bucket_mb=float(bucket_mb),
-        nproc=gpus,
-        alpha=float(alpha),
-        beta=float(beta),
-        form=form,
-        ratio=float(ratio),
-        encode_s_per_byte=float(encode_s_per_byte),
-        tp_degree=tp_degree,
-        tp_comm=tp_comm,
-        dp=int(nproc),
-        contention=float(contention),
-    )
+    out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations)
+    out.update(_inputs(t_fwd, t_bwd_comp, t_opt, bucket_mb, gpus, alpha, beta, form, ratio, encode_s_per_byte))
+    out.update(tp_degree=tp_degree, tp_comm=tp_comm, dp=int(nproc), contention=float(contention))
     return out
 
 
