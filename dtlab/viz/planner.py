@@ -135,28 +135,14 @@ def planner_table(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def planner(
-    levels: dict,
-    compute: dict,
-    measured: pd.DataFrame | None = None,
-    measured_setting: dict | None = None,
-    model: str = "distilbert",
-    gpus: int = 2,
-    global_batch: int = 8,
-    seq: int = 128,
-    microbatches: int = 4,
-    schedule: str = "1f1b",
-):
-    """The planner widget (display it as a cell's last expression). levels: alpha_intra, beta_intra, alpha_inter,
-    beta_inter (s, s/B) and source (:func:`dtlab.model.planner.levels_from_profile`); compute:
-    :func:`dtlab.model.planner.compute_from_run`; measured: :func:`dtlab.model.planner.measured_rows`, drawn
-    while the controls show `measured_setting` (model, global_batch, seq, microbatches: what the runs ran)."""
+def _controls(model: str, gpus: int, global_batch: int, seq: int, microbatches: int, schedule: str) -> dict:
+    """The planner's controls, by name, at the given setting."""
     style, layout = {"description_width": "150px"}, widgets.Layout(width="460px")
 
     def sel(options, value, desc):
         return widgets.SelectionSlider(options=options, value=value, description=desc, style=style, layout=layout)
 
-    c = {
+    return {
         "model": widgets.Dropdown(
             options=list(pl.MODELS), value=model, description="model", style=style, layout=layout
         ),
@@ -176,6 +162,25 @@ def planner(
             options=["1f1b", "gpipe"], value=schedule, description="schedule", style=style
         ),
     }
+
+
+def planner(
+    levels: dict,
+    compute: dict,
+    measured: pd.DataFrame | None = None,
+    measured_setting: dict | None = None,
+    model: str = "distilbert",
+    gpus: int = 2,
+    global_batch: int = 8,
+    seq: int = 128,
+    microbatches: int = 4,
+    schedule: str = "1f1b",
+):
+    """The planner widget (display it as a cell's last expression). levels: alpha_intra, beta_intra, alpha_inter,
+    beta_inter (s, s/B) and source (:func:`dtlab.model.planner.levels_from_profile`); compute:
+    :func:`dtlab.model.planner.compute_from_run`; measured: :func:`dtlab.model.planner.measured_rows`, drawn
+    while the controls show `measured_setting` (model, global_batch, seq, microbatches: what the runs ran)."""
+    c = _controls(model, gpus, global_batch, seq, microbatches, schedule)
     label = widgets.HTML()
     setting = dict(measured_setting or {})
 
