@@ -61,6 +61,55 @@ def _set_log_value(slider: widgets.FloatLogSlider, value: float) -> None:
         slider.value = value
 
 
+def _controls(st: ExplorerState) -> dict:
+    """The explorer's controls, by name, where the state `st` starts them."""
+    buttons = dict(_STYLE, button_width="110px")
+    return {
+        "nproc": widgets.IntSlider(
+            value=st.nproc0,
+            min=1,
+            max=64,
+            step=1,
+            description="GPU count p",
+            continuous_update=True,
+            style=_STYLE,
+            layout=widgets.Layout(width="480px"),
+        ),
+        "tp": widgets.SelectionSlider(
+            options=st.tp_options,
+            value=1,
+            description="TP degree t",
+            continuous_update=True,
+            style=_STYLE,
+            layout=widgets.Layout(width="480px"),
+        ),
+        "bucket_mb": _log_slider("bucket_mb", st.bucket0, st.bucket_range),
+        "alpha_us": _log_slider("alpha_us", st.ref["alpha"] * 1e6),
+        "bandwidth_gbs": _log_slider("bandwidth_gbs", 1.0 / st.ref["beta"] / 1e9),
+        "ratio": _log_slider("ratio", st.comp["ratio"]),
+        "contention": widgets.FloatSlider(
+            value=st.contention0,
+            min=1.0,
+            max=CONTENTION_MAX,
+            step=CONTENTION_STEP,
+            description="contention ×",
+            readout_format=".2f",
+            continuous_update=True,
+            style=_STYLE,
+            layout=widgets.Layout(width="480px"),
+        ),
+        "form": widgets.ToggleButtons(
+            options=["ring", "textbook"], value=st.form0, description="model form", style=buttons
+        ),
+        "sweep": widgets.ToggleButtons(
+            options=[("GPU count", "nproc"), ("bucket size", "bucket_mb")],
+            value="nproc",
+            description="bars across",
+            style=buttons,
+        ),
+    }
+
+
 class Explorer(widgets.VBox):
     """The explorer widget returned by :func:`explorer`.
 
@@ -85,51 +134,7 @@ class Explorer(widgets.VBox):
             compression=compression,
             tp_shape=tp_shape,
         )
-        buttons = dict(_STYLE, button_width="110px")
-        self.sliders = {
-            "nproc": widgets.IntSlider(
-                value=st.nproc0,
-                min=1,
-                max=64,
-                step=1,
-                description="GPU count p",
-                continuous_update=True,
-                style=_STYLE,
-                layout=widgets.Layout(width="480px"),
-            ),
-            "tp": widgets.SelectionSlider(
-                options=st.tp_options,
-                value=1,
-                description="TP degree t",
-                continuous_update=True,
-                style=_STYLE,
-                layout=widgets.Layout(width="480px"),
-            ),
-            "bucket_mb": _log_slider("bucket_mb", st.bucket0, st.bucket_range),
-            "alpha_us": _log_slider("alpha_us", st.ref["alpha"] * 1e6),
-            "bandwidth_gbs": _log_slider("bandwidth_gbs", 1.0 / st.ref["beta"] / 1e9),
-            "ratio": _log_slider("ratio", st.comp["ratio"]),
-            "contention": widgets.FloatSlider(
-                value=st.contention0,
-                min=1.0,
-                max=CONTENTION_MAX,
-                step=CONTENTION_STEP,
-                description="contention ×",
-                readout_format=".2f",
-                continuous_update=True,
-                style=_STYLE,
-                layout=widgets.Layout(width="480px"),
-            ),
-            "form": widgets.ToggleButtons(
-                options=["ring", "textbook"], value=st.form0, description="model form", style=buttons
-            ),
-            "sweep": widgets.ToggleButtons(
-                options=[("GPU count", "nproc"), ("bucket size", "bucket_mb")],
-                value="nproc",
-                description="bars across",
-                style=buttons,
-            ),
-        }
+        self.sliders = _controls(st)
         self._source_label = widgets.HTML()
         self._source_label.add_class("dtlab-sources")
         self.redraw_label = widgets.Label("redraw – ms")
