@@ -9,7 +9,7 @@ import os
 
 import plotly.graph_objects as go
 
-from dtlab.results.kineto.trace import COMM, COMP
+from dtlab.results.kineto.ranks import COMM, COMP
 from dtlab.viz.figures import set_title
 
 

@@ -156,7 +156,9 @@ def _value(t: _Text, pos: int):
                 return v, end
         except json.JSONDecodeError as e:
             if t.eof:
-                raise t.damaged(e.pos, "truncated" if not t.buf[e.pos :].strip() else f"not valid JSON ({e.msg})")
+                raise t.damaged(
+                    e.pos, "truncated" if not t.buf[e.pos :].strip() else f"not valid JSON ({e.msg})"
+                ) from None
             if not _maybe_cut(t.buf, e):
                 raise t.damaged(e.pos, f"not valid JSON ({e.msg})") from None
         pos = t.refill(pos)
