@@ -283,7 +283,7 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
         desc,
         stall_s=cfg.stall_s,
         node=nl,
-        max_restarts=cfg.max_restarts,
+        max_restarts=cfg.restarts.max_restarts,
     )
 
 

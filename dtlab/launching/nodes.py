@@ -133,7 +133,13 @@ def start_job(cfg, key: str, body: dict, facts: dict, module: str, gloo_threads:
         node = NodeLaunch(out, cfg.nproc, cfg.nnodes, slot, cfg.rdzv_endpoint, cfg.rdzv_id, cfg.rdzv_timeout_s, spec)
     is_host = spec.is_host if spec.is_host is not None else _hosts_store(node.endpoint)
     proc = start_torchrun(
-        out, cfg.nproc, module, gloo_threads, node=node, is_host=is_host, max_restarts=getattr(cfg, "max_restarts", 0)
+        out,
+        cfg.nproc,
+        module,
+        gloo_threads,
+        node=node,
+        is_host=is_host,
+        max_restarts=cfg.restarts.max_restarts if hasattr(cfg, "restarts") else 0,
     )
     try:
         if node.multi:

@@ -22,6 +22,7 @@ import json
 import os
 
 from dtlab.results.status import recorded_status
+from dtlab.results.upgrade import upgrade_doc
 
 ENV = "DTLAB_REPLAY"
 LOG_ENV = "DTLAB_REPLAY_LOG"  # set by `dtlab grade`: one JSON line per recording loaded or missing
@@ -64,6 +65,11 @@ def recorded_in(root: str) -> list[tuple[str, dict]]:
             continue
         if not isinstance(cfg, dict):
             continue
+        if isinstance(cfg.get("config"), dict):  # a run recorded by any dtlab, in today's form
+            try:
+                cfg = upgrade_doc(cfg)[0]
+            except ValueError:
+                continue
         inner = cfg.get("config") or cfg.get("calibration") or {}
         if status_of(d, inner).get("state") == "finished":
             out.append((d, cfg))

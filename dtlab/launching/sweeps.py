@@ -14,6 +14,7 @@ from dtlab.launching.handle import run as run_one
 from dtlab.model.whatif import config_label
 from dtlab.results.run import load_run
 from dtlab.results.status import RunFailed, recorded_status
+from dtlab.results.upgrade import upgrade
 
 SWEEP_COLUMNS = [
     "label",
@@ -41,8 +42,8 @@ def run_dir_for(root: str, cfg: RunConfig) -> str:
 def _same_config(path: str, cfg: RunConfig) -> bool:
     try:
         with open(os.path.join(path, "config.json")) as f:
-            old = json.load(f)["config"]
-    except (OSError, ValueError, KeyError):
+            old = upgrade(json.load(f)["config"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
     status = recorded_status(path, int(old.get("nnodes") or 1))[0] or {}
     return status.get("state") == "finished" and {**old, "out": None} == {**cfg.to_dict(), "out": None}

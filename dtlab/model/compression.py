@@ -47,13 +47,13 @@ def _compressed_buckets(run) -> pd.DataFrame:
         raise ValueError(f"run {run.path} has no recorded buckets with wire_bytes (record=True, strategy ddp)")
     b = b[b["step"] >= run.warmup]
     per = b.groupby("step")[["nbytes", "wire_bytes"]].sum()
-    hook = run.config.get("comm_hook", "none")
+    hook = run.config["compression"]["hook"]
     if hook == "powersgd":
         keep = per.index[per["wire_bytes"] < per["nbytes"]]
         if len(keep) == 0:
             raise ValueError(
                 f"run {run.path}: PowerSGD never compressed in the measured steps (all steps before "
-                f"powersgd_start_iter = {run.config.get('powersgd_start_iter')}?)"
+                f"powersgd_start_iter = {run.config['compression']['powersgd_start_iter']}?)"
             )
         steps = sorted(int(st) for st in keep)
         # the first compressed step also builds PowerSGD's state (its P and Q matrices): its encode time is a
@@ -77,7 +77,7 @@ def compression_from_run(run) -> dict:
     grad = float(per["nbytes"].median())
     wire = float(per["wire_bytes"].median())
     encode = float(enc.median()) if len(enc) else 0.0
-    hook = run.config.get("comm_hook", "none")
+    hook = run.config["compression"]["hook"]
     return {
         "ratio": wire / grad,
         "wire_bytes": wire,

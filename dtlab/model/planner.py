@@ -291,7 +291,7 @@ def measured_rows(runs: dict) -> pd.DataFrame:
                 "pp": int(lay["pp"]),
                 "layout": f"{lay['dp']}x{lay['tp']}x{lay['pp']}",
                 "t_step": t,
-                "microbatches": int(run.config.get("microbatches", 1)),
+                "microbatches": int(run.config["parallel"]["microbatches"]),
             }
         )
     return pd.DataFrame(rows, columns=["label", "dp", "tp", "pp", "layout", "t_step", "microbatches"])
@@ -327,7 +327,7 @@ def against_runs(runs: dict, levels: dict, compute: dict, gpus_per_node: int = 8
     for label, run in runs.items():
         lay = run.resolved.get("layout") or {"dp": run.nproc, "tp": 1, "pp": 1}
         arch = MODELS[run.config["model"]]
-        m = int(run.config.get("microbatches", 1))
+        m = int(run.config["parallel"]["microbatches"])
         p = predict_layout(
             arch,
             int(lay["dp"]),
@@ -337,7 +337,7 @@ def against_runs(runs: dict, levels: dict, compute: dict, gpus_per_node: int = 8
             global_batch=int(run.config["batch_size"]) * int(lay["dp"]),
             seq=int(run.config["seq_len"]),
             microbatches=m,
-            schedule=run.config.get("pp_schedule", "gpipe"),
+            schedule=run.config["parallel"]["schedule"],
             sharded=False,
             levels=levels,
             compute=compute,

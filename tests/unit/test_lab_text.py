@@ -207,7 +207,10 @@ def test_powersgd_encode_leaves_out_the_step_that_builds_its_state():
             }
         )
     run = types.SimpleNamespace(
-        buckets=pd.DataFrame(rows), warmup=1, path="fake", config={"comm_hook": "powersgd", "powersgd_start_iter": 2}
+        buckets=pd.DataFrame(rows),
+        warmup=1,
+        path="fake",
+        config={"compression": {"hook": "powersgd", "powersgd_start_iter": 2}},
     )
     comp = compression_from_run(run)
     assert comp["encode_s"] == pytest.approx(0.002) and comp["ratio"] == pytest.approx(0.1)

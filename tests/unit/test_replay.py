@@ -48,18 +48,26 @@ def test_no_replay_without_the_variable(monkeypatch):
 
 
 def test_a_recording_older_than_a_field_matches_that_fields_default(tmp_path, monkeypatch):
-    """Runs recorded before dtlab gained a field (say checkpoint_every) behaved as its default: they still
-    replay for a notebook that leaves it at the default, and not for one that sets it."""
+    """Runs recorded before dtlab gained a field (say checkpoint_every), in the flat form of config version 1,
+    behaved as its default: dtlab.results.upgrade brings them to today's form, so they still replay for a notebook
+    that leaves it at the default, and not for one that sets it or another option."""
+    from dtlab.config.options import FLAT
+
     monkeypatch.setenv(replay.ENV, str(tmp_path))
-    d = _record(tmp_path, "old", tiny(bucket_mb=2.0), True, 0, 1.0)
+    d = _record(tmp_path, "old", tiny(bucket_mb=2.0, comm_hook="fp16"), True, 0, 1.0)
     doc = json.loads((d / "config.json").read_text())
-    del doc["config"]["checkpoint_every"], doc["config"]["straggler"]
-    (d / "config.json").write_text(json.dumps(doc))
+    new = doc["config"]
+    old = {k: v for k, v in new.items() if not isinstance(v, dict) or k == "zero"}  # version 1: flat, no version
+    old.update({flat: new[group][field] for flat, (group, field) in FLAT.items()})
+    del old["config_version"], old["checkpoint_every"], old["straggler"]
+    (d / "config.json").write_text(json.dumps({**doc, "config": old}))
     defaults = type(tiny())().to_dict()
-    assert replay.find("config", tiny(bucket_mb=2.0).to_dict(), defaults) == str(d)
-    assert replay.find("config", tiny(bucket_mb=2.0, checkpoint_every=2).to_dict(), defaults) is None
-    assert replay.find("config", tiny(bucket_mb=2.0).to_dict()) is None  # without defaults: field by field
-    assert isinstance(dtlab.launch(tiny(bucket_mb=2.0)), replay.Replayed)
+    asked = tiny(bucket_mb=2.0, comm_hook="fp16")
+    assert replay.find("config", asked.to_dict(), defaults) == str(d)
+    assert replay.find("config", asked.to_dict()) == str(d)  # the upgraded recording has every field
+    assert replay.find("config", asked.replace(checkpoint_every=2).to_dict(), defaults) is None
+    assert replay.find("config", tiny(bucket_mb=2.0).to_dict(), defaults) is None  # it ran fp16
+    assert isinstance(dtlab.launch(asked), replay.Replayed)
 
 
 def test_a_field_left_at_none_must_be_none_in_the_recording(tmp_path, monkeypatch):
