@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 
+from dtlab.course import sandbox as sb
+
 COLUMNS = [
     "student",
     "notebook",
@@ -205,6 +207,42 @@ def _read(path: str) -> str:
         return ""
 
 
+def _grader_command(ag, lab, nb, directory, tmp, timeout_s, boxed, replay):
+    """The grader's command line for one notebook (paths as the sandbox sees them when `boxed`), the pipe its result
+    comes back through (None unboxed: a file), the output arguments, and the sandbox's in and out boxes."""
+    inbox = outbox = None
+    if boxed:
+        inbox, outbox = _stage(tmp, nb, directory, replay), os.path.join(tmp, "out")
+        os.makedirs(outbox)
+        os.chmod(tmp, 0o755)
+        where = {"nb": f"{sb.IN}/{os.path.basename(nb)}", "sub": f"{sb.IN}/submission", "dir": sb.IN}
+        pipe = os.pipe()  # the result comes back through a pipe the kernel cannot reach, not a file it could
+        out = ["--out-fd", str(pipe[1])]
+    else:
+        pipe, where = None, {"nb": os.path.abspath(nb), "sub": os.path.abspath(directory or "."), "dir": tmp}
+        out = ["--out", os.path.join(tmp, "result.json")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dtlab.course.grader",
+        "notebook",
+        where["nb"],
+        "--lab",
+        lab,
+        *out,
+        "--cell-timeout",
+        str(timeout_s),
+    ]
+    if ag.get("manifest"):
+        cells = os.path.join(inbox if boxed else tmp, "cells.json")
+        with open(cells, "w") as f:
+            json.dump(ag["manifest"]["check_cells"], f)
+        cmd += ["--cells", f"{where['dir']}/cells.json"]
+    if replay:
+        cmd += ["--submission", where["sub"]]
+    return cmd, pipe, out, inbox, outbox
+
+
 def grade_one(
     ag: dict,
     lab: str,
@@ -218,41 +256,11 @@ def grade_one(
 ) -> list[dict]:
     """Grade one notebook in a worker process (in the sandbox `sandbox`: dtlab.course.sandbox); its rows (error
     rows when the worker failed, naming the limit it hit if it hit one)."""
-    from dtlab.course import sandbox as sb
-
     memory, disk, procs = memory or sb.DEFAULT_MEMORY, disk or sb.DEFAULT_DISK, procs or sb.DEFAULT_PROCS
     replay = _has_runs(directory)
     with tempfile.TemporaryDirectory(prefix="dtlab-batch-") as tmp:
         boxed = sandbox != "none"
-        if boxed:
-            inbox, outbox = _stage(tmp, nb, directory, replay), os.path.join(tmp, "out")
-            os.makedirs(outbox)
-            os.chmod(tmp, 0o755)
-            where = {"nb": f"{sb.IN}/{os.path.basename(nb)}", "sub": f"{sb.IN}/submission", "dir": sb.IN}
-            pipe = os.pipe()  # the result comes back through a pipe the kernel cannot reach, not a file it could
-            out = ["--out-fd", str(pipe[1])]
-        else:
-            pipe, where = None, {"nb": os.path.abspath(nb), "sub": os.path.abspath(directory or "."), "dir": tmp}
-            out = ["--out", os.path.join(tmp, "result.json")]
-        cmd = [
-            sys.executable,
-            "-m",
-            "dtlab.course.grader",
-            "notebook",
-            where["nb"],
-            "--lab",
-            lab,
-            *out,
-            "--cell-timeout",
-            str(timeout_s),
-        ]
-        if ag.get("manifest"):
-            cells = os.path.join(inbox if boxed else tmp, "cells.json")
-            with open(cells, "w") as f:
-                json.dump(ag["manifest"]["check_cells"], f)
-            cmd += ["--cells", f"{where['dir']}/cells.json"]
-        if replay:
-            cmd += ["--submission", where["sub"]]
+        cmd, pipe, out, inbox, outbox = _grader_command(ag, lab, nb, directory, tmp, timeout_s, boxed, replay)
         with (
             sb.prepared(sandbox, cmd, inbox, outbox, disk, memory, procs, pass_fds=(pipe[1],))
             if boxed
@@ -314,8 +322,6 @@ def grade(
     students' code with your permissions); `memory`, `disk` (bytes) and `procs`: its limits
     (dtlab.course.sandbox's defaults)."""
     import pandas as pd
-
-    from dtlab.course import sandbox as sb
 
     ags = autograders(autograder)
     subs = submissions(submissions_)

@@ -132,76 +132,8 @@ def command(
     user namespace's uid mapped to root)."""
     env = _env(env or {})
     ro, links = ro_paths()
-    root = os.geteuid() == 0
     if mech == "bwrap":
-        if root:
-            ns = [
-                "--unshare-ipc",
-                "--unshare-pid",
-                "--unshare-net",
-                "--unshare-uts",
-                "--unshare-cgroup-try",
-                "--cap-drop",
-                "ALL",
-                "--cap-add",
-                "CAP_SETUID",
-                "--cap-add",
-                "CAP_SETGID",
-                "--cap-add",
-                "CAP_SETPCAP",
-            ]
-            argv = setpriv(uid) + argv
-        else:
-            ns = ["--unshare-all", "--uid", str(UID), "--gid", str(UID)]
-        # the scratch tmpfs first, the read-only binds over it: an environment under /tmp (a CI's venv) stays seen
-        cmd = [
-            "bwrap",
-            *ns,
-            "--die-with-parent",
-            "--new-session",
-            "--hostname",
-            "dtlab-grade",
-            "--clearenv",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--perms",
-            "1777",
-            "--size",
-            str(disk),
-            "--tmpfs",
-            "/dev/shm",
-            "--perms",
-            "1777",
-            "--size",
-            str(disk),
-            "--tmpfs",
-            SCRATCH,
-            "--perms",
-            "0777",
-            "--dir",
-            SCRATCH + "/home",
-        ]
-        parents = sorted(
-            {
-                os.path.dirname(p)[:i]
-                for p in (*ro, IN, OUT)
-                for i in range(2, len(os.path.dirname(p)) + 1)
-                if os.path.dirname(p)[i : i + 1] in ("", "/")
-            },
-            key=len,
-        )
-        for d in parents:  # made 0755: bwrap as root makes them 0700, and UID could not reach what is under them
-            cmd += ["--perms", "0755", "--dir", d]
-        for p in ro:
-            cmd += ["--ro-bind", p, p]
-        for p in links:
-            cmd += ["--symlink", os.readlink(p), p]
-        cmd += ["--ro-bind", inbox, IN, "--bind", outbox, OUT, "--chdir", SCRATCH]
-        for k, v in env.items():
-            cmd += ["--setenv", k, v]
-        return cmd + ["--remount-ro", "/", "--"] + argv
+        return _bwrap(argv, inbox, outbox, disk, env, uid, ro, links)
     if mech == "namespaces":
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
         return [
@@ -219,6 +151,79 @@ def command(
             _script(ro, links, inbox, outbox, disk, env, argv, uid),
         ]
     raise ValueError(f"no sandbox {mech!r} ({MECHANISMS})")
+
+
+def _bwrap(argv: list[str], inbox: str, outbox: str, disk: int, env: dict, uid: int, ro, links) -> list[str]:
+    """`command` for bubblewrap: the namespaces, the scratch tmpfs, the read-only binds, the in/out boxes."""
+    root = os.geteuid() == 0
+    if root:
+        ns = [
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+            "--cap-add",
+            "CAP_SETPCAP",
+        ]
+        argv = setpriv(uid) + argv
+    else:
+        ns = ["--unshare-all", "--uid", str(UID), "--gid", str(UID)]
+    # the scratch tmpfs first, the read-only binds over it: an environment under /tmp (a CI's venv) stays seen
+    cmd = [
+        "bwrap",
+        *ns,
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "dtlab-grade",
+        "--clearenv",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(disk),
+        "--tmpfs",
+        "/dev/shm",
+        "--perms",
+        "1777",
+        "--size",
+        str(disk),
+        "--tmpfs",
+        SCRATCH,
+        "--perms",
+        "0777",
+        "--dir",
+        SCRATCH + "/home",
+    ]
+    parents = sorted(
+        {
+            os.path.dirname(p)[:i]
+            for p in (*ro, IN, OUT)
+            for i in range(2, len(os.path.dirname(p)) + 1)
+            if os.path.dirname(p)[i : i + 1] in ("", "/")
+        },
+        key=len,
+    )
+    for d in parents:  # made 0755: bwrap as root makes them 0700, and UID could not reach what is under them
+        cmd += ["--perms", "0755", "--dir", d]
+    for p in ro:
+        cmd += ["--ro-bind", p, p]
+    for p in links:
+        cmd += ["--symlink", os.readlink(p), p]
+    cmd += ["--ro-bind", inbox, IN, "--bind", outbox, OUT, "--chdir", SCRATCH]
+    for k, v in env.items():
+        cmd += ["--setenv", k, v]
+    return cmd + ["--remount-ro", "/", "--"] + argv
 
 
 def _script(ro, links, inbox, outbox, disk, env, argv, uid) -> str:

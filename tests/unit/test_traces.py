@@ -172,7 +172,10 @@ def _hand_made(path, cpu=False):
 def test_breakdown_per_step_is_unions_of_intervals(tmp_path, cpu):
     b = load_trace(_hand_made(tmp_path / "t.json", cpu=cpu)).breakdown().set_index("step")
     assert list(b.index) == [0, 1]
-    ms = lambda col: list(np.round(b[col].to_numpy() * 1e3, 6))
+
+    def ms(col):
+        return list(np.round(b[col].to_numpy() * 1e3, 6))
+
     assert ms("T_step") == [10, 10] and ms("T_comp") == [7, 2] and ms("T_comm") == [4, 3]
     assert ms("exposed") == [1, 3] and list(b["overlap"].round(6)) == [0.75, 0.0]
 

@@ -20,6 +20,11 @@ def ring_allreduce_s(nbytes: int, p: int, alpha: float, beta: float) -> float:
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
 
 
+def _x(cat, name, pid, tid, ts, dur, args) -> dict:
+    """A complete ('X') event as Kineto writes it."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
 def _events(rank, p, steps, sizes, alpha, beta, delays, offset, compute_s, layout, prefix, int_ts, pad):
     """Yield one rank's events (dicts), times in microseconds on the rank's own clock."""
     corr = 0
@@ -32,37 +37,18 @@ def _events(rank, p, steps, sizes, alpha, beta, delays, offset, compute_s, layou
 
     for step in range(steps):
         s0 = 1.0 + step * step_s
-        yield {
-            "ph": "X",
-            "cat": "user_annotation",
-            "name": f"ProfilerStep#{step}",
-            "pid": 1,
-            "tid": 1,
-            "ts": us(s0),
-            "dur": conv(step_s * 1e6 - 1),
-            "args": {},
-        }
+        yield _x("user_annotation", f"ProfilerStep#{step}", 1, 1, us(s0), conv(step_s * 1e6 - 1), {})
         corr += 1
-        yield {
-            "ph": "X",
-            "cat": "cuda_runtime",
-            "name": "cudaLaunchKernel",
-            "pid": 1,
-            "tid": 1,
-            "ts": us(s0 + 1e-6),
-            "dur": 2,
-            "args": {"correlation": corr},
-        }
-        yield {
-            "ph": "X",
-            "cat": "kernel",
-            "name": "ampere_sgemm_128x64_tn",
-            "pid": 0,
-            "tid": 7,
-            "ts": us(s0 + 10e-6),
-            "dur": conv(compute_s * 1e6),
-            "args": {"stream": 7, "correlation": corr, "pad": pad},
-        }
+        yield _x("cuda_runtime", "cudaLaunchKernel", 1, 1, us(s0 + 1e-6), 2, {"correlation": corr})
+        yield _x(
+            "kernel",
+            "ampere_sgemm_128x64_tn",
+            0,
+            7,
+            us(s0 + 10e-6),
+            conv(compute_s * 1e6),
+            {"stream": 7, "correlation": corr, "pad": pad},
+        )
         t = s0 + 10e-6 + compute_s
         for k, n in enumerate(sizes):
             arrive = t + delays[rank]
@@ -79,39 +65,28 @@ def _events(rank, p, steps, sizes, alpha, beta, delays, offset, compute_s, layou
                 "Seq": step * len(sizes) + k,
             }
             if layout == "old":
-                yield {
-                    "ph": "X",
-                    "cat": "user_annotation",
-                    "name": "nccl:all_reduce",
-                    "pid": 1,
-                    "tid": 1,
-                    "ts": us(arrive - 20e-6),
-                    "dur": 15,
-                    "args": {"Input Dims": [[n // 4]], "Input type": ["float"]},
-                }
+                yield _x(
+                    "user_annotation",
+                    "nccl:all_reduce",
+                    1,
+                    1,
+                    us(arrive - 20e-6),
+                    15,
+                    {"Input Dims": [[n // 4]], "Input type": ["float"]},
+                )
                 name, kargs = f"{prefix}_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", {}
             else:
                 name, kargs = f"{prefix}_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", meta
-            yield {
-                "ph": "X",
-                "cat": "cuda_runtime",
-                "name": "cudaLaunchKernel",
-                "pid": 1,
-                "tid": 1,
-                "ts": us(arrive - 10e-6),
-                "dur": 2,
-                "args": {"correlation": corr},
-            }
-            yield {
-                "ph": "X",
-                "cat": "kernel",
-                "name": name,
-                "pid": 0,
-                "tid": 20,
-                "ts": us(arrive),
-                "dur": conv((end - arrive) * 1e6),
-                "args": {"stream": 20, "correlation": corr, **kargs},
-            }
+            yield _x("cuda_runtime", "cudaLaunchKernel", 1, 1, us(arrive - 10e-6), 2, {"correlation": corr})
+            yield _x(
+                "kernel",
+                name,
+                0,
+                20,
+                us(arrive),
+                conv((end - arrive) * 1e6),
+                {"stream": 20, "correlation": corr, **kargs},
+            )
             t = end + 50e-6
 
 

@@ -1,0 +1,61 @@
+"""The house style, checked: ruff's formatter and linter (configuration in pyproject.toml: 120 columns, import
+sorting, pycodestyle, pyflakes, bugbear, pyupgrade) over the whole tree, short functions, and imports at the top of
+a module unless one avoids a cycle or a heavy import on a path that must stay light."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TREE = ["dtlab", "tests", "tools", "benchmarks"]
+MAX_FUNCTION_LINES = 80
+#: imports inside functions in dtlab/: each avoids a cycle, a heavy import (torch, pandas, plotly, IPython) on a path
+#: that must stay light (`import dtlab`, `dtlab --help`, the agent before its lifeline), or an optional extra
+MAX_IMPORTS_IN_FUNCTIONS = 180
+
+
+def _ruff(*args):
+    return subprocess.run([sys.executable, "-m", "ruff", *args, *TREE], cwd=ROOT, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("args", [("format", "--check"), ("check",)], ids=["format", "lint"])
+def test_ruff_passes(args):
+    r = _ruff(*args)
+    assert r.returncode == 0, f"ruff {' '.join(args)}:\n{r.stdout[-4000:]}{r.stderr[-2000:]}"
+
+
+def _functions():
+    for path in sorted((ROOT / "dtlab").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield path.relative_to(ROOT), node
+
+
+def test_no_function_is_over_80_lines():
+    sizes = [(p, f, f.end_lineno - f.lineno + 1) for p, f in _functions()]
+    long = [f"{p}:{f.lineno} {f.name} ({n} lines)" for p, f, n in sizes if n > MAX_FUNCTION_LINES]
+    assert not long, long
+
+
+def _imports_in_functions() -> list[str]:
+    found = []
+    for path, f in _functions():
+        for stmt in ast.walk(f):
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                found.append(f"{path}:{stmt.lineno}")
+    return sorted(set(found))  # a nested function's imports are walked from its parent too: count each once
+
+
+def test_imports_sit_at_the_top_of_their_modules():
+    inside = _imports_in_functions()
+    assert len(inside) <= MAX_IMPORTS_IN_FUNCTIONS, f"{len(inside)} imports inside functions: {inside}"
+
+
+def test_the_counters_count():
+    """The two walks above find what they look for (a check that found nothing would pass anything)."""
+    assert any(f.name == "main" for _, f in _functions())
+    assert _imports_in_functions(), "dtlab has lazy imports (torch on the CLI's path): the walk must see them"
