@@ -1,9 +1,9 @@
-"""Checkpoint and resume (dtlab.results.restarts, dtlab.rank.restarts): a rank killed with SIGKILL makes torchrun restart the
-group, training resumes from the newest checkpoint and finishes with every step once, on one timeline, with the same
-losses as a run never interrupted; without restarts left the run fails naming the rank (with max_restarts 0: the kill
-drill of tests/test_faults.py, which runs with checkpoints on). Plus the pure parts: checks
-before launch, the timeline on hand-made events, torn event lines, attempt-aware fault injection, the watchdog during
-a restart, and the Young/Daly intervals.
+"""Checkpoint and resume (dtlab.results.restarts, dtlab.rank.restarts): a rank killed with SIGKILL makes torchrun
+restart the group, training resumes from the newest checkpoint and finishes with every step once, on one timeline, with
+the same losses as a run never interrupted; without restarts left the run fails naming the rank (with max_restarts 0:
+the kill drill of tests/test_faults.py, which runs with checkpoints on). Plus the pure parts: checks before launch, the
+timeline on hand-made events, torn event lines, attempt-aware fault injection, the watchdog during a restart, and the
+Young/Daly intervals.
 
 The three real runs (tiny model, 2 gloo ranks) are launched together, as the fault drills are."""
 

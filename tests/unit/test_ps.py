@@ -1,5 +1,6 @@
-"""Strategy 'ps' (reduce to rank 0 + broadcast, dtlab.rank.strategies.ps) against DDP's ring all-reduce: the same training,
-bytes conserved, the transport's arithmetic and order on 2 and 3 gloo ranks, and the measured shapes in n and p."""
+"""Strategy 'ps' (reduce to rank 0 + broadcast, dtlab.rank.strategies.ps) against DDP's ring all-reduce: the same
+training, bytes conserved, the transport's arithmetic and order on 2 and 3 gloo ranks, and the measured shapes in n and
+p."""
 
 import json
 import os
