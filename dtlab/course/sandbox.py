@@ -108,6 +108,9 @@ def _env(extra: dict) -> dict:
         "PYTHONNOUSERSITE": "1",
         "HF_HUB_OFFLINE": "1",
         "MPLBACKEND": "Agg",
+        # the dtlab this process imported (bound read-only by ro_paths), not whichever one the environment's own
+        # path would find: a checkout run with PYTHONPATH beside an install of another copy grades with its own
+        "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     }
     for k, v in os.environ.items():  # dtlab's and torch's own settings pass; secrets and paths do not
         if k.startswith(("DTLAB_", "OMP_", "MKL_", "GLOO_", "TORCH_")) and k != "DTLAB_REPLAY":
