@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dtlab.config.models import TINY_ARCH  # a plain dict; dtlab.rank.data imports torch only inside its functions
+from dtlab.config.models import TINY_ARCH  # a plain dict, the one dtlab.rank.data builds the tiny model from
 from dtlab.model import buckets as bk
 from dtlab.model import costmodel
 from dtlab.model.parallel import tp_allreduces
