@@ -53,7 +53,7 @@ class Evaluator:
     """Evaluates on one rank; on the others `active` is False and `run` does nothing but return."""
 
     def __init__(self, cfg, tokenizer, train_source: str, device, active: bool):
-        self.every, self.total, self.active = cfg.eval_every, cfg.steps, active and cfg.eval_every > 0
+        self.every, self.total, self.active = cfg.evaluation.every, cfg.steps, active and cfg.evaluation.every > 0
         self.facts: dict = {}
         if not self.active:
             return
@@ -67,7 +67,7 @@ class Evaluator:
                 "source": src,
                 "sentences": len(sents),
                 "positive": sum(labels) / len(labels),
-                "every": cfg.eval_every,
+                "every": cfg.evaluation.every,
                 "batch": EVAL_BATCH,
             }
         }

@@ -31,7 +31,7 @@ class Optimizer:
 
     def __init__(self, cfg, params):
         self.opt = adamw(params, peak_lr(cfg), cfg.optimizer_impl)
-        warm = cfg.warmup_steps
+        warm = cfg.lr_schedule.warmup_steps
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: warmup_factor(s, warm))
 
     @property

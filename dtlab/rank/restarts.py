@@ -58,10 +58,11 @@ def _retire(path: str) -> None:
 
 
 class Checkpointer:
-    """Saves every `cfg.checkpoint_every` training steps, and resumes a restarted rank from the newest checkpoint."""
+    """Saves every `cfg.restarts.checkpoint_every` training steps, and resumes a restarted rank from the newest
+    checkpoint."""
 
     def __init__(self, cfg, run_dir: str, rank: int, world: int, device, writer):
-        self.every, self.steps = cfg.checkpoint_every, cfg.steps
+        self.every, self.steps = cfg.restarts.checkpoint_every, cfg.steps
         self.root = os.path.join(run_dir, "checkpoints")
         self.rank, self.world, self.device, self.writer = rank, world, device, writer
         self.attempt = current_attempt()

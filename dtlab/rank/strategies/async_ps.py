@@ -92,7 +92,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
                 **evaluator.facts,
                 "lr_rule": lr_rule_text(cfg),
                 "timing_method": timing,
-                "staleness": {"max": cfg.max_staleness, "policy": cfg.staleness_policy},
+                "staleness": {"max": cfg.sync.max_staleness, "policy": cfg.sync.staleness_policy},
             },
             world,
         )
@@ -119,7 +119,7 @@ def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) 
     for p in params:
         p.grad = torch.zeros_like(p)
     optim = Optimizer(cfg, params)
-    book = Book(cfg.max_staleness, cfg.staleness_policy)
+    book = Book(cfg.sync.max_staleness, cfg.sync.staleness_policy)
     inbox = torch.empty(HDR_PUSH + n)  # host memory: gloo's point-to-point messages
     outbox = {w: torch.empty(HDR_PULL + n) for w in range(1, world)}
     sending: dict = {}  # worker -> the Work of its last reply (waited before its buffer is reused)

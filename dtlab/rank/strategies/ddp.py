@@ -63,7 +63,7 @@ class DDPRun:
         self.cfg, self.rank, self.world, self.writer = cfg, rank, world, writer
         # NCCL's own timing of each bucket's collective (backend_ms) is read only when buckets are recorded
         rep = build_replica(
-            cfg, rank, world, shards=world, shard=rank, nccl_timing=bool(cfg.record and not cfg.local_sgd)
+            cfg, rank, world, shards=world, shard=rank, nccl_timing=bool(cfg.record and not cfg.sync.local_sgd)
         )
         device, backend = rep.device, rep.backend
         self.device, self.batches = device, rep.batches
@@ -72,12 +72,13 @@ class DDPRun:
         self.model = model = rep.model.to(device)
         model.train()
         # local SGD: a plain model per rank, its parameters averaged every H steps (dtlab.rank.local_sgd)
-        self.local = LocalSGD(model, cfg.local_sgd, world, device, self.marks) if cfg.local_sgd else None
+        self.local = LocalSGD(model, cfg.sync.local_sgd, world, device, self.marks) if cfg.sync.local_sgd else None
         self.ddp = model if self.local else _wrap(model, device, cfg.bucket_mb)
         codec = None
-        if cfg.comm_hook != "none":
+        comp = cfg.compression
+        if comp.hook != "none":
             codec = Codec(
-                cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_start_iter, cfg.seed, serialize=backend == "gloo"
+                comp.hook, comp.powersgd_rank, comp.powersgd_start_iter, cfg.seed, serialize=backend == "gloo"
             )
         transport = make_transport(world, device, backend) if make_transport is not None else None
         self.recorder = BucketRecorder(world, device, codec, transport, backend=backend, marks=self.marks)
@@ -197,7 +198,7 @@ class DDPRun:
         cfg, local, writer, rank = self.cfg, self.local, self.writer, self.rank
         if averaged:
             writer.write("collective", rank=rank, step=step, **local.seconds(averaged, step_start))
-        if local and not baseline and digest_due(step, cfg.local_sgd, cfg.steps - 1):  # ranks agree? (not timed)
+        if local and not baseline and digest_due(step, cfg.sync.local_sgd, cfg.steps - 1):  # ranks agree? (not timed)
             t0 = time.perf_counter()
             local.digest_event(writer, rank, step, averaged=averaged is not None)
             self.train_clock.exclude(time.perf_counter() - t0)

@@ -187,8 +187,8 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     n_layers = int(model.config.n_layers)
     b.model = model = None  # the other stages' layers are not this rank's: let them go
     stage = PipelineStage(stage_mod, s, P, b.device, group=pp_mesh.get_group())
-    schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pp_schedule]
-    sched = schedule(stage, n_microbatches=cfg.microbatches, loss_fn=F.cross_entropy)
+    schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.parallel.schedule]
+    sched = schedule(stage, n_microbatches=cfg.parallel.microbatches, loss_fn=F.cross_entropy)
     marks = rank_marks(b.device, b.backend)
     marks.prepare([pp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
     timeline = ComputeTimeline(stage, s, marks)
@@ -237,7 +237,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
             t_blocked=t_blocked,
             stage=s,
             dp_rank=b.dp_rank,
-            microbatches=cfg.microbatches,
+            microbatches=cfg.parallel.microbatches,
             time=time.time(),
         )
         after_step(writer, rank, step, params, opt, b.device, b.reference, mine, loss)
@@ -247,7 +247,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
 
 def _facts(cfg: RunConfig, b, P: int, n_layers: int, recorded: bool, marks) -> dict:
     """What rank 0 adds to config.json: the stages, one micro-batch's activation bytes and the traffic expected."""
-    M = cfg.microbatches
+    M = cfg.parallel.microbatches
     act = (cfg.batch_size // M) * cfg.seq_len * b.facts["hidden"] * 4  # one micro-batch's activations, fp32
     p2p = b.degrees["dp"] * (P - 1) * 2 * M * act  # over all ranks per step: each boundary, both ways, every one
     return {
@@ -256,7 +256,7 @@ def _facts(cfg: RunConfig, b, P: int, n_layers: int, recorded: bool, marks) -> d
         "stage_layers": [list(r) for r in split_layers(n_layers, P)],
         "microbatch_activation_bytes": act,
         "p2p_recorded": recorded,
-        "pp_schedule": cfg.pp_schedule,
+        "pp_schedule": cfg.parallel.schedule,
         "expected_bytes_per_step": {"send": p2p, "recv": p2p} if recorded else {},
         "pipeline_recording": "stage.forward_one_chunk / backward_one_chunk wrapped per micro-batch; sends and "
         "receives from torch.distributed.pipelining.schedules' p2p helpers",
