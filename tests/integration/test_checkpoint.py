@@ -154,7 +154,7 @@ from dtlab.rank.restarts import Checkpointer
 from dtlab.rank.recorder import EventWriter
 tmp = sys.argv[1]
 dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
-cfg = types.SimpleNamespace(checkpoint_every=1, steps=4)
+cfg = types.SimpleNamespace(restarts=types.SimpleNamespace(checkpoint_every=1), steps=4)
 writer = EventWriter(f"{tmp}/events.jsonl", attempt=0)
 
 
