@@ -9,21 +9,24 @@ version 1: everything recorded before the option groups. `upgrade` runs one step
 changed, then gives every field the record predates its default (an option a run predates was off: no
 compression, no restarts, no evaluation, strategy 'ddp', the only strategy before the field existed).
 
-The steps:
+Each step (`Step`) is named by what changed and takes the config and the event lines of one version to the next:
 
 - 1 -> 2, `option_groups`: the options one strategy or lever reads moved from RunConfig's top level into its groups
   (`microbatches` -> `parallel.microbatches`, `pp_schedule` -> `parallel.schedule`, `comm_hook` ->
   `compression.hook`, ...). `OPTION_GROUPS_V2` is that move as version 2 made it; dtlab.config.options.FLAT, the
   flat names every entry point accepts, equals it today but is free to grow, and a later version that moves an
-  option again adds its own step after this one.
+  option again adds its own step after this one. Its event lines (`fields_before_groups`): a calibration `sample`
+  without `load` was taken idle (sweeps recorded before loaded calibration); a `baseline_step` without
+  `paired_step` is unpaired (runs recorded before the baseline steps were interleaved).
 
-Event lines of a version-1 record (`upgrade_event`): a calibration `sample` without `load` was taken idle (sweeps
-recorded before loaded calibration); a `baseline_step` without `paired_step` is unpaired (runs recorded before the
-baseline steps were interleaved). A calibration's config carries no version: its events are read as version 1's,
-which changes nothing in a sweep that recorded `load`.
+A calibration's config carries no version: its events are read as version 1's, which changes nothing in a sweep
+that recorded `load`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from dtlab.config.run import CONFIG_VERSION, RunConfig
 
@@ -49,7 +52,7 @@ OPTION_GROUPS_V2 = {
 
 
 def option_groups(config: dict) -> dict:
-    """Version 1 -> 2: each flat option of `OPTION_GROUPS_V2` moved into its group."""
+    """Version 1 -> 2 of a config: each flat option of `OPTION_GROUPS_V2` moved into its group."""
     out = {k: v for k, v in config.items() if k not in OPTION_GROUPS_V2}
     for flat, (group, field) in OPTION_GROUPS_V2.items():
         if flat in config:
@@ -57,8 +60,31 @@ def option_groups(config: dict) -> dict:
     return out
 
 
-#: STEPS[v - 1] takes a config of version v to version v + 1
-STEPS = (option_groups,)
+def fields_before_groups(ev: dict) -> dict:
+    """Version 1 -> 2 of an event line: what lines recorded before it may lack, filled in."""
+    kind = ev.get("kind")
+    if kind == "sample" and "load" not in ev:
+        return {**ev, "load": "idle"}
+    if kind == "baseline_step" and "paired_step" not in ev:
+        return {**ev, "paired_step": None}
+    return ev
+
+
+def _same(d: dict) -> dict:
+    return d
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one version changed, named: how a config of the version before becomes this one's, and an event line."""
+
+    name: str
+    config: Callable[[dict], dict] = _same
+    event: Callable[[dict], dict] = _same
+
+
+#: STEPS[v - 1] takes a record of version v to version v + 1
+STEPS = (Step("option_groups", config=option_groups, event=fields_before_groups),)
 
 
 def recorded_version(config: dict) -> int:
@@ -79,7 +105,7 @@ def upgrade(config: dict) -> dict:
     version = recorded_version(config)
     out = {k: v for k, v in config.items() if k != "config_version"}
     for step in STEPS[version - 1 :]:
-        out = step(out)
+        out = step.config(out)
     return {"config_version": CONFIG_VERSION, **_complete(out, RunConfig().to_dict())}
 
 
@@ -105,10 +131,6 @@ def upgrade_doc(doc: dict, key: str = "config") -> tuple[dict, int]:
 
 def upgrade_event(ev: dict, version: int) -> dict:
     """One event line of a record of `version`, in the current form (the same dict when nothing changes)."""
-    if version < 2:
-        kind = ev.get("kind")
-        if kind == "sample" and "load" not in ev:
-            return {**ev, "load": "idle"}
-        if kind == "baseline_step" and "paired_step" not in ev:
-            return {**ev, "paired_step": None}
+    for step in STEPS[version - 1 :]:
+        ev = step.event(ev)
     return ev

@@ -110,7 +110,7 @@ def test_the_cli_keeps_its_flat_flags():
 
 def test_one_step_per_version():
     assert len(STEPS) == CONFIG_VERSION - 1
-    assert STEPS[0] is option_groups
+    assert STEPS[0].name == "option_groups" and STEPS[0].config is option_groups
 
 
 def test_a_version_1_config_upgrades_to_what_its_flat_options_build_today():
