@@ -199,14 +199,6 @@ class RunConfig(JobConfig):
             elif isinstance(value, cls):
                 setattr(self, name, dataclasses.replace(value))
 
-    def __getattr__(self, name: str) -> Any:
-        """Transitional, while readers outside config/ move to the groups: `cfg.microbatches` reads
-        `cfg.parallel.microbatches` (dtlab.config.options.FLAT). Read options through their group."""
-        where = FLAT.get(name)
-        if where is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(object.__getattribute__(self, where[0]), where[1])
-
     # ---- validation -------------------------------------------------------------------------------------
     def validate(self, cuda_device_count: int | None = None, nccl_version=None) -> RunConfig:
         """Check every field; raise ValueError naming the field and what is allowed. Returns self.
