@@ -1,7 +1,8 @@
 """dtlab: a hands-on lab for where distributed training spends its time.
 
 The data path runs one way: RunConfig -> launch (torchrun) -> ranks record into a run directory ->
-load_run -> DataFrames -> cost model and figures. The definitions every lab uses are in README.md and docs/measurement.md.
+load_run -> DataFrames -> cost model and figures. The definitions every lab uses are in README.md and
+docs/measurement.md.
 
 Names are imported on first use: a rank started as `python -m dtlab.rank.worker` must not pay for pandas, scipy
 and plotly before it has even set up its parent-death signal.

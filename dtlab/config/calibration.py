@@ -8,7 +8,8 @@ from dtlab.config.job import JobConfig
 from dtlab.config.run import MODELS, RunConfig
 from dtlab.config.validate import choice, int_at_least
 
-# "ps": a parameter-server round, dist.reduce to rank 0 then dist.broadcast from it (dtlab.rank.strategies.ps, one bucket)
+# "ps": a parameter-server round, dist.reduce to rank 0 then dist.broadcast from it (dtlab.rank.strategies.ps, one
+# bucket)
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "ps")
 
 #: What runs beside the timed collectives: nothing, or a training rank's backward pass (see CalibConfig.load).
@@ -24,7 +25,8 @@ class CalibConfig(JobConfig):
     4 x lcm(nproc, group_sizes) so every rank's share is a whole number of fp32 elements."""
 
     nproc: int = 2
-    """Ranks per node (nproc x nnodes at least 2: a collective needs peers); placed like a run's (dtlab.config.placement)."""
+    """Ranks per node (nproc x nnodes at least 2: a collective needs peers); placed like a run's
+    (dtlab.config.placement)."""
     ops: tuple = ("all_reduce",)
     """Collectives to time: all_reduce, reduce_scatter, all_gather, ps (reduce to rank 0 + broadcast)."""
     sizes: tuple = DEFAULT_SIZES

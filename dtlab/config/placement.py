@@ -4,12 +4,13 @@ One function, `plan(nproc, backend, device, ngpu, nccl_version)`, decides for ev
 the launcher's banner, the rank's process-group setup, `dtlab doctor`), so the notebook, the CLI and the ranks
 never disagree. The rules, for `backend="auto"` and `device="auto"`:
 
-| GPUs on the machine | what runs | what it means for the numbers |
-| --- | --- | --- |
-| >= nproc | NCCL, one GPU per rank | the real thing |
-| 1 .. nproc-1, NCCL >= 2.30, nproc <= 2 x GPUs | NCCL, 2 ranks share a GPU (`NCCL_MULTI_RANK_GPU_ENABLE=1`, experimental) | real NCCL kernels, but the ranks share one GPU's SMs and memory bandwidth: compute and communication slow each other, and no link is crossed |
-| 1 .. nproc-1 otherwise | gloo on CUDA tensors, ranks share GPUs | compute is real GPU compute; gloo stages every collective through host memory and TCP loopback, so T_comm is a host figure, not NVLink/PCIe |
-| 0 | gloo on CPU | everything is a CPU figure |
+- GPUs >= nproc: NCCL, one GPU per rank; the real thing.
+- 1 .. nproc-1 GPUs, NCCL >= 2.30, nproc <= 2 x GPUs: NCCL, 2 ranks share a GPU (`NCCL_MULTI_RANK_GPU_ENABLE=1`,
+  experimental); real NCCL kernels, but the ranks share one GPU's SMs and memory bandwidth: compute and
+  communication slow each other, and no link is crossed.
+- 1 .. nproc-1 GPUs otherwise: gloo on CUDA tensors, ranks share GPUs; compute is real GPU compute; gloo stages
+  every collective through host memory and TCP loopback, so T_comm is a host figure, not NVLink/PCIe.
+- no GPU: gloo on CPU; everything is a CPU figure.
 
 A GPU machine never runs silently on the CPU: with `device="auto"` and at least one GPU, ranks use CUDA.
 `device="cpu"` asks for CPU ranks explicitly (gloo only). ZeRO-3 is placed by the same rules: on gloo with

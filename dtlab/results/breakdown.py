@@ -181,7 +181,8 @@ def figures(run) -> dict:
         )
         n_diff = len(base)
     elif run.measures_blocked and "t_blocked" in ps.columns:
-        # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead (dtlab.rank.strategies.zero3.blocked).
+        # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead
+        # (dtlab.rank.strategies.zero3.blocked).
         tb = ps["t_blocked"].to_numpy(dtype=float)
         exposed, d_rep = _median(tb), medians(tb, idx)
         t_comp, comp_rep = _median(ts - tb), medians(ts - tb, idx)

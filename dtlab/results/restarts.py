@@ -109,7 +109,7 @@ def restart_rows(rows: dict[str, list[dict]]) -> list[dict]:
     to notice the failure, stop the group, start new processes, rebuild the model and load the checkpoint) and
     wall_time (s since the epoch)."""
     last_time: dict = {}
-    for kind, evs in rows.items():
+    for evs in rows.values():
         for ev in evs:
             if isinstance(ev.get("time"), (int, float)):
                 key = (ev.get("rank"), attempt_of(ev))

@@ -23,9 +23,10 @@ below the machine's noise instead of shown: dtlab.results.breakdown and dtlab.re
 ZeRO-3 (strategy 'zero3') has no no-op baseline, and DeepSpeed overlaps its collectives with compute on side
 streams, so T_step - T_comm is not its compute time. There, exposed communication is measured directly:
 t_blocked, the time the slowest rank's training thread (CPU) or compute stream (GPU) was blocked waiting for
-collectives (timed Work.wait() of async collectives, the whole of blocking ones; see dtlab.rank.strategies.zero3.blocked), and
-T_comp = T_step - t_blocked on that rank. T_comm stays the in-flight union. Runs recorded before t_blocked
-existed fall back to T_step - T_comm, labelled "assumes no overlap".
+collectives (timed Work.wait() of async collectives, the whole of blocking ones; see
+dtlab.rank.strategies.zero3.blocked), and T_comp = T_step - t_blocked on that rank. T_comm stays the in-flight
+union. Runs recorded before t_blocked existed (their steps carry none; no upgrade can measure it afterwards) fall back
+to T_step - T_comm, labelled "assumes no overlap" (dtlab.results.breakdown).
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ class Run:
     ddp_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
     """DDP's own per-step timers (rank, step, backward_comm_time, ... in seconds): see `crosscheck()`."""
     blocked: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BLOCKED_COLUMNS))
-    """ZeRO-3: intervals a rank was blocked waiting for a collective (see dtlab.rank.strategies.zero3.blocked); empty for DDP."""
+    """ZeRO-3: intervals a rank was blocked waiting for a collective (see dtlab.rank.strategies.zero3.blocked); empty
+    for DDP."""
     checkpoints: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Checkpoints saved: rank, step (steps done), attempt, t_save (s), nbytes (B this rank wrote); see dtlab.results.restarts."""
+    """Checkpoints saved: rank, step (steps done), attempt, t_save (s), nbytes (B this rank wrote); see
+    dtlab.results.restarts."""
     restarts: pd.DataFrame = field(default_factory=pd.DataFrame)
     """One row per rank per restart: attempt, resumed_from (step), t_load (s), down_s (s); empty without restarts."""
     lost: pd.DataFrame = field(default_factory=pd.DataFrame)

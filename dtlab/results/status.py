@@ -326,7 +326,8 @@ def node_statuses(run_dir: str, problems: list | None = None) -> dict[int, dict]
 def merged_status(run_dir: str, nnodes: int, problems: list | None = None) -> dict:
     """The status of a multi-node run: 'finished' once every node finished; otherwise the worst node state
     ('running' while a node has not reported). `nodes` holds each node's own status by slot. A node whose status
-    says running while its launcher and agent are gone (checked on their host: dtlab.results.liveness) is 'abandoned'."""
+    says running while its launcher and agent are gone (checked on their host: dtlab.results.liveness) is
+    'abandoned'."""
     from dtlab.results.liveness import judge
 
     per = node_statuses(run_dir, problems)

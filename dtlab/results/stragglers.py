@@ -16,7 +16,8 @@ computes), so a sum would count one wait once per bucket; the max is the longest
 nobody). The ends coincide only to within the backend's completion latency and thread wake-ups (gloo: tens to
 hundreds of us on loopback, more on a loaded CPU), which is the floor of what this can resolve.
 
-The synchronous-step model (a synchronous step waits for its slowest rank): T_step = max_i T_comp,i + T_comm, wait_i = max_j T_comp,j - T_comp,i.
+The synchronous-step model (a synchronous step waits for its slowest rank): T_step = max_i T_comp,i + T_comm,
+wait_i = max_j T_comp,j - T_comp,i.
 """
 
 from __future__ import annotations
