@@ -226,26 +226,7 @@ class RunConfig(JobConfig):
         int_at_least("seq_len", self.seq_len, 1)
         if self.seq_len > 512:
             raise ValueError(f"seq_len must be <= 512 (DistilBERT's position embeddings), got {self.seq_len}")
-        choice("model", self.model, MODELS)
-        choice("model_source", self.model_source, MODEL_SOURCES)
-        if self.model_path is not None and not os.path.isdir(self.model_path):
-            raise ValueError(
-                f"model_path must be an existing folder with a Hugging Face model, got {self.model_path!r} (not found)"
-            )
-        if not isinstance(self.data, str):
-            raise ValueError(f"data must be a string (a source name or a file path), got {self.data!r}")
-        if self.data not in DATA_SOURCES:
-            if not os.path.isfile(self.data):
-                raise ValueError(
-                    f"data must be one of {', '.join(DATA_SOURCES)} or an existing local file "
-                    f"(.csv, .tsv, .json, .jsonl, .parquet), got {self.data!r} (not found)"
-                )
-            if not self.data.lower().endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet")):
-                raise ValueError(f"data file must end in .csv, .tsv, .json, .jsonl or .parquet, got {self.data!r}")
-            # Read and checked here, in the caller's process, so a bad file never reaches a rank.
-            from dtlab.config.datafile import check_data_file
-
-            check_data_file(self.data, min_rows=self.batch_size * self.nproc)
+        self._validate_sources()
         if not isinstance(self.record, bool):
             raise ValueError(f"record must be true or false, got {self.record!r}")
         if not isinstance(self.profile, bool):
@@ -285,6 +266,29 @@ class RunConfig(JobConfig):
         validate_convergence(self)
         self.validate_job()  # the launch fields, nodes and rendezvous last (they fill in rdzv_id)
         return self
+
+    def _validate_sources(self) -> None:
+        """Where the model and the data come from: names, an existing model folder, a local data file read and
+        checked here, in the caller's process, so a bad file never reaches a rank."""
+        choice("model", self.model, MODELS)
+        choice("model_source", self.model_source, MODEL_SOURCES)
+        if self.model_path is not None and not os.path.isdir(self.model_path):
+            raise ValueError(
+                f"model_path must be an existing folder with a Hugging Face model, got {self.model_path!r} (not found)"
+            )
+        if not isinstance(self.data, str):
+            raise ValueError(f"data must be a string (a source name or a file path), got {self.data!r}")
+        if self.data not in DATA_SOURCES:
+            if not os.path.isfile(self.data):
+                raise ValueError(
+                    f"data must be one of {', '.join(DATA_SOURCES)} or an existing local file "
+                    f"(.csv, .tsv, .json, .jsonl, .parquet), got {self.data!r} (not found)"
+                )
+            if not self.data.lower().endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet")):
+                raise ValueError(f"data file must end in .csv, .tsv, .json, .jsonl or .parquet, got {self.data!r}")
+            from dtlab.config.datafile import check_data_file
+
+            check_data_file(self.data, min_rows=self.batch_size * self.nproc)
 
     def _resolve_auto(self, cuda_device_count: int | None = None) -> None:
         if self.nproc is None:

@@ -11,6 +11,7 @@ whose interval is not above 0 is not shown as a figure: its row says, in words, 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -150,69 +151,32 @@ def figures(run) -> dict:
     ts_rep, tc_rep = medians(ts, idx), medians(tc, idx)
     t_step, t_comm = _median(ts), _median(tc)
     ts_iv, tc_iv = hull(interval(ts_rep), median_bounds(ts)), hull(interval(tc_rep), median_bounds(tc))
-    how_exposed, how_overlap = "T_step - T_comp", "1 - exposed / T_comm"
-    per, n_diff = "steps", n
-    noise_rule = True  # exposed is a difference of two measurements: shown only when it stands out of the noise
-    assumed = False
+    c = SimpleNamespace(
+        ps=ps,
+        busy=busy,
+        rng=rng,
+        b=b,
+        idx=idx,
+        ts=ts,
+        tc=tc,
+        ts_rep=ts_rep,
+        tc_rep=tc_rep,
+        t_step=t_step,
+        t_comm=t_comm,
+        ts_iv=ts_iv,
+        tc_iv=tc_iv,
+    )
     pr = pairs(run, ps)
-    if pr is not None and not pr.empty:
-        m = len(pr)
-        d_rep = medians(pr["diff"], resample_index(m, block_for(m, busy), rng, b))
-        exposed = _median(pr["diff"])
-        e_iv = hull(interval(d_rep), median_bounds(pr["diff"]))
-        t_comp, comp_rep = t_step - exposed, ts_rep - d_rep
-        c_iv = hull(interval(comp_rep), (t_step - e_iv[1], t_step - e_iv[0]))
-        how_comp = (
-            f"measured: T_step - exposed, from {m} no-op comm hook steps each paired with the training "
-            f"step just before it (alone: median {fmt_ms(_median(pr['t_comp']))})"
-        )
-        how_exposed = f"median over {m} pairs of T_step - T_comp (a training step, then a no-op comm hook step)"
-        per, n_diff = "pairs", m
-    elif not run.baseline_steps.empty:
-        base = run.baseline_steps.groupby("step")["t_step"].max().to_numpy(dtype=float)
-        comp_rep = medians(base, resample_index(len(base), block_for(len(base), busy), rng, b))
-        t_comp = _median(base)
-        c_iv = hull(interval(comp_rep), median_bounds(base))
-        exposed, d_rep = t_step - t_comp, ts_rep - comp_rep
-        e_iv = hull(interval(d_rep), (ts_iv[0] - c_iv[1], ts_iv[1] - c_iv[0]))
-        how_comp = (
-            f"measured: median of {len(base)} no-op comm hook steps (run after the training steps, "
-            "unpaired: recorded before baseline steps were interleaved)"
-        )
-        n_diff = len(base)
-    elif run.measures_blocked and "t_blocked" in ps.columns:
-        # ZeRO-3 has no no-op baseline; its waits on collectives are timed instead
-        # (dtlab.rank.strategies.zero3.blocked).
-        tb = ps["t_blocked"].to_numpy(dtype=float)
-        exposed, d_rep = _median(tb), medians(tb, idx)
-        t_comp, comp_rep = _median(ts - tb), medians(ts - tb, idx)
-        e_iv, c_iv = hull(interval(d_rep), median_bounds(tb)), hull(interval(comp_rep), median_bounds(ts - tb))
-        where = "compute stream" if timing_method(run) == "cuda_events" else "training thread"
-        how_comp = "measured: T_step - time blocked on collectives (slowest rank, per step)"
-        how_exposed = (
-            f"measured: time the slowest rank's {where} was blocked waiting for collectives "
-            "(timed waits + blocking calls)"
-        )
-        how_overlap = "1 - exposed / T_comm (exposed measured, T_comm = in-flight union)"
-        noise_rule = False  # measured directly, never negative: a 0 is a measured 0
-    elif not run.collectives.empty and run.buckets.empty:
-        # A ZeRO-3 run recorded before blocked time was measured.
-        t_comp, comp_rep = _median(ts - tc), medians(ts - tc, idx)
-        c_iv = hull(interval(comp_rep), median_bounds(ts - tc))
-        how_comp = (
-            ("estimated: T_step - T_comm (recorded without blocked-time measurement; assumes no overlap)")
-            if run.spec.blocked_time
-            else "estimated: T_step - T_comm (blocking collectives)"
-        )
-        how_exposed, how_overlap = "assumed = T_comm (no baseline to measure it against)", "not measured"
-        exposed, d_rep, e_iv, noise_rule, assumed = t_comm, tc_rep, tc_iv, False, True
-    else:
-        te = ps["t_comp_est"].to_numpy(dtype=float)
-        t_comp, comp_rep = _median(te), medians(te, idx)
-        c_iv = hull(interval(comp_rep), median_bounds(te))
-        exposed, d_rep = t_step - t_comp, ts_rep - comp_rep
-        e_iv = hull(interval(d_rep), median_bounds(ts - te))
-        how_comp = "estimated: fwd + bwd until the last bucket was ready + opt (no baseline run)"
+    x = {
+        "how_exposed": "T_step - T_comp",
+        "how_overlap": "1 - exposed / T_comm",
+        "per": "steps",
+        "n_diff": n,
+        "noise_rule": True,  # exposed is a difference of two measurements: shown only when it stands out of the noise
+        "assumed": False,
+        **_exposed(run, c, pr),
+    }
+    d_rep, e_iv, t_comp, exposed = x["d_rep"], x["e_iv"], x["t_comp"], x["exposed"]
     with np.errstate(divide="ignore", invalid="ignore"):
         ov_iv = hull(
             interval(1.0 - np.asarray(d_rep) / np.asarray(tc_rep)),
@@ -228,21 +192,108 @@ def figures(run) -> dict:
         "t_comm": t_comm,
         "t_comm_rep": tc_rep,
         "t_comp": t_comp,
-        "t_comp_rep": comp_rep,
+        "t_comp_rep": x["comp_rep"],
         "exposed": exposed,
         "exposed_rep": d_rep,
         "t_step_iv": _around(t_step, ts_iv),
         "t_comm_iv": _around(t_comm, tc_iv),
-        "t_comp_iv": _around(t_comp, c_iv),
+        "t_comp_iv": _around(t_comp, x["c_iv"]),
         "exposed_iv": _around(exposed, e_iv),
         "overlap_iv": ov_iv,
-        "how_comp": how_comp,
-        "how_exposed": how_exposed,
-        "how_overlap": how_overlap,
-        "noise_rule": noise_rule,
-        "assumed": assumed,
-        "n_diff": n_diff,
-        "per": per,
+        **{k: x[k] for k in ("how_comp", "how_exposed", "how_overlap", "noise_rule", "assumed", "n_diff", "per")},
+    }
+
+
+def _exposed(run, c, pr) -> dict:
+    """T_comp and exposed communication (t_comp, comp_rep, c_iv, exposed, d_rep, e_iv, how_comp, and what differs
+    from `figures`' defaults), from the best measurement the run has: paired no-op hook steps, unpaired ones, the
+    time blocked on collectives, or (none of those) an estimate."""
+    if pr is not None and not pr.empty:
+        return _from_pairs(c, pr)
+    if not run.baseline_steps.empty:
+        base = run.baseline_steps.groupby("step")["t_step"].max().to_numpy(dtype=float)
+        comp_rep = medians(base, resample_index(len(base), block_for(len(base), c.busy), c.rng, c.b))
+        t_comp = _median(base)
+        c_iv = hull(interval(comp_rep), median_bounds(base))
+        return {
+            "t_comp": t_comp,
+            "comp_rep": comp_rep,
+            "c_iv": c_iv,
+            "exposed": c.t_step - t_comp,
+            "d_rep": c.ts_rep - comp_rep,
+            "e_iv": hull(interval(c.ts_rep - comp_rep), (c.ts_iv[0] - c_iv[1], c.ts_iv[1] - c_iv[0])),
+            "how_comp": f"measured: median of {len(base)} no-op comm hook steps (run after the training steps, "
+            "unpaired: recorded before baseline steps were interleaved)",
+            "n_diff": len(base),
+        }
+    if run.measures_blocked and "t_blocked" in c.ps.columns:
+        return _from_blocked(run, c)
+    if not run.collectives.empty and run.buckets.empty:
+        # A ZeRO-3 run recorded before blocked time was measured.
+        comp = c.ts - c.tc
+        return {
+            "t_comp": _median(comp),
+            "comp_rep": medians(comp, c.idx),
+            "c_iv": hull(interval(medians(comp, c.idx)), median_bounds(comp)),
+            "how_comp": "estimated: T_step - T_comm (recorded without blocked-time measurement; assumes no overlap)"
+            if run.spec.blocked_time
+            else "estimated: T_step - T_comm (blocking collectives)",
+            "how_exposed": "assumed = T_comm (no baseline to measure it against)",
+            "how_overlap": "not measured",
+            **{"exposed": c.t_comm, "d_rep": c.tc_rep, "e_iv": c.tc_iv, "noise_rule": False, "assumed": True},
+        }
+    te = c.ps["t_comp_est"].to_numpy(dtype=float)
+    t_comp, comp_rep = _median(te), medians(te, c.idx)
+    return {
+        "t_comp": t_comp,
+        "comp_rep": comp_rep,
+        "c_iv": hull(interval(comp_rep), median_bounds(te)),
+        "exposed": c.t_step - t_comp,
+        "d_rep": c.ts_rep - comp_rep,
+        "e_iv": hull(interval(c.ts_rep - comp_rep), median_bounds(c.ts - te)),
+        "how_comp": "estimated: fwd + bwd until the last bucket was ready + opt (no baseline run)",
+    }
+
+
+def _from_pairs(c, pr) -> dict:
+    """Exposed = the median over training steps of (its time - its paired no-op hook step's)."""
+    m = len(pr)
+    d_rep = medians(pr["diff"], resample_index(m, block_for(m, c.busy), c.rng, c.b))
+    exposed = _median(pr["diff"])
+    e_iv = hull(interval(d_rep), median_bounds(pr["diff"]))
+    return {
+        "exposed": exposed,
+        "d_rep": d_rep,
+        "e_iv": e_iv,
+        "t_comp": c.t_step - exposed,
+        "comp_rep": c.ts_rep - d_rep,
+        "c_iv": hull(interval(c.ts_rep - d_rep), (c.t_step - e_iv[1], c.t_step - e_iv[0])),
+        "how_comp": f"measured: T_step - exposed, from {m} no-op comm hook steps each paired with the training "
+        f"step just before it (alone: median {fmt_ms(_median(pr['t_comp']))})",
+        "how_exposed": f"median over {m} pairs of T_step - T_comp (a training step, then a no-op comm hook step)",
+        "per": "pairs",
+        "n_diff": m,
+    }
+
+
+def _from_blocked(run, c) -> dict:
+    """ZeRO-3 has no no-op baseline; its waits on collectives are timed instead
+    (dtlab.rank.strategies.zero3.blocked)."""
+    tb = c.ps["t_blocked"].to_numpy(dtype=float)
+    d_rep, comp_rep = medians(tb, c.idx), medians(c.ts - tb, c.idx)
+    where = "compute stream" if timing_method(run) == "cuda_events" else "training thread"
+    return {
+        "exposed": _median(tb),
+        "d_rep": d_rep,
+        "e_iv": hull(interval(d_rep), median_bounds(tb)),
+        "t_comp": _median(c.ts - tb),
+        "comp_rep": comp_rep,
+        "c_iv": hull(interval(comp_rep), median_bounds(c.ts - tb)),
+        "how_comp": "measured: T_step - time blocked on collectives (slowest rank, per step)",
+        "how_exposed": f"measured: time the slowest rank's {where} was blocked waiting for collectives "
+        "(timed waits + blocking calls)",
+        "how_overlap": "1 - exposed / T_comm (exposed measured, T_comm = in-flight union)",
+        "noise_rule": False,  # measured directly, never negative: a 0 is a measured 0
     }
 
 

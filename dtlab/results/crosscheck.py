@@ -70,26 +70,32 @@ def crosscheck(run) -> pd.DataFrame:
                     what + f" -- not available on {run.resolved.get('backend', '?')}",
                 )
             )
-    st = run.ddp_stats
-    if not b.empty and not st.empty and "backward_comm_time" in st:
-        span = (
-            b.groupby(["rank", "step"])
-            .apply(lambda g: g["t_end"].max() - g["t_start"].min(), include_groups=False)
-            .rename("dtlab")
-        )
-        ref = st.set_index(["rank", "step"])["backward_comm_time"].rename("ddp")
-        m = pd.concat([span, ref], axis=1, join="inner").dropna()
-        m = m[m["ddp"] > 0]
-        if not m.empty:
-            rows.append(
-                (
-                    "backward communication span vs DDP's timer",
-                    float(m["dtlab"].median()),
-                    float(m["ddp"].median()),
-                    float((m["dtlab"] / m["ddp"] - 1).median()),
-                    len(m),
-                    "dtlab: last t_end - first t_start per rank-step; reference: DDP reducer's "
-                    "backward_comm_time (first bucket's comm start to the end of the last)",
-                )
-            )
+    rows += _ddp_timer_rows(b, run.ddp_stats)
     return pd.DataFrame(rows, columns=["quantity", "dtlab_s", "reference_s", "median_rel_diff", "pairs", "what"])
+
+
+def _ddp_timer_rows(b: pd.DataFrame, st: pd.DataFrame) -> list[tuple]:
+    """The row comparing the buckets' communication span per rank-step with DDP's own backward_comm_time."""
+    if b.empty or st.empty or "backward_comm_time" not in st:
+        return []
+    span = (
+        b.groupby(["rank", "step"])
+        .apply(lambda g: g["t_end"].max() - g["t_start"].min(), include_groups=False)
+        .rename("dtlab")
+    )
+    ref = st.set_index(["rank", "step"])["backward_comm_time"].rename("ddp")
+    m = pd.concat([span, ref], axis=1, join="inner").dropna()
+    m = m[m["ddp"] > 0]
+    if m.empty:
+        return []
+    return [
+        (
+            "backward communication span vs DDP's timer",
+            float(m["dtlab"].median()),
+            float(m["ddp"].median()),
+            float((m["dtlab"] / m["ddp"] - 1).median()),
+            len(m),
+            "dtlab: last t_end - first t_start per rank-step; reference: DDP reducer's "
+            "backward_comm_time (first bucket's comm start to the end of the last)",
+        )
+    ]

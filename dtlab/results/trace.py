@@ -89,6 +89,38 @@ def chrome_trace(run) -> dict:
         ev.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
         ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": COMPUTE_TID, "args": {"name": "compute"}})
+    ev += _compute_events(steps, starts, t0, us)
+    comm_ev, lanes_used = _comm_events(run, spec, starts, t0, us)
+    ev += comm_ev
+    ev += _recovery_events(run, t0, us)
+    for rank, n in lanes_used.items():
+        for lane in range(n):
+            ev.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": rank,
+                    "tid": COMM_TID + lane,
+                    "args": {"name": "communication" + (f" {lane + 1}" if lane else "")},
+                }
+            )
+    return {
+        "traceEvents": ev,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "run": os.path.abspath(run.path),
+            "strategy": strategy,
+            "backend": run.resolved.get("backend"),
+            "placement": run.resolved.get("placement", {}).get("label"),
+            "clock": "step starts from each rank's wall clock at step end minus t_step; "
+            "slices inside a step from the step's own clock",
+        },
+    }
+
+
+def _compute_events(steps: list, starts: dict, t0: float, us) -> list[dict]:
+    """One slice per step on its rank's compute track, with its forward, backward and optimizer inside."""
+    ev: list[dict] = []
     for kind, r in steps:
         key = (int(r.rank), int(r.step))
         if key not in starts:
@@ -125,6 +157,13 @@ def chrome_trace(run) -> dict:
                 }
             )
             t += dur
+    return ev
+
+
+def _comm_events(run, spec, starts: dict, t0: float, us) -> tuple[list[dict], dict[int, int]]:
+    """One slice per bucket or collective, on as many communication lanes per rank as overlap needs: (events,
+    {rank: lanes used})."""
+    ev: list[dict] = []
     comm = run.buckets if not run.buckets.empty else run.collectives
     lanes_used: dict[int, int] = {}
     if not comm.empty:
@@ -157,30 +196,7 @@ def chrome_trace(run) -> dict:
                         "args": {**args, "step": int(r.step), "nbytes": int(r.nbytes)},
                     }
                 )
-    ev += _recovery_events(run, t0, us)
-    for rank, n in lanes_used.items():
-        for lane in range(n):
-            ev.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": rank,
-                    "tid": COMM_TID + lane,
-                    "args": {"name": "communication" + (f" {lane + 1}" if lane else "")},
-                }
-            )
-    return {
-        "traceEvents": ev,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "run": os.path.abspath(run.path),
-            "strategy": strategy,
-            "backend": run.resolved.get("backend"),
-            "placement": run.resolved.get("placement", {}).get("label"),
-            "clock": "step starts from each rank's wall clock at step end minus t_step; "
-            "slices inside a step from the step's own clock",
-        },
-    }
+    return ev, lanes_used
 
 
 def _recovery_events(run, t0: float, us) -> list[dict]:
