@@ -29,9 +29,10 @@ MODEL_SOURCES = ("auto", "hub", "random")
 DATA_SOURCES = ("auto", "glue", "offline")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")  # torch.optim.AdamW's implementations
 MAX_BUCKET_MB = 1024 * 1024  # 1 TiB
-#: The form RunConfig.to_dict writes (config.json's "config" holds it as `config_version`): 2 = the option groups.
-#: Records of an earlier form are brought to this one by dtlab.results.upgrade.
-CONFIG_VERSION = 2
+#: The form a run records (config.json's "config" holds it as `config_version`): 2 = the option groups, 3 = memory
+#: events name the optimizer state's bytes opt_bytes, as steps name its time t_opt. Records of an earlier form are
+#: brought to this one by dtlab.results.upgrade.
+CONFIG_VERSION = 3
 
 
 @dataclass(kw_only=True)

@@ -103,7 +103,7 @@ def memory_record(params, opt, device) -> dict:
     return {
         "params_bytes": local_bytes(params),
         "grads_bytes": local_bytes(p.grad for p in params),
-        "optim_bytes": local_bytes(state),
+        "opt_bytes": local_bytes(state),
         "peak_bytes": peak,
         "peak_kind": kind,
     }

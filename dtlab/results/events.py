@@ -64,7 +64,7 @@ SCHEMA = {
         "rank": (INT, _REQ),
         "params_bytes": (INT, _OPT),
         "grads_bytes": (INT, _OPT),
-        "optim_bytes": (INT, _OPT),
+        "opt_bytes": (INT, _OPT),
         "peak_bytes": (INT, _OPT),
     },
     "ddp_stats": {"rank": (INT, _REQ), "step": (INT, _REQ)},

@@ -79,7 +79,7 @@ def memory_table(runs: dict) -> pd.DataFrame:
     rows = []
     for label, run in runs.items():
         m = run.memory
-        med = m[["params_bytes", "grads_bytes", "optim_bytes", "peak_bytes"]].astype(float).median()
+        med = m[["params_bytes", "grads_bytes", "opt_bytes", "peak_bytes"]].astype(float).median()
         rows.append(
             {
                 "label": label,
@@ -87,8 +87,8 @@ def memory_table(runs: dict) -> pd.DataFrame:
                 "ranks": run.nproc,
                 "params_bytes": med["params_bytes"],
                 "grads_bytes": med["grads_bytes"],
-                "optim_bytes": med["optim_bytes"],
-                "states_bytes": med["params_bytes"] + med["grads_bytes"] + med["optim_bytes"],
+                "opt_bytes": med["opt_bytes"],
+                "states_bytes": med["params_bytes"] + med["grads_bytes"] + med["opt_bytes"],
                 "peak_bytes": med["peak_bytes"],
                 "peak_kind": m["peak_kind"].dropna().iloc[0] if m["peak_kind"].notna().any() else None,
             }

@@ -19,6 +19,9 @@ Each step (`Step`) is named by what changed and takes the config and the event l
   without `load` was taken idle (sweeps recorded before loaded calibration); a `baseline_step` without
   `paired_step` is unpaired (runs recorded before the baseline steps were interleaved).
 
+- 2 -> 3, `opt_bytes`: a memory event's optimizer-state bytes are named `opt_bytes` (they were `optim_bytes`), one
+  name beside the steps' `t_opt`; the config itself did not change.
+
 A calibration's config carries no version: its events are read as version 1's, which changes nothing in a sweep
 that recorded `load`.
 """
@@ -83,8 +86,19 @@ class Step:
     event: Callable[[dict], dict] = _same
 
 
+def opt_bytes(ev: dict) -> dict:
+    """Version 2 -> 3 of an event line: a memory record's optimizer-state bytes are `opt_bytes` (were `optim_bytes`)."""
+    if ev.get("kind") == "memory" and "optim_bytes" in ev:
+        ev = dict(ev)
+        ev["opt_bytes"] = ev.pop("optim_bytes")
+    return ev
+
+
 #: STEPS[v - 1] takes a record of version v to version v + 1
-STEPS = (Step("option_groups", config=option_groups, event=fields_before_groups),)
+STEPS = (
+    Step("option_groups", config=option_groups, event=fields_before_groups),
+    Step("opt_bytes", event=opt_bytes),
+)
 
 
 def recorded_version(config: dict) -> int:

@@ -265,7 +265,7 @@ def memory_bars(runs: dict) -> go.Figure:
     parts = [
         ("params_bytes", "parameters"),
         ("grads_bytes", "gradients"),
-        ("optim_bytes", "optimizer state"),
+        ("opt_bytes", "optimizer state"),
         ("peak_bytes", "peak"),
     ]
     for col, name in parts:

@@ -68,7 +68,7 @@ def test_memory_is_from_tensors(tiny_run):
     assert (m["params_bytes"] == 4 * n).all() and (m["grads_bytes"] == 4 * n).all()
     # AdamW: exp_avg and exp_avg_sq (4 B per parameter each) plus one fp32 `step` scalar per parameter tensor
     n_tensors = len(tiny_run.resolved["param_nbytes"])
-    assert (m["optim_bytes"] == 2 * 4 * n + 4 * n_tensors).all()
+    assert (m["opt_bytes"] == 2 * 4 * n + 4 * n_tensors).all()
     assert (m["peak_kind"] == "peak_rss").all() and (m["peak_bytes"] > m["params_bytes"]).all()
 
 

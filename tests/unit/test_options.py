@@ -85,7 +85,7 @@ def test_each_group_is_validated_by_its_owner_naming_the_option(kw, match):
 def test_to_dict_is_nested_with_its_version_and_round_trips():
     cfg = tiny(microbatches=2, strategy="pp", comm_hook="none", eval_samples=16)
     d = cfg.to_dict()
-    assert d["config_version"] == CONFIG_VERSION == 2
+    assert d["config_version"] == CONFIG_VERSION == 3
     assert d["parallel"] == {"dp_degree": 1, "microbatches": 2, "schedule": "gpipe"}
     assert not set(FLAT) & set(d), "no flat option in the written form"
     assert RunConfig.from_dict(json.loads(json.dumps(d))) == cfg
@@ -135,8 +135,9 @@ def test_a_newer_or_damaged_version_is_refused():
 def test_old_event_lines_are_upgraded():
     assert upgrade_event({"kind": "sample", "seconds": 1.0}, 1)["load"] == "idle"
     assert upgrade_event({"kind": "baseline_step", "step": 3}, 1)["paired_step"] is None
+    assert upgrade_event({"kind": "memory", "optim_bytes": 8}, 2) == {"kind": "memory", "opt_bytes": 8}
     ev = {"kind": "sample", "seconds": 1.0}
-    assert upgrade_event(ev, 2) is ev
+    assert upgrade_event(ev, CONFIG_VERSION) is ev
 
 
 @pytest.mark.parametrize("fixture", [OLD_RUN, OLD_PP_RUN], ids=["ddp", "pp"])
@@ -158,6 +159,9 @@ def test_a_run_recorded_before_the_groups_loads(tmp_path):
     cfg = RunConfig.from_dict({**run.config, "out": None})  # the upgraded form is today's
     assert cfg.compression.hook == "fp16" and cfg.lr_schedule.warmup_steps == 1
     assert len(run.steps) and len(run.evals)
+    assert "opt_bytes" in run.memory and "optim_bytes" not in run.memory  # memory events renamed at version 3
+    extra = run.memory["opt_bytes"] - 2 * run.memory["params_bytes"]  # AdamW's two moments and a step per tensor
+    assert ((extra > 0) & (extra < 1000)).all()
     assert run.breakdown_table().startswith("run ")
 
 

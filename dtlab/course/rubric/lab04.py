@@ -45,7 +45,7 @@ def _params(ddp, z3) -> Key:
 
 
 def _optim(ddp, z3) -> Key:
-    frac, tol = _fraction(ddp, z3, "optim_bytes")
+    frac, tol = _fraction(ddp, z3, "opt_bytes")
     return Key(
         "lab04.q2",
         "number",

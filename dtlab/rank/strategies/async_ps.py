@@ -107,7 +107,7 @@ def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
         rank=rank,
         params_bytes=tensor_bytes(model.parameters()),
         grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
-        optim_bytes=None,
+        opt_bytes=None,
         peak_bytes=peak,
         peak_kind=kind,
     )

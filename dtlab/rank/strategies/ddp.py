@@ -229,7 +229,7 @@ class DDPRun:
             rank=self.rank,
             params_bytes=tensor_bytes(model.parameters()),
             grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
-            optim_bytes=optimizer_state_bytes(self.opt),
+            opt_bytes=optimizer_state_bytes(self.opt),
             peak_bytes=peak,
             peak_kind=kind,
         )

@@ -127,7 +127,7 @@ def memory_record(engine) -> dict:
     - params_bytes: the rank's parameter partitions (`p.ds_tensor`, padding included) + every parameter
       materialised whole (persistent ones always; others only between gather and release).
     - grads_bytes: the gradient partition buffer (+ any `p.grad` still set).
-    - optim_bytes: the fp32 master partition + the AdamW state (exp_avg, exp_avg_sq, step). In fp32 training
+    - opt_bytes: the fp32 master partition + the AdamW state (exp_avg, exp_avg_sq, step). In fp32 training
       DeepSpeed 0.19.8 keeps the master partition as a separate copy (its "same device" test compares a
       torch.device with a string, which is False), so it is counted here; if it ever shares storage with
       the parameter partitions, it adds 0.
@@ -152,7 +152,7 @@ def memory_record(engine) -> dict:
     return {
         "params_bytes": params_bytes,
         "grads_bytes": grads_bytes,
-        "optim_bytes": master + adam,
+        "opt_bytes": master + adam,
         "fp32_master_bytes": master,
         "adam_state_bytes": adam,
         "ipg_bucket_bytes": int(ipg),
