@@ -30,6 +30,11 @@ DRILLS = {  # name: DTLAB_FAULT. Launched together, so they also drill simultane
 }
 
 
+#: where a rank frozen at its injected fault can be: the injection itself, or the step code just after it (the DDP
+#: strategy's loop and step, the recorder's step clock, the marks it takes), as the stack's top frame prints it
+STEP_CODE = r"maybe_inject_fault|(ddp|recorder|marks)\.py:\d+ in \w+"
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -114,17 +119,15 @@ def test_frozen_rank_is_caught_by_the_watchdog_with_its_stack(drills):
     assert first.startswith("rank 1 stalled: no event for") and f"stall_s={STALL_S:g} s" in first
     # where it was: last step, stack top. The frozen rank's stack is dumped as it resumes; it names the injection
     # (maybe_inject_fault) or, when the handler runs just after that call returned, the next lines of the step:
-    # train's own, or the step clock's start mark they call
-    assert "after step 1" in first and re.search(
-        r"maybe_inject_fault|ddp\.py:\d+ in train|recorder\.py:\d+ in (start|mark|begin_step)", first
-    )
+    # the DDP step's own (train's loop, a DDPRun method), or the step clock's marks they call
+    assert "after step 1" in first and re.search(STEP_CODE, first)
     assert e.silent_s[1] >= STALL_S
     # caught in seconds: stall_s, then at most STACK_WAIT_S for the stacks and the stop
     assert STALL_S <= waited < STALL_S + 12
     # the stack of the frozen rank really landed in its log (SIGUSR1 then SIGCONT), and the waiting peer's too
     log1 = open(os.path.join(h.run_dir, "logs", "rank1.log")).read()
     assert "(most recent call first)" in log1 and re.search(
-        r"in maybe_inject_fault|ddp\.py\", line \d+ in train|recorder\.py\", line \d+ in (start|mark|begin_step)", log1
+        r"in maybe_inject_fault|(ddp|recorder|marks)\.py\", line \d+ in \w+", log1
     )
     assert "(most recent call first)" in open(os.path.join(h.run_dir, "logs", "rank0.log")).read()
     assert [c["rank"] for c in e.consequences] == [0] and "waiting" in e.consequences[0]["how"]
