@@ -33,7 +33,9 @@ from dataclasses import dataclass
 
 from dtlab.config.run import CONFIG_VERSION, RunConfig
 
-#: what version 2 moved: flat name -> (group, field)
+#: what version 2 moved: flat name -> (group, field). The same pairs as dtlab.config.options.FLAT today, kept as
+#: their own copy on purpose: an upgrade step is a record of one past change, and must not move when FLAT gains an
+#: option a later version groups (that version gets a step of its own)
 OPTION_GROUPS_V2 = {
     "dp_degree": ("parallel", "dp_degree"),
     "microbatches": ("parallel", "microbatches"),
