@@ -12,6 +12,7 @@ dtlab.results.reference turns the records into a verdict.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 
@@ -23,7 +24,7 @@ def grad_agreement(pairs) -> dict:
     worst = ref_max = 0.0
     n = 0
     for got, ref in pairs:
-        g, r = got.detach().double().reshape(-1), ref.detach().double().reshape(-1)
+        g, r = got.detach().cpu().double().reshape(-1), ref.detach().cpu().double().reshape(-1)
         if g.shape != r.shape:
             raise ValueError(f"a gradient of {tuple(got.shape)} compared with a reference of {tuple(ref.shape)}")
         dot += float(g @ r)
@@ -42,8 +43,39 @@ def grad_agreement(pairs) -> dict:
 
 
 def full_tensor(t):
-    """The whole tensor of a DTensor (a collective over its mesh), or `t` itself."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """The whole tensor of a DTensor, or `t` itself, gathered through host memory: each mesh dimension's group
+    exchanges its CPU copies (`all_gather_object`), innermost dimension first, and the pieces are joined as the
+    placement says (Shard: concatenated along its dimension in rank order, uneven pieces included; Partial: summed
+    or averaged; Replicate: kept). Not `DTensor.full_tensor()`: on gloo its all_gather_into_tensor hands a CUDA
+    pointer to a host memcpy (github.com/pytorch/pytorch/issues/152645), and it killed FSDP2 and
+    tensor-parallel ranks with SIGSEGV after their first step on an H100 (gloo on CUDA tensors, 2 ranks on
+    1 GPU). The check is not timed, so the way through host memory costs nothing that is measured, and the same
+    code runs on every backend and device."""
+    if not isinstance(t, DTensor):
+        return t
+    mesh, placements = t.device_mesh, t.placements
+    whole = t.to_local().detach().cpu()
+    for dim in reversed(range(mesh.ndim)):
+        p = placements[dim]
+        if p.is_replicate():
+            continue
+        group = mesh.get_group(dim)
+        pieces = [None] * dist.get_world_size(group)
+        dist.all_gather_object(pieces, whole, group=group)
+        if p.is_shard():
+            whole = torch.cat(pieces, dim=p.dim)
+        elif p.is_partial():
+            op = str(getattr(p, "reduce_op", "sum")).lower()
+            whole = torch.stack(pieces).sum(0)
+            if "avg" in op:
+                whole = whole / len(pieces)
+            elif "sum" not in op:
+                raise ValueError(f"a Partial placement reduced by {op!r}: the reference check sums or averages")
+        else:
+            raise ValueError(
+                f"placement {p!r} on mesh dimension {dim}: the reference check knows Shard, Partial and Replicate"
+            )
+    return whole
 
 
 class Reference:
