@@ -7,6 +7,7 @@ says what it must (every gradient byte all-reduced once per rank and step; ZeRO-
 from __future__ import annotations
 
 import json
+import os
 
 
 def _records(df) -> list:
@@ -93,18 +94,34 @@ def lab_plan(notebook: str) -> list:
     return lab_parts(notebook[:2], ngpu, nccl, quick=True)
 
 
+LAB_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu-lab-seconds.json")
+
+
 def recorded_lab_seconds() -> dict:
-    """{notebook: seconds} of every lab in the last H200 record shipped with dtlab (its labs.json)."""
+    """{notebook: {"seconds", "record"}}: each lab's slowest clean time on a GPU, over the H200 record shipped with
+    dtlab (dtlab/results/recorded-runs/*/labs.json) and the records in tools/gpu-lab-seconds.json. A lab that
+    showed an error, crashed or was cut by the budget has no time in that record (its seconds say when it stopped,
+    not how long it takes); a lab no record times cleanly is absent."""
     import glob
-    import os
 
     import dtlab.results as results
 
-    found = sorted(glob.glob(os.path.join(os.path.dirname(results.__file__), "recorded-runs", "*", "labs.json")))
-    if not found:
-        return {}
-    with open(found[-1]) as f:
-        return {name: rec.get("seconds") for name, rec in json.load(f).items()}
+    records = {}
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(results.__file__), "recorded-runs", "*", "labs.json"))):
+        with open(path) as f:
+            labs = json.load(f)
+        clean = {n: r.get("seconds") for n, r in labs.items() if not r.get("errors") and not r.get("exec_error")}
+        records[os.path.basename(os.path.dirname(path))] = clean
+    if os.path.exists(LAB_SECONDS):
+        with open(LAB_SECONDS) as f:
+            for name, rec in json.load(f)["records"].items():
+                records[name] = rec["seconds"]
+    out = {}
+    for record, seconds in records.items():
+        for lab, s in seconds.items():
+            if s and (lab not in out or s > out[lab]["seconds"]):
+                out[lab] = {"seconds": s, "record": record}
+    return out
 
 
 def lab_record(executed: str) -> dict:
