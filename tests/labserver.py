@@ -203,8 +203,11 @@ JS_WIDGET_STATE = """(i) => {
   if (!o) return null;
   const fig = el => ({title: (el.layout && el.layout.title && el.layout.title.text)
                              || (el.querySelector('.gtitle') || {}).textContent || '',
-      data: (el.data || []).map(t => ({x: Array.from(t.x || []).map(String), y: Array.from(t.y || []).map(Number),
-                                       marker: JSON.stringify(t.marker || {})}))});
+      // the traces as plotly drew them (_fullData): an array that came as a typed-array spec ({dtype, bdata}, how
+      // plotly's JSON carries numbers) is decoded there, not in el.data
+      data: ((el._fullData && el._fullData.length) ? el._fullData : (el.data || [])).map(t => ({
+          x: Array.from(t.x || []).map(String), y: Array.from(t.y || []).map(Number),
+          marker: JSON.stringify({color: (t.marker || {}).color, symbol: (t.marker || {}).symbol})}))});
   const sliders = Array.from(o.querySelectorAll('.widget-slider')).filter(s => s.offsetParent !== null);
   return {figures: Array.from(o.querySelectorAll('.js-plotly-plot')).map(fig),
           sliders: sliders.map(s => ({label: (s.querySelector('.widget-label') || {}).textContent || '',
@@ -315,17 +318,30 @@ def _settle(page, w: int, path: str, timeout_s: float = 30.0) -> dict:
     return last
 
 
-def _show_figures(page, w: int) -> None:
-    """Scroll every figure of widget `w` into view once and wait until plotly has drawn each."""
+#: how long a figure may take to be drawn once scrolled into view: on a loaded 2-core machine plotly has taken
+#: over 70 s to draw an explorer's first figures, on a quiet one under a second
+DRAW_WAIT_S = 120
+
+
+def _show_figures(page, w: int) -> list:
+    """Scroll every figure of widget `w` into view once and wait until plotly has drawn each (at most
+    DRAW_WAIT_S for all); returns the indexes of the figures still not drawn."""
     out = page.locator(".jp-OutputArea-output", has=page.locator(".widget-slider")).nth(w)
     plots = out.locator(".js-plotly-plot")
+    deadline = time.monotonic() + DRAW_WAIT_S
+    undrawn = []
     for i in range(plots.count()):
         plots.nth(i).scroll_into_view_if_needed()
-        plots.nth(i).evaluate(
-            "(el) => new Promise(r => { const t = Date.now(); (function wait() { "
-            "if ((el.data && el.data.length) || Date.now() - t > 20000) r(); "
-            "else setTimeout(wait, 200); })(); })"
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        drawn = plots.nth(i).evaluate(
+            "(el, ms) => new Promise(r => { const t = Date.now(); (function wait() { "
+            "if (el.data && el.data.length) r(true); else if (Date.now() - t > ms) r(false); "
+            "else setTimeout(wait, 200); })(); })",
+            left_ms,
         )
+        if not drawn:
+            undrawn.append(i)
+    return undrawn
 
 
 def _move(page, w: int, s: int, state: dict, path: str) -> dict:
@@ -383,11 +399,15 @@ def page_checks(page, path: str) -> dict:
     report["overlaps"] = page.evaluate(JS_OVERLAPS)
     n = report["widgets"] = _widget_count(page)
     for w in range(n):
-        _show_figures(page, w)
+        undrawn = _show_figures(page, w)
         state = _settle(page, w, path)
         report["labels_before"].append(state["labels"])
         if not state["figures"]:
             report["problems"].append(f"widget {w}: no figure rendered")
+        if undrawn:  # a move could change nothing visible: say so once instead of once per slider
+            report["problems"].append(f"widget {w}: figure(s) {undrawn} not drawn {DRAW_WAIT_S} s after run-all")
+            report["labels_after"].append(state["labels"])
+            continue
         for label in [sl["label"] for sl in state["sliders"]]:
             visible = [sl["label"] for sl in state["sliders"]]
             if label not in visible:  # hidden by an earlier move (a control that could change nothing)

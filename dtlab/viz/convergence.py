@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dtlab.model.convergence import ASSUMPTION, crossover_bandwidth, first_to_target, time_to_target
-from dtlab.viz.dashboard import sync_widget
+from dtlab.viz.dashboard import LiveFigure
 from dtlab.viz.figures import set_title
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#9D755D")
@@ -122,7 +122,6 @@ class ConvergenceExplorer(widgets.VBox):
         form: str = "ring",
         source: str = "",
     ):
-        self._sync = sync_widget
         self.levers, self.target, self.form, self.source = list(levers), target, form, source
         self.fixed = dict(t_comp=t_comp, nbytes=nbytes, t_apply=t_apply)
         style, layout = {"description_width": "150px"}, widgets.Layout(width="480px")
@@ -154,7 +153,7 @@ class ConvergenceExplorer(widgets.VBox):
         }
         self.label = widgets.HTML()
         self.table = self._model()
-        self.figure = go.FigureWidget(self._fig())
+        self.figure = LiveFigure(self._fig())
         for s in self.sliders.values():
             s.observe(self._redraw, names="value")
         self._label()
@@ -209,7 +208,7 @@ class ConvergenceExplorer(widgets.VBox):
 
     def _redraw(self, change=None) -> None:
         self.table = self._model()
-        self._sync(self.figure, self._fig())
+        self.figure.show(self._fig())
         self._label()
 
 

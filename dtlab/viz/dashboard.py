@@ -3,8 +3,8 @@
 Widgets and wiring only. What the controls mean (where alpha and beta come from, "moved by you", which
 configurations the bars show) is :class:`dtlab.viz.explorer_state.ExplorerState`, the model is
 :mod:`dtlab.model.whatif` and the figures are :mod:`dtlab.viz.model_plots`, all pure. A slider move
-re-evaluates that model (it never launches a run) and copies the new figures into the existing
-`plotly.graph_objects.FigureWidget`s inside ``batch_update()``, so the browser receives one update per figure.
+re-evaluates that model (it never launches a run) and shows the new figures (:class:`LiveFigure`: an output
+widget holding the figure, which the browser draws whole).
 
     from dtlab.viz.dashboard import explorer
     explorer()                                    # defaults: labelled, not calibrated
@@ -13,12 +13,12 @@ re-evaluates that model (it never launches a run) and copies the new figures int
 
 from __future__ import annotations
 
-import copy
 import time
 
 import ipywidgets as widgets
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from dtlab.model.whatif import config_label
 from dtlab.viz.explorer_state import CONTENTION_MAX, CONTENTION_STEP, LOG_SLIDERS, ExplorerState
@@ -147,8 +147,8 @@ class Explorer(widgets.VBox):
         # ---- figures: built once from the pure functions, then updated in place
         self._compute_model()
         self.figures = {
-            "breakdown": go.FigureWidget(self._breakdown_fig()),
-            "timeline": go.FigureWidget(self._timeline_fig()),
+            "breakdown": LiveFigure(self._breakdown_fig()),
+            "timeline": LiveFigure(self._timeline_fig()),
         }
         for name in ("nproc", "tp", "bucket_mb", "alpha_us", "bandwidth_gbs", "ratio", "contention", "sweep"):
             self.sliders[name].observe(self._on_change, names="value")
@@ -178,7 +178,7 @@ class Explorer(widgets.VBox):
             + [self.redraw_label]
         )
         super().__init__(children=[self._source_label, controls, self.figures["breakdown"], self.figures["timeline"]])
-        self.redraw()  # warms plotly's update path, so the first slider move is as fast as the rest
+        self.redraw()  # warms the model and figure code, so the first slider move is as fast as the rest
 
     # ------------------------------------------------------------ state
     def values(self) -> dict:
@@ -228,8 +228,8 @@ class Explorer(widgets.VBox):
         """Recompute the model for the current sliders and update both figures in place (timed)."""
         t0 = time.perf_counter()
         self._compute_model()
-        sync_widget(self.figures["breakdown"], self._breakdown_fig())
-        sync_widget(self.figures["timeline"], self._timeline_fig())
+        self.figures["breakdown"].show(self._breakdown_fig())
+        self.figures["timeline"].show(self._timeline_fig())
         self._update_source_label()  # compression and bucket lines follow their sliders
         dt = time.perf_counter() - t0
         self.last_redraw_s = dt
@@ -261,39 +261,38 @@ class Explorer(widgets.VBox):
         self._source_label.value = self.state.source_html(self.values())
 
 
-def sync_widget(widget: go.FigureWidget, fig: go.Figure) -> None:
-    """Copy `fig`'s traces and layout into `widget` in one batch (one message to the browser), then store
-    the result as the widget's state.
+class LiveFigure(widgets.Output):
+    """A figure that redraws: `show(fig)` replaces the widget's one output with `fig` as plotly's JSON mime bundle,
+    which JupyterLab's plotly renderer draws whole. `.figure` is the figure shown; `.data` and `.layout` are its.
 
-    Traces are updated in place when the trace structure matches (the normal case); otherwise replaced.
-    Shapes and annotations the new figure lacks are removed (an update alone would leave an old crossover
-    line standing). plotly's FigureWidget sends updates as messages and keeps its synced state
-    (`_widget_data`, `_widget_layout`) at what it was built with: a browser reload would redraw the figure
-    from that first state under sliders showing the moved values. Assigning the state after each update
-    keeps what a reload draws equal to what the sliders say (the browser's own copy ignores the assignment:
-    its view is already up to date).
-    """
-    layout = fig.layout.to_plotly_json()
-    layout.pop("template", None)  # the same template every time; copying it is the slowest part
-    layout.setdefault("shapes", [])
-    layout.setdefault("annotations", [])
-    with widget.batch_update():
-        if len(widget.data) == len(fig.data) and all(a.type == b.type for a, b in zip(widget.data, fig.data)):
-            for w, n in zip(widget.data, fig.data):
-                d = n.to_plotly_json()
-                d.pop("type", None)
-                w.update(d, overwrite=True)
-        else:
-            widget.data = []
-            widget.add_traces(list(fig.data))
-        widget.layout.update(layout, overwrite=True)
-    persist(widget)
+    Not a plotly FigureWidget: on a loaded 2-core machine Chromium drew FigureWidgets blank in labs 3, 5, 7 and 10,
+    at their first display or after a slider move, and they stayed blank until the page was reloaded (2 to 3 of
+    4 labs with explorers in a run with other test workers busy; never on a quiet machine). The output is the
+    widget's synced state, so what a reload draws is always the figure of the current sliders."""
 
+    def __init__(self, fig: go.Figure, **kwargs):
+        super().__init__(**kwargs)
+        self.figure = fig
+        self.show(fig)
 
-def persist(widget: go.FigureWidget) -> None:
-    """Make a FigureWidget's synced state (what a reloaded page draws) equal to its current figure."""
-    widget._widget_data = copy.deepcopy(widget._data)
-    widget._widget_layout = copy.deepcopy(widget._layout_obj._props)
+    def show(self, fig: go.Figure) -> None:
+        """Show `fig` in place of the current figure."""
+        self.figure = fig
+        bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
+        bundle["text/plain"] = f"<figure: {fig.layout.title.text or 'untitled'}>"
+        # emptied first, in a message of its own: JupyterLab hands an output that replaces one of the same type to
+        # the renderer already there, and plotly's renderer keeps the plot it drew (seen in lab 7: a moved slider,
+        # the figure unchanged until a reload); an output added to an empty area gets a renderer of its own
+        self.outputs = ()
+        self.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+
+    @property
+    def data(self):
+        return self.figure.data
+
+    @property
+    def layout(self):
+        return self.figure.layout
 
 
 def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None) -> Explorer:

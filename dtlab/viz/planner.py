@@ -6,7 +6,7 @@ predictions.
 returns an ipywidgets box: a model, sliders for GPUs, GPUs per node, GPU memory, global batch, sequence length and
 micro-batches, toggles for sharded data parallelism and the schedule; a label saying where the interconnect's
 alpha and beta and the compute come from (and what is an estimate); one FigureWidget updated in place
-(`dtlab.viz.dashboard.sync_widget`: a reload draws what the sliders show).
+(`dtlab.viz.dashboard.LiveFigure`: a reload draws what the sliders show).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 
 from dtlab.model import planner as pl
 from dtlab.units import fmt_time
-from dtlab.viz.dashboard import sync_widget
+from dtlab.viz.dashboard import LiveFigure
 from dtlab.viz.figures import set_title
 
 PARTS = (
@@ -218,13 +218,13 @@ def planner(
         return planner_figure(table, v["memory_gb"] * 1e9, show, title), table
 
     fig0, table0 = build()
-    figw = go.FigureWidget(fig0)
+    figw = LiveFigure(fig0)
     box = widgets.VBox([label, widgets.VBox(list(c.values())), figw])
     box.controls, box.figure, box.table, box.values = c, figw, table0, values
 
     def redraw(change=None):
         fig, box.table = build()
-        sync_widget(figw, fig)
+        figw.show(fig)
 
     for w in c.values():
         w.observe(redraw, names="value")

@@ -22,7 +22,7 @@ from plotly.subplots import make_subplots
 from dtlab.model import hierarchy as hi
 from dtlab.model import whatif as wi
 from dtlab.viz.controls import bucket_count, bucket_slider_range, clip_to_range
-from dtlab.viz.dashboard import sync_widget
+from dtlab.viz.dashboard import LiveFigure
 from dtlab.viz.explorer_state import DEFAULT_COMPUTE, DEFAULT_COMPUTE_SOURCE
 from dtlab.viz.figures import COLORS
 from dtlab.viz.loggrid import on_log_grid
@@ -213,7 +213,7 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
         return two_level_figure(levels_now, v["nodes"], v["gpus_per_node"], v["nics_per_node"], table), table
 
     fig0, table0 = build()
-    figw = go.FigureWidget(fig0)
+    figw = LiveFigure(fig0)
     box = widgets.VBox([label, widgets.VBox(list(s.values())), figw])
     box.sliders, box.figure, box.table, box.levels = s, figw, table0, current
 
@@ -223,7 +223,7 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
 
     def redraw(change=None):
         fig, box.table = build()
-        sync_widget(figw, fig)
+        figw.show(fig)
 
     s["nodes"].observe(show_network_controls, names="value")
     for w in s.values():

@@ -3,6 +3,7 @@ its state (dtlab.viz.explorer_state) and its widget wiring (dtlab.viz.dashboard)
 
 No torch, no runs: synthetic profiles and sweeps only. Redraw times are recorded, never asserted."""
 
+import json
 import re
 
 import numpy as np
@@ -231,7 +232,10 @@ def test_explorer_defaults_and_slider_updates():
     ex = explorer()
     assert set(ex.sliders) >= {"nproc", "bucket_mb", "alpha_us", "bandwidth_gbs", "form", "sweep"}
     assert set(ex.figures) == {"breakdown", "timeline"}
-    assert isinstance(ex.figures["breakdown"], go.FigureWidget)
+    from dtlab.viz.dashboard import LiveFigure
+
+    assert isinstance(ex.figures["breakdown"], LiveFigure)
+    assert isinstance(ex.figures["breakdown"].figure, go.Figure)
     assert "default, not calibrated" in ex.children[0].value
     assert "placeholder" in ex.children[0].value
     assert ex.sliders["alpha_us"].value == pytest.approx(20.0)
@@ -465,30 +469,44 @@ def test_pure_modules_import_no_figures_or_widgets(module):
     assert not names & {"plotly", "ipywidgets", "torch"}
 
 
+def _values(y) -> list:
+    """An array as plotly's JSON carries it: a list, or a typed array (dtype, base64 bytes)."""
+    import base64
+
+    if isinstance(y, dict):
+        return [float(v) for v in np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"]))]
+    return [float(v) for v in y]
+
+
 def test_a_reloaded_page_draws_what_the_sliders_show():
-    """plotly's FigureWidget syncs its first state only: the explorers store the figure after every redraw,
-    so a browser reload (which draws the stored state) shows the moved values, not the first ones."""
+    """A move replaces the figure widget's one output with the moved figure: what the browser draws, and what
+    a reload draws, are the moved values, not the first ones."""
     from dtlab.viz.dashboard import explorer
     from dtlab.viz.two_level import ASSUMED_LEVELS, two_level_explorer
 
     ex = explorer(compute=COMPUTE)
     ex.sliders["bandwidth_gbs"].value = 1.0
-    fig = ex.figures["breakdown"]
-    assert "1/β = 1 GB/s" in fig._widget_layout["title"]["text"]
-    assert [list(t["y"]) for t in fig._widget_data] == [list(t.y) for t in fig.data]
+    live = ex.figures["breakdown"]
+    (out,) = live.outputs  # the state a browser draws, and a reload: one output, the moved figure
+    shown = out["data"]["application/vnd.plotly.v1+json"]
+    assert "1/β = 1 GB/s" in shown["layout"]["title"]["text"]
+    assert [_values(t["y"]) for t in shown["data"]] == [list(map(float, t.y)) for t in live.data]
+    json.dumps(out)  # JSON as it travels
 
     box = two_level_explorer(ASSUMED_LEVELS, compute=COMPUTE)
     box.sliders["nodes"].value, box.sliders["gpus_per_node"].value = 1, 3
-    assert "1 node(s) x 3 GPU(s)" in box.figure._widget_layout["title"]["text"]
+    (out,) = box.figure.outputs
+    assert "1 node(s) x 3 GPU(s)" in out["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"]
 
 
-def test_an_update_removes_shapes_the_new_figure_lacks():
-    from dtlab.viz.dashboard import sync_widget
+def test_a_new_figure_drops_shapes_the_old_one_had():
+    from dtlab.viz.dashboard import LiveFigure
 
-    w = go.FigureWidget(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])).add_vline(x=1.5))
-    sync_widget(w, go.Figure(go.Scatter(x=[1, 2], y=[3, 4])))
-    assert len(w.layout.shapes) == 0 and list(w.data[0].y) == [3, 4]
-    assert not w._widget_layout.get("shapes")
+    live = LiveFigure(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])).add_vline(x=1.5))
+    live.show(go.Figure(go.Scatter(x=[1, 2], y=[3, 4])))
+    assert len(live.layout.shapes) == 0 and list(live.data[0].y) == [3, 4]
+    (out,) = live.outputs
+    assert not out["data"]["application/vnd.plotly.v1+json"]["layout"].get("shapes")
 
 
 def test_the_compression_slider_at_one_drops_the_encode_cost_and_says_so():
