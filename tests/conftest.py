@@ -10,6 +10,7 @@ Tiers, one folder each, marked by folder (select with -m):
 
 import os
 import pathlib
+import re
 import sys
 
 import pytest
@@ -37,26 +38,58 @@ HERE = pathlib.Path(__file__).resolve().parent
 #: browser, while the other worker takes the rest of the suite.
 LAB_FILES = ("test_notebooks.py", "test_browser.py")
 
+#: Files whose tests are marked slow: every lab executed in a browser (and the checks of that run), assigning and
+#: grading whole batches, the sandbox drills, the GPU runbook's dry run, multi-node and Slurm jobs, the convergence
+#: and determinism runs, a dying launcher. The README's test command leaves them out (`-m "not slow"`) to stay
+#: within minutes on 2 cores; CI runs them as a leg of their own in the same environment (`-m slow`).
+SLOW_FILES = LAB_FILES + (
+    "test_assign_grade.py",
+    "test_sandbox_drills.py",
+    "test_lab_sections.py",
+    "test_runbook.py",
+    "test_multinode.py",
+    "test_slurm_emulate.py",
+    "test_convergence.py",
+    "test_default_lr.py",
+    "test_determinism.py",
+    "test_launcher_death.py",
+)
+
+#: The labs' tests are two groups, so two workers run the labs side by side, each in its own JupyterLab and
+#: Chromium: these labs in one, the others (a new lab too) in the other, about even by their time in a browser.
+#: A lab's tests always share its group: tests/labrun.py runs each lab once per worker.
+LABS_A = ("00", "03", "04", "08", "09", "11")
+
+
+def _lab_group(nodeid: str) -> str:
+    """'labs-a' or 'labs-b' for a lab file's test, by the lab number in its parameter or its name."""
+    m = re.search(r"\[(\d\d)_|::test_lab(\d\d)_", nodeid)
+    number = next((g for g in m.groups() if g), None) if m else None
+    return "labs-a" if number in LABS_A else "labs-b"
+
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     """Mark every test with its folder's tier (a test outside the tier folders is an error, not a silent extra) and
-    with the group pytest-xdist keeps on one worker (`--dist loadgroup`): the labs' tests together, else a file's
-    (so a module's shared runs are made once)."""
+    with the group pytest-xdist keeps on one worker (`--dist loadgroup`): a lab's tests in its lab group (two
+    groups for all the labs), else a file's (so a module's shared runs are made once); the slow files' tests
+    are marked slow."""
     for item in items:
         rel = pathlib.Path(str(item.path)).resolve().relative_to(HERE)
         tier = rel.parts[0] if len(rel.parts) > 1 else None
         if tier not in TIERS:
             raise pytest.UsageError(f"tests/{rel}: every test lives in one of tests/{', tests/'.join(TIERS)}")
         item.add_marker(getattr(pytest.mark, tier))
+        if rel.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
         own = item.get_closest_marker("xdist_group")
         if rel.name in LAB_FILES and own is not None:
             raise pytest.UsageError(
                 f"{item.nodeid}: a lab test names its own xdist group {own.args}: it would run its "
-                "lab a second time on another worker; lab tests share the group 'labs'"
+                "lab a second time on another worker; a lab's tests share their lab's group (_lab_group)"
             )
         if own is None:
-            item.add_marker(pytest.mark.xdist_group("labs" if rel.name in LAB_FILES else str(rel)))
+            item.add_marker(pytest.mark.xdist_group(_lab_group(item.nodeid) if rel.name in LAB_FILES else str(rel)))
 
 
 @pytest.fixture(scope="session")

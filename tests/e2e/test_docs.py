@@ -82,7 +82,11 @@ def test_quickstart_still_has_its_two_commands():
     cmds = _quickstart_commands((ROOT / "README.md").read_text())
     assert len(cmds) == 2, cmds
     assert all(c.startswith("pip install torch==") for c in cmds), cmds
-    assert cmds[1].endswith("python -m pytest -q -n auto --dist loadgroup"), cmds[1]  # every test, on every core
+    # every test but the slow ones, on every core; the README says how to run the slow ones, and CI runs them
+    assert cmds[1].endswith('python -m pytest -q -n auto --dist loadgroup -m "not slow"'), cmds[1]
+    text = (ROOT / "README.md").read_text()
+    assert "python -m pytest -q -n auto --dist loadgroup -m slow" in text
+    assert '-m "not slow"' in (ROOT / ".ci" / "run").read_text() and "-m slow" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_no_internal_references():
