@@ -34,14 +34,15 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 #: Files whose tests share one execution of each lab (tests/labrun.py caches it per process): with pytest-xdist
-#: (`-n 2`) every lab's tests go to one worker, which runs the labs one after another in one JupyterLab and one
-#: browser, while the other worker takes the rest of the suite.
+#: every lab's tests go to the worker of its lab group (`_lab_group`: two groups), which runs its labs one after
+#: another in one JupyterLab and one browser.
 LAB_FILES = ("test_notebooks.py", "test_browser.py")
 
 #: Files whose tests are marked slow: every lab executed in a browser (and the checks of that run), assigning and
 #: grading whole batches, the sandbox drills, the GPU runbook's dry run, multi-node and Slurm jobs, the convergence
-#: and determinism runs, a dying launcher. The README's test command leaves them out (`-m "not slow"`) to stay
-#: within minutes on 2 cores; CI runs them as a leg of their own in the same environment (`-m slow`).
+#: and determinism runs, a dying launcher, the warm agent server's drills and the straggler runs. The README's test
+#: command leaves them out (`-m "not slow"`) to stay within 8 minutes on 2 cores; CI runs them as a leg of their own
+#: in the same environment (`-m slow`).
 SLOW_FILES = LAB_FILES + (
     "test_assign_grade.py",
     "test_sandbox_drills.py",
@@ -53,6 +54,8 @@ SLOW_FILES = LAB_FILES + (
     "test_default_lr.py",
     "test_determinism.py",
     "test_launcher_death.py",
+    "test_warm_agent.py",
+    "test_stragglers.py",
 )
 
 #: The labs' tests are two groups, so two workers run the labs side by side, each in its own JupyterLab and
