@@ -318,8 +318,9 @@ def _settle(page, w: int, path: str, timeout_s: float = 30.0) -> dict:
     return last
 
 
-#: how long a figure may take to be drawn once scrolled into view: on a loaded 2-core machine plotly has taken
-#: over 70 s to draw an explorer's first figures, on a quiet one under a second
+#: how long a figure may take to be drawn once scrolled into view (under a second on a quiet machine); one not drawn
+#: by then is reported as such: plotly FigureWidgets under load stayed blank until a reload, and each slider move
+#: would otherwise be reported as changing nothing
 DRAW_WAIT_S = 120
 
 

@@ -116,7 +116,7 @@ class Explorer(widgets.VBox):
     Attributes for notebooks and tests:
       sliders        dict of the controls: nproc, tp, bucket_mb, alpha_us, bandwidth_gbs, ratio, contention, form,
                      sweep
-      figures        dict of FigureWidgets: breakdown, timeline
+      figures        dict of LiveFigures: breakdown, timeline
       state          the :class:`dtlab.viz.explorer_state.ExplorerState` (inputs, where alpha/beta come from)
       result         the latest :func:`dtlab.model.whatif.whatif` dict (current setting)
       sweep          the latest :func:`dtlab.model.whatif.whatif_sweep` DataFrame (breakdown figure)
@@ -144,7 +144,7 @@ class Explorer(widgets.VBox):
         self.redraw_times: list[float] = []
         self._hold = False
 
-        # ---- figures: built once from the pure functions, then updated in place
+        # ---- figures: from the pure functions, shown again whole on every redraw (LiveFigure)
         self._compute_model()
         self.figures = {
             "breakdown": LiveFigure(self._breakdown_fig()),
@@ -225,7 +225,7 @@ class Explorer(widgets.VBox):
 
     # ------------------------------------------------------------ callbacks
     def redraw(self, change=None) -> None:
-        """Recompute the model for the current sliders and update both figures in place (timed)."""
+        """Recompute the model for the current sliders and show both figures again (timed)."""
         t0 = time.perf_counter()
         self._compute_model()
         self.figures["breakdown"].show(self._breakdown_fig())
@@ -265,9 +265,10 @@ class LiveFigure(widgets.Output):
     """A figure that redraws: `show(fig)` replaces the widget's one output with `fig` as plotly's JSON mime bundle,
     which JupyterLab's plotly renderer draws whole. `.figure` is the figure shown; `.data` and `.layout` are its.
 
-    Not a plotly FigureWidget: on a loaded 2-core machine Chromium drew FigureWidgets blank in labs 3, 5, 7 and 10,
-    at their first display or after a slider move, and they stayed blank until the page was reloaded (2 to 3 of
-    4 labs with explorers in a run with other test workers busy; never on a quiet machine). The output is the
+    Not a plotly FigureWidget: on a loaded 2-core machine Chromium drew FigureWidgets blank, at their first display
+    or after a slider move, until the page was reloaded: labs 3, 5 and 10 with in-place updates, labs 5 and 7 with
+    a new FigureWidget per move (2 to 3 of the 4 labs with explorers, in runs with other test workers busy; never
+    on a quiet machine). The output is the
     widget's synced state, so what a reload draws is always the figure of the current sliders."""
 
     def __init__(self, fig: go.Figure, **kwargs):
@@ -280,9 +281,11 @@ class LiveFigure(widgets.Output):
         self.figure = fig
         bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
         bundle["text/plain"] = f"<figure: {fig.layout.title.text or 'untitled'}>"
-        # emptied first, in a message of its own: JupyterLab hands an output that replaces one of the same type to
-        # the renderer already there, and plotly's renderer keeps the plot it drew (seen in lab 7: a moved slider,
-        # the figure unchanged until a reload); an output added to an empty area gets a renderer of its own
+        # emptied first, in a message of its own, so the new figure gets a renderer of its own: plotly's JupyterLab
+        # renderer ignores a new model once it has drawn a plot (its renderModel returns at once), and JupyterLab
+        # may hand an output that replaces one of the same type to the renderer already there. A precaution read
+        # from that code: the browser tests pass with it; none was run without it since the check of moves was
+        # fixed (it could not see a change in y alone)
         self.outputs = ()
         self.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
 

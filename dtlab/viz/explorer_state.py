@@ -3,7 +3,7 @@ not calibrated", "moved by you"), what the controls mean for the model, which co
 figure shows, and the what-if model evaluated for them.
 
 Pure: numpy, pandas and :mod:`dtlab.model.whatif`, no ipywidgets and no plotly, so it is testable without a
-kernel. :mod:`dtlab.viz.dashboard` wires it to sliders and FigureWidgets. Methods that depend on the controls
+kernel. :mod:`dtlab.viz.dashboard` wires it to sliders and figures. Methods that depend on the controls
 take `values`: control name -> the value the widget shows (nproc, bucket_mb in MiB, alpha_us in µs,
 bandwidth_gbs in GB/s, form, sweep).
 """

@@ -5,7 +5,7 @@ predictions.
 `planner_figure(table, ...)` is pure (a table in, a Figure out). `planner(levels=..., compute=..., measured=...)`
 returns an ipywidgets box: a model, sliders for GPUs, GPUs per node, GPU memory, global batch, sequence length and
 micro-batches, toggles for sharded data parallelism and the schedule; a label saying where the interconnect's
-alpha and beta and the compute come from (and what is an estimate); one FigureWidget updated in place
+alpha and beta and the compute come from (and what is an estimate); one figure, shown again whole on every move
 (`dtlab.viz.dashboard.LiveFigure`: a reload draws what the sliders show).
 """
 

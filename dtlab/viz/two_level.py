@@ -4,8 +4,8 @@ whole DDP step (:func:`dtlab.model.whatif.whatif` with the two-level price of ev
 
 `two_level_explorer(levels=..., compute=..., param_nbytes=...)` returns an ipywidgets box: sliders for nodes,
 GPUs per node, network links per node, the intra- and inter-node alpha and bandwidth, and the bucket size;
-two figures redrawn in place. Where each alpha and beta comes from (a calibration per level, or an assumed
-value) is stated above the sliders. The pure parts (:func:`levels_table`, :func:`two_level_figure`) are
+one figure, shown again whole on every move. Where each alpha and beta comes from (a calibration per level, or an
+assumed value) is stated above the sliders. The pure parts (:func:`levels_table`, :func:`two_level_figure`) are
 testable without a kernel.
 """
 
