@@ -34,6 +34,8 @@ LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
 }
+#: how long one arrow key may take to move a slider's readout (the browser handles it at once on a quiet machine)
+STEP_WAIT_S = 5.0
 REDRAW_WAIT_S = 20.0  # a slider move's redraw (model + figure update) on a loaded machine takes well under this
 BAD_RENDER = ("Error displaying widget", "Error rendering output", "Traceback", "model not found")
 
@@ -240,6 +242,16 @@ JS_OVERLAPS = """() => {
 }"""
 
 
+# where the keyboard's focus is and what could have taken it (a dialog traps the focus; a disabled slider ignores keys)
+JS_FOCUS = """() => { const a = document.activeElement;
+  const d = Array.from(document.querySelectorAll('.jp-Dialog')).map(x => x.textContent.trim().slice(0, 160));
+  const cls = a && typeof a.className === 'string' ? a.className.trim().split(/\\s+/).join('.') : '';
+  const off = document.querySelectorAll('.widget-slider [disabled], .noUi-target[disabled]').length;
+  return `focus on ${a ? a.tagName.toLowerCase() + (cls ? '.' + cls : '') : 'nothing'}`
+         + (d.length ? `; dialog: ${d.join(' | ')}` : '; no dialog')
+         + `; disabled sliders: ${off}; page has focus: ${document.hasFocus()}`; }"""
+
+
 # every document in the main area closed at once, without a dialog (run-all saved the notebook; what the page
 # checks changed afterwards is not kept), so the page holds one lab at a time
 JS_CLOSE_ALL = """() => { const app = window.jupyterapp; if (!app) return false;
@@ -347,24 +359,30 @@ def _show_figures(page, w: int) -> list:
 
 def _move(page, w: int, s: int, state: dict, path: str) -> dict:
     """Move visible slider `s` of widget `w` with the keyboard, one step at a time until its readout changes
-    (at most 3 steps right, then 3 left: a slider at its highest value moves left), and wait for a figure or
-    label of that widget to change; returns what happened. Each step is a change the kernel redraws for, so no
-    more are sent than it takes to move the readout."""
+    (at most 3 steps, right, or left for a slider at its highest value), and wait for a figure or label of that
+    widget to change; returns what happened. Each step is a change the kernel redraws for, so no more are sent
+    than it takes to move the readout; each waits for the readout (STEP_WAIT_S) before the next, so steps a busy
+    browser has not yet handled are not counted as steps that changed nothing."""
     out = page.locator(".jp-OutputArea-output", has=page.locator(".widget-slider")).nth(w)
     slider = out.locator(".widget-slider").locator("visible=true").nth(s)
     slider.scroll_into_view_if_needed()
+    handle = slider.locator(".noUi-handle").first
+    at_top = handle.evaluate("h => Number(h.getAttribute('aria-valuenow')) >= Number(h.getAttribute('aria-valuemax'))")
+    key = "ArrowLeft" if at_top else "ArrowRight"
     before = state["sliders"][s]["readout"]
     now = state
-    for key in ("ArrowRight", "ArrowLeft"):
-        slider.locator(".noUi-handle").first.focus()
-        for _ in range(3):
-            page.keyboard.press(key)
-            page.wait_for_timeout(150)
+    handle.focus()
+    for _ in range(3):
+        page.keyboard.press(key)
+        deadline = time.monotonic() + STEP_WAIT_S
+        while True:
             now = page.evaluate(JS_WIDGET_STATE, w)
-            if now["sliders"][s]["readout"] != before:
+            if now["sliders"][s]["readout"] != before or time.monotonic() > deadline:
                 break
+            page.wait_for_timeout(100)
         if now["sliders"][s]["readout"] != before:
             break
+    focus = None if now["sliders"][s]["readout"] != before else page.evaluate(JS_FOCUS)
     deadline = time.monotonic() + REDRAW_WAIT_S
     while time.monotonic() < deadline and (now["figures"], now["labels"]) == (state["figures"], state["labels"]):
         page.wait_for_timeout(150)
@@ -375,6 +393,7 @@ def _move(page, w: int, s: int, state: dict, path: str) -> dict:
         "from": before,
         "to": now["sliders"][s]["readout"],
         "moved": now["sliders"][s]["readout"] != before,
+        "focus": focus,
         "redrew": (now["figures"], now["labels"]) != (state["figures"], state["labels"]),
         "state": now,
     }
@@ -417,7 +436,9 @@ def page_checks(page, path: str) -> dict:
             state = move.pop("state")
             report["moves"].append(dict(move, widget=w))
             if not move["moved"]:
-                report["problems"].append(f"widget {w}: slider {move['slider']!r} did not move with the keyboard")
+                report["problems"].append(
+                    f"widget {w}: slider {move['slider']!r} did not move with the keyboard ({move['focus']})"
+                )
             elif not move["redrew"]:
                 report["problems"].append(
                     f"widget {w}: moving {move['slider']!r} ({move['from']} -> {move['to']}) "
