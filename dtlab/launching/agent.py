@@ -101,6 +101,40 @@ class _ExitWatch:
                 "signal": signal.Signals(st.si_status).name if killed else None,
             }
 
+    def reaped(self, pid: int, code: int) -> None:
+        """Record the end of `pid` from its exit status (`code`: negative for a signal, as multiprocessing gives it)
+        when torch's process context reaped it before this watch's thread could look."""
+        with self.lock:
+            rank = next((r for r, p in self.pids.items() if p == pid), None)
+            if rank is None or pid in self.ends:
+                return
+            self.ends[pid] = {
+                "rank": rank,
+                "pid": pid,
+                "exitcode": code,
+                "timestamp": time.time(),
+                "signal": signal.Signals(-code).name if code < 0 else None,
+            }
+
+    def watch_reaping(self) -> None:
+        """Also learn each forked rank's end where torch reaps it: torch's process context reaps its ranks through
+        multiprocessing's fork Popen.poll (is_alive, join), and on a busy machine it can do so before the thread
+        waiting on that PID (without reaping) has run, which then finds nothing. A rank that torch's agent stopped
+        while it was computing (SIGTERM after its peer died) was then missing from exits.json."""
+        from multiprocessing import popen_fork
+
+        original = popen_fork.Popen.poll
+        watch, agent = self, os.getpid()
+
+        def poll(popen, flag=os.WNOHANG):
+            known = popen.returncode is not None
+            code = original(popen, flag)
+            if code is not None and not known and os.getpid() == agent:  # a rank inherits this, and a lock held at
+                watch.reaped(popen.pid, code)  # the fork stays held in the rank: only the agent records
+            return code
+
+        popen_fork.Popen.poll = poll
+
     def failures(self) -> dict[int, dict]:
         """rank -> end of the ranks of the latest attempt that exited non-zero or by a signal."""
         with self.lock:
@@ -210,6 +244,7 @@ def run_agent(exits_path: str, rdzv_path: str, argv: list[str]) -> None:
         if fork:
             warm(args.training_script, args.training_script_args)
             _WATCH = _ExitWatch()
+            _WATCH.watch_reaping()
             config, _, _ = config_from_args(args)
             elastic_launch(config=config, entrypoint=forked_rank)(args.training_script, *args.training_script_args)
         else:

@@ -52,3 +52,33 @@ def test_only_the_latest_attempt_of_a_rank_counts():
     assert watch.failures() == {}
     for pid in (old, new):
         os.waitpid(pid, 0)
+
+
+def _stopped_rank(conn):  # a forked rank that computes until torch's agent SIGTERMs it (default handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    conn.send("started")
+    while True:
+        time.sleep(0.05)
+
+
+def test_a_rank_reaped_by_torchs_process_context_before_the_watch_looked_is_still_recorded(monkeypatch):
+    """On a busy machine torch's process context (is_alive, join: multiprocessing's fork Popen.poll) can reap a
+    rank it SIGTERMed before the thread waiting on that PID has run; that thread then finds nothing. Here the rank
+    is known to the watch without such a thread, so only the reaping path can record its end."""
+    import multiprocessing
+    from multiprocessing import popen_fork
+
+    monkeypatch.setattr(popen_fork.Popen, "poll", popen_fork.Popen.poll)  # restored after the test
+    watch = _ExitWatch()
+    watch.watch_reaping()
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_stopped_rank, args=(child,))
+    proc.start()
+    assert parent.recv() == "started"
+    watch.pids[0] = proc.pid  # as the watch's pipe reader does, but with no waiting thread for this PID
+    os.kill(proc.pid, signal.SIGTERM)  # as torch's agent stops the survivors
+    proc.join(10)
+    assert proc.exitcode == -signal.SIGTERM  # reaped by multiprocessing, as torch does
+    end = watch.failures()[0]
+    assert (end["pid"], end["exitcode"], end["signal"]) == (proc.pid, -15, "SIGTERM")
