@@ -4,6 +4,7 @@ that the two agree for every placement the strategies make and some they could: 
 each mesh dimension, a shard on both (the innermost gathered first), replicas and partial sums."""
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,8 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
 
     from dtlab.rank.reference import full_tensor
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    # a rank that never arrives fails the test in minutes, not after gloo's default 30
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=180))
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
     results = {}
     for case in CASES:
