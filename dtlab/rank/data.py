@@ -21,6 +21,15 @@ import torch
 from dtlab.config.datafile import read_data_file
 from dtlab.config.models import HUB_ID, TINY_ARCH, hub_reachable
 
+#: The transformers classes a rank builds its model and tokenizer from (`warm_model` imports them before ranks fork).
+WARM_CLASSES = (
+    "AutoModelForSequenceClassification",
+    "AutoTokenizer",
+    "BertTokenizerFast",
+    "DistilBertConfig",
+    "DistilBertForSequenceClassification",
+)
+
 
 @dataclass
 class Built:
@@ -69,11 +78,13 @@ def build_model(model: str, model_source: str, model_path: str | None, seed: int
 
 
 def warm_model() -> None:
-    """Import the model and tokenizer classes `build_model` uses (transformers' DistilBERT), without building
-    anything: torchrun's agent calls it once so that forked CPU ranks start with them imported."""
-    from transformers import (
-        BertTokenizerFast,  # noqa: F401
-    )
+    """Import the model and tokenizer classes `build_model` and `build_tokenizer` use (transformers' DistilBERT),
+    without building anything: torchrun's agent calls it once so that forked CPU ranks start with them imported
+    (importing DistilBERT's modeling module alone costs a fresh process about 4 CPU-seconds)."""
+    import transformers
+
+    for name in WARM_CLASSES:  # transformers imports a class's module when the name is first read
+        getattr(transformers, name)
 
 
 def apply_dropout(model, p: float | None) -> None:

@@ -102,3 +102,33 @@ def test_a_child_forked_from_a_launcher_starts_its_own_servers(monkeypatch):
     assert warm._SERVERS[("key",)] is fake and a.fileno() != -1  # the parent keeps its own (and any real ones)
     a.close()
     b.close()
+
+
+_BUILD_AFTER_WARMING = """
+import importlib
+import sys
+import dtlab
+from dtlab.config.strategies import strategy_spec
+from dtlab.launching.warmserver import _imports
+_imports()   # what the warm server imports before it forks an agent, whose ranks fork in turn
+importlib.import_module(strategy_spec("ddp").module)   # and what the agent imports for a run (dtlab.rank.worker.warm)
+before = set(sys.modules)
+from dtlab.rank.build import make_batches
+from dtlab.rank.data import build_model, load_sentences
+cfg = dtlab.tiny(out="unused", steps=2, batch_size=4, seq_len=16)
+built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
+sentences, labels, _ = load_sentences(cfg.data, 16, cfg.seed)
+batches = make_batches(cfg, built.tokenizer, sentences, labels, 0, 2, "cpu")
+built.model(**batches[0]).loss.backward()
+print(sorted(set(sys.modules) - before))
+"""
+
+
+def test_a_rank_forked_from_the_warm_server_imports_nothing_to_build_and_step_its_model():
+    """Everything a forked rank needs to build the tiny model, its tokenizer and batches and take a step is
+    imported by the server before it forks: a class left out of the warming (transformers' DistilBERT modeling
+    module alone costs a fresh process about 4 CPU-seconds) would be imported again by every rank of every run."""
+    out = subprocess.run(
+        [sys.executable, "-c", _BUILD_AFTER_WARMING], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.strip()
+    assert out == "[]", f"imported by the rank, not by the warm server: {out}"
