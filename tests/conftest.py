@@ -35,27 +35,27 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 #: Files whose tests share one execution of each lab (tests/labrun.py caches it per process): with pytest-xdist
 #: every lab's tests go to the worker of its lab group (`_lab_group`: two groups), which runs its labs one after
-#: another in one JupyterLab and one browser.
-LAB_FILES = ("test_notebooks.py", "test_browser.py")
+#: another in one JupyterLab and one browser. Paths from tests/ (a unit file may share an integration file's name).
+LAB_FILES = ("e2e/test_notebooks.py", "e2e/test_browser.py")
 
 #: Files whose tests are marked slow: every lab executed in a browser (and the checks of that run), assigning and
 #: grading whole batches, the sandbox drills, the GPU runbook's dry run, multi-node and Slurm jobs, the convergence
 #: and determinism runs, a dying launcher, the warm agent server's drills and the straggler runs. The README's test
 #: command leaves them out (`-m "not slow"`) to stay within 8 minutes on 2 cores; CI runs them as a leg of their own
-#: in the same environment (`-m slow`).
+#: in the same environment (`-m slow`). Paths from tests/: the unit tests of the same names are not slow.
 SLOW_FILES = LAB_FILES + (
-    "test_assign_grade.py",
-    "test_sandbox_drills.py",
-    "test_lab_sections.py",
-    "test_runbook.py",
-    "test_multinode.py",
-    "test_slurm_emulate.py",
-    "test_convergence.py",
-    "test_default_lr.py",
-    "test_determinism.py",
-    "test_launcher_death.py",
-    "test_warm_agent.py",
-    "test_stragglers.py",
+    "e2e/test_assign_grade.py",
+    "e2e/test_sandbox_drills.py",
+    "e2e/test_lab_sections.py",
+    "e2e/test_runbook.py",
+    "integration/test_multinode.py",
+    "integration/test_slurm_emulate.py",
+    "integration/test_convergence.py",
+    "integration/test_default_lr.py",
+    "integration/test_determinism.py",
+    "integration/test_launcher_death.py",
+    "integration/test_warm_agent.py",
+    "integration/test_stragglers.py",
 )
 
 #: The labs' tests are two groups, so two workers run the labs side by side, each in its own JupyterLab and
@@ -77,22 +77,26 @@ def pytest_collection_modifyitems(config, items):
     with the group pytest-xdist keeps on one worker (`--dist loadgroup`): a lab's tests in its lab group (two
     groups for all the labs), else a file's (so a module's shared runs are made once); the slow files' tests
     are marked slow."""
+    missing = [f for f in SLOW_FILES if not (HERE / f).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SLOW_FILES names files that are not there: {missing}")
     for item in items:
         rel = pathlib.Path(str(item.path)).resolve().relative_to(HERE)
         tier = rel.parts[0] if len(rel.parts) > 1 else None
         if tier not in TIERS:
             raise pytest.UsageError(f"tests/{rel}: every test lives in one of tests/{', tests/'.join(TIERS)}")
         item.add_marker(getattr(pytest.mark, tier))
-        if rel.name in SLOW_FILES:
+        path = rel.as_posix()
+        if path in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
         own = item.get_closest_marker("xdist_group")
-        if rel.name in LAB_FILES and own is not None:
+        if path in LAB_FILES and own is not None:
             raise pytest.UsageError(
                 f"{item.nodeid}: a lab test names its own xdist group {own.args}: it would run its "
                 "lab a second time on another worker; a lab's tests share their lab's group (_lab_group)"
             )
         if own is None:
-            item.add_marker(pytest.mark.xdist_group(_lab_group(item.nodeid) if rel.name in LAB_FILES else str(rel)))
+            item.add_marker(pytest.mark.xdist_group(_lab_group(item.nodeid) if path in LAB_FILES else str(rel)))
 
 
 @pytest.fixture(scope="session")
