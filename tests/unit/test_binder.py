@@ -9,6 +9,7 @@ import pathlib
 import re
 import shlex
 import subprocess
+import tomllib
 
 import pytest
 
@@ -61,7 +62,10 @@ def test_runtime_txt_names_a_supported_python():
     text = (BINDER / "runtime.txt").read_text().strip()
     m = re.fullmatch(r"python-(3)\.(\d+)", text)
     assert m, f"runtime.txt must read like 'python-3.11' (repo2docker), got {text!r}"
-    assert int(m.group(2)) >= 10, "the project requires Python >= 3.10"
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    floor = re.fullmatch(r">=3\.(\d+)", requires)
+    assert floor, f"pyproject.toml's requires-python should read like '>=3.11', got {requires!r}"
+    assert int(m.group(2)) >= int(floor.group(1)), f"pyproject.toml requires Python 3.{floor.group(1)} or newer"
 
 
 @pytest.mark.parametrize("script", ["postBuild", "start"])
