@@ -9,22 +9,19 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+from dtlab.rank.reference import full_tensor
 
 CASES = ("S0,S0", "S0,S1", "R,S1", "S1,R", "P,S0", "R,R")
 
 
 def _placement(code):
-    from torch.distributed.tensor import Partial, Replicate, Shard
-
     return {"R": Replicate(), "P": Partial()}.get(code) or Shard(int(code[1]))
 
 
 def _worker(rank: int, world: int, init: str, out: str) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import distribute_tensor
-
-    from dtlab.rank.reference import full_tensor
-
     # a rank that never arrives fails the test in minutes, not after gloo's default 30
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=180))
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
@@ -34,8 +31,6 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
         g = torch.Generator().manual_seed(7)
         whole = torch.randn(7, 5, generator=g)  # 7 rows: uneven shards over 2 and over 4
         if "P" in case:  # each rank's local part of a partial sum: distribute a replica, then mark it partial
-            from torch.distributed.tensor import DTensor
-
             local = distribute_tensor(whole, mesh, [_placement("R"), placements[1]]).to_local() * (rank + 1)
             dt = DTensor.from_local(local, mesh, placements, run_check=False, shape=whole.shape, stride=whole.stride())
         else:
@@ -51,7 +46,9 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
 def test_host_gather_matches_dtensor_full_tensor_for_every_placement(tmp_path):
     out = str(tmp_path / "results.pt")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_worker, args=(4, f"file://{tmp_path / 'pg'}", out), nprocs=4, join=True)
+    # forked, as dtlab forks CPU ranks: each starts with torch and DTensor imported (spawned, each imported them
+    # afresh: about 4 CPU-seconds a rank)
+    mp.start_processes(_worker, args=(4, f"file://{tmp_path / 'pg'}", out), nprocs=4, join=True, start_method="fork")
     results = torch.load(out)
     assert set(results) == set(CASES)
     bad = {case: shape for case, (same, shape) in results.items() if not same}
@@ -60,7 +57,5 @@ def test_host_gather_matches_dtensor_full_tensor_for_every_placement(tmp_path):
 
 
 def test_plain_tensors_pass_through_unchanged():
-    from dtlab.rank.reference import full_tensor
-
     t = torch.arange(6.0)
     assert full_tensor(t) is t
