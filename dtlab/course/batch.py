@@ -261,6 +261,7 @@ def grade_one(
     with tempfile.TemporaryDirectory(prefix="dtlab-batch-") as tmp:
         boxed = sandbox != "none"
         cmd, pipe, out, inbox, outbox = _grader_command(ag, lab, nb, directory, tmp, timeout_s, boxed, replay)
+        # the sandbox is left (the `with`) once none of its processes is left: one left behind could still write
         with (
             sb.prepared(sandbox, cmd, inbox, outbox, disk, memory, procs, pass_fds=(pipe[1],))
             if boxed
@@ -270,12 +271,12 @@ def grade_one(
             p = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, start_new_session=True, **kw
             )
-        reader = _Reader(pipe) if pipe else None
-        try:
-            stdout, stderr = p.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _stop_group(p)
-            return _error_rows(lab, f"grading took longer than {timeout_s:.0f} s and was stopped")
+            reader = _Reader(pipe) if pipe else None
+            try:
+                stdout, stderr = p.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _stop_group(p)
+                return _error_rows(lab, f"grading took longer than {timeout_s:.0f} s and was stopped")
         text = reader.text() if reader else _read(out[1])
         if p.returncode != 0 or not text:
             tail = [ln for ln in (stderr or stdout or "").strip().splitlines() if ln.strip()]

@@ -32,6 +32,8 @@ import shutil
 import subprocess
 import sys
 
+from dtlab.course.pidns import emptied, read_info
+
 MECHANISMS = ("bwrap", "namespaces")
 CHOICES = ("auto",) + MECHANISMS + ("none",)
 UID = 65534  # nobody
@@ -127,16 +129,19 @@ def command(
     disk: int = DEFAULT_DISK,
     env: dict | None = None,
     uid: int = UID,
+    info_fd: int | None = None,
 ) -> list[str]:
     """The command that runs `argv` in the sandbox `mech`, with `inbox` read-only at /sandbox/in and `outbox`
-    writable at /sandbox/out. For an ordinary caller the sandbox's processes are UID inside a user namespace of
-    their own; a root caller's sandbox makes no user namespace and drops to `uid` (`sandbox_uid`) itself (setpriv:
-    no capabilities, no_new_privs), so that RLIMIT_NPROC binds (Linux does not enforce it for root, nor for a
+    writable at /sandbox/out; bubblewrap writes its sandbox's pid and namespaces to `info_fd` (dtlab.course.pidns).
+    For an ordinary caller the sandbox's processes are UID inside a user namespace of their own; a root caller's
+    sandbox makes no user namespace and drops to `uid` (`sandbox_uid`) itself (setpriv: no capabilities,
+    no_new_privs), so that RLIMIT_NPROC binds (Linux does not enforce it for root, nor for a
     user namespace's uid mapped to root)."""
     env = _env(env or {})
     ro, links = ro_paths()
     if mech == "bwrap":
-        return _bwrap(argv, inbox, outbox, disk, env, uid, ro, links)
+        cmd = _bwrap(argv, inbox, outbox, disk, env, uid, ro, links)
+        return cmd[:1] + ["--info-fd", str(info_fd)] + cmd[1:] if info_fd is not None else cmd
     if mech == "namespaces":
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
         return [
@@ -383,14 +388,26 @@ def prepared(
 ):
     """(command, Popen keyword arguments) that run `argv` in the sandbox `mech` with the limits set; for a root
     caller, whose sandbox runs as a uid of its own in the real user namespace (`command`), the inbox is made
-    readable and the outbox writable by it first."""
+    readable and the outbox writable by it first. Run and wait for the command inside the `with`: leaving it waits
+    until no process of the sandbox is left (dtlab.course.pidns), so the outbox can be read and removed."""
     uid = sandbox_uid()
     if os.geteuid() == 0:
         open_to_sandbox(inbox, outbox, uid)
-    yield (
-        command(mech, argv, inbox, outbox, disk=disk, env=env, uid=uid),
-        {"preexec_fn": limits_preexec(memory, procs), "pass_fds": tuple(pass_fds)},
-    )
+    info_r, info_w = os.pipe() if mech == "bwrap" else (None, None)
+    try:
+        yield (
+            command(mech, argv, inbox, outbox, disk=disk, env=env, uid=uid, info_fd=info_w),
+            {
+                "preexec_fn": limits_preexec(memory, procs),
+                "pass_fds": tuple(pass_fds) + ((info_w,) if info_w is not None else ()),
+            },
+        )
+    finally:
+        if info_w is not None:
+            os.close(info_w)
+            info = read_info(info_r)
+            os.close(info_r)
+            emptied(info)
 
 
 def limit_hit(text: str, memory: int, disk: int) -> str | None:
