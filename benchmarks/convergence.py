@@ -107,7 +107,7 @@ def run_lever(out: str, name: str, extra: list, seed: int):
 def t_step(run) -> float:
     from dtlab.config.strategies import strategy_spec
 
-    if strategy_spec(run.config.get("strategy")).asynchronous:
+    if strategy_spec(run.config.strategy).asynchronous:
         return update_interval(run)
     return float(run.summary().set_index("quantity").loc["T_step", "value"])
 

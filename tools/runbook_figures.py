@@ -178,7 +178,7 @@ def lab_runs(where: str) -> list:
         out.append(
             {
                 "dir": os.path.basename(run.path),
-                "strategy": run.config.get("strategy"),
+                "strategy": run.config.strategy,
                 "nproc": run.nproc,
                 "placement": run.resolved.get("placement", {}).get("label"),
                 "state": run.status.get("state"),

@@ -80,19 +80,21 @@ def run_problems(run, want: dict | None = None, defaults: dict | None = None) ->
     if run.status.get("state") != "finished":
         problems.append(f"it did not finish (state {run.status.get('state')!r})")
     if want:
-        problems += [f"its config differs from the lab's: {d}" for d in _field_diff(want, run.config, defaults)]
+        problems += [
+            f"its config differs from the lab's: {d}" for d in _field_diff(want, run.config.to_dict(), defaults)
+        ]
     cfg, world = run.config, run.nproc
     ranks = set(int(r) for r in run.ranks["rank"]) if not run.ranks.empty else set()
     if ranks != set(range(world)):
         problems.append(f"ranks {sorted(set(range(world)) - ranks)} of {world} left no start event")
-    steps = set(range(int(cfg.get("steps", 0))))
-    for r in range(strategy_spec(cfg.get("strategy")).server_ranks, world):  # an asynchronous server takes no steps
+    steps = set(range(int(cfg.steps)))
+    for r in range(strategy_spec(cfg.strategy).server_ranks, world):  # an asynchronous server takes no steps
         got = set(int(s) for s in run.steps.loc[run.steps["rank"] == r, "step"])
         if got != steps:
             problems.append(f"rank {r} recorded steps {sorted(got)}, the config asks {sorted(steps)}")
         n_base = int((run.baseline_steps["rank"] == r).sum()) if not run.baseline_steps.empty else 0
-        if strategy_spec(cfg.get("strategy")).compute_baseline and n_base != int(cfg.get("baseline_steps") or 0):
-            problems.append(f"rank {r} recorded {n_base} baseline steps, the config asks {cfg.get('baseline_steps')}")
+        if strategy_spec(cfg.strategy).compute_baseline and n_base != int(cfg.baseline_steps or 0):
+            problems.append(f"rank {r} recorded {n_base} baseline steps, the config asks {cfg.baseline_steps}")
     problems += _byte_problems(run)
     problems += _timing_problems(run)
     problems += _time_order(run.path, run.status.get("started") or None)
@@ -101,18 +103,18 @@ def run_problems(run, want: dict | None = None, defaults: dict | None = None) ->
 
 def _byte_problems(run) -> list[str]:
     try:
-        want = int(sum(model_param_nbytes(run.config["model"])))
+        want = int(sum(model_param_nbytes(run.config.model)))
     except (KeyError, ValueError):
         return []  # a model dtlab cannot size from its name: the labs use tiny or distilbert
     res = run.resolved
     if int(res.get("grad_bytes", -1)) != want or 4 * int(res.get("num_parameters", -1)) != want:
         return [
             f"it claims {res.get('grad_bytes')} gradient bytes ({res.get('num_parameters')} parameters); "
-            f"{run.config['model']}'s architecture has {want:,} B"
+            f"{run.config.model}'s architecture has {want:,} B"
         ]
-    spec = strategy_spec(run.config.get("strategy"))
+    spec = strategy_spec(run.config.strategy)
     records = spec.records
-    if int(run.config["sync"]["local_sgd"] or 0) or spec.asynchronous:
+    if int(run.config.sync.local_sgd or 0) or spec.asynchronous:
         return _convergence_byte_problems(run, want, spec)
     if records == "buckets":
         b = run.buckets
@@ -141,7 +143,7 @@ def _op_byte_problems(run, expected: dict) -> list[str]:
     """Runs that say what their layout moves per step (tp, pp, fsdp2: `expected_bytes_per_step`, op -> bytes over
     all ranks): every step's recorded bytes of each op must be exactly that."""
     c = run.collectives
-    steps = set(range(int(run.config.get("steps", 0))))
+    steps = set(range(int(run.config.steps)))
     for op, want in expected.items():
         got = c[(c["op"] == op) & (c["step"] >= 0)].groupby("step")["nbytes"].sum() if not c.empty else c
         if set(int(s) for s in got.index) != steps or (got != int(want)).any():
@@ -163,8 +165,8 @@ def _convergence_byte_problems(run, want: int, spec) -> list[str]:
             if (m["nbytes"] != want + extra).any():
                 return [f"a {op} message carries other than the {want:,} B of the model plus its {extra} B header"]
         return []
-    h = int(run.config["sync"]["local_sgd"])
-    due = {(r, s) for r, s in rank_steps if (s + 1) % h == 0 and s < int(run.config.get("steps", 0))}
+    h = int(run.config.sync.local_sgd)
+    due = {(r, s) for r, s in rank_steps if (s + 1) % h == 0 and s < int(run.config.steps)}
     avg = c[c["phase"] == "average"] if not c.empty else c
     if not run.buckets.empty or set(zip(avg["rank"].astype(int), avg["step"].astype(int))) != due:
         return [f"its parameter averages are not one after every {h} steps on every rank"]

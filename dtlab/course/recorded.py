@@ -67,7 +67,7 @@ def differences(run, rec: RecordedRun) -> list[str]:
     fields = SAME_JOB + (("bucket_mb",) if run.spec.records == "buckets" else ())
     out = []
     for f in fields:
-        mine, theirs = run.config.get(f), rec.run.config.get(f)
+        mine, theirs = getattr(run.config, f), getattr(rec.run.config, f)
         if mine != theirs:
             out.append(f"{f} {mine} here, {theirs} there")
     return out
@@ -86,7 +86,7 @@ def beside(runs) -> str:
     runs ran on a CPU; otherwise one line saying where the record is. A strategy with no recorded run is left out."""
     if not isinstance(runs, dict):
         runs = {run_label(runs): runs}
-    pairs = [(label, run, RECORDED_FOR.get(run.config.get("strategy"))) for label, run in runs.items()]
+    pairs = [(label, run, RECORDED_FOR.get(run.config.strategy)) for label, run in runs.items()]
     pairs = [(label, run, name) for label, run, name in pairs if name]
     if not pairs:
         return "no recorded run of this strategy ships with dtlab (dtlab.recorded_runs() lists them)"
@@ -139,7 +139,7 @@ def _ratio(fig: dict) -> str:
 
 def run_label(run) -> str:
     """'DDP', 'ZeRO-3', ...: the strategy as the labs name it."""
-    strategy = run.config.get("strategy")
+    strategy = run.config.strategy
     return {"ddp": "DDP", "zero3": "ZeRO-3"}.get(strategy, str(strategy))
 
 

@@ -47,13 +47,13 @@ def _compressed_buckets(run) -> pd.DataFrame:
         raise ValueError(f"run {run.path} has no recorded buckets with wire_bytes (record=True, strategy ddp)")
     b = b[b["step"] >= run.warmup]
     per = b.groupby("step")[["nbytes", "wire_bytes"]].sum()
-    hook = run.config["compression"]["hook"]
+    hook = run.config.compression.hook
     if hook == "powersgd":
         keep = per.index[per["wire_bytes"] < per["nbytes"]]
         if len(keep) == 0:
             raise ValueError(
                 f"run {run.path}: PowerSGD never compressed in the measured steps (all steps before "
-                f"powersgd_start_iter = {run.config['compression']['powersgd_start_iter']}?)"
+                f"powersgd_start_iter = {run.config.compression.powersgd_start_iter}?)"
             )
         steps = sorted(int(st) for st in keep)
         # the first compressed step also builds PowerSGD's state (its P and Q matrices): its encode time is a
@@ -77,7 +77,7 @@ def compression_from_run(run) -> dict:
     grad = float(per["nbytes"].median())
     wire = float(per["wire_bytes"].median())
     encode = float(enc.median()) if len(enc) else 0.0
-    hook = run.config["compression"]["hook"]
+    hook = run.config.compression.hook
     return {
         "ratio": wire / grad,
         "wire_bytes": wire,
@@ -92,7 +92,7 @@ def compression_from_run(run) -> dict:
 def samples_per_step(run) -> int:
     """Training samples one optimizer step consumes across all ranks: batch_size x accumulate x nproc."""
     c = run.config
-    return int(c["batch_size"]) * int(c.get("accumulate", 1)) * run.nproc
+    return int(c.batch_size) * int(c.accumulate) * run.nproc
 
 
 def comm_per_sample(run) -> dict:
@@ -101,7 +101,7 @@ def comm_per_sample(run) -> dict:
     t_step, t_comm, t_comp (s per step), t_step_per_sample, t_comm_per_sample, t_comp_per_sample
     (s per sample), rounds_per_micro_batch (bucket all-reduces per micro-batch on one rank)."""
     s = run.summary().set_index("quantity")["value"]
-    k = int(run.config.get("accumulate", 1))
+    k = int(run.config.accumulate)
     n = samples_per_step(run)
     b = run.buckets[run.buckets["step"] >= run.warmup]
     rounds = float(b.groupby(["rank", "step"]).size().median()) if not b.empty else float("nan")
@@ -122,7 +122,7 @@ def loss_beside(run, reference) -> pd.DataFrame:
     Columns: step, loss, loss_reference, diff (loss - loss_reference), rel_diff (diff / loss_reference)."""
 
     def field(r, f):  # the learning rate the run trained at (`lr` None in its config means the default it chose)
-        return getattr(r, "lr", r.config.get(f)) if f == "lr" else r.config.get(f)
+        return getattr(r, "lr", r.config.lr) if f == "lr" else getattr(r.config, f)
 
     differ = [f for f in _SAME if field(run, f) != field(reference, f)]
     if differ:

@@ -178,11 +178,11 @@ def lever_from_run(label: str, run, target: float) -> Lever:
     cfg = run.config
     steps = run.steps_to(target)
     source = f"measured: {run.path}, first evaluation at or above {target:g}"
-    if strategy_spec(cfg["strategy"]).asynchronous:
+    if strategy_spec(cfg.strategy).asynchronous:
         return Lever(label, "async", steps, source=source)
-    if cfg["sync"]["local_sgd"]:
-        return Lever(label, "local_sgd", steps, period=int(cfg["sync"]["local_sgd"]), source=source)
-    if cfg["compression"]["hook"] != "none":
+    if cfg.sync.local_sgd:
+        return Lever(label, "local_sgd", steps, period=int(cfg.sync.local_sgd), source=source)
+    if cfg.compression.hook != "none":
         c = compression_from_run(run)
         return Lever(label, "compressed", steps, ratio=c["ratio"], encode_s=c["encode_s"], source=source)
     return Lever(label, "sync", steps, source=source)

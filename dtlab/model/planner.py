@@ -236,14 +236,14 @@ def compute_from_run(run) -> dict:
     A data-parallel run with a no-op baseline ('ddp'): its baseline steps (slowest rank, median). A pipeline
     ('pp'): the sum over stages of every micro-batch's forward and backward (the whole model's compute, stage by
     stage) and of the stages' optimizer steps, median over measured steps."""
-    arch = MODELS.get(run.config.get("model"))
+    arch = MODELS.get(run.config.model)
     if arch is None:
-        raise ValueError(f"run {run.path}: model {run.config.get('model')!r} has no architecture in the planner")
-    bs, seq = int(run.config["batch_size"]), int(run.config["seq_len"])
+        raise ValueError(f"run {run.path}: model {run.config.model!r} has no architecture in the planner")
+    bs, seq = int(run.config.batch_size), int(run.config.seq_len)
     out = {
         "seq": seq,
         "nonembedding_params": nonembedding_params(arch),
-        "model": run.config.get("model"),
+        "model": run.config.model,
         "params": int(run.resolved.get("num_parameters", total_params(arch))),
     }
     base = run.baseline_steps
@@ -254,7 +254,7 @@ def compute_from_run(run) -> dict:
             "t_fb_per_sample": float((slow["t_fwd"] + slow["t_bwd"]).median()) / bs,
             "t_opt": float(slow["t_opt"].median()),
             "source": (
-                f"measured: the no-op baseline of {run.path} ({run.config.get('model')}, batch {bs} x "
+                f"measured: the no-op baseline of {run.path} ({run.config.model}, batch {bs} x "
                 f"{seq} tokens per rank, median of {len(slow)} steps)"
             ),
         }
@@ -269,7 +269,7 @@ def compute_from_run(run) -> dict:
             "t_fb_per_sample": float(busy.median()) / bs,
             "t_opt": float(opt.median()),
             "source": (
-                f"measured: every stage's forwards and backwards of {run.path} summed ({run.config.get('model')},"
+                f"measured: every stage's forwards and backwards of {run.path} summed ({run.config.model},"
                 f" batch {bs} x {seq} tokens, median of {len(busy)} steps)"
             ),
         }
@@ -291,7 +291,7 @@ def measured_rows(runs: dict) -> pd.DataFrame:
                 "pp": int(lay["pp"]),
                 "layout": f"{lay['dp']}x{lay['tp']}x{lay['pp']}",
                 "t_step": t,
-                "microbatches": int(run.config["parallel"]["microbatches"]),
+                "microbatches": int(run.config.parallel.microbatches),
             }
         )
     return pd.DataFrame(rows, columns=["label", "dp", "tp", "pp", "layout", "t_step", "microbatches"])
@@ -326,18 +326,18 @@ def against_runs(runs: dict, levels: dict, compute: dict, gpus_per_node: int = 8
     rows = []
     for label, run in runs.items():
         lay = run.resolved.get("layout") or {"dp": run.nproc, "tp": 1, "pp": 1}
-        arch = MODELS[run.config["model"]]
-        m = int(run.config["parallel"]["microbatches"])
+        arch = MODELS[run.config.model]
+        m = int(run.config.parallel.microbatches)
         p = predict_layout(
             arch,
             int(lay["dp"]),
             int(lay["tp"]),
             int(lay["pp"]),
             gpus_per_node=gpus_per_node,
-            global_batch=int(run.config["batch_size"]) * int(lay["dp"]),
-            seq=int(run.config["seq_len"]),
+            global_batch=int(run.config.batch_size) * int(lay["dp"]),
+            seq=int(run.config.seq_len),
             microbatches=m,
-            schedule=run.config["parallel"]["schedule"],
+            schedule=run.config.parallel.schedule,
             sharded=False,
             levels=levels,
             compute=compute,

@@ -62,7 +62,7 @@ CONTENDED = [
 def predict(run, profile) -> pd.DataFrame:
     """One row per measured step: measured vs predicted T_step (slowest rank), T_comm (rank where longest) and exposed
     communication in seconds, and the relative errors (predicted - measured) / measured."""
-    spec = strategy_spec(run.config.get("strategy"))
+    spec = strategy_spec(run.config.strategy)
     if spec.records == "collectives":
         df = _predict_zero3(run, profile)
     else:
@@ -88,7 +88,7 @@ def _predict_ddp(run, profile) -> pd.DataFrame:
         return _predict_ddp_ranks(run, profile, shared)
     rows = []
     p = run.nproc
-    op = strategy_spec(run.config.get("strategy")).bucket_op  # ps: calibrate with ops including "ps"
+    op = strategy_spec(run.config.strategy).bucket_op  # ps: calibrate with ops including "ps"
     for s in _slowest(run).itertuples():
         b = run.buckets[(run.buckets["rank"] == s.rank) & (run.buckets["step"] == s.step)].sort_values("t_start")
         if b.empty:
@@ -142,7 +142,7 @@ def _predict_ddp_ranks(run, profile, shared: pd.DataFrame) -> pd.DataFrame:
     optimizer; the prediction's T_step is the slowest rank's, its T_comm the longest rank's, as measured."""
     rows = []
     p = run.nproc
-    op = strategy_spec(run.config.get("strategy")).bucket_op  # ps: calibrate with ops including "ps"
+    op = strategy_spec(run.config.strategy).bucket_op  # ps: calibrate with ops including "ps"
     loaded_fit = profile.has_load(op)
     for s in _slowest(run).itertuples():
         b = run.buckets[run.buckets["step"] == s.step]

@@ -110,7 +110,7 @@ def convergence_lines(run) -> list[str]:
                 f"  time to {target:g}: "
                 + (f"{t:.2f} s of training, {run.steps_to(target)} steps" if t is not None else "not reached")
             )
-    local = int(run.config["sync"]["local_sgd"])
+    local = int(run.config.sync.local_sgd)
     if local and not run.collectives.empty:
         avg = run.collectives[(run.collectives["rank"] == 0) & (run.collectives["phase"] == "average")]
         if not avg.empty:
@@ -123,7 +123,7 @@ def convergence_lines(run) -> list[str]:
         out.append(
             "  staleness of applied updates: "
             + ", ".join(f"{int(r.staleness)}: {int(r.applied)}" for r in h.itertuples() if r.applied)
-            + f"; dropped {int(h['dropped'].sum())} (max_staleness {run.config['sync']['max_staleness']}, "
-            f"policy {run.config['sync']['staleness_policy']})"
+            + f"; dropped {int(h['dropped'].sum())} (max_staleness {run.config.sync.max_staleness}, "
+            f"policy {run.config.sync.staleness_policy})"
         )
     return out

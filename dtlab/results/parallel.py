@@ -28,7 +28,7 @@ def tp_collectives(run) -> pd.DataFrame:
         raise ValueError(f"run {run.path} recorded no collectives with an axis (strategy 'tp')")
     tp = c[(c["axis"] == "tp") & (c["op"] == "all_reduce") & (c["step"] >= 0)]
     L = int(run.resolved["n_layers"])
-    each = tp_allreduce_bytes(run.config["batch_size"], run.config["seq_len"], int(run.resolved["hidden"]))
+    each = tp_allreduce_bytes(run.config.batch_size, run.config.seq_len, int(run.resolved["hidden"]))
     rows = []
     for (rank, step), g in tp.groupby(["rank", "step"]):
         f, b = g[g["phase"] == "forward"], g[g["phase"] == "backward"]
@@ -83,7 +83,7 @@ def memory_table(runs: dict) -> pd.DataFrame:
         rows.append(
             {
                 "label": label,
-                "strategy": run.config.get("strategy"),
+                "strategy": run.config.strategy,
                 "ranks": run.nproc,
                 "params_bytes": med["params_bytes"],
                 "grads_bytes": med["grads_bytes"],

@@ -73,7 +73,7 @@ def step_bubbles(run) -> pd.DataFrame:
     df = st[["rank", "step", "stage", "dp_rank", "t_pipe"]].merge(busy, on=["rank", "step"], how="left")
     df["busy"] = df["busy"].fillna(0.0)
     rows = []
-    m = int(run.config["parallel"]["microbatches"])
+    m = int(run.config.parallel.microbatches)
     for (step, dp), g in df.groupby(["step", "dp_rank"]):
         p, t = len(g), float(g["t_pipe"].max())
         c = g["busy"].to_numpy(dtype=float) / m
@@ -101,7 +101,7 @@ def bubble(run) -> Bubble:
     if steps.empty:
         raise ValueError(f"run {run.path} has no measured pipeline steps (steps >= warmup {run.warmup})")
     p = int(per["stages"].max())
-    m = int(run.config["parallel"]["microbatches"])
+    m = int(run.config.parallel.microbatches)
     vals = steps["bubble"].to_numpy(dtype=float)
     return Bubble(
         float(np.median(vals)),
@@ -111,7 +111,7 @@ def bubble(run) -> Bubble:
         float(steps["unequal"].median()),
         p,
         m,
-        str(run.config["parallel"]["schedule"]),
+        str(run.config.parallel.schedule),
         per[per["step"] >= run.warmup].reset_index(drop=True),
         f"1 - sum of the stages' busy time / (P x the longest stage's schedule), median over {len(vals)} "
         "measured steps",

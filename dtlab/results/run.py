@@ -31,17 +31,19 @@ to T_step - T_comm, labelled "assumes no overlap" (dtlab.results.breakdown).
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.results.breakdown import per_step, summary, summary_lines, timing_method
 from dtlab.results.convergence import convergence_lines, evals_frame, first_at, updates_frame
 from dtlab.results.restarts import FRAMES, recovery, restart_lines
 from dtlab.results.status import read_run_dir, status_lines
-from dtlab.runfiles import RunDamageWarning
+from dtlab.runfiles import DamagedRun, RunDamageWarning
 from dtlab.units import fmt_mib
 
 STEP_COLUMNS = ["rank", "step", "t_fwd", "t_bwd", "t_opt", "t_step", "loss"]
@@ -58,12 +60,12 @@ REFERENCE_COLUMNS = ["rank", "step", "loss", "ref_loss", "grad_ratio", "grad_rel
 
 @dataclass(repr=False)
 class Run:
-    """A run directory loaded into DataFrames (seconds and bytes throughout). `config` is the run's config in the
-    current form, whatever dtlab recorded it (dtlab.results.upgrade): options groups nested,
-    `run.config["parallel"]["microbatches"]`."""
+    """A run directory loaded into DataFrames (seconds and bytes throughout). `config` is the run's `RunConfig` in
+    the current form, whatever dtlab recorded it (dtlab.results.upgrade), read as the ranks read it:
+    `run.config.parallel.microbatches`."""
 
     path: str
-    config: dict
+    config: RunConfig
     resolved: dict
     status: dict
     steps: pd.DataFrame
@@ -109,7 +111,7 @@ class Run:
         """One short line: path, strategy, ranks, state (the frames are attributes; `summary()` has the numbers)."""
         path = self.path if len(self.path) <= REPR_PATH else "..." + self.path[-(REPR_PATH - 3) :]
         return (
-            f"Run({path!r}, strategy={self.config.get('strategy')!r}, ranks={self.nproc}, "
+            f"Run({path!r}, strategy={self.config.strategy!r}, ranks={self.nproc}, "
             f"state={self.status.get('state', '?')!r})"
         )
 
@@ -123,11 +125,11 @@ class Run:
 
     @property
     def warmup(self) -> int:
-        return int(self.config.get("warmup", 0))
+        return int(self.config.warmup)
 
     @property
     def nproc(self) -> int:
-        return int(self.resolved.get("world_size", self.config.get("nproc", 1)))
+        return int(self.resolved.get("world_size", self.config.nproc or 1))
 
     @property
     def lr(self) -> float | None:
@@ -135,7 +137,7 @@ class Run:
         which the rank settled once the model was built (`config["lr"]` None means "auto"; `resolved["lr"]["source"]`
         says why), else `config["lr"]` (None: the run stopped before its rank settled it)."""
         rec = self.resolved.get("lr")
-        return float(rec["value"]) if isinstance(rec, dict) and rec.get("value") is not None else self.config.get("lr")
+        return float(rec["value"]) if isinstance(rec, dict) and rec.get("value") is not None else self.config.lr
 
     def measured_steps(self) -> pd.DataFrame:
         """`steps` without the warm-up steps."""
@@ -144,7 +146,7 @@ class Run:
     @property
     def spec(self):
         """The run's strategy spec (dtlab.config.strategies): how its communication was recorded."""
-        return strategy_spec(self.config["strategy"])
+        return strategy_spec(self.config.strategy)
 
     @property
     def timing_method(self) -> str:
@@ -229,11 +231,11 @@ class Run:
         s = self.summary() if summary is None else summary
         lines = [
             f"run {self.path}",
-            f"  {self.config.get('strategy')} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
+            f"  {self.config.strategy} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
             + (f" on {self.resolved['nnodes']} nodes | " if self.resolved.get("nnodes", 1) > 1 else " | ")
-            + (f"bucket {fmt_mib(self.config.get('bucket_mb'))} MiB | " if self.spec.records == "buckets" else "")
-            + f"batch {self.config.get('batch_size')}/rank | "
-            f"seq_len {self.config.get('seq_len')} | status {self.status.get('state', '?')}",
+            + (f"bucket {fmt_mib(self.config.bucket_mb)} MiB | " if self.spec.records == "buckets" else "")
+            + f"batch {self.config.batch_size}/rank | "
+            f"seq_len {self.config.seq_len} | status {self.status.get('state', '?')}",
             f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",
             f"  model: {self.resolved.get('model_source', '?')}",
             f"  data:  {self.resolved.get('data_source', '?')}",
@@ -299,7 +301,7 @@ def load_run(path: str) -> Run:
     ranks["ended"] = ranks["rank"].map(rec.ended) if not ranks.empty else pd.Series(dtype=object)
     return Run(
         path=path,
-        config=rec.doc["config"],
+        config=recorded_config(rec.doc["config"], path),
         resolved=rec.doc.get("resolved", {}),
         status=rec.status,
         # `time`: the wall clock each rank stamped at a step's end (s since the epoch), one clock for the ranks of a
@@ -337,3 +339,12 @@ def _frame(rows: list[dict], columns: list[str], sort: list[str] | None = None) 
     if not df.empty:
         df = df.sort_values(sort or ["rank", "step"], kind="stable").reset_index(drop=True)
     return df
+
+
+def recorded_config(doc: dict, path: str) -> RunConfig:
+    """The `RunConfig` a run directory's config.json records (already brought to the current form by
+    dtlab.results.upgrade); one that is not a RunConfig's fields is a `DamagedRun` naming config.json and why."""
+    try:
+        return RunConfig.from_dict(doc)
+    except (TypeError, ValueError) as e:
+        raise DamagedRun(os.path.join(path, "config.json"), f"its config is not a RunConfig: {e}") from None

@@ -82,7 +82,7 @@ def chrome_trace(run) -> dict:
             starts[(int(r.rank), int(r.step))] = t_end - _ran(kind, r)
     t0 = min(starts.values()) if starts else 0.0
     us = lambda s: round(s * 1e6, 3)  # noqa: E731
-    strategy = run.config["strategy"]
+    strategy = run.config.strategy
     spec = strategy_spec(strategy)
     ev: list[dict] = []
     for rank in sorted({int(r.rank) for _, r in steps}):

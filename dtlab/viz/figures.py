@@ -312,4 +312,4 @@ def bytes_by_op(run, step: int | None = None, rank: int | None = None) -> go.Fig
             )
         )
     fig.update_layout(barmode="stack", yaxis_title="bytes moved per step (MB)", height=360)
-    return set_title(fig, f"Bytes moved per step ({run.config.get('strategy')}, rank {rank}, step {step})")
+    return set_title(fig, f"Bytes moved per step ({run.config.strategy}, rank {rank}, step {step})")

@@ -120,12 +120,12 @@ def pipeline_timeline(run, step: int | None = None, dp_rank: int = 0) -> go.Figu
         yaxis=dict(autorange="reversed"),
         legend=dict(orientation="h", yanchor="top", y=-0.3, x=0),
     )
-    M, P = int(run.config["parallel"]["microbatches"]), len(stages)
+    M, P = int(run.config.parallel.microbatches), len(stages)
     busy = (mb["t_end"] - mb["t_start"]).sum()
     measured = 1 - busy / (P * t_pipe) if t_pipe > 0 and P else float("nan")
     return set_title(
         fig,
-        f"Pipeline ({run.config['parallel']['schedule']}), P = {P}, M = {M}, step {step}: "
+        f"Pipeline ({run.config.parallel.schedule}), P = {P}, M = {M}, step {step}: "
         f"bubble {measured:.2f} measured, {float(bubble_fraction(max(P, 1), M)):.2f} in theory "
         "(dotted: the end of the longest stage)",
     )

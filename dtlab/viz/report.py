@@ -18,13 +18,13 @@ def write_report(run, path: str | None = None) -> str:
     path = path or os.path.join(run.path, "report.html")
     summary = run.summary()  # once: the figures, the table and the text all show the same intervals
     figs = [
-        breakdown_bar(summary, title=f"{run.config.get('strategy')} x{run.nproc}"),
+        breakdown_bar(summary, title=f"{run.config.strategy} x{run.nproc}"),
         bucket_timeline(run),
         bytes_by_op(run),
-        memory_bars({run.config.get("strategy", "run"): run}),
+        memory_bars({run.config.strategy: run}),
     ]
-    if run.config.get("straggler") and not run.buckets.empty:  # who waited for whom
-        figs.insert(2, who_waited(run_waits(run), f"straggler {run.config['straggler']}"))
+    if run.config.straggler and not run.buckets.empty:  # who waited for whom
+        figs.insert(2, who_waited(run_waits(run), f"straggler {run.config.straggler}"))
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = summary.to_html(index=False, float_format=lambda v: f"{v:.4g}")
     body = (

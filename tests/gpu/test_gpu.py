@@ -32,7 +32,7 @@ def _ddp_checks(run):
     assert run.resolved["device_type"] == "cuda" and run.resolved["placement"]["device"] == "cuda"
     grad = run.resolved["grad_bytes"]
     per = run.buckets.groupby(["rank", "step"])["nbytes"].sum()
-    assert len(per) == run.nproc * run.config["steps"] and (per == grad).all()
+    assert len(per) == run.nproc * run.config.steps and (per == grad).all()
     b = run.buckets
     assert (b["t_ready"] <= b["t_start"]).all() and (b["t_start"] <= b["t_end"]).all()
     assert (b["t_ready"] >= 0).all()

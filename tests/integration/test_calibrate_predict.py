@@ -62,7 +62,7 @@ def test_predict_ddp_run(profile, tiny_run):
         "contended_t_comm",
     }
     assert cols <= set(pred.columns)
-    assert len(pred) == tiny_run.config["steps"] - tiny_run.config["warmup"]
+    assert len(pred) == tiny_run.config.steps - tiny_run.config.warmup
     assert (pred["predicted_t_step"] > 0).all() and (pred["predicted_t_comm"] > 0).all()
     # Replay each step by hand, every rank on the wall clock the ranks stamped (step start = stamp - t_step): a
     # bucket's all-reduce, priced at its own bytes, starts once the last rank has issued it and the previous one

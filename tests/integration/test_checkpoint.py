@@ -101,8 +101,9 @@ def test_resumed_losses_equal_an_uninterrupted_run(runs):
     (two gloo ranks sum in a fixed order; the same ops on the same inputs give the same bits)."""
     ref, run = runs["reference"], runs["resumed"]
     assert not isinstance(run, Exception), run
-    same = {k: v for k, v in ref.config.items() if k not in ("out", "restarts")}  # restarts: checkpoint_every, ...
-    assert same == {k: run.config[k] for k in same}, "conftest's tiny_run no longer matches REFERENCE"
+    ref_cfg, run_cfg = ref.config.to_dict(), run.config.to_dict()
+    same = {k: v for k, v in ref_cfg.items() if k not in ("out", "restarts")}  # restarts: checkpoint_every, ...
+    assert same == {k: run_cfg[k] for k in same}, "conftest's tiny_run no longer matches REFERENCE"
     key = ["rank", "step"]
     for frame in ("steps", "baseline_steps"):
         a = getattr(run, frame).sort_values(key)[key + ["loss"]].reset_index(drop=True)

@@ -126,13 +126,13 @@ def test_accuracy_rises_above_chance(learning):
 
 def test_the_lr_rule_sets_the_lr_it_claims(learning, local):
     for run in (learning, local[0]):
-        cfg = dtlab.RunConfig.from_dict(run.config)
+        cfg = run.config
         want = [lr_at(cfg, int(s)) for s in run.steps["step"]]
         assert run.steps["lr"].tolist() == pytest.approx(want, rel=1e-12)
     assert learning.steps.loc[learning.steps["step"] == 10, "lr"].iloc[0] == pytest.approx(3e-3)  # 1.5e-3 x 2
     assert learning.steps.loc[learning.steps["step"] == 0, "lr"].iloc[0] == pytest.approx(3e-3 / 4)
     # local SGD ran without --lr: the default for the random tiny model, scaled by sqrt(8 / 2) on top
-    assert local[0].config["lr"] is None and local[0].lr == default_lr("tiny", pretrained=False)["value"]
+    assert local[0].config.lr is None and local[0].lr == default_lr("tiny", pretrained=False)["value"]
     assert local[0].steps.loc[local[0].steps["step"] == 5, "lr"].iloc[0] == pytest.approx(local[0].lr * 2)
     assert "linear" in learning.resolved["lr_rule"] and "warmed up" in learning.resolved["lr_rule"]
 
@@ -166,7 +166,7 @@ def test_evaluation_does_not_change_the_step_timings_definition(learning):
 def test_evaluating_changes_nothing_the_ranks_compute(tiny_run, tmp_path):
     """The session's tiny run again with an evaluation after every step: every rank's every loss is equal bit for
     bit (evaluation draws no random numbers and waits outside the steps)."""
-    cfg = dtlab.RunConfig.from_dict(tiny_run.config).replace(out=str(tmp_path / "eval"), eval_every=1, eval_samples=64)
+    cfg = tiny_run.config.replace(out=str(tmp_path / "eval"), eval_every=1, eval_samples=64)
     run = dtlab.run(cfg, progress=False)
     losses = lambda r: r.steps.sort_values(["rank", "step"])["loss"].tolist()  # noqa: E731
     assert losses(run) == losses(tiny_run) and len(losses(run)) == 8

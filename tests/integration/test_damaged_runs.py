@@ -108,7 +108,7 @@ def test_a_line_of_the_wrong_shape_is_skipped_and_named(copy, line, needle):
         run = load_run(str(copy))
     assert needle in str(rec[0].message)
     assert run.summary().set_index("quantity").loc["T_step", "value"] > 0  # what is left still sums up
-    assert set(run.steps["step"]) == set(range(run.config["steps"]))
+    assert set(run.steps["step"]) == set(range(run.config.steps))
 
 
 def test_garbage_in_config_json_is_an_error_naming_the_file(copy, capsys):
@@ -133,7 +133,7 @@ def test_a_damaged_status_is_recovered_from_the_events(copy, status):
     (copy / "status.json").write_text(status)
     with pytest.warns(RunDamageWarning, match=r"status\.json.*read from the ranks' events instead: finished"):
         run = load_run(str(copy))
-    assert run.status["state"] == "finished" and len(run.steps) == 2 * run.config["steps"]
+    assert run.status["state"] == "finished" and len(run.steps) == 2 * run.config.steps
 
 
 def test_a_damaged_status_of_a_failed_run_reads_failed(copy):

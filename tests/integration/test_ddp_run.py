@@ -16,7 +16,7 @@ def test_every_gradient_byte_is_all_reduced_once_per_step(tiny_run):
     assert grad_bytes == run.resolved["num_parameters"] * 4  # fp32
     per = run.buckets.groupby(["rank", "step"])["nbytes"].sum()
     assert set(per.index.get_level_values("rank")) == {0, 1}
-    assert set(per.index.get_level_values("step")) == set(range(run.config["steps"]))
+    assert set(per.index.get_level_values("step")) == set(range(run.config.steps))
     assert (per == grad_bytes).all()
     # DDP reduces everything in one bucket on the first iteration, then rebuilds buckets in ready order
     counts = run.buckets[run.buckets["step"] >= 1].groupby(["rank", "step"]).size()
@@ -35,7 +35,7 @@ def test_bucket_events_are_ordered(tiny_run):
 def test_steps_baseline_and_metadata(tiny_run):
     run = tiny_run
     assert run.status["state"] == "finished"
-    assert len(run.steps) == 2 * run.config["steps"] and len(run.baseline_steps) == 2 * run.config["baseline_steps"]
+    assert len(run.steps) == 2 * run.config.steps and len(run.baseline_steps) == 2 * run.config.baseline_steps
     for col in ("t_fwd", "t_bwd", "t_opt", "t_step"):
         assert (run.steps[col] > 0).all()
     # t_step is checked against a clock it was not computed from: the wall time between the step events a rank
@@ -45,7 +45,7 @@ def test_steps_baseline_and_metadata(tiny_run):
         ev = [json.loads(line) for line in open(os.path.join(run.path, "events", f"rank{r}.jsonl"))]
         st = [e for e in ev if e["kind"] in ("step", "baseline_step")]
         # baseline steps interleaved, each right after the training step it is paired with (dtlab.config.baseline)
-        order = run_order(run.config["steps"], run.config["warmup"], run.config["baseline_steps"])
+        order = run_order(run.config.steps, run.config.warmup, run.config.baseline_steps)
         assert [(e["step"], e.get("paired_step")) for e in st] == order
         assert [e["step"] for e in st if e["kind"] == "baseline_step"] == [s for s, p in order if p is not None]
         for prev, cur in zip(st, st[1:]):

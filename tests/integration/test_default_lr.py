@@ -35,7 +35,7 @@ def test_the_plain_tiny_command_learns_at_the_default_lr(tmp_path):
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
     run = dtlab.load_run(str(out))
     want = default_lr("tiny", pretrained=False)
-    assert run.config["lr"] is None and run.resolved["lr"] == want and run.lr == want["value"]
+    assert run.config.lr is None and run.resolved["lr"] == want and run.lr == want["value"]
     assert (run.steps["lr"] == want["value"]).all()  # what every optimizer step used
     assert f"  lr:    {want['value']:g}, default for a randomly initialised tiny model" in cp.stdout
     ev = run.evals

@@ -89,7 +89,7 @@ def test_same_seed_runs_in_separate_launches_have_bit_identical_losses(tmp_path,
     assert [_start_methods(r) for r in runs] == [{("spawn", False)}, {("fork", False)}, {("fork", True)}]
     assert a == w
     c = {r: v[:3] for r, v in _losses(tiny_run).items()}
-    assert tiny_run.config["seed"] != 5
+    assert tiny_run.config.seed != 5
     assert set(a) == {0, 1} and all(len(v) == 3 for v in a.values())
     assert a == b  # exact float equality, every rank, every step
     assert a[0] != a[1]  # the ranks see different data

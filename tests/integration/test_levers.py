@@ -19,7 +19,7 @@ from dtlab.model.compression import (
 def _with_config(run, **changes):
     """A shallow copy of a loaded run whose config differs (to test refusals without another run)."""
     other = types.SimpleNamespace(**vars(run))
-    other.config = dict(run.config, **changes)
+    other.config = run.config.replace(**changes)
     return other
 
 

@@ -62,7 +62,7 @@ def test_tp_has_four_allreduces_per_block_of_bsh_bytes(others):
     run = others["tp"]
     L = run.resolved["n_layers"]
     assert L == 2 and run.resolved["layout"] == {"dp": 2, "tp": 2, "pp": 1}
-    each = tp_allreduce_bytes(run.config["batch_size"], run.config["seq_len"], run.resolved["hidden"])
+    each = tp_allreduce_bytes(run.config.batch_size, run.config.seq_len, run.resolved["hidden"])
     assert each == 4 * 32 * 32 * 4
     c = run.collectives
     tp = c[(c["axis"] == "tp") & (c["step"] >= 0)]
@@ -91,7 +91,7 @@ def test_every_split_strategy_trains_at_the_default_lr_it_records(others):
     from dtlab.config.convergence import default_lr
 
     for name, run in others.items():
-        assert run.config["lr"] is None and run.resolved["lr"] == default_lr("tiny", pretrained=False), name
+        assert run.config.lr is None and run.resolved["lr"] == default_lr("tiny", pretrained=False), name
         check = run.reference_check()
         assert check.ok, (name, check.why)
 

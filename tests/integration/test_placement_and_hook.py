@@ -11,8 +11,8 @@ def test_ddp_run_records_ddp_timer_beside_its_own(tiny_run):
     e.g. nanoseconds read as seconds or step k paired with step k-1)."""
     st = tiny_run.ddp_stats
     assert set(st["rank"]) == {0, 1}
-    measured = set(range(tiny_run.warmup, tiny_run.config["steps"]))
-    assert measured - {tiny_run.config["steps"] - 1} <= set(st["step"])
+    measured = set(range(tiny_run.warmup, tiny_run.config.steps))
+    assert measured - {tiny_run.config.steps - 1} <= set(st["step"])
     row = tiny_run.crosscheck().set_index("quantity").loc["backward communication span vs DDP's timer"]
     assert row["pairs"] >= 2 and abs(row["median_rel_diff"]) < 0.5
 

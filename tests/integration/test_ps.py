@@ -21,7 +21,7 @@ def test_ps_trains_like_ddp_and_conserves_bytes(tiny_run, tmp_path):
     assert list(df["status"]) == ["ran"] and list(df["strategy"]) == ["ps"]
     assert not df["oversubscribed"].iloc[0]  # 2 ranks on this 2-core CI machine
     ps, ddp = dtlab.load_run(df["path"].iloc[0]), tiny_run
-    assert ps.config["strategy"] == "ps" and ddp.config["strategy"] == "ddp"
+    assert ps.config.strategy == "ps" and ddp.config.strategy == "ddp"
     # Both average the same gradients, so every rank's loss at every step is the same (a missing broadcast
     # leaves rank 1 with partial sums and its losses drift from step 1 on)
     m = ddp.steps.merge(ps.steps, on=["rank", "step"], suffixes=("_ddp", "_ps"))

@@ -35,7 +35,7 @@ def _per_step(run, op, phase=None):
 
 
 def _steps(run):
-    return [(r, s) for r in range(run.nproc) for s in range(run.config["steps"])]
+    return [(r, s) for r in range(run.nproc) for s in range(run.config.steps)]
 
 
 def test_reduce_scatter_carries_every_padded_gradient_byte_each_step(z3):
@@ -91,7 +91,7 @@ def test_collectives_are_plain_phased_and_ordered(z3):
 
 def test_steps_and_resolved_facts(z3):
     s, res = z3.steps, z3.resolved
-    assert z3.status["state"] == "finished" and len(s) == 2 * z3.config["steps"]
+    assert z3.status["state"] == "finished" and len(s) == 2 * z3.config.steps
     assert (abs(s["t_fwd"] + s["t_bwd"] + s["t_opt"] - s["t_step"]) < 1e-9).all()
     assert (s["t_step"] > 0).all() and s["loss"].notna().all()
     assert res["backend"] == "gloo" and res["ds_accelerator"] == "cpu"

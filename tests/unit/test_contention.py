@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from dtlab.config.calibration import CalibConfig
+from dtlab.config.run import RunConfig
 from dtlab.model.buckets import predict_step, simulate_queue
 from dtlab.model.prediction import predict, prediction_summary
 from dtlab.model.profile import Profile
@@ -87,7 +88,7 @@ class _Run:
     """The parts of a Run that predict reads: one rank-step with two buckets, backward ending at 0.030 s."""
 
     nproc = 2
-    config = {"strategy": "ddp"}
+    config = RunConfig(strategy="ddp")
 
     def __init__(self):
         self.steps = pd.DataFrame(

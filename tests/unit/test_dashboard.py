@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
+from dtlab.config.run import RunConfig
 from dtlab.model import costmodel as cm
 from dtlab.model import whatif as wi
 from dtlab.model.profile import Profile
@@ -342,7 +343,7 @@ def test_compute_from_run():
     empty = pd.DataFrame(columns=STEP_COLUMNS)
     run = Run(
         path="fake",
-        config={"warmup": 1},
+        config=RunConfig(warmup=1),
         resolved={},
         status={},
         steps=steps,

@@ -133,7 +133,7 @@ def _run_dir(tmp_path, resolved_lr, config_lr=None):
 def test_the_run_reads_and_prints_the_rate_it_trained_at(tmp_path):
     rec = default_lr("tiny", pretrained=False)
     run = load_run(_run_dir(tmp_path / "new", rec))
-    assert run.config["lr"] is None and run.lr == RANDOM_INIT_LR["tiny"][0]
+    assert run.config.lr is None and run.lr == RANDOM_INIT_LR["tiny"][0]
     assert f"  lr:    {RANDOM_INIT_LR['tiny'][0]:g}, {rec['source']}" in run.breakdown_table().splitlines()
     old = load_run(_run_dir(tmp_path / "old", None, config_lr=2e-5))  # recorded before the rank resolved lr
     assert old.lr == 2e-5 and "  lr:" not in old.breakdown_table()

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from dtlab.config.placement import plan
+from dtlab.config.run import RunConfig
 from dtlab.course import wording
 from dtlab.course.claims import MIN_TIME_REPEATS, compare, consistent
 from dtlab.course.screen import doubled_words, keys_before_questions, renderings, rounded_away
@@ -210,7 +211,7 @@ def test_powersgd_encode_leaves_out_the_step_that_builds_its_state():
         buckets=pd.DataFrame(rows),
         warmup=1,
         path="fake",
-        config={"compression": {"hook": "powersgd", "powersgd_start_iter": 2}},
+        config=RunConfig(compression={"hook": "powersgd", "powersgd_start_iter": 2}),
     )
     comp = compression_from_run(run)
     assert comp["encode_s"] == pytest.approx(0.002) and comp["ratio"] == pytest.approx(0.1)

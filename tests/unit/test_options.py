@@ -150,14 +150,15 @@ def test_a_run_recorded_before_the_groups_loads(tmp_path):
     path = shutil.copytree(OLD_RUN, tmp_path / "run")
     run = dtlab.load_run(str(path))
     assert run.status["state"] == "finished" and not run.warnings
-    assert run.config["config_version"] == CONFIG_VERSION
-    assert run.config["compression"] == {"hook": "fp16", "powersgd_rank": 1, "powersgd_start_iter": 2}
-    assert run.config["evaluation"]["every"] == 1
-    assert run.config["lr_schedule"] == {"scaling": "sqrt", "base_batch": 8, "warmup_steps": 1}
-    assert run.config["restarts"]["checkpoint_every"] == 2
-    assert not set(FLAT) & set(run.config)
-    cfg = RunConfig.from_dict({**run.config, "out": None})  # the upgraded form is today's
-    assert cfg.compression.hook == "fp16" and cfg.lr_schedule.warmup_steps == 1
+    assert isinstance(run.config, RunConfig)  # the upgraded form is today's, read as the ranks read it
+    doc = run.config.to_dict()
+    assert doc["config_version"] == CONFIG_VERSION
+    assert doc["compression"] == {"hook": "fp16", "powersgd_rank": 1, "powersgd_start_iter": 2}
+    assert run.config.evaluation.every == 1
+    assert doc["lr_schedule"] == {"scaling": "sqrt", "base_batch": 8, "warmup_steps": 1}
+    assert run.config.restarts.checkpoint_every == 2
+    assert not set(FLAT) & set(doc)
+    assert run.config.compression.hook == "fp16" and run.config.lr_schedule.warmup_steps == 1
     assert len(run.steps) and len(run.evals)
     assert "opt_bytes" in run.memory and "optim_bytes" not in run.memory  # memory events renamed at version 3
     extra = run.memory["opt_bytes"] - 2 * run.memory["params_bytes"]  # AdamW's two moments and a step per tensor
@@ -168,7 +169,7 @@ def test_a_run_recorded_before_the_groups_loads(tmp_path):
 def test_a_pipeline_recorded_before_the_groups_reads_its_microbatches(tmp_path):
     path = shutil.copytree(OLD_PP_RUN, tmp_path / "run")
     run = dtlab.load_run(str(path))
-    assert run.config["parallel"] == {"dp_degree": 1, "microbatches": 2, "schedule": "1f1b"}
+    assert dataclasses.asdict(run.config.parallel) == {"dp_degree": 1, "microbatches": 2, "schedule": "1f1b"}
     b = run.bubble()
     assert (b.microbatches, b.schedule) == (2, "1f1b")
 

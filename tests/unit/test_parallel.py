@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from dtlab.config.parallel import layout, split_layers
-from dtlab.config.run import tiny
+from dtlab.config.run import RunConfig, tiny
 from dtlab.model import parallel as mp
 from dtlab.model import planner as pl
 from dtlab.results import pipeline, reference
@@ -163,7 +163,7 @@ def _pipeline_run(spans, t_pipe, m=4, warmup=0):
     return SimpleNamespace(
         path="fake",
         warmup=warmup,
-        config={"parallel": {"microbatches": m, "schedule": "gpipe"}},
+        config=RunConfig(parallel={"microbatches": m, "schedule": "gpipe"}),
         steps=pd.DataFrame(st),
         microbatches=pd.DataFrame(mb),
     )
@@ -198,7 +198,7 @@ def test_tp_collectives_against_the_form():
         path="fake",
         collectives=pd.DataFrame(rows),
         resolved={"n_layers": 2, "hidden": 32},
-        config={"batch_size": 4, "seq_len": 32},
+        config=RunConfig(batch_size=4, seq_len=32),
     )
     t = tp_collectives(run)
     assert t["matches"].all() and t.loc[0, "count"] == 8 == t.loc[0, "form_count"]

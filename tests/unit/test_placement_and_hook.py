@@ -7,6 +7,7 @@ import torch
 
 import dtlab
 from dtlab.config.placement import plan
+from dtlab.config.run import RunConfig
 from dtlab.rank import recorder as rec_mod
 
 
@@ -199,7 +200,7 @@ def _run_with(buckets, ddp_stats, backend="nccl"):
     empty = pd.DataFrame()
     return Run(
         path="x",
-        config={"warmup": 1, "strategy": "ddp"},
+        config=RunConfig(warmup=1, strategy="ddp"),
         resolved={"backend": backend, "world_size": 2},
         status={},
         steps=empty,
@@ -249,7 +250,7 @@ def test_crosscheck_does_not_compare_durations_on_one_nccl_rank():
     empty = pd.DataFrame()
     one = Run(
         path="x",
-        config={"warmup": 1, "strategy": "ddp"},
+        config=RunConfig(warmup=1, strategy="ddp"),
         resolved={"backend": "nccl", "world_size": 1},
         status={},
         steps=empty,

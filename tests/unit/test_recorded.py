@@ -163,7 +163,7 @@ def test_the_labs_table_sets_a_cpu_run_beside_the_recorded_one(shipped):
     # the recording itself ran gloo on CUDA tensors: its own text says so, not "the real thing"
     assert beside(ddp).startswith("your runs ran on a GPU through gloo") and 'recorded_run("h200-ddp")' in beside(ddp)
     assert "real thing" not in beside(ddp)
-    tiny = _on_cpu(dataclasses.replace(ddp, config={**ddp.config, "model": "tiny"}))
+    tiny = _on_cpu(dataclasses.replace(ddp, config=ddp.config.replace(model="tiny", out=ddp.config.out)))
     assert "not the same job (model tiny here, distilbert there)" in " ".join(beside(tiny).split())
     prof = dtlab.recorded_calibration().profile
     assert beside_calibration(prof).startswith("your calibration ran on GPUs")

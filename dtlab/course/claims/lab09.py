@@ -19,7 +19,7 @@ from dtlab.units import fmt_time
 def _t_step(run) -> float:
     """The measured seconds per optimizer step: the summary's T_step; for the asynchronous server, the median
     training time between two applied updates (one server step)."""
-    if strategy_spec(run.config.get("strategy")).asynchronous:
+    if strategy_spec(run.config.strategy).asynchronous:
         return update_interval(run)
     return float(run.summary().set_index("quantity").loc["T_step", "value"])
 
@@ -30,7 +30,7 @@ def steps_or_more(run, target: float) -> tuple[int, bool]:
     if s is not None:
         return s, True
     last = int(run.evals["step"].max()) if not run.evals.empty else 0
-    return last + int(run.config["evaluation"]["every"] or 1), False
+    return last + int(run.config.evaluation.every or 1), False
 
 
 #: the bytes column's name: a mean over all of a run's steps, its first (warm-up, uncompressed) steps included
@@ -93,8 +93,8 @@ def powersgd_claim(runs: dict, psgd: str, baseline: str, target: float):
     """'PowerSGD reaches the target later (in steps) than the uncompressed run' (Vogels et al.: error feedback
     keeps it converging, a low rank slows it)."""
     (sp, rp), (sb, rb) = steps_or_more(runs[psgd], target), steps_or_more(runs[baseline], target)
-    every = int(runs[baseline].config["evaluation"]["every"] or 1)
-    rank = runs[psgd].config["compression"]["powersgd_rank"]
+    every = int(runs[baseline].config.evaluation.every or 1)
+    rank = runs[psgd].config.compression.powersgd_rank
 
     def why(outcome):
         return (

@@ -18,7 +18,7 @@ def sources(rec) -> dict:
 
 def grad_bytes(run) -> int:
     """fp32 gradient bytes per rank and step, from the architecture of the run's model (not from its records)."""
-    return int(sum(model_param_nbytes(run.config["model"])))
+    return int(sum(model_param_nbytes(run.config.model)))
 
 
 def _steady(run):
@@ -55,7 +55,7 @@ def _bytes(run) -> Key:
 def _buckets(run) -> Key:
     s0 = _steady(run)
     largest = max(run.resolved["param_nbytes"])
-    rule = math.ceil(grad_bytes(run) / (float(run.config["bucket_mb"]) * 2**20))
+    rule = math.ceil(grad_bytes(run) / (float(run.config.bucket_mb) * 2**20))
     return Key(
         "lab01.q2",
         "number",

@@ -154,7 +154,7 @@ def _powersgd(runs) -> Key:
     runs = _need(runs)
     sp, _ = steps_or_more(runs["PowerSGD r=1"], TARGET)
     sb, _ = steps_or_more(runs["baseline"], TARGET)
-    every = int(runs["baseline"].config["evaluation"]["every"] or 1)
+    every = int(runs["baseline"].config.evaluation.every or 1)
     ans = "about the same" if abs(sp - sb) <= every else ("more" if sp > sb else "fewer")
     return Key(
         "lab09.q4",

@@ -120,7 +120,7 @@ def _theory(runs) -> Key:
     return Key(
         "lab10.q3",
         "number",
-        float(bubble_fraction(p, int(run.config["parallel"]["microbatches"]))),
+        float(bubble_fraction(p, int(run.config.parallel.microbatches))),
         abs_tol=0.005,
         tol_source="a formula; 0.005 allows rounding",
         hint="(P - 1) idle slots of the M + P - 1 in a step",
