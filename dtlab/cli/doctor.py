@@ -14,6 +14,10 @@ import subprocess
 import sys
 import time
 
+from dtlab.config.ncclib import ENV as NCCL_LIBRARY_ENV
+from dtlab.config.ncclib import ranks_library
+from dtlab.config.placement import nccl_allows_shared_gpu, torch_nccl_header
+
 
 def lab_files(labs_dir: str | None = None) -> list[str]:
     """The lab notebooks' stems ("00_setup_check", ...) in `labs_dir` (default: the checkout's labs/), sorted;
@@ -55,14 +59,24 @@ def probe() -> dict:
             }
             for i in range(torch.cuda.device_count())
         ]
-        try:
-            v = torch.cuda.nccl.version()
-            out["nccl"] = ".".join(str(x) for x in (v if isinstance(v, tuple) else (v,))[:3])
-        except Exception as e:  # noqa: BLE001
-            out["nccl_error"] = f"{type(e).__name__}: {e}"
+    out.update(nccl_facts(out["cuda_available"]))
     for name in ("transformers", "datasets", "deepspeed", "plotly", "ipywidgets"):
         out[name] = _version(name)
     out["deepspeed_import"] = _try_import_deepspeed() if out["deepspeed"] else "not installed"
+    return out
+
+
+def nccl_facts(cuda: bool) -> dict:
+    """The ranks' NCCL library (dtlab.config.ncclib.ranks_library: path, ncclGetVersion, where it was found) and
+    torch's NCCL header version, read after torch is imported; `nccl` is the version placement uses: the library's,
+    or the header's where no library is found (on a machine with CUDA only)."""
+    out: dict = {"nccl_header": torch_nccl_header(), "nccl_library": None}
+    try:
+        lib = ranks_library()
+        out["nccl_library"] = lib.to_dict() if lib is not None else None
+    except ValueError as e:  # a DTLAB_NCCL_LIBRARY that names no NCCL library
+        out["nccl_library_error"] = str(e)
+    out["nccl"] = (out["nccl_library"] or {}).get("version") or out["nccl_header"] if cuda else None
     return out
 
 
@@ -213,25 +227,63 @@ def doc_blocks() -> dict:
 def nccl_upgrade_lines(cuda_build, torch_version, nccl) -> list:
     """How to get NCCL >= 2.30 under this torch, so two NCCL ranks can share a GPU instead of gloo on CUDA tensors.
 
-    torch's CUDA wheels load NCCL from the `nvidia-nccl-cuXX` wheel beside them (torch 2.11.0+cu130 pins
-    nvidia-nccl-cu13==2.28.9), so installing a newer wheel of it changes the library torch loads; pip installs it
-    and warns that torch asks for the pinned version. `torch.cuda.nccl.version()` reports the library actually
-    loaded, and dtlab's placement reads it: no setting to change."""
+    Two ways: DTLAB_NCCL_LIBRARY names a libnccl.so.2 of NCCL >= 2.30 (dtlab preloads it into NCCL ranks, LD_PRELOAD,
+    and each rank checks it loaded it), or a newer `nvidia-nccl-cuXX` wheel replaces the library torch's CUDA wheels
+    load (torch 2.11.0+cu130 pins nvidia-nccl-cu13==2.28.9; pip installs it and warns). The check is the library's own
+    version (ncclGetVersion, which `dtlab doctor` reads), never `torch.cuda.nccl.version()`: that is the header torch
+    was compiled with and stays `nccl` (torch's) whichever library is loaded."""
     major = str(cuda_build or "").split(".")[0]
     wheel = f"nvidia-nccl-cu{major}" if major.isdigit() else "nvidia-nccl-cuXX (XX: this torch's CUDA major)"
     return [
-        f"    to let 2 NCCL ranks share a GPU: pip install '{wheel}>=2.30' (a ~216 MB wheel; pip then warns that "
-        f"torch {torch_version or '?'} requires the NCCL {nccl} it shipped with: expected, torch loads the new one),",
-        "    then check: python -c 'import torch; print(torch.cuda.nccl.version())' shows (2, 30, ...) or later, "
-        "and `dtlab doctor` places 2 NCCL ranks per GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, set by dtlab)",
+        f"    to let 2 NCCL ranks share a GPU, give the ranks NCCL >= 2.30 built for CUDA {major or '?'}: either "
+        f"{NCCL_LIBRARY_ENV}=/path/to/libnccl.so.2 (dtlab preloads it into NCCL ranks and each rank checks it "
+        "loaded it),",
+        f"    or pip install '{wheel}>=2.30' (a ~216 MB wheel: it replaces the library torch loads; pip then warns "
+        f"that torch {torch_version or '?'} requires the NCCL {nccl} it shipped with: expected),",
+        "    then check: `dtlab doctor` shows 'NCCL library ...: 2.30.x (ncclGetVersion)' and places 2 NCCL ranks per "
+        "GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, set by dtlab); torch.cuda.nccl.version() cannot tell: it reports the "
+        f"header torch was compiled with ({nccl}) whichever library is loaded",
     ]
+
+
+def nccl_lines(f: dict) -> list:
+    """The NCCL library the ranks will load and torch's header, a warning when they differ, whether two ranks may
+    share a GPU, and how to get an NCCL that lets them."""
+    lib, header, nccl = f.get("nccl_library"), f.get("nccl_header"), f.get("nccl")
+    if lib:
+        lines = [
+            f"  NCCL library {lib['path']}: {lib['version']} (ncclGetVersion); torch's header: {header or 'none'} "
+            f"(the library: {lib.get('from', lib.get('source'))})"
+        ]
+        if header and lib["version"] != header:
+            lines.append(
+                f"  warning: the ranks' NCCL library ({lib['version']}) is not the NCCL torch was compiled with "
+                f"({header}): torch.cuda.nccl.version() reports the header; dtlab places the ranks by the library"
+            )
+    else:
+        lines = [
+            f"  NCCL library: none found ({NCCL_LIBRARY_ENV} unset, none in LD_PRELOAD, none mapped by torch); "
+            f"torch's header: {header or 'none'}" + (", used for placement instead" if header else "")
+        ]
+    if f.get("nccl_library_error"):
+        lines.append(f"  NCCL library refused: {f['nccl_library_error']}")
+    shared = nccl_allows_shared_gpu(nccl)
+    lines.append(
+        f"  NCCL {nccl or 'not found'}: two ranks per GPU "
+        + (
+            "allowed (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1, experimental)"
+            if shared
+            else "not allowed (needs NCCL >= 2.30); gloo on CUDA tensors is the fallback"
+        )
+    )
+    if not shared and nccl:
+        lines += nccl_upgrade_lines(f.get("cuda_build"), f.get("torch"), header or nccl)
+    return lines
 
 
 def report(f: dict) -> str:
     """The facts as text, one fact a line, each with its unit or its meaning."""
     gpus = f.get("gpus") or []
-    from dtlab.config.placement import nccl_allows_shared_gpu
-
     lines = ["dtlab doctor"]
     if "probe_error" in f or "torch_error" in f:
         lines.append(f"  torch probe failed: {f.get('probe_error') or f.get('torch_error')}")
@@ -242,17 +294,7 @@ def report(f: dict) -> str:
     if gpus:
         for i, g in enumerate(gpus):
             lines.append(f"  GPU {i}: {g['name']}, {g['memory_gib']} GiB")
-        shared = nccl_allows_shared_gpu(f.get("nccl"))
-        lines.append(
-            f"  NCCL {f.get('nccl') or 'not found'}: two ranks per GPU "
-            + (
-                "allowed (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1, experimental)"
-                if shared
-                else "not allowed (needs NCCL >= 2.30); gloo on CUDA tensors is the fallback"
-            )
-        )
-        if not shared and f.get("nccl"):
-            lines += nccl_upgrade_lines(f.get("cuda_build"), f.get("torch"), f.get("nccl"))
+        lines += nccl_lines(f)
     else:
         lines.append(
             "  GPUs: none visible to torch: every run uses gloo on the CPU"

@@ -23,14 +23,23 @@ placement, so the banner, the doctor and docs/gpus.md say it in the same words.
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass, field, replace
 
+from dtlab.config.ncclib import NcclLibrary, ranks_library
 from dtlab.config.strategies import strategy_spec
 
 #: First NCCL release that lets two ranks of one communicator share a GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1).
 NCCL_SHARED_GPU_MIN = (2, 30, 0)
 #: At most this many ranks per GPU under NCCL's multi-rank mode.
 NCCL_MAX_RANKS_PER_GPU = 2
+#: Strategies known to fail under NCCL's multi-rank mode (ranks sharing a GPU), by strategy name; each value is the
+#: reason, citing the run that showed it (machine, torch, NCCL, what failed). For such a strategy, backend 'auto'
+#: puts ranks that would share a GPU on gloo with CUDA tensors instead, and the placement's label and note say why;
+#: an explicit backend 'nccl' still runs NCCL (to measure it again), with the reason in its note. Empty: no
+#: strategy has run in that mode yet.
+NCCL_SHARED_GPU_FAILS: dict[str, str] = {}
 
 BACKENDS = ("auto", "nccl", "gloo")
 DEVICES = ("auto", "cuda", "cpu")
@@ -149,7 +158,7 @@ def plan(
 
     `strategy` only adds what the placement means for it to the note (ZeRO-3 over gloo, ZeRO-3 on one rank).
     Raises ValueError naming the field when the request cannot run here."""
-    p = _plan(nproc, backend, device, ngpu, nccl_version)
+    p = _known_failure(_plan(nproc, backend, device, ngpu, nccl_version), strategy, nproc, backend)
     refused = strategy_spec(strategy).gloo_cuda_refused if strategy is not None else ""
     if refused and p.backend == "gloo" and p.device == "cuda":
         if device == "cuda":
@@ -171,6 +180,19 @@ def plan(
     if extra:
         p = replace(p, note=f"{p.note}; {extra}" if p.note else extra)
     return p
+
+
+def _known_failure(p: Placement, strategy: str | None, nproc: int, backend: str) -> Placement:
+    """`p`, or gloo on CUDA tensors where NCCL's multi-rank mode is known to fail for `strategy`
+    (NCCL_SHARED_GPU_FAILS) and the backend was left to dtlab; an explicit 'nccl' keeps NCCL with the reason noted."""
+    reason = NCCL_SHARED_GPU_FAILS.get(strategy) if strategy is not None else None
+    if not reason or p.backend != "nccl" or p.ranks_per_gpu < 2:
+        return p
+    why = f"NCCL's multi-rank mode is known to fail for {strategy!r}: {reason}"
+    if backend == "nccl":
+        return replace(p, note=f"{p.note}; {why} (backend 'nccl' asked for: run anyway)")
+    g = _gloo_cuda(nproc, p.gpus, f"; {why}")
+    return replace(g, note=f"{g.note}; {why}")
 
 
 def strategy_note(strategy: str | None, p: Placement, nproc: int) -> str:
@@ -234,8 +256,13 @@ def _plan(nproc: int, backend: str, device: str, ngpu: int, nccl_version) -> Pla
             f"or backend 'gloo' (CUDA tensors, collectives through host memory), got nproc={nproc}"
         )
     # gloo on CUDA tensors: asked for, or the fallback when NCCL cannot place the ranks.
-    per = -(-nproc // ngpu)
     why = "" if backend == "gloo" else (f"; NCCL {nccl_v} cannot put {nproc} ranks on {ngpu} GPU(s)")
+    return _gloo_cuda(nproc, ngpu, why)
+
+
+def _gloo_cuda(nproc: int, ngpu: int, why: str) -> Placement:
+    """gloo on CUDA tensors, `nproc` ranks on `ngpu` GPUs; `why` ends the label."""
+    per = -(-nproc // ngpu)
     return Placement(
         "gloo",
         "cuda",
@@ -273,8 +300,6 @@ def device_count() -> int:
     Asked through NVML where possible so the notebook kernel creates no CUDA context (ranks are started with
     exec, never fork, so even a context here could not leak into them).
     """
-    import os
-
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
         import torch
@@ -284,15 +309,40 @@ def device_count() -> int:
         return 0
 
 
-def machine_gpus() -> tuple[int, str | None]:
-    """(CUDA GPUs visible, NCCL version string or None), asked without creating a CUDA context."""
-    n = device_count()
-    v = None
-    if n:
-        try:
-            import torch
+def torch_nccl_header() -> str | None:
+    """The NCCL header version torch was compiled with ('2.28.9'; None for a torch without NCCL). Not the library the
+    ranks load: torch 2.11 reports 2.28.9 whichever libnccl is loaded (dtlab.config.ncclib reads that one)."""
+    try:
+        import torch
 
-            v = ".".join(str(x) for x in parse_version(torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a torch built without NCCL
-            v = None
-    return n, v
+        return ".".join(str(x) for x in parse_version(torch.cuda.nccl.version()))
+    except Exception:  # noqa: BLE001 - a torch built without NCCL
+        return None
+
+
+def machine_nccl() -> tuple[int, NcclLibrary | None, str | None]:
+    """(CUDA GPUs visible, the NCCL library the ranks will load or None, torch's NCCL header version or None), asked
+    without creating a CUDA context; the NCCL parts only where there is a GPU. The library is
+    dtlab.config.ncclib.ranks_library's (DTLAB_NCCL_LIBRARY, LD_PRELOAD, else the libnccl torch mapped on import):
+    a DTLAB_NCCL_LIBRARY that names no NCCL library raises ValueError naming it."""
+    n = device_count()  # imports torch: from here on its libnccl is mapped in this process
+    if not n:
+        return 0, None, None
+    return n, ranks_library(), torch_nccl_header()
+
+
+def machine_gpus() -> tuple[int, str | None]:
+    """(CUDA GPUs visible, NCCL version string or None), asked without creating a CUDA context. The version is the
+    library's own (ncclGetVersion of `machine_nccl`'s library); only where no library can be found is it torch's
+    header, with a warning saying so."""
+    n, lib, header = machine_nccl()
+    if lib is not None:
+        return n, lib.text
+    if n and header is not None:
+        warnings.warn(
+            f"dtlab: no NCCL library found in this process (DTLAB_NCCL_LIBRARY unset, none in LD_PRELOAD, none "
+            f"mapped by torch): placing ranks by torch's NCCL header version {header}, which may not be the "
+            "library the ranks load",
+            stacklevel=2,
+        )
+    return n, header

@@ -21,7 +21,8 @@ import sys
 import time
 import uuid
 
-from dtlab.config.environment import LAUNCH_DEFAULTS, set_default
+from dtlab.config.environment import ENV_SET, LAUNCH_DEFAULTS, set_default
+from dtlab.config.ncclib import PRELOADED, preload_env
 from dtlab.config.run import RunConfig
 from dtlab.launching.agent import RANK_COMM, start_method
 from dtlab.launching.warm import enabled as warm_enabled
@@ -104,7 +105,8 @@ _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 def _agent_env(nproc: int, gloo_threads: bool, node) -> dict:
     """The agent's environment: the launcher's, dtlab's launch defaults where unset, a node's own settings, the
-    CPU ranks' thread count, and a PYTHONPATH that finds this dtlab."""
+    CPU ranks' thread count, for NCCL ranks (`gloo_threads` False) the library DTLAB_NCCL_LIBRARY names preloaded
+    (dtlab.config.ncclib.preload_env), and a PYTHONPATH that finds this dtlab."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name, value in LAUNCH_DEFAULTS.items():  # only where unset: the user's NCCL settings win (recorded)
         set_default(env, name, value)
@@ -112,6 +114,11 @@ def _agent_env(nproc: int, gloo_threads: bool, node) -> dict:
         env.update(node.spec.env)
         if node.multi:
             env["DTLAB_NODE_SLOT"] = str(node.slot)  # the ranks record it; the launcher finds its own ranks by it
+    if not gloo_threads:  # NCCL ranks: DTLAB_NCCL_LIBRARY first in LD_PRELOAD, which each rank checks
+        preload = preload_env(env)
+        env.update(preload)
+        if preload:  # recorded as dtlab's (resolved.environment)
+            env[ENV_SET] = ",".join([n for n in env.get(ENV_SET, "").split(",") if n] + ["LD_PRELOAD", PRELOADED])
     if gloo_threads and "OMP_NUM_THREADS" not in os.environ:
         # CPU ranks share the cores: give each its share instead of torchrun's default of 1 thread.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from dtlab.config.calibration import CalibConfig
+from dtlab.config.ncclib import check_preloaded
 from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
 
 
@@ -17,6 +18,11 @@ def _rank_main(run_dir: str) -> int:
     """A calibration rank: the one rank lifecycle (dtlab.rank.lifecycle.rank_main) around the sweep."""
 
     def body(run_dir, rank, world, writer):
+        lib = check_preloaded()  # NCCL ranks given DTLAB_NCCL_LIBRARY: this rank loaded it, or stops here
+        if lib is not None:
+            print(
+                f"rank {rank}: NCCL library {lib.path}: {lib.text} (ncclGetVersion {lib.code}), preloaded", flush=True
+            )
         from dtlab.rank.sweep import sweep  # torch: once the lifecycle has set the rank up (see the docstring)
 
         sweep(CalibConfig(**read_config(run_dir)["calibration"]), run_dir, rank, world, writer)

@@ -27,6 +27,8 @@ import traceback
 from importlib.metadata import PackageNotFoundError, version
 
 from dtlab.config.environment import env_record, set_default
+from dtlab.config.ncclib import ENV as NCCL_LIBRARY_ENV
+from dtlab.config.ncclib import PRELOADED, loaded_library
 from dtlab.config.run import RunConfig
 from dtlab.runfiles import RANK_EXIT_DISK_FULL, dump_json, is_disk_error
 
@@ -216,6 +218,7 @@ def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, facts: d
         },
         "cuda": torch.version.cuda,
         "nccl": _nccl_version() if backend == "nccl" else None,
+        "nccl_library": _nccl_library() if backend == "nccl" else None,
         "determinism": determinism_note(cfg, device.type),
         "environment": env_record(os.environ),  # the NCCL settings: the user's, and what dtlab set where unset
         "optimizer": optimizer_note(cfg, device.type),
@@ -342,12 +345,32 @@ def _optional_versions() -> dict:
 
 
 def _nccl_version():
+    """The NCCL this rank runs: the loaded library's own version (ncclGetVersion, dtlab.config.ncclib), or torch's
+    header version where no library is found."""
+    lib = loaded_library()
+    return lib.text if lib is not None else _nccl_header()
+
+
+def _nccl_header():
     import torch
 
     try:
         return ".".join(str(x) for x in torch.cuda.nccl.version())
     except Exception:  # noqa: BLE001
         return None
+
+
+def _nccl_library() -> dict:
+    """Both NCCL versions of this rank: torch's header and the loaded library (path, ncclGetVersion), with the
+    library DTLAB_NCCL_LIBRARY asked for and whether the launcher preloaded it (each rank checked it before its
+    first step: dtlab.config.ncclib.check_preloaded)."""
+    lib = loaded_library()
+    return {
+        "header": _nccl_header(),
+        "loaded": lib.to_dict() if lib is not None else None,
+        "asked_for": os.environ.get(NCCL_LIBRARY_ENV) or None,
+        "preloaded": os.environ.get(PRELOADED) or None,
+    }
 
 
 def _die_with_parent() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from dtlab.config.ncclib import check_preloaded
 from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
@@ -17,6 +18,9 @@ from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
 
 def _train(run_dir: str, rank: int, world: int, writer) -> None:
     cfg = RunConfig.from_dict(read_config(run_dir)["config"])
+    lib = check_preloaded()  # NCCL ranks given DTLAB_NCCL_LIBRARY: this rank loaded it, or stops here
+    if lib is not None:
+        print(f"rank {rank}: NCCL library {lib.path}: {lib.text} (ncclGetVersion {lib.code}), preloaded", flush=True)
     importlib.import_module(strategy_spec(cfg.strategy).module).train(cfg, run_dir, rank, world, writer)
 
 

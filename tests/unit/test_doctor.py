@@ -61,7 +61,8 @@ def test_doctor_says_how_to_get_an_nccl_that_shares_a_gpu():
         "labs": {},
     }
     old = report({**base, "nccl": "2.28.9"})
-    assert "pip install 'nvidia-nccl-cu13>=2.30'" in old and "torch.cuda.nccl.version()" in old
+    assert "pip install 'nvidia-nccl-cu13>=2.30'" in old and "DTLAB_NCCL_LIBRARY=/path/to/libnccl.so.2" in old
+    assert "(ncclGetVersion)" in old and "torch.cuda.nccl.version() cannot tell" in old  # the header, not the library
     assert "requires the NCCL 2.28.9" in old
     assert "pip install" not in report({**base, "nccl": "2.30.1"})  # nothing to do: ranks already share it
     assert "pip install" not in report({**base, "gpus": [], "nccl": None})  # no GPU: no NCCL advice
