@@ -233,7 +233,8 @@ def calibration_problems(run_dir: str, want: dict | None = None) -> list[str]:
 
 
 # ---- the distributed check cells ----------------------------------------------------------------------------
-CHECK_MARK = "dtlab.course.checks"  # a code cell that imports the checks is a check cell
+#: a code cell that imports the checks (from the labs' module, dtlab.lab, or from where they live) is a check cell
+CHECK_MARK = re.compile(r"^\s*from dtlab\.(?:lab|course\.checks) import\b[^\n]*\bcheck(?:_exercise)?\b", re.M)
 
 
 def _norm(src) -> str:
@@ -247,17 +248,20 @@ def fingerprint(src) -> str:
 
 
 def check_cells(nb: dict) -> list[dict]:
-    """The check cells of a (student) notebook: {"index", "sha256", "qids"} per code cell that imports
-    dtlab.course.checks, in order."""
+    """The check cells of a (student) notebook: {"index", "sha256", "qids"} per code cell that imports the checks
+    (`CHECK_MARK`), in order."""
     out = []
     for i, c in enumerate(nb.get("cells", [])):
         src = _norm(c.get("source", ""))
-        if c.get("cell_type") == "code" and CHECK_MARK in src:
+        if c.get("cell_type") == "code" and CHECK_MARK.search(src):
             out.append({"index": i, "sha256": fingerprint(src), "qids": sorted(set(re.findall(r"lab\d\d\.\w+", src)))})
     return out
 
 
-TOUCHES_CHECKS = r"dtlab\.course\.checks|_dtlab_answers|\bRECORDED\b|\bcheck(_number|choice|_formula)?\("
+TOUCHES_CHECKS = (
+    r"dtlab\.course\.checks|\bimport\b[^\n]*\bcheck(_number|_choice|_formula|_exercise)?\b"
+    r"|_dtlab_answers|\bRECORDED\b|\bcheck(_number|_choice|_formula)?\("
+)
 
 
 def cell_flags(distributed: list[dict], nb: dict) -> list[str]:

@@ -265,3 +265,47 @@ def test_python_m_dtlab_works():
 def test_no_module_over_450_lines(path):
     n = len(path.read_text().splitlines())
     assert n <= 450, f"dtlab/{path.relative_to(PKG)} has {n} lines: split it by concern"
+
+
+LABS = sorted((ROOT / "labs").glob("*.ipynb")) + sorted((ROOT / "instructor").glob("*.ipynb"))
+#: what an instructor master's hidden tests import: stripped from the student's notebook by `dtlab assign`
+HIDDEN_TESTS = ("dtlab.course.autograde", "dtlab.course.rubric")
+
+
+def _dtlab_imports(src: str) -> set[str]:
+    clean = "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line for line in src.splitlines())
+    out = set()
+    for node in ast.walk(ast.parse(clean)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dtlab":
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "dtlab"}
+    return out
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_lab_imports_only_dtlab_and_its_lab_module(path):
+    """A lab is a reader's entry: it reaches dtlab through `dtlab` and `dtlab.lab`, not through the internals."""
+    import json
+
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    found = set().union(*(_dtlab_imports("".join(c["source"])) for c in cells))
+    other = {m for m in found - {"dtlab", "dtlab.lab"} if not m.startswith(HIDDEN_TESTS)}
+    assert not other, f"{path.name} imports {sorted(other)}: use dtlab or dtlab.lab"
+
+
+def test_the_planted_internal_import_is_found():
+    assert _dtlab_imports("import dtlab\nfrom dtlab.viz.figures import x\n%matplotlib inline") == {
+        "dtlab",
+        "dtlab.viz.figures",
+    }
+
+
+def test_every_lab_name_resolves_documented_and_is_no_second_name():
+    import dtlab
+    import dtlab.lab as lab
+
+    assert not set(lab.__all__) & set(dtlab.__all__), "a name of dtlab's public API is given a second one"
+    for name in lab.__all__:
+        value = getattr(lab, name)
+        assert (getattr(value, "__doc__", None) or "").strip(), f"dtlab.lab.{name} has no documentation"

@@ -15,7 +15,7 @@ into the cell's output under :data:`MIME` (``text/plain`` and ``text/html`` are 
 can check every printed claim against its own numbers (:func:`parse_claims`, :func:`consistent`).
 
 This package holds the machinery; each lab's claims are one module of it, which the lab imports as
-``from dtlab.course.claims import lab05 as lab_claims`` (`lab00`, `lab01`, `lab03`, `lab05` to `lab10`), and the
+``from dtlab.lab import lab05_claims as lab_claims`` (`lab00`, `lab01`, `lab03`, `lab05` to `lab10`), and the
 runs they share (interleaved repeats, their medians) are in dtlab.course.claims.runs. Pure apart from
 :meth:`Claim.show` (which displays).
 """
