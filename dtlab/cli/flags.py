@@ -180,7 +180,6 @@ def add_calib_arguments(parser) -> None:
 
 def calib_from_args(args):
     """The CalibConfig that `add_calib_arguments`' flags describe (ValueError naming a bad size)."""
-    import dataclasses
 
     from dtlab.config.calibration import DEFAULT_SIZES, CalibConfig
 

@@ -4,16 +4,18 @@ with code 2 and a one-line error."""
 from __future__ import annotations
 
 import argparse
+import glob
+import os
 import sys
+import warnings
 
-from dtlab.cli.flags import RUN_ALIASES
+from dtlab.cli.flags import RUN_ALIASES, add_arguments, add_calib_arguments, calib_from_args, from_args
 from dtlab.model.profile import profile_table
 
 
 def _run_parser(sub) -> None:
     """`dtlab run`: one flag per RunConfig field (same names, defaults and help as the config), plus report
     and progress options."""
-    from dtlab.cli.flags import add_arguments
     from dtlab.config.run import RunConfig
 
     p = sub.add_parser("run", help="launch a training run and print its T_comp / T_comm breakdown")
@@ -33,7 +35,6 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole `dtlab` parser. `run` and `calibrate` flags are generated from RunConfig and CalibConfig."""
-    from dtlab.cli.flags import add_calib_arguments
     from dtlab.cli.nodes import add_parsers
 
     parser = _Parser(prog="dtlab", description=__doc__)
@@ -171,7 +172,6 @@ def _cmd_course(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from dtlab.cli.flags import from_args
     from dtlab.config.run import RunConfig
     from dtlab.launching.handle import launch
     from dtlab.results.status import RunFailed
@@ -204,8 +204,6 @@ def _cmd_show(args) -> int:
     """Print a run's breakdown, with how it ended and any damage found reading it (dtlab.results.status). Exit code 0
     for a finished (or still running) run, 1 for any other state (failed, abandoned, incomplete, ...); a run
     directory that cannot be read (DamagedRun, a ValueError) is one line and exit code 2."""
-    import os
-    import warnings
 
     from dtlab.results.run import load_run
     from dtlab.runfiles import RunDamageWarning
@@ -231,7 +229,6 @@ def _print_run(run) -> None:
 def _cmd_trace(args) -> int:
     """A dtlab run directory: its Chrome/Perfetto export (and, with profile=True, its profiler traces read too);
     anything else: profiler traces read with dtlab's definitions, printed and written as an HTML report."""
-    import os
 
     from dtlab.results.run import load_run
 
@@ -255,15 +252,11 @@ def _cmd_trace(args) -> int:
 
 
 def _has_traces(folder: str) -> bool:
-    import glob
-    import os
-
     return any(p.endswith((".json", ".json.gz")) for p in glob.glob(os.path.join(folder, "*")))
 
 
 def _print_kineto(args) -> None:
     """Print a profiler trace's summary and write its HTML report."""
-    import os
 
     from dtlab.results.kineto import load_trace
     from dtlab.viz.trace_report import write_trace_report
@@ -277,7 +270,6 @@ def _print_kineto(args) -> None:
 
 
 def _cmd_calibrate(args) -> int:
-    from dtlab.cli.flags import calib_from_args
     from dtlab.launching.calibration import launch_calibration
     from dtlab.results.status import RunFailed
 

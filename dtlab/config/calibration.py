@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dtlab.config.job import JobConfig
@@ -127,7 +128,5 @@ class CalibConfig(JobConfig):
         return sorted(set(self.group_sizes)) if self.group_sizes else [self.nproc * self.nnodes]
 
     def rounded_sizes(self) -> list[int]:
-        import math
-
         unit = 4 * math.lcm(self.nproc * self.nnodes, *self.ranks_timed())
         return sorted({-(-s // unit) * unit for s in self.sizes})

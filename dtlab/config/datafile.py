@@ -3,7 +3,9 @@ by the ranks (dtlab.rank.data), so what was checked is what is trained on."""
 
 from __future__ import annotations
 
+import csv
 import io
+import json
 import os
 
 DATA_EXTENSIONS = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
@@ -26,8 +28,6 @@ def read_data_file(path: str) -> tuple[list[str], list[int]]:
         raise ValueError(f"data: file must end in {', '.join(DATA_EXTENSIONS)}, got {path!r}")
     try:
         if ext in (".csv", ".tsv"):
-            import csv
-
             # Everything as text: a sentence "null" or "NA" stays a sentence; GLUE's TSV has no quoting.
             kw = dict(sep="\t", quoting=csv.QUOTE_NONE) if ext == ".tsv" else {}
             df = pd.read_csv(path, dtype=str, keep_default_na=False, **kw)
@@ -84,7 +84,6 @@ def check_data_file(path: str, min_rows: int) -> int:
 
 def _read_json_records(path: str):
     """A .json/.jsonl file: JSON lines, or one JSON array of records, or one object of columns."""
-    import json
 
     import pandas as pd
 

@@ -22,10 +22,14 @@ import glob
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
+from dtlab.course import rubric
 from dtlab.course import sandbox as sb
 
 COLUMNS = [
@@ -139,8 +143,6 @@ def _has_runs(directory: str | None) -> bool:
 
 
 def _error_rows(lab: str | None, reason: str) -> list[dict]:
-    from dtlab.course import rubric
-
     reason = " ".join(str(reason).split())[:600]
     qs = rubric.questions(lab) if lab else []
     base = {"points": 0.0, "feedback": reason, "status": "error", "mode": "", "replayed": 0, "flags": "", "errors": ""}
@@ -151,7 +153,6 @@ def _error_rows(lab: str | None, reason: str) -> list[dict]:
 
 def _stop_group(p) -> None:
     """SIGTERM to the worker's process group (the worker shuts its kernel down), SIGKILL after 10 s."""
-    import signal
 
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
@@ -168,7 +169,6 @@ def _stop_group(p) -> None:
 def _stage(tmp: str, nb: str, directory: str | None, replay: bool) -> str:
     """The sandbox's read-only inbox: a copy of the notebook and, when replayed, of its directory without any other
     notebook (a folder of lone notebooks holds the other students' too)."""
-    import shutil
 
     inbox = os.path.join(tmp, "in")
     os.makedirs(inbox)
@@ -186,8 +186,6 @@ class _Reader:
     pipe's buffer would otherwise block the grader); the write end is closed here once the grader has it."""
 
     def __init__(self, pipe: tuple[int, int]):
-        import threading
-
         os.close(pipe[1])
         self._f, self._chunks = os.fdopen(pipe[0], "rb"), []
         self._t = threading.Thread(target=lambda: self._chunks.append(self._f.read()), daemon=True)

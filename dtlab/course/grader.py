@@ -19,11 +19,13 @@ dtlab.course.autograde), from the recordings under --root.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import textwrap
@@ -321,7 +323,6 @@ def out_of_reach(fd: int) -> None:
     not inherited by the kernel, and this process is made non-dumpable (prctl PR_SET_DUMPABLE 0, proc(5)), so its
     /proc/PID/fd and /proc/PID/mem belong to root and it cannot be ptraced by the same user. Called before the kernel
     starts. Raises OSError where the kernel refuses."""
-    import ctypes
 
     os.set_inheritable(fd, False)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -358,7 +359,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "notebook" and (args.out is None) == (args.out_fd is None):
         ap.error("notebook: give one of --out FILE or --out-fd N")
-    import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped by dtlab grade: shut the kernel down first
     out_fd = getattr(args, "out_fd", None)

@@ -27,10 +27,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import resource
+import secrets
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from dtlab.course.pidns import emptied, read_info
 
@@ -60,7 +63,6 @@ def sandbox_uid() -> int:
     the machine, counts this sandbox's and no other's."""
     if os.geteuid() != 0:
         return os.geteuid()
-    import secrets
 
     start, n = ROOTLESS_UIDS
     return start + secrets.randbelow(n)
@@ -297,7 +299,6 @@ def probe(mech: str) -> str | None:
 
 def _try(mech: str) -> str | None:
     """Make a sandbox `mech` as grading does and run a process in it: None, or why it failed."""
-    import tempfile
 
     with tempfile.TemporaryDirectory(prefix="dtlab-probe-") as d:
         inbox, outbox = os.path.join(d, "in"), os.path.join(d, "out")
@@ -354,8 +355,6 @@ def limits_preexec(memory: int, procs: int):
     """A preexec_fn setting the process limits the sandbox inherits (RLIMIT_AS, RLIMIT_NPROC)."""
 
     def apply():
-        import resource
-
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_NPROC, (procs, procs))
 

@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from multiprocessing import popen_fork
 
 from dtlab.runfiles import dump_json
 
@@ -121,7 +122,6 @@ class _ExitWatch:
         multiprocessing's fork Popen.poll (is_alive, join), and on a busy machine it can do so before the thread
         waiting on that PID (without reaping) has run, which then finds nothing. A rank that torch's agent stopped
         while it was computing (SIGTERM after its peer died) was then missing from exits.json."""
-        from multiprocessing import popen_fork
 
         original = popen_fork.Popen.poll
         watch, agent = self, os.getpid()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import warnings
 
 import pandas as pd
 
@@ -20,7 +22,6 @@ def samples_frame(run_dir: str):
     rank per iteration as `seconds` (columns op, nbytes, nproc, load, iter, seconds, rank_spread). `load` is
     'idle', or 'backward' for samples issued from inside a replayed backward pass (CalibConfig.load), whose
     `seconds` are the rank's that issued last (see below)."""
-    import glob
 
     rows = [
         upgrade_event(e, 1)  # a calibration's config carries no version (dtlab.results.upgrade)
@@ -48,7 +49,6 @@ def load_calibration(run_dir: str, partial: bool = False):
     Raises RunFailed (its `state` says how the sweep ended: interrupted, stopped, failed, abandoned, ...; its
     `run`: the samples recorded) when the sweep did not finish, unless `partial`: then what was recorded is
     fitted, and the profile says in its caveats and meta['partial'] that the sweep did not finish."""
-    import warnings
 
     rec = read_run_dir(run_dir, key="calibration")
     for w in rec.warnings:
@@ -123,7 +123,6 @@ def load_calibration(run_dir: str, partial: bool = False):
 def _load_facts(run_dir: str, meta: dict) -> list[str]:
     """meta['load']: how the loaded samples were made (the model, batch and threads of the replayed backward pass,
     how many passes each rank replayed); the caveat a loaded profile needs. [] for an idle sweep."""
-    import glob
 
     events = [
         e
@@ -157,7 +156,6 @@ def _load_facts(run_dir: str, meta: dict) -> list[str]:
 def _node_facts(run_dir: str, meta: dict) -> list[str]:
     """Add where every rank ran (meta['ranks']: rank, node, local_rank, host; meta['hosts']) and the link a
     dtlab.launching.emulate sweep crossed (meta['emulation']); return the caveats a multi-node profile needs."""
-    import glob
 
     starts = [next(iter(read_events(p)), {}) for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))]
     meta["ranks"] = sorted(

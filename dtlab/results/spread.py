@@ -18,6 +18,7 @@ the rule that keeps a difference inside the machine's noise off the screen as a 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -98,8 +99,6 @@ def _drop(n: int, tail: float) -> int:
     """How many values each side of a sorted sample the median's interval leaves out: the largest k with
     P(Bin(n, 1/2) <= k) <= tail (exact up to 1,000 values, the normal approximation beyond), at least 0."""
     if n > 1000:
-        from statistics import NormalDist
-
         return max(0, int(math.floor(n / 2 - NormalDist().inv_cdf(1 - tail) * math.sqrt(n) / 2 - 0.5)))
     total, cdf, k = 2**n, 0, 0
     for j in range(n // 2 + 1):

@@ -310,7 +310,6 @@ _STATE_ORDER = ("failed", "stalled", "timeout", "interrupted", "stopped", "aband
 def node_statuses(run_dir: str, problems: list | None = None) -> dict[int, dict]:
     """{slot: that node's status.json} for every node of a multi-node run directory that wrote one. A damaged
     file is left out and, given `problems`, described there (file, line, what is wrong)."""
-    from dtlab.runfiles import DamagedRun, read_json
 
     out = {}
     for p in sorted(glob.glob(os.path.join(run_dir, "nodes", "node*.status.json"))):
@@ -328,7 +327,6 @@ def merged_status(run_dir: str, nnodes: int, problems: list | None = None) -> di
     ('running' while a node has not reported). `nodes` holds each node's own status by slot. A node whose status
     says running while its launcher and agent are gone (checked on their host: dtlab.results.liveness) is
     'abandoned'."""
-    from dtlab.results.liveness import judge
 
     per = node_statuses(run_dir, problems)
     for k, st in per.items():
