@@ -1,7 +1,8 @@
 """Strategy 'ps': a parameter server built from torch.distributed collectives, on DDP's own gradient buckets.
 
-The training loop is DDP's (`dtlab.rank.strategies.ddp.train`): same model, data, buckets (`bucket_mb`), recorder,
-no-op baseline and events. Only the reduction of each bucket differs. DDP's all-reduce is replaced by
+The strategy is DDP's (`dtlab.rank.strategies.ddp.DDPStrategy`, on the one training loop): same model, data,
+buckets (`bucket_mb`), recorder, no-op baseline and events. Only the reduction of each bucket differs. DDP's
+all-reduce is replaced by
 
 1. divide the bucket by p on the compute stream and mark it ready (the recorder, exactly as for DDP);
 2. `dist.reduce(bucket, dst=0)`: the sum arrives at rank 0, the server (the workers' push);
@@ -47,7 +48,8 @@ import torch
 import torch.distributed as dist
 
 from dtlab.config.run import RunConfig
-from dtlab.rank.strategies.ddp import train as ddp_train
+from dtlab.rank.loop import RankContext, run
+from dtlab.rank.strategies.ddp import DDPStrategy
 
 SERVER_RANK = 0
 
@@ -136,6 +138,14 @@ def make_transport(world: int, device: torch.device, backend: str):
     return StreamOrderedPS(world) if backend == "nccl" else OrderedThreadPS(world, device)
 
 
+class PSStrategy(DDPStrategy):
+    """DDP whose buckets are reduced to rank 0 and broadcast back (`make_transport`)."""
+
+    def transport(self, device, backend):
+        """The reduce-to-rank-0 + broadcast transport for this rank."""
+        return make_transport(self.ctx.world, device, backend)
+
+
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """Strategy 'ps': DDP's training loop with the reduce-to-rank-0 + broadcast transport."""
-    ddp_train(cfg, run_dir, rank, world, writer, make_transport=make_transport)
+    """Strategy 'ps': DDP's strategy with the reduce-to-rank-0 + broadcast transport."""
+    run(PSStrategy(RankContext(cfg, run_dir, rank, world, writer)))
