@@ -39,6 +39,11 @@ _WHERE = {
     "load_trace": "results.kineto",
     "Trace": "results.kineto",
     "public_trace": "results.kineto",
+    "cost": "results.cost",
+    "PriceTable": "model.cost",
+    "GpuPrice": "model.cost",
+    "example_prices": "model.cost",
+    "spot_plan": "model.spot",
 }
 
 __all__ = list(_WHERE)

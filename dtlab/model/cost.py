@@ -58,7 +58,7 @@ SCALING_COLUMNS = [
 ]
 
 
-def _number(field: str, value, unit: str, minimum: float = 0.0) -> float:
+def check_number(field: str, value, unit: str, minimum: float = 0.0) -> float:
     """`value` as a finite float >= minimum, or a ValueError naming the field, its unit and what is allowed."""
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if not ok or not math.isfinite(float(value)) or float(value) < minimum:
@@ -96,8 +96,8 @@ class GpuPrice:
         if not isinstance(self.kind, str) or not self.kind.strip():
             raise ValueError(f"kind must be a non-empty name such as 'H100', got {self.kind!r}")
         where = f"prices[{self.kind!r}]"
-        on_demand = _number(f"{where}.on_demand", self.on_demand, "USD per GPU-hour")
-        spot = _number(f"{where}.spot", self.spot, "USD per GPU-hour")
+        on_demand = check_number(f"{where}.on_demand", self.on_demand, "USD per GPU-hour")
+        spot = check_number(f"{where}.spot", self.spot, "USD per GPU-hour")
         if spot > on_demand:
             raise ValueError(
                 f"{where}.spot ({spot:g} USD per GPU-hour) must be at most its on_demand price ({on_demand:g})"
@@ -105,6 +105,11 @@ class GpuPrice:
         check_date(f"{where}.date", self.date)
         object.__setattr__(self, "on_demand", on_demand)
         object.__setattr__(self, "spot", spot)
+
+    @property
+    def unit(self) -> str:
+        """The unit of this row's prices: 'USD per GPU-hour', or 'USD per machine-hour' for kind 'CPU'."""
+        return "USD per machine-hour" if self.kind.strip().lower() == "cpu" else "USD per GPU-hour"
 
     @property
     def discount(self) -> float:
@@ -153,7 +158,7 @@ class PriceTable:
         if (spot is None) == (discount is None):
             raise ValueError("with_price needs exactly one of spot (USD per GPU-hour) or discount (fraction)")
         if discount is not None:
-            spot = _number("on_demand", on_demand, "USD per GPU-hour") * (1.0 - check_discount(discount))
+            spot = check_number("on_demand", on_demand, "USD per GPU-hour") * (1.0 - check_discount(discount))
         row = GpuPrice(
             kind=kind,
             on_demand=on_demand,
@@ -274,8 +279,8 @@ def scaling(
     counts = sorted({_gpu_count(p) for p in gpu_counts})
     if not counts:
         raise ValueError("gpu_counts must list at least one GPU count (integers >= 1)")
-    per_gpu = _number("samples_per_gpu_step", samples_per_gpu_step, "samples", minimum=1)
-    samples = _number("samples", samples, "samples", minimum=1)
+    per_gpu = check_number("samples_per_gpu_step", samples_per_gpu_step, "samples", minimum=1)
+    samples = check_number("samples", samples, "samples", minimum=1)
     sizes = list(param_nbytes_ready)
 
     def t_step(p: int, alpha: float, beta: float) -> float:

@@ -102,6 +102,11 @@ PUBLIC_NAMES = {
     "load_trace",
     "Trace",
     "public_trace",
+    "cost",
+    "PriceTable",
+    "GpuPrice",
+    "example_prices",
+    "spot_plan",
 }
 COMMANDS = ("run", "show", "trace", "calibrate", "assign", "grade", "slurm", "emulate", "doctor")
 
