@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
 """Prove dtlab's GPU path on a bare GPU machine in three short commands, each under 600 s with margin.
 
-    python3 tools/gpu_runbook.py suite --wheels .whl --out $OUT      # install, doctor, the GPU suite, the README's
-                                                                     # main job, ZeRO-3, the recorder's overhead
-    python3 tools/gpu_runbook.py labs  --wheels .whl --out $OUT      # a 3-op calibration, labs 00-05 in quick
-                                                                     # mode, the model's error
-    python3 tools/gpu_runbook.py labs-more --wheels .whl --out $OUT  # labs 06 onward in quick mode
-    python3 tools/gpu_runbook.py all --dry-run --wheels .whl --out /tmp/dry   # anywhere: all three, small
+    python3 tools/gpu_runbook.py suite --wheels .whl --nccl .nccl --out $OUT  # the NCCL proof, install, the
+                                  # README's main job, ZeRO-3, a 3-op calibration, doctor, the GPU suite, the overhead
+    python3 tools/gpu_runbook.py labs  --wheels .whl --nccl .nccl --out $OUT  # labs 00-05 in quick mode, the
+                                                                              # model's error
+    python3 tools/gpu_runbook.py labs-more --wheels .whl --nccl .nccl --out $OUT  # labs 06 onward in quick mode
+    python3 tools/gpu_runbook.py all --dry-run --wheels .whl --nccl .nccl --out /tmp/dry  # anywhere: all three, small
     python3 tools/gpu_runbook.py check-wheels --wheels .whl                   # only the wheel folder
+
+`--nccl DIR` (optional; `python3 tools/nccl_prepare.py` makes the git-ignored `.nccl/` from the shared NCCL 2.30.7
+build): DIR's libnccl.so.2 (decompressed there from a carried libnccl.so.2.xz if need be) is checked against
+libnccl.so.2.sha256 and named in every step's DTLAB_NCCL_LIBRARY, so dtlab preloads it into NCCL ranks; the
+suite's first step, nccl-proof (tools/nccl_proof.py), records which library each of two ranks sharing cuda:0 loaded
+(ncclGetVersion), NCCL's own "NCCL version" lines and a tiny all_reduce (on a dry run or without CUDA, the versions
+only, saying CUDA was skipped).
 
 Made for machines reached through short remote commands (at most 600 s each; at most 8 files, 2 folders deep,
 come back from the output folder; the working tree and the carried wheel folder travel, 64 MiB in all):
@@ -48,22 +55,42 @@ import xml.etree.ElementTree as ET
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [p for p in (ROOT, HERE) if p not in sys.path]  # before any step: no failure can lose it
-from gpu_wheels import check_installed, check_wheels, tree_bytes  # noqa: E402 - after the path is set
+from gpu_wheels import TREE_MAX_BYTES, check_installed, check_wheels, tree_bytes  # noqa: E402 - after the path is set
+from nccl_prepare import ready as nccl_ready  # noqa: E402
+
+from dtlab.config.ncclib import ENV as NCCL_LIBRARY_ENV  # noqa: E402
 
 COMMAND_LIMIT_S = 600  # what one remote command may run
 BUDGET_S = 540  # what a part plans for: the rest is margin for Python's start and the last archive
 MIN_STEP_S = 20  # a step that cannot get this long is skipped, not started
 RESERVE_S = 10  # kept back from each step's timeout for writing the summary and the archive
 MAX_FILES, MAX_DEPTH = 8, 2
+#: Each part's steps in order. The suite puts NCCL first: with --nccl, "nccl-proof" (which library two ranks on
+#: one GPU load) before anything else, then the runs that show NCCL's shared-GPU mode (DDP, ZeRO-3, calibration)
+#: ahead of the doctor, the GPU suite and the recorder's overhead, so a command cut short keeps those first.
 PARTS = {
-    "suite": ("wheels", "install", "deps", "doctor", "gpu-suite", "main-job", "zero3", "overhead"),
-    "labs": ("install", "calibrate", "labs", "model-error"),
+    "suite": (
+        "nccl-proof",
+        "wheels",
+        "install",
+        "deps",
+        "main-job",
+        "zero3",
+        "calibrate",
+        "doctor",
+        "gpu-suite",
+        "overhead",
+    ),
+    "labs": ("install", "labs", "model-error"),
     "labs-more": ("install", "labs-more"),
 }
+#: Steps that run only when asked for by an option (the option's name): without --nccl there is nothing to prove.
+OPTIONAL = {"nccl-proof": "nccl"}
 #: which labs each lab step runs, by the lab's number: an H100 took 406 s for labs 00-08, more than one command's
 #: labs step, so the labs are two steps in two parts (a new lab lands in the second)
 LAB_STEPS = {"labs": lambda number: number <= 5, "labs-more": lambda number: number >= 6}
 STEP_CAP = {
+    "nccl-proof": 90,
     "wheels": 60,
     "install": 180,
     "deps": 90,
@@ -103,6 +130,11 @@ def out_listing(out: str) -> dict:
             files.append((os.path.normpath(os.path.join(rel, n)), os.path.getsize(os.path.join(d, n))))
             depth = max(depth, level)
     return {"files": sorted(files), "depth": depth}
+
+
+def _folder_bytes(folder: str) -> int:
+    """Bytes of the files directly in `folder` (the NCCL folder: a library, its .xz, its sha256)."""
+    return sum(e.stat().st_size for e in os.scandir(folder) if e.is_file()) if os.path.isdir(folder) else 0
 
 
 def fresh_work(part: str) -> str:
@@ -160,8 +192,21 @@ class Runbook:
             + ([] if self.dry else [self.site])
             + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
+        self.nccl = self._nccl(getattr(args, "nccl", None))
         if not self.dry and self._installed():
             self._use_site()
+
+    def _nccl(self, folder: str | None) -> dict | None:
+        """With --nccl: the folder's libnccl.so.2 (decompressed from a carried .xz if need be) checked against its
+        sha256; when it passes, every step's environment names it in DTLAB_NCCL_LIBRARY (dtlab preloads it into NCCL
+        ranks). Recorded in the summary either way."""
+        if not folder:
+            return None
+        res = nccl_ready(folder)
+        if res["ok"]:
+            self.env[NCCL_LIBRARY_ENV] = res["path"]
+        self.summary["nccl"] = {**res, "env": {NCCL_LIBRARY_ENV: res["path"]} if res["ok"] else {}}
+        return res
 
     # ---- bookkeeping --------------------------------------------------------------------------------------
     def remaining(self) -> float:
@@ -254,8 +299,22 @@ class Runbook:
         for p in res["problems"]:
             print(f"[wheels] {p}")
         size = tree_bytes(ROOT)
+        nccl = _folder_bytes(self.nccl["folder"]) if self.nccl else 0  # carried beside the wheels
+        if size + res.get("bytes", 0) + nccl > TREE_MAX_BYTES:
+            res["ok"] = False
+            res["problems"].append(
+                f"the tree, the wheels and the NCCL folder come to {(size + res.get('bytes', 0) + nccl) / 2**20:.1f} "
+                f"MiB, over the {TREE_MAX_BYTES / 2**20:.0f} MiB that travel: carry the library's .xz instead "
+                "(tools/nccl_prepare.py --xz-only; the runbook decompresses it)"
+            )
+            print(f"[wheels] {res['problems'][-1]}")
         return self.record(
-            "wheels", res.pop("ok"), tree_bytes=size, travels_mib=round((size + res.get("bytes", 0)) / 2**20, 1), **res
+            "wheels",
+            res.pop("ok"),
+            tree_bytes=size,
+            nccl_bytes=nccl,
+            travels_mib=round((size + res.get("bytes", 0) + nccl) / 2**20, 1),
+            **res,
         )
 
     def install(self, timeout) -> bool:
@@ -291,6 +350,24 @@ class Runbook:
             return self.record("deps", True, note="dry run: nothing installed to check")
         res = check_installed(self.site, timeout_s=timeout)
         return self.record("deps", res.pop("ok"), **res)
+
+    def nccl_proof(self, timeout) -> bool:
+        """tools/nccl_proof.py: two ranks on cuda:0 with the --nccl library preloaded as dtlab preloads it; each one's
+        ncclGetVersion and loaded file, NCCL's own "NCCL version" lines and a tiny all_reduce (skipped, saying so, on
+        a dry run or without CUDA)."""
+        if not self.nccl["ok"]:
+            return self.record("nccl-proof", False, problems=self.nccl["problems"])
+        out = os.path.join(self.work, "nccl-proof.json")
+        cmd = [sys.executable, os.path.join(HERE, "nccl_proof.py"), self.nccl["path"], "--json", out]
+        cmd += ["--timeout", str(round(max(10.0, timeout - 15)))] + (["--no-cuda"] if self.dry else [])
+        rc = self.sh("nccl-proof", cmd, timeout)
+        try:
+            with open(out) as f:
+                proof = json.load(f)
+        except (OSError, ValueError):
+            proof = {"ok": False}
+        self.summary["nccl_proof"] = proof
+        return self.record("nccl-proof", rc == 0 and proof.get("ok", False), library=self.nccl["path"])
 
     def doctor(self, timeout) -> bool:
         rc = self.sh("doctor", [sys.executable, "-m", "dtlab", "doctor", "--json", "--no-hub"], timeout)
@@ -575,7 +652,11 @@ class Runbook:
 
     # ---- the part -----------------------------------------------------------------------------------------
     def run(self, only=None) -> int:
-        steps = [s for s in PARTS[self.part] if only is None or s in only]
+        steps = [
+            s
+            for s in PARTS[self.part]
+            if (only is None or s in only) and (s not in OPTIONAL or getattr(self.args, OPTIONAL[s], None))
+        ]
         self.summary["planned"] = steps
         self.write()
         ok = True
@@ -620,6 +701,12 @@ def main(argv=None) -> int:
         "TMP/dtlab-gpu-work/PART-TIME-PID each invocation; a folder given here must not hold its runs yet)",
     )
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds a part plans for (default {BUDGET_S})")
+    ap.add_argument(
+        "--nccl",
+        default=None,
+        help="a folder holding libnccl.so.2 (or its .xz) and libnccl.so.2.sha256 (tools/nccl_prepare.py makes .nccl): "
+        "checked, named in every step's DTLAB_NCCL_LIBRARY, and proven first by the suite's nccl-proof step",
+    )
     ap.add_argument("--steps", default=None, help="only these steps of the part, comma-separated")
     ap.add_argument("--dry-run", action="store_true", help="check every step, install nothing, run small")
     args = ap.parse_args(argv)

@@ -31,7 +31,7 @@ PRELOADED = "DTLAB_NCCL_PRELOADED"
 SOURCES = {
     ENV: f"named by {ENV}",
     "LD_PRELOAD": "named in LD_PRELOAD",
-    "loaded": "the libnccl this process loaded (torch's own)",
+    "loaded": "the libnccl this process has loaded (preloaded, or torch's own)",
 }
 # Files this module loaded by path to read their version: never taken for the library the process itself uses.
 _OPENED: set[str] = set()

@@ -196,3 +196,103 @@ def test_each_invocation_gets_a_new_work_folder(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="inside --out"):
         runbook.Runbook("suite", args)
     assert len(list((tmp_path / "dtlab-gpu-work").iterdir())) == 2  # a refused invocation makes no work folder
+
+
+nccl_prepare = _load("nccl_prepare")
+
+
+def _nccl_source(tmp_path, payload: bytes | None = None):
+    """A source folder as the shared NCCL build's: libnccl.so.2.xz and the decompressed library's sha256. Without
+    `payload`, the library is a fake libnccl compiled here whose ncclGetVersion says 23007 (2.30.7)."""
+    import hashlib
+    import lzma
+    import shutil
+
+    src = tmp_path / "shared-nccl"
+    src.mkdir()
+    if payload is None:
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            pytest.skip("no C compiler (cc or gcc) to build a fake libnccl")
+        (src / "nccl.c").write_text("int ncclGetVersion(int *v){*v=23007;return 0;}\n")
+        lib = src / "built.so"
+        subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src / "nccl.c")], check=True)
+        payload = lib.read_bytes()
+    (src / "libnccl.so.2.xz").write_bytes(lzma.compress(payload))
+    (src / "libnccl.so.2.sha256").write_text(f"{hashlib.sha256(payload).hexdigest()}  libnccl.so.2\n")
+    return src
+
+
+def test_the_nccl_folder_is_decompressed_and_checked(tmp_path):
+    src = _nccl_source(tmp_path, b"not really a library, but its sha256 is what is checked")
+    res = nccl_prepare.prepare(str(src), str(tmp_path / ".nccl"))
+    assert res["ok"] and not res["decompressed"] and res["path"] == str(tmp_path / ".nccl" / "libnccl.so.2")
+    assert (tmp_path / ".nccl" / "libnccl.so.2.sha256").read_text() == (src / "libnccl.so.2.sha256").read_text()
+    (tmp_path / ".nccl" / "libnccl.so.2").write_bytes(b"tampered")
+    bad = nccl_prepare.ready(str(tmp_path / ".nccl"))
+    assert not bad["ok"] and "sha256" in bad["problems"][0] and "libnccl.so.2.sha256 says" in bad["problems"][0]
+    carried = nccl_prepare.prepare(str(src), str(tmp_path / "carried"), xz_only=True)  # the .xz travels
+    assert carried["ok"] and sorted(os.listdir(tmp_path / "carried")) == ["libnccl.so.2.sha256", "libnccl.so.2.xz"]
+    there = nccl_prepare.ready(str(tmp_path / "carried"))  # on the GPU machine: decompressed, then checked
+    assert there["ok"] and there["decompressed"] and (tmp_path / "carried" / "libnccl.so.2").exists()
+    (tmp_path / "empty").mkdir()
+    assert "no libnccl.so.2.sha256" in nccl_prepare.ready(str(tmp_path / "empty"))["problems"][0]
+
+
+def test_steps_put_the_nccl_proof_then_ddp_zero3_and_calibration_first():
+    suite = list(runbook.PARTS["suite"])
+    assert suite[0] == "nccl-proof" and runbook.OPTIONAL["nccl-proof"] == "nccl"
+    runs = [suite.index(s) for s in ("main-job", "zero3", "calibrate")]
+    assert runs == sorted(runs) and max(runs) < min(suite.index(s) for s in ("doctor", "gpu-suite", "overhead"))
+    assert all("calibrate" not in p for name, p in runbook.PARTS.items() if name != "suite")  # measured once
+
+
+def _args(tmp_path, **kw):
+    import types
+
+    base = dict(
+        dry_run=True,
+        out=str(tmp_path / "out"),
+        work=str(tmp_path / "work"),
+        site=str(tmp_path / "site"),
+        budget=60,
+        wheels=str(tmp_path / "whl"),
+        nccl=None,
+    )
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def test_every_step_gets_the_nccl_library_only_when_it_checks_out(tmp_path, monkeypatch):
+    monkeypatch.delenv("DTLAB_NCCL_LIBRARY", raising=False)
+    src = _nccl_source(tmp_path, b"payload")
+    nccl_prepare.prepare(str(src), str(tmp_path / ".nccl"), xz_only=True)
+    rb = runbook.Runbook("labs", _args(tmp_path, nccl=str(tmp_path / ".nccl")))
+    assert rb.env["DTLAB_NCCL_LIBRARY"] == str(tmp_path / ".nccl" / "libnccl.so.2") and rb.summary["nccl"]["ok"]
+    (tmp_path / ".nccl" / "libnccl.so.2").write_bytes(b"another payload")  # a wrong library is never named
+    rb = runbook.Runbook("suite", _args(tmp_path, nccl=str(tmp_path / ".nccl"), work=str(tmp_path / "w2")))
+    assert "DTLAB_NCCL_LIBRARY" not in rb.env and not rb.summary["nccl"]["ok"]
+    assert not rb.nccl_proof(60) and "sha256" in rb.summary["steps"]["nccl-proof"]["problems"][0]
+    plain = runbook.Runbook("suite", _args(tmp_path, work=str(tmp_path / "w3")))
+    assert "DTLAB_NCCL_LIBRARY" not in plain.env and plain.nccl is None
+
+
+def test_dry_run_proves_which_nccl_two_ranks_load(tmp_path):
+    """The suite's nccl-proof step on this CPU machine: both ranks loaded the --nccl library (ncclGetVersion 23007,
+    the file itself, checked as dtlab's ranks check it) and said that CUDA was skipped; without --nccl the step is
+    not planned."""
+    src = _nccl_source(tmp_path)
+    nccl_prepare.prepare(str(src), str(tmp_path / ".nccl"))
+    out, proc = _part("suite", tmp_path, tmp_path / "whl", "--nccl", str(tmp_path / ".nccl"), "--steps", "nccl-proof")
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, log
+    s = json.loads((out / "summary.json").read_text())
+    assert s["planned"] == ["nccl-proof"] and s["steps"]["nccl-proof"]["ok"]
+    proof = s["nccl_proof"]
+    lib = str(tmp_path / ".nccl" / "libnccl.so.2")
+    assert proof["ok"] and [r["rank"] for r in proof["ranks"]] == [0, 1]
+    for r in proof["ranks"]:
+        assert r["loaded"]["code"] == 23007 and r["loaded"]["path"] == lib and r["loaded"]["version"] == "2.30.7"
+        assert r["check"] == "the loaded library is the one preloaded" and r["cuda"].startswith("skipped")
+    out2, proc = _part("labs", tmp_path, tmp_path / "whl", "--steps", "nccl-proof")
+    proc.communicate(timeout=120)
+    assert json.loads((out2 / "summary.json").read_text())["planned"] == []
