@@ -1,7 +1,8 @@
 """What the strategies beyond data parallelism ('tp', 'pp', 'fsdp2') share inside a rank: the replica
 (dtlab.rank.build) with this replica's batches, the DeviceMesh of a 2-D layout, the data-parallel gradient average
 between replicas, the timed step, the bytes a rank holds, and the single-process reference (dtlab.rank.reference)
-when the config asks for it.
+when the config asks for it: `SplitStrategy`, the part of the three strategies the one loop (dtlab.rank.loop)
+drives.
 
 A 'tp' or 'pp' run of W ranks with dp_degree d is a d x (W / d) mesh with dimensions ("dp", "tp") or ("dp",
 "pp"): rank r sits at dp coordinate r // (W / d), so the ranks of one replica are consecutive. Every rank of a
@@ -23,7 +24,10 @@ from torch.distributed.tensor import DTensor
 from dtlab.config.parallel import layout
 from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
-from dtlab.rank.recorder import peak_memory
+from dtlab.rank.collectives import CommRecorder
+from dtlab.rank.loop import Setup, Step, Strategy
+from dtlab.rank.marks import rank_marks
+from dtlab.rank.recorder import StepClock
 from dtlab.rank.reference import Reference
 
 
@@ -95,17 +99,14 @@ def local_bytes(tensors) -> int:
     return int(sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None))
 
 
-def memory_record(params, opt, device) -> dict:
-    """What this rank holds: its parameters, gradients and optimizer state (local shards), and its peak."""
+def held_bytes(params, opt) -> dict:
+    """What this rank holds: its parameters, gradients and optimizer state (local shards)."""
     params = list(params)
     state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
-    peak, kind = peak_memory(device)
     return {
         "params_bytes": local_bytes(params),
         "grads_bytes": local_bytes(p.grad for p in params),
         "opt_bytes": local_bytes(state),
-        "peak_bytes": peak,
-        "peak_kind": kind,
     }
 
 
@@ -118,16 +119,73 @@ def check_reference(ref, step: int, named_params, writer, rank: int, loss) -> No
     dist.barrier()
 
 
-def after_step(writer, rank: int, step: int, params, opt, device, reference, named_params, loss) -> None:
-    """What every split strategy (tp, pp, fsdp2) records after a step's event: at step 0 the memory it holds
-    once the optimizer state exists (peak not yet meaningful), and the comparison with the one-process
-    reference run when there is one."""
-    if step == 0:
-        writer.write(
-            "memory", rank=rank, **{**memory_record(params, opt, device), "peak_bytes": None, "peak_kind": None}
+class SplitStrategy(Strategy):
+    """What 'tp', 'pp' and 'fsdp2' share on the one loop (dtlab.rank.loop): the replica and mesh (`build`), the
+    rank's marks and collective recorder, the timed step (`timed_step`), the comparison with the one-process
+    reference after each step, and the local shards' memory. A subclass splits the model (`split`), runs a step's
+    forward and backward (`compute`) and names its step event's fields (`step_fields`)."""
+
+    #: every rank meets at a barrier before the step's clock starts (the pipeline's stages start together)
+    align = False
+
+    def split(self, b: Built) -> dict:
+        """Wrap or split `b.model`; set `self.model`, `self.params`, `self.opt` and `self.mesh` (the mesh whose "dp"
+        dimension averages gradients, or None); prepare the marks' streams. Returns the facts rank 0 adds to
+        config.json besides the replica's."""
+        raise NotImplementedError
+
+    def ready_fields(self) -> dict:
+        """Fields of the ready event besides the replica's facts."""
+        return {}
+
+    def named(self):
+        """The (name, parameter) pairs of this rank the reference compares, named as in the model."""
+        return self.model.named_parameters()
+
+    def compute(self, batch):
+        """Forward and backward of one step (marks "fwd" or its own marks on `self.clock`)."""
+        raise NotImplementedError
+
+    def step_fields(self, step: int, t: dict, out) -> Step:
+        """The step's marks and event fields from what `compute` returned."""
+        raise NotImplementedError
+
+    def setup(self) -> Setup:
+        """Build the replica, its marks and recorder, and split it."""
+        ctx = self.ctx
+        b = self.b = build(ctx.cfg, ctx.run_dir, ctx.rank, ctx.world)
+        self.marks = rank_marks(b.device, b.backend)
+        self.rec = CommRecorder(ctx.writer, ctx.rank, self.marks)
+        facts = self.split(b)
+        resolved = {**b.facts, **facts, "timing_method": self.marks.facts()}
+        ready = {**self.ready_fields(), **{k: v for k, v in b.facts.items() if k != "param_nbytes"}}
+        return Setup(b.device, b.backend, resolved, ready)
+
+    def start(self) -> int:
+        """The step clock; no stream is made after this."""
+        self.clock = StepClock(self.b.device, self.marks)
+        self.marks.seal()
+        return 0
+
+    def step(self, step: int, paired: int | None) -> Step:
+        """One timed step on this replica's batch (see `timed_step`)."""
+        b = self.b
+        batch = b.batches[step % len(b.batches)]
+        t, t_blocked, out = timed_step(
+            step, self.clock, self.rec, self.opt, self.compute, batch, self.params, self.mesh, align=self.align
         )
-    if reference is not None:
-        check_reference(reference, step, named_params, writer, rank, loss)
+        taken = self.step_fields(step, t, out)
+        taken.fields["t_blocked"] = t_blocked
+        return taken
+
+    def after_step(self, step: int, paired: int | None, rec: dict) -> None:
+        """The comparison with the one-process reference run, when there is one."""
+        if self.b.reference is not None:
+            check_reference(self.b.reference, step, self.named(), self.ctx.writer, self.ctx.rank, rec["loss"])
+
+    def memory(self, final: bool) -> dict:
+        """This rank's local shards (after step 0: once the optimizer state exists)."""
+        return held_bytes(self.params, self.opt)
 
 
 def timed_step(step: int, clock, rec, opt, compute, batch, params, mesh=None, align: bool = False):
@@ -152,9 +210,3 @@ def timed_step(step: int, clock, rec, opt, compute, batch, params, mesh=None, al
     clock.mark("opt")
     t = clock.read()
     return t, rec.flush(), out
-
-
-def step_times(t: dict, t_fwd: float) -> dict:
-    """A step event's times from `timed_step`'s marks: forward until `t_fwd`, backward (and the gradient average)
-    until "bwd", the optimizer until "opt"."""
-    return {"t_fwd": t_fwd, "t_bwd": t["bwd"] - t_fwd, "t_opt": t["opt"] - t["bwd"], "t_step": t["opt"]}

@@ -25,18 +25,13 @@ gathered in forward, every non-root unit again in backward, every unit's gradien
 
 from __future__ import annotations
 
-import time
-
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from dtlab.config.run import RunConfig
-from dtlab.rank.collectives import CommRecorder
-from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-from dtlab.rank.marks import rank_marks
+from dtlab.rank.loop import RankContext, Step, run
 from dtlab.rank.optim import adamw
-from dtlab.rank.recorder import StepClock
-from dtlab.rank.replicas import after_step, build, memory_record, step_times, timed_step
+from dtlab.rank.replicas import SplitStrategy
 
 
 def _padded_bytes(p, world: int) -> int:
@@ -139,73 +134,60 @@ def blocked_recording(cuda: bool, watched: bool) -> dict:
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Shard the model with fully_shard, train cfg.steps steps and write step, collective, blocked, memory (and
     reference) events."""
-    b = build(cfg, run_dir, rank, world)
-    model = b.model.to(b.device)
-    model.train()
-    mesh = init_device_mesh(b.device.type, (world,), mesh_dim_names=("dp",))
-    blocks = list(model.distilbert.transformer.layer)
-    block_params = {id(p) for blk in blocks for p in blk.parameters()}
-    root_bytes = sum(_padded_bytes(p, world) for p in model.parameters() if id(p) not in block_params)
-    blocks_bytes = sum(_padded_bytes(p, world) for blk in blocks for p in blk.parameters())
-    for blk in blocks:
-        fully_shard(blk, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    marks = rank_marks(b.device, b.backend)
-    marks.prepare([mesh.get_group()])
-    rec = CommRecorder(writer, rank, marks)
-    watched = _record_units(cfg, rec, model, blocks)
-    params = list(model.parameters())
-    opt = adamw(params, cfg.lr, cfg.optimizer_impl)
-    expected = {
-        "all_gather_forward": root_bytes + blocks_bytes,
-        "all_gather_backward": blocks_bytes,
-        "reduce_scatter": root_bytes + blocks_bytes,
-    }
-    if rank == 0:
-        record_resolved(
-            run_dir,
-            cfg,
-            b.backend,
-            b.device,
-            {
-                **b.facts,
-                "fsdp_units": 1 + len(blocks),
-                "fsdp_expected": expected,
-                "expected_bytes_per_step": (
-                    {
-                        "all_gather": world * (expected["all_gather_forward"] + expected["all_gather_backward"]),
-                        "reduce_scatter": world * expected["reduce_scatter"],
-                    }
-                    if cfg.record
-                    else {}
-                ),
-                "collective_recording": "FSDP2's set_custom_all_gather / set_custom_reduce_scatter, timed per call",
-                "blocked_recording": blocked_recording(marks.cuda, watched),
-                "timing_method": marks.facts(),
-            },
-            world,
-        )
-    writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.facts.items() if k != "param_nbytes"})
+    run(FullyShard(RankContext(cfg, run_dir, rank, world, writer)))
 
-    clock = StepClock(b.device, marks)
-    marks.seal()
 
-    def compute(batch):
-        out = model(**batch)
-        clock.mark("fwd")
+class FullyShard(SplitStrategy):
+    """Every block one FSDP unit and the root another, on a 1-D mesh over all ranks (see the module docstring)."""
+
+    def split(self, b) -> dict:
+        """Shard the model, install the recording collectives; the units' expected traffic."""
+        cfg, world = self.ctx.cfg, self.ctx.world
+        self.model = model = b.model.to(b.device)
+        model.train()
+        self.mesh = None  # FSDP2 reduce-scatters the gradients itself: no separate data-parallel average
+        mesh = init_device_mesh(b.device.type, (world,), mesh_dim_names=("dp",))
+        blocks = list(model.distilbert.transformer.layer)
+        block_params = {id(p) for blk in blocks for p in blk.parameters()}
+        root_bytes = sum(_padded_bytes(p, world) for p in model.parameters() if id(p) not in block_params)
+        blocks_bytes = sum(_padded_bytes(p, world) for blk in blocks for p in blk.parameters())
+        for blk in blocks:
+            fully_shard(blk, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        self.marks.prepare([mesh.get_group()])
+        watched = _record_units(cfg, self.rec, model, blocks)
+        self.params = list(model.parameters())
+        self.opt = adamw(self.params, cfg.lr, cfg.optimizer_impl)
+        expected = {
+            "all_gather_forward": root_bytes + blocks_bytes,
+            "all_gather_backward": blocks_bytes,
+            "reduce_scatter": root_bytes + blocks_bytes,
+        }
+        return {
+            "fsdp_units": 1 + len(blocks),
+            "fsdp_expected": expected,
+            "expected_bytes_per_step": (
+                {
+                    "all_gather": world * (expected["all_gather_forward"] + expected["all_gather_backward"]),
+                    "reduce_scatter": world * expected["reduce_scatter"],
+                }
+                if cfg.record
+                else {}
+            ),
+            "collective_recording": "FSDP2's set_custom_all_gather / set_custom_reduce_scatter, timed per call",
+            "blocked_recording": blocked_recording(self.marks.cuda, watched),
+        }
+
+    def compute(self, batch):
+        """Forward (units gathered, freed) and backward (gathered again, gradients reduce-scattered)."""
+        out = self.model(**batch)
+        self.clock.mark("fwd")
         out.loss.backward()
         return out
 
-    for step in range(cfg.steps):
-        maybe_inject_fault(rank, step)
-        batch = b.batches[step % len(b.batches)]
-        t, t_blocked, out = timed_step(step, clock, rec, opt, compute, batch, params)
-        loss = float(out.loss.detach())
-        writer.write(
-            "step", rank=rank, step=step, **step_times(t, t["fwd"]), loss=loss, t_blocked=t_blocked, time=time.time()
-        )
-        after_step(writer, rank, step, params, opt, b.device, b.reference, model.named_parameters(), loss)
-    writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
+    def step_fields(self, step: int, t: dict, out) -> Step:
+        """The loss."""
+        return Step(t, {"loss": float(out.loss.detach())})
 
 
 def _record_units(cfg: RunConfig, rec, model, blocks) -> bool:

@@ -26,21 +26,16 @@ optimizer.
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from dtlab.config.parallel import split_layers
 from dtlab.config.run import RunConfig
-from dtlab.rank.collectives import CommRecorder
 from dtlab.rank.compat import is_pipeline_transfer, pipelining_p2p_helpers
-from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-from dtlab.rank.marks import rank_marks
+from dtlab.rank.loop import RankContext, Step, run
 from dtlab.rank.optim import adamw
-from dtlab.rank.recorder import StepClock
-from dtlab.rank.replicas import after_step, build, local_bytes, memory_record, step_times, timed_step
+from dtlab.rank.replicas import SplitStrategy, local_bytes
 from dtlab.rank.strategies.stages import make_stage, stage_param_names
 
 _ACTIVE = {"recorder": None}  # the recorder the wrapped p2p helpers report to (one stage per process)
@@ -176,76 +171,76 @@ class ComputeTimeline:
 
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Build this rank's stage and schedule, train cfg.steps steps and write the events above."""
-    b = build(cfg, run_dir, rank, world)
-    model = b.model.to(b.device)
-    model.train()
-    pp_mesh = b.mesh["pp"]
-    P, s = pp_mesh.size(), pp_mesh.get_local_rank()
-    stage_mod = make_stage(model, P, s)
-    names = stage_param_names(model, stage_mod)
-    mine = [(n, p) for n, p in model.named_parameters() if n in names]  # the stage's, named as in the model
-    n_layers = int(model.config.n_layers)
-    b.model = model = None  # the other stages' layers are not this rank's: let them go
-    stage = PipelineStage(stage_mod, s, P, b.device, group=pp_mesh.get_group())
-    schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.parallel.schedule]
-    sched = schedule(stage, n_microbatches=cfg.parallel.microbatches, loss_fn=F.cross_entropy)
-    marks = rank_marks(b.device, b.backend)
-    marks.prepare([pp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
-    timeline = ComputeTimeline(stage, s, marks)
-    recorded = _install_p2p_recording() if cfg.record else False
-    params = list(stage_mod.parameters())
-    opt = adamw(params, cfg.lr, cfg.optimizer_impl)
-    grads = local_bytes(params)
-    if rank == 0:
-        record_resolved(run_dir, cfg, b.backend, b.device, _facts(cfg, b, P, n_layers, recorded, marks), world)
-    writer.write(
-        "ready",
-        rank=rank,
-        time=time.time(),
-        stage=s,
-        stage_params=len(mine),
-        stage_grad_bytes=grads,
-        **{k: v for k, v in b.facts.items() if k != "param_nbytes"},
-    )
-    rec = CommRecorder(writer, rank, marks)
-    _ACTIVE["recorder"] = rec if recorded else None
-    clock = StepClock(b.device, marks)
-    marks.seal()
+    run(Pipeline(RankContext(cfg, run_dir, rank, world, writer)))
 
-    def compute(batch):
+
+class Pipeline(SplitStrategy):
+    """This rank's stage of the replica's pipeline and its schedule (see the module docstring)."""
+
+    align = True  # every stage starts the step together, so the bubble is measured from one start
+
+    def split(self, b) -> dict:
+        """Cut the model into this rank's stage, make the schedule and the recorders; the stages' facts."""
+        cfg = self.ctx.cfg
+        model = b.model.to(b.device)
+        model.train()
+        self.mesh = b.mesh
+        pp_mesh = b.mesh["pp"]
+        P, s = pp_mesh.size(), pp_mesh.get_local_rank()
+        self.P, self.s = P, s
+        stage_mod = make_stage(model, P, s)
+        names = stage_param_names(model, stage_mod)
+        self.mine = [(n, p) for n, p in model.named_parameters() if n in names]  # the stage's, named as in the model
+        n_layers = int(model.config.n_layers)
+        b.model = model = None  # the other stages' layers are not this rank's: let them go
+        stage = PipelineStage(stage_mod, s, P, b.device, group=pp_mesh.get_group())
+        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.parallel.schedule]
+        self.sched = schedule(stage, n_microbatches=cfg.parallel.microbatches, loss_fn=F.cross_entropy)
+        self.marks.prepare([pp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
+        self.timeline = ComputeTimeline(stage, s, self.marks)
+        recorded = _install_p2p_recording() if cfg.record else False
+        self.params = list(stage_mod.parameters())
+        self.opt = adamw(self.params, cfg.lr, cfg.optimizer_impl)
+        self.stage_grad_bytes = local_bytes(self.params)
+        _ACTIVE["recorder"] = self.rec if recorded else None
+        return _facts(cfg, b, P, n_layers, recorded)
+
+    def ready_fields(self) -> dict:
+        """The stage, its parameters and their gradients' bytes."""
+        return {"stage": self.s, "stage_params": len(self.mine), "stage_grad_bytes": self.stage_grad_bytes}
+
+    def named(self):
+        """The stage's parameters, named as in the whole model."""
+        return self.mine
+
+    def compute(self, batch):
         """This stage's part of the schedule, every micro-batch timed; returns the last stage's losses."""
         losses: list = []
-        timeline.begin(clock.start)
-        _schedule_step(sched, s, P, batch, losses, {"attention_mask": batch["attention_mask"]})
-        clock.mark("pipe")
+        self.timeline.begin(self.clock.start)
+        _schedule_step(self.sched, self.s, self.P, batch, losses, {"attention_mask": batch["attention_mask"]})
+        self.clock.mark("pipe")
         return losses
 
-    for step in range(cfg.steps):
-        maybe_inject_fault(rank, step)
-        batch = b.batches[step % len(b.batches)]
-        # align: every stage starts the step together, so the bubble is measured from one start
-        t, t_blocked, losses = timed_step(step, clock, rec, opt, compute, batch, params, b.mesh, align=True)
-        t_f = timeline.flush(writer, rank, step)
+    def step_fields(self, step: int, t: dict, losses) -> Step:
+        """The micro-batches' records; forward ends with this stage's last forward, t_pipe with its schedule."""
+        ctx = self.ctx
+        t_f = self.timeline.flush(ctx.writer, ctx.rank, step)
         loss = float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
-        writer.write(
-            "step",
-            rank=rank,
-            step=step,
-            **step_times(t, t_f),
-            t_pipe=t["pipe"],
-            loss=loss,
-            t_blocked=t_blocked,
-            stage=s,
-            dp_rank=b.dp_rank,
-            microbatches=cfg.parallel.microbatches,
-            time=time.time(),
-        )
-        after_step(writer, rank, step, params, opt, b.device, b.reference, mine, loss)
-    _ACTIVE["recorder"] = None
-    writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
+        fields = {
+            "t_pipe": t["pipe"],
+            "loss": loss,
+            "stage": self.s,
+            "dp_rank": self.b.dp_rank,
+            "microbatches": ctx.cfg.parallel.microbatches,
+        }
+        return Step(t, fields, t_fwd=t_f)
+
+    def finish(self) -> None:
+        """The wrapped p2p helpers report to no recorder any more."""
+        _ACTIVE["recorder"] = None
 
 
-def _facts(cfg: RunConfig, b, P: int, n_layers: int, recorded: bool, marks) -> dict:
+def _facts(cfg: RunConfig, b, P: int, n_layers: int, recorded: bool) -> dict:
     """What rank 0 adds to config.json: the stages, one micro-batch's activation bytes and the traffic expected."""
     M = cfg.parallel.microbatches
     act = (cfg.batch_size // M) * cfg.seq_len * b.facts["hidden"] * 4  # one micro-batch's activations, fp32
@@ -260,7 +255,6 @@ def _facts(cfg: RunConfig, b, P: int, n_layers: int, recorded: bool, marks) -> d
         "expected_bytes_per_step": {"send": p2p, "recv": p2p} if recorded else {},
         "pipeline_recording": "stage.forward_one_chunk / backward_one_chunk wrapped per micro-batch; sends and "
         "receives from torch.distributed.pipelining.schedules' p2p helpers",
-        "timing_method": marks.facts(),
     }
 
 

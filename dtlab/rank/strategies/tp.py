@@ -20,7 +20,6 @@ so is every wait for one; step events carry t_blocked.
 from __future__ import annotations
 
 import contextlib
-import time
 
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
@@ -31,12 +30,10 @@ from torch.distributed.tensor.parallel import (
 )
 
 from dtlab.config.run import RunConfig
-from dtlab.rank.collectives import CommRecorder, FuncolMode, LayerTracker
-from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
-from dtlab.rank.marks import rank_marks
+from dtlab.rank.collectives import FuncolMode, LayerTracker
+from dtlab.rank.loop import RankContext, Step, run
 from dtlab.rank.optim import adamw
-from dtlab.rank.recorder import StepClock
-from dtlab.rank.replicas import after_step, build, local_bytes, memory_record, step_times, timed_step
+from dtlab.rank.replicas import SplitStrategy, local_bytes
 
 
 def megatron_plan() -> dict:
@@ -71,70 +68,50 @@ def expected_allreduce_bytes(batch_size: int, seq_len: int, hidden: int, n_layer
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Build the replica's mesh, split every block, train cfg.steps steps and write step, collective, blocked,
     memory (and reference) events."""
-    b = build(cfg, run_dir, rank, world)
-    model = b.model.to(b.device)
-    model.train()
-    tp_mesh = b.mesh["tp"]
-    tp = tp_mesh.size()
-    for block in model.distilbert.transformer.layer:
-        # src_data_rank=None: every rank built the same weights from the seed, so nothing is scattered at setup
-        parallelize_module(block, tp_mesh, megatron_plan(), src_data_rank=None)
-        block.attention.n_heads = block.attention.n_heads // tp  # not read in forward; kept truthful
-    params = list(model.parameters())
-    opt = adamw(params, cfg.lr, cfg.optimizer_impl)
-    form = expected_allreduce_bytes(cfg.batch_size, cfg.seq_len, b.facts["hidden"], b.facts["n_layers"])
-    local_grad = local_bytes(params)
-    per_rank = form["bytes_per_step"] + (local_grad if b.degrees["dp"] > 1 else 0)
-    marks = rank_marks(b.device, b.backend)
-    marks.prepare([tp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
-    if rank == 0:
-        record_resolved(
-            run_dir,
-            cfg,
-            b.backend,
-            b.device,
-            {
-                **b.facts,
-                "tp_form": form,
-                "local_param_bytes": local_grad,
-                "expected_bytes_per_step": {"all_reduce": world * per_rank} if cfg.record else {},
-                "collective_recording": "TorchDispatchMode over DTensor's functional collectives "
-                "(dtlab.rank.collectives)",
-                "timing_method": marks.facts(),
-            },
-            world,
-        )
-    writer.write("ready", rank=rank, time=time.time(), **{k: v for k, v in b.facts.items() if k != "param_nbytes"})
-    rec = CommRecorder(writer, rank, marks)
-    tracker = LayerTracker(model.distilbert.transformer.layer)
-    clock = StepClock(b.device, marks)
-    marks.seal()
+    run(TensorParallel(RankContext(cfg, run_dir, rank, world, writer)))
 
-    def compute(batch):
+
+class TensorParallel(SplitStrategy):
+    """Every block split over the replica's "tp" ranks (`megatron_plan`), every collective recorded."""
+
+    def split(self, b) -> dict:
+        """Split every block over the "tp" mesh dimension; the form's expected traffic."""
+        cfg, world = self.ctx.cfg, self.ctx.world
+        self.model = model = b.model.to(b.device)
+        model.train()
+        self.mesh = b.mesh
+        tp_mesh = b.mesh["tp"]
+        tp = tp_mesh.size()
+        for block in model.distilbert.transformer.layer:
+            # src_data_rank=None: every rank built the same weights from the seed, so nothing is scattered at setup
+            parallelize_module(block, tp_mesh, megatron_plan(), src_data_rank=None)
+            block.attention.n_heads = block.attention.n_heads // tp  # not read in forward; kept truthful
+        self.params = params = list(model.parameters())
+        self.opt = adamw(params, cfg.lr, cfg.optimizer_impl)
+        form = expected_allreduce_bytes(cfg.batch_size, cfg.seq_len, b.facts["hidden"], b.facts["n_layers"])
+        local_grad = local_bytes(params)
+        per_rank = form["bytes_per_step"] + (local_grad if b.degrees["dp"] > 1 else 0)
+        self.marks.prepare([tp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
+        self.tracker = LayerTracker(model.distilbert.transformer.layer)
+        return {
+            "tp_form": form,
+            "local_param_bytes": local_grad,
+            "expected_bytes_per_step": {"all_reduce": world * per_rank} if cfg.record else {},
+            "collective_recording": "TorchDispatchMode over DTensor's functional collectives (dtlab.rank.collectives)",
+        }
+
+    def compute(self, batch):
         """Forward and backward, every functional collective of DTensor recorded (cfg.record)."""
-        mode = FuncolMode(rec, "tp", tracker) if cfg.record else contextlib.nullcontext()
+        record = self.ctx.cfg.record
+        mode = FuncolMode(self.rec, "tp", self.tracker) if record else contextlib.nullcontext()
         with mode:
-            out = model(**batch)
-            clock.mark("fwd")
+            out = self.model(**batch)
+            self.clock.mark("fwd")
             out.loss.backward()
-        if cfg.record:
+        if record:
             mode.close()
         return out
 
-    for step in range(cfg.steps):
-        maybe_inject_fault(rank, step)
-        batch = b.batches[step % len(b.batches)]
-        t, t_blocked, out = timed_step(step, clock, rec, opt, compute, batch, params, b.mesh)
-        loss = float(out.loss.detach())
-        writer.write(
-            "step",
-            rank=rank,
-            step=step,
-            **step_times(t, t["fwd"]),
-            loss=loss,
-            t_blocked=t_blocked,
-            dp_rank=b.dp_rank,
-            time=time.time(),
-        )
-        after_step(writer, rank, step, params, opt, b.device, b.reference, model.named_parameters(), loss)
-    writer.write("memory", rank=rank, **memory_record(params, opt, b.device))
+    def step_fields(self, step: int, t: dict, out) -> Step:
+        """The loss and this rank's replica."""
+        return Step(t, {"loss": float(out.loss.detach()), "dp_rank": self.b.dp_rank})
