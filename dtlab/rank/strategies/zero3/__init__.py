@@ -42,10 +42,10 @@ import time
 
 from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
-from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
+from dtlab.rank.loop import RankContext, Setup, Step, Strategy, run
 from dtlab.rank.marks import rank_marks
 from dtlab.rank.optim import adamw
-from dtlab.rank.recorder import StepClock, peak_memory
+from dtlab.rank.recorder import StepClock
 from dtlab.rank.strategies.zero3.blocked import blocked_recording, blocked_seconds
 from dtlab.rank.strategies.zero3.comm import COLLECTIVE_RECORDING, CollectiveRecorder
 from dtlab.rank.strategies.zero3.engine import (
@@ -59,113 +59,117 @@ from dtlab.rank.strategies.zero3.facts import memory_record, nonresident_bytes, 
 
 
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """The rank's ZeRO-3 training loop: build, initialize DeepSpeed with the recorder installed, run
-    cfg.steps steps and write the events listed in the module docstring."""
-    deepspeed = import_deepspeed(cfg.placement().device)  # DeepSpeed's accelerator follows the device
-    # the replica's process group suits DeepSpeed: init_distributed finds torch.distributed initialised and only
-    # builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).
-    rep = build_replica(cfg, rank, world, shards=world, shard=rank)
-    device, backend = rep.device, rep.backend
-    local_rank = remap_local_rank(device)  # before DeepSpeed reads LOCAL_RANK (engine, partitioning)
-    deepspeed.init_distributed(dist_backend=backend)
-    marks = rank_marks(device, backend)  # every clock of this rank: steps, collectives, waits
-    recorder = CollectiveRecorder(device, backend, marks=marks)
-    wrapped = recorder.install()
+    """The rank's ZeRO-3 run on the one training loop (dtlab.rank.loop): the events listed in the module
+    docstring."""
+    run(Zero3(RankContext(cfg, run_dir, rank, world, writer)))
 
-    hidden = model_hidden_size(rep.model)
-    conf = ds_config(cfg, world, hidden)
-    model = rep.model
-    model.train()
-    opt = adamw(model.parameters(), cfg.lr, cfg.optimizer_impl)
-    recorder.begin(-1, "init", recorder.now())
-    t0 = time.perf_counter()
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf)
-    t_initialize = time.perf_counter() - t0
-    for r in recorder.collect():
-        writer.write("collective", rank=rank, **r)
-    for b in recorder.collect_blocked():
-        writer.write("blocked", rank=rank, **b)
-    watched = recorder.watch_stream(
-        getattr(engine.optimizer, "reduce_and_partition_stream", None), "reduce_and_partition_stream"
-    )
 
-    facts = {
-        **rep.facts,
-        **zero_facts(engine, world),
-        "ds_config": conf,
-        "zero_auto": zero_auto(cfg, hidden),
-        "blocked_recording": blocked_recording(marks.cuda, watched),
-        "ds_accelerator": os.environ.get("DS_ACCELERATOR"),
-        "deepspeed_initialize_s": t_initialize,
-        "collective_recording": COLLECTIVE_RECORDING,
-        "wrapped_methods": wrapped,
-        "deepspeed_local_rank": local_rank,
-        "collective_timing": {"path": recorder.marks.path, "end_stream": recorder.marks.stream_how},
-        "timing_method": marks.facts(),
-    }  # the owned streams of the groups met in initialize are made
-    if device.type == "cuda":
-        facts["zero3_note"] = (
-            "the ZeRO-3 GPU path (CUDA events; NCCL, or DeepSpeed's CUDA accelerator over "
-            "gloo) was written without a GPU to test it"
+class Zero3(Strategy):
+    """DeepSpeed's ZeRO-3 engine with every collective and every wait for one recorded."""
+
+    def setup(self) -> Setup:
+        """Build, initialize DeepSpeed with the recorder installed (its collectives written with step -1)."""
+        cfg, rank, world = self.ctx.cfg, self.ctx.rank, self.ctx.world
+        deepspeed = import_deepspeed(cfg.placement().device)  # DeepSpeed's accelerator follows the device
+        # the replica's process group suits DeepSpeed: init_distributed finds torch.distributed initialised and only
+        # builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).
+        rep = build_replica(cfg, rank, world, shards=world, shard=rank)
+        device, backend = rep.device, rep.backend
+        self.device, self.batches = device, rep.batches
+        local_rank = remap_local_rank(device)  # before DeepSpeed reads LOCAL_RANK (engine, partitioning)
+        deepspeed.init_distributed(dist_backend=backend)
+        self.marks = marks = rank_marks(device, backend)  # every clock of this rank: steps, collectives, waits
+        self.recorder = recorder = CollectiveRecorder(device, backend, marks=marks)
+        wrapped = recorder.install()
+
+        hidden = model_hidden_size(rep.model)
+        conf = ds_config(cfg, world, hidden)
+        model = rep.model
+        model.train()
+        opt = adamw(model.parameters(), cfg.lr, cfg.optimizer_impl)
+        recorder.begin(-1, "init", recorder.now())
+        t0 = time.perf_counter()
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf)
+        t_initialize = time.perf_counter() - t0
+        self._write_recorded()
+        watched = recorder.watch_stream(
+            getattr(self.engine.optimizer, "reduce_and_partition_stream", None), "reduce_and_partition_stream"
         )
-    if rank == 0:
-        record_resolved(run_dir, cfg, backend, device, facts, world)
-    writer.write("ready", rank=rank, time=time.time(), **facts)
+        facts = {
+            **rep.facts,
+            **zero_facts(self.engine, world),
+            "ds_config": conf,
+            "zero_auto": zero_auto(cfg, hidden),
+            "blocked_recording": blocked_recording(marks.cuda, watched),
+            "ds_accelerator": os.environ.get("DS_ACCELERATOR"),
+            "deepspeed_initialize_s": t_initialize,
+            "collective_recording": COLLECTIVE_RECORDING,
+            "wrapped_methods": wrapped,
+            "deepspeed_local_rank": local_rank,
+            "collective_timing": {"path": recorder.marks.path, "end_stream": recorder.marks.stream_how},
+            "timing_method": marks.facts(),
+        }  # the owned streams of the groups met in initialize are made
+        if device.type == "cuda":
+            facts["zero3_note"] = (
+                "the ZeRO-3 GPU path (CUDA events; NCCL, or DeepSpeed's CUDA accelerator over "
+                "gloo) was written without a GPU to test it"
+            )
+        self.expected_opt = facts["expected_allgather_bytes_optimizer"]
+        return Setup(device, backend, facts, facts)
 
-    params = list(engine.module.parameters())
-    clock = StepClock(device, marks)
-    marks.seal()
-    for step in range(cfg.steps):
-        maybe_inject_fault(rank, step)
-        _step(engine, recorder, clock, rep.batches, params, step, world, writer, rank, facts)
-        if step == 0:
-            writer.write("memory", rank=rank, **memory_record(engine), peak_bytes=None, peak_kind=None)
+    def start(self) -> int:
+        """The step clock; no stream is made after this."""
+        self.params = list(self.engine.module.parameters())
+        self.clock = StepClock(self.device, self.marks)
+        self.marks.seal()
+        return 0
 
-    peak, kind = peak_memory(device)
-    writer.write("memory", rank=rank, **memory_record(engine), peak_bytes=peak, peak_kind=kind)
+    def step(self, step: int, paired: int | None) -> Step:
+        """One timed step of the engine (forward, backward, optimizer) and its time blocked per phase."""
+        engine, recorder, clock, world = self.engine, self.recorder, self.clock, self.ctx.world
+        batch = self.batches[step % len(self.batches)]
+        expect_fwd = nonresident_bytes(self.params, world)
+        clock.mark("start")
+        recorder.begin(step, "forward", clock.start)
+        out = engine(**batch)
+        clock.mark("fwd")
+        expect_bwd = nonresident_bytes(self.params, world)  # forward's leftovers decide backward's gathers
+        recorder.phase = "backward"
+        engine.backward(out.loss)
+        clock.mark("bwd")
+        recorder.phase = "optimizer"
+        engine.step()
+        clock.mark("opt")
+        recorder.phase = "between_steps"
+        t = clock.read()  # the step's one sync point on GPU
+        self.blocked = recorder.collect_blocked()
+        in_step = [b for b in self.blocked if b["step"] == step and b["phase"] != "between_steps"]
+        fields = {
+            "loss": float(out.loss.detach()),
+            "allgather_expected_fwd_bytes": expect_fwd,
+            "allgather_expected_bwd_bytes": expect_bwd,
+            "allgather_expected_opt_bytes": self.expected_opt,
+            "t_blocked": blocked_seconds(in_step),
+            **{
+                f"t_blocked_{k}": blocked_seconds(in_step, ph)
+                for k, ph in (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))
+            },
+            "n_blocked": len(in_step),
+        }
+        return Step(t, fields)
 
+    def after_step(self, step: int, paired: int | None, rec: dict) -> None:
+        """The step's collectives and waits."""
+        self._write_recorded(self.blocked)
 
-def _step(engine, recorder, clock, batches, params, step: int, world: int, writer, rank: int, facts: dict) -> None:
-    """One timed step of the engine (forward, backward, optimizer), then its step event and the collectives and
-    waits recorded in it."""
-    batch = batches[step % len(batches)]
-    expect_fwd = nonresident_bytes(params, world)
-    clock.mark("start")
-    recorder.begin(step, "forward", clock.start)
-    out = engine(**batch)
-    clock.mark("fwd")
-    expect_bwd = nonresident_bytes(params, world)  # forward's leftovers decide backward's gathers
-    recorder.phase = "backward"
-    engine.backward(out.loss)
-    clock.mark("bwd")
-    recorder.phase = "optimizer"
-    engine.step()
-    clock.mark("opt")
-    recorder.phase = "between_steps"
-    t = clock.read()  # the step's one sync point on GPU
-    blocked = recorder.collect_blocked()
-    in_step = [b for b in blocked if b["step"] == step and b["phase"] != "between_steps"]
-    writer.write(
-        "step",
-        rank=rank,
-        step=step,
-        t_fwd=t["fwd"],
-        t_bwd=t["bwd"] - t["fwd"],
-        t_opt=t["opt"] - t["bwd"],
-        t_step=t["opt"],
-        loss=float(out.loss.detach()),
-        time=time.time(),
-        allgather_expected_fwd_bytes=expect_fwd,
-        allgather_expected_bwd_bytes=expect_bwd,
-        allgather_expected_opt_bytes=facts["expected_allgather_bytes_optimizer"],
-        t_blocked=blocked_seconds(in_step),
-        **{
-            f"t_blocked_{k}": blocked_seconds(in_step, ph)
-            for k, ph in (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))
-        },
-        n_blocked=len(in_step),
-    )
-    for r in recorder.collect():
-        writer.write("collective", rank=rank, **r)
-    for b in blocked:
-        writer.write("blocked", rank=rank, **b)
+    def _write_recorded(self, blocked=None) -> None:
+        """The recorder's collectives, then the waits (`blocked`, or those it holds now)."""
+        writer, rank = self.ctx.writer, self.ctx.rank
+        for r in self.recorder.collect():
+            writer.write("collective", rank=rank, **r)
+        for b in self.recorder.collect_blocked() if blocked is None else blocked:
+            writer.write("blocked", rank=rank, **b)
+
+    def memory(self, final: bool) -> dict:
+        """The bytes the rank holds, counted from the engine's tensors (zero3.facts.memory_record)."""
+        return memory_record(self.engine)
