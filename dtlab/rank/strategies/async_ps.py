@@ -39,10 +39,10 @@ from dtlab.config.convergence import lr_rule_text
 from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
 from dtlab.rank.evaluation import Evaluator, TrainClock
-from dtlab.rank.lifecycle import record_resolved
+from dtlab.rank.loop import RankContext, Setup, Step, Strategy, run
 from dtlab.rank.marks import rank_marks
 from dtlab.rank.optim import Optimizer
-from dtlab.rank.recorder import peak_memory, tensor_bytes
+from dtlab.rank.recorder import tensor_bytes
 from dtlab.rank.staleness import Book
 
 PUSH, PULL = 1, 2
@@ -65,52 +65,134 @@ def _unflat(flat: torch.Tensor, tensors) -> None:
 
 
 def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """The server on rank 0, a worker on every other rank."""
-    workers = world - 1  # the global batch is cut into one share per worker; the server reads none
-    rep = build_replica(cfg, rank, world, shards=workers, shard=rank - 1 if rank else None)
-    device, backend = rep.device, rep.backend
-    nparams = rep.facts["num_parameters"]
-    facts = {
-        **rep.facts,
-        "server_rank": SERVER,
-        "workers": workers,
-        "message_bytes": {"push": (HDR_PUSH + nparams) * 4, "pull": (HDR_PULL + nparams) * 4},
-    }
-    group = dist.new_group(backend="gloo") if backend != "gloo" else None  # host messages, any source
-    model = rep.model.to(device)
-    model.train()
-    if rank == SERVER:
-        evaluator = Evaluator(cfg, rep.tokenizer, facts["data_source"], device, active=True)
-        timing = rank_marks(device, backend, synced=True).facts()  # how the workers take their marks
-        record_resolved(
-            run_dir,
-            cfg,
-            backend,
-            device,
-            {
-                **facts,
-                **evaluator.facts,
-                "lr_rule": lr_rule_text(cfg),
-                "timing_method": timing,
-                "staleness": {"max": cfg.sync.max_staleness, "policy": cfg.sync.staleness_policy},
-            },
-            world,
-        )
-        writer.write("ready", rank=rank, time=time.time(), **facts)
-        _serve(cfg, model, world, device, writer, evaluator, group)
-    else:
-        writer.write("ready", rank=rank, time=time.time(), **facts)
-        _work(cfg, model, rank, rep.batches, device, writer, group)
-    peak, kind = peak_memory(device)
-    writer.write(
-        "memory",
-        rank=rank,
-        params_bytes=tensor_bytes(model.parameters()),
-        grads_bytes=tensor_bytes(p.grad for p in model.parameters()),
-        opt_bytes=None,
-        peak_bytes=peak,
-        peak_kind=kind,
-    )
+    """The server on rank 0, a worker on every other rank, on the one training loop (dtlab.rank.loop)."""
+    ctx = RankContext(cfg, run_dir, rank, world, writer)
+    run(AsyncServer(ctx) if rank == SERVER else AsyncWorker(ctx))
+
+
+class _AsyncRank(Strategy):
+    """What the server and its workers share: the replica, the facts, the host-memory message group."""
+
+    # the fault drills meet at a barrier at the faulty step, which the server, taking no steps, would never reach
+    inject_faults = False
+
+    def setup(self) -> Setup:
+        """Build the replica (the global batch cut into one share per worker) and the message group."""
+        cfg, rank, world = self.ctx.cfg, self.ctx.rank, self.ctx.world
+        workers = world - 1  # the global batch is cut into one share per worker; the server reads none
+        rep = build_replica(cfg, rank, world, shards=workers, shard=rank - 1 if rank else None)
+        self.device, self.batches = rep.device, rep.batches
+        nparams = rep.facts["num_parameters"]
+        self.facts = {
+            **rep.facts,
+            "server_rank": SERVER,
+            "workers": workers,
+            "message_bytes": {"push": (HDR_PUSH + nparams) * 4, "pull": (HDR_PULL + nparams) * 4},
+        }
+        self.group = dist.new_group(backend="gloo") if rep.backend != "gloo" else None  # host messages, any source
+        self.model = rep.model.to(rep.device)
+        self.model.train()
+        self.tokenizer = rep.tokenizer
+        return Setup(rep.device, rep.backend, self.facts, self.facts)
+
+    def memory(self, final: bool) -> dict | None:
+        """At the end only: the parameters and gradients this rank holds (the optimizer's state is not counted)."""
+        if not final:
+            return None
+        params = list(self.model.parameters())
+        return {
+            "params_bytes": tensor_bytes(params),
+            "grads_bytes": tensor_bytes(p.grad for p in params),
+            "opt_bytes": None,
+        }
+
+
+class AsyncServer(_AsyncRank):
+    """Rank 0: takes no steps of its own; serves the workers until every one is done."""
+
+    def setup(self) -> Setup:
+        """The replica, the evaluator, and the facts rank 0 records."""
+        setup = super().setup()
+        cfg = self.ctx.cfg
+        self.evaluator = Evaluator(cfg, self.tokenizer, self.facts["data_source"], self.device, active=True)
+        setup.resolved = {
+            **self.facts,
+            **self.evaluator.facts,
+            "lr_rule": lr_rule_text(cfg),
+            "timing_method": rank_marks(self.device, setup.backend, synced=True).facts(),  # the workers' marks
+            "staleness": {"max": cfg.sync.max_staleness, "policy": cfg.sync.staleness_policy},
+        }
+        return setup
+
+    def order(self, first: int) -> list:
+        """No steps: the server's work is `after_steps`."""
+        return []
+
+    def after_steps(self) -> None:
+        """Serve the workers (see `_serve`)."""
+        _serve(self.ctx.cfg, self.model, self.ctx.world, self.device, self.ctx.writer, self.evaluator, self.group)
+
+
+class AsyncWorker(_AsyncRank):
+    """Ranks 1 .. p-1: compute a gradient, push it, pull the parameters back."""
+
+    def start(self) -> int:
+        """The message buffers, and the initial parameters from the server (before the first step, not timed)."""
+        self.params = params = [p for p in self.model.parameters()]
+        n = sum(p.numel() for p in params)
+        self.push = torch.zeros(HDR_PUSH + n)  # host memory: gloo's point-to-point messages
+        self.pull = torch.empty(HDR_PULL + n)
+        dist.recv(self.pull, src=SERVER, tag=PULL, group=self.group)
+        _unflat(self.pull[HDR_PULL:], params)
+        self.version = int(self.pull[0])
+        marks = rank_marks(self.device, "nccl" if self.device.type == "cuda" else "gloo", synced=True)
+        self.clock = _Clock(marks)
+        self.nbytes = {op: b.numel() * b.element_size() for op, b in (("push", self.push), ("pull", self.pull))}
+        return 0
+
+    def step(self, step: int, paired: int | None) -> Step:
+        """Forward and backward on this worker's batch, the gradient pushed, the parameters pulled and loaded
+        (t_opt: the worker's share of the optimizer step, waits for the server included)."""
+        clock, push, pull, group = self.clock, self.push, self.pull, self.group
+        batch = self.batches[step % len(self.batches)]
+        clock.mark("start")
+        self.model.zero_grad(set_to_none=False)
+        out = self.model(**batch)
+        clock.mark("fwd")
+        out.loss.backward()
+        clock.mark("bwd")
+        push[0], push[1], push[2], push[3] = GRAD, float(step), float(self.version), float(out.loss.detach())
+        push[HDR_PUSH:] = _flat(p.grad for p in self.params)
+        clock.mark("push_start")
+        dist.send(push, dst=SERVER, tag=PUSH, group=group)
+        clock.mark("push_end")
+        dist.recv(pull, src=SERVER, tag=PULL, group=group)
+        clock.mark("pull_end")
+        _unflat(pull[HDR_PULL:], self.params)
+        self.version = int(pull[0])
+        clock.mark("opt")
+        self.t = t = clock.read()
+        return Step(t, {"loss": float(out.loss.detach()), "lr": None, "version": self.version})
+
+    def after_step(self, step: int, paired: int | None, rec: dict) -> None:
+        """One `collective` event per message of the step."""
+        t = self.t
+        for op, a, b in (("push", "push_start", "push_end"), ("pull", "push_end", "pull_end")):
+            self.ctx.writer.write(
+                "collective",
+                rank=self.ctx.rank,
+                step=step,
+                op=op,
+                phase=op,
+                nbytes=self.nbytes[op],
+                t_start=t[a],
+                t_end=t[b],
+            )
+
+    def after_steps(self) -> None:
+        """'done': the server stops waiting for this worker."""
+        self.push[0] = DONE
+        dist.send(self.push, dst=SERVER, tag=PUSH, group=self.group)
 
 
 def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) -> None:
@@ -229,53 +311,3 @@ class _Clock:
         out = {k: self.m.seconds(t0, v) for k, v in self.marks.items()}
         self.marks = {}
         return out
-
-
-def _work(cfg: RunConfig, model, rank: int, batches, device, writer, group) -> None:
-    params = [p for p in model.parameters()]
-    n = sum(p.numel() for p in params)
-    push = torch.zeros(HDR_PUSH + n)  # host memory: gloo's point-to-point messages
-    pull = torch.empty(HDR_PULL + n)
-    dist.recv(pull, src=SERVER, tag=PULL, group=group)  # the initial parameters: before the first step, not timed
-    _unflat(pull[HDR_PULL:], params)
-    version = int(pull[0])
-    clock = _Clock(rank_marks(device, "nccl" if device.type == "cuda" else "gloo", synced=True))
-    nbytes = {"push": push.numel() * push.element_size(), "pull": pull.numel() * pull.element_size()}
-    for step in range(cfg.steps):
-        batch = batches[step % len(batches)]
-        clock.mark("start")
-        model.zero_grad(set_to_none=False)
-        out = model(**batch)
-        clock.mark("fwd")
-        out.loss.backward()
-        clock.mark("bwd")
-        push[0], push[1], push[2], push[3] = GRAD, float(step), float(version), float(out.loss.detach())
-        push[HDR_PUSH:] = _flat(p.grad for p in params)
-        clock.mark("push_start")
-        dist.send(push, dst=SERVER, tag=PUSH, group=group)
-        clock.mark("push_end")
-        dist.recv(pull, src=SERVER, tag=PULL, group=group)
-        clock.mark("pull_end")
-        _unflat(pull[HDR_PULL:], params)
-        version = int(pull[0])
-        clock.mark("opt")
-        t = clock.read()
-        writer.write(
-            "step",
-            rank=rank,
-            step=step,
-            t_fwd=t["fwd"],
-            t_bwd=t["bwd"] - t["fwd"],
-            t_opt=t["opt"] - t["bwd"],
-            t_step=t["opt"],
-            loss=float(out.loss.detach()),
-            lr=None,
-            version=version,
-            time=time.time(),
-        )
-        for op, a, b in (("push", "push_start", "push_end"), ("pull", "push_end", "pull_end")):
-            writer.write(
-                "collective", rank=rank, step=step, op=op, phase=op, nbytes=nbytes[op], t_start=t[a], t_end=t[b]
-            )
-    push[0] = DONE
-    dist.send(push, dst=SERVER, tag=PUSH, group=group)
