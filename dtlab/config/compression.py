@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dtlab.config.options import label
-from dtlab.config.strategies import strategy_spec
 from dtlab.config.validate import choice, int_at_least
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -41,7 +40,7 @@ class CompressionConfig:
     torch requires at least 2 with error feedback)."""
 
     def validate(self) -> None:
-        """Each field on its own (ValueError naming it); `validate_levers` checks them against the run."""
+        """Each field on its own (ValueError naming it); dtlab.config.rules checks them against the run."""
         choice(label("compression", "hook"), self.hook, COMM_HOOKS)
         int_at_least(label("compression", "powersgd_rank"), self.powersgd_rank, 1)
         int_at_least(label("compression", "powersgd_start_iter"), self.powersgd_start_iter, 2)
@@ -51,33 +50,3 @@ def wire_factor(comm_hook: str) -> float | None:
     """Bytes on the wire / gradient bytes for a hook whose ratio is fixed (none 1, fp16 and bf16 1/2); None
     for powersgd, whose ratio depends on the shapes and the rank (it is measured per bucket)."""
     return {"none": 1.0, "fp16": 0.5, "bf16": 0.5}.get(comm_hook)
-
-
-def validate_levers(cfg, placed) -> None:
-    """Refuse bad lever settings by name before launch (`placed`: the run's dtlab.config.placement plan)."""
-    comp = cfg.compression
-    if not isinstance(comp, CompressionConfig):
-        raise ValueError(f"compression must be a CompressionConfig or a dict of its fields, got {type(comp).__name__}")
-    comp.validate()
-    int_at_least("accumulate", cfg.accumulate, 1)
-    spec = strategy_spec(cfg.strategy)
-    if comp.hook != "none" and not spec.comm_hooks:
-        raise spec.refuse(
-            "comm_hook",
-            comp.hook,
-            "a DDP compression hook reaches only the buckets DDP all-reduces itself "
-            "(ZeRO-3 reduce-scatters inside DeepSpeed; ps reduces with its own hook)",
-        )
-    if cfg.accumulate != 1 and not spec.accumulate:
-        raise spec.refuse("accumulate", cfg.accumulate, "gradient accumulation is wired through DDP's no_sync only")
-    if spec.needs_record and not cfg.record:
-        raise ValueError(
-            f"strategy {spec.name!r} needs record=True: the recording hook is what reduces each "
-            "bucket (without it DDP would all-reduce)"
-        )
-    if comp.hook != "none" and not cfg.record:
-        raise ValueError(f"comm_hook {comp.hook!r} needs record=True: the recorder is what installs the hook")
-    if comp.hook == "bf16" and placed.backend == "gloo" and placed.device == "cuda":
-        raise ValueError(
-            "comm_hook 'bf16' is not supported for gloo on CUDA tensors here; use 'fp16', or NCCL (one rank per GPU)"
-        )

@@ -21,6 +21,7 @@ from dtlab.config.options import FLAT, nest
 from dtlab.config.parallel import ParallelConfig
 from dtlab.config.placement import BACKENDS, DEVICES
 from dtlab.config.restarts import RestartsConfig
+from dtlab.config.rules import check_run
 from dtlab.config.strategies import STRATEGIES, strategy_spec
 from dtlab.config.validate import choice, finite, int_at_least, refuse_unknown
 
@@ -208,8 +209,8 @@ class RunConfig(JobConfig):
         "auto" fields (nproc, baseline_steps: None) are resolved here; `lr` None stays None, as it depends on the
         weights the rank loads (dtlab.config.convergence.resolve_lr)."""
         choice("strategy", self.strategy, tuple(STRATEGIES))
-        spec = strategy_spec(self.strategy)
-        self._resolve_auto(cuda_device_count)
+        spec = strategy_spec(self.strategy)  # looked up once: every rule below reads this spec
+        self._resolve_auto(cuda_device_count, spec)
         int_at_least("nproc", self.nproc, 1)
         choice("backend", self.backend, BACKENDS)
         # 1 TiB: any larger cap is one bucket anyway, and int(bucket_mb * 2**20) must stay a sane integer.
@@ -221,21 +222,14 @@ class RunConfig(JobConfig):
                 f"warmup must be smaller than steps ({self.steps}) so some steps are measured, got {self.warmup}"
             )
         int_at_least("baseline_steps", self.baseline_steps, 0)
-        if self.baseline_steps and not spec.compute_baseline:
-            raise spec.refuse("baseline_steps", self.baseline_steps, "the no-op comm hook baseline")
         int_at_least("batch_size", self.batch_size, 1)
         int_at_least("seq_len", self.seq_len, 1)
         if self.seq_len > 512:
             raise ValueError(f"seq_len must be <= 512 (DistilBERT's position embeddings), got {self.seq_len}")
         self._validate_sources()
-        if not isinstance(self.record, bool):
-            raise ValueError(f"record must be true or false, got {self.record!r}")
-        if not isinstance(self.profile, bool):
-            raise ValueError(f"profile must be true or false, got {self.profile!r}")
-        if self.profile and not spec.profiles:
-            raise spec.refuse("profile", self.profile, "the profiler's schedule follows the DDP loop's steps")
-        if not isinstance(self.deterministic, bool):
-            raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
+        for name in ("record", "profile", "deterministic"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.lr is not None:
             finite("lr", self.lr, "or None (auto: chosen by the run from the weights it loads)", low=0.0, high=10.0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
@@ -244,27 +238,16 @@ class RunConfig(JobConfig):
             raise ValueError(f"model_path must be a path (string) or None, got {self.model_path!r}")
         if self.stall_s is not None:
             finite("stall_s", self.stall_s, "(seconds) or None (derived from the step time)", low=0.0)
-        if not isinstance(self.zero, ZeroConfig):
-            raise ValueError(f"zero must be a ZeroConfig or a dict of its fields, got {type(self.zero).__name__}")
-        self.zero.validate()
+        for name, cls in GROUPS.items():  # each option group checks its own fields
+            group = getattr(self, name)
+            if not isinstance(group, cls):
+                raise ValueError(f"{name} must be a {cls.__name__} or a dict of its fields, got {type(group).__name__}")
+            group.validate()
         # Machine checks last: they need the device count.
         choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         choice("device", self.device, DEVICES)
         placed = self.placement(cuda_device_count, nccl_version)  # ValueError when the GPUs cannot host the ranks
-        from dtlab.config.compression import validate_levers
-        from dtlab.config.restarts import validate_restarts
-
-        validate_levers(self, placed)
-        from dtlab.config.stragglers import validate_straggler
-
-        validate_straggler(self)
-        validate_restarts(self)
-        from dtlab.config.parallel import validate_parallel
-
-        validate_parallel(self)
-        from dtlab.config.convergence import validate_convergence
-
-        validate_convergence(self)
+        check_run(self, spec, placed)  # the rules between fields, groups, the strategy and the placement
         self.validate_job()  # the launch fields, nodes and rendezvous last (they fill in rdzv_id)
         return self
 
@@ -291,14 +274,16 @@ class RunConfig(JobConfig):
 
             check_data_file(self.data, min_rows=self.batch_size * self.nproc)
 
-    def _resolve_auto(self, cuda_device_count: int | None = None) -> None:
+    def _resolve_auto(self, cuda_device_count: int | None = None, spec=None) -> None:
         if self.nproc is None:
             from dtlab.config.placement import device_count
 
             self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
         if self.baseline_steps is None:
             self.baseline_steps = (
-                auto_baseline_steps(self.steps, self.warmup) if strategy_spec(self.strategy).compute_baseline else 0
+                auto_baseline_steps(self.steps, self.warmup)
+                if (spec or strategy_spec(self.strategy)).compute_baseline
+                else 0
             )
 
     def placement(self, cuda_device_count: int | None = None, nccl_version=None):

@@ -22,8 +22,6 @@ import math
 import re
 from dataclasses import dataclass
 
-from dtlab.config.strategies import strategy_spec
-
 #: How many of the rank's own earlier steps the FACTOR rule takes the median of.
 HISTORY_STEPS = 3
 
@@ -109,24 +107,6 @@ def _number(text: str, low: float, what: str, entry: str) -> float:
     if not math.isfinite(v) or v < low:
         raise ValueError(f"straggler {what} must be a finite number >= {low:g}, got {text!r} in {entry.strip()!r}")
     return v
-
-
-def validate_straggler(cfg) -> None:
-    """Refuse a bad `cfg.straggler` by name before launch (called from `RunConfig.validate`, after nproc is
-    resolved). Strategies whose spec says `stragglers` (their rank loop calls dtlab.rank.stragglers.Straggler's
-    `begin_step()`, `pause()` and `observe()`) accept it; it needs the recorder (record=True), which is where the
-    wait times and the FACTOR rule's compute times come from."""
-    if cfg.straggler is None:
-        return
-    spec = strategy_spec(cfg.strategy)
-    if not spec.stragglers:
-        raise spec.refuse("straggler", cfg.straggler, "its rank loop does not inject delays")
-    parse_straggler(cfg.straggler, cfg.nproc)
-    if not cfg.record:
-        raise ValueError(
-            "straggler needs record=True: the wait times and the FACTOR rule's compute times are "
-            "read from the recorded buckets"
-        )
 
 
 def straggler_plan(spec: str | None, nproc: int) -> dict | None:

@@ -73,14 +73,6 @@ class StrategySpec:
     """`profile=True` records a PyTorch profiler trace of the measured steps (dtlab.rank.profiling)."""
     """Ranks (the lowest) that serve and take no training steps of their own (the asynchronous server: 1)."""
 
-    def refuse(self, field: str, value, why: str = "") -> ValueError:
-        """The ValueError for a field (set to `value`) this strategy does not support, naming those that do."""
-        allowed = [s.name for s in STRATEGIES.values() if _supports(s, field)]
-        return ValueError(
-            f"{field} {value!r} applies to strategy {' or '.join(repr(a) for a in allowed)} only, "
-            f"got strategy {self.name!r}" + (f": {why}" if why else "")
-        )
-
 
 #: Which spec field says whether a strategy supports a RunConfig field.
 SUPPORT_FIELDS = {
@@ -108,10 +100,6 @@ SUPPORT_FIELDS.update(
         "profile": "profiles",
     }
 )
-
-
-def _supports(spec: StrategySpec, field: str) -> bool:
-    return bool(getattr(spec, SUPPORT_FIELDS[field]))
 
 
 STRATEGIES: dict[str, StrategySpec] = {

@@ -150,8 +150,9 @@ def _forward_s(t: dict, t_fwd: float | None) -> float:
     return sum(t[f"fwd{k}"] - (t[f"bwd{k - 1}"] if k else 0.0) for k in range(n))
 
 
-class _Loop:
-    """The loop's own state across steps: the last training step's optimizer time (a baseline step's t_opt)."""
+class Loop:
+    """What `run` does at each step for every strategy, and its state across steps: the last training step's
+    optimizer time (a baseline step's t_opt)."""
 
     def __init__(self, strategy: Strategy, device):
         self.s, self.ctx, self.device = strategy, strategy.ctx, device
@@ -215,7 +216,7 @@ def run(strategy: Strategy) -> None:
         record_resolved(ctx.run_dir, ctx.cfg, setup.backend, setup.device, setup.resolved, ctx.world)
     ctx.writer.write("ready", rank=ctx.rank, time=time.time(), **setup.ready)
     first = strategy.start()
-    loop = _Loop(strategy, setup.device)
+    loop = Loop(strategy, setup.device)
     loop.snapshot("start")
     order = strategy.order(first)
     profiler = StepProfiler(ctx.cfg, ctx.run_dir, ctx.rank, setup.device, order)

@@ -314,3 +314,45 @@ def test_every_lab_name_resolves_documented_and_is_no_second_name():
     for name in lab.__all__:
         value = getattr(lab, name)
         assert (getattr(value, "__doc__", None) or "").strip(), f"dtlab.lab.{name} has no documentation"
+
+
+def _listing(path: pathlib.Path, heading: str) -> set[str]:
+    """The words of the first code block after `heading` in a Markdown file: the module listing."""
+    import re
+
+    block = path.read_text().split(heading, 1)[1].split("```")[1]
+    return set(re.findall(r"\w+", block))
+
+
+def _unlisted(words: set[str], depth: int | None) -> list[str]:
+    """dtlab's modules and subpackages (at most `depth` folders deep) whose name the listing lacks; one module per
+    lab (claims/lab05.py, rubric/lab05.py) counts as listed when its folder is."""
+    import re
+
+    missing = []
+    for path in sorted(PKG.rglob("*")):
+        rel = path.relative_to(PKG)
+        if "__pycache__" in rel.parts or path.name == "__init__.py" or (depth and len(rel.parts) > depth):
+            continue
+        if path.is_dir() and not (path / "__init__.py").exists():
+            continue  # a data folder (recorded runs, public traces)
+        if path.suffix not in (".py", "") or (path.suffix == "" and not path.is_dir()):
+            continue
+        if re.fullmatch(r"lab\d\d", path.stem) and path.parent.name in words:
+            continue
+        if path.stem not in words:
+            missing.append(str(rel))
+    return missing
+
+
+def test_the_readme_lists_every_module():
+    """The README's tree names every module of each layer and every subpackage (their insides: docs/layout.md)."""
+    assert not _unlisted(_listing(ROOT / "README.md", "## The code"), depth=2)
+
+
+def test_the_layout_page_lists_every_module():
+    assert not _unlisted(_listing(ROOT / "docs" / "layout.md", "## Module by module"), depth=None)
+
+
+def test_an_unlisted_module_is_found():
+    assert "lab.py" in _unlisted({"cli", "doctor"}, depth=1)

@@ -5,8 +5,9 @@ import types
 
 import pytest
 
-from dtlab.config.compression import validate_levers
+from dtlab.config.rules import levers
 from dtlab.config.run import tiny
+from dtlab.config.strategies import strategy_spec
 from dtlab.model.compression import powersgd_wire_numel
 
 
@@ -41,7 +42,7 @@ def test_bad_levers_are_refused_by_name(changes, field):
 
 def test_bf16_refused_for_gloo_on_cuda_tensors():
     cfg = tiny(comm_hook="bf16")
-    validate_levers(cfg, types.SimpleNamespace(backend="gloo", device="cpu"))
-    validate_levers(cfg, types.SimpleNamespace(backend="nccl", device="cuda"))
+    levers(cfg, strategy_spec(cfg.strategy), types.SimpleNamespace(backend="gloo", device="cpu"))
+    levers(cfg, strategy_spec(cfg.strategy), types.SimpleNamespace(backend="nccl", device="cuda"))
     with pytest.raises(ValueError, match="bf16"):
-        validate_levers(cfg, types.SimpleNamespace(backend="gloo", device="cuda"))
+        levers(cfg, strategy_spec(cfg.strategy), types.SimpleNamespace(backend="gloo", device="cuda"))
