@@ -22,6 +22,8 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT] if ROOT not in sys.path else []
@@ -87,19 +89,23 @@ def prove(library: str, cuda: bool, timeout: float) -> dict:
     port = _free_port()
     cmd = [sys.executable, os.path.abspath(__file__), "--rank", "RANK", "--port", str(port)]
     cmd += [] if cuda else ["--no-cuda"]
+    logs = [tempfile.TemporaryFile() for _ in range(WORLD)]  # files, not pipes: a full pipe would stall a rank
     procs = [
-        subprocess.Popen(
-            [str(r) if a == "RANK" else a for a in cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+        subprocess.Popen([str(r) if a == "RANK" else a for a in cmd], env=env, stdout=logs[r], stderr=subprocess.STDOUT)
         for r in range(WORLD)
     ]
     ranks, lines, rcs, kept = [], [], [], []
-    for p in procs:
+    deadline = time.monotonic() + timeout  # for both ranks together
+    for p, log in zip(procs, logs):
         try:
-            text = p.communicate(timeout=timeout)[0].decode(errors="replace")
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            note = ""
         except subprocess.TimeoutExpired:
             p.kill()
-            text = p.communicate()[0].decode(errors="replace") + f"\n(timed out after {timeout:g} s)"
+            p.wait()
+            note = f"\n(timed out after {timeout:g} s)"
+        log.seek(0)
+        text = log.read().decode(errors="replace") + note
         rcs.append(p.returncode)
         lines += VERSION_LINE.findall(text)
         kept += [ln.strip()[:300] for ln in text.splitlines() if KEPT.search(ln)][:20]
@@ -123,7 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("library", nargs="?")
     ap.add_argument("--json", default=None, help="write the result here")
     ap.add_argument("--no-cuda", action="store_true", help="stop after the versions (a dry run)")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds each rank may take")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds both ranks may take")
     ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
