@@ -156,6 +156,11 @@ def requested_library(environ=None) -> NcclLibrary | None:
     if not raw:
         return None
     path = os.path.abspath(raw)
+    if re.search(r"[:\s]", path):
+        raise ValueError(
+            f"{ENV} must be the path of an NCCL library file without spaces or colons (LD_PRELOAD, which carries it "
+            f"to the ranks, splits paths at them), got {raw!r}"
+        )
     try:
         return NcclLibrary(path, library_code(path), ENV)
     except ValueError as e:

@@ -81,6 +81,15 @@ def test_a_bad_dtlab_nccl_library_is_refused_naming_the_variable(libs, tmp_path,
         assert repr(path) in str(e.value)
 
 
+def test_a_path_ld_preload_would_split_is_refused(libs, tmp_path):
+    """ctypes loads "/a b/libnccl.so.2", but LD_PRELOAD splits it at the space and the ranks would load torch's own."""
+    spaced = tmp_path / "a b"
+    spaced.mkdir()
+    shutil.copy(libs["new"], spaced / "libnccl.so.2")
+    with pytest.raises(ValueError, match="without spaces or colons"):
+        ncclib.preload_env({ENV: str(spaced / "libnccl.so.2")})
+
+
 def test_where_the_ranks_library_comes_from(libs, clean_env):
     assert ncclib.requested_library({}) is None and ncclib.requested_library({ENV: "  "}) is None
     asked = ncclib.ranks_library({ENV: libs["new"], "LD_PRELOAD": libs["torch"]})  # the variable wins
