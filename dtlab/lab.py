@@ -26,8 +26,8 @@ WHERE = {
     "smoke_allreduce": ("dtlab.cli.doctor", "smoke_allreduce"),
     "update_batch": ("dtlab.config.convergence", "update_batch"),
     # ---- checks and claims
-    "beside": ("dtlab.course.recorded", "beside"),
-    "beside_calibration": ("dtlab.course.recorded", "beside_calibration"),
+    "beside": ("dtlab.course.beside", "beside"),
+    "beside_calibration": ("dtlab.course.beside", "beside_calibration"),
     "check": ("dtlab.course.checks", "check"),
     "check_comm_hook": ("dtlab.course.exercises", "check_comm_hook"),
     "check_exercise": ("dtlab.course.checks", "check_exercise"),

@@ -156,9 +156,9 @@ class SpotPlan:
                 f"{b.gpu_hours:.4g} GPU-hours, ${b.usd:,.2f}, {b.interruptions:.3g} interruptions expected"
             )
         spot, od = self.best.iloc[0], self.best.iloc[-1]
-        verdict = "saves" if spot["usd"] < od["usd"] else "costs"
+        word = "saves" if spot["usd"] < od["usd"] else "costs"
         out.append(
-            f"  spot at its optimum {verdict} ${abs(od['usd'] - spot['usd']):,.2f} against on-demand and takes "
+            f"  spot at its optimum {word} ${abs(od['usd'] - spot['usd']):,.2f} against on-demand and takes "
             f"{(spot['wall_s'] - od['wall_s']) / 3600:+.3g} h"
         )
         return out + [f"  note: {n}" for n in self.notes]

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.config.placement import TIMING_METHODS
-from dtlab.results.busy import verdict
+from dtlab.results.busy import machine_state
 from dtlab.results.spread import (
     SEED,
     block_for,
@@ -135,14 +135,14 @@ def timing_method(run) -> str:
 
 
 def figures(run) -> dict:
-    """Everything `summary` shows, before the noise rule: ps (per_step), pairs (or None), verdict (dtlab.results.busy),
+    """Everything `summary` shows, before the noise rule: ps (per_step), pairs (or None), machine (dtlab.results.busy),
     for each of t_step, t_comm, t_comp and exposed its median, `<name>_iv` (its 90% interval) and `<name>_rep`
     (bootstrap replicates of it), overlap_iv, `how_*` (where each comes from), noise_rule (exposed is a difference,
     shown only above the noise), assumed (exposed is T_comm, not measured), n_diff and per (how many values
     exposed's median is over, and what they are)."""
     ps = per_step(run)
     n = len(ps)
-    said = verdict(run, ps["t_step"])
+    said = machine_state(run, ps["t_step"])
     busy = bool(said["busy"])
     rng = np.random.default_rng(SEED)
     b = resamples_for(n)  # one count for every figure: T_comp and the overlap combine their replicates
@@ -186,7 +186,7 @@ def figures(run) -> dict:
         "ps": ps,
         "n": n,
         "pairs": pr,
-        "verdict": said,
+        "machine": said,
         "t_step": t_step,
         "t_step_rep": ts_rep,
         "t_comm": t_comm,
@@ -304,7 +304,7 @@ def _around(value: float, iv: tuple) -> tuple:
 
 def summary(run) -> pd.DataFrame:
     """The headline figures with their 90% intervals (columns quantity, value, unit, how, lo, hi) and a `machine`
-    row (value: other processes' CPU in cores' worth; how: the verdict). See the module docstring."""
+    row (value: other processes' CPU in cores' worth; how: the machine's state). See the module docstring."""
     f = figures(run)
     exposed, t_comm = f["exposed"], f["t_comm"]
     e_lo, e_hi = f["exposed_iv"]
@@ -335,9 +335,9 @@ def summary(run) -> pd.DataFrame:
     else:
         rows.append(("exposed", exposed, "s", f["how_exposed"], e_lo, e_hi))
         rows.append(_overlap(exposed, t_comm, f["overlap_iv"], f["how_overlap"], f["assumed"]))
-    other = f["verdict"].get("other_cores")
+    other = f["machine"].get("other_cores")
     rows.append(
-        ("machine", other if other is not None else math.nan, "cores", f["verdict"]["line"], math.nan, math.nan)
+        ("machine", other if other is not None else math.nan, "cores", f["machine"]["line"], math.nan, math.nan)
     )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
@@ -370,7 +370,7 @@ def _overlap(exposed: float, t_comm: float, iv: tuple, how: str, assumed: bool) 
 def summary_lines(s: pd.DataFrame) -> list[str]:
     """The summary as the breakdown's aligned lines: each figure in ms (or a fraction) with its 90% interval and how
     it was obtained; a figure inside the noise as the word "noise" and the sentence that says why; the machine's
-    verdict last."""
+    state last."""
     lines = [f"  {'':<8}{'median':>10}     {'[90% interval]':<20} how"]
     for r in s.itertuples():
         if r.quantity == "machine":

@@ -2,7 +2,7 @@
 
 Every rank of a DDP run records its own CPU time when its steps start and when they end; rank 0 adds the machine's
 counters (dtlab.config.busy). Other processes' CPU time is what the machine counted busy meanwhile, less what the
-ranks on rank 0's host took themselves. The verdict is `busy` when other processes took at least
+ranks on rank 0's host took themselves. The state is `busy` when other processes took at least
 `BUSY_OTHER_CORES` cores' worth or CPU steal reached `BUSY_STEAL` (dtlab.config.busy); then the breakdown's
 intervals resample blocks of consecutive steps (dtlab.results.spread) and the line says the figures were widened.
 """
@@ -67,9 +67,9 @@ def step_scatter(t_step) -> float:
     return float((p90 - p10) / 2 / np.median(v))
 
 
-def verdict(run, t_step) -> dict:
+def machine_state(run, t_step) -> dict:
     """busy (True, False, or None when the run recorded no machine counters), the figures of `machine_load` and
-    `scatter` (step_scatter of the measured steps), and `line`: the verdict in one line of words."""
+    `scatter` (step_scatter of the measured steps), and `line`: the state in one line of words."""
     load = machine_load(run)
     scatter = step_scatter(t_step)
     spread = f"steps within ±{scatter:.1%} of their median (10th to 90th percentile)" if scatter == scatter else ""

@@ -69,7 +69,7 @@ def _runs_for(pid: int, run_dir: str) -> bool:
         return False
 
 
-def judge(status: dict, run_dir: str | None = None) -> dict | None:
+def running_state(status: dict, run_dir: str | None = None) -> dict | None:
     """For a status that says 'running': None while its agent runs (or this machine cannot tell, see `alive`);
     otherwise what a reader should report instead, as {'state': 'abandoned', 'why': sentence} when the launcher
     is gone too (or unknown), or {'note': sentence} when the launcher still runs (it records the end itself on

@@ -195,7 +195,7 @@ class Run:
         90% interval, and how busy the machine was (dtlab.results.breakdown).
 
         Columns: quantity, value, unit, how (where the number comes from), lo and hi (the interval); a last row
-        `machine` holds other processes' CPU (cores' worth) and the verdict. An exposed time inside the machine's
+        `machine` holds other processes' CPU (cores' worth) and the machine's state. An exposed time inside its
         noise has no value (NaN): its `how` says so, with the noise's size. See the module docstring for the
         definitions."""
         return summary(self)
@@ -214,8 +214,8 @@ class Run:
 
     def to_chrome_trace(self, path: str | None = None):
         """The run as a Chrome / Perfetto trace (one process per rank; compute and communication tracks): the
-        dict, or the path written when `path` is given. See `dtlab.results.trace`."""
-        from dtlab.results.trace import chrome_trace, write_chrome_trace
+        dict, or the path written when `path` is given. See `dtlab.results.chrome`."""
+        from dtlab.results.chrome import chrome_trace, write_chrome_trace
 
         return write_chrome_trace(self, path) if path else chrome_trace(self)
 

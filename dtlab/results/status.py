@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 
 from dtlab.results.events import EventScan, file_rank, scan_events
-from dtlab.results.liveness import judge
+from dtlab.results.liveness import running_state
 from dtlab.results.restarts import final_attempt_events
 from dtlab.results.upgrade import upgrade_doc, upgrade_event
 from dtlab.runfiles import DamagedRun, read_json
@@ -191,12 +191,12 @@ def _status(rec: RunRecord, key: str) -> dict:
     else:
         status = _single_status(rec, key)
     if status.get("state") == "running":
-        verdict = judge(status, rec.path)
-        if verdict and "state" in verdict:
+        found = running_state(status, rec.path)
+        if found and "state" in found:
             inferred = "finished" if _all_done(rec, key) else "abandoned"
-            status = {**status, "state": inferred, "recorded_state": "running", "why": verdict["why"]}
-        elif verdict:
-            status = {**status, "note": verdict["note"]}
+            status = {**status, "state": inferred, "recorded_state": "running", "why": found["why"]}
+        elif found:
+            status = {**status, "note": found["note"]}
     if status.get("state") == "finished" and not _all_done(rec, key):
         status = {**status, "state": "incomplete", "recorded_state": status.get("recorded_state", "finished")}
         rec.warnings.append(_incomplete_sentence(rec, key))
@@ -330,9 +330,9 @@ def merged_status(run_dir: str, nnodes: int, problems: list | None = None) -> di
 
     per = node_statuses(run_dir, problems)
     for k, st in per.items():
-        verdict = judge(st, run_dir) if st.get("state") == "running" else None
-        if verdict and "state" in verdict:
-            per[k] = {**st, "state": "abandoned", "recorded_state": "running", "why": verdict["why"]}
+        found = running_state(st, run_dir) if st.get("state") == "running" else None
+        if found and "state" in found:
+            per[k] = {**st, "state": "abandoned", "recorded_state": "running", "why": found["why"]}
     states = [per.get(k, {}).get("state", "running") for k in range(nnodes)]
     state = next(s for s in _STATE_ORDER + tuple(states) if s in states)
     merged = {"state": state, "nodes": {str(k): v for k, v in sorted(per.items())}}

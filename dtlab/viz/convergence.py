@@ -194,15 +194,15 @@ class ConvergenceExplorer(widgets.VBox):
                 continue
             x = crossover_bandwidth(lv, base, **kw)
             if x is None:
-                verdict = "no crossover between 0.001 and 10,000 GB/s"
+                finding = "no crossover between 0.001 and 10,000 GB/s"
             else:  # which side wins: look just below the crossover
                 below = time_to_target([lv, base], **dict(kw, beta=1.0 / (x / 10 * 1e9)))["time"]
                 wins_below = below.iloc[0] < below.iloc[1]
-                verdict = (
+                finding = (
                     f"beats {base.label} {'below' if wins_below else 'above'} {x:.3g} GB/s, stops paying "
                     f"{'above' if wins_below else 'below'} it"
                 )
-            lines.append(f"{lv.label} ({lv.steps} steps against {base.steps}): {verdict}")
+            lines.append(f"{lv.label} ({lv.steps} steps against {base.steps}): {finding}")
         lines.append(f"<i>{ASSUMPTION}. {self.source}</i>")
         self.label.value = "<br>".join(lines)
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import dtlab
-from dtlab.results.liveness import identity, judge
+from dtlab.results.liveness import identity, running_state
 from dtlab.results.run import load_run
 
 
@@ -42,26 +42,28 @@ def _run_dir(tmp_path, status, done=(0, 1)):
 def test_a_status_is_judged_by_pid_and_start_time(tmp_path):
     me = identity(os.getpid())
     dead = identity(_gone_pid())
-    assert judge({"state": "running", "agent": me}) is None  # alive
-    assert judge({"state": "running", "agent": dead})["state"] == "abandoned"
+    assert running_state({"state": "running", "agent": me}) is None  # alive
+    assert running_state({"state": "running", "agent": dead})["state"] == "abandoned"
     reused = {**me, "start_ticks": me["start_ticks"] - 1}  # same pid, another process: the pid was reused
-    assert judge({"state": "running", "agent": reused})["state"] == "abandoned"
-    assert judge({"state": "running", "agent": {**me, "boot_id": "an-earlier-boot"}})["state"] == "abandoned"
-    assert judge({"state": "running", "agent": {**dead, "host": "another-host"}}) is None  # cannot tell from here
-    assert judge({"state": "running", "pid": dead["pid"]})["state"] == "abandoned"  # an older status: pid only
+    assert running_state({"state": "running", "agent": reused})["state"] == "abandoned"
+    assert running_state({"state": "running", "agent": {**me, "boot_id": "an-earlier-boot"}})["state"] == "abandoned"
+    assert (
+        running_state({"state": "running", "agent": {**dead, "host": "another-host"}}) is None
+    )  # cannot tell from here
+    assert running_state({"state": "running", "pid": dead["pid"]})["state"] == "abandoned"  # an older status: pid only
     # pid only, alive, but not torchrun's agent of this run (its command line does not name the run): reused
-    assert judge({"state": "running", "pid": os.getpid()}, str(tmp_path / "some-run"))["state"] == "abandoned"
+    assert running_state({"state": "running", "pid": os.getpid()}, str(tmp_path / "some-run"))["state"] == "abandoned"
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path / "some-run")])
     deadline = time.monotonic() + 30
     while str(tmp_path).encode() not in open(f"/proc/{agent.pid}/cmdline", "rb").read():
         assert time.monotonic() < deadline
         time.sleep(0.01)  # until it has exec'd python
     try:  # one whose command line names the run, as torchrun's agent's does: running
-        assert judge({"state": "running", "pid": agent.pid}, str(tmp_path / "some-run")) is None
+        assert running_state({"state": "running", "pid": agent.pid}, str(tmp_path / "some-run")) is None
     finally:
         agent.kill()
         agent.wait()
-    note = judge({"state": "running", "agent": dead, "launcher": me})
+    note = running_state({"state": "running", "agent": dead, "launcher": me})
     assert "state" not in note and f"launcher (pid {os.getpid()}) still runs" in note["note"]
 
 

@@ -1,6 +1,6 @@
 """Runs recorded on one NVIDIA H200 and shipped in the package (dtlab.results.recorded): each loads on a CPU with
 dtlab's own loaders and gives the figures the record states (to their printed rounding), with its provenance; the
-files ship as package data; the labs' tables set them beside a CPU run (dtlab.course.recorded)."""
+files ship as package data; the labs' tables set them beside a CPU run (dtlab.course.beside)."""
 
 import dataclasses
 import fnmatch
@@ -151,7 +151,7 @@ def _on_cpu(run):
 
 
 def test_the_labs_table_sets_a_cpu_run_beside_the_recorded_one(shipped):
-    from dtlab.course.recorded import beside, beside_calibration
+    from dtlab.course.beside import beside, beside_calibration
 
     ddp, z3 = shipped["h200-ddp"].run, shipped["h200-zero3"].run
     text = beside({"DDP": _on_cpu(ddp), "ZeRO-3": _on_cpu(z3)})

@@ -2,7 +2,7 @@
 
 
 def test_lanes_never_overlap():
-    from dtlab.results.trace import _lanes
+    from dtlab.results.chrome import _lanes
 
     ivs = [(0, 5), (1, 2), (2, 3), (4, 6), (5, 7), (2.5, 9)]
     lanes = _lanes(ivs)

@@ -31,7 +31,7 @@ def exposed_claim(run):
 
     lo, hi = min(e_lo, exposed), max(e_hi, exposed)
     ratios = Spread(ratio(exposed), ratio(lo), ratio(hi), f["n_diff"])
-    busy = f["verdict"]["line"]  # the breakdown's word on the machine: quiet or busy (dtlab.results.busy)
+    busy = f["machine"]["line"]  # the breakdown's word on the machine: quiet or busy (dtlab.results.busy)
 
     def why(outcome):
         noise = (e_hi - e_lo) / 2
