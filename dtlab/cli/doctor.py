@@ -8,15 +8,25 @@ all-reduce through the same launcher as every run (about 10 s). Lab 00 calls all
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
+import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
 
+from dtlab.config.busy import sample, sample_words
+from dtlab.config.calibration import CalibConfig
+from dtlab.config.models import hub_reachable
 from dtlab.config.ncclib import ENV as NCCL_LIBRARY_ENV
 from dtlab.config.ncclib import ranks_library
-from dtlab.config.placement import nccl_allows_shared_gpu, torch_nccl_header
+from dtlab.config.placement import TIMING, nccl_allows_shared_gpu, torch_nccl_header
+from dtlab.config.run import RunConfig
+from dtlab.course.sandbox import available
+from dtlab.results.status import RunFailed
 
 
 def lab_files(labs_dir: str | None = None) -> list[str]:
@@ -34,7 +44,6 @@ def lab_files(labs_dir: str | None = None) -> list[str]:
 
 def probe() -> dict:
     """Facts that need torch (and CUDA, if present) imported. Run in a child process by `facts()`."""
-    import platform
 
     out: dict = {"python": platform.python_version(), "executable": sys.executable}
     try:
@@ -81,8 +90,6 @@ def nccl_facts(cuda: bool) -> dict:
 
 
 def _version(name: str):
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(name)
     except PackageNotFoundError:
@@ -108,7 +115,6 @@ def _cuda() -> bool:
 def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
     """Everything `report` prints, as a dict (JSON-safe). The torch/CUDA/DeepSpeed part runs in a child; the
     machine's load is sampled first, for half a second, before the child adds its own (dtlab.config.busy)."""
-    from dtlab.config.busy import sample
 
     load = sample(0.5)
     env = dict(
@@ -134,12 +140,9 @@ def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
     found["cpu_cores"] = os.cpu_count()
     found["machine_load"] = load
     if check_hub:
-        from dtlab.config.models import hub_reachable
-
         found["hub_reachable"] = hub_reachable()
         found["hub_offline_env"] = os.environ.get("HF_HUB_OFFLINE", "")
     found["labs"] = lab_placements(len(found.get("gpus", [])), found.get("nccl"))
-    from dtlab.course.sandbox import available
 
     found["sandbox"] = available()  # {mechanism: None if dtlab grade can use it here, else why not}
     return found
@@ -213,7 +216,6 @@ def labs_markdown(machines=DOC_MACHINES, quick: bool = False) -> str:
 
 def timing_markdown() -> str:
     """How times are taken on each path, in the words every screen uses (dtlab.config.placement.TIMING)."""
-    from dtlab.config.placement import TIMING
 
     names = {"wall": "CPU machine (gloo)", "nccl": "NCCL on CUDA", "gloo_cuda": "gloo on CUDA tensors"}
     return "\n".join(f"- **{names[k]}**: {v}." for k, v in TIMING.items())
@@ -354,7 +356,6 @@ def load_lines(load: dict | None) -> list:
     processes too (its breakdown says so and widens its intervals)."""
     if not load:
         return []
-    from dtlab.config.busy import sample_words
 
     lines = [f"  {sample_words(load)}"]
     if load.get("busy"):
@@ -377,12 +378,9 @@ def smoke_allreduce(out: str | None = None, nproc: int = 2, progress: bool = Fal
     """A real `nproc`-rank all-reduce through the launcher (4 KiB and 1 MiB, a few timed calls each, about
     10 s with start-up): proves that ranks start, find each other and communicate here. Returns the
     placement, the median time per size (seconds) and the wall time of the whole check."""
-    import tempfile
 
-    from dtlab.config.calibration import CalibConfig
     from dtlab.launching.calibration import launch_calibration
     from dtlab.results.calibration import samples_frame
-    from dtlab.results.status import RunFailed
 
     out = out or os.path.join(tempfile.mkdtemp(prefix="dtlab-smoke-"), "allreduce")
     cfg = CalibConfig(
@@ -398,7 +396,6 @@ def smoke_allreduce(out: str | None = None, nproc: int = 2, progress: bool = Fal
         # finished, but a 2-size fit can be refused: the samples are what the smoke test needs
     _, s = samples_frame(out)
     med = s.groupby("nbytes")["seconds"].median()
-    from dtlab.config.run import RunConfig
 
     return {
         "placement": RunConfig(nproc=nproc).placement().label,
@@ -411,7 +408,6 @@ def smoke_allreduce(out: str | None = None, nproc: int = 2, progress: bool = Fal
 
 def main(argv: list[str] | None = None) -> int:
     """`dtlab doctor [--json] [--smoke]`."""
-    import argparse
 
     ap = argparse.ArgumentParser(prog="dtlab doctor", description="what this machine can run, and how")
     ap.add_argument("--json", action="store_true", help="print the facts as JSON")

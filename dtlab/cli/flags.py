@@ -18,6 +18,9 @@ import textwrap
 import typing
 from functools import cache
 
+from dtlab.config.calibration import DEFAULT_SIZES, CalibConfig
+from dtlab.config.options import FLAT_NAME
+
 
 @cache
 def field_docs(cls) -> dict[str, str]:
@@ -83,7 +86,6 @@ def _number(kind):
 def _dest(prefix: str, name: str) -> str:
     """The argparse name of field `name` of the group `prefix` names ('zero_', '' at the top): its flat name where
     dtlab.config.options.FLAT has one (('parallel', 'schedule') -> 'pp_schedule'), else prefix + name."""
-    from dtlab.config.options import FLAT_NAME
 
     return FLAT_NAME.get((prefix.rstrip("_-"), name), prefix.replace("-", "_") + name)
 
@@ -160,7 +162,6 @@ def parse_bytes(text: str, field: str) -> int:
 
 def add_calib_arguments(parser) -> None:
     """`dtlab calibrate`'s flags: one per CalibConfig field, sizes and op lists parsed by hand (4K, 16M; commas)."""
-    from dtlab.config.calibration import CalibConfig
 
     add_arguments(parser, CalibConfig, skip=CALIB_MANUAL)
     parser.add_argument(
@@ -180,8 +181,6 @@ def add_calib_arguments(parser) -> None:
 
 def calib_from_args(args):
     """The CalibConfig that `add_calib_arguments`' flags describe (ValueError naming a bad size)."""
-
-    from dtlab.config.calibration import DEFAULT_SIZES, CalibConfig
 
     base = from_args(args, CalibConfig, skip=CALIB_MANUAL)  # every scalar field, from its generated flag
     sizes = tuple(parse_bytes(s, "--sizes") for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES

@@ -9,14 +9,20 @@ import os
 import sys
 import warnings
 
+from dtlab.cli.doctor import main as doctor_main
 from dtlab.cli.flags import RUN_ALIASES, add_arguments, add_calib_arguments, calib_from_args, from_args
-from dtlab.model.profile import profile_table
+from dtlab.cli.nodes import add_parsers
+from dtlab.cli.nodes import main as nodes_main
+from dtlab.config.run import RunConfig
+from dtlab.course.batch import grade
+from dtlab.course.sandbox import parse_size
+from dtlab.results.status import RunFailed
+from dtlab.runfiles import RunDamageWarning
 
 
 def _run_parser(sub) -> None:
     """`dtlab run`: one flag per RunConfig field (same names, defaults and help as the config), plus report
     and progress options."""
-    from dtlab.config.run import RunConfig
 
     p = sub.add_parser("run", help="launch a training run and print its T_comp / T_comm breakdown")
     add_arguments(
@@ -35,7 +41,6 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole `dtlab` parser. `run` and `calibrate` flags are generated from RunConfig and CalibConfig."""
-    from dtlab.cli.nodes import add_parsers
 
     parser = _Parser(prog="dtlab", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -111,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["doctor"]:  # its own parser: `dtlab doctor --json --smoke`
-        from dtlab.cli.doctor import main as doctor_main
-
         return doctor_main(argv[1:])
     args = parser.parse_args(argv)
     try:
@@ -127,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("assign", "grade"):
             return _cmd_course(args)
         if args.cmd in ("slurm", "emulate"):
-            from dtlab.cli.nodes import main as nodes_main
-
             return nodes_main(args)
     except ValueError as e:  # bad input: one line, exit 2, nothing started
         print(f"dtlab: error: {' '.join(str(e).split())}", file=sys.stderr)
@@ -138,13 +139,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cmd_course(args) -> int:
     from dtlab.course.assign import assign
-    from dtlab.course.batch import grade
 
     try:
         if args.cmd == "assign":
             assign(args.source, args.out)
             return 0
-        from dtlab.course.sandbox import parse_size
 
         df = grade(
             args.autograder,
@@ -172,9 +171,7 @@ def _cmd_course(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from dtlab.config.run import RunConfig
     from dtlab.launching.handle import launch
-    from dtlab.results.status import RunFailed
     from dtlab.viz.report import write_report
 
     cfg = from_args(args, RunConfig)
@@ -206,7 +203,6 @@ def _cmd_show(args) -> int:
     directory that cannot be read (DamagedRun, a ValueError) is one line and exit code 2."""
 
     from dtlab.results.run import load_run
-    from dtlab.runfiles import RunDamageWarning
 
     if not os.path.isfile(os.path.join(args.dir, "config.json")):
         raise ValueError(f"dir: {args.dir!r} is not a dtlab run directory (no config.json)")
@@ -270,8 +266,8 @@ def _print_kineto(args) -> None:
 
 
 def _cmd_calibrate(args) -> int:
-    from dtlab.launching.calibration import launch_calibration
-    from dtlab.results.status import RunFailed
+    from dtlab.launching.calibration import launch_calibration  # scipy and pandas: not for --help
+    from dtlab.model.profile import profile_table
 
     try:
         profile = launch_calibration(calib_from_args(args)).wait(progress=not args.no_progress)

@@ -14,14 +14,18 @@ from __future__ import annotations
 import shutil
 import sys
 
+from dtlab.cli.flags import RUN_ALIASES, add_arguments, add_calib_arguments, calib_from_args, from_args
+from dtlab.config.run import RunConfig
+from dtlab.launching.emulate import Emulation, EmulationUnavailable, shaping_unavailable
+from dtlab.launching.slurm import prepare, submit_script
+from dtlab.results.status import RunFailed
+
 SKIPPED = 3  # exit code: emulation with a shaped link is not possible here (the reason is printed)
 _EMULATE_SKIP = ("rdzv_endpoint", "rdzv_id")  # the emulation sets these
 
 
 def add_parsers(sub) -> None:
     """Add the `slurm` and `emulate` subcommands to `dtlab`'s subparsers."""
-    from dtlab.cli.flags import RUN_ALIASES, add_arguments, add_calib_arguments
-    from dtlab.config.run import RunConfig
 
     s = sub.add_parser("slurm", help="write (and submit) an sbatch script running `srun torchrun` on N nodes")
     add_arguments(
@@ -79,7 +83,6 @@ def main(args) -> int:
     """Run `dtlab slurm` or `dtlab emulate` (bad input raises ValueError: `dtlab` prints it and exits 2)."""
     if args.cmd == "slurm":
         return _slurm(args)
-    from dtlab.launching.emulate import shaping_unavailable
 
     if args.emulate_cmd == "check":
         reason = shaping_unavailable()
@@ -93,9 +96,6 @@ def main(args) -> int:
 
 
 def _slurm(args) -> int:
-    from dtlab.cli.flags import from_args
-    from dtlab.config.run import RunConfig
-    from dtlab.launching.slurm import prepare, submit_script
 
     cfg = from_args(args, RunConfig, skip=("nnodes", "rdzv_endpoint", "rdzv_id"))
     if not args.dry_run and shutil.which("sbatch") is None:
@@ -133,19 +133,13 @@ def _slurm(args) -> int:
 
 
 def _emulate(args) -> int:
-    from dtlab.launching.emulate import Emulation, EmulationUnavailable
-    from dtlab.results.status import RunFailed
 
     try:
         with Emulation(args.nnodes, rate=args.rate) as em:
             if args.emulate_cmd == "run":
-                from dtlab.cli.flags import from_args
-                from dtlab.config.run import RunConfig
-
                 run = em.run(from_args(args, RunConfig, skip=_EMULATE_SKIP), progress=not args.no_progress)
                 print(run.breakdown_table())
             else:
-                from dtlab.cli.flags import calib_from_args
                 from dtlab.model.profile import profile_table
 
                 print(profile_table(em.calibrate(calib_from_args(args), progress=not args.no_progress)))

@@ -16,10 +16,11 @@ from typing import Any
 from dtlab.config.baseline import auto_baseline_steps
 from dtlab.config.compression import CompressionConfig
 from dtlab.config.convergence import EvaluationConfig, LrScheduleConfig, SyncConfig
+from dtlab.config.datafile import check_data_file
 from dtlab.config.job import JobConfig
 from dtlab.config.options import FLAT, nest
 from dtlab.config.parallel import ParallelConfig
-from dtlab.config.placement import BACKENDS, DEVICES
+from dtlab.config.placement import BACKENDS, DEVICES, device_count, machine_gpus, plan
 from dtlab.config.restarts import RestartsConfig
 from dtlab.config.rules import check_run
 from dtlab.config.strategies import STRATEGIES, strategy_spec
@@ -270,14 +271,11 @@ class RunConfig(JobConfig):
                 )
             if not self.data.lower().endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet")):
                 raise ValueError(f"data file must end in .csv, .tsv, .json, .jsonl or .parquet, got {self.data!r}")
-            from dtlab.config.datafile import check_data_file
 
             check_data_file(self.data, min_rows=self.batch_size * self.nproc)
 
     def _resolve_auto(self, cuda_device_count: int | None = None, spec=None) -> None:
         if self.nproc is None:
-            from dtlab.config.placement import device_count
-
             self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
         if self.baseline_steps is None:
             self.baseline_steps = (
@@ -289,7 +287,6 @@ class RunConfig(JobConfig):
     def placement(self, cuda_device_count: int | None = None, nccl_version=None):
         """Where the ranks run (backend, device, ranks per GPU, banner text): `dtlab.config.placement.plan` for this
         config on this machine (or on `cuda_device_count` GPUs with `nccl_version`, for tests)."""
-        from dtlab.config.placement import machine_gpus, plan
 
         self._resolve_auto(cuda_device_count)
         if cuda_device_count is None:

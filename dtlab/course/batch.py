@@ -31,6 +31,8 @@ import threading
 
 from dtlab.course import rubric
 from dtlab.course import sandbox as sb
+from dtlab.course.rubric import LAB_MODULES
+from dtlab.launching.replay import recorded_in
 
 COLUMNS = [
     "student",
@@ -52,7 +54,6 @@ COLUMNS = [
 def autograders(path: str) -> dict:
     """{lab: {"zip", "manifest"}} from one autograder zip or `dtlab assign`'s OUT/autograder directory."""
     from dtlab.course.assign import read_manifest
-    from dtlab.course.rubric import LAB_MODULES
 
     zips = [path] if os.path.isfile(path) else sorted(glob.glob(os.path.join(path, "*.zip")))
     if not zips:
@@ -89,7 +90,6 @@ def submissions(paths) -> list[tuple[str, str, str]]:
 
 
 def _student_of(path: str) -> str:
-    from dtlab.course.rubric import LAB_MODULES
 
     stem = os.path.splitext(os.path.basename(path))[0]
     for lab in LAB_MODULES:
@@ -100,7 +100,6 @@ def _student_of(path: str) -> str:
 
 def lab_of(nb_path: str, known, lab: str | None = None) -> tuple[str | None, str]:
     """(the lab of a notebook, or None; how it was found): `lab` when given, else its file name, else its metadata."""
-    from dtlab.course.rubric import LAB_MODULES
 
     if lab:
         return (lab, "--lab") if lab in LAB_MODULES else (None, f"--lab {lab!r} is not a lab ({sorted(LAB_MODULES)})")
@@ -137,7 +136,6 @@ def _metadata_lab(nb_path: str) -> str | None:
 def _has_runs(directory: str | None) -> bool:
     if not directory:
         return False
-    from dtlab.launching.replay import recorded_in
 
     return bool(recorded_in(directory))
 

@@ -27,13 +27,13 @@ import json
 import os
 
 from dtlab.config.strategies import strategy_spec
+from dtlab.results.events import read_events
 
 COMPUTE_TID, LOST_TID, CKPT_TID, COMM_TID = 1, 2, 3, 10
 
 
 def _step_times(run_dir: str) -> dict[tuple[int, int, str], float]:
     """(rank, step, kind) -> wall time written at the end of the step (seconds since the epoch)."""
-    from dtlab.results.events import read_events
 
     out = {}
     for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))):

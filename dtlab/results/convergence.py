@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dtlab.units import fmt_bytes_exact
+
 EVAL_COLUMNS = ["step", "t", "accuracy", "loss", "t_eval", "t_wall", "n"]
 UPDATE_COLUMNS = ["rank", "step", "staleness", "applied", "version", "computed_on", "t", "lr", "loss"]
 
@@ -92,7 +94,6 @@ def update_interval(run) -> float:
 
 def convergence_lines(run) -> list[str]:
     """Lines for the run's printed table: held-out accuracy, local SGD's averages, the server's staleness."""
-    from dtlab.units import fmt_bytes_exact
 
     out = []
     ev = run.evals

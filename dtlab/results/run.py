@@ -37,10 +37,15 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from dtlab.config.placement import TIMING_METHODS
 from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.results.breakdown import per_step, summary, summary_lines, timing_method
+from dtlab.results.chrome import chrome_trace, write_chrome_trace
 from dtlab.results.convergence import convergence_lines, evals_frame, first_at, updates_frame
+from dtlab.results.crosscheck import crosscheck
+from dtlab.results.pipeline import bubble
+from dtlab.results.reference import check
 from dtlab.results.restarts import FRAMES, recovery, restart_lines
 from dtlab.results.status import read_run_dir, status_lines
 from dtlab.runfiles import DamagedRun, RunDamageWarning
@@ -158,7 +163,6 @@ class Run:
     def timing_how(self) -> str:
         """The recorded timing method in the words every screen uses (dtlab.config.placement.TIMING_METHODS),
         with the placement's account of where each collective's marks are taken when that is the method's."""
-        from dtlab.config.placement import TIMING_METHODS
 
         m = self.timing_method
         words = TIMING_METHODS[m]
@@ -202,26 +206,22 @@ class Run:
 
     def bubble(self):
         """A pipeline run's measured bubble beside the (P-1)/(M+P-1) theory: `dtlab.results.pipeline.bubble`."""
-        from dtlab.results.pipeline import bubble
 
         return bubble(self)
 
     def reference_check(self):
         """How a run with `reference` compares with its single-process copy: `dtlab.results.reference.check`."""
-        from dtlab.results.reference import check
 
         return check(self)
 
     def to_chrome_trace(self, path: str | None = None):
         """The run as a Chrome / Perfetto trace (one process per rank; compute and communication tracks): the
         dict, or the path written when `path` is given. See `dtlab.results.chrome`."""
-        from dtlab.results.chrome import chrome_trace, write_chrome_trace
 
         return write_chrome_trace(self, path) if path else chrome_trace(self)
 
     def crosscheck(self) -> pd.DataFrame:
         """dtlab's communication timings against NCCL's and DDP's own timers: see `dtlab.results.crosscheck`."""
-        from dtlab.results.crosscheck import crosscheck
 
         return crosscheck(self)
 

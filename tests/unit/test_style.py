@@ -14,7 +14,7 @@ TREE = ["dtlab", "tests", "tools", "benchmarks"]
 MAX_FUNCTION_LINES = 80
 #: imports inside functions in dtlab/: each avoids a cycle, a heavy import (torch, pandas, plotly, IPython) on a path
 #: that must stay light (`import dtlab`, `dtlab --help`, the agent before its lifeline), or an optional extra
-MAX_IMPORTS_IN_FUNCTIONS = 180
+MAX_IMPORTS_IN_FUNCTIONS = 100
 
 
 def _ruff(*args):
@@ -53,6 +53,38 @@ def _imports_in_functions() -> list[str]:
 def test_imports_sit_at_the_top_of_their_modules():
     inside = _imports_in_functions()
     assert len(inside) <= MAX_IMPORTS_IN_FUNCTIONS, f"{len(inside)} imports inside functions: {inside}"
+
+
+def _needless_imports(tree: ast.Module, where: str) -> list[str]:
+    """Imports inside functions that defer nothing: the standard library (already loaded or cheap), or a module the
+    file also imports at its top."""
+    top = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+    top |= {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    out = []
+    for f in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for stmt in ast.walk(f):
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                name = stmt.module if isinstance(stmt, ast.ImportFrom) else stmt.names[0].name
+                if name and (name.split(".")[0] in sys.stdlib_module_names or name in top):
+                    out.append(f"{where}:{stmt.lineno} {name}")
+    return out
+
+
+def test_no_import_inside_a_function_defers_nothing():
+    found = [
+        x
+        for path in sorted((ROOT / "dtlab").rglob("*.py"))
+        for x in _needless_imports(ast.parse(path.read_text()), str(path.relative_to(ROOT)))
+    ]
+    assert not found, found
+
+
+def test_a_needless_import_is_found():
+    planted = ast.parse(
+        "import os\nfrom dtlab.units import fmt_ms\n"
+        "def f():\n    import json\n    from dtlab.units import fmt_ms\n    import torch\n"
+    )
+    assert [x.split()[1] for x in _needless_imports(planted, "x")] == ["json", "dtlab.units"]
 
 
 def test_the_counters_count():
