@@ -176,18 +176,10 @@ class AsyncWorker(_AsyncRank):
 
     def after_step(self, step: int, paired: int | None, rec: dict) -> None:
         """One `collective` event per message of the step."""
-        t = self.t
+        t, rank = self.t, self.ctx.rank
         for op, a, b in (("push", "push_start", "push_end"), ("pull", "push_end", "pull_end")):
-            self.ctx.writer.write(
-                "collective",
-                rank=self.ctx.rank,
-                step=step,
-                op=op,
-                phase=op,
-                nbytes=self.nbytes[op],
-                t_start=t[a],
-                t_end=t[b],
-            )
+            fields = {"op": op, "phase": op, "nbytes": self.nbytes[op], "t_start": t[a], "t_end": t[b]}
+            self.ctx.writer.write("collective", rank=rank, step=step, **fields)
 
     def after_steps(self) -> None:
         """'done': the server stops waiting for this worker."""
