@@ -18,7 +18,7 @@ _WHERE = {
     "tiny": "config.run",
     "CalibConfig": "config.calibration",
     "launch": "launching.handle",
-    "run": "launching.handle",
+    "run": "course.watching",
     "Handle": "launching.handle",
     "calibrate": "launching.calibration",
     "sweep": "launching.sweeps",

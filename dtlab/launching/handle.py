@@ -184,8 +184,10 @@ class Handle(StallWatch):
         return sorted(p for p in pids if is_rank_of(p, self.run_dir, slot))
 
     # ---- waiting ----------------------------------------------------------------------------------------
-    def wait(self, progress: bool = True, poll_s: float = 0.2):
+    def wait(self, progress: bool = True, poll_s: float = 0.2, on_poll=None):
         """Block until the job ends; show a progress bar with the live step time. Returns the loaded result.
+        `on_poll`: called with no argument at every poll and once more when the job has ended (a live monitor,
+        dtlab.viz.monitor: it reads the event files in this process, so the ranks pay nothing for it).
 
         Raises RunFailed if a rank failed, a rank stalled (the watchdog, see `RunConfig.stall_s`), the timeout
         passed, or the wait was interrupted (the job is stopped first in each case; KeyboardInterrupt is
@@ -201,8 +203,12 @@ class Handle(StallWatch):
                 if stalled:
                     self._on_stall(stalled)
                     break
+                if on_poll is not None:
+                    on_poll()
                 time.sleep(poll_s)
             self._follow(bar)
+            if on_poll is not None:
+                on_poll()
         except KeyboardInterrupt:
             self._end("interrupted")
             raise

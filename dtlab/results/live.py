@@ -1,0 +1,201 @@
+"""A run directory read while its ranks still write it: each rank's event file is followed from where the last read
+stopped, so a poll costs only the bytes written since. Pure (no torch, no widgets, no processes): the notebook's
+monitor (dtlab.viz.monitor) polls it; the numbers it shows come from dtlab.results.live_stats.
+
+What it promises, the same as the strict reader (dtlab.results.events.scan_events) once the run has ended:
+
+- a line is parsed only when its newline has arrived: the bytes after the last newline are kept as the file's
+  partial line, and joined with what the next read finds (a rank writes a line at a time, but a read may land
+  between its bytes);
+- at the end (`close()`), a partial line left over is a torn line: tolerated and counted (`torn`), never parsed;
+- a complete line that is not JSON is tolerated as torn only when the next line is a restarted attempt's `start`
+  (torchrun restarted the rank mid-write); any other bad line is skipped and reported in `damage`, with its line
+  number and what is wrong, exactly as scan_events reports it;
+- a rank file that appears late (a rank still importing torch) is picked up by the first poll that finds it.
+
+`LiveRun(run_dir).poll()` reads every rank file's new lines and keeps the rows the monitor needs (steps, no-op
+baseline steps, buckets, collectives, errors, `done`); `frames()` gives them as DataFrames.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pandas as pd
+
+from dtlab.config.strategies import strategy_spec
+from dtlab.results.events import check_event, file_rank, parse_line
+from dtlab.runfiles import DamagedRun, read_json
+
+#: the fields kept of each event kind the monitor shows (anything else a rank writes is read and passed over)
+KEEP = {
+    "step": ("rank", "step", "t_step", "t_fwd", "t_bwd", "t_opt", "loss", "compute_busy", "attempt"),
+    "baseline_step": ("rank", "step", "t_step", "paired_step", "attempt"),
+    "bucket": ("rank", "step", "bucket", "nbytes", "wire_bytes", "t_start", "t_end", "attempt"),
+    "collective": ("rank", "step", "op", "nbytes", "phase", "t_start", "t_end", "attempt"),
+}
+
+
+class RankTail:
+    """One rank's event file, followed: `read()` returns the valid events completed since the last call.
+
+    offset: bytes consumed; partial: the bytes after the last newline (a line still being written); lines: complete
+    lines seen; torn: line numbers of tolerated torn lines; damage: one dict per skipped line (file, line, what)."""
+
+    def __init__(self, path: str):
+        self.path, self.rank = path, file_rank(path)
+        self.offset, self.partial, self.lines = 0, b"", 0
+        self.torn: list[int] = []
+        self.damage: list[dict] = []
+        self.attempt = 0
+        self._pending: tuple[int, str] | None = None  # an unparsable line: torn only if a restart follows it
+        self.closed = False
+
+    def read(self) -> list[dict]:
+        """The valid events whose lines were completed since the last read (none once `close()` was called)."""
+        if self.closed or not os.path.exists(self.path):
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        *complete, self.partial = (self.partial + data).split(b"\n")
+        out = []
+        for raw in complete:
+            self.lines += 1
+            ev = self._line(self.lines, raw)
+            if ev is not None:
+                out.append(ev)
+        return out
+
+    def _line(self, n: int, raw: bytes, last: bool = False) -> dict | None:
+        if not raw.strip():
+            if self._pending is None:
+                self._damaged(n, "an empty line")
+            return None
+        ev, why = parse_line(raw)
+        if self._pending is not None:
+            restarted = isinstance(ev, dict) and ev.get("kind") == "start" and _later(ev, self.attempt)
+            (self.torn.append(self._pending[0]) if restarted else self._damaged(*self._pending))
+            self._pending = None
+        if why is not None:
+            if last:  # the writer died mid-line
+                self.torn.append(n)
+            else:
+                self._pending = (n, f"{why}: a torn or corrupted line inside the file")
+            return None
+        bad = check_event(ev, self.rank)
+        if bad is not None:
+            self._damaged(n, bad)
+            return None
+        self.attempt = max(self.attempt, int(ev.get("attempt") or 0))
+        return ev
+
+    def _damaged(self, line: int, what: str) -> None:
+        self.damage.append({"file": self.path, "line": line, "what": what})
+
+    def close(self) -> list[dict]:
+        """The run has ended: read what is left; a partial last line is a torn line (tolerated, counted) and an
+        unparsable line that no restart followed is damage. Returns the last events."""
+        out = self.read()
+        if self.partial:  # a last line without its newline: an event if it parses, else torn
+            self.lines += 1
+            ev = self._line(self.lines, self.partial, last=True)
+            out += [ev] if ev is not None else []
+            self.partial = b""
+        if self._pending is not None:
+            self._damaged(*self._pending)
+            self._pending = None
+        self.closed = True
+        return out
+
+
+def _later(ev: dict, attempt: int) -> bool:
+    return isinstance(ev.get("attempt"), int) and ev["attempt"] > attempt
+
+
+class LiveRun:
+    """Every rank file of run directory `run_dir`, followed (see the module docstring).
+
+    After each `poll()`: `rows` (kind -> list of dicts with the fields in KEEP), `errors` ({rank: {error, step}}:
+    the ranks that recorded an `error` event and the last step each recorded), `done` (ranks that recorded `done`),
+    `last_step` ({rank: the last step it recorded}), and from config.json: `nproc` (the world size), `steps`,
+    `warmup`, `baseline_steps` and `bucket_op` (the op that prices one DDP bucket; None when the strategy records
+    collectives)."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.tails: dict[str, RankTail] = {}
+        self.rows: dict[str, list[dict]] = {k: [] for k in KEEP}
+        self.errors: dict[int, dict] = {}
+        self.done: set[int] = set()
+        self.last_step: dict[int, int] = {}
+        self.polls = 0
+        self._config()
+
+    def _config(self) -> None:
+        try:
+            cfg = read_json(os.path.join(self.run_dir, "config.json")).get("config", {})
+        except (OSError, DamagedRun):
+            cfg = {}
+        n = cfg.get("nproc") if isinstance(cfg.get("nproc"), int) else None
+        self.nproc = n * int(cfg.get("nnodes") or 1) if n else None
+        self.steps = cfg.get("steps") if isinstance(cfg.get("steps"), int) else None
+        self.warmup = int(cfg.get("warmup") or 0)
+        self.baseline_steps = int(cfg.get("baseline_steps") or 0)
+        try:
+            self.bucket_op = strategy_spec(cfg.get("strategy") or "ddp").bucket_op
+        except ValueError:
+            self.bucket_op = None
+
+    def poll(self) -> int:
+        """Read every rank file's new complete lines (a file that appeared since is followed from now on);
+        returns how many events were new."""
+        for path in sorted(glob.glob(os.path.join(self.run_dir, "events", "rank*.jsonl"))):
+            if path not in self.tails and file_rank(path) is not None:
+                self.tails[path] = RankTail(path)
+        self.polls += 1
+        return sum(self._take(tail.read()) for tail in self.tails.values())
+
+    def close(self) -> int:
+        """The run has ended: read the rest of every file, partial last lines counted as torn."""
+        self.poll()
+        return sum(self._take(tail.close()) for tail in self.tails.values())
+
+    def _take(self, events: list[dict]) -> int:
+        for ev in events:
+            kind, rank = ev["kind"], ev.get("rank")
+            if kind in KEEP:
+                self.rows[kind].append({k: ev.get(k) for k in KEEP[kind]})
+            if kind == "step":
+                self.last_step[rank] = ev["step"]
+            elif kind == "error":
+                self.errors[rank] = {"error": ev["error"], "step": self.last_step.get(rank)}
+            elif kind == "done":
+                self.done.add(rank)
+            elif kind == "start" and int(ev.get("attempt") or 0) > 0:  # torchrun restarted the group
+                self.errors.pop(rank, None)
+                self.done.discard(rank)
+        return len(events)
+
+    @property
+    def torn(self) -> int:
+        """Torn lines tolerated so far, over every rank file."""
+        return sum(len(t.torn) for t in self.tails.values())
+
+    @property
+    def damage(self) -> list[dict]:
+        """Every skipped line so far: file, line, what."""
+        return [d for t in self.tails.values() for d in t.damage]
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """{kind: DataFrame} of the rows kept so far (columns as in KEEP, minus `attempt`); a step redone after a
+        restart keeps its last record."""
+        out = {}
+        for kind, cols in KEEP.items():
+            df = pd.DataFrame(self.rows[kind], columns=list(cols))
+            if kind in ("step", "baseline_step") and not df.empty:
+                df = df.drop_duplicates(["rank", "step"], keep="last")
+            out[kind] = df.drop(columns="attempt").reset_index(drop=True)
+        return out

@@ -1,0 +1,240 @@
+"""The numbers a live monitor shows, from the rows a `LiveRun` has read so far (dtlab.results.live). Pure: no torch,
+no widgets, no plots. Seconds and bytes in the frames; the text line shows ms, % and GB/s.
+
+The definitions are the run's own (README, dtlab.results.run), applied to what has been recorded so far, and only
+to *complete* steps (every rank recorded the step: a step reduced over the ranks that reported it so far would
+read too fast):
+
+- T_step per step: the slowest rank's t_step. loss: the mean of the ranks' losses (each rank's own batch).
+- T_comm per step: the union of the step's bucket (or collective) intervals, on the rank where it is longest;
+  the communication share is T_comm / T_step.
+- Exposed communication: T_step - the no-op comm hook step paired with it (`baseline_steps`), only for the pairs
+  recorded so far; a run without a baseline has none, and says so.
+- Per rank: its t_step, and its own time = t_step - the time it waited for a peer (the clock-free wait of
+  dtlab.results.stragglers, from the buckets). A synchronous step ends at the same moment on every rank, so every
+  rank's t_step is about the slowest one's: the straggler shows in its own time, not in its t_step.
+- The straggler: the rank whose median own time is the slowest, named only when it stands out: ahead of the next
+  rank by more than the spread (the median over the ranks of each rank's interquartile range).
+- Bus bandwidth per bucket or collective: busbw = nbytes / t x 2(p-1)/p for all-reduce, x (p-1)/p for
+  reduce-scatter and all-gather (nccl-tests; dtlab.model.costmodel.busbw), t = t_end - t_start; a compressed
+  bucket counts the bytes it sent (`wire_bytes`). Against a calibrated profile, the bus bandwidth its fitted beta
+  gives (dtlab.results.recorded.bus_bandwidth); without one it is labelled "no calibration".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dtlab.model import costmodel
+from dtlab.results.breakdown import union_lengths
+from dtlab.results.recorded import bus_bandwidth
+from dtlab.results.stragglers import rank_waits
+from dtlab.units import fmt_gbps, fmt_ms
+
+BUS_OPS = ("all_reduce", "reduce_scatter", "all_gather", "ps")  # ops with a bus bandwidth (costmodel.busbw)
+STEP_TABLE_COLUMNS = ["step", "t_step", "loss", "t_comm", "comm_share", "compute_busy"]
+
+
+def complete_steps(steps: pd.DataFrame, nproc: int | None) -> pd.DataFrame:
+    """The rows of `steps` (rank, step, ...) whose step every one of `nproc` ranks has recorded (all the rows when
+    nproc is None: the world size is unknown)."""
+    if steps.empty or not nproc:
+        return steps
+    count = steps.groupby("step")["rank"].transform("nunique")
+    return steps[count >= nproc]
+
+
+def step_table(steps: pd.DataFrame, comm: pd.DataFrame, nproc: int | None) -> pd.DataFrame:
+    """One row per complete step: t_step (s, slowest rank), loss (mean over ranks), t_comm (s, the union of the
+    step's communication intervals on the rank where it is longest; NaN where none is recorded), comm_share
+    (t_comm / t_step) and compute_busy (the mean over ranks of a recorded compute-stream busy fraction; NaN
+    where the events carry none)."""
+    st = complete_steps(steps, nproc)
+    if st.empty:
+        return pd.DataFrame(columns=STEP_TABLE_COLUMNS)
+    g = st.groupby("step")
+    out = pd.DataFrame({"t_step": g["t_step"].max(), "loss": g["loss"].mean()})
+    busy = pd.to_numeric(st["compute_busy"], errors="coerce") if "compute_busy" in st.columns else None
+    out["compute_busy"] = busy.groupby(st["step"]).mean() if busy is not None else np.nan
+    iv = comm.dropna(subset=["t_start", "t_end"]) if not comm.empty else comm
+    if iv.empty:
+        out["t_comm"] = np.nan
+    else:
+        out["t_comm"] = union_lengths(iv.astype({"step": int})).groupby(level="step").max().reindex(out.index)
+    out["comm_share"] = out["t_comm"] / out["t_step"]
+    return out.reset_index()[STEP_TABLE_COLUMNS]
+
+
+def exposed_pairs(baseline: pd.DataFrame, table: pd.DataFrame, nproc: int | None) -> pd.DataFrame:
+    """One row per no-op comm hook step recorded by every rank and paired with a complete training step: step
+    (the training step), t_comp (s, the baseline's slowest rank), exposed (s, t_step - t_comp)."""
+    cols = ["step", "t_comp", "exposed"]
+    b = complete_steps(baseline, nproc)
+    if b.empty or table.empty or b["paired_step"].isna().all():
+        return pd.DataFrame(columns=cols)
+    b = b.dropna(subset=["paired_step"])
+    g = b.groupby("step").agg(t_comp=("t_step", "max"), paired=("paired_step", "first")).reset_index(drop=True)
+    g["step"] = g["paired"].astype(int)
+    out = g.merge(table[["step", "t_step"]], on="step", how="inner")
+    out["exposed"] = out["t_step"] - out["t_comp"]
+    return out[cols].sort_values("step").reset_index(drop=True)
+
+
+def rank_times(steps: pd.DataFrame, buckets: pd.DataFrame, nproc: int | None) -> pd.DataFrame:
+    """One row per (rank, complete step): t_step (s), wait_s (s, waiting for a peer; 0 without buckets) and own_s
+    (s, t_step - wait_s)."""
+    st = complete_steps(steps, nproc)
+    cols = ["rank", "step", "t_step", "wait_s", "own_s"]
+    if st.empty:
+        return pd.DataFrame(columns=cols)
+    out = st[["rank", "step", "t_step"]].copy()
+    b = buckets[buckets["step"].isin(out["step"])] if not buckets.empty else buckets
+    waits = rank_waits(b) if not b.empty else pd.DataFrame(columns=["rank", "step", "wait_s"])
+    out = out.merge(waits[["rank", "step", "wait_s"]], on=["rank", "step"], how="left")
+    out["wait_s"] = out["wait_s"].fillna(0.0).astype(float)
+    out["own_s"] = out["t_step"] - out["wait_s"]
+    return out[cols].sort_values(["step", "rank"]).reset_index(drop=True)
+
+
+def straggler(times: pd.DataFrame, column: str = "own_s") -> dict | None:
+    """The rank whose median `column` is the slowest, if it stands out: {rank, median_s, next_rank, next_s, gap_s,
+    spread_s} where gap_s = its median - the next rank's and spread_s = the median over the ranks of each rank's
+    interquartile range of `column`; None with fewer than 2 ranks, fewer than 3 steps on a rank, or a gap not above
+    the spread."""
+    if times.empty or times["rank"].nunique() < 2 or times.groupby("rank").size().min() < 3:
+        return None
+    g = times.groupby("rank")[column]
+    med = g.median().sort_values(ascending=False)
+    spread = float((g.quantile(0.75) - g.quantile(0.25)).median())
+    gap = float(med.iloc[0] - med.iloc[1])
+    if gap <= spread:
+        return None
+    return {
+        "rank": int(med.index[0]),
+        "median_s": float(med.iloc[0]),
+        "next_rank": int(med.index[1]),
+        "next_s": float(med.iloc[1]),
+        "gap_s": gap,
+        "spread_s": spread,
+    }
+
+
+def busbw_rows(comm: pd.DataFrame, nproc: int | None, op: str | None = None) -> pd.DataFrame:
+    """`comm` (buckets, or collectives with an `op`) with t (s, t_end - t_start), bytes (wire_bytes where recorded,
+    else nbytes) and busbw (bytes/s: nccl-tests' bus bandwidth, `op` for every row or each row's own op). Rows with
+    no duration, no bytes or an op without a bus bandwidth (a parameter server's push and pull) are left out."""
+    cols = [c for c in comm.columns if c not in ("op", "t", "bytes", "busbw")] + ["op", "t", "bytes", "busbw"]
+    if comm.empty or not nproc or nproc < 2:
+        return pd.DataFrame(columns=cols)
+    c = comm.copy()
+    if op is not None:
+        c["op"] = op
+    c["t"] = c["t_end"].astype(float) - c["t_start"].astype(float)
+    wire = pd.to_numeric(c["wire_bytes"], errors="coerce") if "wire_bytes" in c.columns else np.nan
+    c["bytes"] = pd.Series(wire, index=c.index, dtype=float).fillna(c["nbytes"].astype(float))
+    c = c[(c["t"] > 0) & (c["bytes"] > 0) & c["op"].isin(BUS_OPS)].copy()
+    factor = c["op"].map({o: float(costmodel.busbw(o, 1.0, 1.0, nproc)) for o in BUS_OPS})
+    c["busbw"] = c["bytes"] / c["t"] * factor
+    return c[cols].reset_index(drop=True)
+
+
+def busbw_table(rows: pd.DataFrame, profile=None, nproc: int | None = None) -> pd.DataFrame:
+    """The median bus bandwidth (bytes/s) per bucket (DDP) or per op (collectives), with how many rows it is over
+    (`n`), and `calibrated` (bytes/s): the bus bandwidth the profile's fitted beta gives for that op on nproc ranks
+    (NaN without a profile or a fit of that op)."""
+    cols = ["what", "op", "busbw", "n", "calibrated"]
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    key = "bucket" if "bucket" in rows.columns and rows["bucket"].notna().all() else "op"
+    g = rows.groupby([key, "op"])["busbw"].agg(["median", "size"]).reset_index()
+    what = g[key].map(lambda k: f"bucket {int(k)}" if key == "bucket" else str(k))
+    cal = g["op"].map(lambda o: calibrated_busbw(profile, o, nproc))
+    return pd.DataFrame({"what": what, "op": g["op"], "busbw": g["median"], "n": g["size"], "calibrated": cal})
+
+
+def calibrated_busbw(profile, op: str, nproc: int | None) -> float:
+    """The bus bandwidth (bytes/s) of `profile`'s fitted beta for `op` on `nproc` ranks; NaN when there is no
+    profile, no fit of that op or no world size."""
+    if profile is None or not nproc or nproc < 2 or op not in getattr(profile, "fits", {}):
+        return float("nan")
+    return float(bus_bandwidth(profile.fits[op], nproc))
+
+
+def calibration_label(profile, table: pd.DataFrame) -> str:
+    """'no calibration', or the calibrated bus bandwidth per op ('calibrated all_reduce: 1.2 GB/s (1/beta)')."""
+    if profile is None:
+        return "no calibration"
+    cal = table.dropna(subset=["calibrated"]).drop_duplicates("op") if not table.empty else table
+    if cal.empty:
+        return "no calibration of " + (", ".join(sorted(set(table["op"]))) if not table.empty else "these ops")
+    return "; ".join(f"calibrated {r.op}: {fmt_gbps(r.calibrated)} (bus, from 1/beta)" for r in cal.itertuples())
+
+
+def recent(series: pd.Series, last: int = 10) -> float:
+    """The median of the last `last` values (NaN when there are none)."""
+    v = series.dropna().to_numpy(dtype=float)[-last:]
+    return float(np.median(v)) if v.size else float("nan")
+
+
+def live_view(live, profile=None, state: str = "running", why: str = "") -> dict:
+    """Everything the monitor shows, from `live` (a dtlab.results.live.LiveRun after a poll): state and why
+    (the state's reason, e.g. the failed rank), step (the last step every rank recorded; -1 before the first),
+    steps (the run's step count), table (`step_table`), pairs (`exposed_pairs`), ranks (`rank_times`), straggler,
+    busbw (`busbw_rows` of the measured steps, steps >= warmup once there are any), bw_table (`busbw_table`),
+    calibration (`calibration_label`), errors ({rank: {error, step}}), torn and damaged (lines so far), nproc."""
+    f, p = live.frames(), live.nproc
+    parts = [f[k][["rank", "step", "t_start", "t_end"]] for k in ("bucket", "collective") if not f[k].empty]
+    comm = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["rank", "step", "t_start", "t_end"])
+    table = step_table(f["step"], comm, p)
+    ranks = rank_times(f["step"], f["bucket"], p)
+    measured = [s for s in table["step"] if s >= live.warmup]
+    rows = [busbw_rows(f["bucket"], p, live.bucket_op)] if live.bucket_op else []
+    rows.append(busbw_rows(f["collective"].dropna(subset=["step"]), p))
+    bw = pd.concat([r for r in rows if not r.empty], ignore_index=True) if any(not r.empty for r in rows) else rows[0]
+    if measured and not bw.empty:
+        bw = bw[bw["step"].isin(measured)].reset_index(drop=True)
+    bw_table = busbw_table(bw, profile, p)
+    return {
+        "state": state,
+        "why": why,
+        "step": int(table["step"].max()) if not table.empty else -1,
+        "steps": live.steps,
+        "nproc": p,
+        "table": table,
+        "pairs": exposed_pairs(f["baseline_step"], table, p),
+        "ranks": ranks,
+        "straggler": straggler(ranks[ranks["step"].isin(measured)] if measured else ranks),
+        "busbw": bw,
+        "bw_table": bw_table,
+        "calibration": calibration_label(profile, bw_table),
+        "errors": dict(live.errors),
+        "torn": live.torn,
+        "damaged": len(live.damage),
+    }
+
+
+def text_line(view: dict) -> str:
+    """One compact line of the monitor for a terminal: step k of N, loss, T_step (ms, slowest rank, median of the
+    last 10 complete steps), communication share (%), exposed (ms, only with pairs), bus bandwidth (GB/s, with
+    its calibration or 'no calibration'), the straggler, and the state when it is not 'running'. `view` is what
+    `live_view` returns."""
+    done = f"{view['step'] + 1} steps" if view["step"] >= 0 else "no complete step yet"
+    t, parts = view["table"], [done + (f" of {view['steps']}" if view.get("steps") else "")]
+    if not t.empty:
+        parts.append(f"loss {t['loss'].iloc[-1]:.4g}")
+        parts.append(f"T_step {fmt_ms(recent(t['t_step']))} (slowest rank)")
+        share = recent(t["comm_share"])
+        if share == share:
+            parts.append(f"comm {share:.0%} of T_step")
+    if not view["pairs"].empty:
+        parts.append(f"exposed {fmt_ms(recent(view['pairs']['exposed']))}")
+    bw = view["busbw"]
+    if not bw.empty:
+        parts.append(f"busbw {fmt_gbps(float(bw['busbw'].median()))} ({view['calibration']})")
+    s = view["straggler"]
+    if s:
+        parts.append(f"straggler rank {s['rank']} (+{fmt_ms(s['gap_s'])})")
+    if view["state"] != "running":
+        parts.append(view["state"] + (f": {view['why']}" if view.get("why") else ""))
+    return "dtlab watch: " + " | ".join(parts)

@@ -1,0 +1,242 @@
+"""The live monitor: what a run is doing while its ranks run, drawn in the notebook (or printed as a text line
+outside one) from the event files the ranks are already writing (docs/monitor.md).
+
+- `monitor_figure(view)`: the figure (pure: a view of dtlab.results.live_stats.live_view in, a Figure out).
+- `Monitor`: follows a run directory (dtlab.results.live.LiveRun: each file read from where the last read
+  stopped), redraws every `every_s` seconds while new lines arrive, and ends with the failure (the rank named) or
+  the final breakdown (`Run.breakdown_table()`, from `run.summary()`).
+- `watch(handle)`: waits on a launched job with a Monitor (Handle.wait's `on_poll`): how `dtlab.run(cfg,
+  watch=True)` (dtlab.course.watching) watches. A rank failure, a stall or a kernel interrupt stops the job as
+  `Handle.wait` does; the monitor shows where it stopped, then RunFailed or KeyboardInterrupt is raised as before.
+
+The monitor runs in the notebook's process and only reads files the ranks write anyway: the ranks do no extra
+work for it. In JupyterLab the figure is a LiveFigure (plotly's JSON in an Output widget, shown again whole on
+every redraw: dtlab.viz.dashboard). A view carries no number the events do not: a panel whose source is absent
+(the compute stream's busy fraction, which no strategy records today) is left out.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import time
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+from IPython import get_ipython
+from IPython.display import display
+from plotly.subplots import make_subplots
+
+from dtlab.results.live import LiveRun
+from dtlab.results.live_stats import live_view, text_line
+from dtlab.results.status import RunFailed
+from dtlab.units import fmt_gbps, fmt_ms
+from dtlab.viz.dashboard import LiveFigure
+from dtlab.viz.figures import COLORS, wrap_title
+
+MODES = ("auto", "widget", "text")
+EVERY_S = 2.0  # seconds between redraws (and text lines) while new events arrive
+RANK_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D")
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (widgets can be displayed), False in a terminal or a plain script."""
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+def monitor_title(view: dict) -> str:
+    """'dtlab monitor: running, 12 steps of 300 (2 ranks); straggler: rank 1 (+27.7 ms)'."""
+    done = f"{view['step'] + 1} steps" if view["step"] >= 0 else "no complete step yet"
+    text = f"dtlab monitor: {view['state']}, {done}" + (f" of {view['steps']}" if view.get("steps") else "")
+    text += f" ({view['nproc']} ranks)" if view.get("nproc") else ""
+    s = view["straggler"]
+    text += f"; straggler: rank {s['rank']} (+{fmt_ms(s['gap_s'])} own time)" if s else ""
+    return text
+
+
+def monitor_figure(view: dict) -> go.Figure:
+    """Loss, T_step per step (slowest rank, each rank's own time, T_comm, exposed where paired), the communication
+    share, and the bus bandwidth per bucket or collective against its calibration; a compute-busy panel only when
+    the events carry it. Milliseconds, percent and GB/s on the axes."""
+    t = view["table"]
+    busy = not t.empty and t["compute_busy"].notna().any()
+    rows = 3 if busy else 2
+    titles = ["loss (mean over ranks)", "step time (ms)", "communication share of T_step (%)", _bw_title(view)]
+    fig = make_subplots(rows=rows, cols=2, subplot_titles=titles + (["compute stream busy (%)"] if busy else []))
+    x = t["step"].tolist()
+    fig.add_trace(go.Scatter(x=x, y=t["loss"].tolist(), name="loss", mode="lines+markers"), 1, 1)
+    fig.add_trace(_line(x, t["t_step"] * 1e3, "T_step (slowest rank)", "#222222"), 1, 2)
+    for i, (rank, g) in enumerate(view["ranks"].groupby("rank")):
+        color = RANK_COLORS[i % len(RANK_COLORS)]
+        fig.add_trace(_line(g["step"].tolist(), g["own_s"] * 1e3, f"rank {rank} own time", color, "dot"), 1, 2)
+    if t["t_comm"].notna().any():
+        fig.add_trace(_line(x, t["t_comm"] * 1e3, "T_comm", COLORS["T_comm"]), 1, 2)
+        fig.add_trace(_line(x, t["comm_share"] * 100, "T_comm / T_step", COLORS["T_comm"]), 2, 1)
+    p = view["pairs"]
+    if not p.empty:
+        marker = dict(color=COLORS["exposed"], symbol="x", size=9)
+        fig.add_trace(go.Scatter(x=p["step"].tolist(), y=(p["exposed"] * 1e3).tolist(), name="exposed (paired)",
+                                 mode="markers", marker=marker), 1, 2)  # fmt: skip
+    _bandwidth(fig, view["bw_table"])
+    if busy:
+        fig.add_trace(_line(x, t["compute_busy"] * 100, "compute stream busy", COLORS["T_comp"]), 3, 1)
+        fig.update_yaxes(title_text="%", row=3, col=1)
+    for r, c, unit in ((1, 1, "loss"), (1, 2, "ms"), (2, 1, "%"), (2, 2, "GB/s")):
+        fig.update_yaxes(title_text=unit, row=r, col=c, rangemode="tozero" if unit != "loss" else "normal")
+    fig.update_xaxes(title_text="step", row=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    notes = _notes(view)
+    fig.update_layout(
+        title=wrap_title(monitor_title(view), 110),
+        height=380 * rows + 40 * len(notes),
+        margin=dict(t=90, b=60 + 22 * len(notes)),
+        legend=dict(orientation="h", y=-0.12, x=0),
+        annotations=list(fig.layout.annotations) + _note_annotations(notes),
+    )
+    return fig
+
+
+def _line(x, y, name: str, color: str, dash: str = "solid") -> go.Scatter:
+    y = pd.Series(y).tolist()
+    return go.Scatter(x=list(x), y=y, name=name, mode="lines+markers", line=dict(color=color, dash=dash))
+
+
+def _bw_title(view: dict) -> str:
+    return "bus bandwidth (GB/s): " + ("no calibration" if "no calibration" in view["calibration"] else "vs calibrated")
+
+
+def _bandwidth(fig: go.Figure, table: pd.DataFrame) -> None:
+    if table.empty:
+        return
+    labels = table["what"].tolist()
+    fig.add_trace(go.Bar(x=labels, y=(table["busbw"] / 1e9).tolist(), name="busbw (median)",
+                         marker_color=COLORS["bucket"], text=[fmt_gbps(v) for v in table["busbw"]]), 2, 2)  # fmt: skip
+    cal = table["calibrated"]
+    if cal.notna().any():
+        fig.add_trace(go.Scatter(x=labels, y=(cal / 1e9).tolist(), name="calibrated (1/beta)", mode="markers",
+                                 marker=dict(symbol="line-ew-open", size=30, color="#222222")), 2, 2)  # fmt: skip
+
+
+def _notes(view: dict) -> list[str]:
+    out = [f"bus bandwidth: {view['calibration']}"]
+    if view["pairs"].empty:
+        out.append("exposed: not available (no no-op baseline step paired yet)")
+    if view["table"].empty or view["table"]["t_comm"].isna().all():
+        out.append("T_comm: not recorded by this run's events so far")
+    for rank, e in sorted(view["errors"].items()):
+        out.append(f"rank {rank} recorded an error after step {e['step']}: {str(e['error'])[:120]}")
+    if view["state"] != "running" and view.get("why"):
+        out.append(f"{view['state']}: {view['why'][:160]}")
+    if view["torn"] or view["damaged"]:
+        out.append(f"event lines: {view['torn']} torn (tolerated), {view['damaged']} damaged (skipped)")
+    return out
+
+
+def _note_annotations(notes: list[str]) -> list[dict]:
+    return [
+        dict(
+            text=html.escape(n),
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=0,
+            yshift=-70 - 20 * i,
+            showarrow=False,
+            xanchor="left",
+            yanchor="top",
+            font=dict(size=12),
+        )  # fmt: skip
+        for i, n in enumerate(notes)
+    ]
+
+
+class Monitor:
+    """Follows the run directory `run_dir` (see the module docstring). `profile`: a Profile whose fits give the
+    calibrated bus bandwidth (None: "no calibration"). `mode`: 'auto' (widgets in a Jupyter kernel, text
+    elsewhere), 'widget' or 'text'. `every_s`: seconds between redraws (> 0). `out`: where text lines go.
+
+    `poll()` reads what the ranks wrote since the last read and redraws when `every_s` has passed;
+    `finish(state, why, run)` reads the rest, draws the end state and, for a finished run, its breakdown.
+    `view` is the last view drawn; `redraws` counts them; `widget` is the VBox shown (widget mode)."""
+
+    def __init__(self, run_dir: str, profile=None, mode: str = "auto", every_s: float = EVERY_S, out=None):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+        if not isinstance(every_s, (int, float)) or not every_s > 0:
+            raise ValueError(f"every_s must be a number of seconds > 0, got {every_s!r}")
+        if profile is not None and not hasattr(profile, "fits"):
+            raise ValueError(
+                f"profile must be a dtlab Profile (dtlab.calibrate or dtlab.load_profile), got {profile!r}"
+            )
+        self.live, self.profile, self.every_s = LiveRun(run_dir), profile, float(every_s)
+        self.mode = ("widget" if in_notebook() else "text") if mode == "auto" else mode
+        self.out = out or sys.stdout
+        self.view: dict | None = None
+        self.redraws, self._last = 0, -float("inf")
+        self.widget = None
+        if self.mode == "widget":
+            self._status = widgets.HTML(value="<b>dtlab monitor</b>: waiting for the ranks' first events")
+            self._figure = LiveFigure(go.Figure(layout=dict(title="dtlab monitor: starting", height=300)))
+            self._end = widgets.HTML(value="")
+            self.widget = widgets.VBox([self._status, self._figure, self._end])
+            self.widget.add_class("dtlab-monitor")
+            display(self.widget)
+
+    def poll(self) -> None:
+        """Read the new lines and redraw if `every_s` has passed since the last redraw and something came."""
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            return
+        if self.live.poll() or self.view is None:
+            self._draw(live_view(self.live, self.profile))
+        self._last = now
+
+    def finish(self, state: str, why: str = "", run=None) -> None:
+        """The run ended in `state` ('finished', 'failed', 'interrupted', ...) for reason `why`: read the rest
+        (partial last lines counted as torn), draw the end state, and for a finished `run` show its breakdown."""
+        self.live.close()
+        self._draw(live_view(self.live, self.profile, state, why))
+        table = run.breakdown_table() if run is not None else ""
+        if self.mode == "text":
+            print(table, file=self.out, flush=True) if table else None
+        elif table:
+            self._end.value = f"<pre class='dtlab-monitor-breakdown'>{html.escape(table)}</pre>"
+
+    def _draw(self, view: dict) -> None:
+        self.view, self.redraws = view, self.redraws + 1
+        if self.mode == "text":
+            print(text_line(view), file=self.out, flush=True)
+            return
+        self._figure.show(monitor_figure(view))
+        state = html.escape(view["state"] + (f": {view['why']}" if view.get("why") else ""))
+        self._status.value = (
+            f"<span class='dtlab-monitor-status' data-state='{html.escape(view['state'])}'><b>dtlab monitor</b> "
+            f"{state} | {html.escape(text_line(view).removeprefix('dtlab watch: '))} | redraw {self.redraws}</span>"
+        )
+
+
+def failure_words(e: RunFailed) -> str:
+    """'rank 1 (SIGKILL): <its error>': who caused a failed run and how, from the RunFailed the launcher raised."""
+    who = f"rank {e.rank}" if e.rank is not None else "no rank could be named"
+    how = f" ({e.signal})" if e.signal else ""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{who}{how}: {e.error or first}"[:400]
+
+
+def watch(handle, profile=None, mode: str = "auto", every_s: float = EVERY_S):
+    """Wait on `handle` (dtlab.launch's Handle) with a `Monitor`; returns the loaded Run. On a failure the monitor
+    names the culprit rank, then RunFailed is raised; on KeyboardInterrupt (a kernel interrupt) the job is
+    stopped, the monitor says where, and the interrupt is raised again."""
+    mon = Monitor(handle.run_dir, profile, mode, every_s)
+    try:
+        run = handle.wait(progress=False, on_poll=mon.poll)
+    except RunFailed as e:
+        mon.finish(e.state or "failed", failure_words(e))
+        raise
+    except KeyboardInterrupt:
+        mon.finish("interrupted", "stopped by a keyboard (kernel) interrupt; every rank was stopped")
+        raise
+    mon.finish("finished", run=run)
+    return run

@@ -1,0 +1,270 @@
+"""The live monitor's pure half (dtlab.results.live, dtlab.results.live_stats) and its text and figure output
+(dtlab.viz.monitor), on run directories written here a piece at a time: no launch."""
+
+import io
+import json
+import random
+
+import pandas as pd
+import pytest
+
+from dtlab.model.fit import AlphaBetaFit
+from dtlab.results.events import scan_events
+from dtlab.results.live import LiveRun, RankTail
+from dtlab.results.live_stats import busbw_rows, busbw_table, live_view, straggler, text_line
+from dtlab.viz.monitor import Monitor, monitor_figure
+
+
+def _line(**ev) -> bytes:
+    return (json.dumps(ev) + "\n").encode()
+
+
+def _step(rank, step, t_step=0.05, loss=0.7, **extra):
+    return _line(
+        kind="step", rank=rank, step=step, t_fwd=0.01, t_bwd=0.02, t_opt=0.01, t_step=t_step, loss=loss, **extra
+    )
+
+
+def _bucket(rank, step, t_start, t_end, nbytes=4_000_000, bucket=0, **extra):
+    return _line(kind="bucket", rank=rank, step=step, bucket=bucket, nbytes=nbytes, t_ready=t_start, t_start=t_start,
+                 t_end=t_end, **extra)  # fmt: skip
+
+
+def _run_dir(tmp_path, nproc=2, steps=10, strategy="ddp"):
+    (tmp_path / "events").mkdir(parents=True)
+    cfg = {"nproc": nproc, "steps": steps, "warmup": 0, "strategy": strategy, "baseline_steps": 0}
+    (tmp_path / "config.json").write_text(json.dumps({"config": cfg}))
+    return tmp_path
+
+
+def _write_in_pieces(path, data: bytes, tail: RankTail, seed: int) -> list:
+    """Append `data` to `path` in random pieces (cuts inside lines too), reading after each piece."""
+    rng, got, i = random.Random(seed), [], 0
+    with open(path, "ab") as f:
+        while i < len(data):
+            n = rng.randint(1, 40)
+            f.write(data[i : i + n])
+            f.flush()
+            i += n
+            got += tail.read()
+    return got + tail.close()
+
+
+FILES = {
+    "clean": _line(kind="start", rank=0, pid=1) + _step(0, 0) + _step(0, 1) + _line(kind="done", rank=0),
+    "torn last line": _line(kind="start", rank=0, pid=1) + _step(0, 0) + _step(0, 1)[:30],
+    "garbage inside": _step(0, 0) + b"{not json\n" + _step(0, 1) + b"\n" + _line(kind="step", rank=0, step="x"),
+    "torn then restarted": _line(kind="start", rank=0, pid=1)
+    + _step(0, 0)[:25]
+    + b"\n"
+    + _line(kind="start", rank=0, pid=2, attempt=1)
+    + _step(0, 0, attempt=1),
+    "last line without newline": _step(0, 0) + _step(0, 1)[:-1],
+    "another rank's event": _step(0, 0) + _step(1, 0),
+}
+
+
+@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reading_in_pieces_gives_what_the_strict_reader_gives(tmp_path, name, seed):
+    """Written a few bytes at a time and read after every piece, a file yields the events, torn lines and damage
+    the strict reader finds in the whole file: nothing parsed twice, no partial line parsed, the same tolerance."""
+    path = tmp_path / "rank0.jsonl"
+    path.write_bytes(b"")
+    tail = RankTail(str(path))
+    got = _write_in_pieces(path, FILES[name], tail, seed)
+    scan = scan_events(str(path))
+    assert got == scan.events
+    assert tail.torn == scan.torn
+    assert [d["line"] for d in tail.damage] == [d["line"] for d in scan.damage]
+    assert [d["what"] for d in tail.damage] == [d["what"] for d in scan.damage]
+    assert tail.offset == path.stat().st_size  # each byte read once
+
+
+def test_a_torn_line_stays_partial_until_its_newline_arrives(tmp_path):
+    path = tmp_path / "rank0.jsonl"
+    line = _step(0, 0)
+    path.write_bytes(line[:20])
+    tail = RankTail(str(path))
+    assert tail.read() == [] and tail.damage == [] and tail.torn == []
+    with open(path, "ab") as f:
+        f.write(line[20:])
+    assert [e["step"] for e in tail.read()] == [0]
+    assert tail.damage == []
+
+
+def test_a_rank_file_that_appears_late_is_followed(tmp_path):
+    run = _run_dir(tmp_path)
+    (run / "events" / "rank0.jsonl").write_bytes(_step(0, 0) + _step(0, 1))
+    live = LiveRun(str(run))
+    assert live.poll() == 2
+    assert live_view(live)["table"].empty  # rank 1 has recorded nothing: no step is complete
+    (run / "events" / "rank1.jsonl").write_bytes(_step(1, 0, t_step=0.08))
+    assert live.poll() == 1
+    table = live_view(live)["table"]
+    assert table["step"].tolist() == [0] and table["t_step"].tolist() == [0.08]  # the slowest rank's
+
+
+def test_a_rank_that_ends_with_an_error_is_named(tmp_path):
+    run = _run_dir(tmp_path)
+    (run / "events" / "rank0.jsonl").write_bytes(_step(0, 0) + _step(0, 1))
+    (run / "events" / "rank1.jsonl").write_bytes(
+        _step(1, 0) + _step(1, 1) + _line(kind="error", rank=1, error="RuntimeError: boom")
+    )
+    live = LiveRun(str(run))
+    live.poll()
+    assert live.errors == {1: {"error": "RuntimeError: boom", "step": 1}}
+    out = io.StringIO()
+    mon = Monitor(str(run), mode="text", every_s=0.001, out=out)
+    mon.poll()
+    mon.finish("failed", "rank 1: RuntimeError: boom")
+    last = out.getvalue().strip().splitlines()[-1]
+    assert "2 steps of 10" in last and last.endswith("failed: rank 1: RuntimeError: boom")
+    notes = [a.text for a in monitor_figure(mon.view).layout.annotations]
+    assert any("rank 1 recorded an error after step 1: RuntimeError: boom" in n for n in notes)
+
+
+def _times(medians: dict, noise: float, n: int = 9) -> pd.DataFrame:
+    rows = [
+        {"rank": r, "step": s, "own_s": m + noise * ((s * 7 + r * 3) % 5 - 2)}
+        for r, m in medians.items()
+        for s in range(n)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_the_straggler_is_the_slowest_median_only_when_it_stands_out():
+    s = straggler(_times({0: 0.030, 1: 0.060, 2: 0.031}, noise=0.001))
+    assert s["rank"] == 1 and s["next_rank"] == 2 and s["gap_s"] == pytest.approx(0.029)
+    assert s["spread_s"] == pytest.approx(0.002)  # each rank's interquartile range: 2 x noise
+    assert straggler(_times({0: 0.030, 1: 0.032}, noise=0.004)) is None  # 2 ms apart, spread 8 ms
+    assert straggler(_times({0: 0.030}, noise=0.001)) is None  # one rank: nobody to straggle behind
+    assert straggler(_times({0: 0.030, 1: 0.060}, noise=0.001, n=2)) is None  # too few steps to tell
+
+
+def test_busbw_is_nccl_tests_bus_bandwidth():
+    """4 MB in 10 ms is an algbw of 0.4 GB/s: all-reduce x 2(p-1)/p, reduce-scatter and all-gather x (p-1)/p."""
+    b = pd.DataFrame([{"rank": 0, "step": 0, "bucket": 0, "nbytes": 4_000_000, "t_start": 0.010, "t_end": 0.020}])
+    assert busbw_rows(b, 2, "all_reduce")["busbw"].item() == pytest.approx(4e8)  # x 2(1)/2 = 1
+    assert busbw_rows(b, 4, "all_reduce")["busbw"].item() == pytest.approx(6e8)  # x 2(3)/4 = 1.5
+    c = pd.DataFrame(
+        [
+            {"rank": 0, "step": 0, "op": "reduce_scatter", "nbytes": 4_000_000, "t_start": 0.0, "t_end": 0.010},
+            {"rank": 0, "step": 0, "op": "all_gather", "nbytes": 2_000_000, "t_start": 0.0, "t_end": 0.010},
+            {"rank": 0, "step": 0, "op": "push", "nbytes": 2_000_000, "t_start": 0.0, "t_end": 0.010},
+        ]
+    )
+    rows = busbw_rows(c, 4)
+    assert rows["op"].tolist() == ["reduce_scatter", "all_gather"]  # a push has no bus bandwidth
+    assert rows["busbw"].tolist() == pytest.approx([3e8, 1.5e8])  # x 3/4
+    wire = b.assign(wire_bytes=2_000_000)  # fp16 compression sent half the bytes
+    assert busbw_rows(wire, 2, "all_reduce")["busbw"].item() == pytest.approx(2e8)
+
+
+class _Profile:
+    def __init__(self, beta):
+        fit = AlphaBetaFit(
+            op="all_reduce", form="ring", alpha=1e-5, beta=beta, alpha_ci=(0, 0), beta_ci=(0, 0), min_bytes=1,
+            max_bytes=2**20, n_points=4, n_samples=8,
+        )  # fmt: skip
+        self.fits = {"all_reduce": fit}
+
+
+def test_busbw_against_the_calibrated_beta():
+    """Ring form: busbw of a large message tends to 1/beta; the table shows it beside the measured median."""
+    rows = busbw_rows(
+        pd.DataFrame([{"rank": 0, "step": s, "bucket": 0, "nbytes": 10**6, "t_start": 0, "t_end": t}
+                      for s, t in enumerate([0.01, 0.02, 0.04])]), 2, "all_reduce"
+    )  # fmt: skip
+    table = busbw_table(rows, _Profile(beta=1 / 2e9), 2)
+    assert table["what"].tolist() == ["bucket 0"] and table["n"].tolist() == [3]
+    assert table["busbw"].item() == pytest.approx(5e7)  # the median: 1 MB in 20 ms
+    assert table["calibrated"].item() == pytest.approx(2e9)
+    assert busbw_table(rows, None, 2)["calibrated"].isna().all()
+
+
+def _steady_run(tmp_path, steps=6, busy=False):
+    run = _run_dir(tmp_path, steps=steps)
+    for r in (0, 1):
+        data = b"".join(
+            _step(r, s, t_step=0.05 + 0.03 * r, **({"compute_busy": 0.5} if busy else {}))
+            + _bucket(r, s, 0.02, 0.03 if r == 1 else 0.045)  # rank 0 waits 15 ms for rank 1's bucket
+            for s in range(steps)
+        )
+        (run / "events" / f"rank{r}.jsonl").write_bytes(data)
+    return run
+
+
+def test_text_mode_prints_a_line_per_redraw_with_units(tmp_path):
+    out = io.StringIO()
+    mon = Monitor(str(_steady_run(tmp_path)), mode="text", every_s=0.001, out=out)
+    mon.poll()
+    mon.finish("finished")
+    lines = out.getvalue().strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("dtlab watch: ") for line in lines)
+    first = lines[0]
+    assert "6 steps of 6" in first and "T_step 80.0 ms (slowest rank)" in first
+    assert "comm 31% of T_step" in first  # 25 ms of 80 ms: rank 0's bucket is in flight 25 ms
+    assert "busbw" in first and "GB/s (no calibration)" in first
+    assert "exposed" not in first  # no no-op baseline step: nothing to pair, no number
+    assert lines[-1].endswith("finished")
+
+
+def test_monitor_reads_only_new_bytes_and_redraws_only_when_due(tmp_path):
+    run = _steady_run(tmp_path)
+    mon = Monitor(str(run), mode="text", every_s=3600, out=io.StringIO())
+    mon.poll()
+    assert mon.redraws == 1
+    with open(run / "events" / "rank0.jsonl", "ab") as f:
+        f.write(_step(0, 6))
+    mon.poll()  # within every_s: nothing read, nothing drawn
+    assert mon.redraws == 1 and len(mon.live.rows["step"]) == 12
+
+
+def test_the_figure_shows_only_what_the_events_carry(tmp_path):
+    view = live_view(_poll(_steady_run(tmp_path / "a")))
+    fig = monitor_figure(view)
+    titles = [a.text for a in fig.layout.annotations]
+    assert not any("busy" in t for t in titles)  # no event carries it: no panel, no number
+    assert "bus bandwidth (GB/s): no calibration" in titles
+    assert {fig.layout.yaxis.title.text, fig.layout.yaxis2.title.text, fig.layout.yaxis4.title.text} == {
+        "loss",
+        "ms",
+        "GB/s",
+    }
+    own = {t.name: t.y for t in fig.data if "own time" in t.name}
+    assert own["rank 0 own time"] == pytest.approx((35.0,) * 6)  # 50 ms - 15 ms waiting for rank 1's bucket
+    assert own["rank 1 own time"] == pytest.approx((80.0,) * 6)  # the last to issue it waited for nobody
+    busy = monitor_figure(live_view(_poll(_steady_run(tmp_path / "b", busy=True))))
+    assert any("compute stream busy (%)" == a.text for a in busy.layout.annotations)
+    assert [t.y for t in busy.data if t.name == "compute stream busy"][0] == pytest.approx((50.0,) * 6)
+
+
+def _poll(run) -> LiveRun:
+    live = LiveRun(str(run))
+    live.poll()
+    return live
+
+
+def test_text_line_names_the_straggler_and_the_exposed_pairs(tmp_path):
+    run = _run_dir(tmp_path)
+    for r in (0, 1):
+        steps = b"".join(_step(r, s, t_step=0.08) + _bucket(r, s, 0.02, 0.05 if r == 0 else 0.03) for s in range(5))
+        base = _line(kind="baseline_step", rank=r, step=5, t_fwd=0, t_bwd=0, t_opt=0, t_step=0.06, paired_step=4)
+        (run / "events" / f"rank{r}.jsonl").write_bytes(steps + base)
+    view = live_view(_poll(run))
+    assert view["straggler"]["rank"] == 1  # rank 0 waited 20 ms of each step for it
+    line = text_line(view)
+    assert "straggler rank 1 (+20.0 ms)" in line and "exposed 20.0 ms" in line
+
+
+def test_bad_arguments_name_what_is_allowed(tmp_path):
+    import dtlab
+
+    with pytest.raises(ValueError, match="mode must be one of 'auto', 'widget', 'text'"):
+        Monitor(str(tmp_path), mode="html")
+    with pytest.raises(ValueError, match="every_s must be a number of seconds > 0"):
+        Monitor(str(tmp_path), every_s=0)
+    with pytest.raises(ValueError, match="watch must be False, True, 'text' or a Profile"):
+        dtlab.run(dtlab.tiny(out=str(tmp_path / "never")), watch="loud")
+    assert not (tmp_path / "never").exists()  # nothing was started
