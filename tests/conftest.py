@@ -56,6 +56,8 @@ SLOW_FILES = LAB_FILES + (
     "integration/test_launcher_death.py",
     "integration/test_warm_agent.py",
     "integration/test_stragglers.py",
+    "integration/test_lab12_interrupts.py",
+    "e2e/test_monitor_browser.py",
 )
 
 #: The labs' tests are two groups, so two workers run the labs side by side, each in its own JupyterLab and

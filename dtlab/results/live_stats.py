@@ -182,7 +182,8 @@ def live_view(live, profile=None, state: str = "running", why: str = "") -> dict
     (the state's reason, e.g. the failed rank), step (the last step every rank recorded; -1 before the first),
     steps (the run's step count), table (`step_table`), pairs (`exposed_pairs`), ranks (`rank_times`), straggler,
     busbw (`busbw_rows` of the measured steps, steps >= warmup once there are any), bw_table (`busbw_table`),
-    calibration (`calibration_label`), errors ({rank: {error, step}}), torn and damaged (lines so far), nproc."""
+    calibration (`calibration_label`), baseline_steps, errors ({rank: {error, step}}), torn and damaged (lines so
+    far), nproc."""
     f, p = live.frames(), live.nproc
     parts = [f[k][["rank", "step", "t_start", "t_end"]] for k in ("bucket", "collective") if not f[k].empty]
     comm = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["rank", "step", "t_start", "t_end"])
@@ -200,6 +201,7 @@ def live_view(live, profile=None, state: str = "running", why: str = "") -> dict
         "why": why,
         "step": int(table["step"].max()) if not table.empty else -1,
         "steps": live.steps,
+        "baseline_steps": live.baseline_steps,
         "nproc": p,
         "table": table,
         "pairs": exposed_pairs(f["baseline_step"], table, p),

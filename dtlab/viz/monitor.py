@@ -37,7 +37,16 @@ from dtlab.viz.figures import COLORS, wrap_title
 
 MODES = ("auto", "widget", "text")
 EVERY_S = 2.0  # seconds between redraws (and text lines) while new events arrive
-RANK_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D")
+RANK_COLORS = (
+    "#4C78A8",
+    "#54A24B",
+    "#B279A2",
+    "#9D755D",
+    "#72B7B2",
+    "#FF9DA6",
+    "#EECA3B",
+    "#BAB0AC",
+)  # no T_comm orange
 
 
 def in_notebook() -> bool:
@@ -87,13 +96,11 @@ def monitor_figure(view: dict) -> go.Figure:
         fig.update_yaxes(title_text=unit, row=r, col=c, rangemode="tozero" if unit != "loss" else "normal")
     fig.update_xaxes(title_text="step", row=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
-    notes = _notes(view)
     fig.update_layout(
         title=wrap_title(monitor_title(view), 110),
-        height=380 * rows + 40 * len(notes),
-        margin=dict(t=90, b=60 + 22 * len(notes)),
-        legend=dict(orientation="h", y=-0.12, x=0),
-        annotations=list(fig.layout.annotations) + _note_annotations(notes),
+        height=360 * rows + 80,
+        margin=dict(t=90, b=110),
+        legend=dict(orientation="h", yanchor="top", y=-0.1, x=0),
     )
     return fig
 
@@ -119,37 +126,23 @@ def _bandwidth(fig: go.Figure, table: pd.DataFrame) -> None:
                                  marker=dict(symbol="line-ew-open", size=30, color="#222222")), 2, 2)  # fmt: skip
 
 
-def _notes(view: dict) -> list[str]:
-    out = [f"bus bandwidth: {view['calibration']}"]
-    if view["pairs"].empty:
-        out.append("exposed: not available (no no-op baseline step paired yet)")
+def monitor_notes(view: dict) -> list[str]:
+    """What the figure cannot say with a number: how the run ended, errors the ranks recorded, what is not
+    available (exposed time before a no-op step is paired, T_comm a run does not record), the calibration, and
+    torn or damaged event lines."""
+    out = [f"{view['state']}: {view['why']}"] if view["state"] != "running" and view.get("why") else []
+    out.append(f"bus bandwidth: {view['calibration']}")
+    if view["pairs"].empty and view.get("baseline_steps"):
+        out.append("exposed: not available until a no-op baseline step is paired with a training step")
+    elif view["pairs"].empty:
+        out.append("exposed: not available live (no no-op baseline steps: the final breakdown says how it is measured)")
     if view["table"].empty or view["table"]["t_comm"].isna().all():
         out.append("T_comm: not recorded by this run's events so far")
     for rank, e in sorted(view["errors"].items()):
-        out.append(f"rank {rank} recorded an error after step {e['step']}: {str(e['error'])[:120]}")
-    if view["state"] != "running" and view.get("why"):
-        out.append(f"{view['state']}: {view['why'][:160]}")
+        out.append(f"rank {rank} recorded an error after step {e['step']}: {str(e['error'])[:160]}")
     if view["torn"] or view["damaged"]:
         out.append(f"event lines: {view['torn']} torn (tolerated), {view['damaged']} damaged (skipped)")
     return out
-
-
-def _note_annotations(notes: list[str]) -> list[dict]:
-    return [
-        dict(
-            text=html.escape(n),
-            xref="paper",
-            yref="paper",
-            x=0,
-            y=0,
-            yshift=-70 - 20 * i,
-            showarrow=False,
-            xanchor="left",
-            yanchor="top",
-            font=dict(size=12),
-        )  # fmt: skip
-        for i, n in enumerate(notes)
-    ]
 
 
 class Monitor:
@@ -210,19 +203,24 @@ class Monitor:
             print(text_line(view), file=self.out, flush=True)
             return
         self._figure.show(monitor_figure(view))
-        state = html.escape(view["state"] + (f": {view['why']}" if view.get("why") else ""))
+        line = text_line({**view, "why": ""}).removeprefix("dtlab watch: ")
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in monitor_notes(view))
         self._status.value = (
-            f"<span class='dtlab-monitor-status' data-state='{html.escape(view['state'])}'><b>dtlab monitor</b> "
-            f"{state} | {html.escape(text_line(view).removeprefix('dtlab watch: '))} | redraw {self.redraws}</span>"
+            f"<div class='dtlab-monitor-status' data-state='{html.escape(view['state'])}'><b>dtlab monitor</b> "
+            f"({view['state']}, redraw {self.redraws}): {html.escape(line)}</div>"
+            f"<ul class='dtlab-monitor-notes'>{notes}</ul>"
         )
 
 
 def failure_words(e: RunFailed) -> str:
-    """'rank 1 (SIGKILL): <its error>': who caused a failed run and how, from the RunFailed the launcher raised."""
+    """'rank 1 (SIGKILL): <its error>; rank 0 failed as a consequence': who caused a failed run and how, from the
+    RunFailed the launcher raised."""
     who = f"rank {e.rank}" if e.rank is not None else "no rank could be named"
     how = f" ({e.signal})" if e.signal else ""
     first = (str(e).strip().splitlines() or [""])[0]
-    return f"{who}{how}: {e.error or first}"[:400]
+    then = [c["rank"] for c in e.consequences if c.get("rank") is not None]
+    after = f"; rank {', '.join(map(str, then))} failed as a consequence" if then else ""
+    return f"{who}{how}: {(e.error or first)[:300]}{after}"
 
 
 def watch(handle, profile=None, mode: str = "auto", every_s: float = EVERY_S):

@@ -12,7 +12,7 @@ from dtlab.model.fit import AlphaBetaFit
 from dtlab.results.events import scan_events
 from dtlab.results.live import LiveRun, RankTail
 from dtlab.results.live_stats import busbw_rows, busbw_table, live_view, straggler, text_line
-from dtlab.viz.monitor import Monitor, monitor_figure
+from dtlab.viz.monitor import Monitor, monitor_figure, monitor_notes
 
 
 def _line(**ev) -> bytes:
@@ -120,8 +120,9 @@ def test_a_rank_that_ends_with_an_error_is_named(tmp_path):
     mon.finish("failed", "rank 1: RuntimeError: boom")
     last = out.getvalue().strip().splitlines()[-1]
     assert "2 steps of 10" in last and last.endswith("failed: rank 1: RuntimeError: boom")
-    notes = [a.text for a in monitor_figure(mon.view).layout.annotations]
-    assert any("rank 1 recorded an error after step 1: RuntimeError: boom" in n for n in notes)
+    notes = monitor_notes(mon.view)
+    assert notes[0] == "failed: rank 1: RuntimeError: boom"
+    assert "rank 1 recorded an error after step 1: RuntimeError: boom" in notes
 
 
 def _times(medians: dict, noise: float, n: int = 9) -> pd.DataFrame:
