@@ -216,7 +216,7 @@ def _cmd_show(args) -> int:
 def _print_run(run) -> None:
     """The breakdown table, and for a straggler run who waited for whom."""
     print(run.breakdown_table())
-    if run.config.straggler and not run.buckets.empty:
+    if run.config.stragglers.slow and not run.buckets.empty:
         from dtlab.results.stragglers import wait_table
 
         print(wait_table(run))

@@ -171,7 +171,7 @@ def update_batch(cfg) -> int:
     every rank), one rank's batch under local SGD (each rank updates on its own gradient), one worker's batch
     for the asynchronous server (one update per pushed gradient)."""
     spec = strategy_spec(cfg.strategy)
-    per_rank = cfg.batch_size * cfg.accumulate
+    per_rank = cfg.batch_size * cfg.ddp.accumulate
     if spec.asynchronous or cfg.sync.local_sgd:
         return per_rank
     return per_rank * cfg.nproc * getattr(cfg, "nnodes", 1)

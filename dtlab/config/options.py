@@ -1,11 +1,14 @@
 """Where each run option lives: the one table of flat option names and the groups they belong to. Pure.
 
-Options every run reads are `RunConfig`'s own fields (strategy, nproc, device, bucket_mb, steps, batch_size, lr,
-...). An option that one strategy or lever reads lives in a group: a small dataclass, validated by the module that
-owns the lever, and read as `cfg.GROUP.FIELD` (`cfg.parallel.microbatches`):
+Options every run reads are `RunConfig`'s own fields (strategy, nproc, device, steps, batch_size, lr, ...). An
+option that one strategy or lever reads lives in a group: a small dataclass, validated by the module that owns the
+lever, and read as `cfg.GROUP.FIELD` (`cfg.parallel.microbatches`):
 
 | group         | class              | validated in                | read by (rank side)                           |
 | ------------- | ------------------ | --------------------------- | --------------------------------------------- |
+| `ddp`         | DDPConfig          | dtlab.config.ddp            | strategies 'ddp', 'ps', local SGD, the loop   |
+| `stragglers`  | StragglersConfig   | dtlab.config.stragglers     | rank.stragglers                               |
+| `checks`      | ChecksConfig       | dtlab.config.parallel       | rank.replicas, rank.reference                 |
 | `parallel`    | ParallelConfig     | dtlab.config.parallel       | strategies 'tp' and 'pp', rank.replicas       |
 | `compression` | CompressionConfig  | dtlab.config.compression    | strategy 'ddp', rank.compression              |
 | `restarts`    | RestartsConfig     | dtlab.config.restarts       | rank.restarts, the launcher (torchrun)        |
@@ -25,6 +28,12 @@ import dataclasses
 
 #: flat option name -> (group, field in the group)
 FLAT: dict[str, tuple[str, str]] = {
+    "bucket_mb": ("ddp", "bucket_mb"),
+    "accumulate": ("ddp", "accumulate"),
+    "baseline_steps": ("ddp", "baseline_steps"),
+    "profile": ("ddp", "profile"),
+    "straggler": ("stragglers", "slow"),
+    "reference": ("checks", "reference"),
     "dp_degree": ("parallel", "dp_degree"),
     "microbatches": ("parallel", "microbatches"),
     "pp_schedule": ("parallel", "schedule"),

@@ -47,6 +47,20 @@ class ParallelConfig:
         choice(label("parallel", "schedule"), self.schedule, PP_SCHEDULES)
 
 
+@dataclass(kw_only=True)
+class ChecksConfig:
+    """What a run checks itself against while it trains (`RunConfig.checks`; flat name reference)."""
+
+    reference: bool = False
+    """Every rank also trains an unparallelised copy of the model on the step's global batch and records how its
+    loss and gradients compare with it (strategies 'tp', 'pp', 'fsdp2'; needs dropout 0); results.reference."""
+
+    def validate(self) -> None:
+        """The field on its own (ValueError naming it); dtlab.config.rules checks it against the strategy."""
+        if not isinstance(self.reference, bool):
+            raise ValueError(f"{label('checks', 'reference')} must be true or false, got {self.reference!r}")
+
+
 def world_size(cfg) -> int:
     """Ranks in the job: nproc on each of nnodes nodes."""
     return int(cfg.nproc) * int(getattr(cfg, "nnodes", 1) or 1)

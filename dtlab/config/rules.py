@@ -16,11 +16,11 @@ from dtlab.config.models import model_arch
 from dtlab.config.parallel import world_size
 from dtlab.config.stragglers import parse_straggler
 from dtlab.config.strategies import STRATEGIES, SUPPORT_FIELDS, StrategySpec
-from dtlab.config.validate import int_at_least
 
 
 def refuse(spec: StrategySpec, field: str, value, why: str = "") -> ValueError:
-    """The ValueError for a field (set to `value`) that strategy `spec` does not support, naming those that do."""
+    """The ValueError for a field (set to `value`) that strategy `spec` does not support, naming those that do. The
+    field is named as a user gives it, flat (`straggler`, `comm_hook`: dtlab.config.options.FLAT)."""
     allowed = [s.name for s in STRATEGIES.values() if getattr(s, SUPPORT_FIELDS[field])]
     return ValueError(
         f"{field} {value!r} applies to strategy {' or '.join(repr(a) for a in allowed)} only, "
@@ -37,10 +37,10 @@ def check_run(cfg, spec: StrategySpec, placed) -> None:
 
 def measurement(cfg, spec, placed) -> None:
     """The no-op baseline and the profiler follow the DDP loop's steps."""
-    if cfg.baseline_steps and not spec.compute_baseline:
-        raise refuse(spec, "baseline_steps", cfg.baseline_steps, "the no-op comm hook baseline")
-    if cfg.profile and not spec.profiles:
-        raise refuse(spec, "profile", cfg.profile, "the profiler's schedule follows the DDP loop's steps")
+    if cfg.ddp.baseline_steps and not spec.compute_baseline:
+        raise refuse(spec, "baseline_steps", cfg.ddp.baseline_steps, "the no-op comm hook baseline")
+    if cfg.ddp.profile and not spec.profiles:
+        raise refuse(spec, "profile", cfg.ddp.profile, "the profiler's schedule follows the DDP loop's steps")
 
 
 def levers(cfg, spec, placed) -> None:
@@ -54,8 +54,10 @@ def levers(cfg, spec, placed) -> None:
             "a DDP compression hook reaches only the buckets DDP all-reduces itself "
             "(ZeRO-3 reduce-scatters inside DeepSpeed; ps reduces with its own hook)",
         )
-    if cfg.accumulate != 1 and not spec.accumulate:
-        raise refuse(spec, "accumulate", cfg.accumulate, "gradient accumulation is wired through DDP's no_sync only")
+    if cfg.ddp.accumulate != 1 and not spec.accumulate:
+        raise refuse(
+            spec, "accumulate", cfg.ddp.accumulate, "gradient accumulation is wired through DDP's no_sync only"
+        )
     if spec.needs_record and not cfg.record:
         raise ValueError(
             f"strategy {spec.name!r} needs record=True: the recording hook is what reduces each "
@@ -72,11 +74,11 @@ def levers(cfg, spec, placed) -> None:
 def stragglers(cfg, spec, placed) -> None:
     """A straggler needs a rank loop that injects delays, a rule that parses for these ranks, and the recorder
     (the wait times and the FACTOR rule's compute times are read from the recorded buckets)."""
-    if cfg.straggler is None:
+    if cfg.stragglers.slow is None:
         return
     if not spec.stragglers:
-        raise refuse(spec, "straggler", cfg.straggler, "its rank loop does not inject delays")
-    parse_straggler(cfg.straggler, cfg.nproc)
+        raise refuse(spec, "straggler", cfg.stragglers.slow, "its rank loop does not inject delays")
+    parse_straggler(cfg.stragglers.slow, cfg.nproc)
     if not cfg.record:
         raise ValueError(
             "straggler needs record=True: the wait times and the FACTOR rule's compute times are "
@@ -118,11 +120,11 @@ def reference(cfg, spec, placed) -> None:
         ("microbatches", par.microbatches, 1),
         ("pp_schedule", par.schedule, "gpipe"),
         ("dp_degree", par.dp_degree, 1),
-        ("reference", cfg.reference, False),
+        ("reference", cfg.checks.reference, False),
     ):
         if value != default and not getattr(spec, SUPPORT_FIELDS[name]):
             raise refuse(spec, name, value)
-    if cfg.reference and cfg.dropout != 0:
+    if cfg.checks.reference and cfg.dropout != 0:
         raise ValueError(
             f"reference needs dropout 0 (got {cfg.dropout!r}): with dropout on, the run and its "
             "single-process copy draw different masks and their losses cannot be compared"
@@ -198,7 +200,7 @@ def local_sgd(cfg, spec, placed) -> None:
         raise refuse(spec, "local_sgd", sync.local_sgd, "it needs a rank loop that steps its own optimizer")
     for name, value, off, why in (
         ("comm_hook", cfg.compression.hook, "none", "local SGD all-reduces parameters, not DDP's gradient buckets"),
-        ("straggler", cfg.straggler, None, "the straggler rule reads DDP's buckets"),
+        ("straggler", cfg.stragglers.slow, None, "the straggler rule reads DDP's buckets"),
         ("checkpoint_every", cfg.restarts.checkpoint_every, 0, "each rank's own optimizer state is not checkpointed"),
         ("max_restarts", cfg.restarts.max_restarts, 0, "each rank's own optimizer state is not checkpointed"),
     ):
@@ -222,11 +224,8 @@ def asynchronous(cfg, spec, placed) -> None:
         )
 
 
-def training_fields(cfg, spec, placed) -> None:
-    """The run's own fields that no group holds and only some strategies read: accumulate, reference, dropout."""
-    int_at_least("accumulate", cfg.accumulate, 1)
-    if not isinstance(cfg.reference, bool):
-        raise ValueError(f"reference must be true or false, got {cfg.reference!r}")
+def dropout(cfg, spec, placed) -> None:
+    """The model's dropout: None (its own) or a probability (the reference check needs 0)."""
     d = cfg.dropout
     number = not isinstance(d, bool) and isinstance(d, (int, float)) and math.isfinite(d)
     if d is not None and not (number and 0 <= d < 1):
@@ -235,7 +234,7 @@ def training_fields(cfg, spec, placed) -> None:
 
 #: every rule, in the order they run (the fields a later rule reads are checked by an earlier one)
 RULES = (
-    training_fields,
+    dropout,
     measurement,
     levers,
     stragglers,

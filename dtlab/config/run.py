@@ -17,12 +17,14 @@ from dtlab.config.baseline import auto_baseline_steps
 from dtlab.config.compression import CompressionConfig
 from dtlab.config.convergence import EvaluationConfig, LrScheduleConfig, SyncConfig
 from dtlab.config.datafile import check_data_file
+from dtlab.config.ddp import DDPConfig
 from dtlab.config.job import JobConfig
 from dtlab.config.options import FLAT, nest
-from dtlab.config.parallel import ParallelConfig
+from dtlab.config.parallel import ChecksConfig, ParallelConfig
 from dtlab.config.placement import BACKENDS, DEVICES, device_count, machine_gpus, plan
 from dtlab.config.restarts import RestartsConfig
 from dtlab.config.rules import check_run
+from dtlab.config.stragglers import StragglersConfig
 from dtlab.config.strategies import STRATEGIES, strategy_spec
 from dtlab.config.validate import choice, finite, int_at_least, refuse_unknown
 
@@ -30,11 +32,11 @@ MODELS = ("distilbert", "tiny")
 MODEL_SOURCES = ("auto", "hub", "random")
 DATA_SOURCES = ("auto", "glue", "offline")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")  # torch.optim.AdamW's implementations
-MAX_BUCKET_MB = 1024 * 1024  # 1 TiB
 #: The form a run records (config.json's "config" holds it as `config_version`): 2 = the option groups, 3 = memory
-#: events name the optimizer state's bytes opt_bytes, as steps name its time t_opt. Records of an earlier form are
-#: brought to this one by dtlab.results.upgrade.
-CONFIG_VERSION = 3
+#: events name the optimizer state's bytes opt_bytes, as steps name its time t_opt, 4 = the options only DDP's loop,
+#: the straggler rule and the reference check read in their groups (ddp, stragglers, checks). Records of an earlier
+#: form are brought to this one by dtlab.results.upgrade.
+CONFIG_VERSION = 4
 
 
 @dataclass(kw_only=True)
@@ -108,18 +110,11 @@ class RunConfig(JobConfig):
     device: str = "auto"
     """'auto' (CUDA whenever the machine has a GPU: a GPU machine never runs silently on the CPU), 'cuda' or
     'cpu' (gloo ranks on the CPU even when GPUs are present)."""
-    bucket_mb: float = 25.0
-    """DDP gradient bucket cap in MiB (DDP's bucket_cap_mb; 1 MiB = 1,048,576 bytes)."""
     steps: int = 8
     """Timed optimizer steps (the first `warmup` of them are excluded from summaries)."""
     warmup: int = 2
     """Leading steps excluded from medians: step 0 allocates and runs DDP's single first-iteration bucket,
     step 1 rebuilds the buckets in gradient-ready order."""
-    baseline_steps: int | None = None
-    """Extra steps with DDP's no-op comm hook that measure T_comp, interleaved with the timed ones: each runs right
-    after the measured step it is paired with (dtlab.config.baseline) and leaves the training untouched. None: one
-    after each measured step, at least 3 and at most 8 (dtlab.config.baseline.auto_baseline_steps), for strategies
-    'ddp' and 'ps'; 0 for 'zero3' (which has no no-op baseline)."""
     batch_size: int = 8
     """Samples per rank per step (the global batch is batch_size x nproc); for 'tp' and 'pp', whose ranks share
     one batch, per data-parallel replica (the global batch is batch_size x dp_degree)."""
@@ -139,9 +134,6 @@ class RunConfig(JobConfig):
     record: bool = True
     """Record every bucket with the comm hook; False runs plain DDP (its built-in all-reduce, no hook), which
     the overhead benchmark compares against."""
-    profile: bool = False
-    """Record a PyTorch profiler (Kineto) trace of the measured steps, one file per rank in RUN_DIR/profiler/
-    (strategy 'ddp'); `dtlab.load_trace(RUN_DIR)` reads it (dtlab.rank.profiling). The profiler slows the steps."""
     lr: float | None = None
     """AdamW's base learning rate (before `lr_scaling` and the warmup). None (auto): set by each rank once the model
     is built, from the weights it got: 2e-5 (the fine-tuning rate) for pretrained weights, a rate that trains the
@@ -166,17 +158,9 @@ class RunConfig(JobConfig):
     ranks' Python stacks are dumped into their logs, the run is stopped and RunFailed names the silent rank.
     None derives it from the run: max(60 s, 10 x the median step time seen so far). Before a rank's first
     step (imports, rendezvous, model download and build, DeepSpeed setup) it gets max(stall_s, 600 s)."""
-    accumulate: int = 1
-    """Micro-batches per optimizer step: the first accumulate - 1 run under DDP's no_sync() (no communication),
-    the last all-reduces the accumulated gradients. Strategy 'ddp' only."""
-    straggler: str | None = None
-    """Slow ranks down: 'RANK:FACTOR' (compute x FACTOR) or 'RANK:+MSms', comma-separated (dtlab.config.stragglers)."""
     dropout: float | None = None
     """Dropout probability of every dropout layer; None keeps the model's own (DistilBERT: 0.1, and 0.2 before
-    the classifier). 0 makes a run comparable, step by step, with a single process (`reference`)."""
-    reference: bool = False
-    """Every rank also trains an unparallelised copy of the model on the step's global batch and records how its
-    loss and gradients compare with it (strategies 'tp', 'pp', 'fsdp2'; needs dropout 0); results.reference."""
+    the classifier). 0 makes a run comparable, step by step, with a single process (`checks.reference`)."""
     # ---- option groups: what one strategy or lever reads (dtlab.config.options: the flat names and who reads them)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """A model-parallel layout ('tp', 'pp'): dp_degree, microbatches, schedule (dtlab.config.parallel)."""
@@ -190,6 +174,12 @@ class RunConfig(JobConfig):
     """The learning-rate rule: scaling, base_batch, warmup_steps (dtlab.config.convergence)."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     """Synchronising less than every step: local_sgd, max_staleness, staleness_policy (dtlab.config.convergence)."""
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    """DDP's loop: bucket_mb, accumulate, baseline_steps, profile (dtlab.config.ddp)."""
+    stragglers: StragglersConfig = field(default_factory=StragglersConfig)
+    """Slowed ranks: slow (flat name straggler; dtlab.config.stragglers)."""
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
+    """What a run checks itself against: reference (dtlab.config.parallel)."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO-3 knobs (used when strategy == 'zero3')."""
 
@@ -207,28 +197,25 @@ class RunConfig(JobConfig):
         """Check every field; raise ValueError naming the field and what is allowed. Returns self.
 
         `cuda_device_count` and `nccl_version` default to this machine's (asked without initialising CUDA). The
-        "auto" fields (nproc, baseline_steps: None) are resolved here; `lr` None stays None, as it depends on the
+        "auto" fields (nproc, ddp.baseline_steps: None) are resolved here; `lr` None stays None, as it depends on the
         weights the rank loads (dtlab.config.convergence.resolve_lr)."""
         choice("strategy", self.strategy, tuple(STRATEGIES))
         spec = strategy_spec(self.strategy)  # looked up once: every rule below reads this spec
         self._resolve_auto(cuda_device_count, spec)
         int_at_least("nproc", self.nproc, 1)
         choice("backend", self.backend, BACKENDS)
-        # 1 TiB: any larger cap is one bucket anyway, and int(bucket_mb * 2**20) must stay a sane integer.
-        finite("bucket_mb", self.bucket_mb, "(MiB)", low=0.0, high=MAX_BUCKET_MB)
         int_at_least("steps", self.steps, 1)
         int_at_least("warmup", self.warmup, 0)
         if self.warmup >= self.steps:
             raise ValueError(
                 f"warmup must be smaller than steps ({self.steps}) so some steps are measured, got {self.warmup}"
             )
-        int_at_least("baseline_steps", self.baseline_steps, 0)
         int_at_least("batch_size", self.batch_size, 1)
         int_at_least("seq_len", self.seq_len, 1)
         if self.seq_len > 512:
             raise ValueError(f"seq_len must be <= 512 (DistilBERT's position embeddings), got {self.seq_len}")
         self._validate_sources()
-        for name in ("record", "profile", "deterministic"):
+        for name in ("record", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.lr is not None:
@@ -277,8 +264,8 @@ class RunConfig(JobConfig):
     def _resolve_auto(self, cuda_device_count: int | None = None, spec=None) -> None:
         if self.nproc is None:
             self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
-        if self.baseline_steps is None:
-            self.baseline_steps = (
+        if self.ddp.baseline_steps is None:
+            self.ddp.baseline_steps = (
                 auto_baseline_steps(self.steps, self.warmup)
                 if (spec or strategy_spec(self.strategy)).compute_baseline
                 else 0
@@ -328,6 +315,9 @@ class RunConfig(JobConfig):
 
 #: RunConfig's option groups: field name -> dataclass (dtlab.config.options has their flat names)
 GROUPS = {
+    "ddp": DDPConfig,
+    "stragglers": StragglersConfig,
+    "checks": ChecksConfig,
     "parallel": ParallelConfig,
     "compression": CompressionConfig,
     "restarts": RestartsConfig,

@@ -1,6 +1,7 @@
 """Stragglers: slow one rank's compute by a known amount and watch the others wait for it.
 
-`RunConfig.straggler` (`--straggler`) is a comma-separated list of `RANK:FACTOR` or `RANK:+MSms` entries:
+`RunConfig.stragglers.slow` (flat name `straggler`, `--straggler`) is a comma-separated list of `RANK:FACTOR` or
+`RANK:+MSms` entries:
 
 - `1:2`       rank 1's compute takes 2x as long: it sleeps (FACTOR - 1) x its own compute time per step;
 - `1:+150ms`  rank 1 sleeps exactly 150 ms per step;
@@ -21,6 +22,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+
+from dtlab.config.options import label
 
 #: How many of the rank's own earlier steps the FACTOR rule takes the median of.
 HISTORY_STEPS = 3
@@ -58,6 +61,23 @@ class Straggle:
             if self.factor is not None
             else f"rank {self.rank}: +{self.delay_ms:g} ms per step"
         )
+
+
+@dataclass(kw_only=True)
+class StragglersConfig:
+    """Slowed ranks (`RunConfig.stragglers`; flat name straggler): read by the strategies whose spec says
+    `stragglers` (their rank loop injects the delay, dtlab.rank.stragglers)."""
+
+    slow: str | None = None
+    """Which ranks are slowed and how: 'RANK:FACTOR' (compute x FACTOR) or 'RANK:+MSms', comma-separated
+    ('1:2.0', '0:+30ms,1:1.5'); None slows nobody. See the module docstring for where the delay goes."""
+
+    def validate(self) -> None:
+        """The field on its own (ValueError naming it); dtlab.config.rules parses it against the ranks."""
+        if self.slow is not None and not isinstance(self.slow, str):
+            raise ValueError(
+                f"{label('stragglers', 'slow')} must be None or a string like '1:2.0' or '0:+30ms', got {self.slow!r}"
+            )
 
 
 def parse_straggler(spec: str, nproc: int) -> dict[int, Straggle]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from operator import attrgetter
 
 from dtlab.course.wording import kind
 from dtlab.results.recorded import (
@@ -29,7 +30,7 @@ from dtlab.units import fmt_count, fmt_ms
 #: the recorded run each strategy is set beside (DistilBERT, 2 ranks, batch 8 x 64 per rank: the labs' full mode on
 #: a CPU machine)
 RECORDED_FOR = {"ddp": "h200-ddp", "zero3": "h200-zero3"}
-#: config fields that make two runs the same job (a bucket cap only where buckets are recorded)
+#: config fields that make two runs the same job (a bucket cap, ddp.bucket_mb, only where buckets are recorded)
 SAME_JOB = ("model", "nproc", "batch_size", "seq_len")
 ROWS = (
     ("T_step", "T_step_ms", "ms"),
@@ -64,10 +65,10 @@ def _on_cpu(resolved_or_meta: dict) -> bool:
 
 def differences(run, rec: RecordedRun) -> list[str]:
     """How `run`'s job differs from the recorded one: ['model tiny here, distilbert there', ...] (empty: the same)."""
-    fields = SAME_JOB + (("bucket_mb",) if run.spec.records == "buckets" else ())
+    fields = SAME_JOB + (("ddp.bucket_mb",) if run.spec.records == "buckets" else ())
     out = []
     for f in fields:
-        mine, theirs = getattr(run.config, f), getattr(rec.run.config, f)
+        mine, theirs = attrgetter(f)(run.config), attrgetter(f)(rec.run.config)
         if mine != theirs:
             out.append(f"{f} {mine} here, {theirs} there")
     return out

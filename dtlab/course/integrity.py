@@ -25,7 +25,7 @@ import os
 import re
 
 from dtlab.config.strategies import strategy_spec
-from dtlab.launching.replay import RUN_SPECIFIC, field_same, status_of
+from dtlab.launching.replay import RUN_SPECIFIC, field_same, flat_fields, status_of
 from dtlab.model.whatif import model_param_nbytes
 from dtlab.results.calibration import samples_frame
 
@@ -66,6 +66,7 @@ def _time_order(run_dir: str, launch_time) -> list[str]:
 
 
 def _field_diff(want: dict, got: dict, defaults: dict | None) -> list[str]:
+    want, got, defaults = flat_fields(want), flat_fields(got), flat_fields(defaults)
     return [
         f"{k}: the lab's {v!r}, recorded {got.get(k)!r}"
         for k, v in want.items()
@@ -93,8 +94,8 @@ def run_problems(run, want: dict | None = None, defaults: dict | None = None) ->
         if got != steps:
             problems.append(f"rank {r} recorded steps {sorted(got)}, the config asks {sorted(steps)}")
         n_base = int((run.baseline_steps["rank"] == r).sum()) if not run.baseline_steps.empty else 0
-        if strategy_spec(cfg.strategy).compute_baseline and n_base != int(cfg.baseline_steps or 0):
-            problems.append(f"rank {r} recorded {n_base} baseline steps, the config asks {cfg.baseline_steps}")
+        if strategy_spec(cfg.strategy).compute_baseline and n_base != int(cfg.ddp.baseline_steps or 0):
+            problems.append(f"rank {r} recorded {n_base} baseline steps, the config asks {cfg.ddp.baseline_steps}")
     problems += _byte_problems(run)
     problems += _timing_problems(run)
     problems += _time_order(run.path, run.status.get("started") or None)

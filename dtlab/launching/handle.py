@@ -284,7 +284,7 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
         nl.run_dir,
         proc,
         cfg.nproc,
-        total + cfg.baseline_steps,
+        total + cfg.ddp.baseline_steps,
         cfg.timeout_s,
         desc,
         stall_s=cfg.stall_s,

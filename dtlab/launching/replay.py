@@ -119,8 +119,22 @@ def field_same(k, v, rec: dict, defaults: dict | None) -> bool:
 RUN_SPECIFIC = ("out", "rdzv_endpoint", "rdzv_id")  # where and how one launch met: never part of what was run
 
 
+def flat_fields(fields: dict | None) -> dict | None:
+    """A config dict with each option group's fields as their own entries ("ddp.bucket_mb"), so that recordings are
+    compared, and their differences named, field by field."""
+    if fields is None:
+        return None
+    out = {}
+    for k, v in fields.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{f}": x for f, x in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
 def _wanted(fields: dict) -> dict:
-    return {k: v for k, v in fields.items() if k not in RUN_SPECIFIC}
+    return {k: v for k, v in flat_fields(fields).items() if k not in RUN_SPECIFIC}
 
 
 def match(recs, kind: str, fields: dict, defaults: dict | None = None) -> str | None:
@@ -128,10 +142,10 @@ def match(recs, kind: str, fields: dict, defaults: dict | None = None) -> str | 
     "calibration") whose every field in `fields` (None included: a run without a straggler is not a straggler run;
     the output directory and rendezvous endpoint ignored) equals the recorded value (`defaults`: the config's
     default values, for fields a recording predates)."""
-    want = _wanted(fields)
+    want, defaults = _wanted(fields), flat_fields(defaults)
     for d, cfg in reversed(list(recs)):
         rec = cfg.get(kind)
-        if isinstance(rec, dict) and all(field_same(k, v, rec, defaults) for k, v in want.items()):
+        if isinstance(rec, dict) and all(field_same(k, v, flat_fields(rec), defaults) for k, v in want.items()):
             return d
     return None
 
@@ -158,7 +172,7 @@ def require(kind: str, fields: dict, defaults: dict | None = None) -> str:
 def closest(recs, root: str, kind: str, fields: dict) -> str:
     """Why no recording of `recs` matches `fields`: none of that kind, or the closest one and its differing fields."""
     want = _wanted(fields)
-    recs = [(d, c[kind]) for d, c in recs if isinstance(c.get(kind), dict)]
+    recs = [(d, flat_fields(c[kind])) for d, c in recs if isinstance(c.get(kind), dict)]
     if not recs:
         return f"no finished {kind} recording at all"
     d, rec = min(reversed(recs), key=lambda dr: sum(not _same(v, dr[1].get(k)) for k, v in want.items()))

@@ -36,7 +36,7 @@ SWEEP_COLUMNS = [
 
 def run_dir_for(root: str, cfg: RunConfig) -> str:
     """Where a sweep keeps the run of `cfg`: one folder per grid point."""
-    return os.path.join(root, f"{cfg.strategy}-{cfg.model}-p{cfg.nproc}-b{cfg.bucket_mb:g}")
+    return os.path.join(root, f"{cfg.strategy}-{cfg.model}-p{cfg.nproc}-b{cfg.ddp.bucket_mb:g}")
 
 
 def _same_config(path: str, cfg: RunConfig) -> bool:
@@ -72,7 +72,7 @@ def sweep(
     from tqdm.auto import tqdm  # imports IPython and ipywidgets where present: only when a sweep runs
 
     nprocs = list(nproc) if nproc is not None else [base.nproc]
-    buckets = list(bucket_mb) if bucket_mb is not None else [base.bucket_mb]
+    buckets = list(bucket_mb) if bucket_mb is not None else [base.ddp.bucket_mb]
     strategies = list(strategy) if strategy is not None else [base.strategy]
     # strategies innermost: the runs compared with each other run back to back, under the same machine load
     grid = list(itertools.product(nprocs, buckets, strategies))

@@ -58,7 +58,7 @@ def unique_dir(parent: str, name: str) -> str:
 
 
 def default_out(cfg: RunConfig) -> str:
-    return unique_dir("runs", f"{cfg.strategy}-{cfg.model}-p{cfg.nproc}-b{cfg.bucket_mb:g}")
+    return unique_dir("runs", f"{cfg.strategy}-{cfg.model}-p{cfg.nproc}-b{cfg.ddp.bucket_mb:g}")
 
 
 def prepare_dir(out: str) -> str:

@@ -92,7 +92,7 @@ def compression_from_run(run) -> dict:
 def samples_per_step(run) -> int:
     """Training samples one optimizer step consumes across all ranks: batch_size x accumulate x nproc."""
     c = run.config
-    return int(c.batch_size) * int(c.accumulate) * run.nproc
+    return int(c.batch_size) * int(c.ddp.accumulate) * run.nproc
 
 
 def comm_per_sample(run) -> dict:
@@ -101,7 +101,7 @@ def comm_per_sample(run) -> dict:
     t_step, t_comm, t_comp (s per step), t_step_per_sample, t_comm_per_sample, t_comp_per_sample
     (s per sample), rounds_per_micro_batch (bucket all-reduces per micro-batch on one rank)."""
     s = run.summary().set_index("quantity")["value"]
-    k = int(run.config.accumulate)
+    k = int(run.config.ddp.accumulate)
     n = samples_per_step(run)
     b = run.buckets[run.buckets["step"] >= run.warmup]
     rounds = float(b.groupby(["rank", "step"]).size().median()) if not b.empty else float("nan")

@@ -74,7 +74,7 @@ def build_replica(
     # training steps only: a baseline step reuses the batch of the training step it is paired with, so the data (and
     # the losses) of a run do not depend on how many baseline steps it has
     sentences, labels, data_src = load_sentences(
-        cfg.data, cfg.steps * cfg.accumulate * cfg.batch_size * shards, cfg.seed
+        cfg.data, cfg.steps * cfg.ddp.accumulate * cfg.batch_size * shards, cfg.seed
     )
     wanted = range(shards) if every_shard else [] if shard is None else [shard]
     made = {s: make_batches(cfg, built.tokenizer, sentences, labels, s, shards, device) for s in wanted}

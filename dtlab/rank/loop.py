@@ -99,7 +99,7 @@ class Strategy:
     def order(self, first: int) -> list[tuple[int, int | None]]:
         """The steps this rank runs: (step, None) for a training step, (step, paired step) for a baseline step."""
         cfg = self.ctx.cfg
-        baseline = cfg.baseline_steps if self.noop_baseline else 0
+        baseline = cfg.ddp.baseline_steps if self.noop_baseline else 0
         return run_order(cfg.steps, cfg.warmup, baseline, first)
 
     def step(self, step: int, paired: int | None) -> Step:
@@ -221,7 +221,7 @@ def run(strategy: Strategy) -> None:
     order = strategy.order(first)
     profiler = StepProfiler(ctx.cfg, ctx.run_dir, ctx.rank, setup.device, order)
     for step, paired in order:
-        profiler.begin(step, paired)  # cfg.profile: one ProfilerStep per step (dtlab.rank.profiling)
+        profiler.begin(step, paired)  # cfg.ddp.profile: one ProfilerStep per step (dtlab.rank.profiling)
         if strategy.inject_faults:
             maybe_inject_fault(ctx.rank, step)
         loop.one(step, paired)

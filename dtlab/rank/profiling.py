@@ -20,10 +20,10 @@ import torch.profiler as tp
 
 class StepProfiler:
     """Wraps torch.profiler for a rank's step loop: `begin(step, paired)` at the top of every iteration,
-    `finish()` after the loop. Does nothing when `cfg.profile` is False."""
+    `finish()` after the loop. Does nothing when `cfg.ddp.profile` is False."""
 
     def __init__(self, cfg, run_dir: str, rank: int, device, order):
-        self.active = bool(getattr(cfg, "profile", False))
+        self.active = bool(cfg.ddp.profile)
         self.i = 0
         if not self.active:
             return

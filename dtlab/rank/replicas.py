@@ -53,12 +53,12 @@ def build(cfg: RunConfig, run_dir: str, rank: int, world: int) -> Built:
     deg = layout(cfg)
     dp = deg["dp"]
     dp_rank = rank // (world // dp)
-    rep = build_replica(cfg, rank, world, shards=dp, shard=dp_rank, every_shard=cfg.reference)
+    rep = build_replica(cfg, rank, world, shards=dp, shard=dp_rank, every_shard=cfg.checks.reference)
     spec_axis = "tp" if deg["tp"] > 1 else "pp" if deg["pp"] > 1 else None
     mesh = None
     if spec_axis is not None:
         mesh = init_device_mesh(rep.device.type, (dp, deg[spec_axis]), mesh_dim_names=("dp", spec_axis))
-    ref = Reference(copy.deepcopy(rep.model), rep.every_shard, cfg.lr, rep.device) if cfg.reference else None
+    ref = Reference(copy.deepcopy(rep.model), rep.every_shard, cfg.lr, rep.device) if cfg.checks.reference else None
     config = rep.model.config
     facts = {
         **rep.facts,

@@ -1,5 +1,5 @@
-"""Inside a rank: inject the straggler delay that `RunConfig.straggler` asks of this rank (see dtlab.config.stragglers
-for the spec and the rule). A strategy's step loop calls, per step:
+"""Inside a rank: inject the straggler delay that `RunConfig.stragglers.slow` asks of this rank (see
+dtlab.config.stragglers for the spec and the rule). A strategy's step loop calls, per step:
 
     straggler.begin_step()                    # at the step start
     slept_s = straggler.pause()               # after the (last) forward pass, before its backward

@@ -52,29 +52,19 @@ SST2_TRAIN_ROWS = 67_349
 DEFAULT_GPU_COUNTS = (1, 2, 4, 8)
 
 
-def config_value(config, *path, default=None):
-    """A run config's field by its path (`"evaluation", "every"`), whether the config is a RunConfig or its dict."""
-    value = config
-    for key in path:
-        value = value.get(key) if isinstance(value, dict) else getattr(value, key, None)
-        if value is None:
-            return default
-    return value
-
-
 def samples_per_step(run) -> tuple[int, str]:
     """(samples the whole job trains on per step, how): batch_size x accumulate x the data-parallel shares."""
     cfg, spec = run.config, run.spec
-    per = int(config_value(cfg, "batch_size", default=0)) * int(config_value(cfg, "accumulate", default=1))
+    per = int(cfg.batch_size) * int(cfg.ddp.accumulate)
     if spec.asynchronous:
         shares, what = run.nproc - spec.server_ranks, "workers"
     elif spec.model_axis is not None:
-        shares, what = int(config_value(cfg, "parallel", "dp_degree", default=1)), "data-parallel replicas"
+        shares, what = int(cfg.parallel.dp_degree), "data-parallel replicas"
     else:
         shares, what = run.nproc, "ranks"
     if per * shares < 1:
         raise ValueError(f"run {run.path} records no batch: batch_size x accumulate x shares is {per * shares}")
-    acc = int(config_value(cfg, "accumulate", default=1))
+    acc = int(cfg.ddp.accumulate)
     return per * shares, f"batch {per // acc} x accumulate {acc} x {shares} {what}"
 
 
@@ -223,7 +213,7 @@ def _scaling(run, profile, gpu_counts, samples: float, price: GpuPrice, notes: l
     if profile is None:
         notes.append("scaling across GPU counts: pass profile= (dtlab.calibrate or dtlab.load_profile) to price it")
         return None
-    if run.spec.bucket_op != "all_reduce" or config_value(run.config, "sync", "local_sgd", default=0):
+    if run.spec.bucket_op != "all_reduce" or run.config.sync.local_sgd:
         notes.append(
             f"scaling across GPU counts: the what-if step models DDP's all-reduced buckets; strategy "
             f"{run.spec.name!r} is not priced across GPU counts"
@@ -236,10 +226,10 @@ def _scaling(run, profile, gpu_counts, samples: float, price: GpuPrice, notes: l
         notes.append("scaling across GPU counts: the run recorded no gradient sizes (param_nbytes)")
         return None
     compute = compute_from_run(run)
-    per_gpu = int(config_value(run.config, "batch_size")) * int(config_value(run.config, "accumulate", default=1))
+    per_gpu = int(run.config.batch_size) * int(run.config.ddp.accumulate)
     fit = profile.fits["all_reduce"]
     ready = list(sizes)[::-1]  # DDP's gradients become ready in about the reverse of registration order
-    df = scaling(compute, ready, float(config_value(run.config, "bucket_mb")), fit, gpu_counts, per_gpu, samples, price)
+    df = scaling(compute, ready, float(run.config.ddp.bucket_mb), fit, gpu_counts, per_gpu, samples, price)
     placed = run.resolved.get("placement") or {}
     notes.append(
         f"scaling: what-if DDP steps, one rank per GPU and batch {per_gpu} per rank (weak scaling); compute "

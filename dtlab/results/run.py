@@ -233,7 +233,7 @@ class Run:
             f"run {self.path}",
             f"  {self.config.strategy} | {self.resolved.get('backend', '?')} | {self.nproc} ranks"
             + (f" on {self.resolved['nnodes']} nodes | " if self.resolved.get("nnodes", 1) > 1 else " | ")
-            + (f"bucket {fmt_mib(self.config.bucket_mb)} MiB | " if self.spec.records == "buckets" else "")
+            + (f"bucket {fmt_mib(self.config.ddp.bucket_mb)} MiB | " if self.spec.records == "buckets" else "")
             + f"batch {self.config.batch_size}/rank | "
             f"seq_len {self.config.seq_len} | status {self.status.get('state', '?')}",
             f"  ranks: {self.resolved.get('placement', {}).get('label', self.resolved.get('backend', '?'))}",

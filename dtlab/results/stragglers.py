@@ -108,7 +108,7 @@ def wait_table(run) -> str:
     """Per-rank medians of a straggler run as aligned text (ms): compute, injected delay, wait, whom for."""
     s = wait_summary(run_waits(run))
     lines = [
-        f"  stragglers {run.config.straggler!r}: per rank, medians over measured steps "
+        f"  stragglers {run.config.stragglers.slow!r}: per rank, medians over measured steps "
         "(wait = time its all-reduces waited for the last rank to join)"
     ]
     for r in s.itertuples():

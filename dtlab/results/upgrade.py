@@ -22,6 +22,10 @@ Each step (`Step`) is named by what changed and takes the config and the event l
 - 2 -> 3, `opt_bytes`: a memory event's optimizer-state bytes are named `opt_bytes` (they were `optim_bytes`), one
   name beside the steps' `t_opt`; the config itself did not change.
 
+- 3 -> 4, `ddp_groups`: the options only DDP's loop reads (`bucket_mb`, `accumulate`, `baseline_steps`, `profile`)
+  moved into `ddp`, the straggler rule (`straggler`) into `stragglers.slow`, the reference check (`reference`)
+  into `checks.reference` (`DDP_GROUPS_V4`); the events did not change.
+
 A calibration's config carries no version: its events are read as version 1's, which changes nothing in a sweep
 that recorded `load`.
 """
@@ -96,10 +100,32 @@ def opt_bytes(ev: dict) -> dict:
     return ev
 
 
+#: what version 4 moved, as it moved it: flat name -> (group, field)
+DDP_GROUPS_V4 = {
+    "bucket_mb": ("ddp", "bucket_mb"),
+    "accumulate": ("ddp", "accumulate"),
+    "baseline_steps": ("ddp", "baseline_steps"),
+    "profile": ("ddp", "profile"),
+    "straggler": ("stragglers", "slow"),
+    "reference": ("checks", "reference"),
+}
+
+
+def ddp_groups(config: dict) -> dict:
+    """Version 3 -> 4 of a config: DDP's own options, the straggler rule and the reference check moved into their
+    groups (`ddp`, `stragglers`, `checks`)."""
+    out = {k: v for k, v in config.items() if k not in DDP_GROUPS_V4}
+    for flat, (group, field) in DDP_GROUPS_V4.items():
+        if flat in config:
+            out[group] = {**out.get(group, {}), field: config[flat]}
+    return out
+
+
 #: STEPS[v - 1] takes a record of version v to version v + 1
 STEPS = (
     Step("option_groups", config=option_groups, event=fields_before_groups),
     Step("opt_bytes", event=opt_bytes),
+    Step("ddp_groups", config=ddp_groups),
 )
 
 

@@ -23,8 +23,8 @@ def write_report(run, path: str | None = None) -> str:
         bytes_by_op(run),
         memory_bars({run.config.strategy: run}),
     ]
-    if run.config.straggler and not run.buckets.empty:  # who waited for whom
-        figs.insert(2, who_waited(run_waits(run), f"straggler {run.config.straggler}"))
+    if run.config.stragglers.slow and not run.buckets.empty:  # who waited for whom
+        figs.insert(2, who_waited(run_waits(run), f"straggler {run.config.stragglers.slow}"))
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = summary.to_html(index=False, float_format=lambda v: f"{v:.4g}")
     body = (

@@ -248,7 +248,7 @@ def test_bad_spot_inputs_are_refused_by_name(kwargs, field):
 
 def test_samples_per_step_counts_the_data_parallel_shares():
     def fake(strategy, nproc):
-        cfg = {"batch_size": 4, "accumulate": 2, "parallel": {"dp_degree": 2}}
+        cfg = dtlab.RunConfig(batch_size=4, accumulate=2, dp_degree=2)
         return SimpleNamespace(spec=strategy_spec(strategy), config=cfg, nproc=nproc, path="fake")
 
     assert samples_per_step(fake("ddp", 4))[0] == 32  # 4 x 2 x 4 ranks

@@ -85,7 +85,7 @@ def test_each_group_is_validated_by_its_owner_naming_the_option(kw, match):
 def test_to_dict_is_nested_with_its_version_and_round_trips():
     cfg = tiny(microbatches=2, strategy="pp", comm_hook="none", eval_samples=16)
     d = cfg.to_dict()
-    assert d["config_version"] == CONFIG_VERSION == 3
+    assert d["config_version"] == CONFIG_VERSION == 4
     assert d["parallel"] == {"dp_degree": 1, "microbatches": 2, "schedule": "gpipe"}
     assert not set(FLAT) & set(d), "no flat option in the written form"
     assert RunConfig.from_dict(json.loads(json.dumps(d))) == cfg
@@ -157,6 +157,9 @@ def test_a_run_recorded_before_the_groups_loads(tmp_path):
     assert run.config.evaluation.every == 1
     assert doc["lr_schedule"] == {"scaling": "sqrt", "base_batch": 8, "warmup_steps": 1}
     assert run.config.restarts.checkpoint_every == 2
+    flat = json.loads((OLD_RUN / "config.json").read_text())["config"]  # version 1: every option at the top
+    assert run.config.ddp.bucket_mb == flat["bucket_mb"] and run.config.ddp.baseline_steps == flat["baseline_steps"]
+    assert run.config.stragglers.slow == flat["straggler"] and run.config.checks.reference is False
     assert not set(FLAT) & set(doc)
     assert run.config.compression.hook == "fp16" and run.config.lr_schedule.warmup_steps == 1
     assert len(run.steps) and len(run.evals)
@@ -193,3 +196,19 @@ def test_repr_of_a_run_is_one_short_line(tmp_path):
     assert text.startswith("Run('...") and text.endswith("strategy='ddp', ranks=2, state='finished')")
     short = dtlab.load_run(str(shutil.copytree(OLD_RUN, tmp_path / "r")))
     assert repr(short) == f"Run({os.path.join(str(tmp_path), 'r')!r}, strategy='ddp', ranks=2, state='finished')"
+
+
+def test_version_3_moves_ddps_options_the_straggler_and_the_reference_into_their_groups():
+    v3 = {"config_version": 3, "strategy": "ddp", "bucket_mb": 5.0, "accumulate": 2, "baseline_steps": 3}
+    v3 |= {"profile": True, "straggler": "1:2.0", "reference": False, "parallel": {"microbatches": 1}}
+    up = upgrade(v3)
+    assert up["ddp"] == {"bucket_mb": 5.0, "accumulate": 2, "baseline_steps": 3, "profile": True}
+    assert up["stragglers"] == {"slow": "1:2.0"} and up["checks"] == {"reference": False}
+    assert not {"bucket_mb", "accumulate", "baseline_steps", "profile", "straggler", "reference"} & set(up)
+    cfg = RunConfig.from_dict(up)
+    assert (cfg.ddp.bucket_mb, cfg.ddp.accumulate, cfg.stragglers.slow) == (5.0, 2, "1:2.0")
+
+
+def test_the_shipped_gpu_runs_load_in_todays_form():
+    run = dtlab.recorded_run("h200-ddp").run
+    assert run.config.ddp.bucket_mb == 25 and run.config.ddp.baseline_steps == 3 and run.config.stragglers.slow is None

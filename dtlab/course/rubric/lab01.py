@@ -55,7 +55,7 @@ def _bytes(run) -> Key:
 def _buckets(run) -> Key:
     s0 = _steady(run)
     largest = max(run.resolved["param_nbytes"])
-    rule = math.ceil(grad_bytes(run) / (float(run.config.bucket_mb) * 2**20))
+    rule = math.ceil(grad_bytes(run) / (float(run.config.ddp.bucket_mb) * 2**20))
     return Key(
         "lab01.q2",
         "number",

@@ -57,7 +57,7 @@ class DataParallel(Strategy):
         device, backend = rep.device, rep.backend
         self.device, self.batches = device, rep.batches
         self.marks = rank_marks(device, backend)  # every clock of this rank: steps, buckets, local SGD's average
-        self.straggler = Straggler(cfg.straggler, rank, world, device)
+        self.straggler = Straggler(cfg.stragglers.slow, rank, world, device)
         self.model = model = rep.model.to(device)
         model.train()
         self.ddp = self.wrap(model, device)
@@ -75,7 +75,7 @@ class DataParallel(Strategy):
         self.evaluator = Evaluator(cfg, rep.tokenizer, rep.facts["data_source"], device, active=rank == 0)
         facts = {
             **rep.facts,
-            "straggler": straggler_plan(cfg.straggler, world),
+            "straggler": straggler_plan(cfg.stragglers.slow, world),
             **recorder_facts(self.recorder),
             **self.evaluator.facts,
             "lr_rule": lr_rule_text(cfg),
@@ -110,7 +110,7 @@ class DataParallel(Strategy):
             self.optimizer_step(step)
         self.step_start = self.clock.start
         t = self.clock.read()  # the step's one sync point on GPU
-        fields = {"loss": float(out.loss.detach()), "micro_batches": cfg.accumulate, "straggle_s": slept, "lr": lr}
+        fields = {"loss": float(out.loss.detach()), "micro_batches": cfg.ddp.accumulate, "straggle_s": slept, "lr": lr}
         return Step(t, fields)
 
     def _micro_batches(self, data_step: int):
@@ -118,16 +118,16 @@ class DataParallel(Strategy):
         straggler delay before the last backward; returns (the last output, seconds slept)."""
         cfg, clock = self.ctx.cfg, self.clock
         slept = 0.0
-        k_last = cfg.accumulate - 1
-        for k in range(cfg.accumulate):
-            batch = self.batches[(data_step * cfg.accumulate + k) % len(self.batches)]
+        k_last = cfg.ddp.accumulate - 1
+        for k in range(cfg.ddp.accumulate):
+            batch = self.batches[(data_step * cfg.ddp.accumulate + k) % len(self.batches)]
             with self.accumulating(k < k_last):
                 out = self.ddp(**batch)
                 clock.mark(f"fwd{k}")
                 if k == k_last:  # every bucket this rank issues is late by the delay (see dtlab.config.stragglers)
                     slept = self.straggler.pause()
                 # DDP's hook fires per bucket in the last backward, which returns once all buckets are reduced
-                (out.loss / cfg.accumulate if cfg.accumulate > 1 else out.loss).backward()
+                (out.loss / cfg.ddp.accumulate if cfg.ddp.accumulate > 1 else out.loss).backward()
                 clock.mark(f"bwd{k}")
         return out, slept
 

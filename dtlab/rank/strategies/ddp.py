@@ -30,12 +30,12 @@ class DDPStrategy(DataParallel):
     def wrap(self, model, device):
         """`model` in DDP with `bucket_mb` buckets (see `_wrap`)."""
         self.ddp_forwards: list[int | None] = []  # per synchronised DDP forward: its training step (None: baseline)
-        return _wrap(model, device, self.ctx.cfg.bucket_mb)
+        return _wrap(model, device, self.ctx.cfg.ddp.bucket_mb)
 
     def register_hook(self) -> None:
         """The recording hook, when buckets are recorded or a baseline needs it to switch to no-op."""
         cfg = self.ctx.cfg
-        if cfg.record or cfg.baseline_steps:
+        if cfg.record or cfg.ddp.baseline_steps:
             self.ddp.register_comm_hook(None, self.recorder.hook)
 
     def accumulating(self, no_sync: bool):
