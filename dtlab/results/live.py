@@ -143,7 +143,8 @@ class LiveRun:
         self.nproc = n * int(cfg.get("nnodes") or 1) if n else None
         self.steps = cfg.get("steps") if isinstance(cfg.get("steps"), int) else None
         self.warmup = int(cfg.get("warmup") or 0)
-        self.baseline_steps = int(cfg.get("baseline_steps") or 0)
+        ddp = cfg.get("ddp") if isinstance(cfg.get("ddp"), dict) else {}  # the group, where a newer dtlab keeps it
+        self.baseline_steps = int(cfg.get("baseline_steps") or ddp.get("baseline_steps") or 0)
         try:
             self.bucket_op = strategy_spec(cfg.get("strategy") or "ddp").bucket_op
         except ValueError:
