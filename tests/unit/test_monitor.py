@@ -269,3 +269,25 @@ def test_bad_arguments_name_what_is_allowed(tmp_path):
     with pytest.raises(ValueError, match="watch must be False, True, 'text' or a Profile"):
         dtlab.run(dtlab.tiny(out=str(tmp_path / "never")), watch="loud")
     assert not (tmp_path / "never").exists()  # nothing was started
+
+
+def test_a_replayed_run_is_shown_from_its_record(tmp_path, monkeypatch, capsys):
+    """Grading (DTLAB_REPLAY): nothing runs; dtlab.run(watch=...) shows the recorded run's monitor and breakdown."""
+    import dtlab
+    from dtlab.launching import replay
+
+    cfg = dtlab.tiny(steps=6)
+    run = _steady_run(tmp_path / "runs" / "recorded")
+    doc = {"config": cfg.to_dict(), "launch": {"time": 1.0, "quick": True, "gpus": 0}}
+    (run / "config.json").write_text(json.dumps(doc))
+    (run / "status.json").write_text(json.dumps({"state": "finished"}))
+    for r in (0, 1):
+        with open(run / "events" / f"rank{r}.jsonl", "ab") as f:
+            f.write(_line(kind="done", rank=r))
+    monkeypatch.setenv(replay.ENV, str(tmp_path))
+    got = dtlab.run(cfg, watch="text")
+    assert got.path == str(run)
+    out = capsys.readouterr().out
+    line = [x for x in out.splitlines() if x.startswith("dtlab watch: ")][-1]
+    assert "6 steps of 6" in line and line.endswith("finished: replayed from its recorded run directory, not run again")
+    assert "T_step" in out.split(line, 1)[1]  # the breakdown follows
