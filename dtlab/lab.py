@@ -44,6 +44,7 @@ WHERE = {
     "lab08_claims": ("dtlab.course.claims.lab08", None),
     "lab09_claims": ("dtlab.course.claims.lab09", None),
     "lab10_claims": ("dtlab.course.claims.lab10", None),
+    "lab12_claims": ("dtlab.course.claims.lab12", None),
     "nccl_beside": ("dtlab.course.wording", "nccl_beside"),
     "order_text": ("dtlab.course.claims.runs", "order_text"),
     "ring_timings": ("dtlab.course.exercises", "ring_timings"),

@@ -148,6 +148,14 @@ LABS = {
     ),
 }
 LABS["11"] = ("reading a profiler trace", lambda c: [("DDP run recorded with the profiler", c(profile=True))])
+LABS["12"] = (
+    "what does it cost?",
+    lambda c: [
+        ("DDP run with held-out evaluations", c()),
+        ("crashed and interrupted runs (checkpoints, restarts)", c(checkpoint_every=2, max_restarts=4)),
+        ("calibration", _cal(calibration_ranks(c()))),
+    ],
+)
 LABS["09"] = (
     "does it still learn?",
     lambda c: [

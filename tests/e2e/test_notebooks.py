@@ -146,6 +146,26 @@ def lab10(run, text):
     assert len(list((run.folder / "runs").iterdir())) == 4 and list((run.folder / "profiles").glob("*/profile.json"))
 
 
+def lab12(run, text):
+    """A run priced with the example table (its source and date on screen), the scaling table from this lab's
+    calibration, C and R from a crash, the spot plan, and a run interrupted three times with each interruption's
+    cost beside the model's."""
+    import dtlab
+
+    assert "price: CPU at $2.00 per machine-hour on-demand" in text and "dated 2026-11-27" in text
+    assert (
+        "an example price, not a market price" in text and "These are CPU figures, priced as if they were GPUs" in text
+    )
+    assert "to accuracy 0.9:" in text and "model's band:" in text and "cheapest" in text
+    assert "restart: attempt 1 resumed from step 2" in text and "spot, exact optimum" in text
+    assert "3 kills at Poisson moments" in text and "this one stopped after 3" in text
+    runs = sorted(p.name for p in (run.folder / "runs").iterdir())
+    assert len(runs) == 3, runs
+    hit = [r for r in runs if (run.folder / "runs" / r / "checkpoints").exists()]
+    restarts = {r: dtlab.load_run(str(run.folder / "runs" / r)).restarts["attempt"].nunique() for r in hit}
+    assert sorted(restarts.values()) == [1, 3], restarts  # the crash (1 restart) and the interrupted run (3)
+
+
 OUTPUT_CHECKS = {
     "00_setup_check.ipynb": lab00,
     "01_ddp_breakdown.ipynb": lab01,
@@ -158,6 +178,7 @@ OUTPUT_CHECKS = {
     "08_build_it_yourself.ipynb": lab08,
     "09_does_it_still_learn.ipynb": lab09,
     "10_tensor_and_pipeline.ipynb": lab10,
+    "12_what_does_it_cost.ipynb": lab12,
 }
 #: claims each lab must print (ids): the statements about outcomes its text relies on
 
@@ -176,6 +197,7 @@ CLAIMS = {
         "lab09.composition",
     },
     "10_tensor_and_pipeline.ipynb": {"lab10.tp_allreduces", "lab10.bubble_falls", "lab10.bubble_theory"},
+    "12_what_does_it_cost.ipynb": {"lab12.interruptions"},
 }
 
 

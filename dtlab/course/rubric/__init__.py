@@ -30,6 +30,7 @@ LAB_MODULES = {
     "09_does_it_still_learn": "lab09",
     "10_tensor_and_pipeline": "lab10",
     "11_reading_a_trace": "lab11",
+    "12_what_does_it_cost": "lab12",
 }
 
 

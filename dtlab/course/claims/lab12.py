@@ -1,0 +1,432 @@
+"""What lab 12 (what does it cost?) prints beside dtlab.cost and dtlab.spot_plan: what a bill is made of, a run
+interrupted at random moments, what each interruption cost, and the claim that the spot model prices it.
+
+Interruptions. A spot instance is taken away at moments nobody chooses; dtlab.rank's fault injection
+(DTLAB_FAULT) kills one rank once, at the start of a step. `interrupted_run` kills ranks from outside instead, as a
+provider does: it launches the run (dtlab.launch), follows the ranks' event files while it waits, and sends SIGKILL
+to one rank (seeded random) once the attempt has trained for a seeded random time, `kills` times at most. The times
+are independent exponential draws with mean `mean_gap_s`: a Poisson process of interruptions, its clock running
+while the group trains (not while it restarts). torchrun restarts the group from the newest complete checkpoint
+(`max_restarts` must exceed `kills`).
+
+What one interruption costs (`interruption_costs`, from the run's records alone): the wall time from the moment the
+state the group resumed from was reached (the end of that checkpoint's save, the restart that loaded it, or the start
+of training) to the moment the group had loaded it again. The kill's own time (the interrupter's log) splits it into
+work lost and the restart.
+
+The model (`per_interruption`, J. T. Daly 2006's assumptions, as dtlab.model.spot): with checkpoints every tau
+seconds of work, each taking C, a cycle is L = tau + C long; a memoryless interruption with mean time between them
+M lands in a cycle at a point u with density e^(-u/M) on [0, L), so it loses on average M - L / (e^(L/M) - 1) (L / 2
+when M >> L), plus a restart of R seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.stats import beta as beta_dist
+from scipy.stats import poisson
+
+from dtlab.course import outputs
+from dtlab.course.claims import compare, spread
+from dtlab.course.wording import kind, lab_placement
+from dtlab.launching.torchrun import is_rank_of
+from dtlab.results.cost import billed_devices, epoch_samples, gpu_kind, samples_per_step
+from dtlab.units import fmt_time
+
+CONFIDENCE = 0.90  # the model's band: the interval that holds the median of the measured costs 90% of the time
+
+# ---- the bill: what a cost is made of ----------------------------------------------------------------------
+
+
+def bill_inputs(run, prices) -> dict:
+    """What the bill of `run` is computed from, before it is computed: T_step (s), samples per step and per epoch,
+    devices billed, and the price (a GpuPrice of `prices` for the run's devices)."""
+    t = run.summary().set_index("quantity").loc["T_step"]
+    per_step, step_how = samples_per_step(run)
+    epoch, epoch_how = epoch_samples(run)
+    devices, _, dev_how = billed_devices(run)
+    return {
+        "t_step_s": float(t["value"]),
+        "samples_per_step": per_step,
+        "step_how": step_how,
+        "epoch_samples": epoch,
+        "epoch_how": epoch_how,
+        "devices": devices,
+        "devices_how": dev_how,
+        "price": prices.price(gpu_kind(run, prices)),
+    }
+
+
+def bill_lines(inputs: dict) -> list[str]:
+    """The inputs of `bill_inputs` in words, with their units and sources (no cost: that is the question)."""
+    p = inputs["price"]
+    out = [
+        f"T_step {fmt_time(inputs['t_step_s'])} (median over the measured steps of the slowest rank's step)",
+        f"samples per step: {inputs['samples_per_step']:,} ({inputs['step_how']})",
+        f"one epoch: {inputs['epoch_samples']:,} samples ({inputs['epoch_how']})",
+        f"billed: {inputs['devices']} device(s): {inputs['devices_how']}",
+        f"price: {p.kind} at ${p.on_demand:.2f} per {'machine' if p.kind == 'CPU' else 'GPU'}-hour on-demand, "
+        f"${p.spot:.2f} spot; source: {p.source}; dated {p.date}",
+    ]
+    if p.example:
+        out.append(
+            "  an example price, not a market price: set your own with "
+            "dtlab.example_prices().with_price(kind, on_demand=..., spot=..., source=..., date=...)"
+        )
+    return out
+
+
+def scaling_view(scaling: pd.DataFrame) -> pd.DataFrame:
+    """The scaling table of dtlab.cost with units in its column names (seconds, GPU-hours, USD), the model's band
+    where the fit has one."""
+    cols = {
+        "gpus": "GPUs",
+        "t_step_s": "t_step (s)",
+        "speedup": "speedup (x)",
+        "efficiency": "efficiency (fraction)",
+        "steps": "steps",
+        "wall_s": "wall (s)",
+        "gpu_hours": "GPU-hours",
+        "on_demand_usd": "on-demand (USD)",
+        "spot_usd": "spot (USD)",
+        "cheapest": "cheapest",
+        "fastest": "fastest",
+    }
+    view = scaling[list(cols)].rename(columns=cols)
+    if scaling["t_step_lo_s"].notna().all():
+        view.insert(
+            2, "t_step band (s)", [f"{a:.3g} .. {b:.3g}" for a, b in scaling[["t_step_lo_s", "t_step_hi_s"]].values]
+        )
+    return view
+
+
+# ---- text for the machine the student has ------------------------------------------------------------------
+
+TEXTS = {
+    "lab12.figures": {
+        "cpu": "**These are CPU figures, priced as if they were GPUs.** Your ranks run on CPU cores, and the bill "
+        "below prices the CPU machine at the price table's `CPU` row (the example table prices it like a GPU, "
+        "which no provider does): the arithmetic is the real one, the numbers are not a GPU's. Run the lab on a "
+        "GPU machine for real figures.",
+        "host_staged": "**Real GPU compute, host-staged communication.** Your ranks share one GPU and talk through "
+        "gloo, which copies every bucket through host memory: the compute is a GPU's, the all-reduce is far "
+        "slower than NCCL's. The bill prices the GPU the run used at the price table's row for its kind.",
+        "gpu": "**Real figures.** Your ranks ran with NCCL on GPUs: the bill prices the GPUs the run used at the "
+        "price table's row for their kind (an example price unless you set your own).",
+    },
+    "lab12.restart": {
+        "cpu": "On this CPU machine a restart takes a second or two: dtlab's warm agent keeps torch imported, and the "
+        "tiny checkpoint loads from a local disk. On a cloud GPU a spot restart means a new instance, an image, "
+        "the data and a checkpoint of gigabytes: minutes (exercise b tries R = 300 s).",
+        "gpu": "A restart here reuses this machine. A spot restart on a cloud means a new instance, an image, the "
+        "data and the checkpoint: minutes. Try R = 300 s in the plan below.",
+    },
+}
+
+
+def text(key: str, placement=None) -> str:
+    """Passage `key` for `placement` (default: the lab's own; dtlab.course.wording.kind): its own kind, else 'gpu'
+    for every CUDA kind."""
+    if key not in TEXTS:
+        raise KeyError(f"no passage {key!r}; known: {sorted(TEXTS)}")
+    k = kind(lab_placement() if placement is None else placement)
+    entry = TEXTS[key]
+    for choice in (k, "gpu" if k != "cpu" else None):
+        if choice and choice in entry:
+            return entry[choice]
+    raise KeyError(f"passage {key!r} has no text for placement kind {k!r}")
+
+
+def show(key: str, placement=None) -> None:
+    """Display passage `key` as Markdown (printed outside IPython)."""
+    body = text(key, placement)
+    if not outputs.display_bundle({"text/markdown": body, "text/plain": body}):
+        print(body)
+
+
+# ---- interruptions at random moments -----------------------------------------------------------------------
+
+
+@dataclass
+class Interrupter:
+    """Kills one rank of `run_dir`'s group after each attempt has trained for `gaps[i]` seconds (attempt i: the
+    first, then each restart), `ranks[i]` the rank; called at every poll of Handle.wait. `log`: one dict per kill
+    (attempt, rank, pid, gap_s, time: the kill's wall time, s since the epoch, step: the last step recorded)."""
+
+    run_dir: str
+    gaps: list
+    ranks: list
+    steps: int
+    log: list = field(default_factory=list)
+    _offsets: dict = field(default_factory=dict)
+    _trained_from: dict = field(default_factory=dict)  # attempt -> monotonic time its training was first seen
+    _pids: dict = field(default_factory=dict)  # (attempt, rank) -> pid
+    _last_step: dict = field(default_factory=dict)  # attempt -> last step recorded
+
+    def _read(self) -> None:
+        """New complete lines of every rank's event file."""
+        folder = os.path.join(self.run_dir, "events")
+        if not os.path.isdir(folder):
+            return
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self._offsets[path] = self._offsets.get(path, 0) + end
+            for line in data[:end].splitlines():
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue  # a line torn by a kill
+                self._see(ev)
+
+    def _see(self, ev: dict) -> None:
+        a, k = int(ev.get("attempt") or 0), ev.get("kind")
+        if k == "start" and ev.get("pid"):
+            self._pids[(a, int(ev["rank"]))] = int(ev["pid"])
+        elif k == "step" or (k == "restart" and a > 0):
+            self._trained_from.setdefault(a, time.monotonic())
+            if k == "step":
+                self._last_step[a] = max(self._last_step.get(a, -1), int(ev["step"]))
+
+    def poll(self) -> None:
+        """Kill the next rank when its attempt has trained long enough (never in the last 2 steps of the run)."""
+        self._read()
+        i = len(self.log)
+        if i >= len(self.gaps) or i not in self._trained_from or max(self._trained_from) != i:
+            return
+        if self._last_step.get(i, -1) >= self.steps - 2 or time.monotonic() - self._trained_from[i] < self.gaps[i]:
+            return
+        rank = int(self.ranks[i])
+        pid = self._pids.get((i, rank))
+        if pid is None or not is_rank_of(pid, self.run_dir):
+            return  # not recorded yet, or gone: the next poll looks again
+        os.kill(pid, signal.SIGKILL)
+        self.log.append(
+            {
+                "attempt": i,
+                "rank": rank,
+                "pid": pid,
+                "gap_s": float(self.gaps[i]),
+                "time": time.time(),
+                "step": self._last_step.get(i, -1),
+            }
+        )
+
+
+def kill_plan(kills: int, mean_gap_s: float, nproc: int, seed: int) -> tuple[list, list]:
+    """(gaps, ranks): `kills` training times (s) drawn from an exponential of mean `mean_gap_s` (a Poisson process)
+    and the rank each kill hits, from `seed`."""
+    if kills < 1 or not mean_gap_s > 0:
+        raise ValueError(f"kills must be >= 1 and mean_gap_s > 0 s, got {kills!r}, {mean_gap_s!r}")
+    rng = np.random.default_rng(seed)
+    return [float(g) for g in rng.exponential(mean_gap_s, kills)], [int(r) for r in rng.integers(0, nproc, kills)]
+
+
+def interrupted_run(cfg, kills: int, mean_gap_s: float, seed: int = 0, poll_s: float = 0.02):
+    """(run, log): `cfg` run with `kills` interruptions at most, each a SIGKILL to a seeded random rank after the
+    attempt trained a seeded exponential time of mean `mean_gap_s` seconds (see the module docstring). cfg needs
+    checkpoint_every > 0 and max_restarts > kills. A kill due after the run's last steps never comes: `log` holds
+    the kills that happened."""
+    from dtlab.launching.handle import launch
+
+    if cfg.restarts.max_restarts <= kills or cfg.restarts.checkpoint_every < 1:
+        raise ValueError(
+            f"cfg: needs checkpoint_every >= 1 and max_restarts > kills = {kills} (torchrun restarts the group once "
+            f"per kill), got checkpoint_every {cfg.restarts.checkpoint_every}, max_restarts "
+            f"{cfg.restarts.max_restarts}"
+        )
+    gaps, ranks = kill_plan(kills, mean_gap_s, cfg.nproc, seed)
+    handle = launch(cfg)
+    killer = Interrupter(handle.run_dir, gaps, ranks, cfg.steps)
+    run = handle.wait(progress=False, poll_s=poll_s, on_poll=killer.poll)
+    return run, killer.log
+
+
+# ---- what each interruption cost, from the records ---------------------------------------------------------
+
+
+def _resume_points(run) -> list[tuple[int, float]]:
+    """(steps done, wall time s) of every moment a state the group could resume from was reached: the end of a
+    checkpoint's save (slowest rank), a restart's load (slowest rank), and the start of training (step 0 of the
+    first attempt: its end less its t_step, earliest rank)."""
+    points = []
+    ck = run.checkpoints
+    if not ck.empty:
+        for (_, step), g in ck.groupby(["attempt", "step"]):
+            points.append((int(step), float(g["wall_time"].max())))
+    rs = run.restarts
+    if not rs.empty:
+        for _, g in rs.groupby("attempt"):
+            points.append((int(g["resumed_from"].min()), float(g["wall_time"].max())))
+    first = pd.concat(
+        [
+            run.steps[["rank", "step", "attempt", "t_step", "time"]],
+            run.lost.rename(columns={"wall_time": "time"})[["rank", "step", "attempt", "t_step", "time"]]
+            if not run.lost.empty
+            else None,
+        ]
+    )
+    first = first[(first["step"] == 0) & (first["attempt"] == 0)]
+    if not first.empty:
+        points.append((0, float((first["time"] - first["t_step"]).min())))
+    return points
+
+
+def interruption_costs(run, log=()) -> pd.DataFrame:
+    """One row per restart of `run`: attempt (the one that restarted), resumed_from (steps), safe_s (wall time the
+    resumed state was reached), back_s (wall time the group had loaded it again: its slowest rank's restart
+    record), cost_s = back_s - safe_s (s: the work lost plus the restart); with the interrupter's `log`, also
+    killed_s, lost_s = killed_s - safe_s and restart_s = back_s - killed_s."""
+    rows = []
+    points = _resume_points(run)
+    kills = {int(k["attempt"]) + 1: float(k["time"]) for k in log}
+    if run.restarts.empty:
+        return pd.DataFrame(columns=["attempt", "resumed_from", "safe_s", "back_s", "cost_s"])
+    for a, g in run.restarts.groupby("attempt"):
+        k, back = int(g["resumed_from"].min()), float(g["wall_time"].max())
+        safe = max((t for s, t in points if s == k and t < back - 1e-9), default=math.nan)
+        row = {"attempt": int(a), "resumed_from": k, "safe_s": safe, "back_s": back, "cost_s": back - safe}
+        if int(a) in kills:
+            row.update(killed_s=kills[int(a)], lost_s=kills[int(a)] - safe, restart_s=back - kills[int(a)])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---- the model, per interruption, and its band -------------------------------------------------------------
+
+
+def expected_lost(interval_s: float, checkpoint_s: float, mtbi_s: float) -> float:
+    """Expected work lost (s) by one memoryless interruption (mean time between them `mtbi_s`) in a cycle of
+    interval_s of work and a checkpoint_s save: M - L / (e^(L/M) - 1), L = interval_s + checkpoint_s."""
+    big_l, m = interval_s + checkpoint_s, mtbi_s
+    return m - big_l / math.expm1(big_l / m)
+
+
+def lost_quantile(q, interval_s: float, checkpoint_s: float, mtbi_s: float):
+    """The q-quantile of the work lost by one interruption (density e^(-u/M) on [0, L))."""
+    big_l, m = interval_s + checkpoint_s, mtbi_s
+    return -m * np.log1p(-np.asarray(q, dtype=float) * -np.expm1(-big_l / m))
+
+
+def median_band(n: int, interval_s: float, checkpoint_s: float, mtbi_s: float, confidence: float = CONFIDENCE):
+    """(lo, hi) in seconds of lost work: the central `confidence` interval of the median of n interruptions' lost
+    work (order statistics: the k-th smallest of n has F(U) ~ Beta(k, n + 1 - k); for an even n, the lower of the
+    two middle ones' lower end and the upper one's upper end)."""
+    tail = (1 - confidence) / 2
+    lo_k, hi_k = (n + 1) // 2, n // 2 + 1
+    q_lo = beta_dist.ppf(tail, lo_k, n + 1 - lo_k)
+    q_hi = beta_dist.ppf(1 - tail, hi_k, n + 1 - hi_k)
+    lo, hi = lost_quantile([q_lo, q_hi], interval_s, checkpoint_s, mtbi_s)
+    return float(lo), float(hi)
+
+
+def per_interruption(interval_s: float, checkpoint_s: float, restart_s: float, mtbi_s: float, n: int) -> dict:
+    """The model's cost of one interruption (s): lost (expected work lost), restart (R), mean = lost + R, and the
+    band of the median of n: lo_s, hi_s, rel_tol (the wider side over the mean)."""
+    lost = expected_lost(interval_s, checkpoint_s, mtbi_s)
+    lo, hi = median_band(n, interval_s, checkpoint_s, mtbi_s) if n > 0 else (math.nan, math.nan)
+    mean = lost + restart_s
+    rel = max(mean - (lo + restart_s), hi + restart_s - mean) / mean if n > 0 else math.nan
+    return {
+        "lost_s": lost,
+        "restart_s": restart_s,
+        "mean_s": mean,
+        "lo_s": lo + restart_s,
+        "hi_s": hi + restart_s,
+        "rel_tol": rel,
+    }
+
+
+# ---- the claim ---------------------------------------------------------------------------------------------
+
+
+def interruption_claim(
+    costs: pd.DataFrame, interval_s: float, checkpoint_s: float, restart_s: float, mtbi_s: float, how: str
+):
+    """'Each interruption costs the work since the last checkpoint plus a restart' (the spot model's terms, with C,
+    R and t_step measured in another run) against what each restart of the interrupted run cost (`costs`, from
+    `interruption_costs`), interruption by interruption; the band is the model's own (`per_interruption`)."""
+    n = len(costs)
+    m = per_interruption(interval_s, checkpoint_s, restart_s, mtbi_s, n)
+    measured = [float(c) for c in costs["cost_s"]]
+
+    def why(outcome):
+        parts = []
+        if "lost_s" in costs:
+            lost, back = spread(costs["lost_s"]), spread(costs["restart_s"])
+            parts.append(
+                f"work lost per interruption {fmt_time(lost.lo)} .. {fmt_time(lost.hi)} (the model: "
+                f"{fmt_time(m['lost_s'])} on average, between 0 and one cycle of "
+                f"{fmt_time(interval_s + checkpoint_s)}); "
+                f"restarts {fmt_time(back.lo)} .. {fmt_time(back.hi)} against R = {fmt_time(restart_s)} measured "
+                "from the one restart of the run before (that kill came at the start of a step, after a barrier; "
+                "these came mid-step, while the other rank computed or waited in a collective)"
+            )
+        head = (
+            "the interruptions disagree with each other (some inside the band, some outside)"
+            if outcome == "inconclusive"
+            else "every interruption cost more or less than the model's band allows"
+        )
+        return (
+            f"{head}: {'; '.join(parts)}. The model takes R as a constant from one restart; a restart on shared "
+            "cores (new processes, a checkpoint load) varies from one to the next, and so does a step."
+        )
+
+    return compare(
+        "lab12.interruptions",
+        "an interruption costs the work since the last complete checkpoint plus a restart: on average "
+        "M - L/(e^(L/M) - 1) + R",
+        "time lost per interruption (last checkpoint to loaded again)",
+        ("measured", measured),
+        ("model", [m["mean_s"]] * n),
+        expected=1.0,
+        model=f"L = tau + C = {fmt_time(interval_s)} + {fmt_time(checkpoint_s)}, M = {fmt_time(mtbi_s)}, "
+        f"R = {fmt_time(restart_s)}: {fmt_time(m['lost_s'])} lost + R = {fmt_time(m['mean_s'])}; band: the "
+        f"{CONFIDENCE:.0%} interval of the median of {n} interruptions, {fmt_time(m['lo_s'])} .. {fmt_time(m['hi_s'])}",
+        rel_tol=m["rel_tol"],
+        why=why,
+        per="interruption",
+        how=how,
+    )
+
+
+def totals_lines(
+    run, costs: pd.DataFrame, tau_steps: int, t_step_s: float, checkpoint_s: float, restart_s: float, mtbi_s: float
+) -> list[str]:
+    """The interrupted run's wall time beside the model's for the interruptions it had: work + checkpoints +
+    interruptions (each the model's mean), all in seconds."""
+    n = len(costs)
+    steps = int(run.steps["step"].nunique())
+    work = steps * t_step_s
+    saves = steps // tau_steps
+    m = per_interruption(tau_steps * t_step_s, checkpoint_s, restart_s, mtbi_s, n)
+    model = work + saves * checkpoint_s + n * m["mean_s"]
+    first = _resume_points(run)
+    start = min((t for s, t in first if s == 0), default=math.nan)
+    wall = float(run.steps["time"].max()) - start
+    ck = run.checkpoints.groupby(["attempt", "step"])["t_save"].max() if not run.checkpoints.empty else pd.Series()
+    return [
+        f"wall time, start of training to the last step: {fmt_time(wall)} measured",
+        f"  model for {n} interruption(s): work {steps} steps x {fmt_time(t_step_s)} = {fmt_time(work)} + {saves} "
+        f"checkpoints x C {fmt_time(checkpoint_s)} + {n} x {fmt_time(m['mean_s'])} = {fmt_time(model)} "
+        f"(measured / model {wall / model:.2f})",
+        f"  measured: {len(ck)} checkpoints saved ({fmt_time(float(ck.sum()))} in all, repeats included), "
+        f"{n} interruption(s) costing {fmt_time(float(costs['cost_s'].sum()))} in all",
+    ]
+
+
+def poisson_interval(mean: float, confidence: float = CONFIDENCE) -> tuple[int, int]:
+    """The central `confidence` interval of a Poisson count with this mean (interruptions in a run)."""
+    tail = (1 - confidence) / 2
+    return int(poisson.ppf(tail, mean)), int(poisson.ppf(1 - tail, mean))

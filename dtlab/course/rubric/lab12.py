@@ -1,0 +1,168 @@
+"""Lab 12 (what does it cost?): GPU-hours and USD of one epoch from a run's T_step, the cheapest and the fastest GPU
+count to the target accuracy from the what-if model, and the best checkpoint interval for spot instances from a
+measured checkpoint cost."""
+
+from __future__ import annotations
+
+import math
+
+from dtlab.course.checks import tol_from_spread
+from dtlab.course.rubric import Question
+from dtlab.course.verdicts import Key
+from dtlab.model.cost import example_prices
+from dtlab.model.restarts import measured_costs
+from dtlab.model.spot import optimal_interval
+from dtlab.results.cost import cost, samples_per_step
+
+LAB = "12_what_does_it_cost"
+TARGET = 0.9  # held-out accuracy
+GPU_COUNTS = (1, 2, 4, 8)
+MTBI_S = 3600.0  # spot: one interruption an hour on average, the rate question 5 assumes
+#: the priced run: lab 9's baseline (quick mode: the tiny model reaches the target; full mode: about one epoch)
+FIELDS = {
+    True: dict(steps=90, warmup=2, baseline_steps=2, batch_size=32, lr=3e-3, eval_every=5),
+    False: dict(steps=1000, warmup=5, baseline_steps=3, lr=5e-5, eval_every=100),
+}
+#: the run that measures C and R: checkpoints every 2 steps, rank 1 killed at the start of step 3 (DTLAB_FAULT)
+CRASH = dict(steps=8, baseline_steps=0, checkpoint_every=2, max_restarts=1)
+FAULT = "1:3:kill"
+
+
+def sizes(quick: bool) -> list[int]:
+    return [2**k for k in range(14, 23 if quick else 27, 2)]
+
+
+def calib_fields(quick: bool, nproc: int) -> dict:
+    return {"nproc": nproc, "ops": ["all_reduce"], "sizes": sizes(quick), "iters": 4 if quick else 10}
+
+
+def sources(rec) -> dict:
+    """The priced run (held-out evaluations), the all-reduce calibration and the crashed run."""
+    cfg = rec.lab_config(**FIELDS[rec.quick])
+    return {
+        "run": lambda: rec.run(cfg, "lab 12's priced run (eval_every)"),
+        "profile": lambda: rec.calibration(calib_fields(rec.quick, cfg.nproc), "lab 12's all-reduce calibration"),
+        "crashed": lambda: rec.run(
+            rec.lab_config(**CRASH), "lab 12's crashed and resumed run (checkpoint_every=2, max_restarts=1)"
+        ),
+    }
+
+
+def _epoch(run):
+    return cost(run, example_prices()).row("epoch")
+
+
+def _gpu_hours(run) -> Key:
+    row = _epoch(run)
+    return Key(
+        "lab12.q1",
+        "number",
+        float(row["gpu_hours"]),
+        points=2,
+        rel_tol=0.05,
+        unit="GPU-hours",
+        tol_source="the run's median T_step, its samples per step and the epoch's size; 5% allows rounded inputs",
+        hint="steps per epoch = ceil(epoch samples / samples per step); x T_step (s) x devices billed / 3600",
+        ratio_hints={
+            3600.0: "that is device-seconds: divide by 3600 for hours",
+            3.6e6: "T_step is in seconds in the formula: you used milliseconds, and seconds for hours",
+            1e3: "T_step is in seconds: you multiplied by milliseconds",
+        },
+    )
+
+
+def _usd(run) -> Key:
+    row = _epoch(run)
+    return Key(
+        "lab12.q2",
+        "number",
+        float(row["on_demand_usd"]),
+        rel_tol=0.05,
+        unit="USD",
+        tol_source="GPU-hours per epoch x the example on-demand price; 5% allows rounded inputs",
+        hint="GPU-hours x the on-demand price per GPU-hour",
+        ratio_hints={0.5: "that is the spot price: the question asks for on-demand"},
+    )
+
+
+def priced(run, profile):
+    """dtlab.cost of the run to the target accuracy across GPU_COUNTS with the profile: the samples to the target
+    (its steps to the target x samples per step), or one epoch when the run never reached it."""
+    steps = run.steps_to(TARGET)
+    samples = None if steps is None else steps * samples_per_step(run)[0]
+    return cost(run, example_prices(), target_accuracy=TARGET, profile=profile, gpu_counts=GPU_COUNTS, samples=samples)
+
+
+def _within_band(scaling, col: str) -> list[int]:
+    """The counts the model's band cannot tell from the best by `col` (wall_s, gpu_hours): every count whose lower
+    end is not above the best count's upper end; the best alone when the band is unknown."""
+    best = scaling.loc[scaling[col].idxmin()]
+    lo, hi = "t_step_lo_s", "t_step_hi_s"
+    if scaling[[lo, hi]].isna().any().any():
+        return [int(best["gpus"])]
+    per = {"wall_s": scaling["steps"], "gpu_hours": scaling["steps"] * scaling["gpus"]}[col]
+    lows, best_hi = per * scaling[lo], float(per[best.name] * scaling.loc[best.name, hi])
+    return [int(g) for g, v in zip(scaling["gpus"], lows) if v <= best_hi]
+
+
+def _choice(qid: str, run, profile, col: str, what: str) -> Key:
+    sc = priced(run, profile).scaling
+    if sc is None:
+        raise ValueError("the run cannot be priced across GPU counts (see dtlab.cost's notes)")
+    right = _within_band(sc, col)
+    best = sc.loc[sc[col].idxmin()]
+    return Key(
+        qid,
+        "choice",
+        right,
+        choices=GPU_COUNTS,
+        tol_source="the what-if model's table from this lab's calibration and run; every count the fit's band "
+        "cannot tell from the best counts as right (only the best when the band is unknown)",
+        explanation=f"{what}: {int(best['gpus'])} GPU(s) ({col} {best[col]:.4g}); within the band: {right}",
+        hint="cost(p) / cost(1) = t_step(p) / t_step(1) = 1 / efficiency with a price per GPU-hour"
+        if col == "gpu_hours"
+        else "wall time = steps(p) x t_step(p): more GPUs take fewer steps, each longer by its all-reduce",
+    )
+
+
+def _cheapest(run, profile) -> Key:
+    return _choice("lab12.q3", run, profile, "gpu_hours", "cheapest")
+
+
+def _fastest(run, profile) -> Key:
+    return _choice("lab12.q4", run, profile, "wall_s", "fastest")
+
+
+def save_times(crashed) -> list[float]:
+    """The slowest rank's save time (s) of every checkpoint of the crashed run."""
+    ck = crashed.checkpoints
+    return [float(t) for t in ck.groupby(["attempt", "step"])["t_save"].max()] if not ck.empty else []
+
+
+def _interval(crashed) -> Key:
+    saves = save_times(crashed)
+    if not saves:
+        raise ValueError("the crashed run saved no checkpoint: no checkpoint cost to plan with")
+    c = measured_costs(crashed)["checkpoint_s"]  # the median of the saves above
+    spread = [optimal_interval(s, MTBI_S) for s in saves]
+    return Key(
+        "lab12.q5",
+        "number",
+        optimal_interval(c, MTBI_S),
+        points=2,
+        rel_tol=max(0.05, tol_from_spread(spread)),
+        unit="s",
+        tol_source="the optimum at each checkpoint's own save time: half their range over the median, at least 5% "
+        "(Young's sqrt(2CM) is within it)",
+        hint=f"Young: sqrt(2 C M) with C the median save time (s) and M = {MTBI_S:g} s",
+        ratio_hints={1 / math.sqrt(2.0): "sqrt(2 C M), not sqrt(C M)", 1 / 60.0: "the question asks for seconds"},
+    )
+
+
+QUESTIONS = (
+    Question("lab12.q1", 2, "my_gpu_hours_per_epoch", ("run",), _gpu_hours),
+    Question("lab12.q2", 1, "my_usd_per_epoch", ("run",), _usd),
+    Question("lab12.q3", 1, "my_cheapest_gpus", ("run", "profile"), _cheapest),
+    Question("lab12.q4", 1, "my_fastest_gpus", ("run", "profile"), _fastest),
+    Question("lab12.q5", 2, "my_best_interval_s", ("crashed",), _interval),
+)

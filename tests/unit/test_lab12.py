@@ -1,0 +1,136 @@
+"""Lab 12's pieces apart from a run: what each interruption cost read from records, the spot model per
+interruption and its band, the claim built from them, the kill plan, the rubric's band rule, and the passages for
+each placement."""
+
+import math
+import types
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dtlab.course.claims import consistent
+from dtlab.course.claims import lab12 as L
+from dtlab.course.rubric import lab12 as R
+
+
+def _run():
+    """A timeline: training starts at t = 100 s; a checkpoint of 4 steps ends at 100.6; a kill at 100.9; the group
+    has loaded step-4 again at 102.0; killed again before its next checkpoint, back at 103.0 from step-4 again."""
+    steps = pd.DataFrame(
+        [{"rank": r, "step": s, "attempt": 0, "t_step": 0.1, "time": 100.1 + 0.1 * s} for r in (0, 1) for s in (0,)]
+    )
+    ck = pd.DataFrame(
+        [
+            {"rank": 0, "step": 4, "attempt": 0, "t_save": 0.1, "wall_time": 100.55},
+            {"rank": 1, "step": 4, "attempt": 0, "t_save": 0.1, "wall_time": 100.6},  # the slowest rank's end
+        ]
+    )
+    rs = pd.DataFrame(
+        [
+            {"rank": 0, "attempt": 1, "resumed_from": 4, "wall_time": 101.9},
+            {"rank": 1, "attempt": 1, "resumed_from": 4, "wall_time": 102.0},
+            {"rank": 0, "attempt": 2, "resumed_from": 4, "wall_time": 103.0},
+            {"rank": 1, "attempt": 2, "resumed_from": 4, "wall_time": 102.95},
+        ]
+    )
+    lost = pd.DataFrame(columns=["rank", "step", "attempt", "t_step", "loss", "kind", "wall_time"])
+    return types.SimpleNamespace(steps=steps, checkpoints=ck, restarts=rs, lost=lost)
+
+
+def test_each_interruption_costs_from_its_own_resume_point():
+    log = [{"attempt": 0, "time": 100.9}, {"attempt": 1, "time": 102.7}]
+    got = L.interruption_costs(_run(), log).set_index("attempt")
+    # the first: from the end of step-4's save (slowest rank) to the group loaded again (slowest rank)
+    assert got.loc[1, "safe_s"] == pytest.approx(100.6) and got.loc[1, "cost_s"] == pytest.approx(1.4)
+    assert got.loc[1, "lost_s"] == pytest.approx(0.3) and got.loc[1, "restart_s"] == pytest.approx(1.1)
+    # the second: no checkpoint since, so the work lost started when the first restart had loaded step-4
+    assert got.loc[2, "safe_s"] == pytest.approx(102.0) and got.loc[2, "cost_s"] == pytest.approx(1.0)
+    assert got.loc[2, "lost_s"] == pytest.approx(0.7)
+
+
+def test_a_restart_from_scratch_counts_from_the_start_of_training():
+    run = _run()
+    run.checkpoints = run.checkpoints.iloc[0:0]
+    run.restarts = run.restarts.assign(resumed_from=0)
+    got = L.interruption_costs(run).set_index("attempt")
+    assert got.loc[1, "safe_s"] == pytest.approx(100.0)  # step 0 ended at 100.1 after 0.1 s
+    assert "lost_s" not in got  # no interrupter log: the split is unknown
+
+
+def test_the_expected_loss_is_daly_s_and_its_band_holds_the_median():
+    tau, c, m = 0.9, 0.1, 2.0
+    rng = np.random.default_rng(0)
+    u = rng.exponential(m, 400_000)
+    u = u[u < tau + c]  # an interruption that lands in the cycle: memoryless, so the cycle restarts its clock
+    assert L.expected_lost(tau, c, m) == pytest.approx(u.mean(), rel=0.01)
+    assert L.expected_lost(tau, c, 1e9) == pytest.approx((tau + c) / 2, rel=1e-6)  # M >> L: half a cycle
+    for n in (1, 3, 4):
+        lo, hi = L.median_band(n, tau, c, m)
+        meds = np.median(u[: (len(u) // n) * n].reshape(-1, n), axis=1)
+        inside = np.mean((meds >= lo) & (meds <= hi))
+        assert 0.88 <= inside <= 0.93 if n % 2 else inside >= 0.9, (n, inside)  # exact for odd n, wider for even
+    one = L.per_interruption(tau, c, 0.5, m, 3)
+    assert one["mean_s"] == pytest.approx(L.expected_lost(tau, c, m) + 0.5)
+    assert one["lo_s"] < one["mean_s"] < one["hi_s"] and one["rel_tol"] > 0
+
+
+def test_the_claim_holds_inside_the_band_and_is_contradicted_outside():
+    tau, c, r, m = 0.9, 0.1, 0.5, 2.0
+    mean = L.per_interruption(tau, c, r, m, 3)["mean_s"]
+    near = pd.DataFrame({"cost_s": [mean * 0.95, mean, mean * 1.05]})
+    claim = L.interruption_claim(near, tau, c, r, m, how="three")
+    assert claim.outcome == "holds" and not consistent(claim.record())
+    far = pd.DataFrame({"cost_s": [mean * 3, mean * 3.2, mean * 2.9], "lost_s": [1, 1, 1], "restart_s": [2, 2, 2]})
+    claim = L.interruption_claim(far, tau, c, r, m, how="three")
+    assert claim.outcome == "contradicted" and "restarts" in claim.why and not consistent(claim.record())
+    two = L.interruption_claim(near.iloc[:2], tau, c, r, m, how="two")
+    assert two.outcome == "inconclusive"  # a claim about time needs 3 interruptions
+
+
+def test_the_kill_plan_is_seeded_and_checked():
+    a, b = L.kill_plan(3, 2.0, 2, seed=7), L.kill_plan(3, 2.0, 2, seed=7)
+    assert a == b and len(a[0]) == 3 and all(g > 0 for g in a[0]) and set(a[1]) <= {0, 1}
+    assert a != L.kill_plan(3, 2.0, 2, seed=8)
+    with pytest.raises(ValueError):
+        L.kill_plan(0, 2.0, 2, seed=0)
+    cfg = types.SimpleNamespace(restarts=types.SimpleNamespace(max_restarts=3, checkpoint_every=2))
+    with pytest.raises(ValueError, match="max_restarts > kills"):
+        L.interrupted_run(cfg, kills=3, mean_gap_s=1.0)
+
+
+def _scaling(lo_hi: bool):
+    sc = pd.DataFrame(
+        {
+            "gpus": [1, 2, 4, 8],
+            "steps": [80, 40, 20, 10],
+            "t_step_s": [0.05, 0.06, 0.061, 0.09],
+            "t_step_lo_s": [0.05, 0.05, 0.05, 0.06] if lo_hi else [math.nan] * 4,
+            "t_step_hi_s": [0.05, 0.07, 0.075, 0.12] if lo_hi else [math.nan] * 4,
+        }
+    )
+    sc["wall_s"] = sc["steps"] * sc["t_step_s"]
+    sc["gpu_hours"] = sc["gpus"] * sc["wall_s"] / 3600
+    return sc
+
+
+def test_the_rubric_accepts_every_count_the_band_cannot_tell_from_the_best():
+    assert R._within_band(_scaling(False), "gpu_hours") == [1] and R._within_band(_scaling(False), "wall_s") == [8]
+    # 4 GPUs: 20 x 0.05 = 1.0 s at the band's low end, not above 8 GPUs' 10 x 0.12 = 1.2 s at its high end
+    assert R._within_band(_scaling(True), "wall_s") == [4, 8]
+    # cheapest: 1 GPU, 80 x 0.05 = 4 GPU-seconds; 2 and 4 GPUs' low ends are 4 too, 8 GPUs' 80 x 0.06 = 4.8
+    assert R._within_band(_scaling(True), "gpu_hours") == [1, 2, 4]
+
+
+@pytest.mark.parametrize("where", ["cpu", "host_staged", "nccl"])
+def test_the_passages_fit_the_placement(where):
+    placement = {
+        "cpu": {"device": "cpu", "backend": "gloo"},
+        "host_staged": {"device": "cuda", "backend": "gloo", "ranks_per_gpu": 2},
+        "nccl": {"device": "cuda", "backend": "nccl", "ranks_per_gpu": 1},
+    }[where]
+    for key in L.TEXTS:
+        body = L.text(key, placement)
+        assert ("CPU figures" in body or "this CPU machine" in body) == (where == "cpu"), (key, where)
+    with pytest.raises(KeyError):
+        L.text("lab12.nothing", placement)
