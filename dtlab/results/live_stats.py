@@ -147,7 +147,7 @@ def busbw_table(rows: pd.DataFrame, profile=None, nproc: int | None = None) -> p
     if rows.empty:
         return pd.DataFrame(columns=cols)
     key = "bucket" if "bucket" in rows.columns and rows["bucket"].notna().all() else "op"
-    g = rows.groupby([key, "op"])["busbw"].agg(["median", "size"]).reset_index()
+    g = rows.groupby(list(dict.fromkeys([key, "op"])))["busbw"].agg(["median", "size"]).reset_index()
     what = g[key].map(lambda k: f"bucket {int(k)}" if key == "bucket" else str(k))
     cal = g["op"].map(lambda o: calibrated_busbw(profile, o, nproc))
     return pd.DataFrame({"what": what, "op": g["op"], "busbw": g["median"], "n": g["size"], "calibrated": cal})
@@ -182,8 +182,8 @@ def live_view(live, profile=None, state: str = "running", why: str = "") -> dict
     (the state's reason, e.g. the failed rank), step (the last step every rank recorded; -1 before the first),
     steps (the run's step count), table (`step_table`), pairs (`exposed_pairs`), ranks (`rank_times`), straggler,
     busbw (`busbw_rows` of the measured steps, steps >= warmup once there are any), bw_table (`busbw_table`),
-    calibration (`calibration_label`), baseline_steps, errors ({rank: {error, step}}), torn and damaged (lines so
-    far), nproc."""
+    calibration (`calibration_label`), baseline_steps, unpaired (no-op steps recorded without a pairing), errors
+    ({rank: {error, step}}), torn and damaged (lines so far), nproc."""
     f, p = live.frames(), live.nproc
     parts = [f[k][["rank", "step", "t_start", "t_end"]] for k in ("bucket", "collective") if not f[k].empty]
     comm = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["rank", "step", "t_start", "t_end"])
@@ -202,6 +202,7 @@ def live_view(live, profile=None, state: str = "running", why: str = "") -> dict
         "step": int(table["step"].max()) if not table.empty else -1,
         "steps": live.steps,
         "baseline_steps": live.baseline_steps,
+        "unpaired": int(f["baseline_step"]["paired_step"].isna().sum()),
         "nproc": p,
         "table": table,
         "pairs": exposed_pairs(f["baseline_step"], table, p),
@@ -231,9 +232,12 @@ def text_line(view: dict) -> str:
             parts.append(f"comm {share:.0%} of T_step")
     if not view["pairs"].empty:
         parts.append(f"exposed {fmt_ms(recent(view['pairs']['exposed']))}")
-    bw = view["busbw"]
-    if not bw.empty:
+    bw, table = view["busbw"], view["bw_table"]
+    if not bw.empty and table["what"].str.startswith("bucket").all():  # one op: the median over every bucket
         parts.append(f"busbw {fmt_gbps(float(bw['busbw'].median()))} ({view['calibration']})")
+    elif not bw.empty:  # collectives: one median per op (an all-gather and a reduce-scatter are not one figure)
+        each = ", ".join(f"{r.op} {fmt_gbps(r.busbw)}" for r in table.itertuples())
+        parts.append(f"busbw {each} ({view['calibration']})")
     s = view["straggler"]
     if s:
         parts.append(f"straggler rank {s['rank']} (+{fmt_ms(s['gap_s'])})")

@@ -132,7 +132,9 @@ def monitor_notes(view: dict) -> list[str]:
     torn or damaged event lines."""
     out = [f"{view['state']}: {view['why']}"] if view["state"] != "running" and view.get("why") else []
     out.append(f"bus bandwidth: {view['calibration']}")
-    if view["pairs"].empty and view.get("baseline_steps"):
+    if view["pairs"].empty and view.get("unpaired"):
+        out.append("exposed: the no-op baseline steps carry no pairing (an earlier dtlab): see the final breakdown")
+    elif view["pairs"].empty and view.get("baseline_steps"):
         out.append("exposed: not available until a no-op baseline step is paired with a training step")
     elif view["pairs"].empty:
         out.append("exposed: not available live (no no-op baseline steps: the final breakdown says how it is measured)")

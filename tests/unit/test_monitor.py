@@ -291,3 +291,28 @@ def test_a_replayed_run_is_shown_from_its_record(tmp_path, monkeypatch, capsys):
     line = [x for x in out.splitlines() if x.startswith("dtlab watch: ")][-1]
     assert "6 steps of 6" in line and line.endswith("finished: replayed from its recorded run directory, not run again")
     assert "T_step" in out.split(line, 1)[1]  # the breakdown follows
+
+
+def test_collectives_are_shown_per_op(tmp_path):
+    """ZeRO-3 records collectives, not buckets: one bus bandwidth per op, each against its own calibration."""
+    run = _run_dir(tmp_path, steps=3, strategy="zero3")
+    for r in (0, 1):
+        data = b""
+        for s in range(3):
+            data += _step(r, s)
+            data += _line(kind="collective", rank=r, step=s, op="all_gather", nbytes=2_000_000, phase="fwd",
+                          t_start=0.0, t_end=0.010)  # fmt: skip
+            data += _line(kind="collective", rank=r, step=s, op="reduce_scatter", nbytes=4_000_000, phase="bwd",
+                          t_start=0.02, t_end=0.030)  # fmt: skip
+        (run / "events" / f"rank{r}.jsonl").write_bytes(data)
+    profile = _Profile(beta=1 / 2e9)
+    profile.fits = {"reduce_scatter": profile.fits["all_reduce"]}
+    profile.fits["reduce_scatter"].op = "reduce_scatter"
+    view = live_view(_poll(run), profile)
+    table = view["bw_table"].set_index("op")
+    assert table.loc["all_gather", "busbw"] == pytest.approx(1e8)  # 2 MB / 10 ms x 1/2
+    assert table.loc["reduce_scatter", "busbw"] == pytest.approx(2e8)
+    assert table["calibrated"].isna().tolist() == [True, False]
+    line = text_line(view)
+    assert "busbw all_gather 0.1 GB/s, reduce_scatter 0.2 GB/s (calibrated reduce_scatter: " in line, line
+    assert view["table"]["t_comm"].tolist() == pytest.approx([0.02] * 3)  # two disjoint 10 ms intervals
