@@ -205,7 +205,7 @@ class Monitor:
             print(text_line(view), file=self.out, flush=True)
             return
         self._figure.show(monitor_figure(view))
-        line = text_line({**view, "why": ""}).removeprefix("dtlab watch: ")
+        line = text_line({**view, "state": "running"}).removeprefix("dtlab watch: ")  # the state is said first
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in monitor_notes(view))
         self._status.value = (
             f"<div class='dtlab-monitor-status' data-state='{html.escape(view['state'])}'><b>dtlab monitor</b> "

@@ -36,7 +36,7 @@ KILLED = (
 
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
-# the monitor as the page shows it: its state, its status line, the figure's title and the T_step trace drawn
+# the monitor as the page shows it: its state, its status line and notes, the figure's title, the T_step trace drawn
 JS_MONITOR = """() => {
   const m = document.querySelector('.dtlab-monitor');
   if (!m) return null;
@@ -46,10 +46,11 @@ JS_MONITOR = """() => {
   const data = (plot && plot._fullData) ? plot._fullData : [];
   const t = data.find(d => d.name === 'T_step (slowest rank)');
   const end = m.querySelector('.dtlab-monitor-breakdown');
+  const notes = Array.from(m.querySelectorAll('.dtlab-monitor-notes li')).map(li => li.textContent);
   return {state: st ? st.dataset.state : null, status: st ? st.textContent : '',
           title: (plot && plot.layout && plot.layout.title && plot.layout.title.text) || '',
           x: t ? Array.from(t.x).map(Number) : [], y: t ? Array.from(t.y).map(Number) : [],
-          breakdown: end ? end.textContent : ''};
+          breakdown: end ? end.textContent : '', notes};
 }"""
 
 
@@ -130,7 +131,8 @@ def test_a_killed_rank_stops_the_monitor_showing_the_failure(lab):
     server.shutdown_kernels()
     _, end, cells = _run_watching(page, server.url, "killed.ipynb")
     assert end["state"] == "failed", end
-    assert "rank 1 (SIGKILL)" in end["status"], end["status"]
+    assert end["notes"][0].startswith("failed: rank 1 (SIGKILL)"), end["notes"]
+    assert "failed" in end["status"], end["status"]
     assert "dtlab monitor: failed, 60 steps of 400" in end["title"], end["title"]
     assert not end["breakdown"]  # no breakdown of a run that did not finish
     errors = [o for c in cells for o in c["outputs"] if o.get("output_type") == "error"]
