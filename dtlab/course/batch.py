@@ -246,20 +246,18 @@ def grade_one(
     directory: str | None,
     timeout_s: float = 3600.0,
     sandbox: str = "none",
-    memory: int | None = None,
-    disk: int | None = None,
-    procs: int | None = None,
+    limits: sb.Limits | None = None,
 ) -> list[dict]:
-    """Grade one notebook in a worker process (in the sandbox `sandbox`: dtlab.course.sandbox); its rows (error
-    rows when the worker failed, naming the limit it hit if it hit one)."""
-    memory, disk, procs = memory or sb.DEFAULT_MEMORY, disk or sb.DEFAULT_DISK, procs or sb.DEFAULT_PROCS
+    """Grade one notebook in a worker process (in the sandbox `sandbox`: dtlab.course.sandbox, with `limits`, its
+    defaults when None); its rows (error rows when the worker failed, naming the limit it hit if it hit one)."""
+    limits = limits or sb.Limits()
     replay = _has_runs(directory)
     with tempfile.TemporaryDirectory(prefix="dtlab-batch-") as tmp:
         boxed = sandbox != "none"
         cmd, pipe, out, inbox, outbox = _grader_command(ag, lab, nb, directory, tmp, timeout_s, boxed, replay)
         # the sandbox is left (the `with`) once none of its processes is left: one left behind could still write
         with (
-            sb.prepared(sandbox, cmd, inbox, outbox, disk, memory, procs, pass_fds=(pipe[1],))
+            sb.prepared(sandbox, cmd, inbox, outbox, limits, pass_fds=(pipe[1],))
             if boxed
             else contextlib.nullcontext((cmd, {}))
         ) as (cmd, kw):
@@ -277,7 +275,7 @@ def grade_one(
         if p.returncode != 0 or not text:
             tail = [ln for ln in (stderr or stdout or "").strip().splitlines() if ln.strip()]
             why = f"could not be graded: {tail[-1] if tail else f'exit code {p.returncode}'}"
-            hit = sb.limit_hit(why, memory, disk) if boxed else None
+            hit = sb.limit_hit(why, limits) if boxed else None
             return _error_rows(lab, f"{hit}: {why}" if hit else why)
         try:
             res = json.loads(text)
@@ -287,7 +285,7 @@ def grade_one(
             mode, replayed = res["mode"], res["replayed"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             return _error_rows(lab, f"could not be graded: its result could not be read ({type(e).__name__})")
-    hit = sb.limit_hit(" ".join(errors), memory, disk) if boxed else None
+    hit = sb.limit_hit(" ".join(errors), limits) if boxed else None
     if hit:
         flags.append(hit)
     common = {
@@ -324,7 +322,8 @@ def grade(
     subs = submissions(submissions_)
     mech = sb.choose(sandbox)
     if progress:
-        m, d, n = memory or sb.DEFAULT_MEMORY, disk or sb.DEFAULT_DISK, procs or sb.DEFAULT_PROCS
+        limits = sb.Limits.given(memory, disk, procs)
+        m, d, n = limits.memory, limits.disk, limits.procs
         print(
             f"dtlab grade: sandbox {mech}"
             + (
@@ -345,7 +344,7 @@ def grade(
         elif meta and meta != found and how != "--lab":
             got = _error_rows(found, f"its metadata says it is {meta}, its name says {found}: rename it or pass --lab")
         else:
-            got = grade_one(ags[found], found, nb, directory, timeout_s, mech, memory, disk, procs)
+            got = grade_one(ags[found], found, nb, directory, timeout_s, mech, sb.Limits.given(memory, disk, procs))
         rows += [
             {"student": student, "notebook": os.path.basename(nb), "lab": found or "", **r, "sandbox": mech}
             for r in got

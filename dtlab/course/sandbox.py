@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 
 from dtlab.course.pidns import emptied, read_info
 
@@ -72,6 +73,38 @@ GiB, MiB = 2**30, 2**20
 DEFAULT_MEMORY = 4 * GiB
 DEFAULT_DISK = 1 * GiB
 DEFAULT_PROCS = 512
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a graded notebook may use: `memory` (bytes of address space per process, RLIMIT_AS), `disk` (bytes of
+    scratch tmpfs) and `procs` (processes and threads of the sandbox's uid, RLIMIT_NPROC)."""
+
+    memory: int = DEFAULT_MEMORY
+    disk: int = DEFAULT_DISK
+    procs: int = DEFAULT_PROCS
+
+    @classmethod
+    def given(cls, memory: int | None = None, disk: int | None = None, procs: int | None = None) -> Limits:
+        """The limits asked for, each None at its default."""
+        return cls(memory or DEFAULT_MEMORY, disk or DEFAULT_DISK, procs or DEFAULT_PROCS)
+
+
+@dataclass(frozen=True)
+class _Box:
+    """What one sandbox holds: the command it runs, its in and out boxes, its scratch disk (bytes), its environment
+    and the uid it runs as; and the system paths bound read-only into it (`ro`) and the links among them."""
+
+    argv: list
+    inbox: str
+    outbox: str
+    disk: int
+    env: dict
+    uid: int
+    ro: tuple
+    links: tuple
+
+
 IN, OUT, SCRATCH = "/sandbox/in", "/sandbox/out", "/tmp"
 
 
@@ -139,10 +172,10 @@ def command(
     sandbox makes no user namespace and drops to `uid` (`sandbox_uid`) itself (setpriv: no capabilities,
     no_new_privs), so that RLIMIT_NPROC binds (Linux does not enforce it for root, nor for a
     user namespace's uid mapped to root)."""
-    env = _env(env or {})
     ro, links = ro_paths()
+    box = _Box(list(argv), inbox, outbox, disk, _env(env or {}), uid, tuple(ro), tuple(links))
     if mech == "bwrap":
-        cmd = _bwrap(argv, inbox, outbox, disk, env, uid, ro, links)
+        cmd = _bwrap(box)
         return cmd[:1] + ["--info-fd", str(info_fd)] + cmd[1:] if info_fd is not None else cmd
     if mech == "namespaces":
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
@@ -158,13 +191,23 @@ def command(
             "private",
             "sh",
             "-c",
-            _script(ro, links, inbox, outbox, disk, env, argv, uid),
+            _script(box),
         ]
     raise ValueError(f"no sandbox {mech!r} ({MECHANISMS})")
 
 
-def _bwrap(argv: list[str], inbox: str, outbox: str, disk: int, env: dict, uid: int, ro, links) -> list[str]:
+def _bwrap(box: _Box) -> list[str]:
     """`command` for bubblewrap: the namespaces, the scratch tmpfs, the read-only binds, the in/out boxes."""
+    argv, inbox, outbox, disk, env, uid, ro, links = (
+        box.argv,
+        box.inbox,
+        box.outbox,
+        box.disk,
+        box.env,
+        box.uid,
+        box.ro,
+        box.links,
+    )
     root = os.geteuid() == 0
     if root:
         ns = [
@@ -236,11 +279,21 @@ def _bwrap(argv: list[str], inbox: str, outbox: str, disk: int, env: dict, uid: 
     return cmd + ["--remount-ro", "/", "--"] + argv
 
 
-def _script(ro, links, inbox, outbox, disk, env, argv, uid) -> str:
+def _script(box: _Box) -> str:
     """The namespaces' sandbox, built as root (of a new user namespace, or the real root): a tmpfs root holding
     read-only binds (nosuid, nodev), a new /proc, a few devices, the scratch tmpfs; pivot_root into it, loopback up;
     then the grader runs as UID in a nested user namespace, or for the real root as `uid` through setpriv with no
     capabilities and no_new_privs (a setuid program in the read-only system then gives nothing)."""
+    argv, inbox, outbox, disk, env, uid, ro, links = (
+        box.argv,
+        box.inbox,
+        box.outbox,
+        box.disk,
+        box.env,
+        box.uid,
+        box.ro,
+        box.links,
+    )
     q = shlex.quote
     if os.geteuid() == 0:
         drop = " ".join(setpriv(uid))
@@ -311,7 +364,7 @@ def _try(mech: str) -> str | None:
             f"open({OUT + '/ok'!r}, 'w').write(str(os.getuid()))"
         )
         try:
-            with prepared(mech, [sys.executable, "-c", code], inbox, outbox, disk=16 * MiB) as (cmd, kw):
+            with prepared(mech, [sys.executable, "-c", code], inbox, outbox, Limits(disk=16 * MiB)) as (cmd, kw):
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=d, **kw)
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"{mech} could not start: {e}"
@@ -379,13 +432,11 @@ def prepared(
     argv: list[str],
     inbox: str,
     outbox: str,
-    disk: int = DEFAULT_DISK,
-    memory: int = DEFAULT_MEMORY,
-    procs: int = DEFAULT_PROCS,
+    limits: Limits = Limits(),
     env: dict | None = None,
     pass_fds=(),
 ):
-    """(command, Popen keyword arguments) that run `argv` in the sandbox `mech` with the limits set; for a root
+    """(command, Popen keyword arguments) that run `argv` in the sandbox `mech` with `limits` set; for a root
     caller, whose sandbox runs as a uid of its own in the real user namespace (`command`), the inbox is made
     readable and the outbox writable by it first. Run and wait for the command inside the `with`: leaving it waits
     until no process of the sandbox is left (dtlab.course.pidns), so the outbox can be read and removed."""
@@ -395,9 +446,9 @@ def prepared(
     info_r, info_w = os.pipe() if mech == "bwrap" else (None, None)
     try:
         yield (
-            command(mech, argv, inbox, outbox, disk=disk, env=env, uid=uid, info_fd=info_w),
+            command(mech, argv, inbox, outbox, disk=limits.disk, env=env, uid=uid, info_fd=info_w),
             {
-                "preexec_fn": limits_preexec(memory, procs),
+                "preexec_fn": limits_preexec(limits.memory, limits.procs),
                 "pass_fds": tuple(pass_fds) + ((info_w,) if info_w is not None else ()),
             },
         )
@@ -409,8 +460,9 @@ def prepared(
             emptied(info)
 
 
-def limit_hit(text: str, memory: int, disk: int) -> str | None:
+def limit_hit(text: str, limits: Limits) -> str | None:
     """The limit a grader's error or a student's exceptions name, if any."""
+    memory, disk = limits.memory, limits.disk
     if "No space left on device" in text or "Errno 28" in text:
         return f"scratch disk limit {size_text(disk)} exceeded"
     if "MemoryError" in text or "Cannot allocate memory" in text or "std::bad_alloc" in text:

@@ -11,6 +11,7 @@ microseconds), sizes bytes, bandwidth GB/s (10^9 bytes per second). Every axis n
 from __future__ import annotations
 
 import textwrap
+from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
@@ -171,22 +172,36 @@ def _calibration_column(fig, o: str, fit, s, c: int, color: dict, shown: set) ->
         grid = np.unique(np.concatenate([grid, [fit.min_bytes, fit.max_bytes]]))
     for p, g in stats.groupby("nproc"):
         p = int(p)
-        n = g["nbytes"].to_numpy(float)
-        med = g["med"].to_numpy(float)
-        _add_measured(fig, g, n, med, p, c, color[p], shown)
+        one = _Series(fig, c, p, color[p], shown, g["nbytes"].to_numpy(float), g["med"].to_numpy(float))
+        _add_measured(one, g)
         if fit is None or p == 1:
             continue
         pred_grid = np.asarray(fit.predict(grid, p), dtype=float)
-        _add_model_lines(fig, fit, grid, pred_grid, p, c, color[p], shown)
-        _add_error_row(fig, fit, n, med, p, c, color[p])
-        _add_busbw_row(fig, o, grid, pred_grid, n, med, p, c, color[p])
+        _add_model_lines(one, fit, grid, pred_grid)
+        _add_error_row(one, fit)
+        _add_busbw_row(one, o, grid, pred_grid)
     if fit is not None:
         _mark_fit(fig, fit, c)
     return lo, hi
 
 
-def _add_measured(fig, g, n, med, p: int, c: int, color: str, shown: set) -> None:
-    """Row 1: the medians of one p with inter-quartile error bars."""
+@dataclass
+class _Series:
+    """One rank count's medians in one column of the figure: where they are drawn (`fig`, column `c`), for which p,
+    in which colour, the legend entries already shown, and the sizes `n` (bytes) with their median times `med` (s)."""
+
+    fig: object
+    c: int
+    p: int
+    color: str
+    shown: set
+    n: np.ndarray
+    med: np.ndarray
+
+
+def _add_measured(one: _Series, g) -> None:
+    """Row 1: the medians of one p with inter-quartile error bars (`g`: their statistics per size)."""
+    fig, n, med, p, c, color, shown = one.fig, one.n, one.med, one.p, one.c, one.color, one.shown
     hover = [
         f"{fmt_bytes(ni)}, p={p}<br>median {m * 1e3:.4g} ms (n={k})<br>"
         f"IQR {a * 1e3:.4g}–{b * 1e3:.4g} ms, range {x * 1e3:.4g}–{y * 1e3:.4g} ms"
@@ -216,8 +231,9 @@ def _add_measured(fig, g, n, med, p: int, c: int, color: str, shown: set) -> Non
     )
 
 
-def _add_model_lines(fig, fit, grid, pred_grid, p: int, c: int, color: str, shown: set) -> None:
+def _add_model_lines(one: _Series, fit, grid, pred_grid) -> None:
     """Row 1: the model for one p, solid inside the fitted size range and dashed where it extrapolates."""
+    fig, p, c, color, shown = one.fig, one.p, one.c, one.color, one.shown
     inside = (grid >= fit.min_bytes) & (grid <= fit.max_bytes)
     edge = (grid == fit.min_bytes) | (grid == fit.max_bytes)
     pieces = [("fitted range", np.where(inside, pred_grid * 1e3, np.nan), dict(width=2), "model")]
@@ -243,8 +259,9 @@ def _add_model_lines(fig, fit, grid, pred_grid, p: int, c: int, color: str, show
         )
 
 
-def _add_error_row(fig, fit, n, med, p: int, c: int, color: str) -> None:
+def _add_error_row(one: _Series, fit) -> None:
     """Row 2: (predicted - measured) / measured in % per median; open markers outside the fitted range."""
+    fig, n, med, p, c, color = one.fig, one.n, one.med, one.p, one.c, one.color
     pred = np.asarray(fit.predict(n, p), dtype=float)
     rel = (pred - med) / med * 100.0
     in_fit = (n >= fit.min_bytes) & (n <= fit.max_bytes)
@@ -264,8 +281,9 @@ def _add_error_row(fig, fit, n, med, p: int, c: int, color: str) -> None:
     )
 
 
-def _add_busbw_row(fig, o: str, grid, pred_grid, n, med, p: int, c: int, color: str) -> None:
-    """Row 3: the bus bandwidth of the medians (markers) and of the model (line), GB/s."""
+def _add_busbw_row(one: _Series, o: str, grid, pred_grid) -> None:
+    """Row 3: the bus bandwidth of op `o`'s medians (markers) and of the model (line), GB/s."""
+    fig, n, med, p, c, color = one.fig, one.n, one.med, one.p, one.c, one.color
     bus_meas = np.asarray(costmodel.busbw(o, n, med, p), dtype=float) / 1e9
     ok = pred_grid > 0  # a negative fitted alpha can give t <= 0 at tiny sizes: no bandwidth there
     bus_model = np.full_like(grid, np.nan)
