@@ -37,6 +37,9 @@ from dtlab.viz.figures import COLORS, wrap_title
 
 MODES = ("auto", "widget", "text")
 EVERY_S = 2.0  # seconds between redraws (and text lines) while new events arrive
+#: a redraw waits at least this many times its own CPU cost after the last one: a long run, whose redraws grow with
+#: its steps, never takes more than 1 / BUDGET (5 %) of a core from the notebook (and from ranks that share it)
+BUDGET = 20
 RANK_COLORS = (
     "#4C78A8",
     "#54A24B",
@@ -152,7 +155,8 @@ class Monitor:
     calibrated bus bandwidth (None: "no calibration"). `mode`: 'auto' (widgets in a Jupyter kernel, text
     elsewhere), 'widget' or 'text'. `every_s`: seconds between redraws (> 0). `out`: where text lines go.
 
-    `poll()` reads what the ranks wrote since the last read and redraws when `every_s` has passed;
+    `poll()` reads what the ranks wrote since the last read and redraws when `every_s` has passed (longer when a
+    redraw is costly: BUDGET);
     `finish(state, why, run)` reads the rest, draws the end state and, for a finished run, its breakdown.
     `view` is the last view drawn; `redraws` counts them; `widget` is the VBox shown (widget mode)."""
 
@@ -169,7 +173,7 @@ class Monitor:
         self.mode = ("widget" if in_notebook() else "text") if mode == "auto" else mode
         self.out = out or sys.stdout
         self.view: dict | None = None
-        self.redraws, self._last = 0, -float("inf")
+        self.redraws, self._last, self.wait_s = 0, -float("inf"), self.every_s
         self.widget = None
         if self.mode == "widget":
             self._status = widgets.HTML(value="<b>dtlab monitor</b>: waiting for the ranks' first events")
@@ -180,12 +184,15 @@ class Monitor:
             display(self.widget)
 
     def poll(self) -> None:
-        """Read the new lines and redraw if `every_s` has passed since the last redraw and something came."""
+        """Read the new lines and redraw if something came and the wait is over: `every_s`, or BUDGET times the
+        CPU time the last redraw took, whichever is longer (`wait_s`)."""
         now = time.monotonic()
-        if now - self._last < self.every_s:
+        if now - self._last < self.wait_s:
             return
+        cpu = time.process_time()
         if self.live.poll() or self.view is None:
             self._draw(live_view(self.live, self.profile))
+        self.wait_s = max(self.every_s, BUDGET * (time.process_time() - cpu))
         self._last = now
 
     def finish(self, state: str, why: str = "", run=None) -> None:

@@ -316,3 +316,14 @@ def test_collectives_are_shown_per_op(tmp_path):
     line = text_line(view)
     assert "busbw all_gather 0.1 GB/s, reduce_scatter 0.2 GB/s (calibrated reduce_scatter: " in line, line
     assert view["table"]["t_comm"].tolist() == pytest.approx([0.02] * 3)  # two disjoint 10 ms intervals
+
+
+def test_a_costly_redraw_stretches_the_wait(tmp_path, monkeypatch):
+    """A redraw that took 0.1 s of CPU waits BUDGET x 0.1 s before the next, however short every_s is."""
+    from dtlab.viz import monitor as vm
+
+    clock = iter([10.0, 10.1])  # CPU time before and after the redraw
+    monkeypatch.setattr(vm.time, "process_time", lambda: next(clock))
+    mon = Monitor(str(_steady_run(tmp_path)), mode="text", every_s=0.001, out=io.StringIO())
+    mon.poll()
+    assert mon.redraws == 1 and mon.wait_s == pytest.approx(vm.BUDGET * 0.1)
