@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Prove dtlab's GPU path on a bare GPU machine in three short commands, each under 600 s with margin.
+"""Prove dtlab's GPU path on a bare GPU machine in four short commands, each under 600 s with margin.
 
     python3 tools/gpu_runbook.py suite --wheels .whl --nccl .nccl --out $OUT  # the NCCL proof, install, the
                                   # README's main job, ZeRO-3, a 3-op calibration, doctor, the GPU suite, the overhead
     python3 tools/gpu_runbook.py labs  --wheels .whl --nccl .nccl --out $OUT  # labs 00-05 in quick mode, the
                                                                               # model's error
-    python3 tools/gpu_runbook.py labs-more --wheels .whl --nccl .nccl --out $OUT  # labs 06 onward in quick mode
-    python3 tools/gpu_runbook.py all --dry-run --wheels .whl --nccl .nccl --out /tmp/dry  # anywhere: all three, small
+    python3 tools/gpu_runbook.py labs-more --wheels .whl --nccl .nccl --out $OUT  # labs 06-10 in quick mode
+    python3 tools/gpu_runbook.py labs-last --wheels .whl --nccl .nccl --out $OUT  # labs 11 onward in quick mode
+    python3 tools/gpu_runbook.py all --dry-run --wheels .whl --nccl .nccl --out /tmp/dry  # anywhere: every part, small
     python3 tools/gpu_runbook.py check-wheels --wheels .whl                   # only the wheel folder
 
 `--nccl DIR` (optional; `python3 tools/nccl_prepare.py` makes the git-ignored `.nccl/` from the shared NCCL 2.30.7
@@ -83,12 +84,18 @@ PARTS = {
     ),
     "labs": ("install", "labs", "model-error"),
     "labs-more": ("install", "labs-more"),
+    "labs-last": ("install", "labs-last"),
 }
 #: Steps that run only when asked for by an option (the option's name): without --nccl there is nothing to prove.
 OPTIONAL = {"nccl-proof": "nccl"}
 #: which labs each lab step runs, by the lab's number: an H100 took 406 s for labs 00-08, more than one command's
-#: labs step, so the labs are two steps in two parts (a new lab lands in the second)
-LAB_STEPS = {"labs": lambda number: number <= 5, "labs-more": lambda number: number >= 6}
+#: labs step, and labs 10 to 12 have no GPU record (each planned at the cap), so the labs are three steps in three
+#: parts (a new lab lands in the last)
+LAB_STEPS = {
+    "labs": lambda number: number <= 5,
+    "labs-more": lambda number: 6 <= number <= 10,
+    "labs-last": lambda number: number >= 11,
+}
 STEP_CAP = {
     "nccl-proof": 90,
     "wheels": 60,
@@ -102,6 +109,7 @@ STEP_CAP = {
     "calibrate": 120,
     "labs": 300,
     "labs-more": 500,
+    "labs-last": 500,
     "model-error": 200,
 }
 LAB_CAP_S = 120  # one lab in quick mode (an H100 took 16-75 s for each of labs 00-08; tools/gpu-lab-seconds.json)
@@ -510,8 +518,12 @@ class Runbook:
         return self._labs("labs", timeout)
 
     def labs_more(self, timeout) -> bool:
-        """Labs 06 onward top to bottom in quick mode (`_labs`)."""
+        """Labs 06-10 top to bottom in quick mode (`_labs`)."""
         return self._labs("labs-more", timeout)
+
+    def labs_last(self, timeout) -> bool:
+        """Labs 11 onward top to bottom in quick mode (`_labs`)."""
+        return self._labs("labs-last", timeout)
 
     def _plan(self, step: str) -> dict:
         """{notebook: its placements, cap and planned seconds} for the labs of lab step `step`: each lab planned
