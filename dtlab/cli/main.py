@@ -15,7 +15,7 @@ from dtlab.cli.nodes import add_parsers
 from dtlab.cli.nodes import main as nodes_main
 from dtlab.config.run import RunConfig
 from dtlab.course.batch import grade
-from dtlab.course.sandbox import parse_size
+from dtlab.course.limits import parse_size
 from dtlab.results.status import RunFailed
 from dtlab.runfiles import RunDamageWarning
 

@@ -31,6 +31,7 @@ import threading
 
 from dtlab.course import rubric
 from dtlab.course import sandbox as sb
+from dtlab.course.limits import Limits, limit_hit, size_text
 from dtlab.course.rubric import LAB_MODULES
 from dtlab.launching.replay import recorded_in
 
@@ -246,11 +247,11 @@ def grade_one(
     directory: str | None,
     timeout_s: float = 3600.0,
     sandbox: str = "none",
-    limits: sb.Limits | None = None,
+    limits: Limits | None = None,
 ) -> list[dict]:
     """Grade one notebook in a worker process (in the sandbox `sandbox`: dtlab.course.sandbox, with `limits`, its
     defaults when None); its rows (error rows when the worker failed, naming the limit it hit if it hit one)."""
-    limits = limits or sb.Limits()
+    limits = limits or Limits()
     replay = _has_runs(directory)
     with tempfile.TemporaryDirectory(prefix="dtlab-batch-") as tmp:
         boxed = sandbox != "none"
@@ -275,7 +276,7 @@ def grade_one(
         if p.returncode != 0 or not text:
             tail = [ln for ln in (stderr or stdout or "").strip().splitlines() if ln.strip()]
             why = f"could not be graded: {tail[-1] if tail else f'exit code {p.returncode}'}"
-            hit = sb.limit_hit(why, limits) if boxed else None
+            hit = limit_hit(why, limits) if boxed else None
             return _error_rows(lab, f"{hit}: {why}" if hit else why)
         try:
             res = json.loads(text)
@@ -285,7 +286,7 @@ def grade_one(
             mode, replayed = res["mode"], res["replayed"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             return _error_rows(lab, f"could not be graded: its result could not be read ({type(e).__name__})")
-    hit = sb.limit_hit(" ".join(errors), limits) if boxed else None
+    hit = limit_hit(" ".join(errors), limits) if boxed else None
     if hit:
         flags.append(hit)
     common = {
@@ -322,12 +323,12 @@ def grade(
     subs = submissions(submissions_)
     mech = sb.choose(sandbox)
     if progress:
-        limits = sb.Limits.given(memory, disk, procs)
+        limits = Limits.given(memory, disk, procs)
         m, d, n = limits.memory, limits.disk, limits.procs
         print(
             f"dtlab grade: sandbox {mech}"
             + (
-                f" (memory {sb.size_text(m)} per process, scratch disk {sb.size_text(d)}, {n} processes, no network)"
+                f" (memory {size_text(m)} per process, scratch disk {size_text(d)}, {n} processes, no network)"
                 if mech != "none"
                 else ": UNSANDBOXED, every submission's code runs with your permissions"
             ),
@@ -344,7 +345,7 @@ def grade(
         elif meta and meta != found and how != "--lab":
             got = _error_rows(found, f"its metadata says it is {meta}, its name says {found}: rename it or pass --lab")
         else:
-            got = grade_one(ags[found], found, nb, directory, timeout_s, mech, sb.Limits.given(memory, disk, procs))
+            got = grade_one(ags[found], found, nb, directory, timeout_s, mech, Limits.given(memory, disk, procs))
         rows += [
             {"student": student, "notebook": os.path.basename(nb), "lab": found or "", **r, "sandbox": mech}
             for r in got

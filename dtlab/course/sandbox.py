@@ -27,15 +27,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import resource
 import secrets
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from typing import NamedTuple
 
+from dtlab.course.limits import DEFAULT_DISK, Limits, MiB, limits_preexec
 from dtlab.course.pidns import emptied, read_info
 
 MECHANISMS = ("bwrap", "namespaces")
@@ -69,29 +69,7 @@ def sandbox_uid() -> int:
     return start + secrets.randbelow(n)
 
 
-GiB, MiB = 2**30, 2**20
-DEFAULT_MEMORY = 4 * GiB
-DEFAULT_DISK = 1 * GiB
-DEFAULT_PROCS = 512
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a graded notebook may use: `memory` (bytes of address space per process, RLIMIT_AS), `disk` (bytes of
-    scratch tmpfs) and `procs` (processes and threads of the sandbox's uid, RLIMIT_NPROC)."""
-
-    memory: int = DEFAULT_MEMORY
-    disk: int = DEFAULT_DISK
-    procs: int = DEFAULT_PROCS
-
-    @classmethod
-    def given(cls, memory: int | None = None, disk: int | None = None, procs: int | None = None) -> Limits:
-        """The limits asked for, each None at its default."""
-        return cls(memory or DEFAULT_MEMORY, disk or DEFAULT_DISK, procs or DEFAULT_PROCS)
-
-
-@dataclass(frozen=True)
-class _Box:
+class _Box(NamedTuple):
     """What one sandbox holds: the command it runs, its in and out boxes, its scratch disk (bytes), its environment
     and the uid it runs as; and the system paths bound read-only into it (`ro`) and the links among them."""
 
@@ -106,20 +84,6 @@ class _Box:
 
 
 IN, OUT, SCRATCH = "/sandbox/in", "/sandbox/out", "/tmp"
-
-
-def size_text(n: int) -> str:
-    return f"{n / GiB:g} GiB" if n >= GiB else f"{n / MiB:g} MiB"
-
-
-def parse_size(text) -> int:
-    """'4G', '512M', '4GiB', or bytes."""
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 2**10, "M": MiB, "G": GiB, "T": 2**40}.get(t[-1:], 1)
-    try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (e.g. 4G, 512M)") from None
 
 
 def ro_paths() -> tuple[list[str], list[str]]:
@@ -198,16 +162,7 @@ def command(
 
 def _bwrap(box: _Box) -> list[str]:
     """`command` for bubblewrap: the namespaces, the scratch tmpfs, the read-only binds, the in/out boxes."""
-    argv, inbox, outbox, disk, env, uid, ro, links = (
-        box.argv,
-        box.inbox,
-        box.outbox,
-        box.disk,
-        box.env,
-        box.uid,
-        box.ro,
-        box.links,
-    )
+    argv, inbox, outbox, disk, env, uid, ro, links = box
     root = os.geteuid() == 0
     if root:
         ns = [
@@ -284,16 +239,7 @@ def _script(box: _Box) -> str:
     read-only binds (nosuid, nodev), a new /proc, a few devices, the scratch tmpfs; pivot_root into it, loopback up;
     then the grader runs as UID in a nested user namespace, or for the real root as `uid` through setpriv with no
     capabilities and no_new_privs (a setuid program in the read-only system then gives nothing)."""
-    argv, inbox, outbox, disk, env, uid, ro, links = (
-        box.argv,
-        box.inbox,
-        box.outbox,
-        box.disk,
-        box.env,
-        box.uid,
-        box.ro,
-        box.links,
-    )
+    argv, inbox, outbox, disk, env, uid, ro, links = box
     q = shlex.quote
     if os.geteuid() == 0:
         drop = " ".join(setpriv(uid))
@@ -404,16 +350,6 @@ def choose(requested: str = "auto") -> str:
     )
 
 
-def limits_preexec(memory: int, procs: int):
-    """A preexec_fn setting the process limits the sandbox inherits (RLIMIT_AS, RLIMIT_NPROC)."""
-
-    def apply():
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_NPROC, (procs, procs))
-
-    return apply
-
-
 def open_to_sandbox(inbox: str, outbox: str, uid: int) -> None:
     """Let a sandbox that runs as `uid` in the real user namespace (a root caller's: see `prepared`) read its inbox
     and write its outbox: a world-readable inbox, an outbox owned by `uid`."""
@@ -432,14 +368,16 @@ def prepared(
     argv: list[str],
     inbox: str,
     outbox: str,
-    limits: Limits = Limits(),
+    limits: Limits | None = None,
     env: dict | None = None,
     pass_fds=(),
 ):
     """(command, Popen keyword arguments) that run `argv` in the sandbox `mech` with `limits` set; for a root
     caller, whose sandbox runs as a uid of its own in the real user namespace (`command`), the inbox is made
     readable and the outbox writable by it first. Run and wait for the command inside the `with`: leaving it waits
-    until no process of the sandbox is left (dtlab.course.pidns), so the outbox can be read and removed."""
+    until no process of the sandbox is left (dtlab.course.pidns), so the outbox can be read and removed. `limits`:
+    dtlab.course.limits.Limits, its defaults when None."""
+    limits = limits or Limits()
     uid = sandbox_uid()
     if os.geteuid() == 0:
         open_to_sandbox(inbox, outbox, uid)
@@ -458,20 +396,3 @@ def prepared(
             info = read_info(info_r)
             os.close(info_r)
             emptied(info)
-
-
-def limit_hit(text: str, limits: Limits) -> str | None:
-    """The limit a grader's error or a student's exceptions name, if any."""
-    memory, disk = limits.memory, limits.disk
-    if "No space left on device" in text or "Errno 28" in text:
-        return f"scratch disk limit {size_text(disk)} exceeded"
-    if "MemoryError" in text or "Cannot allocate memory" in text or "std::bad_alloc" in text:
-        return f"memory limit {size_text(memory)} exceeded"
-    # A process limit shows as EAGAIN from fork/clone (os.fork, subprocess's fork_exec) or as a thread that could
-    # not start; a bare "Resource temporarily unavailable" is also what a non-blocking socket or pipe raises.
-    if "can't start new thread" in text or (
-        "Resource temporarily unavailable" in text
-        and any(w in text for w in ("fork", "_execute_child", "start_new_thread", "pthread_create", "clone"))
-    ):
-        return "process limit exceeded"
-    return None

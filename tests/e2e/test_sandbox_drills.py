@@ -31,7 +31,7 @@ import zipfile
 import pandas as pd
 import pytest
 
-from dtlab.course import sandbox
+from dtlab.course import limits, sandbox
 from dtlab.course.batch import grade
 
 LAB = "08_build_it_yourself"
@@ -156,7 +156,7 @@ def batch(request, tmp_path_factory):
     paths = [str(root / "honest")] + [str(root / who) for who in drills]
     csv = root / "scores.csv"
     try:
-        grade(str(ag), paths, csv=str(csv), sandbox=mech, disk=128 * sandbox.MiB, progress=False, timeout_s=300)
+        grade(str(ag), paths, csv=str(csv), sandbox=mech, disk=128 * limits.MiB, progress=False, timeout_s=300)
         try:
             conn, _ = listener.accept()
             connected = True

@@ -10,7 +10,7 @@ import pytest
 
 from dtlab.cli.doctor import sandbox_line
 from dtlab.cli.main import main
-from dtlab.course import sandbox
+from dtlab.course import limits, sandbox
 
 
 def _only(monkeypatch, works=()):
@@ -43,22 +43,20 @@ def test_with_no_sandbox_grade_refuses_unless_told_none(monkeypatch, tmp_path, c
 
 
 def test_sizes_and_the_limits_named():
-    assert sandbox.parse_size("4G") == sandbox.parse_size("4GiB") == 4 * 2**30
-    assert sandbox.parse_size("512M") == 512 * 2**20 and sandbox.parse_size(1000) == 1000
+    assert limits.parse_size("4G") == limits.parse_size("4GiB") == 4 * 2**30
+    assert limits.parse_size("512M") == 512 * 2**20 and limits.parse_size(1000) == 1000
     with pytest.raises(ValueError, match="not a size"):
-        sandbox.parse_size("lots")
-    lim = sandbox.Limits(memory=4 * 2**30, disk=128 * 2**20)
-    assert sandbox.limit_hit("MemoryError: (cell 2)", lim) == "memory limit 4 GiB exceeded"
-    assert (
-        sandbox.limit_hit("OSError: [Errno 28] No space left on device", lim) == "scratch disk limit 128 MiB exceeded"
-    )
-    assert sandbox.limit_hit("NameError: x (cell 1)", lim) is None
+        limits.parse_size("lots")
+    lim = limits.Limits(memory=4 * 2**30, disk=128 * 2**20)
+    assert limits.limit_hit("MemoryError: (cell 2)", lim) == "memory limit 4 GiB exceeded"
+    assert limits.limit_hit("OSError: [Errno 28] No space left on device", lim) == "scratch disk limit 128 MiB exceeded"
+    assert limits.limit_hit("NameError: x (cell 1)", lim) is None
     fork = 'File "/usr/lib/python3.11/os.py", in fork\nBlockingIOError: [Errno 11] Resource temporarily unavailable'
-    assert sandbox.limit_hit(fork, lim) == "process limit exceeded"
-    assert sandbox.limit_hit("RuntimeError: can't start new thread", lim) == "process limit exceeded"
+    assert limits.limit_hit(fork, lim) == "process limit exceeded"
+    assert limits.limit_hit("RuntimeError: can't start new thread", lim) == "process limit exceeded"
     # a non-blocking socket raises the same error text as a refused fork; it is not a limit
     sock = "sock.recv(4)\nBlockingIOError: [Errno 11] Resource temporarily unavailable"
-    assert sandbox.limit_hit(sock, lim) is None
+    assert limits.limit_hit(sock, lim) is None
 
 
 def test_the_sandbox_sees_the_environment_read_only_and_nothing_of_home():
@@ -104,6 +102,6 @@ def test_a_refused_fork_is_told_from_a_busy_socket_by_where_it_was_raised():
     fork, sock, name = grader._errors(nb)
     assert fork.endswith("(raised in Popen._execute_child) (cell 1)") and sock.endswith("(cell 2)")
     assert name == "NameError: name 'x' is not defined (cell 3)"
-    lim = sandbox.Limits(memory=4 * 2**30, disk=128 * 2**20)
-    assert sandbox.limit_hit(fork, lim) == "process limit exceeded"
-    assert sandbox.limit_hit(sock, lim) is None
+    lim = limits.Limits(memory=4 * 2**30, disk=128 * 2**20)
+    assert limits.limit_hit(fork, lim) == "process limit exceeded"
+    assert limits.limit_hit(sock, lim) is None
