@@ -24,8 +24,10 @@ import os
 
 import pandas as pd
 
+from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.results.events import check_event, file_rank, parse_line
+from dtlab.results.upgrade import upgrade
 from dtlab.runfiles import DamagedRun, read_json
 
 #: the fields kept of each event kind the monitor shows (anything else a rank writes is read and passed over)
@@ -135,20 +137,17 @@ class LiveRun:
         self._config()
 
     def _config(self) -> None:
+        """The run's config, read as every reader reads it (upgraded to today's form, then a RunConfig); nothing
+        is known of it while config.json is missing or unreadable."""
         try:
-            cfg = read_json(os.path.join(self.run_dir, "config.json")).get("config", {})
-        except (OSError, DamagedRun):
-            cfg = {}
-        n = cfg.get("nproc") if isinstance(cfg.get("nproc"), int) else None
-        self.nproc = n * int(cfg.get("nnodes") or 1) if n else None
-        self.steps = cfg.get("steps") if isinstance(cfg.get("steps"), int) else None
-        self.warmup = int(cfg.get("warmup") or 0)
-        ddp = cfg.get("ddp") if isinstance(cfg.get("ddp"), dict) else {}  # the group, where a newer dtlab keeps it
-        self.baseline_steps = int(cfg.get("baseline_steps") or ddp.get("baseline_steps") or 0)
-        try:
-            self.bucket_op = strategy_spec(cfg.get("strategy") or "ddp").bucket_op
-        except ValueError:
-            self.bucket_op = None
+            cfg = RunConfig.from_dict(upgrade(read_json(os.path.join(self.run_dir, "config.json"))["config"]))
+        except (OSError, DamagedRun, KeyError, TypeError, ValueError):
+            cfg = None
+        self.nproc = cfg.nproc * cfg.nnodes if cfg is not None and cfg.nproc else None
+        self.steps = cfg.steps if cfg is not None else None
+        self.warmup = cfg.warmup if cfg is not None else 0
+        self.baseline_steps = int(cfg.ddp.baseline_steps or 0) if cfg is not None else 0
+        self.bucket_op = strategy_spec(cfg.strategy).bucket_op if cfg is not None else None
 
     def poll(self) -> int:
         """Read every rank file's new complete lines (a file that appeared since is followed from now on);
