@@ -356,3 +356,18 @@ def test_the_layout_page_lists_every_module():
 
 def test_an_unlisted_module_is_found():
     assert "lab.py" in _unlisted({"cli", "doctor"}, depth=1)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "labs").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_a_lab_imports_the_checks_in_its_check_cells_only(path):
+    """Grading tells a check cell by its import of the checks (dtlab.course.integrity.CHECK_MARK): every cell that
+    calls a check must import it, and no other cell may, or an edited check cell would go unnoticed."""
+    import json
+    import re
+
+    from dtlab.course.integrity import CHECK_MARK
+
+    cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    calls = [i for i, s in enumerate(cells) if re.search(r"^\s*check(_exercise)?\(", s, re.M)]
+    marked = [i for i, s in enumerate(cells) if CHECK_MARK.search(s)]
+    assert calls and calls == marked, f"cells calling a check {calls}, cells importing it {marked}"
