@@ -14,9 +14,11 @@ def _records(df) -> list:
     return json.loads(df.to_json(orient="records"))
 
 
-def ddp_figures(run_dir: str) -> tuple[dict, bool]:
+def ddp_figures(run_dir: str, nccl: bool = False) -> tuple[dict, bool]:
     """T_step, T_comp, T_comm, exposed, overlap (ms), bytes and buckets per step, the cross-checks, and how the
-    times were taken (the placement's timing and the recorder's end stream)."""
+    times were taken (the placement's timing and the recorder's end stream). ok: every gradient byte all-reduced
+    once per rank and step; with `nccl` (a GPU run given an NCCL library) also NCCL ranks timed by CUDA events and
+    dtlab's bucket times compared with NCCL's own durations (`run.crosscheck()`, pairs > 0)."""
     from dtlab.results.run import load_run
 
     run = load_run(run_dir)
@@ -41,7 +43,13 @@ def ddp_figures(run_dir: str) -> tuple[dict, bool]:
         "buckets_per_step": sorted(set(steady.tolist())),
         "crosscheck": _records(run.crosscheck()),
     }
-    return figs, set(per.tolist()) == {run.resolved["grad_bytes"]}
+    ok = set(per.tolist()) == {run.resolved["grad_bytes"]}
+    if nccl:
+        vs = [r for r in figs["crosscheck"] if r.get("quantity") == "bucket all-reduce duration vs NCCL"]
+        figs["nccl_pairs"] = int(vs[0]["pairs"]) if vs else 0
+        on_nccl = figs["placement"].get("backend") == "nccl" and (figs["bucket_timing"] or {}).get("path") == "nccl"
+        ok = ok and on_nccl and figs["nccl_pairs"] > 0
+    return figs, ok
 
 
 def zero3_figures(run_dir: str) -> tuple[dict, bool]:
@@ -84,6 +92,21 @@ def calibration_figures(profile_dir: str) -> tuple[dict, bool]:
     return figs, bool(prof.fits)
 
 
+def model_error_figures(run_dir: str, profile_dir: str) -> tuple[dict, bool]:
+    """The alpha-beta model's errors on one DDP run priced with one calibration (dtlab.predict, idle prices): the
+    median absolute T_step and T_comm errors over the steps, and the predicted and measured medians (ms)."""
+    from dtlab.model.prediction import predict, prediction_summary
+    from dtlab.results.calibration import load_profile
+    from dtlab.results.run import load_run
+
+    pred = predict(load_run(run_dir), load_profile(profile_dir))
+    figs = prediction_summary(pred)
+    for col in ("measured_t_step", "predicted_t_step", "measured_t_comm", "predicted_t_comm"):
+        if col in pred.columns:
+            figs[f"{col}_median_ms"] = float(pred[col].median()) * 1e3
+    return figs, figs["steps"] > 0
+
+
 def lab_plan(notebook: str) -> list:
     """Where the launches of lab NOTEBOOK ("04_zero3_vs_ddp.ipynb") place their ranks on this machine
     (dtlab.course.labs, quick mode as the runbook runs it)."""
@@ -121,6 +144,21 @@ def recorded_lab_seconds() -> dict:
         for lab, s in seconds.items():
             if s and (lab not in out or s > out[lab]["seconds"]):
                 out[lab] = {"seconds": s, "record": record}
+    return out
+
+
+def recorded_step_seconds() -> dict:
+    """{step: {"seconds", "record"}}: each runbook step's slowest time on a GPU (tools/gpu-lab-seconds.json's
+    "steps"), for steps that ran there as they are now; a step no record times is absent (planned at its cap)."""
+    if not os.path.exists(LAB_SECONDS):
+        return {}
+    with open(LAB_SECONDS) as f:
+        records = json.load(f).get("steps", {})
+    out = {}
+    for record, rec in records.items():
+        for step, s in rec["seconds"].items():
+            if s and (step not in out or s > out[step]["seconds"]):
+                out[step] = {"seconds": s, "record": record}
     return out
 
 

@@ -1,6 +1,6 @@
-"""The GPU runbook (tools/gpu_runbook.py, tools/gpu_wheels.py): its wheel-folder check, its limits (each
-command under 600 s, small flat output folders, a summary rewritten after every step), and a whole dry run of
-its parts on this CPU machine."""
+"""The GPU runbook (tools/gpu_runbook.py, tools/gpu_wheels.py): a whole dry run of its two commands on this CPU
+machine within their limits (each under 600 s, small flat output folders, a summary with the plan rewritten after
+every step), and a command run twice on the same machine."""
 
 import importlib.util
 import json
@@ -87,8 +87,8 @@ def _fits(out):
 
 @pytest.mark.parametrize("part", list(runbook.PARTS))
 def test_dry_run_walks_each_part_within_the_limits(part, tmp_path):
-    """Each of the runbook's parts, dry-run on this CPU machine, one test per part (each is its own command on
-    the GPU machine, under its limit)."""
+    """Each of the runbook's two commands, dry-run on this CPU machine, one test per command (each is its own command
+    on the GPU machine, under its limit): the plan first, every step in order, small flat files in --out."""
     wheel_dir = _fake_folder(tmp_path)
     steps = [s for s in runbook.PARTS[part] if s not in runbook.OPTIONAL]  # no --nccl here: no NCCL proof
     t0 = time.monotonic()
@@ -109,49 +109,57 @@ def test_dry_run_walks_each_part_within_the_limits(part, tmp_path):
     assert s["dry_run"] and s["ok"] and list(s["steps"]) == list(steps) and s["planned"] == list(steps)
     assert all(v["ok"] for v in s["steps"].values())
     assert s["writes"] >= len(steps) + 2 and s["out_files"]["depth"] <= runbook.MAX_DEPTH
+    assert s["limits"]["budget_s"] == runbook.BUDGETS[part] and s["plan"]["session"]["fits"]
+    assert s["plan"]["planned_s"] + runbook.RESERVE_S <= runbook.BUDGETS[part]
     files = _fits(out)
     assert {"summary.json", "logs.tar.gz"} <= files
+    assert all(size <= runbook.OUT_FILE_MAX_BYTES for _, size in s["out_files"]["files"])
     assert not (out / "site").exists() and not runbook._inside(s["work"], str(out))
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = set(tar.getnames())
-    if part == "suite":
-        assert {"main-job.log", "zero3.log", "first/config.json", "zero3/config.json"} <= names
-        assert ("wheels", "install", "deps", "main-job") in partial  # seen while zero3 ran
-        assert set(s["calibration"]) >= {"all_reduce", "reduce_scatter", "all_gather"}
-        m = s["main_job"]
-        assert m["bytes_per_rank_step"] == [m["grad_bytes"]] and m["T_step_ms"] > 0
-        assert "gloo on CPU" in m["placement"]["label"] and m["bucket_timing"]["path"] == "wall"
-        assert s["zero3"]["unfinished_collectives"] == 0
-        suite = s["steps"]["gpu-suite"]
-        assert suite["tests"] >= 20 and suite["skipped"] == suite["tests"]  # no GPU here: every GPU test skips...
-        assert all("CUDA" in r for r in suite["skip_reasons"])  # ...with a reason naming CUDA
-        assert s["steps"]["wheels"]["travels_mib"] < wheels.TREE_MAX_BYTES / 2**20
-        assert "planned, not run" in s["overhead"]["note"]  # the overhead is measured on the GPU
+    if part == "proof":
+        _check_proof(s, names, partial, files)
     else:
-        step = part  # each labs part runs the lab step of its name
-        labs = s["steps"][step]
-        notebooks = sorted(p.name for p in (ROOT / "labs").glob("*.ipynb") if runbook.LAB_STEPS[step](int(p.name[:2])))
-        assert notebooks and sorted(labs["planned"]) == notebooks and not labs["refused"]  # planned, none refused
-        # each lab at its slowest clean GPU time, or at the per-lab cap where no record has one, saying which
-        for p in labs["planned"].values():
-            assert p["placed"] and 0 < p["planned_s"] <= runbook.LAB_CAP_S
-            assert p["from"].startswith("the slowest clean record (") or (
-                p["planned_s"] == runbook.LAB_CAP_S and p["from"].startswith("no clean GPU record")
-            )
-        assert labs["planned_s"] <= runbook.STEP_CAP[step] - runbook.RESERVE_S  # the plan fits the step
-        if part == "labs":
-            assert {p["what"] for p in labs["planned"]["04_zero3_vs_ddp.ipynb"]["placed"]} == {
-                "ZeRO-3 run",
-                "DDP run",
-                "calibration",
-            }
+        _check_labs(s)
 
 
-def test_the_lab_steps_hold_every_lab_once():
-    """Every lab notebook is in exactly one lab step, a new one included (by its number)."""
-    notebooks = [p.name for p in (ROOT / "labs").glob("*.ipynb")]
-    for n in notebooks + ["12_a_new_lab.ipynb"]:
-        assert sum(rule(int(n[:2])) for rule in runbook.LAB_STEPS.values()) == 1, n
+def _check_proof(s, names, partial, files):
+    assert {"main-job.log", "zero3.log", "first/config.json", "zero3/config.json"} <= names
+    assert ("wheels", "install", "deps", "main-job") in partial  # seen while zero3 ran
+    assert set(s["calibration"]) >= {"all_reduce", "reduce_scatter", "all_gather"}
+    assert all(len(s["calibration"][op]["alpha_ci_us"]) == 2 for op in ("all_reduce", "reduce_scatter", "all_gather"))
+    m = s["main_job"]
+    assert m["bytes_per_rank_step"] == [m["grad_bytes"]] and m["T_step_ms"] > 0
+    assert "gloo on CPU" in m["placement"]["label"] and m["bucket_timing"]["path"] == "wall"
+    assert s["zero3"]["unfinished_collectives"] == 0
+    assert s["model_error"]["steps"] > 0 and s["model_error"]["median_abs_t_step_error"] >= 0  # priced, on CPU
+    for step, xml in (("strategies", "strategies-junit.xml"), ("gpu-suite", "gpu-junit.xml")):
+        suite = s["steps"][step]
+        assert xml in files and suite["tests"] >= 10 and suite["skipped"] == suite["tests"]  # no GPU here: all skip...
+        assert all("CUDA" in r for r in suite["skip_reasons"])  # ...with a reason naming CUDA
+    assert s["steps"]["wheels"]["carried"]["travels_mib"] < wheels.TREE_MAX_BYTES / 2**20
+    assert "planned, not run" in s["overhead"]["note"]  # the overhead is measured on the GPU
+
+
+def _check_labs(s):
+    labs = s["steps"]["labs"]
+    notebooks = sorted(p.name for p in (ROOT / "labs").glob("*.ipynb"))
+    assert sorted(labs["planned"]) == notebooks and not labs["refused"]  # planned, none refused
+    # each lab at its slowest clean GPU time, or at the per-lab cap where no record has one, saying which
+    for p in labs["planned"].values():
+        assert p["placed"] and 0 < p["planned_s"] <= runbook.LAB_CAP_S
+        assert p["from"].startswith("the slowest clean record (") or (
+            p["planned_s"] == runbook.LAB_CAP_S and p["from"].startswith("no clean GPU record")
+        )
+    ran = [n for b in labs["schedule"] for n in b["labs"]]
+    assert sorted(ran + list(labs["left_over"])) == notebooks  # every lab scheduled or written down, once
+    assert labs["left_over_s"] == pytest.approx(sum(labs["planned"][n]["planned_s"] for n in labs["left_over"]))
+    assert labs["left_over"] == s["plan"]["left_over_labs"]  # the summary's plan says the same
+    assert {p["what"] for p in labs["planned"]["04_zero3_vs_ddp.ipynb"]["placed"]} == {
+        "ZeRO-3 run",
+        "DDP run",
+        "calibration",
+    }
 
 
 def test_each_lab_is_planned_at_its_slowest_clean_gpu_time():

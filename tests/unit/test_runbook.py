@@ -104,13 +104,122 @@ def test_abi3_wheels_for_older_pythons_are_accepted(tmp_path):
     assert wheels.check_wheels(str(folder))["ok"]
 
 
-def test_every_part_plans_within_one_command():
-    """Four parts at most (the suite and three of labs); each step's cap fits the budget, the budget leaves margin
-    under the 600 s command limit, and a step is never started with less than MIN_STEP_S."""
-    assert len(runbook.PARTS) <= 4 and runbook.BUDGET_S <= runbook.COMMAND_LIMIT_S - 60
-    assert all(runbook.STEP_CAP[s] <= runbook.BUDGET_S - runbook.RESERVE_S for p in runbook.PARTS.values() for s in p)
+def test_the_session_fits_its_900_seconds():
+    """Two commands at most, each budget with margin under the 600 s command limit, and the machine's start plus both
+    commands (each its budget and margin) within the session's 900 s; a budget too big for it is refused."""
+    assert list(runbook.PARTS) == ["proof", "labs"] and runbook.ALIASES == {"suite": "proof"}
+    assert all(b <= runbook.COMMAND_LIMIT_S - 60 for b in runbook.BUDGETS.values())
+    plan = runbook.session_plan()
+    total = runbook.START_S + sum(b + runbook.CALL_MARGIN_S for b in runbook.BUDGETS.values())
+    assert plan["fits"] and plan["total_s"] == total <= runbook.SESSION_S == 900
+    assert [c["part"] for c in plan["commands"]] == ["proof", "labs"]
+    assert not runbook.session_plan({"labs": runbook.BUDGETS["labs"] + 1})["fits"]  # over 900 s with the start
+    assert not runbook.session_plan({"proof": runbook.COMMAND_LIMIT_S})["fits"]
+    assert all(
+        runbook.STEP_CAP[s] <= runbook.BUDGETS[p] - runbook.RESERVE_S for p, ss in runbook.PARTS.items() for s in ss
+    )
     assert runbook.step_timeout(240, 540) == 240 and runbook.step_timeout(240, 100) == 90
     assert runbook.step_timeout(240, runbook.MIN_STEP_S + runbook.RESERVE_S - 1) is None
+
+
+def test_the_proof_puts_the_most_valuable_first():
+    """The NCCL proof before any step; DDP, ZeRO-3, the calibration, the strategies, the model's error (after both
+    the main job and the calibration it prices with) and the overhead in that order; the doctor and the rest of the
+    GPU suite last; the labs only in the second command, and measured nowhere else."""
+    proof = list(runbook.PARTS["proof"])
+    assert proof[0] == "nccl-proof" and runbook.OPTIONAL["nccl-proof"] == "nccl"
+    order = ["main-job", "zero3", "calibrate", "strategies", "model-error", "overhead", "doctor", "gpu-suite"]
+    assert [s for s in proof if s in order] == order and proof[-2:] == ["doctor", "gpu-suite"]
+    assert proof.index("install") < proof.index("main-job")
+    assert runbook.PARTS["labs"] == ("install", "labs") and "labs" not in proof
+    assert set(runbook.Runbook.STRATEGY_TESTS) == {
+        "tests/gpu/test_gpu_strategies.py",
+        "tests/gpu/test_gpu.py::test_convergence_levers_on_cuda",  # local SGD
+    }
+    assert all((ROOT / t.split("::")[0]).exists() for t in runbook.Runbook.STRATEGY_TESTS)
+
+
+def test_steps_are_planned_at_their_record_or_cap_and_the_rest_left_over():
+    """A step with a GPU record is planned at it, one without at its cap (saying so); a step that does not fit what is
+    left (with RESERVE_S kept back) is left over with its planned seconds, and a later, shorter one still fits."""
+    steps = ["nccl-proof", "main-job", "gpu-suite", "doctor"]
+    records = {"main-job": {"seconds": 21.4, "record": "h200"}, "doctor": {"seconds": 7.3, "record": "h200"}}
+    budget = runbook.STEP_CAP["nccl-proof"] + 21.4 + 7.3 + runbook.RESERVE_S + 1
+    plan = runbook.plan_steps(steps, budget, records)
+    assert [r["step"] for r in plan["steps"]] == ["nccl-proof", "main-job", "doctor"]
+    assert plan["steps"][0] == {
+        "step": "nccl-proof",
+        "planned_s": runbook.STEP_CAP["nccl-proof"],
+        "from": "no GPU record: its cap",
+    }
+    assert plan["steps"][1]["from"] == "the slowest GPU record (h200)" and plan["steps"][1]["planned_s"] == 21.4
+    assert plan["left_over"] == [
+        {"step": "gpu-suite", "planned_s": runbook.STEP_CAP["gpu-suite"], "from": "no GPU record: its cap"}
+    ]
+    assert plan["left_over_s"] == runbook.STEP_CAP["gpu-suite"]
+    assert plan["planned_s"] + runbook.RESERVE_S <= budget
+    assert sum(r["planned_s"] for r in plan["steps"] + plan["left_over"]) == pytest.approx(
+        plan["planned_s"] + plan["left_over_s"]
+    )  # nothing dropped
+
+
+def test_labs_not_judged_on_time_run_side_by_side_first_and_the_rest_alone():
+    planned = {
+        "00_a.ipynb": 30.0,  # timed (lab00.sizes)
+        "02_b.ipynb": 20.0,  # no claims: side by side
+        "04_c.ipynb": 40.0,  # no claims: side by side
+        "03_d.ipynb": 90.0,  # timed, too long for what is left
+        "05_e.ipynb": 25.0,  # timed, fits after 03 was left over
+    }
+    sched = runbook.lab_schedule(planned, 100)
+    assert [b["labs"] for b in sched["batches"]] == [["02_b.ipynb", "04_c.ipynb"], ["00_a.ipynb"], ["05_e.ipynb"]]
+    assert sched["batches"][0]["side_by_side"] and sched["batches"][0]["planned_s"] == 40.0  # its slowest lab
+    assert [b["starts_at_s"] for b in sched["batches"]] == [0.0, 40.0, 70.0] and sched["planned_s"] == 95.0
+    assert sched["left_over_labs"] == {"03_d.ipynb": 90.0} and sched["left_over_s"] == 90.0
+    ran = [n for b in sched["batches"] for n in b["labs"]]
+    assert sorted(ran + list(sched["left_over_labs"])) == sorted(planned)  # every lab once: run or written down
+    assert runbook.lab_schedule(planned, 10)["batches"] == []  # nothing fits: all written down
+    assert runbook.lab_schedule(planned, 10)["left_over_s"] == sum(planned.values())
+
+
+def test_every_claim_a_lab_prints_is_classified():
+    """A lab runs alone when one of its claims is about time: every claim id in dtlab/course/claims is classified
+    (a new one must be), and the labs without a claim about time are the ones run side by side."""
+    import re
+
+    found = set()
+    for f in (ROOT / "dtlab" / "course" / "claims").glob("lab*.py"):
+        found |= set(re.findall(r'"(lab\d\d\.[a-z_0-9]+)"', f.read_text()))
+    assert found == set(runbook.CLAIM_KINDS)
+    assert runbook.TIMED_LABS == {"00", "01", "03", "05", "06", "07", "08", "09", "10", "12"}
+    labs = sorted(p.name[:2] for p in (ROOT / "labs").glob("*.ipynb"))
+    assert [n for n in labs if n not in runbook.TIMED_LABS] == ["02", "04", "11"]
+
+
+def test_the_default_plan_writes_down_what_does_not_fit(tmp_path):
+    """`plan`: both commands planned on this machine from the records; every lab is in a batch or written down with
+    its planned seconds (its record, or the cap where it has none), and each command's plan fits its budget."""
+    cp = subprocess.run(
+        [sys.executable, str(TOOLS / "gpu_runbook.py"), "plan", "--site", str(tmp_path / "site")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    plans = json.loads(cp.stdout)
+    for part, plan in plans.items():
+        assert plan["session"]["fits"] and plan["planned_s"] + runbook.RESERVE_S <= runbook.BUDGETS[part]
+        assert [r["step"] for r in plan["steps"] + plan["left_over"]] == [
+            s for s in runbook.PARTS[part] if s not in runbook.OPTIONAL
+        ]
+    labs = next(r for r in plans["labs"]["steps"] if r["step"] == "labs")["labs"]
+    notebooks = sorted(p.name for p in (ROOT / "labs").glob("*.ipynb"))
+    ran = [n for b in labs["batches"] for n in b["labs"]]
+    assert sorted(ran + list(labs["left_over_labs"])) == notebooks and len(set(ran)) == len(ran)
+    assert labs["planned_s"] <= labs["budget_s"] and labs["left_over_labs"] == plans["labs"]["left_over_labs"]
+    assert all(0 < s <= runbook.LAB_CAP_S for s in labs["left_over_labs"].values())
+    assert labs["batches"][0]["side_by_side"] and all(not b["side_by_side"] for b in labs["batches"][1:])
 
 
 def _part(part, tmp_path, wheel_dir, *extra):
@@ -136,11 +245,17 @@ def _part(part, tmp_path, wheel_dir, *extra):
 
 
 def test_a_part_that_runs_out_of_budget_skips_steps_and_says_so(tmp_path):
-    out, proc = _part("suite", tmp_path, _fake_folder(tmp_path), "--budget", "25")
+    out, proc = _part("suite", tmp_path, _fake_folder(tmp_path), "--budget", "25")  # the old name of proof
     log = proc.communicate(timeout=120)[0]
     assert proc.returncode == 1, log
     s = json.loads((out / "summary.json").read_text())
-    assert not s["ok"] and all("budget: not started" in v["skipped"] for v in s["steps"].values())
+    assert s["part"] == "proof" and not s["ok"]
+    assert all("budget: not started" in v["skipped"] for v in s["steps"].values())
+    plan = s["plan"]  # the plan is written first, every step in it: planned or left over with its seconds
+    assert plan["budget_s"] == 25 and "main-job" in [r["step"] for r in plan["left_over"]]
+    assert [r["step"] for r in plan["steps"] + plan["left_over"]] != [] and {
+        r["step"] for r in plan["steps"] + plan["left_over"]
+    } == set(runbook.PARTS["proof"]) - {"nccl-proof"}
 
 
 def test_site_inside_out_is_refused(tmp_path):
@@ -239,14 +354,6 @@ def test_the_nccl_folder_is_decompressed_and_checked(tmp_path):
     assert "no libnccl.so.2.sha256" in nccl_prepare.ready(str(tmp_path / "empty"))["problems"][0]
 
 
-def test_steps_put_the_nccl_proof_then_ddp_zero3_and_calibration_first():
-    suite = list(runbook.PARTS["suite"])
-    assert suite[0] == "nccl-proof" and runbook.OPTIONAL["nccl-proof"] == "nccl"
-    runs = [suite.index(s) for s in ("main-job", "zero3", "calibrate")]
-    assert runs == sorted(runs) and max(runs) < min(suite.index(s) for s in ("doctor", "gpu-suite", "overhead"))
-    assert all("calibrate" not in p for name, p in runbook.PARTS.items() if name != "suite")  # measured once
-
-
 def _args(tmp_path, **kw):
     import types
 
@@ -296,3 +403,82 @@ def test_dry_run_proves_which_nccl_two_ranks_load(tmp_path):
     out2, proc = _part("labs", tmp_path, tmp_path / "whl", "--steps", "nccl-proof")
     proc.communicate(timeout=120)
     assert json.loads((out2 / "summary.json").read_text())["planned"] == []
+
+
+def test_proof_counts_the_nccl_folder_as_carried_and_labs_carries_nothing(tmp_path, monkeypatch):
+    """On the GPU machine proof's NCCL folder holds the carried .xz and the library decompressed from it: only the
+    .xz travelled, so only it counts against the 64 MiB (counting both failed the wheel step there). proof keeps the
+    checked library in SITE/.dtlab-nccl; labs names it there, carries neither folder, and uses the installed site."""
+    monkeypatch.delenv("DTLAB_NCCL_LIBRARY", raising=False)
+    checkout = tmp_path / "checkout"  # what travels: the tree and the folders carried in it
+    monkeypatch.setattr(runbook, "ROOT", str(checkout))
+    monkeypatch.setattr(runbook, "tree_bytes", lambda root: 5 * 2**20)
+    payload = bytes(range(256)) * 4096  # 1 MiB that xz shrinks to almost nothing
+    nccl = checkout / ".nccl"
+    nccl_prepare.prepare(str(_nccl_source(tmp_path, payload)), str(nccl), xz_only=True)
+    site = tmp_path / "site"
+    proof = runbook.Runbook("proof", _args(tmp_path, nccl=str(nccl), site=str(site)))
+    assert proof.nccl["ok"] and proof.nccl["decompressed"]
+    carried = proof.carried(0)
+    xz = (nccl / "libnccl.so.2.xz").stat().st_size + (nccl / "libnccl.so.2.sha256").stat().st_size
+    assert carried["nccl_bytes"] == xz < len(payload) and carried["ok"]
+    monkeypatch.setattr(runbook, "tree_bytes", lambda root: runbook.TREE_MAX_BYTES - xz + 1)
+    over = proof.carried(0)
+    assert not over["ok"] and "--xz-only" in over["problem"]
+    kept = site / ".dtlab-nccl"
+    assert proof.nccl["kept"] == str(kept) and (kept / "libnccl.so.2").read_bytes() == payload
+    (site / ".dtlab-wheels.json").write_text(json.dumps(["a-1.0-py3-none-any.whl"]))  # what proof installed
+    args = _args(tmp_path, nccl=str(kept), site=str(site), work=str(tmp_path / "w2"), dry_run=False)
+    args.wheels = str(tmp_path / "no-wheels-carried")
+    labs = runbook.Runbook("labs", args)
+    assert labs.nccl["ok"] and labs.env["DTLAB_NCCL_LIBRARY"] == str(kept / "libnccl.so.2")
+    monkeypatch.setattr(runbook, "tree_bytes", lambda root: 5 * 2**20)
+    assert labs.install(60) and "no wheel folder carried: 1 wheels" in labs.summary["steps"]["install"]["note"]
+    assert labs.summary["steps"]["install"]["carried"] == {
+        "tree_mib": 5.0, "wheels_mib": 0.0, "nccl_mib": 0.0, "travels_mib": 5.0, "tree_bytes": 5 * 2**20,
+        "wheels_bytes": 0, "nccl_bytes": 0, "ok": True,
+    }  # fmt: skip
+    (site / ".dtlab-wheels.json").unlink()  # a fresh machine: nothing from proof
+    cold = runbook.Runbook("labs", _args(tmp_path, site=str(site), work=str(tmp_path / "w3"), dry_run=False))
+    cold.args.wheels = str(tmp_path / "no-wheels-carried")
+    assert not cold.install(60) and "carry the wheel folder" in cold.summary["steps"]["install"]["error"]
+
+
+FAKE_LAB = """import json, os, sys, time
+where = sys.argv[2]
+t0 = time.time()
+time.sleep(1.5)
+with open(os.path.join(os.path.dirname(os.path.dirname(where)), "times.jsonl"), "a") as f:
+    f.write(json.dumps({"lab": os.path.basename(where)[:2], "start": t0, "end": time.time()}) + "\\n")
+sys.exit(1 if os.path.basename(where).startswith("04") else 0)
+"""
+
+
+def test_labs_run_in_their_batches_and_the_rest_is_written_down(tmp_path, monkeypatch):
+    """The labs step at work, with a stand-in for tools/run_notebook.py: the side-by-side batch's labs overlap, a
+    timed lab starts only when they have all ended, a failing lab fails the step with its log, and the lab the
+    plan left over is in labs.json and the summary with its planned seconds, not started."""
+    fake = tmp_path / "tools"
+    fake.mkdir()
+    (fake / "run_notebook.py").write_text(FAKE_LAB)
+    monkeypatch.setattr(runbook, "HERE", str(fake))
+    rb = runbook.Runbook("labs", _args(tmp_path, dry_run=False, budget=100))
+    rb._lab_plan = {
+        n: {"placed": [], "cap_s": runbook.LAB_CAP_S, "planned_s": s, "from": "a test"}
+        for n, s in {"02_b.ipynb": 20, "04_c.ipynb": 20, "11_d.ipynb": 20, "00_a.ipynb": 20, "03_e.ipynb": 500}.items()
+    }
+    assert not rb.labs(60)  # lab 04 exits 1
+    times = {}
+    for line in (tmp_path / "work" / "times.jsonl").read_text().splitlines():
+        t = json.loads(line)
+        times[t["lab"]] = t
+    assert sorted(times) == ["00", "02", "04", "11"]  # 03 not started
+    batch = [times[k] for k in ("02", "04", "11")]
+    assert max(t["start"] for t in batch) < min(t["end"] for t in batch)  # all three ran at once
+    assert times["00"]["start"] >= max(t["end"] for t in batch)  # the timed lab alone, after them
+    step = rb.summary["steps"]["labs"]
+    assert step["failed"] == ["04_c.ipynb"] and step["left_over"] == {"03_e.ipynb": 500} and step["left_over_s"] == 500
+    labs = json.loads((tmp_path / "out" / "labs.json").read_text())
+    assert labs["03_e.ipynb"]["planned_s"] == 500 and "not started" in labs["03_e.ipynb"]["left_over"]
+    assert labs["02_b.ipynb"]["beside"] == ["04_c.ipynb", "11_d.ipynb"] and labs["00_a.ipynb"]["beside"] == []
+    assert labs["04_c.ipynb"]["rc"] == 1 and "log_tail" in labs["04_c.ipynb"] and labs["00_a.ipynb"]["rc"] == 0
