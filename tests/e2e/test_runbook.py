@@ -132,6 +132,10 @@ def _check_proof(s, names, partial, files):
     assert m["bytes_per_rank_step"] == [m["grad_bytes"]] and m["T_step_ms"] > 0
     assert "gloo on CPU" in m["placement"]["label"] and m["bucket_timing"]["path"] == "wall"
     assert s["zero3"]["unfinished_collectives"] == 0
+    from runbook_figures import ddp_figures
+
+    figs, ok = ddp_figures(os.path.join(s["work"], "first"), nccl=True)  # asked for NCCL, given gloo on CPU
+    assert not ok and figs["nccl_pairs"] == 0 and ddp_figures(os.path.join(s["work"], "first"))[1]
     assert s["model_error"]["steps"] > 0 and s["model_error"]["median_abs_t_step_error"] >= 0  # priced, on CPU
     for step, xml in (("strategies", "strategies-junit.xml"), ("gpu-suite", "gpu-junit.xml")):
         suite = s["steps"][step]

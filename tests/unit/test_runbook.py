@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import pytest
@@ -482,3 +483,22 @@ def test_labs_run_in_their_batches_and_the_rest_is_written_down(tmp_path, monkey
     assert labs["03_e.ipynb"]["planned_s"] == 500 and "not started" in labs["03_e.ipynb"]["left_over"]
     assert labs["02_b.ipynb"]["beside"] == ["04_c.ipynb", "11_d.ipynb"] and labs["00_a.ipynb"]["beside"] == []
     assert labs["04_c.ipynb"]["rc"] == 1 and "log_tail" in labs["04_c.ipynb"] and labs["00_a.ipynb"]["rc"] == 0
+
+
+def test_the_log_archive_stays_under_what_comes_back(tmp_path, monkeypatch):
+    """logs.tar.gz takes the step logs first, then the runs' files, and stops before ARCHIVE_MAX_BYTES: what it left
+    out is named in the summary (a file over 16 MiB would not come back at all)."""
+    monkeypatch.setattr(runbook, "ARCHIVE_MAX_BYTES", 200_000)
+    rb = runbook.Runbook("proof", _args(tmp_path))
+    (tmp_path / "work" / "main-job.log").write_text("the step's log\n")
+    runs = tmp_path / "work" / "first" / "events"
+    runs.mkdir(parents=True)
+    for k in range(4):
+        (runs / f"rank{k}.jsonl").write_bytes(os.urandom(100_000))  # incompressible
+    rb.write()
+    with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert "main-job.log" in names and 0 < len(names) - 1 < 4
+    assert (tmp_path / "out" / "logs.tar.gz").stat().st_size <= 200_000 + 110_000
+    left = rb.summary["archive_left_out"]
+    assert left["files"] == 5 - len(names) and all(f.startswith("first/events/rank") for f in left["first"])
