@@ -66,6 +66,7 @@ WHERE = {
     "lever_table": ("dtlab.model.compression", "lever_table"),
     "loss_beside": ("dtlab.model.compression", "loss_beside"),
     "measured_costs": ("dtlab.model.restarts", "measured_costs"),
+    "measured_wait": ("dtlab.model.whatif", "measured_wait"),
     "model_param_nbytes": ("dtlab.model.whatif", "model_param_nbytes"),
     "model_param_shapes": ("dtlab.model.whatif", "model_param_shapes"),
     "planner_model": ("dtlab.model.planner", None),

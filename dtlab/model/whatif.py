@@ -121,6 +121,28 @@ def _tp_replica(tp: dict, form, alpha, beta, t_fwd, t_bwd_comp, t_opt, sizes: li
     return t_fwd, t_bwd_comp, t_opt, sizes, max(1, gpus // tp_degree), tp_degree, tp_comm
 
 
+def cpu_share_scale(nproc: int, cpu: dict | None) -> float:
+    """How many times longer a rank's compute takes at `nproc` ranks than where it was measured, when the ranks
+    share one machine's CPU cores (fair share); 1.0 for `cpu` None (a device per rank: compute independent of p).
+
+    cpu: {"cores": C, "nproc": p0 (ranks that shared the cores when compute was measured), "threads_per_rank": t,
+    "other_cores": o (other processes' load, cores' worth, while it was measured; 0 if unknown)}, as
+    :func:`compute_from_run` gives it. Demand d(p) = p t + o cores; a rank runs max(1, d(p) / C) times slower than
+    on cores of its own; the result is max(1, d(nproc) / C) / max(1, d(p0) / C). E.g. C = 2, t = 1, o = 0: 3 ranks
+    take 1.5x the compute of 2, and 1 rank the same as 2."""
+    if cpu is None:
+        return 1.0
+    cores, p0 = float(cpu["cores"]), int(cpu["nproc"])
+    t, o = float(cpu.get("threads_per_rank", 1)), float(cpu.get("other_cores") or 0.0)
+    if not (np.isfinite(cores) and cores > 0 and p0 >= 1 and t > 0 and np.isfinite(o) and o >= 0):
+        raise ValueError(f"cpu needs cores > 0, nproc >= 1, threads_per_rank > 0 and other_cores >= 0, got {cpu!r}")
+
+    def slowdown(p):
+        return max(1.0, (p * t + o) / cores)
+
+    return slowdown(int(nproc)) / slowdown(p0)
+
+
 def _priced_buckets(sizes: list, bucket_mb, ratio, form, alpha, beta, nproc, collective) -> tuple:
     """DDP's buckets for a cap of `bucket_mb` MiB and each one's idle all-reduce seconds for `ratio` x its bytes on
     the wire (`collective`, or alpha, beta and form): (layout, bucket bytes, durations)."""
@@ -170,6 +192,9 @@ def whatif(
     collective=None,
     tp: dict | None = None,
     contention: float = 1.0,
+    cpu: dict | None = None,
+    ready_curve=None,
+    wait: float = 0.0,
 ) -> dict:
     """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
 
@@ -191,11 +216,19 @@ def whatif(
     contention: how many times longer an all-reduce takes while backward compute runs beside it (1: none;
     :func:`contention_from_profile` gives the measured factor); a bucket in flight before backward ends is priced
     at that rate, after it at the idle one (:func:`dtlab.model.buckets.simulate_queue`).
+    cpu: where the ranks share one machine's CPU cores (gloo on CPU), how the compute times were measured
+    (:func:`compute_from_run`'s ``cpu``): forward, backward and optimizer are scaled by :func:`cpu_share_scale`
+    for `nproc` ranks on those cores (more ranks than cores: each gets a smaller share). None: compute
+    independent of nproc, as above.
+    ready_curve: (byte fractions, time fractions) of a measured run (:func:`compute_from_run`'s ``ready_curve``):
+    a bucket is ready when backward has run the curve's fraction at its cumulative bytes; None: backward spread
+    over the buckets in proportion to their bytes (:func:`dtlab.model.buckets.whatif_ready_times`).
+    wait: seconds the last all-reduce of a step takes beyond its price (ranks out of step wait for each other there;
+    :func:`measured_wait` gives what a run measured), added to the last bucket when there is communication.
 
     Steps: :func:`dtlab.model.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
     does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`,
-    ready times from :func:`dtlab.model.buckets.whatif_ready_times` (backward spread over buckets by bytes, an
-    assumption), then :func:`dtlab.model.buckets.predict_step`.
+    ready times from :func:`dtlab.model.buckets.whatif_ready_times`, then :func:`dtlab.model.buckets.predict_step`.
 
     Returns predict_step's dict (t_comm, t_comm_end, exposed, t_step, t_comp, overlap, start, end;
     seconds) plus n_buckets, bucket_nbytes (bytes), ready and durations (seconds), and the inputs
@@ -204,27 +237,37 @@ def whatif(
     """
     sizes = list(param_nbytes_in_ready_order)
     gpus = int(nproc)
+    share = cpu_share_scale(gpus, cpu)
+    t_fwd, t_bwd_comp, t_opt = float(t_fwd) * share, float(t_bwd_comp) * share, float(t_opt) * share
     tp_degree, tp_comm = 1, 0.0
     if tp is not None and int(tp["degree"]) > 1:
         t_fwd, t_bwd_comp, t_opt, sizes, nproc, tp_degree, tp_comm = _tp_replica(
             tp, form, alpha, beta, t_fwd, t_bwd_comp, t_opt, sizes, gpus
         )
-    if not np.isfinite(ratio) or not 0 < ratio <= 1:
-        raise ValueError(f"ratio (bytes on the wire / gradient bytes) must be in (0, 1], got {ratio!r}")
-    if not np.isfinite(encode_s_per_byte) or encode_s_per_byte < 0:
-        raise ValueError(f"encode_s_per_byte must be a finite number >= 0 (s/B), got {encode_s_per_byte!r}")
+    _check_levers(ratio, encode_s_per_byte, contention, wait)
     t_bwd_comp = float(t_bwd_comp) + encode_s_per_byte * sum(sizes)
     layout, nbytes, durations = _priced_buckets(sizes, bucket_mb, ratio, form, alpha, beta, nproc, collective)
-    if not np.isfinite(contention) or contention < 1:
-        raise ValueError(f"contention (loaded / idle all-reduce time) must be a finite number >= 1, got {contention!r}")
-    ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes)
+    if int(nproc) > 1 and durations.size:
+        durations[-1] += float(wait)
+    ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes, ready_curve)
     out = bk.predict_step(
         t_fwd, t_bwd_comp, t_opt, ready, durations, loaded=None if contention == 1 else contention * durations
     )
     out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations)
     out.update(_inputs(t_fwd, t_bwd_comp, t_opt, bucket_mb, gpus, alpha, beta, form, ratio, encode_s_per_byte))
-    out.update(tp_degree=tp_degree, tp_comm=tp_comm, dp=int(nproc), contention=float(contention))
-    return out
+    out.update(tp_degree=tp_degree, tp_comm=tp_comm, dp=int(nproc), contention=float(contention), cpu_share=share)
+    return dict(out, wait=float(wait) if int(nproc) > 1 else 0.0)
+
+
+def _check_levers(ratio, encode_s_per_byte, contention, wait) -> None:
+    if not np.isfinite(ratio) or not 0 < ratio <= 1:
+        raise ValueError(f"ratio (bytes on the wire / gradient bytes) must be in (0, 1], got {ratio!r}")
+    if not np.isfinite(encode_s_per_byte) or encode_s_per_byte < 0:
+        raise ValueError(f"encode_s_per_byte must be a finite number >= 0 (s/B), got {encode_s_per_byte!r}")
+    if not np.isfinite(contention) or contention < 1:
+        raise ValueError(f"contention (loaded / idle all-reduce time) must be a finite number >= 1, got {contention!r}")
+    if not np.isfinite(wait) or wait < 0:
+        raise ValueError(f"wait must be a finite number >= 0 (seconds), got {wait!r}")
 
 
 def tp_setting(degree: int, n_layers: int, tokens: int, hidden: int, itemsize: int = 4) -> dict:
@@ -250,47 +293,25 @@ def whatif_sweep(
     encode_s_per_byte: float = 0.0,
     tp: dict | None = None,
     contention: float = 1.0,
+    cpu: dict | None = None,
+    ready_curve=None,
+    wait: float = 0.0,
 ) -> pd.DataFrame:
     """Run :func:`whatif` for each (nproc, bucket_mb) in `configs`; one row per configuration.
 
-    Same units and assumptions as :func:`whatif` (per-rank compute independent of nproc). Columns:
+    Same units and assumptions as :func:`whatif` (per-rank compute independent of nproc unless `cpu` is
+    given: :func:`cpu_share_scale`). Columns:
     label (:func:`config_label`), nproc, bucket_mb (MiB), n_buckets, t_comp, t_comm, exposed, t_step
     (seconds) and overlap (fraction; NaN without communication). Ready for
     :func:`dtlab.viz.model_plots.predicted_breakdown_figure`.
     """
+    kw = dict(tp=tp, contention=contention, cpu=cpu, ready_curve=ready_curve, wait=wait)
+    sizes, figures = param_nbytes_in_ready_order, ["n_buckets", "t_comp", "t_comm", "exposed", "t_step", "overlap"]
     rows = []
     for nproc, bucket_mb in configs:
-        r = whatif(
-            t_fwd,
-            t_bwd_comp,
-            t_opt,
-            param_nbytes_in_ready_order,
-            bucket_mb,
-            nproc,
-            alpha,
-            beta,
-            form,
-            ratio,
-            encode_s_per_byte,
-            tp=tp,
-            contention=contention,
-        )
-        rows.append(
-            {
-                "label": config_label(nproc, bucket_mb),
-                "nproc": int(nproc),
-                "bucket_mb": float(bucket_mb),
-                "n_buckets": r["n_buckets"],
-                "t_comp": r["t_comp"],
-                "t_comm": r["t_comm"],
-                "exposed": r["exposed"],
-                "t_step": r["t_step"],
-                "overlap": r["overlap"],
-            }
-        )
-    return pd.DataFrame(
-        rows, columns=["label", "nproc", "bucket_mb", "n_buckets", "t_comp", "t_comm", "exposed", "t_step", "overlap"]
-    )
+        r = whatif(t_fwd, t_bwd_comp, t_opt, sizes, bucket_mb, nproc, alpha, beta, form, ratio, encode_s_per_byte, **kw)
+        rows.append([config_label(nproc, bucket_mb), int(nproc), float(bucket_mb), *(r[k] for k in figures)])
+    return pd.DataFrame(rows, columns=["label", "nproc", "bucket_mb", *figures])
 
 
 def contention_from_profile(profile, nbytes: float, nproc: int | None = None) -> tuple[float, str]:
@@ -311,15 +332,62 @@ def contention_from_profile(profile, nbytes: float, nproc: int | None = None) ->
     )
 
 
+def measured_wait(run, alpha, beta, form: str = "ring", compute: dict | None = None) -> dict:
+    """What a measured DDP run's exposed communication holds beyond the what-if's queue: :func:`whatif`'s `wait`.
+
+    Measured: the median over the run's paired steps of (training step - the no-op hook step run right after it),
+    slowest rank of each: its exposed communication, with the machine's drift cancelled pair by pair. Predicted:
+    :func:`whatif`'s exposed at the run's own cap and rank count, from `compute` (default :func:`compute_from_run`
+    of the run, with its readiness curve) and alpha (s), beta (s/B), form. wait = max(0, measured - predicted), in
+    seconds: what the queue of idle-priced collectives does not reproduce (ranks out of step waiting for each
+    other at the last all-reduce, collectives slowed by the cores they share). Returns wait, measured_exposed,
+    predicted_exposed (s), pairs (how many) and source; wait 0 with the reason when the run has no paired steps."""
+    b = run.baseline_steps
+    if b is None or b.empty or "paired_step" not in b.columns or b["paired_step"].isna().all():
+        return {"wait": 0.0, "pairs": 0, "source": f"none: {run.path} has no paired no-op hook steps"}
+    ts = run.measured_steps().groupby("step")["t_step"].max()
+    tb = b.dropna(subset=["paired_step"]).groupby("step").agg(t=("t_step", "max"), paired=("paired_step", "first"))
+    diffs = [float(ts[int(p)]) - float(t) for t, p in zip(tb["t"], tb["paired"]) if int(p) in ts.index]
+    if not diffs:
+        return {"wait": 0.0, "pairs": 0, "source": f"none: no paired step of {run.path} is a measured step"}
+    c = compute if compute is not None else compute_from_run(run)
+    nproc = int(run.resolved.get("world_size") or run.nproc)
+    sizes = list(reversed(run.resolved["param_nbytes"]))
+    pred = whatif(
+        c["t_fwd"],
+        c["t_bwd_comp"],
+        c["t_opt"],
+        sizes,
+        float(run.config.ddp.bucket_mb),
+        nproc,
+        alpha,
+        beta,
+        form=form,
+        ready_curve=c.get("ready_curve"),
+    )
+    measured = float(np.median(diffs))
+    return {
+        "wait": max(0.0, measured - pred["exposed"]),
+        "measured_exposed": measured,
+        "predicted_exposed": float(pred["exposed"]),
+        "pairs": len(diffs),
+        "source": f"measured: {run.path}, exposed communication of {len(diffs)} paired steps (median) less the "
+        "what-if's at its own cap",
+    }
+
+
 def compute_from_run(run) -> dict:
     """Per-rank compute seconds (t_fwd, t_bwd_comp, t_opt) of a measured DDP run, for :func:`whatif`.
 
     With a no-op comm hook baseline (``run.baseline_steps``) the medians over baseline steps (slowest
     rank per step) are used: compute with no communication at all. Without one, backward compute is
     *estimated* from the measured steps as the time until the last bucket was ready. The dict's
-    ``source`` says which.
+    ``source`` says which. Also, for :func:`whatif`: ``cpu`` where the ranks shared a machine's CPU cores (cores,
+    ranks there, threads per rank; other processes' load 0), and ``ready_curve`` where buckets were recorded
+    (:func:`dtlab.model.buckets.ready_curve` of the slowest rank per measured step).
     """
     base = run.baseline_steps
+    extra = {**_cpu_of(run), **_ready_of(run)}
     if base is not None and not base.empty:
         slow = base.loc[base.groupby("step")["t_step"].idxmax()]
         return {
@@ -327,6 +395,7 @@ def compute_from_run(run) -> dict:
             "t_bwd_comp": float(slow["t_bwd"].median()),
             "t_opt": float(slow["t_opt"].median()),
             "source": f"measured: no-op comm hook baseline of {run.path} ({len(slow)} steps, median)",
+            **extra,
         }
     ps = run.measured_steps()
     if ps.empty:
@@ -345,4 +414,37 @@ def compute_from_run(run) -> dict:
         "t_bwd_comp": float(np.median(t_bwd)),
         "t_opt": float(slow["t_opt"].median()),
         "source": f"estimated from {run.path}: backward until the last bucket was ready (no baseline)",
+        **extra,
     }
+
+
+def _ready_of(run) -> dict:
+    """{"ready_curve": (byte fractions, time fractions)} of the run's measured steps, slowest rank per step
+    (:func:`dtlab.model.buckets.ready_curve`), for :func:`whatif`; {} without buckets to take it from."""
+    b = getattr(run, "buckets", None)
+    st = run.measured_steps()
+    if b is None or b.empty or st.empty:
+        return {}
+    slow = st.loc[st.groupby("step")["t_step"].idxmax()]
+    steps = []
+    for row in slow.itertuples():
+        mine = b[(b["rank"] == row.rank) & (b["step"] == row.step)].sort_values("bucket")
+        steps.append((row.t_fwd, mine["t_ready"].to_numpy(), mine["nbytes"].to_numpy()))
+    try:
+        xs, ys = bk.ready_curve(steps)
+    except ValueError:  # steps with different buckets (a rebuilt layout) or none ready after forward
+        return {}
+    return {"ready_curve": (xs.tolist(), ys.tolist())}
+
+
+def _cpu_of(run) -> dict:
+    """{"cpu": ...} for :func:`whatif` when the run's ranks shared a machine's CPU cores (device 'cpu'): its cores,
+    the ranks on rank 0's host, torch threads per rank, other processes' load 0 (unknown here); {} otherwise."""
+    res = getattr(run, "resolved", None) or {}
+    if res.get("device_type") != "cpu" or not res.get("cpu_cores"):
+        return {}
+    ranks = getattr(run, "ranks", None)
+    hosts = ranks.sort_values("rank")["host"] if ranks is not None and {"rank", "host"} <= set(ranks.columns) else []
+    nproc = int((hosts == hosts.iloc[0]).sum()) if len(hosts) else int(res.get("ranks_per_node") or run.nproc)
+    threads = int(res.get("torch_threads_per_rank") or 1)
+    return {"cpu": {"cores": int(res["cpu_cores"]), "nproc": nproc, "threads_per_rank": threads, "other_cores": 0.0}}
