@@ -15,7 +15,12 @@ script measures how far off that is:
 - OMP_NUM_THREADS=1 for every run: one torch thread per rank at every rank count (dtlab's default would give a
   lone rank both cores), so per-rank compute is comparable across p;
 - error = (predicted - measured) / measured of the medians; "outside the noise" when the predicted median lies
-  outside the measured runs' min..max.
+  outside the measured runs' min..max; "own compute": the same model fed with each run's own no-op hook compute,
+  which cancels the drift between the base run and that run and leaves the communication model;
+- model variants (VARIANTS): "before" is the what-if as lab 03 called it (alpha, beta, form); the others add what
+  the base run measured: cpu (compute scaled by the fair share of the cores), load (its other processes' load in
+  that share), ready (its readiness curve), contention (a loaded calibration's price during backward), wait
+  (its exposed communication beyond the queue, dtlab.model.whatif.measured_wait).
 
     python benchmarks/whatif_error.py --rounds 3 --out /tmp/whatif-error --json whatif_error.json
     python benchmarks/whatif_error.py --quick            # tiny model, a smoke test of the script (about 1 min)
@@ -262,7 +267,8 @@ def evaluate(root: str, variant: str) -> dict:
             for r in mine
         ]
         cells.append(cell_row(layout, cap, mine, preds, own))
-    return {"cells": cells, "skipped_link": rec.get("skipped_link")}
+    per_run = [{k: r[k] for k in ("round", "layout", "cap", "path", "wall_s", "figs")} for r in runs]  # load per run
+    return {"cells": cells, "runs": per_run, "skipped_link": rec.get("skipped_link")}
 
 
 def cell_row(layout: str, cap: float, mine: list, preds: list, own: list) -> dict:

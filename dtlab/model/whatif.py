@@ -247,8 +247,8 @@ def whatif(
     _check_levers(ratio, encode_s_per_byte, contention, wait)
     t_bwd_comp = float(t_bwd_comp) + encode_s_per_byte * sum(sizes)
     layout, nbytes, durations = _priced_buckets(sizes, bucket_mb, ratio, form, alpha, beta, nproc, collective)
-    if int(nproc) > 1 and durations.size:
-        durations[-1] += float(wait)
+    if int(nproc) > 1 and durations.size:  # a new array: a caller's `collective` may hand back one it keeps
+        durations = np.concatenate([durations[:-1], durations[-1:] + float(wait)])
     ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes, ready_curve)
     out = bk.predict_step(
         t_fwd, t_bwd_comp, t_opt, ready, durations, loaded=None if contention == 1 else contention * durations
