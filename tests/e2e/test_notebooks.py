@@ -186,7 +186,7 @@ OUTPUT_CHECKS = {
 CLAIMS = {
     "00_setup_check.ipynb": {"lab00.sizes"},
     "01_ddp_breakdown.ipynb": {"lab01.exposed"},
-    "03_buckets_and_gpu_count.ipynb": {"lab03.contention"},
+    "03_buckets_and_gpu_count.ipynb": {"lab03.contention", "lab03.whatif"},
     "05_shrinking_comm.ipynb": {"lab05.fp16_bytes", "lab05.accumulate", "lab05.fp16_time"},
     "06_stragglers_ps_faults.ipynb": {"lab06.straggler_wait", "lab06.ps_vs_ring"},
     "07_beyond_one_machine.ipynb": {"lab07.levels", "lab07.backward"},

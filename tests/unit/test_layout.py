@@ -191,9 +191,7 @@ def test_strategy_names_are_compared_only_in_their_specs():
         for line in _strategy_comparisons(ast.parse(path.read_text()))
     ]
     assert not bad, "strategy names compared outside dtlab/config/strategies.py: " + ", ".join(bad)
-    planted = ast.parse(
-        'if cfg.strategy == "zero3":\n    pass\nif run.config.strategy in ("ddp", "ps"):\n    pass'
-    )
+    planted = ast.parse('if cfg.strategy == "zero3":\n    pass\nif run.config.strategy in ("ddp", "ps"):\n    pass')
     assert _strategy_comparisons(planted) == [1, 3]
 
 
