@@ -158,6 +158,12 @@ def _session():
     return _SESSION
 
 
+def shared_browser():
+    """The Chromium this process's lab runs use, or None before any lab ran here. Playwright's sync API allows one
+    running instance per thread: another browser test in the same worker must open its pages in this one."""
+    return _SESSION.get("browser")
+
+
 def _new_page() -> None:
     """Drop the lab page (after a failure: whatever state it was left in), so the next lab gets a fresh one."""
     context = _SESSION.pop("context", None)

@@ -15,6 +15,7 @@ import time
 
 import nbformat
 import pytest
+from labrun import shared_browser
 from labserver import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -69,15 +70,17 @@ def lab(tmp_path_factory):
         nb.cells = [nbformat.v4.new_code_cell("import os\nimport dtlab"), nbformat.v4.new_code_cell(cell)]
         nbformat.write(nb, notebooks / name)
     server = LabServer(root / "jupyter", notebooks)
-    pw = browser = None
+    pw = browser = context = None
+    shared = shared_browser()  # a worker that ran a lab already holds Playwright's one instance for this thread
     try:
         server.wait_ready()
-        pw = sync_playwright().start()
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1500, "height": 1000})
-        yield page, server
+        if shared is None:
+            pw = sync_playwright().start()
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = (shared or browser).new_context(viewport={"width": 1500, "height": 1000})
+        yield context.new_page(), server
     finally:
-        for close in (lambda: browser.close(), lambda: pw.stop()):
+        for close in (lambda: context.close(), lambda: browser and browser.close(), lambda: pw and pw.stop()):
             try:
                 close()
             except Exception:  # noqa: BLE001 - the server must still be stopped
