@@ -21,15 +21,16 @@ from dtlab.launching import torchrun
 CC = shutil.which("cc") or shutil.which("gcc")
 
 
-def _compile(folder, code: int, body: str | None = None):
-    """A shared library named libnccl.so.2 (its soname too) in `folder` whose ncclGetVersion says `code`."""
+def _compile(folder, code: int, body: str | None = None, soname: str = "libnccl.so.2"):
+    """A shared library named libnccl.so.2 (its soname too, unless given) in `folder` whose ncclGetVersion says
+    `code`."""
     if CC is None:
         pytest.skip("no C compiler (cc or gcc) to build a fake libnccl")
     folder.mkdir(parents=True, exist_ok=True)
     src = folder / "nccl.c"
     src.write_text(body or f"int ncclGetVersion(int *v){{*v={code};return 0;}}\n")
     lib = folder / "libnccl.so.2"
-    subprocess.run([CC, "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-o", str(lib), str(src)], check=True)
+    subprocess.run([CC, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(lib), str(src)], check=True)
     return str(lib)
 
 
@@ -96,8 +97,10 @@ def test_where_the_ranks_library_comes_from(libs, clean_env):
     assert (asked.path, asked.text, asked.source) == (libs["new"], "2.30.7", ENV)
     pre = ncclib.ranks_library({"LD_PRELOAD": f"/usr/lib/libfoo.so {libs['other']}:{libs['torch']}"})
     assert (pre.path, pre.code, pre.source) == (libs["torch"], 22809, "LD_PRELOAD")
-    # this CPU torch maps no libnccl, and a file read for its version is never taken for the process's own
-    assert ncclib.ranks_library({}) is None and ncclib.loaded_library() is None
+    # nothing asked for: the library this process loaded (torch's own on a CUDA build, none on a CPU one), and a
+    # file read for its version is never taken for it
+    own = ncclib.loaded_library()
+    assert ncclib.ranks_library({}) == own and (own is None or own.path not in libs.values())
     assert asked.to_dict() == {
         "path": libs["new"],
         "version": "2.30.7",
@@ -192,7 +195,9 @@ def test_a_rank_that_loaded_another_library_stops_before_any_step(libs, clean_en
     that did not take the asked-for library): the rank stops with an error naming both, before any step."""
     clean_env.setenv(ENV, libs["new"])
     env = torchrun._agent_env(1, False, None)
-    rc, events, log = _rank(tmp_path / "swapped", dict(env, LD_PRELOAD=libs["torch"]))
+    # another soname than NCCL's: on a CUDA build of torch the real libnccl must still load for torch's other calls
+    swap = _compile(tmp_path / "swap", 22809, soname="libnccl-swapped.so.2")
+    rc, events, log = _rank(tmp_path / "swapped", dict(env, LD_PRELOAD=swap))
     kinds = [e["kind"] for e in events]
     assert rc != 0 and kinds == ["start", "error"], (kinds, log[-2000:])
     err = events[-1]["error"]
