@@ -89,11 +89,14 @@ def library_code(path: str) -> int:
     again). ValueError naming the file when it is missing, cannot be loaded, or has no ncclGetVersion."""
     if not os.path.isfile(path):
         raise ValueError(f"{path!r}: no such file")
+    real = os.path.realpath(path)
+    mapped = any(os.path.realpath(p) == real for _, _, p in _maps())  # loaded already (torch's own): not ours
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
         raise ValueError(f"{path!r} cannot be loaded as a shared library ({e})") from None
-    _OPENED.add(os.path.realpath(path))
+    if not mapped:
+        _OPENED.add(real)
     fn = getattr(lib, "ncclGetVersion", None)
     if fn is None:
         raise ValueError(f"{path!r} has no ncclGetVersion: not an NCCL library")

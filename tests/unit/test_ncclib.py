@@ -165,6 +165,18 @@ def _child(env: dict, code: str = _CHILD):
     return cp
 
 
+def test_the_library_the_process_loaded_is_found_every_time(libs, clean_env):
+    """A libnccl the process mapped itself (as torch does on import) is its library at every ask: reading its
+    version must not mark it as one this module opened only to read a version."""
+    code = (
+        "import ctypes, json, sys\nfrom dtlab.config import ncclib\nctypes.CDLL(sys.argv[1])\n"
+        "print(json.dumps([ncclib.loaded_library().to_dict(), ncclib.loaded_library().to_dict()]))"
+    )
+    cp = subprocess.run([sys.executable, "-c", code, libs["torch"]], capture_output=True, text=True, timeout=60)
+    first, second = json.loads(cp.stdout)
+    assert first == second and first["path"] == libs["torch"] and first["code"] == 22809, cp.stderr
+
+
 def test_a_child_with_ld_preload_reports_the_preloaded_version(libs, clean_env):
     """ctypes in a child process started with LD_PRELOAD: loading libnccl.so.2 by name gives the preloaded library,
     and dtlab's `loaded_library` names that file, even after the library DTLAB_NCCL_LIBRARY names (another file)
