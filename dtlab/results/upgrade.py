@@ -60,13 +60,18 @@ OPTION_GROUPS_V2 = {
 }
 
 
-def option_groups(config: dict) -> dict:
-    """Version 1 -> 2 of a config: each flat option of `OPTION_GROUPS_V2` moved into its group."""
-    out = {k: v for k, v in config.items() if k not in OPTION_GROUPS_V2}
-    for flat, (group, field) in OPTION_GROUPS_V2.items():
+def _into_groups(config: dict, moved: dict) -> dict:
+    """`config` with each flat option of `moved` (flat name -> (group, field)) moved into its group."""
+    out = {k: v for k, v in config.items() if k not in moved}
+    for flat, (group, field) in moved.items():
         if flat in config:
             out[group] = {**out.get(group, {}), field: config[flat]}
     return out
+
+
+def option_groups(config: dict) -> dict:
+    """Version 1 -> 2 of a config: each flat option of `OPTION_GROUPS_V2` moved into its group."""
+    return _into_groups(config, OPTION_GROUPS_V2)
 
 
 def fields_before_groups(ev: dict) -> dict:
@@ -100,7 +105,8 @@ def opt_bytes(ev: dict) -> dict:
     return ev
 
 
-#: what version 4 moved, as it moved it: flat name -> (group, field)
+#: what version 4 moved, as it moved it: flat name -> (group, field); like OPTION_GROUPS_V2, a record of one past
+#: change, kept apart from dtlab.config.options.FLAT on purpose
 DDP_GROUPS_V4 = {
     "bucket_mb": ("ddp", "bucket_mb"),
     "accumulate": ("ddp", "accumulate"),
@@ -114,11 +120,7 @@ DDP_GROUPS_V4 = {
 def ddp_groups(config: dict) -> dict:
     """Version 3 -> 4 of a config: DDP's own options, the straggler rule and the reference check moved into their
     groups (`ddp`, `stragglers`, `checks`)."""
-    out = {k: v for k, v in config.items() if k not in DDP_GROUPS_V4}
-    for flat, (group, field) in DDP_GROUPS_V4.items():
-        if flat in config:
-            out[group] = {**out.get(group, {}), field: config[flat]}
-    return out
+    return _into_groups(config, DDP_GROUPS_V4)
 
 
 #: STEPS[v - 1] takes a record of version v to version v + 1
