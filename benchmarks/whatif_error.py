@@ -20,7 +20,10 @@ script measures how far off that is:
 - model variants (VARIANTS): "before" is the what-if as lab 03 called it (alpha, beta, form); the others add what
   the base run measured: cpu (compute scaled by the fair share of the cores), load (its other processes' load in
   that share), ready (its readiness curve), contention (a loaded calibration's price during backward), wait
-  (its exposed communication beyond the queue, dtlab.model.whatif.measured_wait).
+  (its exposed communication beyond the queue, dtlab.model.whatif.measured_wait), stretch (backward seconds lost
+  per second of communication in flight, from the loaded calibration of the transport the cell runs on: loopback,
+  or across the link) and alone (a rank's compute alone against beside the other, from the loopback calibration;
+  dtlab.model.sharing).
 
     python benchmarks/whatif_error.py --rounds 3 --out /tmp/whatif-error --json whatif_error.json
     python benchmarks/whatif_error.py --quick            # tiny model, a smoke test of the script (about 1 min)
@@ -40,6 +43,7 @@ import dtlab
 from dtlab.config.calibration import CalibConfig
 from dtlab.launching.emulate import Emulation, EmulationUnavailable, shaping_unavailable
 from dtlab.model import whatif as wi
+from dtlab.model.sharing import stretch_from_profile
 from dtlab.results.busy import machine_load
 
 LAYOUTS = {  # name -> (nproc per node, nnodes, emulated link)
@@ -97,7 +101,15 @@ def calibrate_all(a, root: str, em) -> dict:
     if em is not None:
         t0 = time.time()
         cfg = CalibConfig(
-            nproc=1, sizes=sizes, iters=4 if a.quick else 6, rounds=2, out=os.path.join(root, "profile-link")
+            nproc=1,
+            sizes=sizes,
+            iters=4 if a.quick else 6,
+            rounds=2,
+            out=os.path.join(root, "profile-link"),
+            load="backward",  # what the link's transfers cost the backward pass beside them (dtlab.model.sharing)
+            load_model=a.model,
+            load_batch_size=a.batch_size,
+            load_seq_len=a.seq_len,
         )
         out["link"] = em.calibrate(cfg, progress=False)
         print(f"calibrated the emulated link in {time.time() - t0:.0f} s", flush=True)
@@ -188,11 +200,15 @@ def base_inputs(run, profile) -> dict:
     load = machine_load(run) or {}
     fit = profile.fits["all_reduce"]
     compute = wi.compute_from_run(run)
+    stretch = stretch_from_profile(profile)[0]
     return {
         "compute": compute,
         "sizes": list(reversed(run.resolved["param_nbytes"])),
         "other_cores": float(load.get("other_cores") or 0.0),
         "wait": wi.measured_wait(run, fit.alpha, fit.beta, fit.form, compute)["wait"],
+        # the wait beyond a model that also stretches backward by the communication beside it
+        "wait_stretch": wi.measured_wait(run, fit.alpha, fit.beta, fit.form, compute, stretch=stretch)["wait"],
+        "alone": (profile.meta.get("load") or {}).get("alone"),
     }
 
 
@@ -207,6 +223,9 @@ VARIANTS = {
     "cpu+ready+wait": ("cpu", "ready", "wait"),
     "cpu+load+ready+wait": ("cpu", "load", "ready", "wait"),
     "cpu+load+ready+contention+wait": ("cpu", "load", "ready", "contention", "wait"),
+    "cpu+load+ready+stretch+wait": ("cpu", "load", "ready", "stretch", "wait"),
+    "cpu+alone+load+ready+wait": ("cpu", "alone", "load", "ready", "wait"),
+    "cpu+alone+load+ready+stretch+wait": ("cpu", "alone", "load", "ready", "stretch", "wait"),
 }
 
 
@@ -223,16 +242,20 @@ def predict_cell(base: dict, profile, layout: str, cap: float, variant: str, loa
     kw = {}
     if "cpu" in adds and "cpu" in c:
         kw["cpu"] = dict(c["cpu"], other_cores=base["other_cores"] if "load" in adds else 0.0)
+        if "alone" in adds and base.get("alone"):
+            kw["cpu"]["alone"] = base["alone"]
     if "ready" in adds and "ready_curve" in c:
         kw["ready_curve"] = c["ready_curve"]
     if "contention" in adds and p > 1:
         kw["contention"] = wi.contention_from_profile(loaded or profile, 25 * 2**20, 2)[0]
     if "wait" in adds:
-        kw["wait"] = base["wait"]
+        kw["wait"] = base["wait_stretch" if "stretch" in adds else "wait"]
+    if "stretch" in adds:
+        kw["stretch"] = stretch_from_profile(profile)[0]
     r = wi.whatif(
         c["t_fwd"], c["t_bwd_comp"], c["t_opt"], base["sizes"], cap, p, fit.alpha, fit.beta, form=fit.form, **kw
     )
-    r["tail"] = r["t_comm_end"] - (r["t_fwd"] + r["t_bwd_comp"]) if r["n_buckets"] else 0.0
+    r["tail"] = r["t_comm_end"] - (r["t_comp"] - r["t_opt"]) if r["n_buckets"] else 0.0  # after backward ends
     return r
 
 
@@ -250,6 +273,7 @@ def evaluate(root: str, variant: str) -> dict:
     base_runs = [dtlab.load_run(r["path"]) for r in rec["runs"] if (r["layout"], r["cap"]) == ("p2", base_cap)]
     bases = [base_inputs(run, profiles["loopback"]) for run in base_runs]
     wait = float(np.median([b["wait"] for b in bases]))
+    wait_stretch = float(np.median([b["wait_stretch"] for b in bases]))
     cells = []
     for layout, cap in [tuple(c) for c in rec["order"]]:
         mine = [r for r in runs if r["layout"] == layout and r["cap"] == cap]
@@ -262,7 +286,12 @@ def evaluate(root: str, variant: str) -> dict:
         # machine's load between the base run and this one cancels, what is left is the model's communication
         own = [
             predict_cell(
-                dict(base_inputs(dtlab.load_run(r["path"]), prof), wait=wait), prof, layout, cap, variant, loaded
+                dict(base_inputs(dtlab.load_run(r["path"]), prof), wait=wait, wait_stretch=wait_stretch),
+                prof,
+                layout,
+                cap,
+                variant,
+                loaded,
             )
             for r in mine
         ]
@@ -340,7 +369,7 @@ def main() -> int:
     ap.add_argument("--from", dest="src", default=None, help="re-evaluate the runs recorded under this folder")
     ap.add_argument(
         "--variant",
-        default="before,cpu+load+ready,cpu+load+ready+wait",
+        default="before,cpu+load+ready+wait,cpu+alone+load+ready+stretch+wait",
         help=f"model variants to evaluate, comma-separated, of: {', '.join(VARIANTS)}",
     )
     ap.add_argument("--json", default=None)

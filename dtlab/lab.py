@@ -67,6 +67,7 @@ WHERE = {
     "loss_beside": ("dtlab.model.compression", "loss_beside"),
     "measured_costs": ("dtlab.model.restarts", "measured_costs"),
     "measured_wait": ("dtlab.model.whatif", "measured_wait"),
+    "sharing_from_profile": ("dtlab.model.sharing", "sharing_from_profile"),
     "model_param_nbytes": ("dtlab.model.whatif", "model_param_nbytes"),
     "model_param_shapes": ("dtlab.model.whatif", "model_param_shapes"),
     "planner_model": ("dtlab.model.planner", None),

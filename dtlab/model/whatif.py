@@ -19,6 +19,7 @@ from dtlab.config.models import TINY_ARCH  # a plain dict, the one dtlab.rank.da
 from dtlab.model import buckets as bk
 from dtlab.model import costmodel
 from dtlab.model.parallel import tp_allreduces
+from dtlab.model.sharing import cpu_share_scale, stretched_backward
 from dtlab.units import fmt_mib
 
 
@@ -43,7 +44,7 @@ def distilbert_param_nbytes(num_labels: int = 2) -> list[int]:
     DDP's gradients become ready in roughly the *reverse* of this order: pass ``[::-1]`` to
     :func:`whatif` / :func:`dtlab.model.buckets.bucket_layout`.
     """
-    return _distilbert_nbytes(num_labels)
+    return [4 * int(np.prod(s)) for s in _distilbert_shapes(num_labels)]
 
 
 #: The architectures of RunConfig.model, as DistilBertConfig fields: DistilBertConfig()'s defaults and
@@ -58,12 +59,7 @@ def model_param_nbytes(model: str, num_labels: int = 2) -> list[int]:
     """Gradient bytes of every tensor of a `RunConfig.model` ('distilbert' or 'tiny'), registration order,
     from the architecture alone (no torch). ``sum(...) // 4`` is the parameter count a run of that config
     reports as ``run.resolved["num_parameters"]``: labs print it instead of quoting DistilBERT's count."""
-    if model not in MODEL_ARCH:
-        raise ValueError(f"model must be one of {sorted(MODEL_ARCH)}, got {model!r}")
-    a = MODEL_ARCH[model]
-    return _distilbert_nbytes(
-        num_labels, a["vocab_size"], a["dim"], a["n_layers"], a["hidden_dim"], a["max_position_embeddings"]
-    )
+    return [4 * int(np.prod(s)) for s in model_param_shapes(model, num_labels)]
 
 
 def model_param_shapes(model: str, num_labels: int = 2) -> list[tuple[int, ...]]:
@@ -75,10 +71,6 @@ def model_param_shapes(model: str, num_labels: int = 2) -> list[tuple[int, ...]]
     return _distilbert_shapes(
         num_labels, a["vocab_size"], a["dim"], a["n_layers"], a["hidden_dim"], a["max_position_embeddings"]
     )
-
-
-def _distilbert_nbytes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072, positions=512) -> list[int]:
-    return [4 * int(np.prod(s)) for s in _distilbert_shapes(num_labels, vocab, dim, layers, hidden, positions)]
 
 
 def _distilbert_shapes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072, positions=512) -> list[tuple]:
@@ -119,28 +111,6 @@ def _tp_replica(tp: dict, form, alpha, beta, t_fwd, t_bwd_comp, t_opt, sizes: li
     t_opt = float(t_opt) / tp_degree
     sizes = [int(round(s / tp_degree)) for s in sizes]
     return t_fwd, t_bwd_comp, t_opt, sizes, max(1, gpus // tp_degree), tp_degree, tp_comm
-
-
-def cpu_share_scale(nproc: int, cpu: dict | None) -> float:
-    """How many times longer a rank's compute takes at `nproc` ranks than where it was measured, when the ranks
-    share one machine's CPU cores (fair share); 1.0 for `cpu` None (a device per rank: compute independent of p).
-
-    cpu: {"cores": C, "nproc": p0 (ranks that shared the cores when compute was measured), "threads_per_rank": t,
-    "other_cores": o (other processes' load, cores' worth, while it was measured; 0 if unknown)}, as
-    :func:`compute_from_run` gives it. Demand d(p) = p t + o cores; a rank runs max(1, d(p) / C) times slower than
-    on cores of its own; the result is max(1, d(nproc) / C) / max(1, d(p0) / C). E.g. C = 2, t = 1, o = 0: 3 ranks
-    take 1.5x the compute of 2, and 1 rank the same as 2."""
-    if cpu is None:
-        return 1.0
-    cores, p0 = float(cpu["cores"]), int(cpu["nproc"])
-    t, o = float(cpu.get("threads_per_rank", 1)), float(cpu.get("other_cores") or 0.0)
-    if not (np.isfinite(cores) and cores > 0 and p0 >= 1 and t > 0 and np.isfinite(o) and o >= 0):
-        raise ValueError(f"cpu needs cores > 0, nproc >= 1, threads_per_rank > 0 and other_cores >= 0, got {cpu!r}")
-
-    def slowdown(p):
-        return max(1.0, (p * t + o) / cores)
-
-    return slowdown(int(nproc)) / slowdown(p0)
 
 
 def _priced_buckets(sizes: list, bucket_mb, ratio, form, alpha, beta, nproc, collective) -> tuple:
@@ -195,6 +165,7 @@ def whatif(
     cpu: dict | None = None,
     ready_curve=None,
     wait: float = 0.0,
+    stretch: float = 0.0,
 ) -> dict:
     """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
 
@@ -217,7 +188,8 @@ def whatif(
     :func:`contention_from_profile` gives the measured factor); a bucket in flight before backward ends is priced
     at that rate, after it at the idle one (:func:`dtlab.model.buckets.simulate_queue`).
     cpu: where the ranks share one machine's CPU cores (gloo on CPU), how the compute times were measured
-    (:func:`compute_from_run`'s ``cpu``): forward, backward and optimizer are scaled by :func:`cpu_share_scale`
+    (:func:`compute_from_run`'s ``cpu``): forward, backward and optimizer are scaled by
+    :func:`dtlab.model.sharing.cpu_share_scale`
     for `nproc` ranks on those cores (more ranks than cores: each gets a smaller share). None: compute
     independent of nproc, as above.
     ready_curve: (byte fractions, time fractions) of a measured run (:func:`compute_from_run`'s ``ready_curve``):
@@ -225,6 +197,10 @@ def whatif(
     over the buckets in proportion to their bytes (:func:`dtlab.model.buckets.whatif_ready_times`).
     wait: seconds the last all-reduce of a step takes beyond its price (ranks out of step wait for each other there;
     :func:`measured_wait` gives what a run measured), added to the last bucket when there is communication.
+    stretch: backward seconds lost per second of communication in service beside it, in [0, 1) (the transfers
+    take the cores or SMs backward runs on; :func:`dtlab.model.sharing.stretch_from_profile` gives the measured
+    figure): backward is solved for its own length (:func:`dtlab.model.sharing.stretched_backward`); `stretch_s`
+    in the result is what it added.
 
     Steps: :func:`dtlab.model.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
     does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`,
@@ -249,11 +225,12 @@ def whatif(
     layout, nbytes, durations = _priced_buckets(sizes, bucket_mb, ratio, form, alpha, beta, nproc, collective)
     if int(nproc) > 1 and durations.size:  # a new array: a caller's `collective` may hand back one it keeps
         durations = np.concatenate([durations[:-1], durations[-1:] + float(wait)])
+    loaded = None if contention == 1 else contention * durations
     ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes, ready_curve)
-    out = bk.predict_step(
-        t_fwd, t_bwd_comp, t_opt, ready, durations, loaded=None if contention == 1 else contention * durations
-    )
+    t_bwd, ready = stretched_backward(t_fwd, t_bwd_comp, ready, durations, loaded, stretch if int(nproc) > 1 else 0)
+    out = bk.predict_step(t_fwd, t_bwd, t_opt, ready, durations, loaded=loaded)
     out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations)
+    out["stretch_s"] = t_bwd - t_bwd_comp
     out.update(_inputs(t_fwd, t_bwd_comp, t_opt, bucket_mb, gpus, alpha, beta, form, ratio, encode_s_per_byte))
     out.update(tp_degree=tp_degree, tp_comm=tp_comm, dp=int(nproc), contention=float(contention), cpu_share=share)
     return dict(out, wait=float(wait) if int(nproc) > 1 else 0.0)
@@ -296,6 +273,7 @@ def whatif_sweep(
     cpu: dict | None = None,
     ready_curve=None,
     wait: float = 0.0,
+    stretch: float = 0.0,
 ) -> pd.DataFrame:
     """Run :func:`whatif` for each (nproc, bucket_mb) in `configs`; one row per configuration.
 
@@ -305,7 +283,7 @@ def whatif_sweep(
     (seconds) and overlap (fraction; NaN without communication). Ready for
     :func:`dtlab.viz.model_plots.predicted_breakdown_figure`.
     """
-    kw = dict(tp=tp, contention=contention, cpu=cpu, ready_curve=ready_curve, wait=wait)
+    kw = dict(tp=tp, contention=contention, cpu=cpu, ready_curve=ready_curve, wait=wait, stretch=stretch)
     sizes, figures = param_nbytes_in_ready_order, ["n_buckets", "t_comp", "t_comm", "exposed", "t_step", "overlap"]
     rows = []
     for nproc, bucket_mb in configs:
@@ -332,15 +310,15 @@ def contention_from_profile(profile, nbytes: float, nproc: int | None = None) ->
     )
 
 
-def measured_wait(run, alpha, beta, form: str = "ring", compute: dict | None = None) -> dict:
+def measured_wait(run, alpha, beta, form: str = "ring", compute: dict | None = None, stretch: float = 0.0) -> dict:
     """What a measured DDP run's exposed communication holds beyond the what-if's queue: :func:`whatif`'s `wait`.
 
     Measured: the median over the run's paired steps of (training step - the no-op hook step run right after it),
     slowest rank of each: its exposed communication, with the machine's drift cancelled pair by pair. Predicted:
     :func:`whatif`'s exposed at the run's own cap and rank count, from `compute` (default :func:`compute_from_run`
-    of the run, with its readiness curve) and alpha (s), beta (s/B), form. wait = max(0, measured - predicted), in
-    seconds: what the queue of idle-priced collectives does not reproduce (ranks out of step waiting for each
-    other at the last all-reduce, collectives slowed by the cores they share). Returns wait, measured_exposed,
+    of the run, with its readiness curve), alpha (s), beta (s/B), form and stretch. wait = max(0, measured -
+    predicted), in seconds: what the queue of idle-priced collectives does not reproduce (ranks out of step waiting
+    for each other at the last all-reduce, collectives slowed by the cores they share). Returns wait, measured_exposed,
     predicted_exposed (s), pairs (how many) and source; wait 0 with the reason when the run has no paired steps."""
     b = run.baseline_steps
     if b is None or b.empty or "paired_step" not in b.columns or b["paired_step"].isna().all():
@@ -364,12 +342,14 @@ def measured_wait(run, alpha, beta, form: str = "ring", compute: dict | None = N
         beta,
         form=form,
         ready_curve=c.get("ready_curve"),
+        stretch=stretch,
     )
     measured = float(np.median(diffs))
+    predicted = float(pred["exposed"] + pred["stretch_s"])  # a no-op hook step has no backward stretch either
     return {
-        "wait": max(0.0, measured - pred["exposed"]),
+        "wait": max(0.0, measured - predicted),
         "measured_exposed": measured,
-        "predicted_exposed": float(pred["exposed"]),
+        "predicted_exposed": predicted,
         "pairs": len(diffs),
         "source": f"measured: {run.path}, exposed communication of {len(diffs)} paired steps (median) less the "
         "what-if's at its own cap",

@@ -14,6 +14,11 @@ the same layers on every rank), the next collective is issued asynchronously onc
 its issue is marked there, its end in its future's completion callback, the way dtlab.rank.recorder marks a bucket
 (dtlab.rank.marks). A rank that reaches an issue point first waits for its peers; the rank that issued last times
 the collective itself, its service time under load (dtlab.results.calibration takes that rank's time).
+
+The other direction is measured too: the transfers take CPU (gloo's threads, the kernel's TCP stack) from the
+backward pass they run beside. Every pass records its wall time, the time its hooks waited for a collective and
+how long collectives were in flight during it, and `idle_pass` times passes with nothing in flight;
+dtlab.model.sharing fits the backward seconds lost per second of communication in flight.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ class BackwardLoad:
         self._works: list = []
         self._at: set = set()
         self._lock = threading.Lock()
+        self._waited = 0.0  # seconds this pass's hooks waited for the collective before theirs
+        self._spans: list = []  # [issue, end] host seconds of this pass's collectives (end None: in flight)
         # DDP's reducer copies every gradient into its bucket as it becomes ready: the same copies here, into one
         # flat buffer, so the load moves the memory a training rank's backward moves
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -75,9 +82,12 @@ class BackwardLoad:
         self._fired += 1
         if self._fired not in self._at or not self._queue:
             return
+        t0 = time.perf_counter()
         self._settle()  # one at a time, and every rank issues the same call at the same point: no skipping
+        self._waited += time.perf_counter() - t0
         key, issue = self._queue.pop(0)
-        rec = {"key": key, "issue": self.marks.now()}
+        rec = {"key": key, "issue": self.marks.now(), "span": [time.perf_counter(), None]}
+        self._spans.append(rec["span"])
         self._issued.append(rec)
         work = issue()
         self._works.append(work)
@@ -87,6 +97,7 @@ class BackwardLoad:
             threading.Thread(target=lambda: (work.wait(), self._finish(rec)), daemon=True).start()
 
     def _finish(self, rec: dict) -> None:
+        rec["span"][1] = time.perf_counter()
         rec["end"] = self.marks.end()
 
     def _settle(self) -> None:
@@ -103,18 +114,65 @@ class BackwardLoad:
         Work, in that order (the same on every rank), each issued from inside a replayed backward pass at one of
         `per_pass` points spread over its first 85% (one at a time: at a point where the one before is still in
         flight, the hook waits for it first, so a sample is one collective, not a queue). Returns
-        [(key, seconds from issue to end)] in issue order. `on_pass(passes, left)`, when given, is called after
-        every pass (a calibration rank writes an event there: a long loaded phase is progress, not a stall)."""
+        [(key, seconds from issue to end)] in issue order. `on_pass(passes, left, figures)`, when given, is called
+        after every pass with the pass's own figures (:meth:`_pass`): a calibration rank writes an event there (a
+        long loaded phase is progress, not a stall)."""
         self._queue, self._issued, self._works = list(calls), [], []
         self._at = {max(1, round((i + 1) * self.SPREAD * self.hooks / self.per_pass)) for i in range(self.per_pass)}
         while self._queue:
-            self._fired = 0
-            # the ranks start each pass together, as training steps do (a step ends when every bucket is reduced):
-            # the i-th issue point is then the same moment on every rank, up to their compute's own skew
-            dist.barrier()
-            self._loss.backward(retain_graph=True)  # the gradients accumulate: only the work matters
-            self.passes += 1
-            self._settle()  # before the next pass's barrier, which every rank must reach with nothing pending
+            figures = self._pass()
             if on_pass is not None:
-                on_pass(self.passes, len(self._queue))
+                on_pass(self.passes, len(self._queue), figures)
         return [(r["key"], self.marks.seconds(r["issue"], r["end"])) for r in self._issued]
+
+    def idle_pass(self) -> dict:
+        """One replayed backward pass with nothing issued from it (every rank together): the compute a pass takes
+        with no communication in flight, what :meth:`sample`'s passes are compared with. Returns :meth:`_pass`'s
+        figures."""
+        queue, self._queue = self._queue, []
+        try:
+            return self._pass()
+        finally:
+            self._queue = queue
+
+    def solo_pass(self, who: int) -> dict | None:
+        """One backward pass that only rank `who` runs while the others wait at a barrier, nothing issued: a rank's
+        compute alone on the machine, beside :meth:`idle_pass`'s all together (dtlab.model.sharing.fit_alone).
+        Returns {"seconds": its wall time} on rank `who`, None on the others."""
+        dist.barrier()
+        out = None
+        if dist.get_rank() == who:
+            t0 = time.perf_counter()
+            self._loss.backward(retain_graph=True)
+            out = {"seconds": self._computed() - t0, "waited": 0.0, "in_flight": 0.0}
+            self.passes += 1
+        dist.barrier()
+        return out
+
+    def _computed(self) -> float:
+        """The host clock once the pass's compute has finished: on a GPU, when the compute stream reaches an event
+        recorded after backward (not the collectives' stream, and not just the kernels' launch)."""
+        if self._flat.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+        return time.perf_counter()
+
+    def _pass(self) -> dict:
+        """One replayed backward pass, the ranks started together, issuing from `_queue` at the issue points.
+        Returns its figures (host seconds): `seconds` (the pass's wall time), `waited` (its hooks' waits for the
+        collective before theirs, not compute) and `in_flight` (how long collectives issued from it were in flight
+        while it computed: before it ended, its waits taken out)."""
+        self._fired, self._waited, self._spans = 0, 0.0, []
+        # the ranks start each pass together, as training steps do (a step ends when every bucket is reduced):
+        # the i-th issue point is then the same moment on every rank, up to their compute's own skew
+        dist.barrier()
+        t0 = time.perf_counter()
+        self._loss.backward(retain_graph=True)  # the gradients accumulate: only the work matters
+        t1 = self._computed()
+        self.passes += 1
+        spans = [(a, t1 if b is None else min(b, t1)) for a, b in self._spans]  # read before the settle below
+        self._settle()  # before the next pass's barrier, which every rank must reach with nothing pending
+        in_flight = sum(max(0.0, b - max(a, t0)) for a, b in spans)  # one at a time: the spans do not overlap
+        # a hook waits only while the collective before its own is in flight: that time computed nothing
+        return {"seconds": t1 - t0, "waited": self._waited, "in_flight": max(0.0, in_flight - self._waited)}

@@ -140,11 +140,31 @@ class LoadedSampler:
         rng.shuffle(timed)
         warmups = [((op, nbytes, None), issue[(op, nbytes)]) for op, nbytes in issue for _ in range(self.cfg.warmup)]
 
-        def progress(passes, left):
-            writer.write("load_pass", rank=rank, round=rnd, passes=passes, left=left, time=time.time())
+        def progress(passes, left, figures, idle=False, solo=False):
+            writer.write(
+                "load_pass",
+                rank=rank,
+                round=rnd,
+                passes=passes,
+                left=left,
+                idle=idle,
+                solo=solo,
+                time=time.time(),
+                **figures,
+            )
 
+        for who in range(self.world):  # each rank's pass alone: what sharing the machine costs its compute
+            mine = self.load.solo_pass(who)
+            if mine is not None:
+                progress(self.load.passes, len(timed), mine, idle=True, solo=True)
+
+        # a pass with nothing in flight before and after the round's loaded passes: the compute they are compared
+        # with (dtlab.model.sharing), under the same drift
         calls = warmups + [((op, n, i), issue[(op, n)]) for op, n, i in timed]
-        for (op, nbytes, i), t in self.load.sample(calls, on_pass=progress):
+        progress(self.load.passes, len(calls), self.load.idle_pass(), idle=True)
+        samples = self.load.sample(calls, on_pass=progress)
+        progress(self.load.passes, 0, self.load.idle_pass(), idle=True)
+        for (op, nbytes, i), t in samples:
             if i is not None:
                 writer.write(
                     "sample", rank=rank, op=op, nbytes=nbytes, nproc=self.world, iter=i, seconds=t, load="backward"

@@ -11,6 +11,7 @@ import pandas as pd
 
 from dtlab.model.fit import PROFILE_FILE, REQUIRED_COLUMNS, AlphaBetaFit
 from dtlab.model.profile import Profile
+from dtlab.model.sharing import fit_alone, fit_stretch
 from dtlab.results.events import read_events
 from dtlab.results.status import RunFailed, read_run_dir, require_finished, sweep_progress
 from dtlab.results.upgrade import upgrade_event
@@ -128,7 +129,7 @@ def _load_facts(run_dir: str, meta: dict) -> list[str]:
         e
         for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl")))
         for e in read_events(p)
-        if e.get("kind") in ("load", "load_done")
+        if e.get("kind") in ("load", "load_done", "load_pass")
     ]
     made = next((e for e in events if e["kind"] == "load"), None)
     if made is None:
@@ -145,7 +146,24 @@ def _load_facts(run_dir: str, meta: dict) -> list[str]:
         "(loss.backward(retain_graph=True)) once the previous one completed, its end marked in "
         "its future's callback, as DDP issues and dtlab records a bucket",
     }
-    return [
+    passes = [e for e in events if e["kind"] == "load_pass"]
+    stretch, alone = fit_stretch([p for p in passes if not p.get("solo")]), fit_alone(passes)
+    notes = []
+    if alone is not None:
+        meta["load"]["alone"] = alone
+        notes.append(
+            f"a rank's backward pass alone took {alone['alone_s'] * 1e3:.0f} ms, {alone['ratio']:.2f}x its "
+            f"{alone['together_s'] * 1e3:.0f} ms beside {alone['ranks'] - 1} other rank(s) computing (medians; "
+            "dtlab.model.sharing.fit_alone)"
+        )
+    if stretch is not None:
+        meta["load"]["stretch"] = stretch
+        notes.append(
+            f"backward compute lost {stretch['per_second']:.2f} s per s of communication in flight beside it "
+            f"[{stretch['lo']:.2f}..{stretch['hi']:.2f}] ({stretch['passes']} loaded passes against "
+            f"{stretch['idle_passes']} with nothing in flight; dtlab.model.sharing)"
+        )
+    return notes + [
         f"loaded fits ('backward'): each collective issued from inside a replayed backward pass of "
         f"{made.get('model')} (batch {made.get('batch_size')} x {made.get('seq_len')} tokens, "
         f"{made.get('threads')} thread(s) per rank), as a DDP bucket is: what it costs while backward compute "

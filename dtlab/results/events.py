@@ -80,7 +80,15 @@ SCHEMA = {
         "load": (STR, _OPT),
     },
     "load_done": {"rank": (INT, _REQ), "passes": (INT, _OPT)},
-    "load_pass": {"rank": (INT, _REQ), "round": (INT, _OPT), "passes": (INT, _OPT), "left": (INT, _OPT)},
+    "load_pass": {
+        "rank": (INT, _REQ),
+        "round": (INT, _OPT),
+        "passes": (INT, _OPT),
+        "left": (INT, _OPT),
+        "seconds": (NUM, _OPT),
+        "waited": (NUM, _OPT),
+        "in_flight": (NUM, _OPT),
+    },
     "calib": {"rank": (INT, _REQ), "round": (INT, _REQ), "rounds": (INT, _REQ)},
     "microbatch": {
         "rank": (INT, _REQ),

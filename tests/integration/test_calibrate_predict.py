@@ -34,6 +34,12 @@ def test_real_calibration_profile(profile):
     assert (s.groupby(["op", "nbytes", "load"]).size() == 4).all()  # slowest rank per timed iteration
     assert set(s["load"]) == {"idle", "backward"} and set(profile.loaded_fits) == set(profile.fits)
     assert profile.meta["load"]["model"] == "tiny" and all(n > 0 for n in profile.meta["load"]["passes"].values())
+    # the passes also measured what the transfers cost the compute beside them, and a rank's compute alone: 3
+    # rounds, each with an idle pass before and after the loaded ones and one pass alone per rank
+    stretch, alone = profile.meta["load"]["stretch"], profile.meta["load"]["alone"]
+    assert stretch["idle_passes"] == 2 * 3 * 2 and stretch["passes"] > 0 and 0 <= stretch["lo"] <= stretch["hi"]
+    assert alone["ranks"] == 2 and alone["passes"] == 2 * 3 * 2 + 3 * 2 and alone["ratio"] > 0
+    assert any("per s of communication in flight" in c for c in profile.caveats)
     assert (s["seconds"] > 0).all()
     for f in profile.fits.values():
         assert f.n_points == 6 and f.form == "ring"

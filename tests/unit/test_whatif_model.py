@@ -92,6 +92,19 @@ def test_measured_wait_is_the_exposed_time_the_queue_does_not_reproduce():
     assert wi.measured_wait(run, 0.0, 0.1 / (2 * MIB))["wait"] == 0.0  # nothing paired: nothing measured
 
 
+def test_measured_wait_leaves_out_what_the_stretch_explains():
+    # paired steps: training 4.6 s, no-op hook 4.0 s: 0.6 s exposed
+    run = _fake_run({"param_nbytes": [MIB, MIB], "world_size": 2}, baseline_t_step=4.0)
+    run.config = RunConfig(warmup=1, bucket_mb=1.0)
+    # two 1 MiB buckets of 0.05 s each (n beta); the run's readiness curve (0.75 of the bytes at 0.9 of backward)
+    # has the first ready at 0.6 of its 3 s backward, in service 0.05 s inside it: stretch 0.5 adds 0.025 s to
+    # backward, and the last bucket, ready as backward ends, is exposed 0.05 s either way
+    plain = wi.measured_wait(run, 0.0, 0.1 / (2 * MIB))
+    stretched = wi.measured_wait(run, 0.0, 0.1 / (2 * MIB), stretch=0.5)
+    assert plain["predicted_exposed"] == pytest.approx(0.05) and plain["wait"] == pytest.approx(0.55)
+    assert stretched["predicted_exposed"] == pytest.approx(0.075) and stretched["wait"] == pytest.approx(0.525)
+
+
 def _fake_run(resolved: dict, baseline_t_step: float = 4.5):
     from dtlab.results.run import BUCKET_COLUMNS, STEP_COLUMNS, Run
 
