@@ -28,6 +28,7 @@ script measures how far off that is:
     python benchmarks/whatif_error.py --rounds 3 --out /tmp/whatif-error --json whatif_error.json
     python benchmarks/whatif_error.py --quick            # tiny model, a smoke test of the script (about 1 min)
     python benchmarks/whatif_error.py --from /tmp/whatif-error   # re-evaluate the model on recorded runs
+    python benchmarks/whatif_error.py --from /tmp/run-a,/tmp/run-b   # several recorded runs, repeats pooled
 """
 
 import argparse
@@ -259,8 +260,28 @@ def predict_cell(base: dict, profile, layout: str, cap: float, variant: str, loa
     return r
 
 
-def evaluate(root: str, variant: str) -> dict:
-    """Every cell's measured and predicted figures from the runs recorded under root."""
+def evaluate(roots, variant: str) -> dict:
+    """Every cell's measured and predicted figures from the runs recorded under `roots` (a folder, or several:
+    their repeats pooled, each folder's runs predicted from its own base runs and calibrations)."""
+    roots = [roots] if isinstance(roots, str) else list(roots)
+    pooled, order, runs, skipped = {}, [], [], None
+    for root in roots:
+        got = _recorded(root, variant)
+        for cell, lists in got["cells"].items():
+            if cell not in pooled:
+                order.append(cell)
+                pooled[cell] = ([], [], [])
+            for into, more in zip(pooled[cell], lists):
+                into.extend(more)
+        runs += got["runs"]
+        skipped = skipped or got["skipped_link"]
+    cells = [cell_row(layout, cap, *pooled[(layout, cap)]) for layout, cap in order]
+    return {"cells": cells, "runs": runs, "skipped_link": skipped, "roots": roots}
+
+
+def _recorded(root: str, variant: str) -> dict:
+    """One folder's runs: {(layout, cap): (measured runs, predictions from its base runs, own-compute
+    predictions)}, its runs and why the link was skipped."""
     with open(os.path.join(root, "runs.json")) as f:
         rec = json.load(f)
     profiles = {"loopback": dtlab.load_profile(os.path.join(root, "profile"))}
@@ -274,7 +295,7 @@ def evaluate(root: str, variant: str) -> dict:
     bases = [base_inputs(run, profiles["loopback"]) for run in base_runs]
     wait = float(np.median([b["wait"] for b in bases]))
     wait_stretch = float(np.median([b["wait_stretch"] for b in bases]))
-    cells = []
+    cells = {}
     for layout, cap in [tuple(c) for c in rec["order"]]:
         mine = [r for r in runs if r["layout"] == layout and r["cap"] == cap]
         if not mine:
@@ -295,7 +316,7 @@ def evaluate(root: str, variant: str) -> dict:
             )
             for r in mine
         ]
-        cells.append(cell_row(layout, cap, mine, preds, own))
+        cells[(layout, float(cap))] = (mine, preds, own)
     per_run = [{k: r[k] for k in ("round", "layout", "cap", "path", "wall_s", "figs")} for r in runs]  # load per run
     return {"cells": cells, "runs": per_run, "skipped_link": rec.get("skipped_link")}
 
@@ -366,7 +387,12 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--rate", default="1gbit", help="the emulated link's tc rate")
     ap.add_argument("--out", default=None, help="where runs and profiles go (default: a new temp folder)")
-    ap.add_argument("--from", dest="src", default=None, help="re-evaluate the runs recorded under this folder")
+    ap.add_argument(
+        "--from",
+        dest="src",
+        default=None,
+        help="re-evaluate the runs recorded under this folder (several, comma-separated: their repeats pooled)",
+    )
     ap.add_argument(
         "--variant",
         default="before,cpu+load+ready+wait,cpu+alone+load+ready+stretch+wait",
@@ -387,7 +413,7 @@ def main() -> int:
         print(f"measured in {time.time() - t0:.0f} s: {root}")
     out = {}
     for variant in a.variant.split(","):
-        out[variant] = evaluate(root, variant)
+        out[variant] = evaluate(root.split(","), variant)
         print_table(out[variant], variant)
     if a.json:
         with open(a.json, "w") as f:
