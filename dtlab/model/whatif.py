@@ -169,15 +169,14 @@ def whatif(
 ) -> dict:
     """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
 
-    t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds *per rank*. They are
-    assumed independent of nproc: weak scaling, a fixed per-rank batch, so adding GPUs adds work and
-    leaves each rank's compute unchanged. param_nbytes_in_ready_order: gradient bytes in the order
-    they become ready (reverse registration order for DDP). bucket_mb: DDP's bucket_cap_mb (MiB).
-    alpha: seconds; beta: seconds per byte; form: 'ring' or 'textbook'.
-    ratio: compression r, bytes on the wire / gradient bytes (1: none; 0.5: fp16): each bucket's collective
-    moves r x its bytes (the bandwidth term shrinks by r, the latency term does not). encode_s_per_byte: the
-    hook's encode/decode seconds per gradient byte, added to backward compute (it runs on the compute path).
-    Both from :func:`dtlab.model.compression.compression_from_run` for a measured hook.
+    t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds *per rank*, assumed independent of
+    nproc: weak scaling, a fixed per-rank batch, so adding GPUs adds work and leaves each rank's compute unchanged.
+    param_nbytes_in_ready_order: gradient bytes in the order they become ready (reverse registration order for
+    DDP). bucket_mb: DDP's bucket_cap_mb (MiB). alpha: seconds; beta: seconds per byte; form: 'ring' or 'textbook'.
+    ratio: compression r, bytes on the wire / gradient bytes (1: none; 0.5: fp16): each bucket's collective moves
+    r x its bytes (the bandwidth term shrinks by r, the latency term does not). encode_s_per_byte: the hook's
+    encode/decode seconds per gradient byte, added to backward compute (it runs on the compute path). Both from
+    :func:`dtlab.model.compression.compression_from_run` for a measured hook.
     collective: optional function bytes -> seconds pricing one bucket's all-reduce instead of alpha, beta
     and form (e.g. a two-level model from :mod:`dtlab.model.hierarchy`); it gets the bytes on the wire.
     tp: tensor parallelism inside each replica, {"degree": t, "allreduces": 4 L, "allreduce_bytes": b s h x 4}
@@ -187,29 +186,24 @@ def whatif(
     contention: how many times longer an all-reduce takes while backward compute runs beside it (1: none;
     :func:`contention_from_profile` gives the measured factor); a bucket in flight before backward ends is priced
     at that rate, after it at the idle one (:func:`dtlab.model.buckets.simulate_queue`).
-    cpu: where the ranks share one machine's CPU cores (gloo on CPU), how the compute times were measured
-    (:func:`compute_from_run`'s ``cpu``): forward, backward and optimizer are scaled by
-    :func:`dtlab.model.sharing.cpu_share_scale`
-    for `nproc` ranks on those cores (more ranks than cores: each gets a smaller share). None: compute
-    independent of nproc, as above.
+    cpu: where the ranks share one machine's CPU cores (gloo on CPU), how the compute was measured
+    (:func:`compute_from_run`'s ``cpu``): compute is scaled by :func:`dtlab.model.sharing.cpu_share_scale` for
+    `nproc` ranks on those cores (more ranks than cores: a smaller share each). None: independent of nproc.
     ready_curve: (byte fractions, time fractions) of a measured run (:func:`compute_from_run`'s ``ready_curve``):
     a bucket is ready when backward has run the curve's fraction at its cumulative bytes; None: backward spread
     over the buckets in proportion to their bytes (:func:`dtlab.model.buckets.whatif_ready_times`).
     wait: seconds the last all-reduce of a step takes beyond its price (ranks out of step wait for each other there;
     :func:`measured_wait` gives what a run measured), added to the last bucket when there is communication.
-    stretch: backward seconds lost per second of communication in service beside it, in [0, 1) (the transfers
-    take the cores or SMs backward runs on; :func:`dtlab.model.sharing.stretch_from_profile` gives the measured
-    figure): backward is solved for its own length (:func:`dtlab.model.sharing.stretched_backward`); `stretch_s`
-    in the result is what it added.
+    stretch: backward seconds lost per second of communication in service beside it, >= 0 (measured:
+    :func:`dtlab.model.sharing.stretch_from_profile`); backward is solved for its own length
+    (:func:`dtlab.model.sharing.stretched_backward`), `stretch_s` in the result is what it added.
 
-    Steps: :func:`dtlab.model.buckets.bucket_layout` with the cap in bytes (for the first bucket too, as DDP
-    does when given bucket_cap_mb), per-bucket all-reduce seconds from :func:`dtlab.model.costmodel.collective_time`,
-    ready times from :func:`dtlab.model.buckets.whatif_ready_times`, then :func:`dtlab.model.buckets.predict_step`.
+    Steps: :func:`dtlab.model.buckets.bucket_layout` (cap in bytes, the first bucket's too, as DDP given
+    bucket_cap_mb), :func:`dtlab.model.costmodel.collective_time`, :func:`dtlab.model.buckets.predict_step`.
 
-    Returns predict_step's dict (t_comm, t_comm_end, exposed, t_step, t_comp, overlap, start, end;
-    seconds) plus n_buckets, bucket_nbytes (bytes), ready and durations (seconds), and the inputs
-    (t_fwd, t_bwd_comp, t_opt, bucket_mb, nproc, alpha, beta, form). With nproc = 1 every duration is
-    0: no communication.
+    Returns predict_step's dict (seconds: t_comm, t_comm_end, exposed, t_step, t_comp, overlap, start, end) plus
+    n_buckets, bucket_nbytes (bytes), ready, durations and stretch_s (s), and the inputs (t_fwd, t_bwd_comp, t_opt,
+    bucket_mb, nproc, alpha, beta, form). With nproc = 1 every duration is 0: no communication.
     """
     sizes = list(param_nbytes_in_ready_order)
     gpus = int(nproc)
@@ -230,10 +224,9 @@ def whatif(
     t_bwd, ready = stretched_backward(t_fwd, t_bwd_comp, ready, durations, loaded, stretch if int(nproc) > 1 else 0)
     out = bk.predict_step(t_fwd, t_bwd, t_opt, ready, durations, loaded=loaded)
     out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations)
-    out["stretch_s"] = t_bwd - t_bwd_comp
     out.update(_inputs(t_fwd, t_bwd_comp, t_opt, bucket_mb, gpus, alpha, beta, form, ratio, encode_s_per_byte))
     out.update(tp_degree=tp_degree, tp_comm=tp_comm, dp=int(nproc), contention=float(contention), cpu_share=share)
-    return dict(out, wait=float(wait) if int(nproc) > 1 else 0.0)
+    return dict(out, wait=float(wait) if int(nproc) > 1 else 0.0, stretch_s=t_bwd - t_bwd_comp)
 
 
 def _check_levers(ratio, encode_s_per_byte, contention, wait) -> None:
