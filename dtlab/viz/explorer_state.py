@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.model import buckets as bk
-from dtlab.model import costmodel
+from dtlab.model import costmodel, sharing
 from dtlab.model import whatif as wi
 from dtlab.units import fmt_bytes
 from dtlab.viz.controls import (
@@ -198,6 +198,8 @@ class ExplorerState:
         factor, how = wi.contention_from_profile(profile, start_bytes)
         self.contention0 = float(np.clip(round(factor / CONTENTION_STEP) * CONTENTION_STEP, 1.0, CONTENTION_MAX))
         self.contention_how = how
+        # ---- backward seconds lost per second of communication in flight, from a loaded calibration (0: none)
+        self.stretch, self.stretch_how = sharing.stretch_from_profile(profile)
         self.notes = notes
         self.static_info = _static_info(self.compute, sizes_source, self.measured, notes)
 
@@ -312,6 +314,7 @@ class ExplorerState:
         )
         lines.append(f"<b>buckets</b>: {self.bucket_line(values['bucket_mb'])}")
         lines.append(f"<b>compute contention</b>: {html.escape(self.contention_line(values))}")
+        lines.append(f"<b>compute lost to communication in flight</b>: {html.escape(self.stretch_how)}")
         lines.append(f"<b>tensor parallelism</b>: {self.tp_line(values)}")
         return f"<div style='font-size:90%;line-height:1.35'>{'<br>'.join(lines)}<br>{self.static_info}</div>"
 
@@ -426,6 +429,7 @@ class ExplorerState:
             *lever,
             contention=p["contention"],
             tp=self.tp(p),
+            stretch=self.stretch,
         )
         sweep = wi.whatif_sweep(
             c["t_fwd"],
@@ -439,5 +443,6 @@ class ExplorerState:
             *lever,
             contention=p["contention"],
             tp=self.tp(p),
+            stretch=self.stretch,
         )
         return result, sweep

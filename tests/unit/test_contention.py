@@ -180,6 +180,12 @@ def test_the_explorer_starts_at_the_measured_contention_and_says_where_it_comes_
     assert "measured" in st.contention_line(values) and "moved by you" in st.contention_line(
         {**values, "contention": 1.0}
     )
+    # no loaded passes in this profile: no stretch assumed, and the label says so; with one, the model uses it
+    assert st.stretch == 0.0 and "none assumed" in st.source_html(values)
+    prof.meta["load"] = {"stretch": {"per_second": 0.3, "lo": 0.2, "hi": 0.4, "passes": 8, "idle_passes": 4}}
+    stretched = ExplorerState(profile=prof, compute={"t_fwd": 0.01, "t_bwd_comp": 0.02, "t_opt": 0.003})
+    assert stretched.stretch == 0.3 and "0.30 s of compute lost per s in flight" in stretched.source_html(values)
+    assert stretched.model(values)[0]["stretch_s"] > 0 and st.model(values)[0]["stretch_s"] == 0
     # contention slows only what is in flight while backward runs: the step cannot get faster
     args = (0.01, 0.02, 0.003, [4 << 20] * 8, 25.0, 2, 10e-6, 1e-9)
     assert whatif(*args, contention=3.0)["t_step"] > whatif(*args)["t_step"]
