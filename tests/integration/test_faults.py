@@ -32,7 +32,7 @@ DRILLS = {  # name: DTLAB_FAULT. Launched together, so they also drill simultane
 
 #: where a rank frozen at its injected fault can be: the injection itself, or the step code just after it (the DDP
 #: strategy's loop and step, the recorder's step clock, the marks it takes), as the stack's top frame prints it
-STEP_CODE = r"maybe_inject_fault|(ddp|recorder|marks)\.py:\d+ in \w+"
+STEP_CODE = r"maybe_inject_fault|(loop|data_parallel|data|ddp|recorder|marks)\.py:\d+ in \w+"
 
 
 def _alive(pid):
@@ -119,7 +119,8 @@ def test_frozen_rank_is_caught_by_the_watchdog_with_its_stack(drills):
     assert first.startswith("rank 1 stalled: no event for") and f"stall_s={STALL_S:g} s" in first
     # where it was: last step, stack top. The frozen rank's stack is dumped as it resumes; it names the injection
     # (maybe_inject_fault) or, when the handler runs just after that call returned, the next lines of the step:
-    # the DDP step's own (train's loop, a DDPRun method), or the step clock's marks they call
+    # the rank loop's own (dtlab.rank.loop), the DDP step's (strategies/data_parallel.py, ddp.py), the batch it
+    # takes (dtlab.rank.data) or the step clock's marks they call
     assert "after step 1" in first and re.search(STEP_CODE, first)
     assert e.silent_s[1] >= STALL_S
     # caught in seconds: stall_s, then at most STACK_WAIT_S for the stacks and the stop
