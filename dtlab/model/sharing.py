@@ -112,8 +112,9 @@ def stretched_backward(t_fwd, t_bwd_comp, ready, durations, loaded=None, stretch
     b = t_bwd_comp + stretch x (service time of the queue inside [t_fwd, t_fwd + b]), with ready times stretched
     in proportion (a bucket ready at a fraction of backward stays at that fraction); `loaded` as in
     :func:`dtlab.model.buckets.simulate_queue`. The service time inside the pass is at most the queue's total, so
-    b lies between t_bwd_comp and t_bwd_comp + stretch x sum(durations); it is found there by bisection (at
-    stretch >= 1, collectives in flight the whole pass hold it until they end)."""
+    b lies between t_bwd_comp and t_bwd_comp + stretch x sum(durations). Below stretch 1 a few fixed-point steps
+    from t_bwd_comp find it (each step's change shrinks by stretch or more); otherwise, or if they have not settled,
+    bisection in that range (at stretch >= 1, collectives in flight the whole pass hold it until they end)."""
     if not np.isfinite(stretch) or stretch < 0:
         raise ValueError(
             f"stretch (backward seconds lost per second of communication in flight) must be a finite number >= 0, "
@@ -133,9 +134,16 @@ def stretched_backward(t_fwd, t_bwd_comp, ready, durations, loaded=None, stretch
         inside = union_length((max(s, lo), min(e, hi)) for s, e in zip(start, end) if min(e, hi) > max(s, lo))
         return base + stretch * inside - b
 
+    tol = 1e-9 * max(1.0, base)  # seconds: far below any figure the model is compared with
+    b = base
+    for _ in range(50 if stretch < 1 else 0):
+        step = excess(b)
+        b += step
+        if abs(step) < tol:
+            return b, at(b)
     lo, hi = base, base + stretch * float(np.sum(np.asarray(durations, dtype=float))) + 1e-12
     for _ in range(100):
-        if hi - lo < 1e-12 * max(1.0, hi):
+        if hi - lo < tol:
             break
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)

@@ -214,7 +214,7 @@ def whatif(
         t_fwd, t_bwd_comp, t_opt, sizes, nproc, tp_degree, tp_comm = _tp_replica(
             tp, form, alpha, beta, t_fwd, t_bwd_comp, t_opt, sizes, gpus
         )
-    _check_levers(ratio, encode_s_per_byte, contention, wait)
+    _check_levers(ratio, encode_s_per_byte, contention, wait, stretch)
     t_bwd_comp = float(t_bwd_comp) + encode_s_per_byte * sum(sizes)
     layout, nbytes, durations = _priced_buckets(sizes, bucket_mb, ratio, form, alpha, beta, nproc, collective)
     if int(nproc) > 1 and durations.size:  # a new array: a caller's `collective` may hand back one it keeps
@@ -229,7 +229,7 @@ def whatif(
     return dict(out, wait=float(wait) if int(nproc) > 1 else 0.0, stretch_s=t_bwd - t_bwd_comp)
 
 
-def _check_levers(ratio, encode_s_per_byte, contention, wait) -> None:
+def _check_levers(ratio, encode_s_per_byte, contention, wait, stretch=0.0) -> None:
     if not np.isfinite(ratio) or not 0 < ratio <= 1:
         raise ValueError(f"ratio (bytes on the wire / gradient bytes) must be in (0, 1], got {ratio!r}")
     if not np.isfinite(encode_s_per_byte) or encode_s_per_byte < 0:
@@ -238,6 +238,8 @@ def _check_levers(ratio, encode_s_per_byte, contention, wait) -> None:
         raise ValueError(f"contention (loaded / idle all-reduce time) must be a finite number >= 1, got {contention!r}")
     if not np.isfinite(wait) or wait < 0:
         raise ValueError(f"wait must be a finite number >= 0 (seconds), got {wait!r}")
+    if not np.isfinite(stretch) or stretch < 0:
+        raise ValueError(f"stretch (s of backward lost per s in flight) must be a finite number >= 0, got {stretch!r}")
 
 
 def tp_setting(degree: int, n_layers: int, tokens: int, hidden: int, itemsize: int = 4) -> dict:

@@ -46,7 +46,7 @@ def test_fit_stretch_needs_idle_and_loaded_passes():
 def test_fit_alone_is_the_median_lone_pass_over_the_median_shared_one():
     passes = [dict(rank=r, idle=True, seconds=s) for r in (0, 1) for s in (1.0, 1.1, 1.2)]
     passes += [dict(rank=r, idle=True, solo=True, seconds=s) for r in (0, 1) for s in (0.9, 0.95)]
-    passes += [dict(rank=0, idle=False, seconds=9.0, in_flight=1.0)]  # a loaded pass is not compute alone
+    passes += [dict(rank=0, idle=False, seconds=9.0, in_flight=1.0)] * 4  # loaded: neither alone nor together
     got = sh.fit_alone(passes)
     assert got["ratio"] == pytest.approx(0.925 / 1.1) and got["ranks"] == 2 and got["passes"] == 10
     assert sh.fit_alone([p for p in passes if not p.get("solo")]) is None
@@ -85,6 +85,8 @@ def test_whatif_with_stretch_lengthens_backward_by_what_overlaps_it():
     assert got["t_step"] == pytest.approx(plain["t_step"] + got["stretch_s"])
     lone = wi.whatif(0.1, 1.0, 0.1, sizes, 10, 1, stretch=0.4, **kw)
     assert lone["stretch_s"] == 0.0  # one rank: nothing in flight
+    with pytest.raises(ValueError, match="stretch"):
+        wi.whatif(0.1, 1.0, 0.1, sizes, 10, 1, stretch=-0.1, **kw)  # refused even where it would change nothing
     sweep = wi.whatif_sweep(0.1, 1.0, 0.1, sizes, [(2, 10)], stretch=0.4, **kw)
     assert sweep["t_step"].iloc[0] == pytest.approx(got["t_step"])
 
