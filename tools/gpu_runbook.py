@@ -460,7 +460,7 @@ class Runbook:
         buf, left = io.BytesIO(), []
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             for p in paths:
-                if os.path.getsize(p) > ARCHIVE_FILE_MAX or buf.tell() + os.path.getsize(p) // 4 > ARCHIVE_MAX_BYTES:
+                if os.path.getsize(p) > ARCHIVE_FILE_MAX or buf.tell() + os.path.getsize(p) > ARCHIVE_MAX_BYTES:
                     left.append(os.path.relpath(p, self.work))
                     continue
                 tar.add(p, arcname=os.path.relpath(p, self.work))
@@ -479,7 +479,7 @@ class Runbook:
         with open(log, "w") as f:
             proc = subprocess.Popen(
                 cmd, cwd=cwd, env=env or self.env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                process_group=0,
             )  # fmt: skip
             try:
                 rc = proc.wait(timeout=timeout)
@@ -783,7 +783,7 @@ class Runbook:
             print(f"[lab-{n[:2]}] $ {' '.join(cmd)} (timeout {timeout:.0f} s)", flush=True)
             proc = subprocess.Popen(
                 cmd + ["--save", executed], cwd=ROOT, env=dict(self.env, DTLAB_QUICK="1"), stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
             )  # fmt: skip
             started[n] = (proc, log, time.monotonic(), where, executed)
         deadline = time.monotonic() + timeout
@@ -859,8 +859,16 @@ class Runbook:
         self.summary["plan"] = self.plan(steps)
         self.write()
         ok = True
+        planned = {r["step"]: r for r in self.summary["plan"]["steps"] + self.summary["plan"]["left_over"]}
         for name in steps:
             timeout = step_timeout(STEP_CAP[name], self.remaining())
+            row = planned.get(name)
+            if name != "labs" and row and timeout is not None and row["planned_s"] > self.remaining() - RESERVE_S:
+                # left over by the plan and still not reached with time for it: written down, not started (a
+                # start would only run out of time); not a failure of the steps that did run
+                left = f"planned {row['planned_s']} s ({row['from']}); {self.remaining():.0f} s left: not started"
+                self.record(name, True, left_over=left)
+                continue
             if timeout is None:
                 skipped = f"{self.remaining():.0f} s left of this command's {self.budget:.0f} s budget: not started"
                 ok = self.record(name, False, skipped=skipped) and ok

@@ -24,9 +24,9 @@ import os
 
 import pandas as pd
 
-from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.results.events import check_event, file_rank, parse_line
+from dtlab.results.run import recorded_config
 from dtlab.results.upgrade import upgrade
 from dtlab.runfiles import DamagedRun, read_json
 
@@ -140,14 +140,15 @@ class LiveRun:
         """The run's config, read as every reader reads it (upgraded to today's form, then a RunConfig); nothing
         is known of it while config.json is missing or unreadable."""
         try:
-            cfg = RunConfig.from_dict(upgrade(read_json(os.path.join(self.run_dir, "config.json"))["config"]))
-        except (OSError, DamagedRun, KeyError, TypeError, ValueError):
-            cfg = None
+            cfg = recorded_config(upgrade(read_json(os.path.join(self.run_dir, "config.json"))["config"]), self.run_dir)
+            bucket_op = strategy_spec(cfg.strategy).bucket_op
+        except (OSError, DamagedRun, KeyError, TypeError, ValueError):  # a strategy this dtlab does not know too
+            cfg, bucket_op = None, None
         self.nproc = cfg.nproc * cfg.nnodes if cfg is not None and cfg.nproc else None
         self.steps = cfg.steps if cfg is not None else None
         self.warmup = cfg.warmup if cfg is not None else 0
         self.baseline_steps = int(cfg.ddp.baseline_steps or 0) if cfg is not None else 0
-        self.bucket_op = strategy_spec(cfg.strategy).bucket_op if cfg is not None else None
+        self.bucket_op = bucket_op
 
     def poll(self) -> int:
         """Read every rank file's new complete lines (a file that appeared since is followed from now on);

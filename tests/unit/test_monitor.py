@@ -93,6 +93,13 @@ def test_a_torn_line_stays_partial_until_its_newline_arrives(tmp_path):
     assert tail.damage == []
 
 
+def test_a_config_this_dtlab_cannot_read_leaves_the_monitor_without_it(tmp_path):
+    # a strategy this dtlab does not know (a newer one's run): the monitor still follows the events
+    live = LiveRun(str(_run_dir(tmp_path, strategy="no-such-strategy")))
+    assert (live.nproc, live.steps, live.bucket_op) == (None, None, None)
+    assert LiveRun(str(_run_dir(tmp_path / "ok"))).nproc == 2  # a readable one is read
+
+
 def test_a_rank_file_that_appears_late_is_followed(tmp_path):
     run = _run_dir(tmp_path)
     (run / "events" / "rank0.jsonl").write_bytes(_step(0, 0) + _step(0, 1))
