@@ -148,8 +148,8 @@ def lab10(run, text):
 
 def lab12(run, text):
     """A run priced with the example table (its source and date on screen), the scaling table from this lab's
-    calibration, C and R from a crash, the spot plan, and a run interrupted three times with each interruption's
-    cost beside the model's."""
+    calibration, C and R from a crash, the spot plan, and a run interrupted three times (fewer only as its records
+    explain) with each interruption's cost beside the model's."""
     import dtlab
 
     assert "price: CPU at $2.00 per machine-hour on-demand" in text and "dated 2026-11-27" in text
@@ -158,12 +158,16 @@ def lab12(run, text):
     )
     assert "to accuracy 0.9:" in text and "model's band:" in text and "cheapest" in text
     assert "restart: attempt 1 resumed from step 2" in text and "spot, exact optimum" in text
-    assert "3 kills at Poisson moments" in text and "this one stopped after 3" in text
+    kills = re.search(r"(\d+) kills at Poisson moments", text)
+    n = int(kills.group(1)) if kills else 0
+    assert n >= 1 and f"this one stopped after {n} kills" in text, text[-2000:]
+    # fewer than the 3 planned only when the records show the run reached its last steps before the next was due
+    assert n == 3 and "the most it allows (3)" in text or "it reached them first" in text, text[-2000:]
     runs = sorted(p.name for p in (run.folder / "runs").iterdir())
     assert len(runs) == 3, runs
     hit = [r for r in runs if (run.folder / "runs" / r / "checkpoints").exists()]
     restarts = {r: dtlab.load_run(str(run.folder / "runs" / r)).restarts["attempt"].nunique() for r in hit}
-    assert sorted(restarts.values()) == [1, 3], restarts  # the crash (1 restart) and the interrupted run (3)
+    assert sorted(restarts.values()) == sorted([1, n]), restarts  # the crash (1 restart) and the interrupted run
 
 
 OUTPUT_CHECKS = {

@@ -11,6 +11,7 @@ def test_kills_from_outside_restart_the_group_and_are_priced(tmp_path):
     run, log = lab12.interrupted_run(cfg, kills=2, mean_gap_s=0.4, seed=3)
     assert run.status.get("state") == "finished"
     assert [k["attempt"] for k in log] == [0, 1] and len({k["pid"] for k in log}) == 2  # each kill a live rank
+    assert lab12.count_line(run, log, 2, 0.4, 3).endswith("the most it allows (2)")
     assert sorted(run.restarts["attempt"].unique()) == [1, 2]
     assert sorted(run.steps["step"].unique()) == list(range(60))  # every step on the final timeline, once
     costs = lab12.interruption_costs(run, log)

@@ -1,13 +1,7 @@
 """What lab 12 (what does it cost?) prints beside dtlab.cost and dtlab.spot_plan: what a bill is made of, a run
 interrupted at random moments, what each interruption cost, and the claim that the spot model prices it.
 
-Interruptions. A spot instance is taken away at moments nobody chooses; dtlab.rank's fault injection
-(DTLAB_FAULT) kills one rank once, at the start of a step. `interrupted_run` kills ranks from outside instead, as a
-provider does: it launches the run (dtlab.launch), follows the ranks' event files while it waits, and sends SIGKILL
-to one rank (seeded random) once the attempt has trained for a seeded random time, `kills` times at most. The times
-are independent exponential draws with mean `mean_gap_s`: a Poisson process of interruptions, its clock running
-while the group trains (not while it restarts). torchrun restarts the group from the newest complete checkpoint
-(`max_restarts` must exceed `kills`).
+Interruptions at random moments (`interrupted_run`, `count_line`) live in dtlab.course.claims.interrupts.
 
 What one interruption costs (`interruption_costs`, from the run's records alone): the wall time from the moment the
 state the group resumed from was reached (the end of that checkpoint's save, the restart that loaded it, or the start
@@ -22,12 +16,7 @@ when M >> L), plus a restart of R seconds.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import signal
-import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -36,8 +25,8 @@ from scipy.stats import poisson
 
 from dtlab.course import outputs
 from dtlab.course.claims import compare, spread
+from dtlab.course.claims.interrupts import Interrupter, count_line, interrupted_run, kill_plan  # noqa: F401
 from dtlab.course.wording import kind, lab_placement
-from dtlab.launching.torchrun import is_rank_of
 from dtlab.results.cost import billed_devices, epoch_samples, gpu_kind, samples_per_step
 from dtlab.units import fmt_time
 
@@ -150,107 +139,6 @@ def show(key: str, placement=None) -> None:
     body = text(key, placement)
     if not outputs.display_bundle({"text/markdown": body, "text/plain": body}):
         print(body)
-
-
-# ---- interruptions at random moments -----------------------------------------------------------------------
-
-
-@dataclass
-class Interrupter:
-    """Kills one rank of `run_dir`'s group after each attempt has trained for `gaps[i]` seconds (attempt i: the
-    first, then each restart), `ranks[i]` the rank; called at every poll of Handle.wait. `log`: one dict per kill
-    (attempt, rank, pid, gap_s, time: the kill's wall time, s since the epoch, step: the last step recorded)."""
-
-    run_dir: str
-    gaps: list
-    ranks: list
-    steps: int
-    log: list = field(default_factory=list)
-    _offsets: dict = field(default_factory=dict)
-    _trained_from: dict = field(default_factory=dict)  # attempt -> monotonic time its training was first seen
-    _pids: dict = field(default_factory=dict)  # (attempt, rank) -> pid
-    _last_step: dict = field(default_factory=dict)  # attempt -> last step recorded
-
-    def _read(self) -> None:
-        """New complete lines of every rank's event file."""
-        folder = os.path.join(self.run_dir, "events")
-        if not os.path.isdir(folder):
-            return
-        for name in sorted(os.listdir(folder)):
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                f.seek(self._offsets.get(path, 0))
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            self._offsets[path] = self._offsets.get(path, 0) + end
-            for line in data[:end].splitlines():
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue  # a line torn by a kill
-                self._see(ev)
-
-    def _see(self, ev: dict) -> None:
-        a, k = int(ev.get("attempt") or 0), ev.get("kind")
-        if k == "start" and ev.get("pid"):
-            self._pids[(a, int(ev["rank"]))] = int(ev["pid"])
-        elif k == "step" or (k == "restart" and a > 0):
-            self._trained_from.setdefault(a, time.monotonic())
-            if k == "step":
-                self._last_step[a] = max(self._last_step.get(a, -1), int(ev["step"]))
-
-    def poll(self) -> None:
-        """Kill the next rank when its attempt has trained long enough (never in the last 2 steps of the run)."""
-        self._read()
-        i = len(self.log)
-        if i >= len(self.gaps) or i not in self._trained_from or max(self._trained_from) != i:
-            return
-        if self._last_step.get(i, -1) >= self.steps - 2 or time.monotonic() - self._trained_from[i] < self.gaps[i]:
-            return
-        rank = int(self.ranks[i])
-        pid = self._pids.get((i, rank))
-        if pid is None or not is_rank_of(pid, self.run_dir):
-            return  # not recorded yet, or gone: the next poll looks again
-        os.kill(pid, signal.SIGKILL)
-        self.log.append(
-            {
-                "attempt": i,
-                "rank": rank,
-                "pid": pid,
-                "gap_s": float(self.gaps[i]),
-                "time": time.time(),
-                "step": self._last_step.get(i, -1),
-            }
-        )
-
-
-def kill_plan(kills: int, mean_gap_s: float, nproc: int, seed: int) -> tuple[list, list]:
-    """(gaps, ranks): `kills` training times (s) drawn from an exponential of mean `mean_gap_s` (a Poisson process)
-    and the rank each kill hits, from `seed`."""
-    if kills < 1 or not mean_gap_s > 0:
-        raise ValueError(f"kills must be >= 1 and mean_gap_s > 0 s, got {kills!r}, {mean_gap_s!r}")
-    rng = np.random.default_rng(seed)
-    return [float(g) for g in rng.exponential(mean_gap_s, kills)], [int(r) for r in rng.integers(0, nproc, kills)]
-
-
-def interrupted_run(cfg, kills: int, mean_gap_s: float, seed: int = 0, poll_s: float = 0.02):
-    """(run, log): `cfg` run with `kills` interruptions at most, each a SIGKILL to a seeded random rank after the
-    attempt trained a seeded exponential time of mean `mean_gap_s` seconds (see the module docstring). cfg needs
-    checkpoint_every > 0 and max_restarts > kills. A kill due after the run's last steps never comes: `log` holds
-    the kills that happened."""
-    from dtlab.launching.handle import launch
-
-    if cfg.restarts.max_restarts <= kills or cfg.restarts.checkpoint_every < 1:
-        raise ValueError(
-            f"cfg: needs checkpoint_every >= 1 and max_restarts > kills = {kills} (torchrun restarts the group once "
-            f"per kill), got checkpoint_every {cfg.restarts.checkpoint_every}, max_restarts "
-            f"{cfg.restarts.max_restarts}"
-        )
-    gaps, ranks = kill_plan(kills, mean_gap_s, cfg.nproc, seed)
-    handle = launch(cfg)
-    killer = Interrupter(handle.run_dir, gaps, ranks, cfg.steps)
-    run = handle.wait(progress=False, poll_s=poll_s, on_poll=killer.poll)
-    return run, killer.log
 
 
 # ---- what each interruption cost, from the records ---------------------------------------------------------
