@@ -1,5 +1,6 @@
 """profile=True: a real 2-rank gloo DDP run records one profiler trace per rank, and dtlab.load_trace on it agrees
-with the run's own records: every bucket's all-reduce with its exact bytes, T_comm within the run's noise."""
+with the run's own records: every bucket's all-reduce with its exact bytes, each step's all-reduce time, paired with the
+records' own, within a factor of 1.5 (median)."""
 
 import subprocess
 import sys
@@ -28,10 +29,11 @@ def test_profiler_trace_of_a_run_agrees_with_its_records(tmp_path):
             t_trace.append(union_length(zip(a["t_start"], a["t_end"])))
     baseline = set(trace.steps.loc[trace.steps["baseline"], "step"])
     assert baseline and ar[ar["step"].isin(baseline)].empty  # the no-op hook's steps all-reduce nothing
-    row = run.summary().set_index("quantity").loc["T_comm"]
-    noise = row["hi"] - row["lo"]
-    med = sorted(t_trace)[len(t_trace) // 2]
-    assert row["lo"] - noise <= med <= row["hi"] + noise, (med, row.to_dict(), t_run, t_trace)
+    # the same all-reduces on two clocks, step by step: the bucket records' hook-to-done intervals and the
+    # profiler's op spans. Paired, so a busy machine slows both alike (a band from the run's own spread is as
+    # narrow as its few steps happen to be); a wrong unit or a shifted clock puts the ratio far from 1
+    ratios = sorted(tt / tr for tr, tt in zip(t_run, t_trace) if tr > 0)
+    assert len(ratios) == len(t_run) and 2 / 3 <= ratios[len(ratios) // 2] <= 1.5, (ratios, t_run, t_trace)
 
     cp = subprocess.run(
         [sys.executable, "-m", "dtlab", "trace", run.path], capture_output=True, text=True, timeout=120, check=False
