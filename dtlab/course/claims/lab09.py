@@ -48,8 +48,8 @@ def lever_table(
     """One row per lever: bytes per step (one rank; a mean over every step of the run, warm-up included, e.g.
     PowerSGD's uncompressed first steps), steps to `target`, measured T_step (ms; per update for async), the
     measured time to target (s), and the model's T_step and time when `predicted`
-    (dtlab.model.convergence.time_to_target) is given. `composed`: also steps x T_step (s), which a question asks
-    the student to compute: leave it False until that question has been checked."""
+    (dtlab.model.convergence.time_to_target) is given. `composed`: also each lever's own steps x T_step (s), the
+    composition a question builds on: leave it False until that question has been checked."""
     rows = []
     pred = predicted.set_index("label") if predicted is not None else None
     for label, run in runs.items():
