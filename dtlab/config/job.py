@@ -20,7 +20,8 @@ class JobConfig:
     out: str | None = None
     """Directory the job writes (None: a new folder under runs/ for a run, profiles/ for a calibration)."""
     timeout_s: float = 1800.0
-    """Wall-clock limit for the whole job in seconds; past it every rank is stopped."""
+    """Wall-clock limit for the whole job in seconds; past it every live rank's Python stack is dumped into its log
+    and every rank is stopped (RunFailed names each rank's innermost frame)."""
     nnodes: int = 1
     """Nodes (machines, one torchrun agent each) in the job, nproc ranks on each; see dtlab.config.nodes."""
     rdzv_endpoint: str | None = None

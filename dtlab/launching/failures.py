@@ -394,8 +394,16 @@ def _final_attempt(run_dir: str) -> list[list[dict]]:
 
 
 def _last_events(run_dir: str) -> list[dict]:
+    """Each rank's progress in words; with the innermost frame of its stack where the launcher dumped them at a
+    timeout (status.json's stack_tops)."""
+    try:
+        with open(os.path.join(run_dir, "status.json")) as f:
+            tops = json.load(f).get("stack_tops") or {}
+    except (OSError, ValueError, AttributeError):
+        tops = {}
     out = []
     for evs in _final_attempt(run_dir):
         if evs and "rank" in evs[0]:
-            out.append({"rank": evs[0]["rank"], "where": progress_of(evs)})
+            top = tops.get(str(evs[0]["rank"]))
+            out.append({"rank": evs[0]["rank"], "where": progress_of(evs) + (f", at {top}" if top else "")})
     return out

@@ -197,7 +197,7 @@ class Handle(StallWatch):
             while self.status() == "running":
                 self._follow(bar)
                 if time.time() - self.started > self.timeout_s:
-                    self._end("timeout", error=f"timeout_s={self.timeout_s:g} s exceeded")
+                    self._on_timeout(self.timeout_s)
                     break
                 stalled = self._watch(bar)
                 if stalled:

@@ -175,6 +175,20 @@ class StallWatch:
             silent_s={str(k): v for k, v in silent.items()},
         )
 
+    def _on_timeout(self, timeout_s: float) -> None:
+        """The run outlived timeout_s: get every live rank's Python stack into its log (as a stall does), then stop
+        the run with the innermost frame of each in the error, so a rank stuck before its first step says where."""
+        watched = [
+            f for f in self._feeds if not f.ended and f.pid is not None and proc_state(f.pid) not in (None, "Z", "X")
+        ]
+        stacks = self._dump_stacks(watched, resume=[])
+        tops = {f.rank: _stack_top(stacks.get(f.rank, "")) for f in watched}
+        where = "; ".join(f"rank {r}: {t}" for r, t in sorted(tops.items()) if t)
+        error = f"timeout_s={timeout_s:g} s exceeded" + (
+            f"; where the ranks were (stacks in their logs): {where}" if where else ""
+        )
+        self._end("timeout", error=error, stack_tops={str(r): t for r, t in tops.items()})
+
     def _dump_stacks(self, feeds: list, resume: list) -> dict:
         """SIGUSR1 to each rank (faulthandler writes every thread's stack to its log), then SIGCONT to the
         frozen ones: the pending SIGUSR1 is delivered as soon as they resume, before they run another line,

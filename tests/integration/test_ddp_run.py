@@ -93,6 +93,11 @@ def test_stop_and_timeout_leave_no_process(tmp_path):
     with pytest.raises(dtlab.RunFailed, match="timeout") as info:
         handle.wait(progress=False)
     assert handle.status() == "timeout" and info.value.state == "timeout"
+    # every live rank's stack was dumped into its log before the stop, and the error says where each one was
+    for rank in (0, 1):
+        assert "(most recent call first)" in (tmp_path / "slow" / "logs" / f"rank{rank}.log").read_text()
+    assert str(info.value).count(", at ") == 2
+    assert "where the ranks were" in json.loads((tmp_path / "slow" / "status.json").read_text())["error"]
     assert handle.proc.poll() is not None
     pids = handle.rank_pids()
     assert len(pids) == 2 and not [p for p in pids if _alive(p)]  # gone when wait() raised: no sleep needed
