@@ -98,7 +98,7 @@ def count_line(run, log, kills: int, mean_gap_s: float, seed: int) -> str:
     n = len(log)
     if n >= kills:
         return f"this one stopped after {n} kills, the most it allows ({kills})"
-    due = kill_plan(kills, mean_gap_s, 1, seed)[0][n]
+    due = kill_plan(kills, mean_gap_s, run.nproc, seed)[0][n]  # the plan interrupted_run drew
     st, rs = run.steps[run.steps["attempt"] == n], run.restarts
     starts = list(st["time"]) + (list(rs.loc[rs["attempt"] == n, "wall_time"]) if n > 0 and not rs.empty else [])
     last = int(run.config.steps) - 2
@@ -109,8 +109,7 @@ def count_line(run, log, kills: int, mean_gap_s: float, seed: int) -> str:
     verdict = (
         "it reached them first"
         if trained < due
-        else f"it reached them {fmt_time(trained - due)} after, and the interrupter, which reads the records at "
-        "every poll, saw them too late"
+        else f"it reached them {fmt_time(trained - due)} after the kill was due: the interrupter missed it"
     )
     return (
         f"this one stopped after {n} kills of {kills}: kill {n + 1} was due after {fmt_time(due)} of training; "

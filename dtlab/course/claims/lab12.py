@@ -25,7 +25,7 @@ from scipy.stats import poisson
 
 from dtlab.course import outputs
 from dtlab.course.claims import compare, spread
-from dtlab.course.claims.interrupts import Interrupter, count_line, interrupted_run, kill_plan  # noqa: F401
+from dtlab.course.claims.interrupts import count_line, interrupted_run, kill_plan  # noqa: F401
 from dtlab.course.wording import kind, lab_placement
 from dtlab.results.cost import billed_devices, epoch_samples, gpu_kind, samples_per_step
 from dtlab.units import fmt_time
