@@ -33,6 +33,8 @@ _WHERE = {
     "Profile": "model.profile",
     "load_profile": "results.calibration",
     "predict": "model.prediction",
+    "load_nccl_tests": "results.nccl_profile",
+    "public_nccl_tests": "results.nccl_profile",
     "recorded_runs": "results.recorded",
     "recorded_run": "results.recorded",
     "recorded_calibration": "results.recorded",

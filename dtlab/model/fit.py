@@ -26,7 +26,6 @@ Choices, and why:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,6 +65,8 @@ class AlphaBetaFit:
     rel_rms: float = float("nan")
     confidence: float = 0.95
     warnings: list[str] = field(default_factory=list)
+    nprocs: list[int] = field(default_factory=list)
+    """The process counts the fit saw (fits saved before this field existed load with [] = not recorded)."""
 
     def predict(self, nbytes, nproc):
         """Predicted seconds for message size nbytes (bytes) on nproc processes."""
@@ -158,6 +159,7 @@ def fit_alpha_beta(
         rel_rms=float(np.sqrt(np.mean(rel**2))),
         confidence=float(confidence),
         warnings=_fit_warnings(alpha, beta, constrained, n),
+        nprocs=sorted({int(x) for x in p}),
     )
 
 
@@ -252,41 +254,93 @@ def fit_piecewise(
     confidence: float = 0.95,
 ) -> list[AlphaBetaFit]:
     """Alpha-beta fits per size regime: real collectives switch algorithm or protocol with message size
-    (gloo between 256 KiB and 1 MiB on this project's CI machine), so one straight line cannot fit them all.
+    (gloo between 256 KiB and 1 MiB on this project's CI machine; NCCL between LL, LL128 and Simple, ring and
+    tree, as its tuning model in src/graph/tuning.cc says), so one straight line cannot fit them all.
 
-    Every split of the sorted sizes into 1..max_segments contiguous regimes of at least `min_points` sizes is
-    fitted (relative-error least squares per regime, as fit_alpha_beta), and the split with the lowest BIC on
-    the relative residuals, N ln(SSR/N) + 2k ln N for k regimes, is kept: a regime is added only when it
-    explains the data better than its two extra parameters cost. Regimes are fitted with alpha, beta >= 0
-    (see fit_alpha_beta's nonneg), a single full-range regime too: these are what predictions use, and noise
-    in a few points must not invent negative latency or a time that falls with size (the unconstrained
-    full-range fit stays in `Profile.fits`, with a warning when it is unphysical). Returns the fits,
-    ascending."""
+    Of every split of the sorted sizes into 1..max_segments contiguous regimes of at least `min_points` sizes,
+    the one with the lowest BIC on the relative residuals, N ln(SSR/N) + (3k - 1) ln N for k regimes, is kept:
+    each regime's alpha and beta and each breakpoint between regimes count as parameters, so a regime is added
+    only when it explains the data better than the three it costs (mean squared residuals below 0.1 %, the
+    digits nccl-tests prints, are no evidence of another regime). The search is
+    exact and cheap: the best split into k regimes is found by dynamic programming over the residual sum of
+    every contiguous run of sizes (N^2 small fits, not one fit per combination), so max_segments may be 5 or
+    6 for a 30-size nccl-tests sweep. Regimes are fitted with alpha, beta >= 0 (see fit_alpha_beta's nonneg),
+    a single full-range regime too: these are what predictions use, and noise in a few points must not invent
+    negative latency or a time that falls with size (the unconstrained full-range fit stays in
+    `Profile.fits`, with a warning when it is unphysical). Returns the fits, ascending; each records the sizes
+    (min_bytes, max_bytes) and process counts (nprocs) it saw."""
     check_samples(samples)
+    costmodel.coefficients(op, form, 2)
+    if isinstance(max_segments, bool) or not isinstance(max_segments, int) or max_segments < 1:
+        raise ValueError(f"max_segments must be an integer >= 1, got {max_segments!r}")
+    if isinstance(min_points, bool) or not isinstance(min_points, int) or min_points < 3:
+        raise ValueError(
+            f"min_points must be an integer >= 3 (two parameters and one degree of freedom), got {min_points!r}"
+        )
     sub = samples[samples["op"] == op]
     sizes = np.sort(sub["nbytes"].unique())
     if min_bytes is not None:
         sizes = sizes[sizes >= min_bytes]
     if max_bytes is not None:
         sizes = sizes[sizes <= max_bytes]
-    n_total = len(sizes)
-    best, best_bic = None, np.inf
-    for k in range(1, max_segments + 1):
-        for cuts in itertools.combinations(range(min_points, n_total - min_points + 1), k - 1):
-            edges = [0, *cuts, n_total]
-            if any(b - a < min_points for a, b in zip(edges, edges[1:])):
-                continue
-            try:
-                segs = [
-                    fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence, nonneg=True)
-                    for a, b in zip(edges, edges[1:])
-                ]
-            except ValueError:
-                continue
-            ssr = sum(r["rel_error"] ** 2 for sg in segs for r in sg.residuals)
-            bic = n_total * np.log(max(ssr, 1e-300) / n_total) + 2 * k * np.log(n_total)
-            if bic < best_bic:
-                best, best_bic = segs, bic
-    if best is None:
+    edges = _best_edges(sub, op, form, sizes, max_segments, min_points)
+    if edges is None:
         raise ValueError(f"op {op!r}: need at least {min_points} sizes in range to fit (min_bytes/max_bytes)")
-    return best
+    return [
+        fit_alpha_beta(sub, op, form, sizes[a], sizes[b - 1], confidence, nonneg=True) for a, b in zip(edges, edges[1:])
+    ]
+
+
+def _best_edges(sub: pd.DataFrame, op: str, form: str, sizes, max_segments: int, min_points: int):
+    """The split [0, e1, ..., N] of the sorted `sizes` with the lowest BIC (fit_piecewise), or None."""
+    n_total = len(sizes)
+    if n_total < min_points:
+        return None
+    rows = sub[(sub["nbytes"] >= sizes[0]) & (sub["nbytes"] <= sizes[-1]) & (sub["nproc"] > 1)]
+    pts = rows.groupby(["nbytes", "nproc"], sort=True)["seconds"].median().reset_index()
+    n_all, p_all, t_all = (pts[c].to_numpy(dtype=float) for c in ("nbytes", "nproc", "seconds"))
+    if np.any(~np.isfinite(t_all)) or np.any(t_all <= 0):
+        raise ValueError(f"samples['seconds'] for op {op!r} must be finite and > 0")
+    which = np.searchsorted(sizes, n_all)  # the index of each point's size
+    cost = np.full((n_total + 1, n_total + 1), np.inf)
+    for i in range(n_total):
+        for j in range(i + min_points, n_total + 1):
+            cost[i, j] = _segment_ssr(n_all, p_all, t_all, (which >= i) & (which < j), op, form)
+    # best[k][j]: the least SSR of sizes[:j] in k regimes; back[k][j]: where its last regime starts
+    best = np.full((max_segments + 1, n_total + 1), np.inf)
+    back = np.zeros((max_segments + 1, n_total + 1), dtype=int)
+    best[0, 0] = 0.0
+    for k in range(1, max_segments + 1):
+        for j in range(k * min_points, n_total + 1):
+            totals = best[k - 1, :j] + cost[:j, j]
+            i = int(np.argmin(totals))
+            best[k, j], back[k, j] = totals[i], i
+    chosen, chosen_bic = None, np.inf
+    for k in range(1, max_segments + 1):
+        if not np.isfinite(best[k, n_total]):
+            continue
+        # residuals below 0.1 % (the digits nccl-tests prints) are no evidence of another regime
+        bic = n_total * np.log(max(best[k, n_total] / n_total, 1e-6)) + (3 * k - 1) * np.log(n_total)
+        if bic < chosen_bic:
+            chosen, chosen_bic = k, bic
+    if chosen is None:
+        return None
+    edges, j = [n_total], n_total
+    for k in range(chosen, 0, -1):
+        j = back[k, j]
+        edges.append(j)
+    return edges[::-1]
+
+
+def _segment_ssr(n, p, t, mask, op: str, form: str) -> float:
+    """The sum of squared relative residuals of the non-negative fit of the points in `mask` (inf when they
+    cannot be fitted: fewer than 3, or alpha and beta not separable)."""
+    if mask.sum() < 3:
+        return np.inf
+    a, b = costmodel.coefficients(op, form, p[mask])
+    X = np.column_stack([a, b * n[mask]])
+    try:
+        coef, *_ = _solve(X, t[mask], op, nonneg=True)
+    except ValueError:
+        return np.inf
+    return float(np.sum(((X @ coef - t[mask]) / t[mask]) ** 2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,6 +13,10 @@ import pandas as pd
 
 from dtlab.model.fit import PROFILE_FILE, REQUIRED_COLUMNS, AlphaBetaFit, check_samples, fit_alpha_beta, fit_piecewise
 from dtlab.units import fmt_gbps, fmt_us
+
+
+class OutsideFitWarning(UserWarning):
+    """A prediction at a message size, process count or node count that the fit never saw."""
 
 
 @dataclass(kw_only=True)
@@ -39,13 +44,58 @@ class Profile:
         """True when `op` was also timed under load, so `predict(..., load='backward')` prices it."""
         return op in self.loaded_fits
 
-    def predict(self, op: str, nbytes, nproc, piecewise: bool = True, load: str = "idle"):
+    def fit_range(self, op: str) -> dict:
+        """What the fit of `op` saw: min_bytes and max_bytes (bytes), nprocs (the process counts; [] for a fit
+        saved before they were recorded) and nodes (meta['nnodes'], 1 when not recorded)."""
+        if op not in self.fits:
+            raise ValueError(f"op {op!r} has no fit in this profile; fitted ops: {sorted(self.fits)}")
+        f = self.fits[op]
+        return {
+            "min_bytes": f.min_bytes,
+            "max_bytes": f.max_bytes,
+            "nprocs": list(f.nprocs),
+            "nodes": int(self.meta.get("nnodes") or 1),
+        }
+
+    def outside(self, op: str, nbytes, nproc, nodes=None):
+        """Why a prediction of `op` at nbytes (bytes; scalar or array) on nproc processes (and `nodes` nodes, when
+        given) leaves what the fit saw: one string per size, '' where it stays inside. A size outside
+        [min_bytes, max_bytes], a process count the fit never timed, or another node count is extrapolation:
+        NCCL changes protocol and algorithm with size, and busbw changes with p and across nodes."""
+        r = self.fit_range(op)
+        n = np.atleast_1d(np.asarray(nbytes, dtype=float))
+        common = []
+        if r["nprocs"] and int(nproc) not in r["nprocs"]:
+            common.append(f"{int(nproc)} processes (fitted at {', '.join(map(str, r['nprocs']))})")
+        if nodes is not None and int(nodes) != r["nodes"]:
+            common.append(f"{int(nodes)} node(s) (fitted on {r['nodes']})")
+        out = []
+        for x in n:
+            why = list(common)
+            if x < r["min_bytes"] or x > r["max_bytes"]:
+                why.append(f"{int(x):,} B (fitted {r['min_bytes']:,}..{r['max_bytes']:,} B)")
+            out.append("; ".join(why))
+        return np.asarray(out, dtype=object)
+
+    def predict(
+        self, op: str, nbytes, nproc, piecewise: bool = True, load: str = "idle", warn: bool = False, nodes=None
+    ):
         """Predicted seconds of `op` for nbytes (bytes) on nproc processes; `load` 'backward' prices it with the
         fit of the samples timed beside a replayed backward pass (ValueError when the profile has none).
 
         With piecewise=True (default) and regimes fitted, each size is priced by the regime it falls in
         (boundaries at the geometric midpoint between neighbouring regimes; regimes are fitted with alpha,
-        beta >= 0, so predictions never fall with size); otherwise the unconstrained full-range fit is used."""
+        beta >= 0, so predictions never fall with size); otherwise the unconstrained full-range fit is used.
+        warn=True issues an OutsideFitWarning naming every size, process count or node count (`nodes`) outside
+        what the fit saw (`outside` says the same per size, without warning)."""
+        if warn and op in self.fits:
+            why = sorted({w for w in self.outside(op, nbytes, nproc, nodes) if w})
+            if why:
+                warnings.warn(
+                    f"{op} predicted outside what its fit saw (extrapolated, not measured): {' | '.join(why)}",
+                    OutsideFitWarning,
+                    stacklevel=2,
+                )
         if load not in ("idle", "backward"):
             raise ValueError(f"load must be 'idle' or 'backward', got {load!r}")
         fits, segments = (self.fits, self.segments) if load == "idle" else (self.loaded_fits, self.loaded_segments)
@@ -63,8 +113,11 @@ class Profile:
         out = np.choose(idx, [np.asarray(sg.predict(n, nproc), dtype=float) * np.ones_like(n) for sg in segs])
         return float(out) if np.ndim(out) == 0 else out
 
-    def fit_all(self, form: str = "ring", min_bytes=None, max_bytes=None, confidence: float = 0.95) -> Profile:
-        """(Re)fit every op present in samples; returns self.
+    def fit_all(
+        self, form: str = "ring", min_bytes=None, max_bytes=None, confidence: float = 0.95, max_segments: int = 3
+    ) -> Profile:
+        """(Re)fit every op present in samples; returns self. max_segments: the most size regimes
+        (fit_piecewise) per op.
 
         An op that cannot be fitted (e.g. too few sizes) is skipped and a
         caveat says why, so one thin op does not lose the whole profile.
@@ -86,7 +139,13 @@ class Profile:
                 try:
                     fits[op] = fit_alpha_beta(s, op, form, min_bytes, max_bytes, confidence)
                     segments[op] = fit_piecewise(
-                        s, op, form, min_bytes=min_bytes, max_bytes=max_bytes, confidence=confidence
+                        s,
+                        op,
+                        form,
+                        max_segments=max_segments,
+                        min_bytes=min_bytes,
+                        max_bytes=max_bytes,
+                        confidence=confidence,
                     )
                 except ValueError as err:
                     note = f"{op}{'' if how == 'idle' else ' (loaded)'} not fitted: {err}"
@@ -104,10 +163,11 @@ class Profile:
         max_bytes=None,
         confidence: float = 0.95,
         caveats: list[str] | None = None,
+        max_segments: int = 3,
     ) -> Profile:
-        """Build a Profile from raw samples and fit every op present."""
+        """Build a Profile from raw samples and fit every op present (at most max_segments size regimes each)."""
         prof = cls(meta=dict(meta or {}), samples=samples.reset_index(drop=True), caveats=list(caveats or []))
-        return prof.fit_all(form, min_bytes, max_bytes, confidence)
+        return prof.fit_all(form, min_bytes, max_bytes, confidence, max_segments)
 
     def save(self, path) -> str:
         """Write ``profile.json`` into directory `path` (created if needed); return its path."""

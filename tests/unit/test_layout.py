@@ -76,6 +76,8 @@ ROOT = PKG.parent
 
 #: The public API (dtlab.__all__) and the command line: a move inside the package must keep every one of them.
 PUBLIC_NAMES = {
+    "load_nccl_tests",
+    "public_nccl_tests",
     "RunConfig",
     "ZeroConfig",
     "CalibConfig",
