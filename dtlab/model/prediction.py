@@ -61,7 +61,9 @@ CONTENDED = [
 
 def predict(run, profile) -> pd.DataFrame:
     """One row per measured step: measured vs predicted T_step (slowest rank), T_comm (rank where longest) and exposed
-    communication in seconds, and the relative errors (predicted - measured) / measured."""
+    communication in seconds, and the relative errors (predicted - measured) / measured. `outside_fit` says
+    where a step's collectives were priced outside what the profile's fits saw (sizes, process count, nodes:
+    Profile.outside), '' where they stayed inside; a profile from another machine (nccl-tests) is often there."""
     spec = strategy_spec(run.config.strategy)
     if spec.records == "collectives":
         df = _predict_zero3(run, profile)
@@ -69,12 +71,43 @@ def predict(run, profile) -> pd.DataFrame:
         df = _predict_ddp(run, profile)
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
+    df["outside_fit"] = _outside_fit(run, profile, df["step"])
     df["t_step_error"] = df["predicted_t_step"] / df["measured_t_step"] - 1
     df["t_comm_error"] = df["predicted_t_comm"] / df["measured_t_comm"].replace(0, np.nan) - 1
     if "contended_t_step" in df.columns:
         df["contended_t_step_error"] = df["contended_t_step"] / df["measured_t_step"] - 1
         df["contended_t_comm_error"] = df["contended_t_comm"] / df["measured_t_comm"].replace(0, np.nan) - 1
     return df
+
+
+def _outside_fit(run, profile, steps) -> list[str]:
+    """Per step: every reason its priced collectives left what the profile's fits saw (Profile.outside), joined."""
+    if not hasattr(profile, "outside"):  # a stand-in that only prices (tests, what-if tables)
+        return [""] * len(steps)
+    spec = strategy_spec(run.config.strategy)
+    nodes = (getattr(run, "resolved", None) or {}).get("nnodes", 1)
+    if spec.records == "collectives":
+        c = run.collectives[run.collectives["step"] >= 0]
+        frames = {op: (g, g["nbytes"]) for op, g in c.groupby("op")}
+    else:
+        b = run.buckets
+        frames = {
+            spec.bucket_op: (
+                b,
+                b["wire_bytes"] if "wire_bytes" in b.columns and b["wire_bytes"].notna().all() else b["nbytes"],
+            )
+        }
+    out = []
+    for step in steps:
+        why = set()
+        for op, (g, sizes) in frames.items():
+            fit_op = op if op in profile.fits else "all_reduce"
+            if fit_op not in profile.fits:
+                continue
+            mask = (g["step"] == step).to_numpy()
+            why.update(w for w in profile.outside(fit_op, sizes.to_numpy()[mask], run.nproc, nodes) if w)
+        out.append(" | ".join(sorted(why)))
+    return out
 
 
 def _slowest(run) -> pd.DataFrame:

@@ -281,3 +281,13 @@ def test_a_prediction_outside_what_the_fit_saw_says_so(tmp_path):
         prof.predict("all_reduce", [2**12, 2**20], 8, warn=True)  # inside: silent
     prof.save(tmp_path)
     assert load_profile(tmp_path).fit_range("all_reduce")["nprocs"] == [8]
+
+
+def test_predict_flags_steps_priced_outside_the_fit():
+    run = dtlab.recorded_run("h200-ddp").run  # 2 ranks, buckets of 27 to 256 MiB
+    inside = dtlab.predict(run, dtlab.public_nccl_tests("rtx4090-pcie-1x2"))
+    assert (inside["outside_fit"] == "").all() and inside["predicted_t_comm"].gt(0).all()
+    other_count = dtlab.predict(run, dtlab.public_nccl_tests("rtx4090-pcie-1x4"))
+    assert other_count["outside_fit"].str.contains("2 processes \\(fitted at 4\\)").all()
+    two_nodes = dtlab.predict(run, dtlab.public_nccl_tests("cscs-alps-gh200-2x1-slingshot"))
+    assert (two_nodes["outside_fit"] == "1 node(s) (fitted on 2)").all()
