@@ -1,5 +1,5 @@
-"""`dtlab` command line: run, show, trace, calibrate, slurm, emulate, doctor, assign and grade. Bad input exits
-with code 2 and a one-line error."""
+"""`dtlab` command line: run, show, trace, calibrate, nccl-tests, slurm, emulate, doctor, assign and grade. Bad input
+exits with code 2 and a one-line error."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import sys
 import warnings
 
+from dtlab.cli import nccltests
 from dtlab.cli.doctor import main as doctor_main
 from dtlab.cli.flags import RUN_ALIASES, add_arguments, add_calib_arguments, calib_from_args, from_args
 from dtlab.cli.nodes import add_parsers
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--disk", default="1G", help="size of the sandbox's scratch disk, /tmp (default 1G)")
     g.add_argument("--max-procs", type=int, default=512, help="processes and threads in the sandbox (default 512)")
     add_parsers(sub)
+    nccltests.add_parser(sub)
     sub.add_parser(
         "doctor", help="what this machine can run and how each lab will run on it (dtlab doctor --help)", add_help=False
     )
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_course(args)
         if args.cmd in ("slurm", "emulate"):
             return nodes_main(args)
+        if args.cmd == "nccl-tests":
+            return nccltests.main(args)
     except ValueError as e:  # bad input: one line, exit 2, nothing started
         print(f"dtlab: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pandas as pd
 
 from dtlab.model.profile import Profile
-from dtlab.results.nccl_tests import NcclTestsTable, parse_nccl_tests
+from dtlab.results.nccl_tests import BUS_FACTOR, NcclTestsTable, parse_nccl_tests
+from dtlab.units import fmt_bytes, fmt_gbps, fmt_us
 
 PUBLIC_DIR = os.path.join(os.path.dirname(__file__), "nccl-tests")
 #: The most size regimes a fit of nccl-tests output may have: NCCL's LL, LL128 and Simple protocols times its ring
@@ -138,4 +140,88 @@ def public_nccl_tests(name: str | None = None, **kwargs):
     d = src[name]
     kwargs.setdefault("nodes", d["nodes"])
     kwargs.setdefault("system", {"name": name, **d})
-    return load_nccl_tests(os.path.join(PUBLIC_DIR, d["file"]), op=kwargs.pop("op", d["op"]), **kwargs)
+    return load_nccl_tests(os.path.join(PUBLIC_DIR, d["file"]), **kwargs)
+
+
+def busbw_table(profile: Profile, op: str | None = None) -> pd.DataFrame:
+    """Per size of a profile read from nccl-tests: nbytes (bytes), measured seconds (the median of out-of-place and
+    in-place), busbw measured and busbw of the piecewise fit and of the single line (GB/s, nccl-tests' bus
+    bandwidth: algbw x its factor for op at p ranks), the fits' relative time errors (predicted - measured) /
+    measured, and the regime (1-based) each size falls in."""
+    op = op or next(iter(profile.fits))
+    s = profile.samples[profile.samples["op"] == op]
+    p = int(s["nproc"].iloc[0])
+    pts = s.groupby("nbytes")["seconds"].median()
+    n = pts.index.to_numpy(dtype=float)
+    t = pts.to_numpy(dtype=float)
+    factor = BUS_FACTOR[op](p)
+    piece = np.asarray(profile.predict(op, n, p), dtype=float)
+    line = np.asarray(profile.predict(op, n, p, piecewise=False), dtype=float)
+    segs = profile.segments.get(op) or []
+    bounds = [np.sqrt(a.max_bytes * b.min_bytes) for a, b in zip(segs, segs[1:])]
+    return pd.DataFrame(
+        {
+            "nbytes": n.astype(int),
+            "seconds": t,
+            "busbw": n / t * factor / 1e9,
+            "busbw_fit": n / piece * factor / 1e9,
+            "busbw_line": n / line * factor / 1e9,
+            "error_fit": piece / t - 1,
+            "error_line": line / t - 1,
+            "regime": np.searchsorted(bounds, n, side="right") + 1,
+        }
+    )
+
+
+def nccl_tests_report(profile: Profile) -> str:
+    """The text `dtlab nccl-tests FILE` prints: where the output came from, the single-line fit and each size
+    regime with 95 % intervals, then every size's measured busbw beside the fit's (GB/s) and the fit's error."""
+    m, src = profile.meta, profile.meta.get("source", {})
+    op = src.get("op") or next(iter(profile.fits))
+    hosts = m.get("hosts") or []
+    where = (
+        f"{m.get('world_size')} ranks on {m.get('nnodes')} node(s)"
+        + (f" ({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})" if hosts else "")
+        + (f" | {', '.join(m['devices'])}" if m.get("devices") else "")
+    )
+    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items() if k != "nccl_headers")
+    lines = [
+        f"nccl-tests: {op} | {where}" + (f" | {versions}" if versions else ""),
+        f"  from {src.get('file')}: op: {src.get('op_from')}; ranks: {src.get('nproc_from')}; "
+        f"nodes: {src.get('nodes_from')}",
+    ]
+    if "system" in src:
+        lines.append(f"  system: {src['system'].get('system')} | posted {src['system'].get('posted')}")
+        lines.append(f"  source: {src['system'].get('source')}")
+    form = "2(p-1) alpha + 2(p-1)/p n beta" if op == "all_reduce" else "(p-1) alpha + (p-1)/p n beta"
+    lines.append(f"fit, ring form t = {form} ({op}), 95% intervals:")
+
+    def fit_line(label, f):
+        bw = fmt_gbps(1 / f.beta) if f.beta > 0 else "inf"
+        return (
+            f"  {label:<12} {fmt_bytes(f.min_bytes):>9} .. {fmt_bytes(f.max_bytes):<9} alpha {fmt_us(f.alpha, 2):>9} "
+            f"[{fmt_us(f.alpha_ci[0], 2)}, {fmt_us(f.alpha_ci[1], 2)}]  1/beta {bw} "
+            f"[{fmt_gbps(1 / f.beta_ci[1]) if f.beta_ci[1] > 0 else 'inf'}, "
+            f"{fmt_gbps(1 / f.beta_ci[0]) if f.beta_ci[0] > 0 else 'inf'}]  rel. RMS {f.rel_rms:.1%}"
+        )
+
+    lines.append(fit_line("single line", profile.fits[op]))
+    for k, seg in enumerate(profile.segments.get(op) or [], start=1):
+        lines.append(fit_line(f"regime {k}", seg))
+    tab = busbw_table(profile, op)
+    lines.append(
+        f"{'size':>10} {'time (us)':>11} {'busbw (GB/s)':>13} {'fit (GB/s)':>11} {'fit err':>8} {'line err':>9} regime"
+    )
+    for r in tab.itertuples():
+        lines.append(
+            f"{fmt_bytes(r.nbytes):>10} {r.seconds * 1e6:>11.1f} {r.busbw:>13.2f} {r.busbw_fit:>11.2f} "
+            f"{r.error_fit:>+8.1%} {r.error_line:>+9.1%} {r.regime:>6}"
+        )
+    big = tab[tab["nbytes"] >= 2**20]
+    if not big.empty:
+        lines.append(
+            f"sizes >= 1 MiB: median |error| {big['error_fit'].abs().median():.1%} piecewise, "
+            f"{big['error_line'].abs().median():.1%} single line (in-sample: the fit saw these sizes)"
+        )
+    lines += [f"note: {c}" for c in profile.caveats]
+    return "\n".join(lines)

@@ -138,7 +138,8 @@ def parse_nccl_tests(path_or_text, op: str | None = None, nproc: int | None = No
         hosts = {d["host"] for d in devices}
         if nodes is not None and len(ranks) == seen_p and nodes != len(hosts):
             raise ValueError(f"nodes={nodes} contradicts the device lines, which name {len(hosts)} host(s)")
-        nodes_from = "device lines (distinct hosts)" if nodes is None else "given"
+        complete = len(ranks) == seen_p
+        nodes_from = "device lines (distinct hosts)" if complete or nodes is None else "given"
         nodes = len(hosts) if nodes is None else nodes
     else:
         nproc_from = "given" if nproc is not None else None

@@ -110,7 +110,7 @@ PUBLIC_NAMES = {
     "example_prices",
     "spot_plan",
 }
-COMMANDS = ("run", "show", "trace", "calibrate", "assign", "grade", "slurm", "emulate", "doctor")
+COMMANDS = ("run", "show", "trace", "calibrate", "nccl-tests", "assign", "grade", "slurm", "emulate", "doctor")
 
 
 def test_import_contracts_hold():

@@ -291,3 +291,19 @@ def test_predict_flags_steps_priced_outside_the_fit():
     assert other_count["outside_fit"].str.contains("2 processes \\(fitted at 4\\)").all()
     two_nodes = dtlab.predict(run, dtlab.public_nccl_tests("cscs-alps-gh200-2x1-slingshot"))
     assert (two_nodes["outside_fit"] == "1 node(s) (fitted on 2)").all()
+
+
+def test_the_command_prints_the_table_the_fit_and_busbw_against_it(capsys, tmp_path):
+    from dtlab.cli.main import main
+
+    assert main(["nccl-tests", "rtx4090-pcie-1x4"]) == 0
+    out = capsys.readouterr().out
+    assert "all_reduce | 4 ranks on 1 node(s)" in out and "NVIDIA GeForce RTX 4090" in out
+    assert "single line" in out and "regime 1" in out and "1/beta" in out and "GB/s" in out
+    assert out.count(" KiB ") + out.count(" MiB ") + out.count(" GiB ") >= 20  # a row per size
+    assert "https://github.com/kalavai-net/kalavai-client" in out
+    lines = table().splitlines()
+    (tmp_path / "cut.txt").write_text("\n".join(lines[:-6]) + "\n")
+    assert main(["nccl-tests", str(tmp_path / "cut.txt")]) == 2
+    assert "without its footer" in capsys.readouterr().err
+    assert main(["nccl-tests", "--list"]) == 0 and "aws-p5-2x8-h100-efa" in capsys.readouterr().out
