@@ -28,6 +28,7 @@ WHERE = {
     # ---- checks and claims
     "beside": ("dtlab.course.beside", "beside"),
     "beside_calibration": ("dtlab.course.beside", "beside_calibration"),
+    "beside_nccl_tests": ("dtlab.course.beside", "beside_nccl_tests"),
     "check": ("dtlab.course.checks", "check"),
     "check_comm_hook": ("dtlab.course.exercises", "check_comm_hook"),
     "check_exercise": ("dtlab.course.checks", "check_exercise"),
@@ -95,6 +96,7 @@ WHERE = {
     "bucket_timeline": ("dtlab.viz.figures", "bucket_timeline"),
     "bytes_by_op": ("dtlab.viz.figures", "bytes_by_op"),
     "calibration_figure": ("dtlab.viz.calibration", "calibration_figure"),
+    "nccl_tests_figure": ("dtlab.viz.nccl_tests", "nccl_tests_figure"),
     "convergence_explorer": ("dtlab.viz.convergence", "convergence_explorer"),
     "convergence_figure": ("dtlab.viz.convergence", "convergence_figure"),
     "explorer": ("dtlab.viz.dashboard", "explorer"),

@@ -8,6 +8,7 @@ student's numbers are the real thing: one line then says where the record is.
 - `beside(runs)`: a run, or {label: run}, beside the recorded run of the same strategy: T_step, T_comp, T_comm,
   exposed, overlap, bytes and collective calls a rank-step.
 - `beside_calibration(profile)`: the student's fitted alpha and bus bandwidth per op beside the recorded fits.
+- `beside_nccl_tests(profile)`: the student's fit beside a real box's posted nccl-tests curve, and what differs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import textwrap
 from operator import attrgetter
 
 from dtlab.course.wording import kind
+from dtlab.model import costmodel
+from dtlab.results.nccl_profile import public_nccl_tests
 from dtlab.results.recorded import (
     RecordedRun,
     bus_bandwidth,
@@ -25,7 +28,7 @@ from dtlab.results.recorded import (
     recorded_run,
     run_figures,
 )
-from dtlab.units import fmt_count, fmt_ms
+from dtlab.units import fmt_bytes, fmt_count, fmt_gbps, fmt_ms, fmt_us
 
 #: the recorded run each strategy is set beside (DistilBERT, 2 ranks, batch 8 x 64 per rank: the labs' full mode on
 #: a CPU machine)
@@ -197,5 +200,66 @@ def beside_calibration(profile, name: str = "h200-calibration") -> str:
         f"form: {' and '.join(forms)}; bus bandwidth: nccl-tests' busbw of a message large enough "
         "to hide alpha"
         + ("; the two forms' alphas differ by their latency steps: compare like with like" if len(forms) > 1 else ""),
+    )
+    return "\n".join(lines)
+
+
+#: the real box lab 2 sets a calibration beside: one 8-GPU NVSwitch machine's posted nccl-tests curve
+NCCL_BOX = "aws-p5-1x8-h100-nvswitch"
+
+
+def _size(n: float) -> str:
+    return fmt_bytes(n) if math.isfinite(n) else "n/a"
+
+
+def _ends(profile, op: str):
+    """(the smallest sizes' regime, the largest sizes' regime, ranks) of a profile's piecewise fit of op."""
+    segs = profile.segments.get(op) or [profile.fits[op]]
+    return segs[0], segs[-1], int(profile.meta.get("world_size") or max(segs[-1].nprocs or [2]))
+
+
+def beside_nccl_tests(profile, name: str = NCCL_BOX, op: str = "all_reduce") -> str:
+    """The student's alpha-beta fit of `op` beside a real box's nccl-tests curve (dtlab.public_nccl_tests(name)):
+    alpha of the smallest sizes' regime, 1/beta of the largest sizes' regime, the size where the two terms are
+    equal, the number of regimes; then what the differences mean. Every figure comes from the two fits."""
+    real = public_nccl_tests(name)
+    system = real.meta["source"]["system"]
+    rows, figures = [], {}
+    for who, prof in (("yours", profile), ("real box", real)):
+        small, large, p = _ends(prof, op)
+        a, b = costmodel.coefficients(op, large.form, p)
+        # the size where latency and bandwidth terms are equal: A(p) alpha = B(p) n beta
+        half = float(a * small.alpha / (b * large.beta)) if large.beta > 0 else float("inf")
+        figures[who] = (small.alpha, large.beta, half, p)
+        rows.append(
+            [
+                who,
+                str(p),
+                fmt_us(small.alpha),
+                fmt_gbps(1 / large.beta) if large.beta > 0 else "inf",
+                _size(half),
+                str(len(prof.segments.get(op) or [])),
+            ]
+        )
+    header = ["", "ranks", "alpha (small sizes)", "1/beta (large sizes)", "alpha = beta term at", "regimes"]
+    lines = _note(
+        "",
+        f"Your {op} fit beside a real box's nccl-tests curve, {system['name']}: {system['gpus']} {system['gpu']} on "
+        f"{system['nodes']} node(s), {system['interconnect']} (dtlab.public_nccl_tests(\"{name}\"))",
+    )
+    lines += _note("  source: ", f"{system['source']} (posted {system['posted']}; {system['licence']})")
+    lines += _table(header, rows)
+    (ya, yb, yh, yp), (ra, rb, rh, rp) = figures["yours"], figures["real box"]
+    bw = f"{yb / rb:.3g}x" if yb > 0 and rb > 0 else "n/a"
+    lines += _note(
+        "  what it means: ",
+        f"a large message moves {bw} faster per byte there (1/beta, the bandwidth term, which busbw makes "
+        f"comparable across rank counts); a ring step starts {ya / ra:.3g}x sooner there (alpha), but an "
+        f"all-reduce pays 2(p-1) steps: {2 * (rp - 1)} on its {rp} ranks, {2 * (yp - 1)} on your {yp}. Below the "
+        f"size where the two terms are equal ({_size(rh)} there, {_size(yh)} here) a message is latency-bound: "
+        "a DDP bucket below it pays mostly alpha, and more buckets cost more than bytes do. The real curve "
+        "climbs through several regimes because NCCL switches protocol (LL, LL128, Simple) and algorithm "
+        "(ring, tree, NVLink SHARP) with size; one straight line would miss it by tens of percent "
+        "(docs/nccl-tests.md).",
     )
     return "\n".join(lines)

@@ -307,3 +307,45 @@ def test_the_command_prints_the_table_the_fit_and_busbw_against_it(capsys, tmp_p
     assert main(["nccl-tests", str(tmp_path / "cut.txt")]) == 2
     assert "without its footer" in capsys.readouterr().err
     assert main(["nccl-tests", "--list"]) == 0 and "aws-p5-2x8-h100-efa" in capsys.readouterr().out
+
+
+def _cpu_like_profile():
+    import pandas as pd
+
+    rows = [
+        {
+            "op": "all_reduce",
+            "nbytes": n,
+            "nproc": 2,
+            "seconds": cm.collective_time("all_reduce", "ring", 50e-6, 1 / 2e9, n, 2),
+        }
+        for n in (2**k for k in range(12, 27))
+        for _ in range(3)
+    ]
+    return Profile.from_samples(pd.DataFrame(rows), meta={"world_size": 2, "backend": "gloo"})
+
+
+def test_the_figure_sets_a_calibration_beside_a_real_curve():
+    from dtlab.viz.nccl_tests import nccl_tests_figure
+
+    real = dtlab.public_nccl_tests("aws-p5-1x8-h100-nvswitch")
+    fig = nccl_tests_figure(real, _cpu_like_profile())
+    assert [t.mode for t in fig.data] == ["markers", "lines", "markers", "lines"]
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    assert "GB/s" in fig.layout.yaxis.title.text and "bytes" in fig.layout.xaxis.title.text
+    # the real box's measured busbw at 16 GiB, as nccl-tests printed it (483.05 and 483.35 GB/s)
+    assert fig.data[0].y[-1] == pytest.approx(483.2, rel=2e-3)
+    ratio = 2e9 * real.segments["all_reduce"][-1].beta  # yours is 2 GB/s: the ratio of the two 1/beta
+    assert f"{1 / ratio:.3g}x yours" in fig.layout.title.text.replace("<br>", " ")
+    assert len(nccl_tests_figure(real).data) == 2
+
+
+def test_beside_nccl_tests_says_what_differs_from_the_fits():
+    from dtlab.course.beside import beside_nccl_tests
+
+    text = beside_nccl_tests(_cpu_like_profile())
+    real = dtlab.public_nccl_tests("aws-p5-1x8-h100-nvswitch")
+    last = real.segments["all_reduce"][-1]
+    assert f"{(1 / 2e9) / last.beta:.3g}x faster per byte" in " ".join(text.split())
+    assert "14 on its 8 ranks, 2 on your 2" in " ".join(text.split())
+    assert "aws-samples/awsome-distributed" in text and "50.0 us" in text and "2 GB/s" in text
