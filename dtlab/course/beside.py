@@ -245,7 +245,7 @@ def beside_nccl_tests(profile, name: str = NCCL_BOX, op: str = "all_reduce") -> 
     lines = _note(
         "",
         f"Your {op} fit beside a real box's nccl-tests curve, {system['name']}: {system['gpus']} {system['gpu']} on "
-        f"{system['nodes']} node(s), {system['interconnect']} (dtlab.public_nccl_tests(\"{name}\"))",
+        f'{system["nodes"]} node(s), {system["interconnect"]} (dtlab.public_nccl_tests("{name}"))',
     )
     lines += _note("  source: ", f"{system['source']} (posted {system['posted']}; {system['licence']})")
     lines += _table(header, rows)
