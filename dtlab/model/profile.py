@@ -200,10 +200,15 @@ def profile_table(profile) -> str:
         if nodes > 1
         else f"host {m.get('host')}"
     )
-    lines = [
-        f"profile {m.get('calibration', {}).get('out', '')}: {m.get('backend')} | {m.get('world_size')} ranks | "
-        f"{where} | torch {m.get('versions', {}).get('torch')}"
-    ]
+    versions = m.get("versions", {})
+    # a calibration records torch's version; nccl-tests output its own and NCCL's, when it printed them
+    vtext = (
+        f"torch {versions.get('torch')}"
+        if "torch" in versions or "source" not in m
+        else ", ".join(f"{k} {v}" for k, v in versions.items() if k != "nccl_headers") or "versions not printed"
+    )
+    name = m.get("calibration", {}).get("out", "") or m.get("source", {}).get("file", "")
+    lines = [f"profile {name}: {m.get('backend')} | {m.get('world_size')} ranks | {where} | {vtext}"]
     for op, f in sorted(profile.fits.items()):
         lo, hi = f.alpha_ci
         blo, bhi = f.beta_ci

@@ -349,3 +349,14 @@ def test_beside_nccl_tests_says_what_differs_from_the_fits():
     assert f"{(1 / 2e9) / last.beta:.3g}x faster per byte" in " ".join(text.split())
     assert "14 on its 8 ranks, 2 on your 2" in " ".join(text.split())
     assert "aws-samples/awsome-distributed" in text and "50.0 us" in text and "2 GB/s" in text
+
+
+def test_everything_a_calibration_feeds_takes_it():
+    from dtlab.model.profile import profile_table
+    from dtlab.viz.explorer_state import ExplorerState
+
+    prof = dtlab.public_nccl_tests("cscs-alps-gh200-2x1-slingshot")
+    text = profile_table(prof)
+    assert "nccl | 2 ranks | 2 nodes x 1 | hosts nid007106, nid007109 | nccl-tests 2.18.2, nccl 23007" in text
+    state = ExplorerState(profile=prof)  # the explorer starts at the profile's GPU count, from its fit
+    assert state.nproc0 == 2 and "fitted from the profile" in state.ref["how"]
