@@ -360,3 +360,10 @@ def test_everything_a_calibration_feeds_takes_it():
     assert "nccl | 2 ranks | 2 nodes x 1 | hosts nid007106, nid007109 | nccl-tests 2.18.2, nccl 23007" in text
     state = ExplorerState(profile=prof)  # the explorer starts at the profile's GPU count, from its fit
     assert state.nproc0 == 2 and "fitted from the profile" in state.ref["how"]
+
+
+def test_device_and_header_lines_without_their_hash():
+    # older nccl-tests printed ' nThread ...' and '   Rank  0 Pid ...' without the leading '#'
+    text = "\n".join(x[1:] if re.match(r"#( nThread|  Rank)", x) else x for x in table(p=4).splitlines()) + "\n"
+    t = parse_nccl_tests(text)
+    assert t.nproc == 4 and t.header["max_bytes"] == 2**24 and t.gpu_models == ["NVIDIA H100 80GB HBM3"]
