@@ -367,3 +367,13 @@ def test_device_and_header_lines_without_their_hash():
     text = "\n".join(x[1:] if re.match(r"#( nThread|  Rank)", x) else x for x in table(p=4).splitlines()) + "\n"
     t = parse_nccl_tests(text)
     assert t.nproc == 4 and t.header["max_bytes"] == 2**24 and t.gpu_models == ["NVIDIA H100 80GB HBM3"]
+
+
+def test_a_real_curve_gets_the_regimes_its_data_show():
+    # A3 Mega: 16 MiB takes 965 us and 32 MiB 1057 us (median of the two columns): NCCL changes algorithm between
+    # them, and the fit starts its large-message regime exactly there
+    prof = dtlab.public_nccl_tests("gcp-a3mega-h100-2x8-tcpxo")
+    starts = [s.min_bytes for s in prof.segments["all_reduce"]]
+    assert 2**25 in starts and 2**24 not in starts
+    last = prof.segments["all_reduce"][-1]
+    assert last.rel_rms < 0.02 < prof.fits["all_reduce"].rel_rms
