@@ -207,7 +207,15 @@ def _scan(text: str, source: str) -> dict:
             if footer_at is not None:
                 raise NcclTestsDamaged(f"{source}: line {i}: a row after the footer (line {footer_at}): {body!r}", i)
             row = _row(body, layout, source, i)
-            if st["rows"] and row["size"] <= st["rows"][-1]["size"]:
+            prev = st["rows"][-1] if st["rows"] else None
+            if prev and (row["type"], row["redop"]) != (prev["type"], prev["redop"]):
+                raise NcclTestsDamaged(
+                    f"{source}: line {i}: type {row['type']} / redop {row['redop']} after {prev['type']} / "
+                    f"{prev['redop']} (line {prev['line']}): one type and one reduction per table (nccl-tests "
+                    "-d all or -o all prints several): pass them one at a time",
+                    i,
+                )
+            if prev and row["size"] <= prev["size"]:
                 raise NcclTestsDamaged(
                     f"{source}: line {i}: size {row['size']:,} B does not follow {st['rows'][-1]['size']:,} B "
                     f"(line {st['rows'][-1]['line']}): sizes must increase",

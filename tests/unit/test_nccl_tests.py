@@ -377,3 +377,11 @@ def test_a_real_curve_gets_the_regimes_its_data_show():
     assert 2**25 in starts and 2**24 not in starts
     last = prof.segments["all_reduce"][-1]
     assert last.rel_rms < 0.02 < prof.fits["all_reduce"].rel_rms
+
+
+def test_several_types_in_one_table_are_refused():
+    lines = table().splitlines()
+    at = _line_of(table(), "  2097152  ")
+    lines[at - 1] = lines[at - 1].replace("   float", "  double").replace(" 524288 ", " 262144 ")
+    with pytest.raises(NcclTestsDamaged, match=rf"line {at}: type double / redop sum after float / sum .* -d all"):
+        parse_nccl_tests("\n".join(lines) + "\n")
