@@ -291,6 +291,9 @@ def test_predict_flags_steps_priced_outside_the_fit():
     assert other_count["outside_fit"].str.contains("2 processes \\(fitted at 4\\)").all()
     two_nodes = dtlab.predict(run, dtlab.public_nccl_tests("cscs-alps-gh200-2x1-slingshot"))
     assert (two_nodes["outside_fit"] == "1 node(s) (fitted on 2)").all()
+    zero3 = dtlab.recorded_run("h200-zero3").run  # collectives, not buckets: every op priced, every op checked
+    flagged = dtlab.predict(zero3, dtlab.public_nccl_tests("rtx4090-pcie-1x4"))
+    assert not flagged.empty and flagged["outside_fit"].str.contains("2 processes (fitted at 4)", regex=False).all()
 
 
 def test_the_command_prints_the_table_the_fit_and_busbw_against_it(capsys, tmp_path):
