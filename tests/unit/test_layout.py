@@ -77,6 +77,10 @@ ROOT = PKG.parent
 #: The public API (dtlab.__all__) and the command line: a move inside the package must keep every one of them.
 PUBLIC_NAMES = {
     "RunConfig",
+    "whatif",
+    "WhatIf",
+    "Link",
+    "TwoLevelLink",
     "ZeroConfig",
     "CalibConfig",
     "tiny",

@@ -265,9 +265,10 @@ def test_the_single_process_check_names_a_loss_or_gradient_that_differs():
 
 def test_whatif_with_tensor_parallelism():
     from dtlab.model import whatif as wi
+    from dtlab.model.link import Link
 
     sizes = wi.distilbert_param_nbytes()[::-1]
-    args = (0.01, 0.02, 0.004, sizes, 25.0, 8, 1e-5, 1e-9)
+    args = (0.01, 0.02, 0.004, sizes, 25.0, 8, Link(alpha=1e-5, beta=1e-9))
     plain = wi.whatif(*args)
     one = wi.whatif(*args, tp=wi.tp_setting(1, 6, 4096, 768))
     assert one["t_step"] == plain["t_step"] and one["tp_comm"] == plain["tp_comm"] == 0 and one["dp"] == 8
@@ -276,5 +277,5 @@ def test_whatif_with_tensor_parallelism():
     assert tp["tp_comm"] == pytest.approx(each) and tp["dp"] == 4 and tp["nproc"] == 8
     assert tp["t_fwd"] == pytest.approx(0.005 + each / 2) and tp["t_opt"] == pytest.approx(0.002)
     assert sum(tp["bucket_nbytes"]) == pytest.approx(sum(sizes) / 2, rel=1e-6)
-    free = wi.whatif(0.01, 0.02, 0.004, sizes, 25.0, 8, 0.0, 0.0, tp=wi.tp_setting(2, 6, 4096, 768))
+    free = wi.whatif(0.01, 0.02, 0.004, sizes, 25.0, 8, Link(alpha=0.0, beta=0.0), tp=wi.tp_setting(2, 6, 4096, 768))
     assert free["t_step"] == pytest.approx(0.017)  # communication free: the step is compute / t
