@@ -417,7 +417,8 @@ class ExplorerState:
         p = self.params(values)
         c = self.compute
         link = Link(alpha=p["alpha"], beta=p["beta"], form=p["form"], contention=p["contention"], stretch=self.stretch)
-        kw = dict(encode_s_per_byte=p["encode_s_per_byte"], tp=self.tp(p))
+        # a run's readiness (compute_from_run's ready_curve) where the compute came from one: the run's what-if's
+        kw = dict(encode_s_per_byte=p["encode_s_per_byte"], tp=self.tp(p), ready_curve=c.get("ready_curve"))
         args = (c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes)
         result = wi.whatif(*args, p["bucket_mb"], p["nproc"], link, p["ratio"], **kw)
         sweep = wi.whatif_sweep(*args, self.configs(p, values["sweep"]), link, p["ratio"], **kw)
