@@ -240,7 +240,7 @@ def measured_wait(run, link, compute: dict | None = None) -> dict:
     slowest rank of each: its exposed communication, with the machine's drift cancelled pair by pair. Predicted:
     :func:`whatif`'s exposed at the run's own cap and rank count, from `compute` (default :func:`compute_from_run`
     of the run, with its readiness curve) and `link` (a Link or Profile; its stretch taken out of the measured
-    exposed time, its contention not used: the queue is priced idle). wait = max(0, measured -
+    exposed time, its contention in the queue's prices). wait = max(0, measured -
     predicted), in seconds: what the queue of idle-priced collectives does not reproduce (ranks out of step waiting
     for each other at the last all-reduce, collectives slowed by the cores they share). Returns wait, measured_exposed,
     predicted_exposed (s), pairs (how many) and source; wait 0 with the reason when the run has no paired steps."""
@@ -262,7 +262,7 @@ def measured_wait(run, link, compute: dict | None = None) -> dict:
         sizes,
         float(run.config.ddp.bucket_mb),
         nproc,
-        as_link(link).replace(contention=1.0),
+        as_link(link),
         ready_curve=c.get("ready_curve"),
     )
     measured = float(np.median(diffs))

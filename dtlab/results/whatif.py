@@ -173,12 +173,47 @@ def _inputs(run, given, link, here: bool, why_here: str, nproc_total: int) -> tu
             "compute taken as a device per rank, independent of the rank count"
         )
     if here:
+        link = _bounded_sharing(run, link, compute, used)
         w = wi.measured_wait(run, link, compute)
         kw["wait"] = w["wait"]
         (used if w["pairs"] else not_used).append(f"measured wait: {w['wait'] * 1e3:.3g} ms ({w['source']})")
     else:
         not_used.append(f"measured wait: it belongs to the run's own transport ({why_here})")
-    return dict(kw, compute=compute), used, not_used
+    return dict(kw, compute=compute, link=link), used, not_used
+
+
+def _bounded_sharing(run, link, compute, used: list):
+    """`link` with its contention and stretch scaled toward none (contention 1 + f (c - 1), stretch f s, f in
+    [0, 1]) where, at the run's own setting, they predict more exposed time than the run's paired steps measured
+    (training step - no-op hook step): the run's own measurement bounds what the calibration's sharing figures
+    add. `link` unchanged where they do not, or where there is nothing to scale or no paired step."""
+    w = wi.measured_wait(run, link, compute)
+    if not w["pairs"] or w["wait"] > 0 or (link.stretch == 0 and link.contention == 1):
+        return link
+    c, s, ci = link.contention, link.stretch, getattr(link, "stretch_ci", None)
+
+    def scaled(f):
+        out = link.replace(contention=1 + f * (c - 1), stretch=f * s)
+        return out.replace(stretch_ci=(f * ci[0], f * ci[1])) if ci else out
+
+    lo, hi = 0.0, 1.0
+    if wi.measured_wait(run, scaled(0.0), compute)["predicted_exposed"] >= w["measured_exposed"]:
+        hi = 0.0  # even idle prices reach it: none of the sharing figures is left
+    for _ in range(30 if hi > 0 else 0):  # predicted exposed time grows with f
+        mid = 0.5 * (lo + hi)
+        lo, hi = (
+            (mid, hi)
+            if wi.measured_wait(run, scaled(mid), compute)["predicted_exposed"] < w["measured_exposed"]
+            else (lo, mid)
+        )
+    out = scaled(lo)
+    used.append(
+        f"sharing bounded by the run: the link's contention {c:.3g}x and stretch {s:.3g} predict "
+        f"{w['predicted_exposed'] * 1e3:.4g} ms exposed at the run's own setting against "
+        f"{w['measured_exposed'] * 1e3:.4g} ms its paired steps measured; scaled to contention "
+        f"{out.contention:.3g}x, stretch {out.stretch:.3g}"
+    )
+    return out
 
 
 def whatif(
@@ -220,7 +255,7 @@ def whatif(
     used += [f"link {h}" for h in lk.how]
     if n_nodes > 1 and isinstance(lk, Link):
         not_used.append("a second level: one Link prices every hop alike across nodes (a TwoLevelLink has both)")
-    compute = kw.pop("compute")
+    compute, lk = kw.pop("compute"), kw.pop("link")
     sizes = list(reversed(run.resolved["param_nbytes"]))
     args = (compute["t_fwd"], compute["t_bwd_comp"], compute["t_opt"], sizes, float(cap), total)
 

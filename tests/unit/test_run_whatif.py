@@ -179,3 +179,20 @@ def test_cost_prices_gpu_counts_through_the_runs_what_if_with_the_links_stretch(
         assert s.loc[p, "t_step_s"] == pytest.approx(run.whatif(link, nproc=p, nodes=1, here=False).t_step)
     assert s.loc[4, "t_step_lo_s"] <= s.loc[4, "t_step_s"] <= s.loc[4, "t_step_hi_s"]
     assert any("stretch 0.5 s per s in flight" in n for n in c.notes)
+
+
+def test_the_runs_paired_steps_bound_what_the_calibrations_sharing_figures_add():
+    # four 1 MiB buckets at a 1 MiB cap, ready along backward, 0.2 s each (ring, p = 2: n beta): three are in
+    # flight during backward. A stretch of 2 s per s in flight would add more exposed time than the 0.6 s the
+    # run's paired steps measured (4.6 - 4.0 s), so it is scaled down until the what-if reproduces those 0.6 s.
+    run = fake_run(resolved={"param_nbytes": [MIB] * 4})
+    run.config = RunConfig(warmup=1, nproc=2, bucket_mb=1.0)
+    link = Link(alpha=0.0, beta=0.2 / MIB, stretch=2.0, contention=1.5)
+    got = run.whatif(link, here=True)
+    bounded = [u for u in got.used if u.startswith("sharing bounded by the run")]
+    assert bounded and "scaled to contention" in bounded[0]
+    assert 0 < got.detail["link"].stretch < 2.0 and 1 < got.detail["contention"] < 1.5
+    assert got.exposed + got.detail["stretch_s"] == pytest.approx(0.6, rel=1e-6)
+    # a link whose figures stay below what the run measured is used as it is, the rest is the run's wait
+    mild = run.whatif(Link(alpha=0.0, beta=0.01 / MIB, stretch=0.1), here=True)
+    assert not any(u.startswith("sharing bounded") for u in mild.used) and mild.detail["link"].stretch == 0.1
