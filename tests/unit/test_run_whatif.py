@@ -211,3 +211,16 @@ def test_cost_prices_whole_nodes_on_a_two_level_link():
     assert (s["t_step_lo_s"] <= s["t_step_s"]).all() and (s["t_step_s"] <= s["t_step_hi_s"]).all()
     with pytest.raises(ValueError, match="nproc must fill whole nodes"):
         dtlab.cost(run, profile=two, gpu_counts=(12,))
+
+
+def test_whatif_table_is_the_runs_whatif_at_each_setting():
+    from dtlab.lab import whatif_table
+
+    run, prof = fake_run(), hand_profile()
+    df = whatif_table(run, prof, [(2, 25.0), (3, 1.0)])
+    assert list(df["label"]) == ["p=2, 25 MiB", "p=3, 1 MiB"]
+    for row in df.itertuples():
+        w = run.whatif(prof, nproc=row.nproc, bucket_mb=row.bucket_mb)
+        assert (row.t_step, row.t_comp, row.exposed) == (w.t_step, w.t_comp, w.exposed)
+        assert row.t_step_lo <= row.t_step <= row.t_step_hi
+    assert any(u.startswith("compute:") for u in df.attrs["used"]) and "fitted intervals" in df.attrs["band"]
