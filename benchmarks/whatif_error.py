@@ -25,6 +25,11 @@ script measures how far off that is:
   or across the link) and alone (a rank's compute alone against beside the other, from the loopback calibration;
   dtlab.model.sharing).
 
+The what-if check (the documented call, `run.whatif`): `--check` runs only the 2-rank cells (1, 5, 25 and 100 MiB)
+and prints, round by round, each round's 25 MiB run predicting that round's other caps (single runs), through the
+variant "run.whatif": `base_run.whatif(profile, nproc=2, bucket_mb=cap)`.
+
+    python benchmarks/whatif_error.py --check --rounds 2 --variant before,run.whatif
     python benchmarks/whatif_error.py --rounds 3 --out /tmp/whatif-error --json whatif_error.json
     python benchmarks/whatif_error.py --quick            # tiny model, a smoke test of the script (about 1 min)
     python benchmarks/whatif_error.py --from /tmp/whatif-error   # re-evaluate the model on recorded runs
@@ -44,6 +49,7 @@ import dtlab
 from dtlab.config.calibration import CalibConfig
 from dtlab.launching.emulate import Emulation, EmulationUnavailable, shaping_unavailable
 from dtlab.model import whatif as wi
+from dtlab.model.link import Link, contention_from_profile
 from dtlab.model.sharing import stretch_from_profile
 from dtlab.results.busy import machine_load
 
@@ -55,8 +61,11 @@ LAYOUTS = {  # name -> (nproc per node, nnodes, emulated link)
 }
 
 
-def grid(quick: bool) -> list[tuple[str, float]]:
-    """(layout, cap MiB) of every cell, in the order a round runs them; ("p2", base cap) is the base."""
+def grid(quick: bool, check: bool = False) -> list[tuple[str, float]]:
+    """(layout, cap MiB) of every cell, in the order a round runs them; ("p2", base cap) is the base. `check`: the
+    what-if check's cells only, 2 ranks at every cap."""
+    if check:
+        return [("p2", c) for c in ((0.01, 0.05, 1.0) if quick else (1.0, 5.0, 25.0, 100.0))]
     if quick:
         return [("p2", 0.01), ("p2", 0.05), ("p2", 1.0), ("p3", 0.05), ("p1", 0.05), ("link", 0.05)]
     return [("p2", c) for c in (1.0, 5.0, 25.0, 100.0)] + [("p3", 25.0), ("p1", 25.0), ("link", 5.0), ("link", 25.0)]
@@ -121,10 +130,11 @@ def measure(a, root: str) -> None:
     """Calibrate, then run every configuration once per round, round-robin; record what ran in root/runs.json."""
     os.environ["OMP_NUM_THREADS"] = "1"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still remove the emulated link (finally)
-    cells = grid(a.quick)
-    why_no_link = shaping_unavailable() if any(c[0] == "link" for c in cells) else None
+    cells = grid(a.quick, a.check)
+    wants_link = any(c[0] == "link" for c in cells)
+    why_no_link = shaping_unavailable() if wants_link else None
     em = None
-    if why_no_link is None:
+    if wants_link and why_no_link is None:
         try:
             em = Emulation(2, rate=a.rate).__enter__()
         except EmulationUnavailable as e:
@@ -199,16 +209,16 @@ def base_inputs(run, profile) -> dict:
     DDP's ready order, other processes' load while it ran (cores' worth, dtlab.results.busy) and its measured wait
     (dtlab.model.whatif.measured_wait with the profile's fit)."""
     load = machine_load(run) or {}
-    fit = profile.fits["all_reduce"]
+    link = Link.from_profile(profile)
     compute = wi.compute_from_run(run)
-    stretch = stretch_from_profile(profile)[0]
     return {
+        "run": run,
         "compute": compute,
         "sizes": list(reversed(run.resolved["param_nbytes"])),
         "other_cores": float(load.get("other_cores") or 0.0),
-        "wait": wi.measured_wait(run, fit.alpha, fit.beta, fit.form, compute)["wait"],
+        "wait": wi.measured_wait(run, link.replace(stretch=0.0), compute)["wait"],
         # the wait beyond a model that also stretches backward by the communication beside it
-        "wait_stretch": wi.measured_wait(run, fit.alpha, fit.beta, fit.form, compute, stretch=stretch)["wait"],
+        "wait_stretch": wi.measured_wait(run, link, compute)["wait"],
         "alone": (profile.meta.get("load") or {}).get("alone"),
     }
 
@@ -227,6 +237,9 @@ VARIANTS = {
     "cpu+load+ready+stretch+wait": ("cpu", "load", "ready", "stretch", "wait"),
     "cpu+alone+load+ready+wait": ("cpu", "alone", "load", "ready", "wait"),
     "cpu+alone+load+ready+stretch+wait": ("cpu", "alone", "load", "ready", "stretch", "wait"),
+    # the documented call, run.whatif(profile, nproc=, nodes=, bucket_mb=): everything above, and the contention
+    # of the profile's loaded fit, gathered by dtlab.results.whatif
+    "run.whatif": (),
 }
 
 
@@ -238,9 +251,13 @@ def predict_cell(base: dict, profile, layout: str, cap: float, variant: str, loa
     does."""
     nproc, nnodes, _ = LAYOUTS[layout]
     p = nproc * nnodes
+    if variant == "run.whatif":
+        r = dict(base["run"].whatif(profile, nproc=nproc, nodes=nnodes, bucket_mb=cap).detail)
+        r["tail"] = r["t_comm_end"] - (r["t_comp"] - r["t_opt"]) if r["n_buckets"] else 0.0
+        return r
     c, adds = base["compute"], VARIANTS[variant]
     fit = profile.fits["all_reduce"]
-    kw = {}
+    kw, link = {}, {"alpha": max(0.0, fit.alpha), "beta": fit.beta, "form": fit.form}
     if "cpu" in adds and "cpu" in c:
         kw["cpu"] = dict(c["cpu"], other_cores=base["other_cores"] if "load" in adds else 0.0)
         if "alone" in adds and base.get("alone"):
@@ -248,14 +265,12 @@ def predict_cell(base: dict, profile, layout: str, cap: float, variant: str, loa
     if "ready" in adds and "ready_curve" in c:
         kw["ready_curve"] = c["ready_curve"]
     if "contention" in adds and p > 1:
-        kw["contention"] = wi.contention_from_profile(loaded or profile, 25 * 2**20, 2)[0]
+        link["contention"] = contention_from_profile(loaded or profile, 25 * 2**20, 2)[0]
     if "wait" in adds:
         kw["wait"] = base["wait_stretch" if "stretch" in adds else "wait"]
     if "stretch" in adds:
-        kw["stretch"] = stretch_from_profile(profile)[0]
-    r = wi.whatif(
-        c["t_fwd"], c["t_bwd_comp"], c["t_opt"], base["sizes"], cap, p, fit.alpha, fit.beta, form=fit.form, **kw
-    )
+        link["stretch"] = stretch_from_profile(profile)[0]
+    r = wi.whatif(c["t_fwd"], c["t_bwd_comp"], c["t_opt"], base["sizes"], cap, p, Link(**link), **kw)
     r["tail"] = r["t_comm_end"] - (r["t_comp"] - r["t_opt"]) if r["n_buckets"] else 0.0  # after backward ends
     return r
 
@@ -344,6 +359,50 @@ def cell_row(layout: str, cap: float, mine: list, preds: list, own: list) -> dic
     }
 
 
+def check_rounds(root: str, variant: str) -> list[dict]:
+    """The what-if check, single runs: in each round, that round's base run (2 ranks at the base cap) predicts that
+    round's runs at the other caps, one run each; error = (predicted - measured) / measured T_step (median over
+    its measured steps, slowest rank)."""
+    with open(os.path.join(root, "runs.json")) as f:
+        rec = json.load(f)
+    profile = dtlab.load_profile(os.path.join(root, "profile"))
+    base_cap, rows = rec["args"]["base_cap"], []
+    for rnd in sorted({r["round"] for r in rec["runs"]}):
+        mine = [r for r in rec["runs"] if r["round"] == rnd and r["layout"] == "p2"]
+        base = [r for r in mine if r["cap"] == base_cap]
+        if not base:
+            continue
+        b = base_inputs(dtlab.load_run(base[0]["path"]), profile)
+        for r in mine:
+            if r["cap"] == base_cap:
+                continue
+            measured = run_figures(dtlab.load_run(r["path"]))["t_step"]
+            predicted = predict_cell(b, profile, "p2", r["cap"], variant)["t_step"]
+            rows.append(
+                {
+                    "round": rnd,
+                    "cap_mib": r["cap"],
+                    "measured": measured,
+                    "predicted": predicted,
+                    "error": predicted / measured - 1,
+                }
+            )
+    return rows
+
+
+def print_check(rows: list[dict], variant: str) -> None:
+    print(f"\nthe what-if check ({variant}): each round's 25 MiB run predicts that round's other caps, single runs")
+    for r in rows:
+        print(
+            f"  round {r['round']}  {r['cap_mib']:>5g} MiB  measured {r['measured'] * 1e3:7.0f} ms  "
+            f"predicted {r['predicted'] * 1e3:7.0f} ms  error {r['error']:+.1%}"
+        )
+    for rnd in sorted({r["round"] for r in rows}) + ["all"]:
+        errs = [abs(r["error"]) for r in rows if rnd == "all" or r["round"] == rnd]
+        if errs:
+            print(f"  round {rnd}: median |error| {np.median(errs):.1%}, worst {max(errs):.1%} ({len(errs)} runs)")
+
+
 def ms(s: dict) -> str:
     return f"{s['median'] * 1e3:.0f} [{s['lo'] * 1e3:.0f}..{s['hi'] * 1e3:.0f}]"
 
@@ -379,6 +438,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the tiny model: a smoke test of the script")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--check", action="store_true", help="the what-if check's cells only: 2 ranks at every cap")
     ap.add_argument("--steps", type=int, default=4, help="steps per run, the first a warm-up")
     ap.add_argument("--baseline", type=int, default=2, help="no-op hook steps per grid run (measured T_comp)")
     ap.add_argument("--base-baseline", type=int, default=4, help="no-op hook steps of the base run")
@@ -395,7 +455,7 @@ def main() -> int:
     )
     ap.add_argument(
         "--variant",
-        default="before,cpu+load+ready+wait,cpu+alone+load+ready+stretch+wait",
+        default="before,cpu+alone+load+ready+stretch+wait,run.whatif",
         help=f"model variants to evaluate, comma-separated, of: {', '.join(VARIANTS)}",
     )
     ap.add_argument("--json", default=None)
@@ -415,6 +475,9 @@ def main() -> int:
     for variant in a.variant.split(","):
         out[variant] = evaluate(root.split(","), variant)
         print_table(out[variant], variant)
+        if a.check:
+            out[variant]["check"] = [row for r in root.split(",") for row in check_rounds(r, variant)]
+            print_check(out[variant]["check"], variant)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"root": root, "variants": out}, f, indent=2, default=float)

@@ -67,8 +67,6 @@ WHERE = {
     "lever_table": ("dtlab.model.compression", "lever_table"),
     "loss_beside": ("dtlab.model.compression", "loss_beside"),
     "measured_costs": ("dtlab.model.restarts", "measured_costs"),
-    "measured_wait": ("dtlab.model.whatif", "measured_wait"),
-    "sharing_from_profile": ("dtlab.model.sharing", "sharing_from_profile"),
     "model_param_nbytes": ("dtlab.model.whatif", "model_param_nbytes"),
     "model_param_shapes": ("dtlab.model.whatif", "model_param_shapes"),
     "planner_model": ("dtlab.model.planner", None),
@@ -76,7 +74,7 @@ WHERE = {
     "profile_table": ("dtlab.model.profile", "profile_table"),
     "ring_allreduce": ("dtlab.model.costmodel", "ring_allreduce"),
     "time_to_target": ("dtlab.model.convergence", "time_to_target"),
-    "whatif_sweep": ("dtlab.model.whatif", "whatif_sweep"),
+    "whatif_table": ("dtlab.results.whatif", "whatif_table"),
     # ---- reading runs
     "blocked_table": ("dtlab.results.waits", "blocked_table"),
     "breakdown_text": ("dtlab.results.kineto.text", "breakdown_text"),

@@ -6,9 +6,9 @@ GPU-hours = GPUs x seconds / 3600; cost (USD) = GPU-hours x price.
 - `GpuPrice`: one kind of device, its on-demand and spot prices, where they come from and when.
 - `PriceTable`: the rows a cost is priced with; `example_prices()` is the shipped example (below), which the user
   replaces or edits (`with_price`). Prices change and differ by provider, region and commitment: set your own.
-- `scaling(...)`: the what-if DDP step (dtlab.model.whatif) at each GPU count, and what a fixed number of samples
-  costs there: speedup, scaling efficiency, the cheapest and the fastest count, with the alpha-beta fit's interval
-  carried through when the fit has one (never invented when it has not).
+- `scaling(...)`: a what-if DDP step (the run's, dtlab.results.whatif) at each GPU count, and what a fixed number of
+  samples costs there: speedup, scaling efficiency, the cheapest and the fastest count, with the link's interval
+  carried through when it has one (never invented when it has not).
 
 The shipped example is not a market price. It is the course's own example figure, "8 GPUs x $2/hour = $16/hour,
 spot instances about 50 % cheaper", applied to every kind alike on purpose: no provider's price list was read for
@@ -23,8 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
-from dtlab.model.whatif import whatif
 
 #: The course's example figure: 8 GPUs x $2/hour = $16/hour; spot about 50 % cheaper.
 EXAMPLE_ON_DEMAND = 2.0  # USD per GPU-hour
@@ -236,63 +234,40 @@ def check_discount(discount) -> float:
     return float(discount)
 
 
-def _band(fit) -> tuple[tuple | None, str]:
-    """((alpha_lo, beta_lo, alpha_hi, beta_hi), how) from the fit's confidence intervals, or (None, why not)."""
-    a_ci, b_ci = tuple(getattr(fit, "alpha_ci", (np.nan, np.nan))), tuple(getattr(fit, "beta_ci", (np.nan, np.nan)))
-    if not all(math.isfinite(float(x)) for x in a_ci + b_ci):
-        return None, (
-            "unknown: the alpha-beta fit has no finite interval for alpha and beta (a profile of recorded figures "
-            "only, or too few points), and no other band is assumed"
-        )
-    conf = float(getattr(fit, "confidence", 0.95))
-    lo = (max(0.0, float(a_ci[0])), max(0.0, float(b_ci[0])))
-    return lo + (float(a_ci[1]), float(b_ci[1])), (
-        f"the fit's {conf:.0%} interval of alpha and beta (lower ends at least 0), pushed through the what-if step: "
-        "how well the line fits the calibration, not the model's error at other GPU counts"
-    )
-
-
-def scaling(
-    compute: dict,
-    param_nbytes_ready: list,
-    bucket_mb: float,
-    fit,
-    gpu_counts,
-    samples_per_gpu_step: int,
-    samples: float,
-    price: GpuPrice,
-) -> pd.DataFrame:
+def scaling(step_s, link, gpu_counts, samples_per_gpu_step: int, samples: float, price: GpuPrice) -> pd.DataFrame:
     """Time per step, speedup, scaling efficiency and the cost of `samples` samples at each GPU count (one rank per
-    GPU, data parallel), from the what-if DDP step (dtlab.model.whatif.whatif).
+    GPU, data parallel), from a what-if DDP step.
 
-    compute: per-rank t_fwd, t_bwd_comp, t_opt (s; dtlab.model.whatif.compute_from_run); param_nbytes_ready:
-    gradient bytes in ready order; bucket_mb: DDP's bucket cap (MiB); fit: an all-reduce alpha-beta fit (alpha s,
-    beta s/byte, form, alpha_ci and beta_ci); samples_per_gpu_step: samples one rank trains on per step. Weak
-    scaling: a fixed per-rank batch, so p GPUs train p x samples_per_gpu_step samples a step.
+    step_s(p, link): predicted seconds of one step at p GPUs on `link` (dtlab.results.cost passes
+    dtlab.results.whatif.whatif of the run: its compute, readiness and the link's contention and stretch); link: a
+    dtlab.model.link Link or TwoLevelLink, whose band (`link.bounds()`) is pushed through `step_s` too;
+    samples_per_gpu_step: samples one rank trains on per step. Weak scaling: a fixed per-rank batch, so p GPUs train
+    p x samples_per_gpu_step samples a step.
 
     Per count p: t_step_s (what-if, s), samples_per_s, speedup = throughput(p) / throughput(1) = p t_step(1) /
     t_step(p), efficiency = speedup / p, steps = ceil(samples / (p x samples_per_gpu_step)), wall_s = steps x
     t_step, gpu_hours = p x wall_s / 3600, on_demand_usd and spot_usd = gpu_hours x the price (USD per GPU-hour).
     `cheapest` marks the fewest GPU-hours (the lowest cost at either price), `fastest` the shortest wall time (the
-    first count on a tie). The band (t_step_lo_s, t_step_hi_s and the *_lo, *_hi costs) is the fit's interval of
+    first count on a tie). The band (t_step_lo_s, t_step_hi_s and the *_lo, *_hi costs) is the link's interval of
     alpha and beta pushed through the step, or NaN; `attrs["band"]` says which and why."""
     counts = sorted({_gpu_count(p) for p in gpu_counts})
     if not counts:
         raise ValueError("gpu_counts must list at least one GPU count (integers >= 1)")
     per_gpu = check_number("samples_per_gpu_step", samples_per_gpu_step, "samples", minimum=1)
     samples = check_number("samples", samples, "samples", minimum=1)
-    sizes = list(param_nbytes_ready)
-
-    def t_step(p: int, alpha: float, beta: float) -> float:
-        args = (compute["t_fwd"], compute["t_bwd_comp"], compute["t_opt"], sizes, bucket_mb, p, alpha, beta)
-        return float(whatif(*args, form=fit.form)["t_step"])
-
-    t1 = t_step(1, fit.alpha, fit.beta)
-    band, band_how = _band(fit)
+    t1 = float(step_s(1, link))
+    ends = link.bounds()
+    band_how = (
+        "the link's fitted intervals of alpha and beta (lower ends at least 0), pushed through the what-if step: "
+        "how well the line fits the calibration, not the model's error at other GPU counts"
+        if ends
+        else "unknown: the link has no interval for alpha and beta (a profile of recorded figures only, a Link by "
+        "hand, or too few points), and no other band is assumed"
+    )
     rows = []
     for p in counts:
-        t = t_step(p, fit.alpha, fit.beta)
-        lo, hi = (t_step(p, band[0], band[1]), t_step(p, band[2], band[3])) if band else (np.nan, np.nan)
+        t = float(step_s(p, link))
+        lo, hi = (float(step_s(p, ends[0])), float(step_s(p, ends[1]))) if ends else (np.nan, np.nan)
         steps = math.ceil(samples / (per_gpu * p))
         hours = p * steps / 3600.0  # GPU-hours per second of step time
         rows.append(
@@ -320,7 +295,7 @@ def scaling(
     df["cheapest"] = df.index == df["gpu_hours"].idxmin()
     df["fastest"] = df.index == df["wall_s"].idxmin()
     df = df[SCALING_COLUMNS]
-    df.attrs.update(band=band_how, samples=samples, form=fit.form, kind=price.kind)
+    df.attrs.update(band=band_how, samples=samples, form=link.form, kind=price.kind)
     return df
 
 

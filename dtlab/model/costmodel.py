@@ -249,8 +249,9 @@ def busbw(op: str, nbytes, seconds, nproc):
     return scalar_or_array(np.asarray(algbw(nbytes, seconds)) * factor)
 
 
-def zero3_step_comm(form: str, alpha, beta, param_bytes, grad_bytes, nproc, persistent_bytes=0) -> dict:
-    """Communication seconds of one ZeRO-3 (FSDP full-shard) training step.
+def zero3_step_comm(link, param_bytes, grad_bytes, nproc, persistent_bytes=0) -> dict:
+    """Communication seconds of one ZeRO-3 (FSDP full-shard) training step on `link` (a dtlab.model.link.Link:
+    alpha, beta and form as one value).
 
     Parts: an all-gather of the sharded parameters in forward, the same
     all-gather again in backward (the gathered copy is freed after forward),
@@ -264,7 +265,6 @@ def zero3_step_comm(form: str, alpha, beta, param_bytes, grad_bytes, nproc, pers
     text's :func:`textbook_zero3` shortcut, which counts one gather, one
     reduce-scatter and the latency only once.
     """
-    _check_form(form)
     p_bytes = check_nbytes(param_bytes)
     pers = np.asarray(persistent_bytes, dtype=float)
     if np.any(pers < 0) or np.any(pers > p_bytes):
@@ -272,8 +272,8 @@ def zero3_step_comm(form: str, alpha, beta, param_bytes, grad_bytes, nproc, pers
             f"persistent_bytes must be between 0 and param_bytes ({param_bytes!r}), got {persistent_bytes!r}"
         )
     gathered = p_bytes - pers
-    ag = collective_time("all_gather", form, alpha, beta, gathered, nproc)
-    rs = collective_time("reduce_scatter", form, alpha, beta, grad_bytes, nproc)
+    ag = link.time("all_gather", gathered, nproc)
+    rs = link.time("reduce_scatter", grad_bytes, nproc)
     return {
         "all_gather_fwd": ag,
         "all_gather_bwd": ag,

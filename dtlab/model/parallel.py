@@ -43,14 +43,11 @@ def tp_allreduces(n_layers: int) -> int:
     return TP_ALLREDUCES_PER_BLOCK * int(n_layers)
 
 
-def tp_step_comm(form: str, alpha, beta, batch: int, seq: int, hidden: int, n_layers: int, tp: int, itemsize: int = 4):
+def tp_step_comm(link, batch: int, seq: int, hidden: int, n_layers: int, tp: int, itemsize: int = 4):
     """Seconds of tensor-parallel communication per step: 4 L all-reduces of b s h x itemsize bytes over tp ranks
-    (0 for tp = 1)."""
+    on `link` (a dtlab.model.link.Link; 0 for tp = 1)."""
     n = tp_allreduce_bytes(batch, seq, hidden, itemsize)
-    return costmodel.scalar_or_array(
-        tp_allreduces(n_layers)
-        * np.asarray(costmodel.collective_time("all_reduce", form, alpha, beta, n, tp), dtype=float)
-    )
+    return costmodel.scalar_or_array(tp_allreduces(n_layers) * np.asarray(link.time("all_reduce", n, tp), dtype=float))
 
 
 def bubble_fraction(stages, microbatches):
@@ -84,12 +81,12 @@ def in_flight(schedule: str, stages: int, microbatches: int) -> int:
     return int(microbatches) if schedule == "gpipe" else min(int(microbatches), int(stages))
 
 
-def fsdp2_step_comm(form: str, alpha, beta, param_bytes: float, root_bytes: float, nproc: int) -> dict:
-    """Seconds of FSDP2's collectives per step: all-gather of every parameter in forward, of every non-root
-    unit's in backward, reduce-scatter of every gradient (full, padded sizes in bytes)."""
-    ag_f = costmodel.collective_time("all_gather", form, alpha, beta, param_bytes, nproc)
-    ag_b = costmodel.collective_time("all_gather", form, alpha, beta, param_bytes - root_bytes, nproc)
-    rs = costmodel.collective_time("reduce_scatter", form, alpha, beta, param_bytes, nproc)
+def fsdp2_step_comm(link, param_bytes: float, root_bytes: float, nproc: int) -> dict:
+    """Seconds of FSDP2's collectives per step on `link` (a dtlab.model.link.Link): all-gather of every parameter
+    in forward, of every non-root unit's in backward, reduce-scatter of every gradient (full, padded sizes, bytes)."""
+    ag_f = link.time("all_gather", param_bytes, nproc)
+    ag_b = link.time("all_gather", param_bytes - root_bytes, nproc)
+    rs = link.time("reduce_scatter", param_bytes, nproc)
     return {"all_gather_fwd": ag_f, "all_gather_bwd": ag_b, "reduce_scatter": rs, "total": ag_f + ag_b + rs}
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from dtlab.config.models import TINY_ARCH  # a plain dict, the one dtlab.rank.data builds the tiny model from
 from dtlab.model import buckets as bk
-from dtlab.model import costmodel
+from dtlab.model.link import as_link
 from dtlab.model.parallel import tp_allreduces
 from dtlab.model.sharing import cpu_share_scale, stretched_backward
 from dtlab.units import fmt_mib
@@ -98,14 +98,12 @@ def _distilbert_shapes(num_labels=2, vocab=30522, dim=768, layers=6, hidden=3072
 # ------------------------------------------------------------------ the step model
 
 
-def _tp_replica(tp: dict, form, alpha, beta, t_fwd, t_bwd_comp, t_opt, sizes: list, gpus: int) -> tuple:
+def _tp_replica(tp: dict, link, t_fwd, t_bwd_comp, t_opt, sizes: list, gpus: int) -> tuple:
     """Tensor parallelism of degree t inside each replica: per-rank compute, optimizer and gradients / t and the
     TP all-reduces on the compute path, half in forward, half in backward. (t_fwd, t_bwd_comp, t_opt, sizes,
     replicas, t, tp_comm)."""
     tp_degree = int(tp["degree"])
-    tp_comm = float(tp["allreduces"]) * float(
-        costmodel.collective_time("all_reduce", form, alpha, beta, tp["allreduce_bytes"], tp_degree)
-    )
+    tp_comm = float(tp["allreduces"]) * float(link.time("all_reduce", tp["allreduce_bytes"], tp_degree))
     t_fwd = float(t_fwd) / tp_degree + tp_comm / 2
     t_bwd_comp = float(t_bwd_comp) / tp_degree + tp_comm / 2
     t_opt = float(t_opt) / tp_degree
@@ -113,38 +111,17 @@ def _tp_replica(tp: dict, form, alpha, beta, t_fwd, t_bwd_comp, t_opt, sizes: li
     return t_fwd, t_bwd_comp, t_opt, sizes, max(1, gpus // tp_degree), tp_degree, tp_comm
 
 
-def _priced_buckets(sizes: list, bucket_mb, ratio, form, alpha, beta, nproc, collective) -> tuple:
-    """DDP's buckets for a cap of `bucket_mb` MiB and each one's idle all-reduce seconds for `ratio` x its bytes on
-    the wire (`collective`, or alpha, beta and form): (layout, bucket bytes, durations)."""
+def _priced_buckets(sizes: list, bucket_mb, ratio, link, nproc) -> tuple:
+    """DDP's buckets for a cap of `bucket_mb` MiB and each one's idle all-reduce seconds on `link` for `ratio` x its
+    bytes on the wire: (layout, bucket bytes, durations)."""
     if not sizes or sum(sizes) <= 0:
         raise ValueError("param_nbytes_in_ready_order must list gradient sizes (bytes) with a positive total")
     cap = bk.mb_to_bytes(bucket_mb)
     layout = bk.bucket_layout(sizes, cap, first_bucket_cap_bytes=cap)  # DDP given bucket_cap_mb: no small first bucket
     nbytes = bk.bucket_sizes(sizes, layout)
     wire = ratio * np.asarray(nbytes, dtype=float)
-    durations = np.asarray(
-        collective(wire)
-        if collective is not None
-        else costmodel.collective_time("all_reduce", form, alpha, beta, wire, nproc),
-        dtype=float,
-    )
+    durations = np.asarray(link.time("all_reduce", wire, nproc), dtype=float)
     return layout, nbytes, np.atleast_1d(durations)
-
-
-def _inputs(t_fwd, t_bwd_comp, t_opt, bucket_mb, gpus, alpha, beta, form, ratio, encode_s_per_byte) -> dict:
-    """The inputs as :func:`whatif` used them (compute after TP's split and with the encode time), for its result."""
-    return dict(
-        t_fwd=float(t_fwd),
-        t_bwd_comp=float(t_bwd_comp),
-        t_opt=float(t_opt),
-        bucket_mb=float(bucket_mb),
-        nproc=gpus,
-        alpha=float(alpha),
-        beta=float(beta),
-        form=form,
-        ratio=float(ratio),
-        encode_s_per_byte=float(encode_s_per_byte),
-    )
 
 
 def whatif(
@@ -154,57 +131,45 @@ def whatif(
     param_nbytes_in_ready_order,
     bucket_mb,
     nproc,
-    alpha,
-    beta,
-    form: str = "ring",
+    link,
     ratio: float = 1.0,
     encode_s_per_byte: float = 0.0,
-    collective=None,
     tp: dict | None = None,
-    contention: float = 1.0,
     cpu: dict | None = None,
     ready_curve=None,
     wait: float = 0.0,
-    stretch: float = 0.0,
 ) -> dict:
-    """Predict one DDP step for a bucket size and GPU count from compute times and alpha-beta.
+    """Predict one DDP step for a bucket size and GPU count from compute times and a link.
 
-    t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds *per rank*, assumed independent of
-    nproc: weak scaling, a fixed per-rank batch, so adding GPUs adds work and leaves each rank's compute unchanged.
-    param_nbytes_in_ready_order: gradient bytes in the order they become ready (reverse registration order for
-    DDP). bucket_mb: DDP's bucket_cap_mb (MiB). alpha: seconds; beta: seconds per byte; form: 'ring' or 'textbook'.
-    ratio: compression r, bytes on the wire / gradient bytes (1: none; 0.5: fp16): each bucket's collective moves
-    r x its bytes (the bandwidth term shrinks by r, the latency term does not). encode_s_per_byte: the hook's
-    encode/decode seconds per gradient byte, added to backward compute (it runs on the compute path). Both from
-    :func:`dtlab.model.compression.compression_from_run` for a measured hook.
-    collective: optional function bytes -> seconds pricing one bucket's all-reduce instead of alpha, beta
-    and form (e.g. a two-level model from :mod:`dtlab.model.hierarchy`); it gets the bytes on the wire.
+    The step model behind :func:`dtlab.results.whatif.whatif` (``run.whatif``: a measured run's inputs gathered for
+    you), the explorer and dtlab.cost. t_fwd, t_bwd_comp, t_opt: forward, backward compute and optimizer seconds
+    *per rank*, assumed independent of nproc: weak scaling, a fixed per-rank batch. param_nbytes_in_ready_order:
+    gradient bytes in the order they become ready (reverse registration order for DDP). bucket_mb: DDP's
+    bucket_cap_mb (MiB). link: a :class:`dtlab.model.link.Link` (alpha s, beta s/B, form, contention, stretch) or
+    :class:`dtlab.model.link.TwoLevelLink` (nodes of gpus_per_node ranks): it prices each bucket's all-reduce idle
+    (``link.time``); a bucket in flight before backward ends is priced `link.contention` times that
+    (:func:`dtlab.model.buckets.simulate_queue`); backward loses `link.stretch` seconds per second of communication
+    in service beside it, solved for its own length (:func:`dtlab.model.sharing.stretched_backward`; `stretch_s` in
+    the result is what it added).
+    ratio: compression r, bytes on the wire / gradient bytes (1: none; 0.5: fp16): the bandwidth term shrinks by r,
+    the latency term does not. encode_s_per_byte: the hook's encode/decode seconds per gradient byte, added to
+    backward compute. Both from :func:`dtlab.model.compression.compression_from_run` for a measured hook.
     tp: tensor parallelism inside each replica, {"degree": t, "allreduces": 4 L, "allreduce_bytes": b s h x 4}
-    (:func:`tp_setting`): the nproc GPUs form nproc // t replicas of t; compute, optimizer and gradients per rank
-    shrink by t (an estimate: the split is taken as even), and the 4 L all-reduces over t ranks, priced with
-    alpha, beta and form, sit on the compute path (half in forward, half in backward): `tp_comm` in the result.
-    contention: how many times longer an all-reduce takes while backward compute runs beside it (1: none;
-    :func:`contention_from_profile` gives the measured factor); a bucket in flight before backward ends is priced
-    at that rate, after it at the idle one (:func:`dtlab.model.buckets.simulate_queue`).
-    cpu: where the ranks share one machine's CPU cores (gloo on CPU), how the compute was measured
-    (:func:`compute_from_run`'s ``cpu``): compute is scaled by :func:`dtlab.model.sharing.cpu_share_scale` for
-    `nproc` ranks on those cores (more ranks than cores: a smaller share each). None: independent of nproc.
-    ready_curve: (byte fractions, time fractions) of a measured run (:func:`compute_from_run`'s ``ready_curve``):
-    a bucket is ready when backward has run the curve's fraction at its cumulative bytes; None: backward spread
-    over the buckets in proportion to their bytes (:func:`dtlab.model.buckets.whatif_ready_times`).
-    wait: seconds the last all-reduce of a step takes beyond its price (ranks out of step wait for each other there;
-    :func:`measured_wait` gives what a run measured), added to the last bucket when there is communication.
-    stretch: backward seconds lost per second of communication in service beside it, >= 0 (measured:
-    :func:`dtlab.model.sharing.stretch_from_profile`); backward is solved for its own length
-    (:func:`dtlab.model.sharing.stretched_backward`), `stretch_s` in the result is what it added.
-
-    Steps: :func:`dtlab.model.buckets.bucket_layout` (cap in bytes, the first bucket's too, as DDP given
-    bucket_cap_mb), :func:`dtlab.model.costmodel.collective_time`, :func:`dtlab.model.buckets.predict_step`.
+    (:func:`tp_setting`): nproc // t replicas of t; compute, optimizer and gradients per rank shrink by t (an
+    estimate: the split is taken as even), and the 4 L all-reduces over t ranks sit on the compute path (half in
+    forward, half in backward): `tp_comm` in the result.
+    cpu: where the ranks share one machine's CPU cores, how the compute was measured (:func:`compute_from_run`'s
+    ``cpu``): compute scaled by :func:`dtlab.model.sharing.cpu_share_scale` for `nproc` ranks. None: independent.
+    ready_curve: (byte fractions, time fractions) of a measured run (:func:`compute_from_run`'s ``ready_curve``);
+    None: backward spread over the buckets in proportion to their bytes.
+    wait: seconds the last all-reduce of a step takes beyond its price (:func:`measured_wait`), added to the last
+    bucket when there is communication.
 
     Returns predict_step's dict (seconds: t_comm, t_comm_end, exposed, t_step, t_comp, overlap, start, end) plus
     n_buckets, bucket_nbytes (bytes), ready, durations and stretch_s (s), and the inputs (t_fwd, t_bwd_comp, t_opt,
-    bucket_mb, nproc, alpha, beta, form). With nproc = 1 every duration is 0: no communication.
+    bucket_mb, nproc, link, form, contention, ratio). With nproc = 1 every duration is 0: no communication.
     """
+    link = as_link(link)
     sizes = list(param_nbytes_in_ready_order)
     gpus = int(nproc)
     share = cpu_share_scale(gpus, cpu)
@@ -212,34 +177,32 @@ def whatif(
     tp_degree, tp_comm = 1, 0.0
     if tp is not None and int(tp["degree"]) > 1:
         t_fwd, t_bwd_comp, t_opt, sizes, nproc, tp_degree, tp_comm = _tp_replica(
-            tp, form, alpha, beta, t_fwd, t_bwd_comp, t_opt, sizes, gpus
+            tp, link, t_fwd, t_bwd_comp, t_opt, sizes, gpus
         )
-    _check_levers(ratio, encode_s_per_byte, contention, wait, stretch)
+    _check_levers(ratio, encode_s_per_byte, wait)
     t_bwd_comp = float(t_bwd_comp) + encode_s_per_byte * sum(sizes)
-    layout, nbytes, durations = _priced_buckets(sizes, bucket_mb, ratio, form, alpha, beta, nproc, collective)
-    if int(nproc) > 1 and durations.size:  # a new array: a caller's `collective` may hand back one it keeps
+    layout, nbytes, durations = _priced_buckets(sizes, bucket_mb, ratio, link, nproc)
+    if int(nproc) > 1 and durations.size:
         durations = np.concatenate([durations[:-1], durations[-1:] + float(wait)])
-    loaded = None if contention == 1 else contention * durations
+    loaded = None if link.contention == 1 else link.contention * durations
     ready = bk.whatif_ready_times(t_fwd, t_bwd_comp, nbytes, ready_curve)
-    t_bwd, ready = stretched_backward(t_fwd, t_bwd_comp, ready, durations, loaded, stretch if int(nproc) > 1 else 0)
+    stretch = link.stretch if int(nproc) > 1 else 0.0
+    t_bwd, ready = stretched_backward(t_fwd, t_bwd_comp, ready, durations, loaded, stretch)
     out = bk.predict_step(t_fwd, t_bwd, t_opt, ready, durations, loaded=loaded)
     out.update(n_buckets=len(layout), bucket_nbytes=nbytes, ready=ready, durations=durations)
-    out.update(_inputs(t_fwd, t_bwd_comp, t_opt, bucket_mb, gpus, alpha, beta, form, ratio, encode_s_per_byte))
-    out.update(tp_degree=tp_degree, tp_comm=tp_comm, dp=int(nproc), contention=float(contention), cpu_share=share)
+    out.update(t_fwd=t_fwd, t_bwd_comp=t_bwd_comp, t_opt=t_opt, bucket_mb=float(bucket_mb), nproc=gpus, link=link)
+    out.update(form=link.form, ratio=float(ratio), encode_s_per_byte=float(encode_s_per_byte))
+    out.update(tp_degree=tp_degree, tp_comm=tp_comm, dp=int(nproc), contention=link.contention, cpu_share=share)
     return dict(out, wait=float(wait) if int(nproc) > 1 else 0.0, stretch_s=t_bwd - t_bwd_comp)
 
 
-def _check_levers(ratio, encode_s_per_byte, contention, wait, stretch=0.0) -> None:
+def _check_levers(ratio, encode_s_per_byte, wait) -> None:
     if not np.isfinite(ratio) or not 0 < ratio <= 1:
         raise ValueError(f"ratio (bytes on the wire / gradient bytes) must be in (0, 1], got {ratio!r}")
     if not np.isfinite(encode_s_per_byte) or encode_s_per_byte < 0:
         raise ValueError(f"encode_s_per_byte must be a finite number >= 0 (s/B), got {encode_s_per_byte!r}")
-    if not np.isfinite(contention) or contention < 1:
-        raise ValueError(f"contention (loaded / idle all-reduce time) must be a finite number >= 1, got {contention!r}")
     if not np.isfinite(wait) or wait < 0:
         raise ValueError(f"wait must be a finite number >= 0 (seconds), got {wait!r}")
-    if not np.isfinite(stretch) or stretch < 0:
-        raise ValueError(f"stretch (s of backward lost per s in flight) must be a finite number >= 0, got {stretch!r}")
 
 
 def tp_setting(degree: int, n_layers: int, tokens: int, hidden: int, itemsize: int = 4) -> dict:
@@ -253,65 +216,31 @@ def tp_setting(degree: int, n_layers: int, tokens: int, hidden: int, itemsize: i
 
 
 def whatif_sweep(
-    t_fwd,
-    t_bwd_comp,
-    t_opt,
-    param_nbytes_in_ready_order,
-    configs,
-    alpha,
-    beta,
-    form: str = "ring",
-    ratio: float = 1.0,
-    encode_s_per_byte: float = 0.0,
-    tp: dict | None = None,
-    contention: float = 1.0,
-    cpu: dict | None = None,
-    ready_curve=None,
-    wait: float = 0.0,
-    stretch: float = 0.0,
+    t_fwd, t_bwd_comp, t_opt, param_nbytes_in_ready_order, configs, link, ratio: float = 1.0, **kw
 ) -> pd.DataFrame:
-    """Run :func:`whatif` for each (nproc, bucket_mb) in `configs`; one row per configuration.
+    """Run :func:`whatif` for each (nproc, bucket_mb) in `configs` on `link`; one row per configuration. `kw`:
+    whatif's encode_s_per_byte, tp, cpu, ready_curve and wait.
 
-    Same units and assumptions as :func:`whatif` (per-rank compute independent of nproc unless `cpu` is
-    given: :func:`cpu_share_scale`). Columns:
-    label (:func:`config_label`), nproc, bucket_mb (MiB), n_buckets, t_comp, t_comm, exposed, t_step
-    (seconds) and overlap (fraction; NaN without communication). Ready for
-    :func:`dtlab.viz.model_plots.predicted_breakdown_figure`.
+    Same units and assumptions as :func:`whatif`. Columns: label (:func:`config_label`), nproc, bucket_mb (MiB),
+    n_buckets, t_comp, t_comm, exposed, t_step (seconds) and overlap (fraction; NaN without communication). Ready
+    for :func:`dtlab.viz.model_plots.predicted_breakdown_figure`.
     """
-    kw = dict(tp=tp, contention=contention, cpu=cpu, ready_curve=ready_curve, wait=wait, stretch=stretch)
     sizes, figures = param_nbytes_in_ready_order, ["n_buckets", "t_comp", "t_comm", "exposed", "t_step", "overlap"]
     rows = []
     for nproc, bucket_mb in configs:
-        r = whatif(t_fwd, t_bwd_comp, t_opt, sizes, bucket_mb, nproc, alpha, beta, form, ratio, encode_s_per_byte, **kw)
+        r = whatif(t_fwd, t_bwd_comp, t_opt, sizes, bucket_mb, nproc, link, ratio, **kw)
         rows.append([config_label(nproc, bucket_mb), int(nproc), float(bucket_mb), *(r[k] for k in figures)])
     return pd.DataFrame(rows, columns=["label", "nproc", "bucket_mb", *figures])
 
 
-def contention_from_profile(profile, nbytes: float, nproc: int | None = None) -> tuple[float, str]:
-    """(factor, where it comes from): how many times longer an all-reduce of `nbytes` took beside a replayed
-    backward pass than idle in `profile` (its loaded and idle fits, at p = `nproc` or the largest p timed), at
-    least 1; (1.0, why not) for a profile without a loaded fit."""
-    if profile is None or not profile.has_load("all_reduce"):
-        return 1.0, "none assumed: no loaded calibration (dtlab.calibrate(..., load='backward') measures it)"
-    timed = profile.samples["nproc"] if "nproc" in profile.samples.columns else []
-    p = int(nproc or (max(timed) if len(timed) else 2))
-    idle = float(profile.predict("all_reduce", nbytes, p))
-    loaded = float(profile.predict("all_reduce", nbytes, p, load="backward"))
-    factor = max(1.0, loaded / idle) if idle > 0 else 1.0
-    model = profile.meta.get("load", {}).get("model", "a model")
-    return factor, (
-        f"measured: loaded / idle all-reduce fit at {nbytes / 2**20:.3g} MiB, p = {p}, this profile "
-        f"(beside {model}'s backward pass)"
-    )
-
-
-def measured_wait(run, alpha, beta, form: str = "ring", compute: dict | None = None, stretch: float = 0.0) -> dict:
+def measured_wait(run, link, compute: dict | None = None) -> dict:
     """What a measured DDP run's exposed communication holds beyond the what-if's queue: :func:`whatif`'s `wait`.
 
     Measured: the median over the run's paired steps of (training step - the no-op hook step run right after it),
     slowest rank of each: its exposed communication, with the machine's drift cancelled pair by pair. Predicted:
     :func:`whatif`'s exposed at the run's own cap and rank count, from `compute` (default :func:`compute_from_run`
-    of the run, with its readiness curve), alpha (s), beta (s/B), form and stretch. wait = max(0, measured -
+    of the run, with its readiness curve) and `link` (a Link or Profile; its stretch taken out of the measured
+    exposed time, its contention in the queue's prices). wait = max(0, measured -
     predicted), in seconds: what the queue of idle-priced collectives does not reproduce (ranks out of step waiting
     for each other at the last all-reduce, collectives slowed by the cores they share). Returns wait, measured_exposed,
     predicted_exposed (s), pairs (how many) and source; wait 0 with the reason when the run has no paired steps."""
@@ -333,11 +262,8 @@ def measured_wait(run, alpha, beta, form: str = "ring", compute: dict | None = N
         sizes,
         float(run.config.ddp.bucket_mb),
         nproc,
-        alpha,
-        beta,
-        form=form,
+        as_link(link),
         ready_curve=c.get("ready_curve"),
-        stretch=stretch,
     )
     measured = float(np.median(diffs))
     predicted = float(pred["exposed"] + pred["stretch_s"])  # a no-op hook step has no backward stretch either

@@ -16,8 +16,9 @@ Definitions (prices in USD per GPU-hour from a `dtlab.model.cost.PriceTable`; fo
   (`run.time_to`, evaluations left out) x devices; or a row saying the run did not reach it.
 
 Only step time is priced: start-up, evaluations, checkpoints and idle time are billed too on a real machine, so
-these are lower bounds on a bill. Scaling across GPU counts: dtlab.model.cost.scaling, with the run's own compute
-times (dtlab.model.whatif.compute_from_run), gradient sizes, bucket cap and a calibrated profile's all-reduce fit.
+these are lower bounds on a bill. Scaling across GPU counts: dtlab.model.cost.scaling of the run's what-if
+(dtlab.results.whatif: its compute, readiness, gradient sizes and bucket cap) on a profile's or a Link's all-reduce,
+with the contention and stretch the link measured.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from dtlab.model.cost import GpuPrice, PriceTable, example_prices, scaling
-from dtlab.model.whatif import compute_from_run
+from dtlab.model.link import as_link
+from dtlab.results.whatif import whatif
 
 COST_COLUMNS = [
     "what",
@@ -219,22 +221,24 @@ def _scaling(run, profile, gpu_counts, samples: float, price: GpuPrice, notes: l
             f"{run.spec.name!r} is not priced across GPU counts"
         )
         return None
-    if "all_reduce" not in profile.fits:
-        raise ValueError(f"profile: has no all_reduce fit (fitted ops: {sorted(profile.fits)}); calibrate all_reduce")
     sizes = run.resolved.get("param_nbytes")
     if not sizes:
         notes.append("scaling across GPU counts: the run recorded no gradient sizes (param_nbytes)")
         return None
-    compute = compute_from_run(run)
+    link = as_link(profile)  # a Profile's all_reduce fit with its contention and stretch, a Link or a TwoLevelLink
     per_gpu = int(run.config.batch_size) * int(run.config.ddp.accumulate)
-    fit = profile.fits["all_reduce"]
-    ready = list(sizes)[::-1]  # DDP's gradients become ready in about the reverse of registration order
-    df = scaling(compute, ready, float(run.config.ddp.bucket_mb), fit, gpu_counts, per_gpu, samples, price)
-    placed = run.resolved.get("placement") or {}
+    first = whatif(run, link, nproc=1, nodes=1, here=False)
+
+    def step_s(p, lk):  # one rank per GPU: the run's compute on a device of its own, this link
+        return whatif(run, lk, nproc=p, nodes=1, here=False).t_step
+
+    df = scaling(step_s, link, gpu_counts, per_gpu, samples, price)
     notes.append(
-        f"scaling: what-if DDP steps, one rank per GPU and batch {per_gpu} per rank (weak scaling); compute "
-        f"{compute['source']}; all-reduce priced by the profile's {fit.form} fit, extrapolated in p by its form"
+        f"scaling: the run's what-if (run.whatif) at each count, one rank per GPU and batch {per_gpu} per rank "
+        f"(weak scaling); {first.used[0]}; all-reduce priced on {link.source}, extrapolated in p by its form "
+        f"({link.form}), with its contention {link.contention:.3g}x and stretch {link.stretch:.3g} s per s in flight"
     )
+    placed = run.resolved.get("placement") or {}
     if int(placed.get("ranks_per_gpu") or 1) > 1:
         notes.append(
             f"scaling: the compute times were measured with {placed['ranks_per_gpu']} ranks sharing a GPU, slower "
@@ -257,7 +261,9 @@ def cost(
 ) -> RunCost:
     """What `run` (a Run, or a recorded run) costs: per step, per epoch and to `target_accuracy` (held-out
     accuracy in (0, 1]), on-demand beside spot; with a calibrated `profile`, also across `gpu_counts` from the
-    what-if model for `samples` samples (default: one epoch, else the samples the run trained on).
+    what-if model for `samples` samples (default: one epoch, else the samples the run trained on): `profile` a
+    Profile (any source), a Link or a TwoLevelLink (dtlab.model.link), priced through `run.whatif` with the
+    link's contention and stretch, one rank per GPU.
 
     prices: a PriceTable (default `example_prices()`: an example, not a market price); gpu: its kind (default: the
     kind named in the run's device, 'CPU' for a CPU run); gpus: devices billed (default: the GPUs the run used);

@@ -48,6 +48,7 @@ from dtlab.results.pipeline import bubble
 from dtlab.results.reference import check
 from dtlab.results.restarts import FRAMES, recovery, restart_lines
 from dtlab.results.status import read_run_dir, status_lines
+from dtlab.results.whatif import whatif
 from dtlab.runfiles import DamagedRun, RunDamageWarning
 from dtlab.units import fmt_mib
 
@@ -224,6 +225,14 @@ class Run:
         """dtlab's communication timings against NCCL's and DDP's own timers: see `dtlab.results.crosscheck`."""
 
         return crosscheck(self)
+
+    def whatif(self, link, **setting):
+        """This DDP run's step predicted at another setting (bucket_mb MiB, nproc ranks per node, nodes,
+        compression ratio) on `link` (a Profile, Link or TwoLevelLink), from everything the run measured: a
+        `dtlab.results.whatif.WhatIf` with T_step, T_comp, T_comm and exposed (s), their band and the inputs used
+        and not used. The same as `dtlab.whatif(run, link, ...)`."""
+
+        return whatif(self, link, **setting)
 
     def breakdown_table(self, summary: pd.DataFrame | None = None) -> str:
         """The summary as aligned text, times in milliseconds, plus where model and data came from (`summary`:

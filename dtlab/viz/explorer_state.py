@@ -16,8 +16,9 @@ import numpy as np
 import pandas as pd
 
 from dtlab.model import buckets as bk
-from dtlab.model import costmodel, sharing
+from dtlab.model import sharing
 from dtlab.model import whatif as wi
+from dtlab.model.link import Link, contention_from_profile
 from dtlab.units import fmt_bytes
 from dtlab.viz.controls import (
     R_STEP,
@@ -195,7 +196,7 @@ class ExplorerState:
         # ---- contention: loaded / idle all-reduce time at the starting bucket size, from a loaded calibration
         cap = bk.mb_to_bytes(self.bucket0)
         start_bytes = float(np.median(bk.bucket_sizes(self.sizes, bk.bucket_layout(self.sizes, cap, cap))))
-        factor, how = wi.contention_from_profile(profile, start_bytes)
+        factor, how = contention_from_profile(profile, start_bytes)
         self.contention0 = float(np.clip(round(factor / CONTENTION_STEP) * CONTENTION_STEP, 1.0, CONTENTION_MAX))
         self.contention_how = how
         # ---- backward seconds lost per second of communication in flight, from a loaded calibration (0: none)
@@ -252,6 +253,11 @@ class ExplorerState:
         )
         return f"{what} ({origin})"
 
+    def link(self, p: dict) -> Link:
+        """The setting's link: alpha, beta and form from the controls, contention from its control, the profile's
+        stretch."""
+        return Link(alpha=p["alpha"], beta=p["beta"], form=p["form"], contention=p["contention"], stretch=self.stretch)
+
     def tp(self, p: dict) -> dict | None:
         """:func:`dtlab.model.whatif.tp_setting` for the setting's TP degree (None at t = 1)."""
         if p["tp"] <= 1:
@@ -267,9 +273,7 @@ class ExplorerState:
         if p["tp"] <= 1:
             return f"t = 1: no tensor parallelism (the control splits each block over t GPUs; sizes {src})"
         tp = self.tp(p)
-        each = float(
-            costmodel.collective_time("all_reduce", p["form"], p["alpha"], p["beta"], tp["allreduce_bytes"], p["tp"])
-        )
+        each = float(self.link(p).time("all_reduce", tp["allreduce_bytes"], p["tp"]))
         dp = max(1, p["nproc"] // p["tp"])
         warn = (
             ""
@@ -415,34 +419,10 @@ class ExplorerState:
         over the breakdown's configurations)."""
         p = self.params(values)
         c = self.compute
-        lever = (p["ratio"], p["encode_s_per_byte"])
-        result = wi.whatif(
-            c["t_fwd"],
-            c["t_bwd_comp"],
-            c["t_opt"],
-            self.sizes,
-            p["bucket_mb"],
-            p["nproc"],
-            p["alpha"],
-            p["beta"],
-            p["form"],
-            *lever,
-            contention=p["contention"],
-            tp=self.tp(p),
-            stretch=self.stretch,
-        )
-        sweep = wi.whatif_sweep(
-            c["t_fwd"],
-            c["t_bwd_comp"],
-            c["t_opt"],
-            self.sizes,
-            self.configs(p, values["sweep"]),
-            p["alpha"],
-            p["beta"],
-            p["form"],
-            *lever,
-            contention=p["contention"],
-            tp=self.tp(p),
-            stretch=self.stretch,
-        )
+        link = self.link(p)
+        # a run's readiness (compute_from_run's ready_curve) where the compute came from one: the run's what-if's
+        kw = dict(encode_s_per_byte=p["encode_s_per_byte"], tp=self.tp(p), ready_curve=c.get("ready_curve"))
+        args = (c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes)
+        result = wi.whatif(*args, p["bucket_mb"], p["nproc"], link, p["ratio"], **kw)
+        sweep = wi.whatif_sweep(*args, self.configs(p, values["sweep"]), link, p["ratio"], **kw)
         return result, sweep

@@ -21,6 +21,7 @@ from plotly.subplots import make_subplots
 
 from dtlab.model import hierarchy as hi
 from dtlab.model import whatif as wi
+from dtlab.model.link import Link, TwoLevelLink
 from dtlab.viz.controls import bucket_count, bucket_slider_range, clip_to_range
 from dtlab.viz.dashboard import LiveFigure
 from dtlab.viz.explorer_state import DEFAULT_COMPUTE, DEFAULT_COMPUTE_SOURCE
@@ -67,20 +68,15 @@ def levels_table(
     sizes = list(param_nbytes) if param_nbytes is not None else wi.distilbert_param_nbytes()[::-1]
     rows = []
     for alg in hi.ALGORITHMS:
-
-        def price(nb, alg=alg):
-            return hi.two_level_time(alg, *args, nb, nodes, gpus_per_node, nics_per_node)
-
+        link = TwoLevelLink(
+            intra=Link(alpha=args[0], beta=args[1], source="intra-node level"),
+            inter=Link(alpha=args[2], beta=args[3], source="inter-node level"),
+            gpus_per_node=gpus_per_node,
+            algorithm=alg,
+            nics_per_node=nics_per_node,
+        )
         r = wi.whatif(
-            compute["t_fwd"],
-            compute["t_bwd_comp"],
-            compute["t_opt"],
-            sizes,
-            bucket_mb,
-            nodes * gpus_per_node,
-            0.0,
-            0.0,
-            collective=price,
+            compute["t_fwd"], compute["t_bwd_comp"], compute["t_opt"], sizes, bucket_mb, nodes * gpus_per_node, link
         )
         rows.append(
             {

@@ -104,6 +104,33 @@ def test_predict_ddp_run(profile, tiny_run):
             assert t_comm == pytest.approx(max(union_length(zip(issue[r], ends)) for r in ranks), rel=1e-9)
 
 
+def test_run_whatif_on_a_real_run_names_what_it_used(profile, tiny_run):
+    """The documented what-if call on a real 2-rank run and a loaded calibration of the same host: a breakdown in
+    seconds with its band, and the inputs it used named (every one this run and profile measured)."""
+    w = tiny_run.whatif(profile)
+    assert w.setting == {"bucket_mb": 0.05, "nproc": 2, "nodes": 1, "ranks": 2, "ratio": 1.0}
+    assert w.t_step > 0 and w.t_comm > 0 and w.t_step == pytest.approx(w.t_comp + w.exposed)
+    assert w.lo["t_step"] <= w.t_step <= w.hi["t_step"]
+    used = "\n".join(w.used)
+    for what in (
+        "compute: forward",
+        "no-op comm hook baseline of",
+        "bucket readiness: the run's measured ready curve",
+        "cores: 2 ranks shared",
+        "a rank alone",
+        "measured wait",
+        "link: all_reduce ring fit",
+        "contention: measured",
+        "stretch: measured",
+    ):
+        assert what in used, what
+    assert not any("baseline" in n or "wait" in n for n in w.not_used)
+    # more buckets at a smaller cap, and a 4-rank step on the same 2 cores with slower compute (the fair share)
+    small, four = tiny_run.whatif(profile, bucket_mb=0.01), tiny_run.whatif(profile, nproc=4)
+    assert small.detail["n_buckets"] > w.detail["n_buckets"] and four.t_comp > w.t_comp
+    assert dtlab.whatif(tiny_run, profile).t_step == w.t_step
+
+
 def test_sweep_reuses_and_skips(tmp_path, capsys):
     base = dtlab.tiny(steps=2, baseline_steps=0, bucket_mb=0.05)
     root = str(tmp_path / "sw")

@@ -4,6 +4,7 @@ path, and the explorer's r slider (started from a measured hook) drives both fig
 import numpy as np
 import pytest
 
+from dtlab.model.link import Link
 from dtlab.model.whatif import whatif, whatif_sweep
 from dtlab.viz.dashboard import explorer
 
@@ -23,8 +24,7 @@ def _w(**kw):
         SIZES,
         args.pop("bucket_mb"),
         args.pop("nproc"),
-        args.pop("alpha"),
-        args.pop("beta"),
+        Link(alpha=args.pop("alpha"), beta=args.pop("beta")),
         **args,
     )
 
@@ -43,7 +43,9 @@ def test_encode_cost_is_added_to_backward_compute():
     base, enc = _w(ratio=0.5), _w(ratio=0.5, encode_s_per_byte=c)
     assert enc["t_bwd_comp"] == pytest.approx(base["t_bwd_comp"] + c * sum(SIZES))
     assert enc["t_comp"] == pytest.approx(base["t_comp"] + c * sum(SIZES))
-    sweep = whatif_sweep(0.01, 0.02, 0.003, SIZES, [(2, 1.0), (4, 1.0)], 0.0, 1e-9, "ring", 0.5, c)
+    sweep = whatif_sweep(
+        0.01, 0.02, 0.003, SIZES, [(2, 1.0), (4, 1.0)], Link(alpha=0.0, beta=1e-9), 0.5, encode_s_per_byte=c
+    )
     assert sweep["t_comp"].iloc[0] == pytest.approx(enc["t_comp"])
 
 

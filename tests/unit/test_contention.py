@@ -167,7 +167,8 @@ def test_samples_without_a_load_column_are_idle_and_give_no_loaded_fit():
 
 
 def test_the_explorer_starts_at_the_measured_contention_and_says_where_it_comes_from():
-    from dtlab.model.whatif import contention_from_profile, whatif
+    from dtlab.model.link import Link, contention_from_profile
+    from dtlab.model.whatif import whatif
     from dtlab.viz.explorer_state import ExplorerState
 
     prof = _profile()
@@ -187,10 +188,11 @@ def test_the_explorer_starts_at_the_measured_contention_and_says_where_it_comes_
     assert stretched.stretch == 0.3 and "0.30 s of compute lost per s in flight" in stretched.source_html(values)
     assert stretched.model(values)[0]["stretch_s"] > 0 and st.model(values)[0]["stretch_s"] == 0
     # contention slows only what is in flight while backward runs: the step cannot get faster
-    args = (0.01, 0.02, 0.003, [4 << 20] * 8, 25.0, 2, 10e-6, 1e-9)
-    assert whatif(*args, contention=3.0)["t_step"] > whatif(*args)["t_step"]
+    args = (0.01, 0.02, 0.003, [4 << 20] * 8, 25.0, 2)
+    link = Link(alpha=10e-6, beta=1e-9)
+    assert whatif(*args, link.replace(contention=3.0))["t_step"] > whatif(*args, link)["t_step"]
     with pytest.raises(ValueError, match="contention"):
-        whatif(*args, contention=0.5)
+        link.replace(contention=0.5)
 
 
 def test_a_collective_starts_when_the_last_rank_issues_it_and_the_early_rank_waits():

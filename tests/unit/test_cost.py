@@ -11,28 +11,28 @@ import pytest
 
 import dtlab
 from dtlab.config.strategies import strategy_spec
-from dtlab.model.cost import GpuPrice, PriceTable, example_prices, scaling
-from dtlab.model.fit import AlphaBetaFit
+from dtlab.model.cost import GpuPrice, PriceTable, example_prices
+from dtlab.model.cost import scaling as cost_scaling
+from dtlab.model.link import Link
 from dtlab.model.restarts import daly_interval, young_interval
 from dtlab.model.spot import expected_time, first_order_time, optimal_interval, spot_plan
+from dtlab.model.whatif import whatif
 from dtlab.results.cost import cost, epoch_samples, samples_per_step
 
 FIXTURE_DDP = "tests/fixtures/run-v1-ddp"
 
 
-def fit(alpha=0.0, beta=0.0, alpha_ci=(0.0, 0.0), beta_ci=(0.0, 0.0)) -> AlphaBetaFit:
-    return AlphaBetaFit(
-        op="all_reduce",
-        form="ring",
-        alpha=alpha,
-        beta=beta,
-        alpha_ci=alpha_ci,
-        beta_ci=beta_ci,
-        min_bytes=4096,
-        max_bytes=2**25,
-        n_points=14,
-        n_samples=224,
-    )
+def fit(alpha=0.0, beta=0.0, alpha_ci=(0.0, 0.0), beta_ci=(0.0, 0.0)) -> Link:
+    return Link(alpha=alpha, beta=beta, alpha_ci=alpha_ci, beta_ci=beta_ci, source="a fit by hand")
+
+
+def scaling(compute, sizes, cap, link, counts, per_gpu, samples, price):
+    """dtlab.model.cost.scaling of the pure what-if step on `link` (the step dtlab.cost passes is the run's)."""
+
+    def step_s(p, lk):
+        return whatif(compute["t_fwd"], compute["t_bwd_comp"], compute["t_opt"], sizes, cap, p, lk)["t_step"]
+
+    return cost_scaling(step_s, link, counts, per_gpu, samples, price)
 
 
 COMPUTE = {"t_fwd": 0.3, "t_bwd_comp": 0.6, "t_opt": 0.1}  # 1.0 s of compute per step and rank
@@ -129,12 +129,12 @@ def test_scaling_prices_the_ring_all_reduce_and_carries_the_fits_interval():
     # 80,000 samples divide evenly at every count: cost(p) / cost(1) = t_step(p) / t_step(1) = 1 / efficiency
     ratio = df["on_demand_usd"] / df.loc[1, "on_demand_usd"]
     assert ratio.tolist() == pytest.approx((1 / df["efficiency"]).tolist(), rel=1e-12)
-    assert "interval of alpha and beta" in df.attrs["band"]
+    assert "intervals of alpha and beta" in df.attrs["band"]
     assert df["cheapest"].sum() == 1 and df.loc[1, "cheapest"] and df.loc[8, "fastest"]
 
 
-def test_a_fit_without_an_interval_gives_no_band_and_says_so():
-    f = fit(beta=1e-9, beta_ci=(float("nan"), float("nan")))
+def test_a_link_without_an_interval_gives_no_band_and_says_so():
+    f = Link(alpha=0.0, beta=1e-9)
     df = scaling(COMPUTE, [2**20], 25, f, (1, 2), 10, 1000, example_prices().price("H100"))
     assert df[["t_step_lo_s", "t_step_hi_s", "on_demand_usd_lo", "spot_usd_hi"]].isna().all().all()
     assert df.attrs["band"].startswith("unknown")

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from dtlab.model import costmodel as cm
+from dtlab.model.link import Link
 
 A, B, N, P = 1e-5, 1e-9, 1e6, 4  # alpha s, beta s/B, bytes, processes
 
@@ -111,13 +112,13 @@ def test_zero3_step_comm_hand():
     # ring, P=1e6 params bytes with 2e5 persistent, G=1e6 grads, p=4
     # all_gather of 8e5: 3e-5 + 0.75*8e5*1e-9 = 3e-5 + 6e-4 = 6.3e-4 (twice)
     # reduce_scatter of 1e6: 3e-5 + 7.5e-4 = 7.8e-4
-    d = cm.zero3_step_comm("ring", A, B, 1e6, 1e6, P, persistent_bytes=2e5)
+    d = cm.zero3_step_comm(Link(alpha=A, beta=B), 1e6, 1e6, P, persistent_bytes=2e5)
     assert d["all_gather_fwd"] == pytest.approx(6.3e-4)
     assert d["all_gather_bwd"] == pytest.approx(6.3e-4)
     assert d["reduce_scatter"] == pytest.approx(7.8e-4)
     assert d["total"] == pytest.approx(2 * 6.3e-4 + 7.8e-4)
     # textbook, no persistent: each part 3e-5 + 1e6*1e-9/4 = 2.8e-4, total 8.4e-4
-    d = cm.zero3_step_comm("textbook", A, B, 1e6, 1e6, P)
+    d = cm.zero3_step_comm(Link(alpha=A, beta=B, form="textbook"), 1e6, 1e6, P)
     assert d["total"] == pytest.approx(8.4e-4)
     with pytest.raises(ValueError, match="persistent_bytes"):
-        cm.zero3_step_comm("ring", A, B, 1e6, 1e6, P, persistent_bytes=2e6)
+        cm.zero3_step_comm(Link(alpha=A, beta=B), 1e6, 1e6, P, persistent_bytes=2e6)

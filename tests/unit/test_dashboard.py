@@ -14,11 +14,13 @@ import pytest
 from dtlab.config.run import RunConfig
 from dtlab.model import costmodel as cm
 from dtlab.model import whatif as wi
+from dtlab.model.link import Link
 from dtlab.model.profile import Profile
 from dtlab.viz import calibration as cp
 from dtlab.viz import model_plots as mf
 
 ALPHA, BETA = 2e-5, 1e-10  # s, s/B (10 GB/s)
+LINK = Link(alpha=ALPHA, beta=BETA)
 
 
 UNIT = re.compile(r"\((ms|µs|%|bytes|MiB|GB/s)[^)]*\)|\b(ms|bytes|MiB|GB/s|processes)\b")
@@ -79,7 +81,7 @@ def test_model_param_nbytes_matches_the_configs():
 
 def test_whatif_single_process_has_no_comm():
     sizes = wi.distilbert_param_nbytes()[::-1]
-    r = wi.whatif(0.01, 0.02, 0.003, sizes, 25, 1, ALPHA, BETA)
+    r = wi.whatif(0.01, 0.02, 0.003, sizes, 25, 1, LINK)
     assert r["t_comm"] == 0 and r["exposed"] == 0
     assert r["t_step"] == pytest.approx(0.033)
     assert np.isnan(r["overlap"])
@@ -88,13 +90,13 @@ def test_whatif_single_process_has_no_comm():
 
 def test_whatif_monotonic():
     sizes = wi.distilbert_param_nbytes()[::-1]
-    base = wi.whatif(0.01, 0.02, 0.003, sizes, 25, 8, ALPHA, BETA)
-    slower = wi.whatif(0.01, 0.02, 0.003, sizes, 25, 8, ALPHA, BETA * 4)  # a quarter of the bandwidth
-    bigger = wi.whatif(0.01, 0.02, 0.003, [2 * s for s in sizes], 25, 8, ALPHA, BETA)  # twice the bytes
+    base = wi.whatif(0.01, 0.02, 0.003, sizes, 25, 8, LINK)
+    slower = wi.whatif(0.01, 0.02, 0.003, sizes, 25, 8, LINK.replace(beta=BETA * 4))  # a quarter of the bandwidth
+    bigger = wi.whatif(0.01, 0.02, 0.003, [2 * s for s in sizes], 25, 8, LINK)  # twice the bytes
     assert slower["t_comm"] > base["t_comm"] and slower["t_step"] >= base["t_step"]
     assert bigger["t_comm"] > base["t_comm"] and bigger["exposed"] >= base["exposed"]
     # ring all-reduce bytes per rank grow with p (2(p-1)/p): more GPUs never means less comm here
-    comm = [wi.whatif(0.01, 0.02, 0.003, sizes, 25, p, ALPHA, BETA)["t_comm"] for p in (2, 4, 8, 64)]
+    comm = [wi.whatif(0.01, 0.02, 0.003, sizes, 25, p, LINK)["t_comm"] for p in (2, 4, 8, 64)]
     assert comm == sorted(comm)
     # the step never beats compute, and compute does not depend on p (weak scaling)
     assert base["t_step"] >= base["t_comp"] == pytest.approx(0.033)
@@ -102,7 +104,7 @@ def test_whatif_monotonic():
 
 def test_whatif_sweep_rows():
     sizes = wi.distilbert_param_nbytes()[::-1]
-    df = wi.whatif_sweep(0.01, 0.02, 0.003, sizes, [(1, 25), (4, 25), (4, 1024)], ALPHA, BETA)
+    df = wi.whatif_sweep(0.01, 0.02, 0.003, sizes, [(1, 25), (4, 25), (4, 1024)], LINK)
     assert df["label"].tolist() == ["p=1, 25 MiB", "p=4, 25 MiB", "p=4, 1024 MiB"]
     assert np.allclose(df["t_step"], df["t_comp"] + df["exposed"])
 
@@ -219,7 +221,7 @@ def test_predicted_breakdown_figure():
 
 
 def test_whatif_timeline_figure():
-    r = wi.whatif(0.01, 0.02, 0.003, wi.distilbert_param_nbytes()[::-1], 25, 8, ALPHA, BETA)
+    r = wi.whatif(0.01, 0.02, 0.003, wi.distilbert_param_nbytes()[::-1], 25, 8, LINK)
     fig = mf.whatif_timeline_figure(r)
     allreduce = next(t for t in fig.data if t.name == "all-reduce (predicted)")
     assert len(allreduce.y) == r["n_buckets"]

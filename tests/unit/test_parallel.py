@@ -13,6 +13,7 @@ from dtlab.config.parallel import layout, split_layers
 from dtlab.config.run import RunConfig, tiny
 from dtlab.model import parallel as mp
 from dtlab.model import planner as pl
+from dtlab.model.link import Link
 from dtlab.results import pipeline, reference
 from dtlab.results.parallel import tp_collectives
 
@@ -73,9 +74,18 @@ def test_split_layers_gives_extra_blocks_to_the_last_stages():
 def test_tensor_parallel_form():
     assert mp.tp_allreduces(6) == 24
     assert mp.tp_allreduce_bytes(8, 128, 768) == 8 * 128 * 768 * 4
-    assert mp.tp_step_comm("ring", 1e-5, 1e-9, 8, 128, 768, 6, 1) == 0.0  # one rank: nothing to reduce
-    one = mp.tp_step_comm("ring", 1e-5, 0.0, 8, 128, 768, 6, 2)
+    assert mp.tp_step_comm(Link(alpha=1e-5, beta=1e-9), 8, 128, 768, 6, 1) == 0.0  # one rank: nothing to reduce
+    one = mp.tp_step_comm(Link(alpha=1e-5, beta=0.0), 8, 128, 768, 6, 2)
     assert one == pytest.approx(24 * 2 * 1e-5)  # 24 all-reduces, 2(p-1) latency steps each
+
+
+def test_fsdp2_step_comm_on_a_link():
+    # ring, p = 4, 1e6 parameter bytes of which 2e5 in the root unit, alpha 10 us, beta 1 ns/B: each collective
+    # (p-1) alpha + (p-1)/p n beta: gathers 3e-5 + 7.5e-4 (forward) and 3e-5 + 6e-4 (backward, the root kept),
+    # reduce-scatter 3e-5 + 7.5e-4
+    d = mp.fsdp2_step_comm(Link(alpha=1e-5, beta=1e-9), 1e6, 2e5, 4)
+    assert d["all_gather_fwd"] == pytest.approx(7.8e-4) and d["all_gather_bwd"] == pytest.approx(6.3e-4)
+    assert d["reduce_scatter"] == pytest.approx(7.8e-4) and d["total"] == pytest.approx(7.8e-4 * 2 + 6.3e-4)
 
 
 def test_bubble_and_pipeline_step():
@@ -265,16 +275,17 @@ def test_the_single_process_check_names_a_loss_or_gradient_that_differs():
 
 def test_whatif_with_tensor_parallelism():
     from dtlab.model import whatif as wi
+    from dtlab.model.link import Link
 
     sizes = wi.distilbert_param_nbytes()[::-1]
-    args = (0.01, 0.02, 0.004, sizes, 25.0, 8, 1e-5, 1e-9)
+    args = (0.01, 0.02, 0.004, sizes, 25.0, 8, Link(alpha=1e-5, beta=1e-9))
     plain = wi.whatif(*args)
     one = wi.whatif(*args, tp=wi.tp_setting(1, 6, 4096, 768))
     assert one["t_step"] == plain["t_step"] and one["tp_comm"] == plain["tp_comm"] == 0 and one["dp"] == 8
     tp = wi.whatif(*args, tp=wi.tp_setting(2, 6, 4096, 768))
-    each = mp.tp_step_comm("ring", 1e-5, 1e-9, 4096, 1, 768, 6, 2)  # 24 all-reduces of 4096 x 768 x 4 B
+    each = mp.tp_step_comm(Link(alpha=1e-5, beta=1e-9), 4096, 1, 768, 6, 2)  # 24 all-reduces of 4096 x 768 x 4 B
     assert tp["tp_comm"] == pytest.approx(each) and tp["dp"] == 4 and tp["nproc"] == 8
     assert tp["t_fwd"] == pytest.approx(0.005 + each / 2) and tp["t_opt"] == pytest.approx(0.002)
     assert sum(tp["bucket_nbytes"]) == pytest.approx(sum(sizes) / 2, rel=1e-6)
-    free = wi.whatif(0.01, 0.02, 0.004, sizes, 25.0, 8, 0.0, 0.0, tp=wi.tp_setting(2, 6, 4096, 768))
+    free = wi.whatif(0.01, 0.02, 0.004, sizes, 25.0, 8, Link(alpha=0.0, beta=0.0), tp=wi.tp_setting(2, 6, 4096, 768))
     assert free["t_step"] == pytest.approx(0.017)  # communication free: the step is compute / t

@@ -6,6 +6,7 @@ import pytest
 
 from dtlab.model import sharing as sh
 from dtlab.model import whatif as wi
+from dtlab.model.link import Link
 
 MIB = 2**20
 
@@ -74,20 +75,20 @@ def test_stretched_backward_solves_for_its_own_length():
 
 def test_whatif_with_stretch_lengthens_backward_by_what_overlaps_it():
     sizes = [10 * MIB] * 8
-    kw = dict(alpha=0.0, beta=0.05 / (10 * MIB))  # 0.05 s per 10 MiB bucket (ring, p = 2: 2 (p-1)/p = 1)
-    plain = wi.whatif(0.1, 1.0, 0.1, sizes, 10, 2, **kw)
-    got = wi.whatif(0.1, 1.0, 0.1, sizes, 10, 2, stretch=0.4, **kw)
+    link = Link(alpha=0.0, beta=0.05 / (10 * MIB))  # 0.05 s per 10 MiB bucket (ring, p = 2: 2 (p-1)/p = 1)
+    plain = wi.whatif(0.1, 1.0, 0.1, sizes, 10, 2, link)
+    got = wi.whatif(0.1, 1.0, 0.1, sizes, 10, 2, link.replace(stretch=0.4))
     assert plain["stretch_s"] == 0.0 and got["stretch_s"] > 0
     # 7 buckets in service inside backward (the last is ready as it ends), 0.05 s each, and backward growing
     # with them: stretch_s = 0.4 x 7 x 0.05 = 0.14 s
     assert got["stretch_s"] == pytest.approx(0.4 * 7 * 0.05, rel=1e-6)
     assert got["t_comp"] == pytest.approx(plain["t_comp"] + got["stretch_s"])
     assert got["t_step"] == pytest.approx(plain["t_step"] + got["stretch_s"])
-    lone = wi.whatif(0.1, 1.0, 0.1, sizes, 10, 1, stretch=0.4, **kw)
+    lone = wi.whatif(0.1, 1.0, 0.1, sizes, 10, 1, link.replace(stretch=0.4))
     assert lone["stretch_s"] == 0.0  # one rank: nothing in flight
     with pytest.raises(ValueError, match="stretch"):
-        wi.whatif(0.1, 1.0, 0.1, sizes, 10, 1, stretch=-0.1, **kw)  # refused even where it would change nothing
-    sweep = wi.whatif_sweep(0.1, 1.0, 0.1, sizes, [(2, 10)], stretch=0.4, **kw)
+        link.replace(stretch=-0.1)  # refused even where it would change nothing
+    sweep = wi.whatif_sweep(0.1, 1.0, 0.1, sizes, [(2, 10)], link.replace(stretch=0.4))
     assert sweep["t_step"].iloc[0] == pytest.approx(got["t_step"])
 
 

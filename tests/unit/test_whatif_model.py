@@ -8,6 +8,7 @@ import pytest
 from dtlab.config.run import RunConfig
 from dtlab.model import buckets as bk
 from dtlab.model import whatif as wi
+from dtlab.model.link import Link
 
 CPU2 = {"cores": 2, "nproc": 2, "threads_per_rank": 1, "other_cores": 0.0}
 MIB = 2**20
@@ -31,12 +32,12 @@ def test_cpu_share_scale_fair_share_of_the_cores():
 
 def test_whatif_scales_compute_with_the_ranks_on_the_cores():
     # one 4-byte tensor, free communication: T_step = T_comp = (1 + 2 + 0.5) s x 1.5 at 3 ranks on 2 cores
-    args = (1.0, 2.0, 0.5, [4], 25, 3, 0.0, 1e-12)
+    args = (1.0, 2.0, 0.5, [4], 25, 3, Link(alpha=0.0, beta=1e-12))
     assert wi.whatif(*args)["t_step"] == pytest.approx(3.5)  # compute independent of p
     got = wi.whatif(*args, cpu=CPU2)
     assert got["t_step"] == pytest.approx(5.25) and got["t_comp"] == pytest.approx(5.25)
     assert got["cpu_share"] == pytest.approx(1.5) and got["t_fwd"] == pytest.approx(1.5)
-    sweep = wi.whatif_sweep(1.0, 2.0, 0.5, [4], [(2, 25), (3, 25)], 0.0, 1e-12, cpu=CPU2)
+    sweep = wi.whatif_sweep(1.0, 2.0, 0.5, [4], [(2, 25), (3, 25)], Link(alpha=0.0, beta=1e-12), cpu=CPU2)
     assert sweep["t_step"].tolist() == pytest.approx([3.5, 5.25])
 
 
@@ -64,7 +65,7 @@ def test_whatif_with_the_curve_queues_later_buckets_into_the_tail():
     # two 1 MiB buckets, each all-reduce 0.4 s (ring, p = 2: n beta), backward 1 s from 0. By bytes: ready 0.5 and
     # 1.0, ends 0.9 and 1.4 -> T_step 1.4 s. Measured curve (half the bytes ready after 90% of backward): ready 0.9
     # and 1.0, the second waits for the first: ends 1.3 and 1.7 -> T_step 1.7 s, exposed 0.7 s.
-    args = (0.0, 1.0, 0.0, [MIB, MIB], 1, 2, 0.0, 0.4 / MIB)
+    args = (0.0, 1.0, 0.0, [MIB, MIB], 1, 2, Link(alpha=0.0, beta=0.4 / MIB))
     assert wi.whatif(*args)["t_step"] == pytest.approx(1.4)
     got = wi.whatif(*args, ready_curve=([0, 0.5, 1], [0, 0.9, 1]))
     assert got["t_step"] == pytest.approx(1.7) and got["exposed"] == pytest.approx(0.7)
@@ -72,10 +73,10 @@ def test_whatif_with_the_curve_queues_later_buckets_into_the_tail():
 
 def test_wait_lengthens_the_last_all_reduce():
     # the two 1 MiB buckets above, by bytes: the last ends at 1.4 s; 0.3 s of waiting there ends it at 1.7 s
-    args = (0.0, 1.0, 0.0, [MIB, MIB], 1, 2, 0.0, 0.4 / MIB)
+    args = (0.0, 1.0, 0.0, [MIB, MIB], 1, 2, Link(alpha=0.0, beta=0.4 / MIB))
     got = wi.whatif(*args, wait=0.3)
     assert got["t_step"] == pytest.approx(1.7) and got["exposed"] == pytest.approx(0.7) and got["wait"] == 0.3
-    assert wi.whatif(0.0, 1.0, 0.0, [MIB, MIB], 1, 1, 0.0, 0.4 / MIB, wait=0.3)["t_step"] == pytest.approx(1.0)
+    assert wi.whatif(0.0, 1.0, 0.0, [MIB, MIB], 1, 1, args[-1], wait=0.3)["t_step"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="wait"):
         wi.whatif(*args, wait=-1.0)
 
@@ -85,11 +86,13 @@ def test_measured_wait_is_the_exposed_time_the_queue_does_not_reproduce():
     # at the run's cap (25 MiB: one 2 MiB bucket, ready at the end of backward) prices it at n beta = 0.1 s (ring,
     # p = 2), so 0.5 s of waiting is left.
     run = _fake_run({"param_nbytes": [MIB, MIB], "world_size": 2}, baseline_t_step=4.0)
-    got = wi.measured_wait(run, 0.0, 0.1 / (2 * MIB))
+    got = wi.measured_wait(run, Link(alpha=0.0, beta=0.1 / (2 * MIB)))
     assert got["measured_exposed"] == pytest.approx(0.6) and got["predicted_exposed"] == pytest.approx(0.1)
     assert got["wait"] == pytest.approx(0.5) and got["pairs"] == 2
     run.baseline_steps = run.baseline_steps.drop(columns="paired_step")
-    assert wi.measured_wait(run, 0.0, 0.1 / (2 * MIB))["wait"] == 0.0  # nothing paired: nothing measured
+    assert (
+        wi.measured_wait(run, Link(alpha=0.0, beta=0.1 / (2 * MIB)))["wait"] == 0.0
+    )  # nothing paired: nothing measured
 
 
 def test_measured_wait_leaves_out_what_the_stretch_explains():
@@ -99,8 +102,9 @@ def test_measured_wait_leaves_out_what_the_stretch_explains():
     # two 1 MiB buckets of 0.05 s each (n beta); the run's readiness curve (0.75 of the bytes at 0.9 of backward)
     # has the first ready at 0.6 of its 3 s backward, in service 0.05 s inside it: stretch 0.5 adds 0.025 s to
     # backward, and the last bucket, ready as backward ends, is exposed 0.05 s either way
-    plain = wi.measured_wait(run, 0.0, 0.1 / (2 * MIB))
-    stretched = wi.measured_wait(run, 0.0, 0.1 / (2 * MIB), stretch=0.5)
+    link = Link(alpha=0.0, beta=0.1 / (2 * MIB))
+    plain = wi.measured_wait(run, link)
+    stretched = wi.measured_wait(run, link.replace(stretch=0.5))
     assert plain["predicted_exposed"] == pytest.approx(0.05) and plain["wait"] == pytest.approx(0.55)
     assert stretched["predicted_exposed"] == pytest.approx(0.075) and stretched["wait"] == pytest.approx(0.525)
 

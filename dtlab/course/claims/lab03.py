@@ -78,8 +78,8 @@ def whatif_claim(compare_df: pd.DataFrame, how: str):
         ("what-if", predicted),
         ("measured", measured),
         expected=1.0,
-        model="dtlab.model.whatif.whatif_sweep with the reference run's compute, readiness, cores and wait and the "
-        "calibration's stretch and lone-rank figures (dtlab.model.sharing); the band "
+        model="run.whatif of the reference run (its compute, readiness, cores and wait) on the profile's link (the "
+        "calibration's contention, stretch and lone-rank figures: dtlab.model.link, dtlab.model.sharing); the band "
         f"±{band:.0%} is the median half-width of the runs' 90% intervals of T_step",
         rel_tol=band,
         why=why,

@@ -1,0 +1,270 @@
+"""A link is one value: the alpha-beta price of a collective, and where it was measured what sharing the machine
+costs (contention, stretch), for the what-if step (dtlab.model.whatif) and everything built on it.
+
+- :class:`Link`: one level. alpha (s), beta (s/B), form ('ring': the bandwidth-optimal ring, 2(p-1) alpha +
+  2(p-1)/p n beta for an all-reduce; 'textbook': the course's alpha(p-1) + beta n/p), their intervals where fitted,
+  contention (loaded / idle all-reduce time while backward runs beside it, >= 1) and stretch (backward seconds lost
+  per second of communication in flight, >= 0). Made by hand, or from a calibrated Profile, whatever its source
+  (:meth:`Link.from_profile`).
+- :class:`TwoLevelLink`: nodes of `gpus_per_node` ranks, an intra-node Link and an inter-node Link, priced flat or
+  hierarchically (dtlab.model.hierarchy).
+
+Both price a collective with ``link.time(op, nbytes, nproc)`` (seconds; bytes are the full message, the nccl-tests
+convention) and give the low and high ends of their band with ``link.bounds()``. Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dtlab.model import costmodel
+from dtlab.model import hierarchy as hi
+from dtlab.model.sharing import stretch_from_profile
+
+#: Message size (bytes) at which a profile's loaded / idle all-reduce ratio is read: DDP's default bucket cap.
+CONTENTION_AT_BYTES = 25 * 2**20
+
+
+def _number(name: str, value, what: str, minimum: float | None = None, above: float | None = None) -> float:
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    v = float(value) if ok else math.nan
+    bad = not math.isfinite(v) or (minimum is not None and v < minimum) or (above is not None and v <= above)
+    if bad:
+        limit = f" >= {minimum:g}" if minimum is not None else (f" > {above:g}" if above is not None else "")
+        raise ValueError(f"{name} must be a finite number{limit} ({what}), got {value!r}")
+    return v
+
+
+def _interval(name: str, value, what: str) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    try:
+        lo, hi_ = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be None or a (low, high) pair ({what}), got {value!r}") from None
+    lo, hi_ = _number(f"{name}[0]", lo, what), _number(f"{name}[1]", hi_, what)
+    if lo > hi_:
+        raise ValueError(f"{name} must be a (low, high) pair with low <= high ({what}), got {value!r}")
+    return lo, hi_
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """One level's alpha-beta price of a collective, and what sharing the machine costs compute beside it.
+
+    alpha: seconds per latency step (>= 0); beta: seconds per byte (>= 0; 0: unlimited bandwidth); form: 'ring' or
+    'textbook' (dtlab.model.costmodel.FORMS); alpha_ci, beta_ci: (low, high) intervals of a fit, or None (by
+    hand: no band);
+    contention: how many times longer an all-reduce takes beside backward compute than idle (>= 1; 1: none);
+    stretch: backward seconds lost per second of communication in flight beside it (>= 0; 0: none), with
+    stretch_ci its (low, high) interval where fitted; source: where the figures come from, in words; how: one line
+    per field saying measured, fitted or assumed (what :func:`dtlab.results.whatif.whatif` reports)."""
+
+    alpha: float
+    beta: float
+    form: str = "ring"
+    alpha_ci: tuple[float, float] | None = None
+    beta_ci: tuple[float, float] | None = None
+    contention: float = 1.0
+    stretch: float = 0.0
+    stretch_ci: tuple[float, float] | None = None
+    source: str = "given by hand"
+    how: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        set_ = object.__setattr__  # frozen: normalise the numbers once, here
+        set_(self, "alpha", _number("alpha", self.alpha, "seconds per latency step", minimum=0))
+        set_(self, "beta", _number("beta", self.beta, "seconds per byte", minimum=0))
+        if self.form not in costmodel.FORMS:
+            raise ValueError(f"form must be one of {costmodel.FORMS}, got {self.form!r}")
+        set_(self, "alpha_ci", _interval("alpha_ci", self.alpha_ci, "seconds"))
+        set_(self, "beta_ci", _interval("beta_ci", self.beta_ci, "seconds per byte"))
+        set_(self, "contention", _number("contention", self.contention, "loaded / idle all-reduce time", minimum=1))
+        set_(self, "stretch", _number("stretch", self.stretch, "backward s lost per s in flight", minimum=0))
+        set_(self, "stretch_ci", _interval("stretch_ci", self.stretch_ci, "backward s lost per s in flight"))
+        if not isinstance(self.source, str):
+            raise ValueError(f"source must be a string saying where the figures come from, got {self.source!r}")
+        set_(self, "how", tuple(str(h) for h in self.how))
+
+    def time(self, op: str, nbytes, nproc):
+        """Seconds of collective `op` ('all_reduce', 'reduce_scatter', 'all_gather', 'ps') of `nbytes` bytes on
+        `nproc` ranks, idle (no compute beside it): dtlab.model.costmodel.collective_time in this link's form."""
+        return costmodel.collective_time(op, self.form, self.alpha, self.beta, nbytes, nproc)
+
+    def replace(self, **changes) -> Link:
+        """A copy with `changes` (field=value), validated like a new Link."""
+        return dataclasses.replace(self, **changes)
+
+    def bounds(self) -> tuple[Link, Link] | None:
+        """(fast end, slow end) of the band: alpha and beta at their intervals' low ends (at least 0; beta above
+        0) and high ends, stretch at its interval's ends where it has one; None without alpha and beta intervals."""
+        if self.alpha_ci is None or self.beta_ci is None:
+            return None
+        s_lo, s_hi = self.stretch_ci or (self.stretch, self.stretch)
+        fast = self.replace(alpha=max(0.0, self.alpha_ci[0]), beta=max(0.0, self.beta_ci[0]), stretch=max(0, s_lo))
+        slow = self.replace(alpha=max(0.0, self.alpha_ci[1]), beta=max(0.0, self.beta_ci[1]), stretch=max(0, s_hi))
+        return fast, slow
+
+    @classmethod
+    def from_profile(cls, profile, op: str = "all_reduce", nproc: int | None = None) -> Link:
+        """The Link of `profile`'s `op` fit (a Profile from dtlab.calibrate, dtlab.load_profile or any other
+        source): its alpha, beta, form and intervals; where the profile was also timed under load
+        (calibrate(..., load='backward')), the contention (loaded / idle all-reduce at 25 MiB, at p = `nproc` or
+        the largest p timed, at least 1) and the stretch it measured; otherwise 1 and 0, and `how` says so."""
+        fits = getattr(profile, "fits", None)
+        if fits is None:
+            raise ValueError(f"profile must be a dtlab Profile (dtlab.load_profile), got {type(profile).__name__}")
+        if op not in fits:
+            raise ValueError(f"profile: op {op!r} has no fit in this profile; fitted ops: {sorted(fits)}")
+        fit = fits[op]
+
+        def ci(pair):  # a profile of recorded figures only carries NaN intervals: no band, not a made-up one
+            pair = tuple(float(x) for x in pair) if pair is not None else ()
+            return pair if len(pair) == 2 and all(math.isfinite(x) for x in pair) else None
+
+        contention, c_how = contention_from_profile(profile, CONTENTION_AT_BYTES, nproc)
+        stretch, s_how = stretch_from_profile(profile)
+        st = ((profile.meta or {}).get("load") or {}).get("stretch") or {}
+        meta = profile.meta or {}
+        where = meta.get("source") or meta.get("host") or "a calibration"
+        return cls(
+            alpha=max(0.0, float(fit.alpha)),
+            beta=float(fit.beta),
+            form=fit.form,
+            alpha_ci=ci(fit.alpha_ci),
+            beta_ci=ci(fit.beta_ci),
+            contention=contention,
+            stretch=stretch,
+            stretch_ci=(float(st["lo"]), float(st["hi"])) if st else None,
+            source=f"{op} {fit.form} fit of the profile from {where} ({fit.n_points} points, "
+            f"{fit.min_bytes:,}..{fit.max_bytes:,} B)",
+            how=(
+                f"alpha, beta: fitted ({fit.confidence:.0%} intervals)"
+                + (", a negative alpha clipped to 0" if fit.alpha < 0 else ""),
+                f"contention: {c_how}",
+                f"stretch: {s_how}",
+            ),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoLevelLink:
+    """Nodes of `gpus_per_node` ranks: an intra-node Link (NVLink, PCIe, shared memory) and an inter-node Link (the
+    network), an all-reduce priced by dtlab.model.hierarchy ('hierarchical': reduce-scatter in the node, all-reduce
+    of the shard across nodes, all-gather in the node; 'flat': one ring over all ranks, each step as slow as its
+    slowest edge), the node's `nics_per_node` network links shared by its rings. A job of at most gpus_per_node
+    ranks stays in one node: the intra Link alone. The compute beside it shares the node, so contention and
+    stretch are the intra Link's."""
+
+    intra: Link
+    inter: Link
+    gpus_per_node: int
+    algorithm: str = "hierarchical"
+    nics_per_node: int = 1
+
+    def __post_init__(self):
+        for name in ("intra", "inter"):
+            if not isinstance(getattr(self, name), Link):
+                raise ValueError(f"{name} must be a Link (dtlab.model.link.Link), got {getattr(self, name)!r}")
+        for name in ("gpus_per_node", "nics_per_node"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+        if self.algorithm not in hi.ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {hi.ALGORITHMS}, got {self.algorithm!r}")
+
+    @property
+    def form(self) -> str:
+        return f"two-level {self.algorithm}"
+
+    @property
+    def contention(self) -> float:
+        return self.intra.contention
+
+    @property
+    def stretch(self) -> float:
+        return self.intra.stretch
+
+    @property
+    def source(self) -> str:
+        return f"inside a node: {self.intra.source}; between nodes: {self.inter.source}"
+
+    @property
+    def how(self) -> tuple[str, ...]:
+        return tuple(f"intra: {h}" for h in self.intra.how) + tuple(f"inter: {h}" for h in self.inter.how)
+
+    def nodes(self, nproc: int) -> int:
+        """Nodes a job of `nproc` ranks fills: 1 up to gpus_per_node, else nproc / gpus_per_node (whole nodes)."""
+        p = int(nproc)
+        if p <= self.gpus_per_node:
+            return 1
+        if p % self.gpus_per_node:
+            raise ValueError(
+                f"nproc must fill whole nodes of gpus_per_node = {self.gpus_per_node} ranks (or fit in one), got {p}"
+            )
+        return p // self.gpus_per_node
+
+    def time(self, op: str, nbytes, nproc):
+        """Seconds of an all-reduce of `nbytes` bytes on `nproc` ranks (only 'all_reduce' has a two-level form)."""
+        if int(nproc) <= self.gpus_per_node:
+            return self.intra.time(op, nbytes, nproc)
+        if op != "all_reduce":
+            raise ValueError(f"op must be 'all_reduce' for a two-level link across nodes, got {op!r}")
+        n = self.nodes(nproc)
+        levels = (self.intra.alpha, self.intra.beta, self.inter.alpha, self.inter.beta)
+        return hi.two_level_time(self.algorithm, *levels, nbytes, n, self.gpus_per_node, self.nics_per_node)
+
+    def replace(self, **changes) -> TwoLevelLink:
+        """A copy with `changes`; contention and stretch go to the intra Link."""
+        intra = {k: changes.pop(k) for k in ("contention", "stretch") if k in changes}
+        out = dataclasses.replace(self, **changes)
+        return dataclasses.replace(out, intra=out.intra.replace(**intra)) if intra else out
+
+    def bounds(self) -> tuple[TwoLevelLink, TwoLevelLink] | None:
+        """(fast end, slow end): both levels at their bands' ends; None unless both levels have one."""
+        a, b = self.intra.bounds(), self.inter.bounds()
+        if a is None or b is None:
+            return None
+        return self.replace(intra=a[0], inter=b[0]), self.replace(intra=a[1], inter=b[1])
+
+    @classmethod
+    def from_profiles(cls, intra, inter, gpus_per_node: int, op: str = "all_reduce", **kw) -> TwoLevelLink:
+        """A TwoLevelLink from a profile measured inside a node and one across nodes (one rank per node), each
+        through :meth:`Link.from_profile`; `kw`: algorithm, nics_per_node."""
+        return cls(
+            intra=Link.from_profile(intra, op), inter=Link.from_profile(inter, op), gpus_per_node=gpus_per_node, **kw
+        )
+
+
+def as_link(value, op: str = "all_reduce") -> Link | TwoLevelLink:
+    """A Link or TwoLevelLink as given, or the Link of a Profile (:meth:`Link.from_profile`); a ValueError naming
+    `link` for anything else."""
+    if isinstance(value, (Link, TwoLevelLink)):
+        return value
+    if hasattr(value, "fits") and hasattr(value, "predict"):
+        return Link.from_profile(value, op)
+    raise ValueError(
+        f"link must be a dtlab Profile, a Link or a TwoLevelLink (dtlab.model.link), got {type(value).__name__}"
+    )
+
+
+def contention_from_profile(profile, nbytes: float, nproc: int | None = None) -> tuple[float, str]:
+    """(factor, where it comes from): how many times longer an all-reduce of `nbytes` took beside a replayed
+    backward pass than idle in `profile` (its loaded and idle fits, at p = `nproc` or the largest p timed), at
+    least 1; (1.0, why not) for a profile without a loaded fit."""
+    if profile is None or not profile.has_load("all_reduce"):
+        return 1.0, "none assumed: no loaded calibration (dtlab.calibrate(..., load='backward') measures it)"
+    timed = profile.samples["nproc"] if "nproc" in profile.samples.columns else []
+    p = int(nproc or (max(timed) if len(timed) else 2))
+    idle = float(profile.predict("all_reduce", nbytes, p))
+    loaded = float(profile.predict("all_reduce", nbytes, p, load="backward"))
+    factor = max(1.0, loaded / idle) if idle > 0 else 1.0
+    model = profile.meta.get("load", {}).get("model", "a model")
+    return factor, (
+        f"measured: loaded / idle all-reduce fit at {nbytes / 2**20:.3g} MiB, p = {p}, this profile "
+        f"(beside {model}'s backward pass)"
+    )
