@@ -27,7 +27,7 @@ from dtlab.rank.build import build_replica
 from dtlab.rank.collectives import CommRecorder
 from dtlab.rank.loop import Setup, Step, Strategy
 from dtlab.rank.marks import rank_marks
-from dtlab.rank.recorder import StepClock
+from dtlab.rank.recorder import Mark, StepClock
 from dtlab.rank.reference import Reference
 
 
@@ -199,14 +199,14 @@ def timed_step(step: int, clock, rec, opt, compute, batch, params, mesh=None, al
     opt.zero_grad(set_to_none=True)
     if align:
         dist.barrier()
-    clock.mark("start")
+    clock.mark(Mark.START)
     rec.begin(step, clock.start)
     out = compute(batch)
     rec.phase = "backward"
     dp_sync(params, mesh, rec)
-    clock.mark("bwd")
+    clock.mark(Mark.BWD)
     rec.phase = "optimizer"
     opt.step()
-    clock.mark("opt")
+    clock.mark(Mark.OPT)
     t = clock.read()
     return t, rec.flush(), out

@@ -4,7 +4,7 @@ with AdamW and its lr rule (dtlab.rank.optim), with the injected straggler delay
 checkpoints (dtlab.rank.restarts), evaluations between steps (dtlab.rank.evaluation), a bucket recorder whose
 no-op mode is the compute baseline (dtlab.rank.recorder), and the machine's snapshots around the steps.
 
-A step runs `accumulate` micro-batches (only the last one communicates) and marks fwd{k} and bwd{k} for each, so
+A step runs `accumulate` micro-batches (only the last one communicates) and marks (FWD, k) and (BWD, k) for each, so
 the loop (dtlab.rank.loop) sums the forwards; a subclass says how the model is wrapped and what it records beside
 the buckets.
 """
@@ -19,7 +19,7 @@ from dtlab.rank.evaluation import Evaluator, eval_pause
 from dtlab.rank.loop import Setup, Step, Strategy
 from dtlab.rank.marks import rank_marks
 from dtlab.rank.optim import Optimizer
-from dtlab.rank.recorder import BucketRecorder, StepClock, optimizer_state_bytes, recorder_facts, tensor_bytes
+from dtlab.rank.recorder import BucketRecorder, Mark, StepClock, optimizer_state_bytes, recorder_facts, tensor_bytes
 from dtlab.rank.restarts import Checkpointer
 from dtlab.rank.stragglers import Straggler, ddp_compute_s
 
@@ -101,7 +101,7 @@ class DataParallel(Strategy):
         """Training step `step`, or (`paired` set) the no-op hook baseline step on its paired step's batch."""
         cfg, baseline = self.ctx.cfg, paired is not None
         self.recorder.mode = "noop" if baseline else "allreduce"
-        self.clock.mark("start")
+        self.clock.mark(Mark.START)
         self.recorder.begin_step(self.clock.start)
         self.straggler.begin_step()
         out, slept = self._micro_batches(paired if baseline else step)  # a baseline: its step's batch again
@@ -123,12 +123,12 @@ class DataParallel(Strategy):
             batch = self.batches[(data_step * cfg.ddp.accumulate + k) % len(self.batches)]
             with self.accumulating(k < k_last):
                 out = self.ddp(**batch)
-                clock.mark(f"fwd{k}")
+                clock.mark(Mark.FWD, k)
                 if k == k_last:  # every bucket this rank issues is late by the delay (see dtlab.config.stragglers)
                     slept = self.straggler.pause()
                 # DDP's hook fires per bucket in the last backward, which returns once all buckets are reduced
                 (out.loss / cfg.ddp.accumulate if cfg.ddp.accumulate > 1 else out.loss).backward()
-                clock.mark(f"bwd{k}")
+                clock.mark(Mark.BWD, k)
         return out, slept
 
     def accumulating(self, no_sync: bool):
@@ -136,10 +136,10 @@ class DataParallel(Strategy):
         raise NotImplementedError
 
     def optimizer_step(self, step: int) -> None:
-        """A training step's optimizer; marks "opt" when the optimizer phase is over."""
+        """A training step's optimizer; marks Mark.OPT when the optimizer phase is over."""
         self.optim.step()
         self.opt.zero_grad(set_to_none=False)
-        self.clock.mark("opt")
+        self.clock.mark(Mark.OPT)
 
     def after_step(self, step: int, paired: int | None, rec: dict) -> None:
         """The step's own records, its buckets, the straggler's observation; then (training) a checkpoint and an

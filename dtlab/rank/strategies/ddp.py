@@ -10,22 +10,21 @@ import inspect
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dtlab.config.run import RunConfig
-from dtlab.rank.loop import RankContext, run
 from dtlab.rank.strategies.data_parallel import DataParallel
 from dtlab.rank.strategies.local_sgd import LocalSGDStrategy
-
-
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """One rank of a 'ddp' run (or of local SGD, `local_sgd` H > 0)."""
-    ctx = RankContext(cfg, run_dir, rank, world, writer)
-    run(LocalSGDStrategy(ctx) if cfg.sync.local_sgd else DDPStrategy(ctx))
 
 
 class DDPStrategy(DataParallel):
     """DDP with dtlab's recording hook (its no-op mode is the compute baseline), DDP's own statistics recorded
     beside the buckets and its logging data at the end. A subclass may reduce each bucket its own way
     (`transport`: strategy 'ps')."""
+
+    @classmethod
+    def for_rank(cls, ctx):
+        """Local SGD's strategy where `local_sgd` H > 0 ('ddp' runs it: a plain model per rank), else DDP's."""
+        if cls is DDPStrategy and ctx.cfg.sync.local_sgd:
+            return LocalSGDStrategy(ctx)
+        return cls(ctx)
 
     def wrap(self, model, device):
         """`model` in DDP with `bucket_mb` buckets (see `_wrap`)."""

@@ -29,8 +29,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from dtlab.config.run import RunConfig
-from dtlab.rank.loop import RankContext, Step, run
+from dtlab.rank.loop import Step
 from dtlab.rank.optim import adamw
+from dtlab.rank.recorder import Mark
 from dtlab.rank.replicas import SplitStrategy
 
 
@@ -131,12 +132,6 @@ def blocked_recording(cuda: bool, watched: bool) -> dict:
     }
 
 
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """Shard the model with fully_shard, train cfg.steps steps and write step, collective, blocked, memory (and
-    reference) events."""
-    run(FullyShard(RankContext(cfg, run_dir, rank, world, writer)))
-
-
 class FullyShard(SplitStrategy):
     """Every block one FSDP unit and the root another, on a 1-D mesh over all ranks (see the module docstring)."""
 
@@ -181,7 +176,7 @@ class FullyShard(SplitStrategy):
     def compute(self, batch):
         """Forward (units gathered, freed) and backward (gathered again, gradients reduce-scattered)."""
         out = self.model(**batch)
-        self.clock.mark("fwd")
+        self.clock.mark(Mark.FWD)
         out.loss.backward()
         return out
 

@@ -4,7 +4,7 @@ shares (dtlab.rank.strategies.data_parallel): data, optimizer, straggler, checkp
 recorder's facts, the no-op baseline steps (here the same compute, no hook: nothing communicates in backward).
 
 The average runs inside the step, after the optimizer (as PostLocalSGDOptimizer.step does): the optimizer itself
-ends at the mark "optim", the average at "opt", so t_opt holds the average and a baseline step's t_opt only the
+ends at Mark.OPTIM, the average at Mark.OPT, so t_opt holds the average and a baseline step's t_opt only the
 optimizer's time. Each average is a `collective` event; `params` digests, taken outside the timed step, show the
 ranks agreeing after each average and drifting apart between averages.
 """
@@ -15,6 +15,7 @@ import contextlib
 import time
 
 from dtlab.rank.local_sgd import LocalSGD, digest_due
+from dtlab.rank.recorder import Mark
 from dtlab.rank.strategies.data_parallel import DataParallel
 
 
@@ -34,12 +35,12 @@ class LocalSGDStrategy(DataParallel):
         return contextlib.nullcontext()
 
     def optimizer_step(self, step: int) -> None:
-        """The optimizer (mark "optim"), then the parameters' average when due (mark "opt")."""
+        """The optimizer (Mark.OPTIM), then the parameters' average when due (Mark.OPT)."""
         self.optim.step()
         self.opt.zero_grad(set_to_none=False)
-        self.clock.mark("optim")
+        self.clock.mark(Mark.OPTIM)
         self.averaged = self.local.after_step(step)
-        self.clock.mark("opt")
+        self.clock.mark(Mark.OPT)
 
     def sync_records(self, step: int, baseline: bool) -> None:
         """The average's `collective` event, and the parameters' digest when due (not timed)."""

@@ -33,8 +33,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from dtlab.config.parallel import split_layers
 from dtlab.config.run import RunConfig
 from dtlab.rank.compat import is_pipeline_transfer, pipelining_p2p_helpers
-from dtlab.rank.loop import RankContext, Step, run
+from dtlab.rank.loop import Step
 from dtlab.rank.optim import adamw
+from dtlab.rank.recorder import Mark
 from dtlab.rank.replicas import SplitStrategy, local_bytes
 from dtlab.rank.strategies.stages import make_stage, stage_param_names
 
@@ -169,11 +170,6 @@ class ComputeTimeline:
         return last
 
 
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """Build this rank's stage and schedule, train cfg.steps steps and write the events above."""
-    run(Pipeline(RankContext(cfg, run_dir, rank, world, writer)))
-
-
 class Pipeline(SplitStrategy):
     """This rank's stage of the replica's pipeline and its schedule (see the module docstring)."""
 
@@ -218,7 +214,7 @@ class Pipeline(SplitStrategy):
         losses: list = []
         self.timeline.begin(self.clock.start)
         _schedule_step(self.sched, self.s, self.P, batch, losses, {"attention_mask": batch["attention_mask"]})
-        self.clock.mark("pipe")
+        self.clock.mark(Mark.PIPE)
         return losses
 
     def step_fields(self, step: int, t: dict, losses) -> Step:
@@ -227,7 +223,7 @@ class Pipeline(SplitStrategy):
         t_f = self.timeline.flush(ctx.writer, ctx.rank, step)
         loss = float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
         fields = {
-            "t_pipe": t["pipe"],
+            "t_pipe": t[Mark.PIPE],
             "loss": loss,
             "stage": self.s,
             "dp_rank": self.b.dp_rank,

@@ -29,10 +29,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from dtlab.config.run import RunConfig
 from dtlab.rank.collectives import FuncolMode, LayerTracker
-from dtlab.rank.loop import RankContext, Step, run
+from dtlab.rank.loop import Step
 from dtlab.rank.optim import adamw
+from dtlab.rank.recorder import Mark
 from dtlab.rank.replicas import SplitStrategy, local_bytes
 
 
@@ -63,12 +63,6 @@ def expected_allreduce_bytes(batch_size: int, seq_len: int, hidden: int, n_layer
         "per_step": 4 * n_layers,
         "bytes_per_step": 4 * n_layers * each,
     }
-
-
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """Build the replica's mesh, split every block, train cfg.steps steps and write step, collective, blocked,
-    memory (and reference) events."""
-    run(TensorParallel(RankContext(cfg, run_dir, rank, world, writer)))
 
 
 class TensorParallel(SplitStrategy):
@@ -106,7 +100,7 @@ class TensorParallel(SplitStrategy):
         mode = FuncolMode(self.rec, "tp", self.tracker) if record else contextlib.nullcontext()
         with mode:
             out = self.model(**batch)
-            self.clock.mark("fwd")
+            self.clock.mark(Mark.FWD)
             out.loss.backward()
         if record:
             mode.close()
