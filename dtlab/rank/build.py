@@ -6,7 +6,7 @@ A strategy then wraps or splits the model (DDP, DeepSpeed, fully_shard, a tensor
 and builds its optimizer over the parameters that gives it, at the `cfg.lr` settled here (dtlab.rank.optim).
 
 The global batch is cut into `shards` shares: one per rank for the data-parallel strategies, one per replica for
-'tp' and 'pp' (every rank of a replica reads its replica's share, dtlab.rank.replicas), one per worker for the
+'tp' and 'pp' (every rank of a replica reads its replica's share, dtlab.rank.strategies.bases), one per worker for the
 asynchronous server (which reads none itself).
 """
 

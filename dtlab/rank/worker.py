@@ -22,6 +22,11 @@ def _train(run_dir: str, rank: int, world: int, writer) -> None:
     lib = check_preloaded()  # NCCL ranks given DTLAB_NCCL_LIBRARY: this rank loaded it, or stops here
     if lib is not None:
         print(f"rank {rank}: NCCL library {lib.path}: {lib.text} (ncclGetVersion {lib.code}), preloaded", flush=True)
+    train(cfg, run_dir, rank, world, writer)
+
+
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    """One rank of the run `cfg`: the strategy class its spec names, on the one training loop."""
     spec = strategy_spec(cfg.strategy)
     strategy = getattr(importlib.import_module(spec.module), spec.rank_class)
     run(strategy.for_rank(RankContext(cfg, run_dir, rank, world, writer)))
