@@ -35,7 +35,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from dtlab.config.convergence import lr_rule_text
 from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
 from dtlab.rank.evaluation import Evaluator, TrainClock
@@ -86,7 +85,7 @@ class _AsyncRank(Strategy):
         self.group = dist.new_group(backend="gloo") if rep.backend != "gloo" else None  # host messages, any source
         self.model = rep.model.to(rep.device)
         self.model.train()
-        self.tokenizer = rep.tokenizer
+        self.tokenizer, self.lr = rep.tokenizer, rep.lr
         return Setup(rep.device, rep.backend, self.facts, self.facts)
 
     def memory(self, final: bool) -> dict | None:
@@ -112,7 +111,7 @@ class AsyncServer(_AsyncRank):
         setup.resolved = {
             **self.facts,
             **self.evaluator.facts,
-            "lr_rule": lr_rule_text(cfg),
+            "lr_rule": self.lr.rule,
             "timing_method": rank_marks(self.device, setup.backend, synced=True).facts(),  # the workers' marks
             "staleness": {"max": cfg.sync.max_staleness, "policy": cfg.sync.staleness_policy},
         }
@@ -124,7 +123,9 @@ class AsyncServer(_AsyncRank):
 
     def after_steps(self) -> None:
         """Serve the workers (see `_serve`)."""
-        _serve(self.ctx.cfg, self.model, self.ctx.world, self.device, self.ctx.writer, self.evaluator, self.group)
+        _serve(
+            self.ctx.cfg, self.lr, self.model, self.ctx.world, self.device, self.ctx.writer, self.evaluator, self.group
+        )
 
 
 class AsyncWorker(_AsyncRank):
@@ -186,12 +187,12 @@ class AsyncWorker(_AsyncRank):
         dist.send(self.push, dst=SERVER, tag=PUSH, group=self.group)
 
 
-def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) -> None:
+def _serve(cfg: RunConfig, lr, model, world: int, device, writer, evaluator, group) -> None:
     params = [p for p in model.parameters()]
     n = sum(p.numel() for p in params)
     for p in params:
         p.grad = torch.zeros_like(p)
-    optim = Optimizer(cfg, params)
+    optim = Optimizer(lr, params, cfg.optimizer_impl)
     book = Book(cfg.sync.max_staleness, cfg.sync.staleness_policy)
     inbox = torch.empty(HDR_PUSH + n)  # host memory: gloo's point-to-point messages
     outbox = {w: torch.empty(HDR_PULL + n) for w in range(1, world)}

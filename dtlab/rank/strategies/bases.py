@@ -29,7 +29,6 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from dtlab.config.convergence import lr_rule_text
 from dtlab.config.parallel import layout
 from dtlab.config.run import RunConfig
 from dtlab.config.stragglers import straggler_plan
@@ -92,7 +91,7 @@ class DataParallel(Strategy):
         transport = self.transport(device, backend)
         self.recorder = BucketRecorder(world, device, codec, transport, backend=backend, marks=self.marks)
         self.register_hook()
-        self.optim = Optimizer(cfg, self.ddp.parameters())  # AdamW, lr scaled and warmed up (config.convergence)
+        self.optim = Optimizer(rep.lr, self.ddp.parameters(), cfg.optimizer_impl)  # AdamW, lr scaled, warmed up
         self.opt = self.optim.opt
         self.evaluator = Evaluator(cfg, rep.tokenizer, rep.facts["data_source"], device, active=rank == 0)
         facts = {
@@ -100,7 +99,7 @@ class DataParallel(Strategy):
             "straggler": straggler_plan(cfg.stragglers.slow, world),
             **recorder_facts(self.recorder),
             **self.evaluator.facts,
-            "lr_rule": lr_rule_text(cfg),
+            "lr_rule": rep.lr.rule,
         }
         return Setup(device, backend, facts, rep.facts)
 
