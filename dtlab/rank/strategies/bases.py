@@ -31,7 +31,6 @@ from torch.distributed.tensor import DTensor
 
 from dtlab.config.parallel import layout
 from dtlab.config.run import RunConfig
-from dtlab.config.stragglers import straggler_plan
 from dtlab.rank.build import build_replica
 from dtlab.rank.collectives import CommRecorder
 from dtlab.rank.compression import Codec
@@ -96,7 +95,7 @@ class DataParallel(Strategy):
         self.evaluator = Evaluator(cfg, rep.tokenizer, rep.facts["data_source"], device, active=rank == 0)
         facts = {
             **rep.facts,
-            "straggler": straggler_plan(cfg.stragglers.slow, world),
+            "straggler": self.straggler.plan,
             **recorder_facts(self.recorder),
             **self.evaluator.facts,
             "lr_rule": rep.lr.rule,
