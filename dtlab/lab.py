@@ -129,6 +129,8 @@ def __getattr__(name):
         module, attr = WHERE[name]
         value = importlib.import_module(module)
         value = value if attr is None else getattr(value, attr)
+        if module.startswith("dtlab.viz."):  # a lab that draws: its figures' .show() draws in an export too
+            importlib.import_module("dtlab.viz.livefigure").use_course_renderer()
         globals()[name] = value
         return value
     raise AttributeError(f"module 'dtlab.lab' has no attribute {name!r} (a lab's names: dtlab.lab.__all__)")

@@ -212,11 +212,35 @@ def lr_at(cfg, step: int) -> float:
 
 def lr_rule_text(cfg) -> str:
     """The rule in words, with this run's numbers (recorded in config.json)."""
+    return _rule_text(cfg, base_lr(cfg), peak_lr(cfg))
+
+
+@dataclass(frozen=True)
+class LrPlan:
+    """A rank's learning rate, settled once its model is built (`lr_plan`): the base rate and where it came from,
+    the peak its optimizer starts from (the base scaled by the rule), the warmup and the rule in words."""
+
+    value: float
+    source: str
+    peak: float
+    warmup_steps: int
+    rule: str
+
+
+def lr_plan(cfg, pretrained: bool | None) -> LrPlan:
+    """The run's learning rate for weights that are `pretrained` or not (`resolve_lr`), scaled (`peak_lr`) and
+    warmed up as `cfg.lr_schedule` says: every number the rank's optimizer and config.json need, at once."""
+    rec = resolve_lr(cfg, pretrained)
+    peak = rec["value"] * lr_multiplier(cfg.lr_schedule.scaling, update_batch(cfg) / _base_batch(cfg))
+    return LrPlan(rec["value"], rec["source"], peak, cfg.lr_schedule.warmup_steps, _rule_text(cfg, rec["value"], peak))
+
+
+def _rule_text(cfg, base_value: float, peak: float) -> str:
     sched, base = cfg.lr_schedule, _base_batch(cfg)
     k = update_batch(cfg) / base
     text = (
-        f"lr {base_lr(cfg):g} x {lr_multiplier(sched.scaling, k):.4g} ({sched.scaling}, k = update batch "
-        f"{update_batch(cfg)} / base batch {base} = {k:.4g}) = {peak_lr(cfg):.4g}"
+        f"lr {base_value:g} x {lr_multiplier(sched.scaling, k):.4g} ({sched.scaling}, k = update batch "
+        f"{update_batch(cfg)} / base batch {base} = {k:.4g}) = {peak:.4g}"
     )
     if sched.warmup_steps:
         n = sched.warmup_steps

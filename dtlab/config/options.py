@@ -8,8 +8,8 @@ lever, and read as `cfg.GROUP.FIELD` (`cfg.parallel.microbatches`):
 | ------------- | ------------------ | --------------------------- | --------------------------------------------- |
 | `ddp`         | DDPConfig          | dtlab.config.ddp            | strategies 'ddp', 'ps', local SGD, the loop   |
 | `stragglers`  | StragglersConfig   | dtlab.config.stragglers     | rank.stragglers                               |
-| `checks`      | ChecksConfig       | dtlab.config.parallel       | rank.replicas, rank.reference                 |
-| `parallel`    | ParallelConfig     | dtlab.config.parallel       | strategies 'tp' and 'pp', rank.replicas       |
+| `checks`      | ChecksConfig       | dtlab.config.parallel       | strategies.bases, rank.reference              |
+| `parallel`    | ParallelConfig     | dtlab.config.parallel       | strategies 'tp' and 'pp', strategies.bases    |
 | `compression` | CompressionConfig  | dtlab.config.compression    | strategy 'ddp', rank.compression              |
 | `restarts`    | RestartsConfig     | dtlab.config.restarts       | rank.restarts, the launcher (torchrun)        |
 | `evaluation`  | EvaluationConfig   | dtlab.config.convergence    | rank.evaluation                               |

@@ -158,8 +158,9 @@ def plan(
 
     `strategy` only adds what the placement means for it to the note (ZeRO-3 over gloo, ZeRO-3 on one rank).
     Raises ValueError naming the field when the request cannot run here."""
+    spec = strategy_spec(strategy) if strategy is not None else None  # read once: every rule below uses it
     p = _known_failure(_plan(nproc, backend, device, ngpu, nccl_version), strategy, nproc, backend)
-    refused = strategy_spec(strategy).gloo_cuda_refused if strategy is not None else ""
+    refused = spec.gloo_cuda_refused if spec is not None else ""
     if refused and p.backend == "gloo" and p.device == "cuda":
         if device == "cuda":
             raise ValueError(
@@ -174,9 +175,9 @@ def plan(
             label=f"gloo on CPU, {_ranks(nproc)} ({strategy!r} cannot use gloo on CUDA tensors)",
             note=f"{cpu.note}; the GPU is not used: NCCL cannot place these ranks here, and {refused}",
         )
-    if strategy is not None and strategy_spec(strategy).asynchronous and p.device == "cuda":
+    if spec is not None and spec.asynchronous and p.device == "cuda":
         p = replace(p, clock="wall_clock_synced")  # dtlab.rank.strategies.async_ps: messages block the host
-    extra = strategy_note(strategy, p, nproc)
+    extra = strategy_note(spec, p, nproc)
     if extra:
         p = replace(p, note=f"{p.note}; {extra}" if p.note else extra)
     return p
@@ -195,9 +196,9 @@ def _known_failure(p: Placement, strategy: str | None, nproc: int, backend: str)
     return replace(g, note=f"{g.note}; {why}")
 
 
-def strategy_note(strategy: str | None, p: Placement, nproc: int) -> str:
-    """What a placement means for a strategy's numbers beyond what it means for DDP ('' when nothing)."""
-    spec = strategy_spec(strategy) if strategy is not None else None
+def strategy_note(spec, p: Placement, nproc: int) -> str:
+    """What a placement means for the numbers of the strategy `spec` (a StrategySpec, or None) beyond what it means
+    for DDP ('' when nothing)."""
     if spec is None:
         return ""
     if spec.shards and nproc == 1:

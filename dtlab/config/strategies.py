@@ -1,8 +1,8 @@
-"""The strategies, one spec each: which rank module trains, how its communication is recorded and priced, and what
-it supports. Every check reads these specs; nothing else compares strategy names.
+"""The strategies, one spec each: which rank module and class trains, how its communication is recorded and priced
+and what it supports. Every check reads these specs; nothing else compares strategy names.
 
-A new strategy = a module in dtlab/rank/strategies/ with `train(cfg, run_dir, rank, world, writer)` plus one spec
-here. A new lever names the strategies that support it by adding a field below.
+A new strategy = a module in dtlab/rank/strategies/ with a dtlab.rank.loop.Strategy class plus one spec here. A new
+lever names the strategies that support it by adding a field below.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ class StrategySpec:
     """The `RunConfig.strategy` value."""
     module: str
     """The rank-side module that trains (`python -m dtlab.rank.worker` imports it)."""
+    rank_class: str
+    """The class in `module` that trains one rank (a dtlab.rank.loop.Strategy; its `for_rank` may pick another
+    for a rank or a config: the asynchronous server on rank 0, local SGD under 'ddp')."""
     title: str
     """One line for tables and help."""
     records: str
@@ -108,6 +111,7 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec(
             name="ddp",
             module="dtlab.rank.strategies.ddp",
+            rank_class="DDPStrategy",
             title="ring all-reduce (ddp)",
             records="buckets",
             bucket_op="all_reduce",
@@ -124,6 +128,7 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec(
             name="ps",
             module="dtlab.rank.strategies.ps",
+            rank_class="PSStrategy",
             title="reduce + broadcast (ps)",
             records="buckets",
             bucket_op="ps",
@@ -136,6 +141,7 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec(
             name="zero3",
             module="dtlab.rank.strategies.zero3",
+            rank_class="Zero3",
             title="DeepSpeed ZeRO-3 (zero3)",
             records="collectives",
             blocked_time=True,
@@ -147,6 +153,7 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec(
             name="fsdp2",
             module="dtlab.rank.strategies.fsdp2",
+            rank_class="FullyShard",
             title="PyTorch FSDP2 fully_shard (fsdp2)",
             records="collectives",
             blocked_time=True,
@@ -156,6 +163,7 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec(
             name="tp",
             module="dtlab.rank.strategies.tp",
+            rank_class="TensorParallel",
             title="tensor parallel, Megatron-style (tp)",
             records="collectives",
             blocked_time=True,
@@ -166,6 +174,7 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec(
             name="pp",
             module="dtlab.rank.strategies.pp",
+            rank_class="Pipeline",
             title="pipeline parallel (pp)",
             records="collectives",
             blocked_time=True,
@@ -181,6 +190,7 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec(
             name="async",
             module="dtlab.rank.strategies.async_ps",
+            rank_class="AsyncWorker",
             title="asynchronous parameter server (async)",
             records="collectives",
             evaluates=True,

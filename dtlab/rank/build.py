@@ -6,7 +6,7 @@ A strategy then wraps or splits the model (DDP, DeepSpeed, fully_shard, a tensor
 and builds its optimizer over the parameters that gives it, at the `cfg.lr` settled here (dtlab.rank.optim).
 
 The global batch is cut into `shards` shares: one per rank for the data-parallel strategies, one per replica for
-'tp' and 'pp' (every rank of a replica reads its replica's share, dtlab.rank.replicas), one per worker for the
+'tp' and 'pp' (every rank of a replica reads its replica's share, dtlab.rank.strategies.bases), one per worker for the
 asynchronous server (which reads none itself).
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dtlab.config.convergence import LrPlan
 from dtlab.config.run import RunConfig
 from dtlab.rank.data import apply_dropout, build_model, load_sentences
 from dtlab.rank.lifecycle import setup_distributed
@@ -52,6 +53,7 @@ class Replica:
     batches: list
     every_shard: list | None
     facts: dict
+    lr: LrPlan
 
 
 def build_replica(
@@ -69,7 +71,7 @@ def build_replica(
     device, backend = setup_distributed(cfg, rank, world, nccl_timing=nccl_timing)
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
-    lr = settle_lr(cfg, built)  # cfg.lr: explicit, or the default for these weights (every optimizer reads it)
+    lr = settle_lr(cfg, built)  # explicit, or the default for these weights; scaled and warmed up (config.convergence)
     apply_dropout(built.model, cfg.dropout)
     # training steps only: a baseline step reuses the batch of the training step it is paired with, so the data (and
     # the losses) of a run do not depend on how many baseline steps it has
@@ -83,11 +85,11 @@ def build_replica(
         "model_source": built.model_source,
         "tokenizer_source": built.tokenizer_source,
         "data_source": data_src,
-        "lr": lr,
+        "lr": {"value": lr.value, "source": lr.source},
         "num_parameters": sum(p.numel() for p in params),
         "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         # per-parameter gradient bytes in registration order: what-if bucket layouts are built from it
         "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
     }
     every = [made[s] for s in range(shards)] if every_shard else None
-    return Replica(device, backend, built.model, built.tokenizer, made.get(shard, []), every, facts)
+    return Replica(device, backend, built.model, built.tokenizer, made.get(shard, []), every, facts, lr)

@@ -33,7 +33,7 @@ from dtlab.config.run import RunConfig
 from dtlab.rank.evaluation import TrainClock
 from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
 from dtlab.rank.profiling import StepProfiler
-from dtlab.rank.recorder import peak_memory
+from dtlab.rank.recorder import Mark, peak_memory
 
 
 @dataclass
@@ -62,10 +62,10 @@ class Setup:
 
 @dataclass
 class Step:
-    """What one step returns to the loop: the clock's marks in seconds from the step start (`t`: "fwd" ends
-    forward unless `t_fwd` says otherwise, "bwd" backward, "opt" the optimizer phase, "optim" the optimizer itself
-    where more work follows it in that phase; micro-batches mark fwd{k} and bwd{k}, see `step_times`), and the
-    step event's own fields (loss and the strategy's extras)."""
+    """What one step returns to the loop: the clock's marks in seconds from the step start (`t`, keyed by
+    dtlab.rank.recorder.Mark: FWD ends forward unless `t_fwd` says otherwise, BWD backward, OPT the optimizer phase,
+    OPTIM the optimizer itself where more work follows it in that phase; micro-batch k marks (FWD, k) and (BWD, k),
+    see `step_times`), and the step event's own fields (loss and the strategy's extras)."""
 
     t: dict
     fields: dict
@@ -86,6 +86,12 @@ class Strategy:
 
     def __init__(self, ctx: RankContext):
         self.ctx = ctx
+
+    @classmethod
+    def for_rank(cls, ctx: RankContext) -> Strategy:
+        """The strategy object rank `ctx.rank` runs: this class's, unless a subclass picks another for the rank or
+        the config (the asynchronous server on rank 0, local SGD under 'ddp')."""
+        return cls(ctx)
 
     def setup(self) -> Setup:
         """Build the model (process group, wrapping or splitting, optimizer) and state the facts."""
@@ -122,32 +128,35 @@ class Strategy:
 
 
 def step_times(t: dict, t_fwd: float | None = None, optimizer_s: float | None = None) -> dict:
-    """A step event's times from the clock's marks (seconds from the step start): forward until "fwd" (or
-    `t_fwd`; with micro-batches, marks fwd0, bwd0, fwd1, ..., every micro-batch's forward summed), backward from
-    there until "bwd" (or the last micro-batch's), the optimizer until "opt". A baseline step (`optimizer_s` set)
-    steps no optimizer: the model, its optimizer state and the schedule stay those of the training steps, so its
-    optimizer time is the one its paired training step measured just before (the optimizer communicates
-    nothing), and its t_step is forward + backward + that time."""
+    """A step event's times from the clock's marks (seconds from the step start): forward until Mark.FWD (or
+    `t_fwd`; with micro-batches, marks (FWD, 0), (BWD, 0), (FWD, 1), ..., every micro-batch's forward summed),
+    backward from there until Mark.BWD (or the last micro-batch's), the optimizer until Mark.OPT. A baseline step
+    (`optimizer_s` set) steps no optimizer: the model, its optimizer state and the schedule stay those of the
+    training steps, so its optimizer time is the one its paired training step measured just before (the optimizer
+    communicates nothing), and its t_step is forward + backward + that time."""
     fwd, bwd_end = _forward_s(t, t_fwd), backward_end(t)
     if optimizer_s is not None:
         return {"t_fwd": fwd, "t_bwd": bwd_end - fwd, "t_opt": optimizer_s, "t_step": bwd_end + optimizer_s}
-    return {"t_fwd": fwd, "t_bwd": bwd_end - fwd, "t_opt": t["opt"] - bwd_end, "t_step": t["opt"]}
+    return {"t_fwd": fwd, "t_bwd": bwd_end - fwd, "t_opt": t[Mark.OPT] - bwd_end, "t_step": t[Mark.OPT]}
+
+
+def _micro_batches(t: dict) -> int:
+    return sum(1 for k in t if isinstance(k, tuple) and k[0] is Mark.FWD)
 
 
 def backward_end(t: dict) -> float:
-    """When backward ended: the mark "bwd", or the last micro-batch's bwd{k}."""
-    if "bwd" in t:
-        return t["bwd"]
-    return t[f"bwd{sum(1 for k in t if k.startswith('fwd')) - 1}"]
+    """When backward ended: Mark.BWD, or the last micro-batch's (BWD, k)."""
+    if Mark.BWD in t:
+        return t[Mark.BWD]
+    return t[(Mark.BWD, _micro_batches(t) - 1)]
 
 
 def _forward_s(t: dict, t_fwd: float | None) -> float:
     if t_fwd is not None:
         return t_fwd
-    if "fwd" in t:
-        return t["fwd"]
-    n = sum(1 for k in t if k.startswith("fwd"))
-    return sum(t[f"fwd{k}"] - (t[f"bwd{k - 1}"] if k else 0.0) for k in range(n))
+    if Mark.FWD in t:
+        return t[Mark.FWD]
+    return sum(t[(Mark.FWD, k)] - (t[(Mark.BWD, k - 1)] if k else 0.0) for k in range(_micro_batches(t)))
 
 
 class Loop:
@@ -164,7 +173,7 @@ class Loop:
         t = taken.t
         baseline = paired is not None
         if not baseline:
-            self.optimizer_s = t.get("optim", t["opt"]) - backward_end(t)
+            self.optimizer_s = t.get(Mark.OPTIM, t[Mark.OPT]) - backward_end(t)
         times = step_times(t, taken.t_fwd, self.optimizer_s if baseline else None)
         rec = {"rank": self.ctx.rank, "step": step, **times, **taken.fields, "time": time.time()}
         if baseline:

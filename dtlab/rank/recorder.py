@@ -16,6 +16,7 @@ import json
 import os
 import resource
 import threading
+from enum import Enum
 
 import torch
 import torch.distributed as dist
@@ -76,8 +77,32 @@ class EventWriter:
             self._fd = -1
 
 
+class Mark(Enum):
+    """The points of a step its clock marks (`StepClock.mark`), one meaning each; a micro-batch's forward and
+    backward marks carry its index as well. The loop derives a step event's times from them (dtlab.rank.loop)."""
+
+    START = "start"
+    """The step's clock starts."""
+    FWD = "fwd"
+    """Forward ended (a micro-batch's forward, with its index)."""
+    BWD = "bwd"
+    """Backward ended (a micro-batch's backward, with its index)."""
+    OPTIM = "optim"
+    """The optimizer itself ended, where more of the optimizer phase follows it (local SGD's average)."""
+    OPT = "opt"
+    """The optimizer phase ended: the step's end."""
+    PIPE = "pipe"
+    """A pipeline stage's part of the schedule ended."""
+    PUSH_START = "push_start"
+    """An asynchronous worker starts sending its gradient."""
+    PUSH_END = "push_end"
+    """Its gradient is sent."""
+    PULL_END = "pull_end"
+    """The server's parameters are received."""
+
+
 class StepClock:
-    """Marks named points within a step and returns seconds from the step start for each, on the rank's marks
+    """Marks points within a step (`Mark`) and returns seconds from the step start for each, on the rank's marks
     (dtlab.rank.marks): wall clock on CPU, CUDA events on the current (compute) stream on GPU, read once per step.
     `marks` is the rank's `Marks`; without one, the default for `device` is made."""
 
@@ -86,17 +111,20 @@ class StepClock:
             marks = Marks(device, "nccl" if device.type == "cuda" else "gloo")
         self.marks = marks
         self.cuda = marks.cuda
-        self._marks: list[tuple[str, object]] = []
+        self._marks: list[tuple[Mark | tuple[Mark, int], object]] = []
 
-    def mark(self, name: str) -> None:
-        """A named mark, now, on the training thread's current stream (or the wall clock)."""
-        self._marks.append((name, self.marks.now()))
+    def mark(self, mark: Mark, micro: int | None = None) -> None:
+        """`mark` (of micro-batch `micro`, when given), now, on the training thread's current stream (or the wall
+        clock)."""
+        if not isinstance(mark, Mark):
+            raise TypeError(f"a step's mark is one of {', '.join(f'Mark.{m.name}' for m in Mark)}, got {mark!r}")
+        self._marks.append((mark if micro is None else (mark, micro), self.marks.now()))
 
     @property
     def start(self):
         return self._marks[0][1]
 
-    def read(self) -> dict[str, float]:
+    def read(self) -> dict[Mark | tuple[Mark, int], float]:
         """Seconds from the first mark to each mark. On GPU this waits for the step's work to finish (the step's
         one sync point: every other mark of the step is read after it)."""
         t0 = self._marks[0][1]

@@ -16,14 +16,16 @@ from collections import deque
 
 import torch
 
-from dtlab.config.stragglers import HISTORY_STEPS, parse_straggler
+from dtlab.config.stragglers import HISTORY_STEPS, parse_straggler, straggler_plan
 
 
 class Straggler:
-    """One rank's injected delay per step (s): fixed, or (FACTOR - 1) x the rank's own recent compute."""
+    """One rank's injected delay per step (s): fixed, or (FACTOR - 1) x the rank's own recent compute. `plan` is
+    what config.json records of the whole run's stragglers (dtlab.config.stragglers.straggler_plan)."""
 
     def __init__(self, spec: str | None, rank: int, world: int, device=None):
         self.entry = parse_straggler(spec, world).get(rank) if spec else None
+        self.plan = straggler_plan(spec, world)
         self.cuda = device is not None and getattr(device, "type", "cpu") == "cuda"
         self.device = device
         self._history: deque[float] = deque(maxlen=HISTORY_STEPS)

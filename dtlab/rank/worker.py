@@ -1,8 +1,8 @@
 """The training rank's entry point, started by torchrun: `python -m dtlab.rank.worker RUN_DIR`.
 
 Thin on purpose: the lifecycle (logs, events, errors, teardown) is dtlab.rank.lifecycle's, shared with calibration;
-this module only imports the strategy's rank module named by its spec (dtlab.config.strategies: adding a strategy
-means one module with `train(cfg, run_dir, rank, world, writer)` and one spec there).
+this module only builds the strategy class named by its spec (dtlab.config.strategies: adding a strategy means one
+module with a dtlab.rank.loop.Strategy subclass and one spec there) and hands it to the one training loop.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dtlab.config.ncclib import check_preloaded
 from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
+from dtlab.rank.loop import RankContext, run
 
 
 def _train(run_dir: str, rank: int, world: int, writer) -> None:
@@ -21,7 +22,14 @@ def _train(run_dir: str, rank: int, world: int, writer) -> None:
     lib = check_preloaded()  # NCCL ranks given DTLAB_NCCL_LIBRARY: this rank loaded it, or stops here
     if lib is not None:
         print(f"rank {rank}: NCCL library {lib.path}: {lib.text} (ncclGetVersion {lib.code}), preloaded", flush=True)
-    importlib.import_module(strategy_spec(cfg.strategy).module).train(cfg, run_dir, rank, world, writer)
+    train(cfg, run_dir, rank, world, writer)
+
+
+def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
+    """One rank of the run `cfg`: the strategy class its spec names, on the one training loop."""
+    spec = strategy_spec(cfg.strategy)
+    strategy = getattr(importlib.import_module(spec.module), spec.rank_class)
+    run(strategy.for_rank(RankContext(cfg, run_dir, rank, world, writer)))
 
 
 def entry(argv: list[str]) -> int:

@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dtlab.model.convergence import ASSUMPTION, crossover_bandwidth, first_to_target, time_to_target
-from dtlab.viz.dashboard import LiveFigure
 from dtlab.viz.figures import set_title
+from dtlab.viz.livefigure import FigureBox, LiveFigure
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#9D755D")
 
@@ -105,7 +105,7 @@ def time_to_target_figure(table: pd.DataFrame, title: str) -> go.Figure:
     return set_title(fig, title)
 
 
-class ConvergenceExplorer(widgets.VBox):
+class ConvergenceExplorer(FigureBox):
     """The time-to-target explorer (see `convergence_explorer`): `.sliders`, `.figure`, `.label`, `.table`."""
 
     def __init__(

@@ -18,10 +18,10 @@ import time
 import ipywidgets as widgets
 import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from dtlab.model.whatif import config_label
 from dtlab.viz.explorer_state import CONTENTION_MAX, CONTENTION_STEP, LOG_SLIDERS, ExplorerState
+from dtlab.viz.livefigure import FigureBox, LiveFigure
 from dtlab.viz.loggrid import anchored_min, log_range
 from dtlab.viz.model_plots import predicted_breakdown_figure, whatif_timeline_figure
 
@@ -110,7 +110,7 @@ def _controls(st: ExplorerState) -> dict:
     }
 
 
-class Explorer(widgets.VBox):
+class Explorer(FigureBox):
     """The explorer widget returned by :func:`explorer`.
 
     Attributes for notebooks and tests:
@@ -259,43 +259,6 @@ class Explorer(widgets.VBox):
 
     def _update_source_label(self) -> None:
         self._source_label.value = self.state.source_html(self.values())
-
-
-class LiveFigure(widgets.Output):
-    """A figure that redraws: `show(fig)` replaces the widget's one output with `fig` as plotly's JSON mime bundle,
-    which JupyterLab's plotly renderer draws whole. `.figure` is the figure shown; `.data` and `.layout` are its.
-
-    Not a plotly FigureWidget: on a loaded 2-core machine Chromium drew FigureWidgets blank, at their first display
-    or after a slider move, until the page was reloaded: labs 3, 5 and 10 with in-place updates, labs 5 and 7 with
-    a new FigureWidget per move (2 to 3 of the 4 labs with explorers, in runs with other test workers busy; never
-    on a quiet machine). The output is the
-    widget's synced state, so what a reload draws is always the figure of the current sliders."""
-
-    def __init__(self, fig: go.Figure, **kwargs):
-        super().__init__(**kwargs)
-        self.figure = fig
-        self.show(fig)
-
-    def show(self, fig: go.Figure) -> None:
-        """Show `fig` in place of the current figure."""
-        self.figure = fig
-        bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
-        bundle["text/plain"] = f"<figure: {fig.layout.title.text or 'untitled'}>"
-        # emptied first, in a message of its own, so the new figure gets a renderer of its own: plotly's JupyterLab
-        # renderer ignores a new model once it has drawn a plot (its renderModel returns at once), and JupyterLab
-        # may hand an output that replaces one of the same type to the renderer already there. A precaution read
-        # from that code: the browser tests pass with it; none was run without it since the check of moves was
-        # fixed (it could not see a change in y alone)
-        self.outputs = ()
-        self.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
-
-    @property
-    def data(self):
-        return self.figure.data
-
-    @property
-    def layout(self):
-        return self.figure.layout
 
 
 def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None) -> Explorer:

@@ -32,8 +32,8 @@ from dtlab.results.live import LiveRun
 from dtlab.results.live_stats import live_view, text_line
 from dtlab.results.status import RunFailed
 from dtlab.units import fmt_gbps, fmt_ms
-from dtlab.viz.dashboard import LiveFigure
 from dtlab.viz.figures import COLORS, wrap_title
+from dtlab.viz.livefigure import LiveFigure
 
 MODES = ("auto", "widget", "text")
 EVERY_S = 2.0  # seconds between redraws (and text lines) while new events arrive

@@ -6,7 +6,7 @@ predictions.
 returns an ipywidgets box: a model, sliders for GPUs, GPUs per node, GPU memory, global batch, sequence length and
 micro-batches, toggles for sharded data parallelism and the schedule; a label saying where the interconnect's
 alpha and beta and the compute come from (and what is an estimate); one figure, shown again whole on every move
-(`dtlab.viz.dashboard.LiveFigure`: a reload draws what the sliders show).
+(`dtlab.viz.livefigure.LiveFigure`: a reload draws what the sliders show).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from plotly.subplots import make_subplots
 
 from dtlab.model import planner as pl
 from dtlab.units import fmt_time
-from dtlab.viz.dashboard import LiveFigure
 from dtlab.viz.figures import set_title
+from dtlab.viz.livefigure import FigureBox, LiveFigure
 
 PARTS = (
     ("compute", "compute", "#4C78A8"),
@@ -219,7 +219,7 @@ def planner(
 
     fig0, table0 = build()
     figw = LiveFigure(fig0)
-    box = widgets.VBox([label, widgets.VBox(list(c.values())), figw])
+    box = FigureBox([label, widgets.VBox(list(c.values())), figw])
     box.controls, box.figure, box.table, box.values = c, figw, table0, values
 
     def redraw(change=None):

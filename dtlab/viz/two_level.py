@@ -23,9 +23,9 @@ from dtlab.model import hierarchy as hi
 from dtlab.model import whatif as wi
 from dtlab.model.link import Link, TwoLevelLink
 from dtlab.viz.controls import bucket_count, bucket_slider_range, clip_to_range
-from dtlab.viz.dashboard import LiveFigure
 from dtlab.viz.explorer_state import DEFAULT_COMPUTE, DEFAULT_COMPUTE_SOURCE
 from dtlab.viz.figures import COLORS
+from dtlab.viz.livefigure import FigureBox, LiveFigure
 from dtlab.viz.loggrid import on_log_grid
 
 #: Assumed levels when none are measured: NVLink-class inside a node, 100 Gbit/s-class between nodes.
@@ -210,7 +210,7 @@ def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=No
 
     fig0, table0 = build()
     figw = LiveFigure(fig0)
-    box = widgets.VBox([label, widgets.VBox(list(s.values())), figw])
+    box = FigureBox([label, widgets.VBox(list(s.values())), figw])
     box.sliders, box.figure, box.table, box.levels = s, figw, table0, current
 
     def show_network_controls(change=None):  # one node has no network: its controls could change nothing

@@ -119,7 +119,7 @@ def test_frozen_rank_is_caught_by_the_watchdog_with_its_stack(drills):
     assert first.startswith("rank 1 stalled: no event for") and f"stall_s={STALL_S:g} s" in first
     # where it was: last step, stack top. The frozen rank's stack is dumped as it resumes; it names the injection
     # (maybe_inject_fault) or, when the handler runs just after that call returned, the next lines of the step:
-    # the rank loop's own (dtlab.rank.loop), the DDP step's (strategies/data_parallel.py, ddp.py), the batch it
+    # the rank loop's own (dtlab.rank.loop), the DDP step's (strategies/bases.py, ddp.py), the batch it
     # takes (dtlab.rank.data) or the step clock's marks they call
     assert "after step 1" in first and re.search(STEP_CODE, first)
     assert e.silent_s[1] >= STALL_S

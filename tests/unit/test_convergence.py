@@ -9,7 +9,7 @@ import re
 import pytest
 
 import dtlab
-from dtlab.config.convergence import eval_due, lr_at, lr_multiplier, peak_lr, update_batch, warmup_factor
+from dtlab.config.convergence import eval_due, lr_at, lr_multiplier, lr_plan, peak_lr, update_batch, warmup_factor
 from dtlab.model import costmodel
 from dtlab.model.convergence import Lever, crossover_bandwidth, first_to_target, step_time, time_to_target
 from dtlab.rank.staleness import Book
@@ -43,8 +43,9 @@ def test_the_rank_optimizer_uses_the_lr_the_rule_claims():
     from dtlab.rank.optim import Optimizer
 
     cfg = dtlab.tiny(batch_size=8, nproc=2, lr=1e-3, lr_scaling="sqrt", warmup_steps=3)
+    plan = lr_plan(cfg, pretrained=None)
     p = torch.nn.Parameter(torch.zeros(2))
-    opt = Optimizer(cfg, [p])
+    opt = Optimizer(plan, [p])
     seen = []
     for _ in range(5):
         seen.append(opt.lr)
@@ -52,7 +53,7 @@ def test_the_rank_optimizer_uses_the_lr_the_rule_claims():
         opt.step()
     assert seen == pytest.approx([lr_at(cfg, s) for s in range(5)])
     assert seen[-1] == pytest.approx(1e-3 * math.sqrt(2))
-    again = Optimizer(cfg, [torch.nn.Parameter(torch.zeros(2))])
+    again = Optimizer(plan, [torch.nn.Parameter(torch.zeros(2))])
     again.resume_at(1)  # a resumed run continues the schedule
     assert again.lr == pytest.approx(lr_at(cfg, 1))
 

@@ -235,7 +235,7 @@ def test_explorer_defaults_and_slider_updates():
     ex = explorer()
     assert set(ex.sliders) >= {"nproc", "bucket_mb", "alpha_us", "bandwidth_gbs", "form", "sweep"}
     assert set(ex.figures) == {"breakdown", "timeline"}
-    from dtlab.viz.dashboard import LiveFigure
+    from dtlab.viz.livefigure import LiveFigure
 
     assert isinstance(ex.figures["breakdown"], LiveFigure)
     assert isinstance(ex.figures["breakdown"].figure, go.Figure)
@@ -503,7 +503,7 @@ def test_a_reloaded_page_draws_what_the_sliders_show():
 
 
 def test_a_new_figure_drops_shapes_the_old_one_had():
-    from dtlab.viz.dashboard import LiveFigure
+    from dtlab.viz.livefigure import LiveFigure
 
     live = LiveFigure(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])).add_vline(x=1.5))
     live.show(go.Figure(go.Scatter(x=[1, 2], y=[3, 4])))

@@ -84,14 +84,19 @@ def test_the_rank_settles_cfg_lr_before_its_optimizer_exists():
     from dtlab.rank.optim import Optimizer, settle_lr
 
     cfg = dtlab.tiny(model="distilbert", model_source="auto")
-    rec = settle_lr(cfg, _Built(pretrained=True))
-    assert cfg.lr == FINE_TUNING_LR and rec == default_lr("distilbert", True)
+    plan = settle_lr(cfg, _Built(pretrained=True))
+    assert cfg.lr == FINE_TUNING_LR and {"value": plan.value, "source": plan.source} == default_lr("distilbert", True)
     cfg = dtlab.tiny(model="distilbert", model_source="auto")
-    assert settle_lr(cfg, _Built(pretrained=False))["value"] == cfg.lr == RANDOM_INIT_LR["distilbert"][0]
-    opt = Optimizer(cfg, [torch.nn.Parameter(torch.zeros(2))])
+    plan = settle_lr(cfg, _Built(pretrained=False))
+    assert plan.value == cfg.lr == RANDOM_INIT_LR["distilbert"][0]
+    assert plan.peak == lr_at(cfg, plan.warmup_steps) and plan.rule == lr_rule_text(cfg)  # the rule's own numbers
+    opt = Optimizer(plan, [torch.nn.Parameter(torch.zeros(2))])
     assert opt.lr == RANDOM_INIT_LR["distilbert"][0]
-    cfg = dtlab.tiny(lr=7e-4)
-    assert settle_lr(cfg, _Built(pretrained=True))["value"] == cfg.lr == 7e-4
+    cfg = dtlab.tiny(lr=7e-4, lr_scaling="linear", warmup_steps=3)
+    plan = settle_lr(cfg, _Built(pretrained=True))
+    assert plan.value == cfg.lr == 7e-4 and plan.peak == lr_at(cfg, 3) == 7e-4 * 2 and plan.rule == lr_rule_text(cfg)
+    opt = Optimizer(plan, [torch.nn.Parameter(torch.zeros(2))])
+    assert opt.lr == pytest.approx(7e-4 * 2 / 3)  # the first of 3 warmup steps
 
 
 def test_build_model_says_whether_its_weights_are_pretrained(tmp_path):

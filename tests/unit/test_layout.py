@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from .source_tree import modules
+
 PKG = pathlib.Path(__file__).resolve().parents[2] / "dtlab"
 
 
@@ -25,11 +27,12 @@ def _module_name(path: pathlib.Path) -> str:
 def import_graph() -> dict[str, set[str]]:
     """dtlab module -> dtlab modules it imports anywhere in its body (deferred imports count: a circle through a
     function-level import is still a circle)."""
-    mods = {_module_name(p): p for p in PKG.rglob("*.py")}
+    trees = {_module_name(p): (p, tree) for p, tree in modules()}
+    mods = {m: p for m, (p, _) in trees.items()}
     graph = {m: set() for m in mods}
-    for mod, path in mods.items():
+    for mod, (path, tree) in trees.items():
         pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree):
             targets = []
             if isinstance(node, ast.ImportFrom):
                 if node.level:
@@ -154,11 +157,7 @@ def private_uses(tree, where: str) -> list[str]:
 
 
 def test_no_private_name_is_used_across_modules():
-    bad = [
-        b
-        for path in sorted(PKG.rglob("*.py"))
-        for b in private_uses(ast.parse(path.read_text()), str(path.relative_to(ROOT)))
-    ]
+    bad = [b for path, tree in modules() for b in private_uses(tree, str(path.relative_to(ROOT)))]
     assert not bad, "\n".join(bad)
     planted = ast.parse("from dtlab.model import costmodel\nfrom dtlab.x import _y\ncostmodel._out(1)")
     assert private_uses(planted, "m") == ["m: from dtlab.x import _y", "m:3: costmodel._out"]
@@ -192,9 +191,9 @@ def test_strategy_names_are_compared_only_in_their_specs():
     """What a strategy supports is its spec in dtlab.config.strategies; no other module compares names."""
     bad = [
         f"{path.relative_to(ROOT)}:{line}"
-        for path in sorted(PKG.rglob("*.py"))
+        for path, tree in modules()
         if path.name != "strategies.py" or path.parent.name != "config"
-        for line in _strategy_comparisons(ast.parse(path.read_text()))
+        for line in _strategy_comparisons(tree)
     ]
     assert not bad, "strategy names compared outside dtlab/config/strategies.py: " + ", ".join(bad)
     planted = ast.parse('if cfg.strategy == "zero3":\n    pass\nif run.config.strategy in ("ddp", "ps"):\n    pass')

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from .source_tree import functions, modules
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TREE = ["dtlab", "tests", "tools", "benchmarks"]
 MAX_FUNCTION_LINES = 80
@@ -27,23 +29,15 @@ def test_ruff_passes(args):
     assert r.returncode == 0, f"ruff {' '.join(args)}:\n{r.stdout[-4000:]}{r.stderr[-2000:]}"
 
 
-def _functions():
-    for path in sorted((ROOT / "dtlab").rglob("*.py")):
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield path.relative_to(ROOT), node
-
-
 def test_no_function_is_over_80_lines():
-    sizes = [(p, f, f.end_lineno - f.lineno + 1) for p, f in _functions()]
+    sizes = [(p, f, f.end_lineno - f.lineno + 1) for p, f in functions()]
     long = [f"{p}:{f.lineno} {f.name} ({n} lines)" for p, f, n in sizes if n > MAX_FUNCTION_LINES]
     assert not long, long
 
 
 def _imports_in_functions() -> list[str]:
     found = []
-    for path, f in _functions():
+    for path, f in functions():
         for stmt in ast.walk(f):
             if isinstance(stmt, (ast.Import, ast.ImportFrom)):
                 found.append(f"{path}:{stmt.lineno}")
@@ -71,11 +65,7 @@ def _needless_imports(tree: ast.Module, where: str) -> list[str]:
 
 
 def test_no_import_inside_a_function_defers_nothing():
-    found = [
-        x
-        for path in sorted((ROOT / "dtlab").rglob("*.py"))
-        for x in _needless_imports(ast.parse(path.read_text()), str(path.relative_to(ROOT)))
-    ]
+    found = [x for path, tree in modules() for x in _needless_imports(tree, str(path.relative_to(ROOT)))]
     assert not found, found
 
 
@@ -89,5 +79,5 @@ def test_a_needless_import_is_found():
 
 def test_the_counters_count():
     """The two walks above find what they look for (a check that found nothing would pass anything)."""
-    assert any(f.name == "main" for _, f in _functions())
+    assert any(f.name == "main" for _, f in functions())
     assert _imports_in_functions(), "dtlab has lazy imports (torch on the CLI's path): the walk must see them"

@@ -151,15 +151,31 @@ def test_a_call_on_a_side_stream_is_an_interval_but_not_time_blocked():
 
 
 def test_step_clock_and_timeline_read_the_device_clock():
-    from dtlab.rank.recorder import StepClock
+    from dtlab.rank.recorder import Mark, StepClock
 
     marks, cuda = _fake_marks()
     clock = StepClock(torch.device("cpu"), marks)
-    clock.mark("start")
-    clock.mark("fwd")
-    clock.mark("opt")
-    assert clock.read() == {"start": 0.0, "fwd": 1.0, "opt": 2.0}
+    clock.mark(Mark.START)
+    clock.mark(Mark.FWD)
+    clock.mark(Mark.OPT)
+    assert clock.read() == {Mark.START: 0.0, Mark.FWD: 1.0, Mark.OPT: 2.0}
     assert all(rec[3] is cuda.current_stream() for rec in cuda.log if rec[0] == "record")  # the compute stream
+
+
+def test_a_mark_is_typed_and_a_misspelt_one_is_refused():
+    """A string mark ("fwd0" for "fwd 0", "optm") once changed a time silently; a mark is a Mark now."""
+    from dtlab.rank.loop import step_times
+    from dtlab.rank.recorder import Mark, StepClock
+
+    marks, _ = _fake_marks()
+    clock = StepClock(torch.device("cpu"), marks)
+    with pytest.raises(TypeError, match=r"one of Mark.START, .*Mark.OPT.*got 'fwd'"):
+        clock.mark("fwd")
+    for m in (Mark.START, (Mark.FWD, 0), (Mark.BWD, 0), (Mark.FWD, 1), (Mark.BWD, 1), Mark.OPTIM, Mark.OPT):
+        clock.mark(*m) if isinstance(m, tuple) else clock.mark(m)
+    t = clock.read()  # one tick per mark: fwd0 1, bwd0 2, fwd1 3, bwd1 4, optim 5, opt 6
+    assert step_times(t) == {"t_fwd": 2.0, "t_bwd": 2.0, "t_opt": 2.0, "t_step": 6.0}
+    assert step_times(t, optimizer_s=1.0) == {"t_fwd": 2.0, "t_bwd": 2.0, "t_opt": 1.0, "t_step": 5.0}
 
 
 def test_owned_streams_are_made_before_the_first_step_and_late_ones_are_counted():

@@ -1,2 +1,2 @@
-"""One module per strategy, each with `train(cfg, run_dir, rank, world, writer)`, run inside a rank; which module a
-strategy uses and what it supports is its spec in dtlab.config.strategies."""
+"""One module per strategy, each with its dtlab.rank.loop.Strategy class, run inside a rank by the one training loop;
+which module and class a strategy uses and what it supports is its spec in dtlab.config.strategies."""

@@ -35,14 +35,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from dtlab.config.convergence import lr_rule_text
 from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
 from dtlab.rank.evaluation import Evaluator, TrainClock
-from dtlab.rank.loop import RankContext, Setup, Step, Strategy, run
+from dtlab.rank.loop import Setup, Step, Strategy
 from dtlab.rank.marks import rank_marks
 from dtlab.rank.optim import Optimizer
-from dtlab.rank.recorder import tensor_bytes
+from dtlab.rank.recorder import Mark, tensor_bytes
 from dtlab.rank.staleness import Book
 
 PUSH, PULL = 1, 2
@@ -62,12 +61,6 @@ def _unflat(flat: torch.Tensor, tensors) -> None:
             n = t.numel()
             t.copy_(flat[off : off + n].view_as(t))
             off += n
-
-
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """The server on rank 0, a worker on every other rank, on the one training loop (dtlab.rank.loop)."""
-    ctx = RankContext(cfg, run_dir, rank, world, writer)
-    run(AsyncServer(ctx) if rank == SERVER else AsyncWorker(ctx))
 
 
 class _AsyncRank(Strategy):
@@ -92,7 +85,7 @@ class _AsyncRank(Strategy):
         self.group = dist.new_group(backend="gloo") if rep.backend != "gloo" else None  # host messages, any source
         self.model = rep.model.to(rep.device)
         self.model.train()
-        self.tokenizer = rep.tokenizer
+        self.tokenizer, self.lr = rep.tokenizer, rep.lr
         return Setup(rep.device, rep.backend, self.facts, self.facts)
 
     def memory(self, final: bool) -> dict | None:
@@ -118,7 +111,7 @@ class AsyncServer(_AsyncRank):
         setup.resolved = {
             **self.facts,
             **self.evaluator.facts,
-            "lr_rule": lr_rule_text(cfg),
+            "lr_rule": self.lr.rule,
             "timing_method": rank_marks(self.device, setup.backend, synced=True).facts(),  # the workers' marks
             "staleness": {"max": cfg.sync.max_staleness, "policy": cfg.sync.staleness_policy},
         }
@@ -130,10 +123,17 @@ class AsyncServer(_AsyncRank):
 
     def after_steps(self) -> None:
         """Serve the workers (see `_serve`)."""
-        _serve(self.ctx.cfg, self.model, self.ctx.world, self.device, self.ctx.writer, self.evaluator, self.group)
+        _serve(
+            self.ctx.cfg, self.lr, self.model, self.ctx.world, self.device, self.ctx.writer, self.evaluator, self.group
+        )
 
 
 class AsyncWorker(_AsyncRank):
+    @classmethod
+    def for_rank(cls, ctx):
+        """The server on rank 0, a worker on every other rank."""
+        return AsyncServer(ctx) if ctx.rank == SERVER else cls(ctx)
+
     """Ranks 1 .. p-1: compute a gradient, push it, pull the parameters back."""
 
     def start(self) -> int:
@@ -155,29 +155,29 @@ class AsyncWorker(_AsyncRank):
         (t_opt: the worker's share of the optimizer step, waits for the server included)."""
         clock, push, pull, group = self.clock, self.push, self.pull, self.group
         batch = self.batches[step % len(self.batches)]
-        clock.mark("start")
+        clock.mark(Mark.START)
         self.model.zero_grad(set_to_none=False)
         out = self.model(**batch)
-        clock.mark("fwd")
+        clock.mark(Mark.FWD)
         out.loss.backward()
-        clock.mark("bwd")
+        clock.mark(Mark.BWD)
         push[0], push[1], push[2], push[3] = GRAD, float(step), float(self.version), float(out.loss.detach())
         push[HDR_PUSH:] = _flat(p.grad for p in self.params)
-        clock.mark("push_start")
+        clock.mark(Mark.PUSH_START)
         dist.send(push, dst=SERVER, tag=PUSH, group=group)
-        clock.mark("push_end")
+        clock.mark(Mark.PUSH_END)
         dist.recv(pull, src=SERVER, tag=PULL, group=group)
-        clock.mark("pull_end")
+        clock.mark(Mark.PULL_END)
         _unflat(pull[HDR_PULL:], self.params)
         self.version = int(pull[0])
-        clock.mark("opt")
+        clock.mark(Mark.OPT)
         self.t = t = clock.read()
         return Step(t, {"loss": float(out.loss.detach()), "lr": None, "version": self.version})
 
     def after_step(self, step: int, paired: int | None, rec: dict) -> None:
         """One `collective` event per message of the step."""
         t, rank = self.t, self.ctx.rank
-        for op, a, b in (("push", "push_start", "push_end"), ("pull", "push_end", "pull_end")):
+        for op, a, b in (("push", Mark.PUSH_START, Mark.PUSH_END), ("pull", Mark.PUSH_END, Mark.PULL_END)):
             fields = {"op": op, "phase": op, "nbytes": self.nbytes[op], "t_start": t[a], "t_end": t[b]}
             self.ctx.writer.write("collective", rank=rank, step=step, **fields)
 
@@ -187,12 +187,12 @@ class AsyncWorker(_AsyncRank):
         dist.send(self.push, dst=SERVER, tag=PUSH, group=self.group)
 
 
-def _serve(cfg: RunConfig, model, world: int, device, writer, evaluator, group) -> None:
+def _serve(cfg: RunConfig, lr, model, world: int, device, writer, evaluator, group) -> None:
     params = [p for p in model.parameters()]
     n = sum(p.numel() for p in params)
     for p in params:
         p.grad = torch.zeros_like(p)
-    optim = Optimizer(cfg, params)
+    optim = Optimizer(lr, params, cfg.optimizer_impl)
     book = Book(cfg.sync.max_staleness, cfg.sync.staleness_policy)
     inbox = torch.empty(HDR_PUSH + n)  # host memory: gloo's point-to-point messages
     outbox = {w: torch.empty(HDR_PULL + n) for w in range(1, world)}
@@ -289,17 +289,20 @@ def _write_staleness(writer, book, clock) -> None:
 
 
 class _Clock:
-    """Named marks of a worker's step on the rank's synchronised marks (dtlab.rank.marks.SyncedMarks): the host's
-    wall clock, on a GPU taken after the device finished its queued work (the messages block the host anyway)."""
+    """A worker step's marks (dtlab.rank.recorder.Mark) on the rank's synchronised marks
+    (dtlab.rank.marks.SyncedMarks): the host's wall clock, on a GPU taken after the device finished its queued work
+    (the messages block the host anyway)."""
 
     def __init__(self, marks):
         self.m, self.marks = marks, {}
 
-    def mark(self, name: str) -> None:
-        self.marks[name] = self.m.now()
+    def mark(self, mark: Mark) -> None:
+        if not isinstance(mark, Mark):
+            raise TypeError(f"a step's mark is a dtlab.rank.recorder.Mark, got {mark!r}")
+        self.marks[mark] = self.m.now()
 
     def read(self) -> dict:
-        t0 = self.marks.pop("start")
+        t0 = self.marks.pop(Mark.START)
         out = {k: self.m.seconds(t0, v) for k, v in self.marks.items()}
         self.marks = {}
         return out

@@ -29,9 +29,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from dtlab.config.run import RunConfig
-from dtlab.rank.loop import RankContext, Step, run
+from dtlab.rank.loop import Step
 from dtlab.rank.optim import adamw
-from dtlab.rank.replicas import SplitStrategy
+from dtlab.rank.recorder import Mark
+from dtlab.rank.strategies.bases import SplitStrategy
 
 
 def _padded_bytes(p, world: int) -> int:
@@ -131,22 +132,16 @@ def blocked_recording(cuda: bool, watched: bool) -> dict:
     }
 
 
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """Shard the model with fully_shard, train cfg.steps steps and write step, collective, blocked, memory (and
-    reference) events."""
-    run(FullyShard(RankContext(cfg, run_dir, rank, world, writer)))
-
-
 class FullyShard(SplitStrategy):
     """Every block one FSDP unit and the root another, on a 1-D mesh over all ranks (see the module docstring)."""
 
-    def split(self, b) -> dict:
+    def split(self, replica) -> dict:
         """Shard the model, install the recording collectives; the units' expected traffic."""
         cfg, world = self.ctx.cfg, self.ctx.world
-        self.model = model = b.model.to(b.device)
+        self.model = model = replica.model.to(replica.device)
         model.train()
         self.mesh = None  # FSDP2 reduce-scatters the gradients itself: no separate data-parallel average
-        mesh = init_device_mesh(b.device.type, (world,), mesh_dim_names=("dp",))
+        mesh = init_device_mesh(replica.device.type, (world,), mesh_dim_names=("dp",))
         blocks = list(model.distilbert.transformer.layer)
         block_params = {id(p) for blk in blocks for p in blk.parameters()}
         root_bytes = sum(_padded_bytes(p, world) for p in model.parameters() if id(p) not in block_params)
@@ -181,7 +176,7 @@ class FullyShard(SplitStrategy):
     def compute(self, batch):
         """Forward (units gathered, freed) and backward (gathered again, gradients reduce-scattered)."""
         out = self.model(**batch)
-        self.clock.mark("fwd")
+        self.clock.mark(Mark.FWD)
         out.loss.backward()
         return out
 

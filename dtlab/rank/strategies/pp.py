@@ -33,9 +33,10 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from dtlab.config.parallel import split_layers
 from dtlab.config.run import RunConfig
 from dtlab.rank.compat import is_pipeline_transfer, pipelining_p2p_helpers
-from dtlab.rank.loop import RankContext, Step, run
+from dtlab.rank.loop import Step
 from dtlab.rank.optim import adamw
-from dtlab.rank.replicas import SplitStrategy, local_bytes
+from dtlab.rank.recorder import Mark
+from dtlab.rank.strategies.bases import SplitStrategy, local_bytes
 from dtlab.rank.strategies.stages import make_stage, stage_param_names
 
 _ACTIVE = {"recorder": None}  # the recorder the wrapped p2p helpers report to (one stage per process)
@@ -169,41 +170,38 @@ class ComputeTimeline:
         return last
 
 
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """Build this rank's stage and schedule, train cfg.steps steps and write the events above."""
-    run(Pipeline(RankContext(cfg, run_dir, rank, world, writer)))
-
-
 class Pipeline(SplitStrategy):
     """This rank's stage of the replica's pipeline and its schedule (see the module docstring)."""
 
     align = True  # every stage starts the step together, so the bubble is measured from one start
 
-    def split(self, b) -> dict:
+    def split(self, replica) -> dict:
         """Cut the model into this rank's stage, make the schedule and the recorders; the stages' facts."""
         cfg = self.ctx.cfg
-        model = b.model.to(b.device)
+        model = replica.model.to(replica.device)
         model.train()
-        self.mesh = b.mesh
-        pp_mesh = b.mesh["pp"]
+        self.mesh = replica.mesh
+        pp_mesh = replica.mesh["pp"]
         P, s = pp_mesh.size(), pp_mesh.get_local_rank()
         self.P, self.s = P, s
         stage_mod = make_stage(model, P, s)
         names = stage_param_names(model, stage_mod)
         self.mine = [(n, p) for n, p in model.named_parameters() if n in names]  # the stage's, named as in the model
         n_layers = int(model.config.n_layers)
-        b.model = model = None  # the other stages' layers are not this rank's: let them go
-        stage = PipelineStage(stage_mod, s, P, b.device, group=pp_mesh.get_group())
+        replica.model = model = None  # the other stages' layers are not this rank's: let them go
+        stage = PipelineStage(stage_mod, s, P, replica.device, group=pp_mesh.get_group())
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.parallel.schedule]
         self.sched = schedule(stage, n_microbatches=cfg.parallel.microbatches, loss_fn=F.cross_entropy)
-        self.marks.prepare([pp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
+        self.marks.prepare(
+            [pp_mesh.get_group()] + ([replica.mesh.get_group("dp")] if replica.degrees["dp"] > 1 else [])
+        )
         self.timeline = ComputeTimeline(stage, s, self.marks)
         recorded = _install_p2p_recording() if cfg.record else False
         self.params = list(stage_mod.parameters())
         self.opt = adamw(self.params, cfg.lr, cfg.optimizer_impl)
         self.stage_grad_bytes = local_bytes(self.params)
         _ACTIVE["recorder"] = self.rec if recorded else None
-        return _facts(cfg, b, P, n_layers, recorded)
+        return _facts(cfg, replica, P, n_layers, recorded)
 
     def ready_fields(self) -> dict:
         """The stage, its parameters and their gradients' bytes."""
@@ -218,7 +216,7 @@ class Pipeline(SplitStrategy):
         losses: list = []
         self.timeline.begin(self.clock.start)
         _schedule_step(self.sched, self.s, self.P, batch, losses, {"attention_mask": batch["attention_mask"]})
-        self.clock.mark("pipe")
+        self.clock.mark(Mark.PIPE)
         return losses
 
     def step_fields(self, step: int, t: dict, losses) -> Step:
@@ -227,10 +225,10 @@ class Pipeline(SplitStrategy):
         t_f = self.timeline.flush(ctx.writer, ctx.rank, step)
         loss = float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
         fields = {
-            "t_pipe": t["pipe"],
+            "t_pipe": t[Mark.PIPE],
             "loss": loss,
             "stage": self.s,
-            "dp_rank": self.b.dp_rank,
+            "dp_rank": self.replica.dp_rank,
             "microbatches": ctx.cfg.parallel.microbatches,
         }
         return Step(t, fields, t_fwd=t_f)
@@ -240,13 +238,13 @@ class Pipeline(SplitStrategy):
         _ACTIVE["recorder"] = None
 
 
-def _facts(cfg: RunConfig, b, P: int, n_layers: int, recorded: bool) -> dict:
+def _facts(cfg: RunConfig, replica, P: int, n_layers: int, recorded: bool) -> dict:
     """What rank 0 adds to config.json: the stages, one micro-batch's activation bytes and the traffic expected."""
     M = cfg.parallel.microbatches
-    act = (cfg.batch_size // M) * cfg.seq_len * b.facts["hidden"] * 4  # one micro-batch's activations, fp32
-    p2p = b.degrees["dp"] * (P - 1) * 2 * M * act  # over all ranks per step: each boundary, both ways, every one
+    act = (cfg.batch_size // M) * cfg.seq_len * replica.facts["hidden"] * 4  # one micro-batch's activations, fp32
+    p2p = replica.degrees["dp"] * (P - 1) * 2 * M * act  # over all ranks per step: each boundary, both ways, every one
     return {
-        **b.facts,
+        **replica.facts,
         "stages": P,
         "stage_layers": [list(r) for r in split_layers(n_layers, P)],
         "microbatch_activation_bytes": act,

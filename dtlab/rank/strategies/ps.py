@@ -47,8 +47,6 @@ import threading
 import torch
 import torch.distributed as dist
 
-from dtlab.config.run import RunConfig
-from dtlab.rank.loop import RankContext, run
 from dtlab.rank.strategies.ddp import DDPStrategy
 
 SERVER_RANK = 0
@@ -144,8 +142,3 @@ class PSStrategy(DDPStrategy):
     def transport(self, device, backend):
         """The reduce-to-rank-0 + broadcast transport for this rank."""
         return make_transport(self.ctx.world, device, backend)
-
-
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """Strategy 'ps': DDP's strategy with the reduce-to-rank-0 + broadcast transport."""
-    run(PSStrategy(RankContext(cfg, run_dir, rank, world, writer)))

@@ -10,7 +10,7 @@ input into one replicated DTensor that q, k and v share, so their input gradient
 all-reduces them once (a plan with three separate inputs would all-reduce three times). Embeddings, LayerNorms,
 the row-parallel biases and the classifier stay replicated: their gradients are the same on every rank of a
 replica by construction, with no collective. With dp_degree > 1 the replicas average their gradients with one
-all-reduce per step over the mesh's "dp" dimension (dtlab.rank.replicas.dp_sync).
+all-reduce per step over the mesh's "dp" dimension (dtlab.rank.strategies.bases.dp_sync).
 
 transformers 5.24 views q, k and v as (..., -1, head_size), so a rank's local heads follow from its local width.
 Every collective is recorded by dtlab.rank.collectives (op, bytes, phase, layer, sublayer, axis, interval) and
@@ -29,11 +29,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from dtlab.config.run import RunConfig
 from dtlab.rank.collectives import FuncolMode, LayerTracker
-from dtlab.rank.loop import RankContext, Step, run
+from dtlab.rank.loop import Step
 from dtlab.rank.optim import adamw
-from dtlab.rank.replicas import SplitStrategy, local_bytes
+from dtlab.rank.recorder import Mark
+from dtlab.rank.strategies.bases import SplitStrategy, local_bytes
 
 
 def megatron_plan() -> dict:
@@ -65,22 +65,16 @@ def expected_allreduce_bytes(batch_size: int, seq_len: int, hidden: int, n_layer
     }
 
 
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """Build the replica's mesh, split every block, train cfg.steps steps and write step, collective, blocked,
-    memory (and reference) events."""
-    run(TensorParallel(RankContext(cfg, run_dir, rank, world, writer)))
-
-
 class TensorParallel(SplitStrategy):
     """Every block split over the replica's "tp" ranks (`megatron_plan`), every collective recorded."""
 
-    def split(self, b) -> dict:
+    def split(self, replica) -> dict:
         """Split every block over the "tp" mesh dimension; the form's expected traffic."""
         cfg, world = self.ctx.cfg, self.ctx.world
-        self.model = model = b.model.to(b.device)
+        self.model = model = replica.model.to(replica.device)
         model.train()
-        self.mesh = b.mesh
-        tp_mesh = b.mesh["tp"]
+        self.mesh = replica.mesh
+        tp_mesh = replica.mesh["tp"]
         tp = tp_mesh.size()
         for block in model.distilbert.transformer.layer:
             # src_data_rank=None: every rank built the same weights from the seed, so nothing is scattered at setup
@@ -88,10 +82,12 @@ class TensorParallel(SplitStrategy):
             block.attention.n_heads = block.attention.n_heads // tp  # not read in forward; kept truthful
         self.params = params = list(model.parameters())
         self.opt = adamw(params, cfg.lr, cfg.optimizer_impl)
-        form = expected_allreduce_bytes(cfg.batch_size, cfg.seq_len, b.facts["hidden"], b.facts["n_layers"])
+        form = expected_allreduce_bytes(cfg.batch_size, cfg.seq_len, replica.facts["hidden"], replica.facts["n_layers"])
         local_grad = local_bytes(params)
-        per_rank = form["bytes_per_step"] + (local_grad if b.degrees["dp"] > 1 else 0)
-        self.marks.prepare([tp_mesh.get_group()] + ([b.mesh.get_group("dp")] if b.degrees["dp"] > 1 else []))
+        per_rank = form["bytes_per_step"] + (local_grad if replica.degrees["dp"] > 1 else 0)
+        self.marks.prepare(
+            [tp_mesh.get_group()] + ([replica.mesh.get_group("dp")] if replica.degrees["dp"] > 1 else [])
+        )
         self.tracker = LayerTracker(model.distilbert.transformer.layer)
         return {
             "tp_form": form,
@@ -106,7 +102,7 @@ class TensorParallel(SplitStrategy):
         mode = FuncolMode(self.rec, "tp", self.tracker) if record else contextlib.nullcontext()
         with mode:
             out = self.model(**batch)
-            self.clock.mark("fwd")
+            self.clock.mark(Mark.FWD)
             out.loss.backward()
         if record:
             mode.close()
@@ -114,4 +110,4 @@ class TensorParallel(SplitStrategy):
 
     def step_fields(self, step: int, t: dict, out) -> Step:
         """The loss and this rank's replica."""
-        return Step(t, {"loss": float(out.loss.detach()), "dp_rank": self.b.dp_rank})
+        return Step(t, {"loss": float(out.loss.detach()), "dp_rank": self.replica.dp_rank})

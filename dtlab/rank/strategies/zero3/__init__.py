@@ -40,12 +40,11 @@ from __future__ import annotations
 import os
 import time
 
-from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
-from dtlab.rank.loop import RankContext, Setup, Step, Strategy, run
+from dtlab.rank.loop import Setup, Step, Strategy
 from dtlab.rank.marks import rank_marks
 from dtlab.rank.optim import adamw
-from dtlab.rank.recorder import StepClock
+from dtlab.rank.recorder import Mark, StepClock
 from dtlab.rank.strategies.zero3.blocked import blocked_recording, blocked_seconds
 from dtlab.rank.strategies.zero3.comm import COLLECTIVE_RECORDING, CollectiveRecorder
 from dtlab.rank.strategies.zero3.engine import (
@@ -56,12 +55,6 @@ from dtlab.rank.strategies.zero3.engine import (
     zero_auto,
 )
 from dtlab.rank.strategies.zero3.facts import memory_record, nonresident_bytes, zero_facts
-
-
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """The rank's ZeRO-3 run on the one training loop (dtlab.rank.loop): the events listed in the module
-    docstring."""
-    run(Zero3(RankContext(cfg, run_dir, rank, world, writer)))
 
 
 class Zero3(Strategy):
@@ -129,17 +122,17 @@ class Zero3(Strategy):
         engine, recorder, clock, world = self.engine, self.recorder, self.clock, self.ctx.world
         batch = self.batches[step % len(self.batches)]
         expect_fwd = nonresident_bytes(self.params, world)
-        clock.mark("start")
+        clock.mark(Mark.START)
         recorder.begin(step, "forward", clock.start)
         out = engine(**batch)
-        clock.mark("fwd")
+        clock.mark(Mark.FWD)
         expect_bwd = nonresident_bytes(self.params, world)  # forward's leftovers decide backward's gathers
         recorder.phase = "backward"
         engine.backward(out.loss)
-        clock.mark("bwd")
+        clock.mark(Mark.BWD)
         recorder.phase = "optimizer"
         engine.step()
-        clock.mark("opt")
+        clock.mark(Mark.OPT)
         recorder.phase = "between_steps"
         t = clock.read()  # the step's one sync point on GPU
         self.blocked = recorder.collect_blocked()
