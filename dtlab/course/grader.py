@@ -178,7 +178,7 @@ def grade_answers(lab: str, exported: dict, rec, scratch: str, errors=(), only: 
         if v["ok"] is None and note:
             fb = f"{q.var}: {note}{first_error} | {fb}"
         if getattr(key, "graded_on", ""):  # a re-run's grade names the run it graded
-            fb = " | ".join(x for x in (fb, f"graded against {key.graded_on}") if x)
+            fb = " | ".join(x for x in (f"graded against {key.graded_on}", fb) if x)  # first: feedback is cut at 800
         rows.append(_row(q, float(v["points"]), fb, v))
     return rows
 
