@@ -180,10 +180,11 @@ def recent(series: pd.Series, last: int = 10) -> float:
     return float(np.median(v)) if v.size else float("nan")
 
 
-def live_view(live, profile=None, state: str = "running", why: str = "") -> dict:
+def live_view(live, profile=None, state: str = "running", why: str = "", now: float | None = None) -> dict:
     """Everything the monitor shows, from `live` (a dtlab.results.live.LiveRun after a poll): state and why
-    (the state's reason, e.g. the failed rank), elapsed_s (s since the launch: now while running, the last step's
-    record once it ended; None when the launch time is not recorded), step (the last step every rank recorded;
+    (the state's reason, e.g. the failed rank), elapsed_s (s since the launch to `now`, a wall time; without one,
+    to this moment while running and to the last step's record once ended; None when the launch time is not
+    recorded), step (the last step every rank recorded;
     -1 before the first),
     steps (the run's step count), table (`step_table`), pairs (`exposed_pairs`), ranks (`rank_times`), straggler,
     busbw (`busbw_rows` of the measured steps, steps >= warmup once there are any), bw_table (`busbw_table`),
@@ -202,7 +203,9 @@ def live_view(live, profile=None, state: str = "running", why: str = "") -> dict
         bw = bw[bw["step"].isin(measured)].reset_index(drop=True)
     bw_table = busbw_table(bw, profile, p)
     last = float(f["step"]["time"].max()) if "time" in f["step"] and not f["step"].empty else math.nan
-    end = time.time() if state == "running" else last  # an ended run: its last step's record (NaN: not recorded)
+    # the watcher's clock while it watches (`now`: this moment, or time.time() while running); a record shown after
+    # the fact (a replay): its last step's record (NaN: not recorded)
+    end = now if now is not None else time.time() if state == "running" else last
     return {
         "state": state,
         "why": why,
@@ -248,8 +251,9 @@ def text_line(view: dict) -> str:
             parts.append(f"comm {share:.0%} of T_step ({window})")
     pairs = view["pairs"]
     if not pairs.empty:
-        k = min(len(pairs), 10)
-        parts.append(f"exposed {fmt_ms(recent(pairs['exposed']))} (median of the last {k} pair{'s' if k > 1 else ''})")
+        k, e = min(len(pairs), 10), recent(pairs["exposed"])
+        of = f"median of the last {k} pair{'s' if k > 1 else ''}"
+        parts.append(f"exposed {fmt_ms(e)} ({of})" if e >= 0 else f"exposed: noise ({of} is {fmt_ms(e)}, below 0)")
     bw, table = view["busbw"], view["bw_table"]
     if not bw.empty and table["what"].str.startswith("bucket").all():  # one op: the median over every bucket
         parts.append(f"busbw {fmt_gbps(float(bw['busbw'].median()))} ({view['calibration']})")

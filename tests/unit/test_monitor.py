@@ -232,12 +232,23 @@ def test_every_text_line_says_the_time_since_launch_progress_and_each_figures_wi
         (run / "events" / f"rank{r}.jsonl").write_bytes(data)
     mon._last = -float("inf")
     mon.poll()
+    mon.watching = False  # shown after the fact, as a replay is: the record's own time
     mon.finish("finished")
     first, second, last = mon.out.getvalue().strip().splitlines()
     assert "no complete step yet (0 of 30)" in first and " elapsed | " in first
     assert "12 steps of 30 (40%)" in second and "median of steps 2-11" in second
     assert "exposed 20.0 ms (median of the last 1 pair)" in second
     assert last.startswith("dtlab watch: 0:21 elapsed | ")  # launch at 1000 s, the last step recorded at 1021 s
+
+
+def test_an_exposed_median_below_zero_is_said_to_be_noise(tmp_path):
+    run = _run_dir(tmp_path)
+    for r in (0, 1):
+        data = b"".join(_step(r, s, t_step=0.05) for s in range(3))
+        data += _line(kind="baseline_step", rank=r, step=3, t_fwd=0, t_bwd=0, t_opt=0, t_step=0.06, paired_step=2)
+        (run / "events" / f"rank{r}.jsonl").write_bytes(data)
+    line = text_line(live_view(_poll(run)))
+    assert "exposed: noise (median of the last 1 pair is -10.0 ms, below 0)" in line
 
 
 def test_monitor_reads_only_new_bytes_and_redraws_only_when_due(tmp_path):
