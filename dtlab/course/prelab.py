@@ -2,8 +2,8 @@
 
 A student can run a lab ahead of its questions (a check cell shows nothing before an answer, but a later section
 may), so a prediction an instructor grades can be collected first. `make(student_nb, out)` writes the pre-lab of
-a lab: its prediction cells alone (each graded question's "**Predict.**" text and answer cell, `my_... = None`),
-no code that runs anything. The student fills in numbers, choices, or strings of arithmetic on the lab's named
+a lab: its prediction cells alone (each graded question's answer cell, `my_... = None`, and the text just above
+it), no code that runs anything. The student fills in numbers, choices, or strings of arithmetic on the lab's named
 values (lab 12: "ceil(epoch_samples / samples_per_step) * t_step_s * devices / 3600"), and hands it in before the
 lab; `dtlab assign` writes one per lab to OUT/prelab/.
 
@@ -43,18 +43,19 @@ def _cell(kind: str, text: str) -> dict:
 
 
 def prediction_cells(nb: dict, lab: str) -> list[dict]:
-    """The lab's prediction cells in order: for every graded question whose answer cell (the code cell assigning
-    its variable) follows a "**Predict.**" markdown cell, that text and the answer cell, each once."""
+    """The lab's prediction cells in order: for every graded question answered by a value (not by code of one's
+    own, as lab 8's exercises are), its answer cell (the code cell assigning its variable) and the markdown cell
+    just above it (the question's text), each once."""
     cells, seen = nb["cells"], set()
     for q in rubric.questions(lab):
+        if "answer" in q.needs:
+            continue  # an exercise: the student's code, run on ranks of its own
         pat = re.compile(rf"^\s*{re.escape(q.var)}\s*=", re.M)
         at = next((i for i, c in enumerate(cells) if c["cell_type"] == "code" and pat.search(_source(c))), None)
         if at is None:
             continue
         md = next((i for i in range(at - 1, -1, -1) if cells[i]["cell_type"] == "markdown"), None)
-        if md is None or "**Predict.**" not in _source(cells[md]):
-            continue
-        seen.update({md, at})
+        seen.update({at} if md is None else {md, at})
     return [_cell(cells[i]["cell_type"], _source(cells[i])) for i in sorted(seen)]
 
 
@@ -66,7 +67,7 @@ def make(student_nb: str, out: str, lab: str | None = None) -> list[str]:
     lab = lab or re.sub(r"\.ipynb$", "", student_nb.replace("\\", "/").rsplit("/", 1)[-1])
     cells = prediction_cells(nb, lab)
     if not cells:
-        raise ValueError(f"lab: {lab} has no graded prediction (a '**Predict.**' cell before an answer cell)")
+        raise ValueError(f"lab: {lab} has no graded prediction (its graded questions are exercises or none)")
     asked = [
         q.qid for q in rubric.questions(lab) if any(re.search(rf"^\s*{q.var}\s*=", c["source"], re.M) for c in cells)
     ]

@@ -17,7 +17,7 @@ def test_a_prelab_holds_the_prediction_cells_alone(tmp_path):
     code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
     assert len(code) == 3 and all(line.split("=")[0].strip().startswith("my_") for c in code for line in c.splitlines())
     assert "dtlab.run" not in json.dumps(nb) and "check(" not in json.dumps(nb)  # nothing that runs or checks
-    assert sum("**Predict.**" in "".join(c["source"]) for c in nb["cells"]) == 3
+    assert sum("**Predict.**" in "".join(c["source"]) for c in nb["cells"]) == 3  # each question's own text
     assert prelab.prelab_of(str(out)) == "12_what_does_it_cost" and prelab.prelab_of(LAB12) is None
 
 
@@ -45,6 +45,16 @@ def test_a_prelabs_answers_are_read_as_written_never_run(tmp_path):
     assert got["my_best_interval_s"] == {"value": 60.5}
 
 
-def test_a_lab_without_predictions_has_no_prelab(tmp_path):
+def test_exercises_stay_in_the_lab(tmp_path):
+    """Lab 8's hook and ring all-reduce are code, run on ranks of their own: its pre-lab asks its three numbers."""
+    out = tmp_path / "p.ipynb"
+    assert prelab.make("labs/08_build_it_yourself.ipynb", str(out)) == ["lab08.q1", "lab08.q2", "lab08.q3"]
+    code = "".join("".join(c["source"]) for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code")
+    assert "def " not in code and "my_allreduce_hook" not in code
+
+
+def test_a_notebook_without_answer_cells_has_no_prelab(tmp_path):
+    empty = tmp_path / "12_what_does_it_cost.ipynb"
+    empty.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     with pytest.raises(ValueError, match="no graded prediction"):
-        prelab.make("labs/08_build_it_yourself.ipynb", str(tmp_path / "p.ipynb"))
+        prelab.make(str(empty), str(tmp_path / "p.ipynb"))
