@@ -218,3 +218,20 @@ def test_the_grader_says_which_run_it_graded(monkeypatch, tmp_path):
         and "graded against the priced run run-v1-ddp (T_step" in by["lab12.q1"]["feedback"]
     )
     assert by["lab12.q2"]["ok"] is False and "graded against the priced run run-v1-ddp" in by["lab12.q2"]["feedback"]
+
+
+def test_the_cost_ratio_beside_one_over_efficiency_shows_the_rounding():
+    sc = _scaling(False)
+    sc["steps"] = [50, 25, 13, 7]  # ceil(1,600 / (32 p)): 12.5 and 6.25 steps rounded up at 4 and 8 GPUs
+    sc["gpu_hours"] = sc["gpus"] * sc["steps"] * sc["t_step_s"] / 3600
+    sc["efficiency"] = sc["t_step_s"].iloc[0] / sc["t_step_s"]
+    lines = L.ratio_lines(sc)
+    # 2 GPUs: 2 x 25 x 0.06 / (50 x 0.05) = 1.2 = 0.06 / 0.05 exactly; 8 GPUs: 8 x 7 x 0.09 / 2.5 = 2.016 against 1.8
+    assert "2 GPU(s): 1.2 against 1.2 " in lines[2] and "8 GPU(s): 2.02 against 1.8 " in lines[4]
+
+
+def test_the_interruptions_expected_are_counted_on_the_interrupters_clock():
+    first, why = L.count_lines(40.0, 5.0, 3)
+    # 40 s of training at M = 5 s: a Poisson count of mean 8; P(N >= 3) = 1 - e^-8 (1 + 8 + 32) = 0.986
+    assert "expects 8 interruptions" in first and "99% of such runs stop after all 3" in first
+    assert "well above R" in why
