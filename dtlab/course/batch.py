@@ -307,6 +307,21 @@ def grade_one(
     return [{**r, **common} for r in rows]
 
 
+def _alone(prelabs: dict, rows: list, mech: str) -> list[dict]:
+    """Error rows for every pre-lab ({(student, lab): path}) whose student handed in no notebook of its lab: a
+    pre-lab is graded against the runs of its lab notebook, so it is said, not dropped."""
+    graded = {(r["student"], r["lab"]) for r in rows}
+    out = []
+    for (student, lab), nb in prelabs.items():
+        if (student, lab) not in graded:
+            why = f"a pre-lab is graded against the runs of its lab notebook: no {lab} notebook from {student}"
+            out += [
+                {"student": student, "notebook": os.path.basename(nb), "lab": lab, **r, "sandbox": mech}
+                for r in _error_rows(lab, why)
+            ]
+    return out
+
+
 def grade(
     autograder: str,
     submissions_,
@@ -377,14 +392,7 @@ def grade(
             pts, mx = sum(r["points"] for r in got), sum(r["max_points"] for r in got)
             state = "error: " + got[0]["feedback"][:120] if got[0]["status"] == "error" else got[0]["mode"]
             print(f"{student} / {os.path.basename(nb)}: {pts:g} of {mx:g} points ({state})", flush=True)
-    graded = {(r["student"], r["lab"]) for r in rows}
-    for (student, found), nb in prelabs.items():  # a pre-lab with no lab notebook: said, not dropped
-        if (student, found) not in graded:
-            why = f"a pre-lab is graded against the runs of its lab notebook: no {found} notebook from {student}"
-            rows += [
-                {"student": student, "notebook": os.path.basename(nb), "lab": found, **r, "sandbox": mech}
-                for r in _error_rows(found, why)
-            ]
+    rows += _alone(prelabs, rows, mech)
     df = pd.DataFrame(rows, columns=COLUMNS)
     if csv:
         df.to_csv(csv, index=False)
