@@ -8,7 +8,8 @@ there whose value lies within the key's tolerance of the key is a finding; numbe
 section, a check's reveal after an answer) are not. A number with a unit is read in the key's unit when the two
 are of one kind (`57.2 ms` is 0.0572 for a key in s, `3.9 MB` 3.9e6 for a key in B, `$0.12` for a key in USD) and
 skipped otherwise; a number without one is read as written when it has at least BARE_DIGITS significant digits
-(a table's `66.72`), so that the counts around a question ("64 samples") do not pass for readings of its key.
+(a table's `66.72`), and counts within BARE_REL of the key at most, so that the counts and other columns around a
+question ("64 samples", a compute time beside a wait) do not pass for readings of its key.
 
 The keys come from the lab's rubric (dtlab.course.rubric) applied to the runs the notebook recorded, as the grader
 computes them (dtlab.course.recordings): `number_keys(lab, root)`. `python -m dtlab.course.reveal keys --lab LAB
@@ -51,9 +52,12 @@ UNITS = {
     "%": ("fraction", 1e-2),
     "USD": ("USD", 1.0),
 }
-#: a number printed without a unit is compared only when it has at least this many significant digits: a count such
-#: as "64 samples" is not a reading of a key in seconds; "66.72" in a table of seconds is
+#: a number printed without a unit is compared only when it has at least this many significant digits (a count such
+#: as "64 samples" is not a reading of a key in seconds; "66.72" in a table of seconds is), and within BARE_REL of the
+#: key at most: its unit unknown (a table's column names it), a wider match is more often another column's value (a
+#: compute time of 66.7 ms beside a key of 44.6 ms whose tolerance is 50%) than a reading of the key
 BARE_DIGITS = 3
+BARE_REL = 0.02
 
 
 def numbers_in(text: str) -> list[dict]:
@@ -125,7 +129,8 @@ def scan(nb, keys: dict, skip_checks=()) -> list[dict]:
         for i, where in places:
             for number in numbers_in(cell_text(nb["cells"][i])):
                 value = reading(number, k.get("unit", ""))
-                if value is not None and value != 0 and abs(value - exp) <= tol:
+                within = tol if number["kind"] is not None else min(tol, BARE_REL * abs(exp))
+                if value is not None and value != 0 and abs(value - exp) <= within:
                     found.append(
                         {"qid": qid, "cell": i, "where": where, "shown": number["shown"], "key": exp, "tol": tol}
                     )

@@ -15,6 +15,10 @@ from labrun import LABS, STUDENT_ANSWERS, drive
 from dtlab.course import rubric
 from dtlab.course.reveal import scan
 
+#: keys whose recording is not in the lab's folder: lab 0's smoke all-reduce writes to a temporary folder
+#: (dtlab.lab.smoke_allreduce), so its two questions' keys cannot be computed from the lab's runs
+ELSEWHERE = {"lab00.q1", "lab00.q2"}
+
 
 def _keys(lab: str, folder, tmp_path) -> dict:
     out = tmp_path / "keys.json"
@@ -35,7 +39,8 @@ def test_no_number_key_before_its_answer(name, tmp_path):
     lab = name.removesuffix(".ipynb")
     run = drive(name)
     got = _keys(lab, run.folder, tmp_path)
-    assert not got["problems"], f"{lab}: keys that could not be computed from its runs: {got['problems']}"
+    problems = {q: why for q, why in got["problems"].items() if q not in ELSEWHERE}
+    assert not problems, f"{lab}: keys that could not be computed from its runs: {problems}"
     number_qs = {q.qid for q in rubric.questions(lab)} & set(got["keys"])
     assert set(got["keys"]) == number_qs
     typed = STUDENT_ANSWERS.get(name, {}).values()  # answered in this run: its checks may show what it earned

@@ -64,6 +64,10 @@ def test_units_are_read_in_the_keys_unit_and_counts_are_not_readings():
     )
     # 5 steps and 4.2 MB lie within 30% of 5.408 but are no reading of seconds; 5,378 ms and a bare 5.41 are
     assert [f["shown"] for f in scan(nb, keys)] == ["5,378 ms", "5.41"]
+    # a bare number within the tolerance but not within 2% of the key: another column, not a reading
+    wide = {"lab06.q1": {"var": "my_t", "expected": 44.57, "tol": 22.29, "unit": "ms"}}
+    table = "rank compute (ms) wait (ms)\n0  66.7  3.98\n1  44.9  2.91"
+    assert [f["shown"] for f in scan(_nb(("x", table), ("my_t = None", "")), wide)] == ["44.9"]
     usd = {"lab12.q2": {"var": "my_t", "expected": 0.1174, "tol": 0.006, "unit": "USD"}}
     assert [f["shown"] for f in scan(_nb(("x", "$0.1174 on-demand, 0.12 s"), ("my_t = None", "")), usd)] == ["$0.1174"]
     got = [(n["value"], n["kind"], n["digits"]) for n in numbers_in("3.9 MB and -2e3 B, 15%, $0.05869")]
