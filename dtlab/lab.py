@@ -26,6 +26,7 @@ WHERE = {
     "smoke_allreduce": ("dtlab.cli.doctor", "smoke_allreduce"),
     "update_batch": ("dtlab.config.convergence", "update_batch"),
     # ---- checks and claims
+    "answered": ("dtlab.course.checks", "answered"),
     "beside": ("dtlab.course.beside", "beside"),
     "beside_calibration": ("dtlab.course.beside", "beside_calibration"),
     "beside_nccl_tests": ("dtlab.course.beside", "beside_nccl_tests"),

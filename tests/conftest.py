@@ -36,7 +36,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 #: Files whose tests share one execution of each lab (tests/labrun.py caches it per process): with pytest-xdist
 #: every lab's tests go to the worker of its lab group (`_lab_group`: two groups), which runs its labs one after
 #: another in one JupyterLab and one browser. Paths from tests/ (a unit file may share an integration file's name).
-LAB_FILES = ("e2e/test_notebooks.py", "e2e/test_browser.py", "e2e/test_export.py")
+LAB_FILES = ("e2e/test_notebooks.py", "e2e/test_browser.py", "e2e/test_export.py", "e2e/test_no_key.py")
 
 #: Files whose tests are marked slow: every lab executed in a browser (and the checks of that run), assigning and
 #: grading whole batches, the sandbox drills, the GPU runbook's dry run, multi-node and Slurm jobs, the convergence

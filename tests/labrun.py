@@ -44,13 +44,21 @@ LABS_DIR = pathlib.Path(__file__).resolve().parent.parent / "labs"
 LABS = sorted(p.name for p in LABS_DIR.glob("[0-9][0-9]_*.ipynb"))
 LAB_TIMEOUT_S = 600  # one lab's run-all in quick mode on a loaded 2-core machine; the slowest takes about 2 min
 #: answers a student typed before running, per lab (line prefix -> the line that replaces it): lab 1 gets one
-#: right and one wrong answer, so its run also shows how a graded answer is recorded
+#: right and one wrong answer, so its run also shows how a graded answer is recorded; lab 12 answers its two choice
+#: questions, so the scaling table its check cell shows only after an answer is run too (its number questions stay
+#: unanswered: tests/e2e/test_no_key.py reads their check cells)
 STUDENT_ANSWERS = {
     "01_ddp_breakdown.ipynb": {
         "my_bytes_guess = None": "my_bytes_guess = 4 * n_params",
         "my_buckets_guess = None": "my_buckets_guess = 1000",
-    }
+    },
+    "12_what_does_it_cost.ipynb": {
+        "my_cheapest_gpus = None": "my_cheapest_gpus = 1",
+        "my_fastest_gpus = None": "my_fastest_gpus = 8",
+    },
 }
+#: the questions those answers answer, per lab
+ANSWERED = {"01_ddp_breakdown.ipynb": ("lab01.q1", "lab01.q2"), "12_what_does_it_cost.ipynb": ("lab12.q3", "lab12.q4")}
 
 
 @dataclass

@@ -8,9 +8,10 @@ comments, which otter removes from the student version) and whose hidden test is
 variables and the recorded runs (for `otter run` elsewhere; `dtlab grade` does not run these tests).
 
 `assign(source, out)` runs `otter assign` on every master in `source` and writes `out/student/*.ipynb` (no key,
-no tests: what `labs/` holds), `out/instructor/<lab>.ipynb` (with the keys) and `out/autograder/<lab>.zip`: otter's
-autograder plus `dtlab-manifest.json` (the lab, its questions and points, the fingerprints of the distributed check
-cells, the versions it was made with) and `DTLAB-README.txt` (what an environment needs to use the zip).
+no tests: what `labs/` holds), `out/prelab/<lab>_prelab.ipynb` (its prediction cells alone, dtlab.course.prelab),
+`out/instructor/<lab>.ipynb` (with the keys) and `out/autograder/<lab>.zip`: otter's autograder plus
+`dtlab-manifest.json` (the lab, its questions and points, the fingerprints of the distributed check cells, the
+versions it was made with) and `DTLAB-README.txt` (what an environment needs to use the zip).
 
 otter-grader is the optional extra `pip install -e ".[course]"`.
 """
@@ -29,7 +30,7 @@ import zipfile
 from importlib.metadata import PackageNotFoundError, version
 
 from dtlab import __version__
-from dtlab.course import integrity, rubric
+from dtlab.course import integrity, prelab, rubric
 
 FORBIDDEN = (
     "BEGIN SOLUTION",
@@ -104,7 +105,7 @@ def assign(source: str, out: str, quiet: bool = True) -> dict:
     the instructor's solution notebook (keys in, tests out) out/instructor/<lab>.ipynb."""
     _otter()
     result = {"student": [], "autograder": []}
-    for d in ("student", "autograder", "instructor"):
+    for d in ("student", "autograder", "instructor", "prelab"):
         os.makedirs(os.path.join(out, d), exist_ok=True)
     found = masters(source)
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,6 +135,10 @@ def assign(source: str, out: str, quiet: bool = True) -> dict:
             zip_path = os.path.join(out, "autograder", f"{stem}.zip")
             shutil.copy(zips[0], zip_path)
             _add_manifest(zip_path, stem, student)
+            try:  # the prediction cells alone, handed in before the lab (dtlab.course.prelab)
+                prelab.make(student, os.path.join(out, "prelab", f"{stem}_prelab.ipynb"), stem)
+            except ValueError:
+                pass  # a lab with no graded prediction has no pre-lab
             result["student"].append(student)
             result["autograder"].append(zip_path)
             print(f"{stem}: student {student}, autograder {zip_path}")

@@ -32,6 +32,8 @@ import threading
 from dtlab.course import rubric
 from dtlab.course import sandbox as sb
 from dtlab.course.limits import Limits, limit_hit, size_text
+from dtlab.course.prelab import answers as prelab_answers
+from dtlab.course.prelab import prelab_of
 from dtlab.course.rubric import LAB_MODULES
 from dtlab.launching.replay import recorded_in
 
@@ -92,7 +94,7 @@ def submissions(paths) -> list[tuple[str, str, str]]:
 
 def _student_of(path: str) -> str:
 
-    stem = os.path.splitext(os.path.basename(path))[0]
+    stem = re.sub(r"(?i)[_ .-]?pre-?lab", "", os.path.splitext(os.path.basename(path))[0])  # a pre-lab's too
     for lab in LAB_MODULES:
         stem = stem.replace(lab, "")
     left = re.sub(r"(?i)lab[_ -]?\d+", "", stem).strip("_- .")
@@ -204,7 +206,7 @@ def _read(path: str) -> str:
         return ""
 
 
-def _grader_command(ag, lab, nb, directory, tmp, timeout_s, boxed, replay):
+def _grader_command(ag, lab, nb, directory, tmp, timeout_s, boxed, replay, prelab=None):
     """The grader's command line for one notebook (paths as the sandbox sees them when `boxed`), the pipe its result
     comes back through (None unboxed: a file), the output arguments, and the sandbox's in and out boxes."""
     inbox = outbox = None
@@ -235,6 +237,10 @@ def _grader_command(ag, lab, nb, directory, tmp, timeout_s, boxed, replay):
         with open(cells, "w") as f:
             json.dump(ag["manifest"]["check_cells"], f)
         cmd += ["--cells", f"{where['dir']}/cells.json"]
+    if prelab:  # read here, never run: its literal answers go to the grader as data
+        with open(os.path.join(inbox if boxed else tmp, "prelab.json"), "w") as f:
+            json.dump(prelab_answers(prelab), f)
+        cmd += ["--prelab-answers", f"{where['dir']}/prelab.json"]
     if replay:
         cmd += ["--submission", where["sub"]]
     return cmd, pipe, out, inbox, outbox
@@ -248,14 +254,16 @@ def grade_one(
     timeout_s: float = 3600.0,
     sandbox: str = "none",
     limits: Limits | None = None,
+    prelab: str | None = None,
 ) -> list[dict]:
     """Grade one notebook in a worker process (in the sandbox `sandbox`: dtlab.course.sandbox, with `limits`, its
-    defaults when None); its rows (error rows when the worker failed, naming the limit it hit if it hit one)."""
+    defaults when None); its rows (error rows when the worker failed, naming the limit it hit if it hit one), and
+    with `prelab` (the student's pre-lab notebook of the same lab) its rows too, graded against this notebook's runs."""
     limits = limits or Limits()
     replay = _has_runs(directory)
     with tempfile.TemporaryDirectory(prefix="dtlab-batch-") as tmp:
         boxed = sandbox != "none"
-        cmd, pipe, out, inbox, outbox = _grader_command(ag, lab, nb, directory, tmp, timeout_s, boxed, replay)
+        cmd, pipe, out, inbox, outbox = _grader_command(ag, lab, nb, directory, tmp, timeout_s, boxed, replay, prelab)
         # the sandbox is left (the `with`) once none of its processes is left: one left behind could still write
         with (
             sb.prepared(sandbox, cmd, inbox, outbox, limits, pass_fds=(pipe[1],))
@@ -299,6 +307,21 @@ def grade_one(
     return [{**r, **common} for r in rows]
 
 
+def _alone(prelabs: dict, rows: list, mech: str) -> list[dict]:
+    """Error rows for every pre-lab ({(student, lab): path}) whose student handed in no notebook of its lab: a
+    pre-lab is graded against the runs of its lab notebook, so it is said, not dropped."""
+    graded = {(r["student"], r["lab"]) for r in rows}
+    out = []
+    for (student, lab), nb in prelabs.items():
+        if (student, lab) not in graded:
+            why = f"a pre-lab is graded against the runs of its lab notebook: no {lab} notebook from {student}"
+            out += [
+                {"student": student, "notebook": os.path.basename(nb), "lab": lab, **r, "sandbox": mech}
+                for r in _error_rows(lab, why)
+            ]
+    return out
+
+
 def grade(
     autograder: str,
     submissions_,
@@ -321,6 +344,9 @@ def grade(
 
     ags = autograders(autograder)
     subs = submissions(submissions_)
+    # pre-labs are graded with the lab notebook of the same student and lab, against its runs
+    prelabs = {(student, prelab_of(nb)): nb for student, nb, _ in subs if prelab_of(nb)}
+    subs = [s for s in subs if not prelab_of(s[1])]
     mech = sb.choose(sandbox)
     if progress:
         limits = Limits.given(memory, disk, procs)
@@ -345,7 +371,16 @@ def grade(
         elif meta and meta != found and how != "--lab":
             got = _error_rows(found, f"its metadata says it is {meta}, its name says {found}: rename it or pass --lab")
         else:
-            got = grade_one(ags[found], found, nb, directory, timeout_s, mech, Limits.given(memory, disk, procs))
+            got = grade_one(
+                ags[found],
+                found,
+                nb,
+                directory,
+                timeout_s,
+                mech,
+                Limits.given(memory, disk, procs),
+                prelabs.get((student, found)),
+            )
         rows += [
             {"student": student, "notebook": os.path.basename(nb), "lab": found or "", **r, "sandbox": mech}
             for r in got
@@ -357,4 +392,8 @@ def grade(
             pts, mx = sum(r["points"] for r in got), sum(r["max_points"] for r in got)
             state = "error: " + got[0]["feedback"][:120] if got[0]["status"] == "error" else got[0]["mode"]
             print(f"{student} / {os.path.basename(nb)}: {pts:g} of {mx:g} points ({state})", flush=True)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    rows += _alone(prelabs, rows, mech)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    if csv:
+        df.to_csv(csv, index=False)
+    return df

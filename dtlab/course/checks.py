@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from dtlab.course import outputs, rubric
-from dtlab.course.verdicts import Key, judge, judge_formula
+from dtlab.course.verdicts import Key, judge, judge_formula, unanswered
 
 MIME = "application/vnd.dtlab.answer+json"
 PREFIX = "DTLAB-ANSWER "
@@ -94,6 +94,20 @@ def check(qid: str, answer, **sources) -> Record:
         print(f"[{qid}] not checked: {', '.join(missing)} is missing (its run failed above; rerun that section)")
         return None
     return show(rubric.key(qid, **sources), answer)
+
+
+def answered(what: str, *answers) -> bool:
+    """True when every one of `answers` is given (not None, not otter's `...`). Otherwise prints that `what` (the
+    bill, the table: whatever would answer the question) is shown once the answers are set, and returns False: a
+    check cell run before an answer shows nothing that answers its question.
+
+        if answered("the bill", my_gpu_hours_per_epoch, my_usd_per_epoch):
+            print(bill)
+    """
+    if not any(unanswered(a) for a in answers):
+        return True
+    print(f"answer first: {what} is shown here once your answer{'s are' if len(answers) > 1 else ' is'} set above")
+    return False
 
 
 def check_number(

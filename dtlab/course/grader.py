@@ -177,6 +177,8 @@ def grade_answers(lab: str, exported: dict, rec, scratch: str, errors=(), only: 
         fb = "" if v["ok"] else " | ".join(v["verdict"].splitlines())
         if v["ok"] is None and note:
             fb = f"{q.var}: {note}{first_error} | {fb}"
+        if getattr(key, "graded_on", ""):  # a re-run's grade names the run it graded
+            fb = " | ".join(x for x in (f"graded against {key.graded_on}", fb) if x)  # first: feedback is cut at 800
         rows.append(_row(q, float(v["points"]), fb, v))
     return rows
 
@@ -263,11 +265,13 @@ def execute(nb_path: str, cwd: str, env: dict, scratch: str, cell_timeout_s: flo
 
 
 def grade_notebook(
-    nb_path: str, lab: str, submission: str | None = None, cells=None, cell_timeout_s: float = 1800.0
+    nb_path: str, lab: str, submission: str | None = None, cells=None, cell_timeout_s: float = 1800.0, prelab=None
 ) -> dict:
     """Execute and grade one notebook; {"lab", "mode", "replayed", "flags", "errors", "rows"}. `submission`: the
     student's directory when it holds recorded runs (graded from them, replay mode), else None (quick mode);
-    `cells`: the distributed check cells (integrity.check_cells of the student version) to compare with."""
+    `cells`: the distributed check cells (integrity.check_cells of the student version) to compare with; `prelab`:
+    the answers of the student's pre-lab (dtlab.course.prelab.answers), judged against the keys of this notebook's
+    runs in rows of their own ("lab12.q1 (pre-lab)")."""
     import nbformat
 
     preload()
@@ -295,6 +299,10 @@ def grade_notebook(
         exported, errors = execute(nb_path, root, env, scratch, cell_timeout_s)
         rec = recordings.Recordings(root, replay_mode=bool(submission))
         rows = grade_answers(lab, exported, rec, scratch, errors)
+        if prelab is not None:  # the predictions handed in before the lab, against the lab's own runs
+            asked = {q.qid for q in rubric.questions(lab) if q.var in prelab}
+            pre = grade_answers(lab, prelab, rec, scratch)
+            rows += [{**r, "question": f"{r['question']} (pre-lab)"} for r in pre if r["question"] in asked]
         flags += rec.problems
         return {
             "lab": lab,
@@ -341,6 +349,7 @@ def main(argv=None) -> int:
     n.add_argument("--submission", default=None)
     n.add_argument("--cells", default=None, help="JSON file: the distributed check cells")
     n.add_argument("--cell-timeout", type=float, default=1800.0)
+    n.add_argument("--prelab-answers", default=None, help="JSON file: the pre-lab's answers (dtlab.course.prelab)")
     a = sub.add_parser("answers")
     a.add_argument("--answers", required=True)
     a.add_argument("--qid", default=None)
@@ -367,7 +376,8 @@ def main(argv=None) -> int:
     if args.cmd == "notebook":
         cells = json.load(open(args.cells)) if args.cells else None
         try:
-            result = grade_notebook(args.notebook, args.lab, args.submission, cells, args.cell_timeout)
+            prelab = json.load(open(args.prelab_answers)) if args.prelab_answers else None
+            result = grade_notebook(args.notebook, args.lab, args.submission, cells, args.cell_timeout, prelab)
         except (ValueError, RuntimeError) as e:  # the one line dtlab grade puts in the error rows
             print(" ".join(str(e).split()), file=sys.stderr)
             return 1

@@ -34,7 +34,10 @@ class Key:
     passed, feedback) of the student's own code. `tol_source` says where the tolerance comes from, `hint` what to
     reconsider after a miss (never the answer), `ratio_hints` {answer / expected: hint} for known mistakes,
     `explanation` why, shown once the answer is right; `show_tol` False where the tolerance's width would give the
-    key away (one derived from the key itself)."""
+    key away (one derived from the key itself). `env` {name: number}: the lab's values an answer given as a string
+    may name ("ceil(epoch_samples / samples_per_step) * t_step_s / 3600"), so a re-run of the lab recomputes the
+    answer from its own run; `graded_on` names what the key was computed from (the run and its T_step), said by the
+    grader beside every grade (never a key)."""
 
     qid: str
     kind: str
@@ -51,6 +54,8 @@ class Key:
     variables: tuple = ("p", "n")
     grid: dict | None = None
     show_tol: bool = True
+    env: dict = field(default_factory=dict)
+    graded_on: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -68,6 +73,8 @@ def finite(x) -> bool:
 
 def fmt(x, unit: str = "") -> str:
     """A number as a verdict writes it: thousands separators for large values, 4 significant digits otherwise."""
+    if isinstance(x, str) and (unit in x or not finite(x)):
+        return x.strip()  # a string answer that names its unit (said once), or an expression
     if isinstance(x, bool) or not finite(x):
         s = str(x)
     elif isinstance(x, int) or float(x) == int(float(x)) and abs(float(x)) >= 1e4:
@@ -136,15 +143,12 @@ def judge_number(key: Key, answer) -> dict:
             f"[{key.qid}] not answered yet: set your answer and run this cell again (tolerance {tol_txt})",
             **extra,
         )
-    try:
-        g = float(answer)
-    except (TypeError, ValueError, OverflowError):
-        g = float("nan")
+    g, how = value_of(answer, key.env)
     ok = bool(abs(g - exp) <= tol)
     if ok:
         word = "correct" if abs(g - exp) <= 1e-9 * max(1.0, abs(exp)) else "within tolerance"
         return _record(
-            key, _plain(answer), True, f"[{key.qid}] {word}: you said {fmt(answer, key.unit)} ({tol_txt})", **extra
+            key, _plain(answer), True, f"[{key.qid}] {word}: you said {fmt(answer, key.unit)}{how} ({tol_txt})", **extra
         )
     hint = key.hint
     if math.isfinite(g) and exp:
@@ -153,10 +157,30 @@ def judge_number(key: Key, answer) -> dict:
                 hint = text
                 break
     side = "" if not math.isfinite(g) else (", too high" if g > exp else ", too low")
-    verdict = f"[{key.qid}] missed: you said {fmt(answer, key.unit)}{side} (outside {tol_txt})" + (
+    verdict = f"[{key.qid}] missed: you said {fmt(answer, key.unit)}{how}{side} (outside {tol_txt})" + (
         f"\n  hint: {hint}" if hint else ""
     )
     return _record(key, _plain(answer), False, verdict, **extra)
+
+
+FUNCTIONS = {"ceil": math.ceil, "floor": math.floor, "sqrt": math.sqrt}
+
+
+def value_of(answer, env: dict) -> tuple[float, str]:
+    """(the answer's value, how it was read): a number as it is; a string as a number, else as an expression of
+    `env`'s names (and ceil, floor, sqrt), evaluated with this run's values (", which is X here"); NaN when it is
+    neither."""
+    try:
+        return float(answer), ""
+    except (TypeError, ValueError, OverflowError):
+        pass
+    if isinstance(answer, str) and env:
+        try:
+            g = eval_expr(answer, {**env, **FUNCTIONS})
+            return g, f", which is {fmt(g)} with this run's values"
+        except (ValueError, SyntaxError, ZeroDivisionError, OverflowError, TypeError):
+            return float("nan"), f" (an expression of {', '.join(sorted(env))} could not be evaluated)"
+    return float("nan"), ""
 
 
 def _norm(x):
@@ -194,7 +218,8 @@ _OPS = {
 
 def eval_expr(expr: str, env: dict) -> float:
     """Evaluate an arithmetic formula (numbers, the names in `env`, + - * / ** and parentheses; `^` is read
-    as a power). Anything else raises ValueError: no calls, no attributes."""
+    as a power; a name whose value is a function in `env`, such as ceil, may be called). Anything else raises
+    ValueError: no other calls, no attributes."""
     tree = ast.parse(expr.replace("^", "**"), mode="eval")
 
     def ev(node):
@@ -202,8 +227,12 @@ def eval_expr(expr: str, env: dict) -> float:
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return float(node.value)
-        if isinstance(node, ast.Name) and node.id in env:
+        if isinstance(node, ast.Name) and node.id in env and not callable(env[node.id]):
             return float(env[node.id])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and callable(env.get(node.func.id)):
+            if node.keywords:
+                raise ValueError(f"not allowed in a formula: {ast.unparse(node)!r} (no keyword arguments)")
+            return float(env[node.func.id](*[ev(a) for a in node.args]))
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.left), ev(node.right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:

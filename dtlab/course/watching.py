@@ -34,6 +34,7 @@ def run(config: RunConfig, progress: bool = True, watch=False) -> Run:
     handle = launch(config)
     if isinstance(handle, Replayed):  # grading: the recorded run is loaded, nothing runs; the monitor shows its record
         mon = Monitor(handle.run_dir, profile, mode)
+        mon.watching = False  # its elapsed time is the record's, launch to last step
         run = handle.wait(progress=False)
         mon.finish("finished", "replayed from its recorded run directory, not run again", run=run)
         return run

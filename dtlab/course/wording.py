@@ -153,6 +153,25 @@ TEXTS = {
         "shares the host with its workers",
         "gpu": "ranks whose kernels share the GPUs with NCCL's, a server that waits on the host",
     },
+    # lab 12 (what does it cost?)
+    "lab12.figures": {
+        "cpu": "**These are CPU figures, priced as if they were GPUs.** Your ranks run on CPU cores, and the bill "
+        "below prices the CPU machine at the price table's `CPU` row (the example table prices it like a GPU, "
+        "which no provider does) in machine-hours, one machine for all its ranks: the arithmetic is the real "
+        "one, the numbers are not a GPU's. Run the lab on a GPU machine for real figures.",
+        "host_staged": "**Real GPU compute, host-staged communication.** Your ranks share one GPU and talk through "
+        "gloo, which copies every bucket through host memory: the compute is a GPU's, the all-reduce is far "
+        "slower than NCCL's. The bill prices the GPU the run used at the price table's row for its kind.",
+        "gpu": "**Real figures.** Your ranks ran with NCCL on GPUs: the bill prices the GPUs the run used at the "
+        "price table's row for their kind (an example price unless you set your own).",
+    },
+    "lab12.restart": {
+        "cpu": "On this CPU machine a restart takes a second or two: dtlab's warm agent keeps torch imported, and the "
+        "tiny checkpoint loads from a local disk. On a cloud GPU a spot restart means a new instance, an image, "
+        "the data and a checkpoint of gigabytes: minutes (exercise b tries R = 300 s).",
+        "gpu": "A restart here reuses this machine. A spot restart on a cloud means a new instance, an image, the "
+        "data and the checkpoint: minutes. Try R = 300 s in the plan below.",
+    },
 }
 
 

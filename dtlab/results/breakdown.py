@@ -346,6 +346,15 @@ def _overlap(exposed: float, t_comm: float, iv: tuple, how: str, assumed: bool) 
     if assumed or not t_comm > 0:
         return ("overlap", math.nan, "fraction", how, math.nan, math.nan)
     ov = 1.0 - exposed / t_comm
+    if ov < 0.0 and fmt_ms(exposed) == fmt_ms(t_comm):  # longer only past the digits shown: none hidden, said once
+        return (
+            "overlap",
+            0.0,
+            "fraction",
+            f"none: exposed is the whole time collectives were in flight ({fmt_ms(t_comm)}), to the digits shown",
+            0.0,
+            0.0,
+        )
     if not 0.0 <= ov <= 1.0:  # exposed longer than the time in flight: not physical, so not a figure
         return (
             "overlap",

@@ -99,6 +99,12 @@ def billed_devices(run) -> tuple[int, str, str]:
     return nodes, "cpu", f"{nodes} CPU machine(s), one per node"
 
 
+def hours_unit(run) -> str:
+    """The unit a bill of `run` is counted in: 'GPU-hours' for a run on GPUs, 'machine-hours' for a CPU run (billed
+    one machine per node)."""
+    return "GPU-hours" if billed_devices(run)[1] == "cuda" else "machine-hours"
+
+
 def gpu_kind(run, prices: PriceTable) -> str:
     """The price table's kind for the run's devices: a kind named in its CUDA device name ('NVIDIA H200' -> 'H200'),
     'CPU' for a CPU run; a ValueError naming `gpu` when the table has no such kind."""
@@ -144,6 +150,7 @@ class RunCost:
     def lines(self) -> list[str]:
         """The cost in words: the price used and its source, each row, the scaling table's cheapest and fastest."""
         p = self.price
+        hours = "machine-hours" if p.kind == "CPU" else "GPU-hours"
         out = [
             f"cost of {self.path}: {self.gpus} x {self.gpu} at {p.on_demand:.2f} {p.unit} on-demand, "
             f"{p.spot:.2f} spot ({p.source}; {p.date})"
@@ -153,7 +160,7 @@ class RunCost:
                 out.append(f"  {r.what}: {r.how}")
                 continue
             out.append(
-                f"  {r.what}: {r.steps:,.0f} step(s), {r.wall_s:.4g} s, {r.gpu_hours:.4g} GPU-hours, "
+                f"  {r.what}: {r.steps:,.0f} step(s), {r.wall_s:.4g} s, {r.gpu_hours:.4g} {hours}, "
                 f"${r.on_demand_usd:.4g} on-demand, ${r.spot_usd:.4g} spot ({r.how})"
             )
         if self.scaling is not None:

@@ -32,7 +32,7 @@ from dtlab.runfiles import DamagedRun, read_json
 
 #: the fields kept of each event kind the monitor shows (anything else a rank writes is read and passed over)
 KEEP = {
-    "step": ("rank", "step", "t_step", "t_fwd", "t_bwd", "t_opt", "loss", "compute_busy", "attempt"),
+    "step": ("rank", "step", "t_step", "t_fwd", "t_bwd", "t_opt", "loss", "compute_busy", "attempt", "time"),
     "baseline_step": ("rank", "step", "t_step", "paired_step", "attempt"),
     "bucket": ("rank", "step", "bucket", "nbytes", "wire_bytes", "t_start", "t_end", "attempt"),
     "collective": ("rank", "step", "op", "nbytes", "phase", "t_start", "t_end", "attempt"),
@@ -123,8 +123,8 @@ class LiveRun:
     After each `poll()`: `rows` (kind -> list of dicts with the fields in KEEP), `errors` ({rank: {error, step}}:
     the ranks that recorded an `error` event and the last step each recorded), `done` (ranks that recorded `done`),
     `last_step` ({rank: the last step it recorded}), and from config.json: `nproc` (the world size), `steps`,
-    `warmup`, `baseline_steps` and `bucket_op` (the op that prices one DDP bucket; None when the strategy records
-    collectives)."""
+    `warmup`, `baseline_steps`, `bucket_op` (the op that prices one DDP bucket; None when the strategy records
+    collectives) and `launched` (the launch's wall time, s since the epoch; None when not recorded)."""
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
@@ -139,8 +139,11 @@ class LiveRun:
     def _config(self) -> None:
         """The run's config, read as every reader reads it (upgraded to today's form, then a RunConfig); nothing
         is known of it while config.json is missing or unreadable."""
+        self.launched = None  # wall time (s since the epoch) the launcher started the run, from config.json
         try:
-            cfg = recorded_config(upgrade(read_json(os.path.join(self.run_dir, "config.json"))["config"]), self.run_dir)
+            doc = read_json(os.path.join(self.run_dir, "config.json"))
+            self.launched = (doc.get("launch") or {}).get("time")
+            cfg = recorded_config(upgrade(doc["config"]), self.run_dir)
             bucket_op = strategy_spec(cfg.strategy).bucket_op
         except (OSError, DamagedRun, KeyError, TypeError, ValueError):  # a strategy this dtlab does not know too
             cfg, bucket_op = None, None

@@ -23,6 +23,9 @@ read too fast):
 
 from __future__ import annotations
 
+import math
+import time
+
 import numpy as np
 import pandas as pd
 
@@ -177,9 +180,12 @@ def recent(series: pd.Series, last: int = 10) -> float:
     return float(np.median(v)) if v.size else float("nan")
 
 
-def live_view(live, profile=None, state: str = "running", why: str = "") -> dict:
+def live_view(live, profile=None, state: str = "running", why: str = "", now: float | None = None) -> dict:
     """Everything the monitor shows, from `live` (a dtlab.results.live.LiveRun after a poll): state and why
-    (the state's reason, e.g. the failed rank), step (the last step every rank recorded; -1 before the first),
+    (the state's reason, e.g. the failed rank), elapsed_s (s since the launch to `now`, a wall time; without one,
+    to this moment while running and to the last step's record once ended; None when the launch time is not
+    recorded), step (the last step every rank recorded;
+    -1 before the first),
     steps (the run's step count), table (`step_table`), pairs (`exposed_pairs`), ranks (`rank_times`), straggler,
     busbw (`busbw_rows` of the measured steps, steps >= warmup once there are any), bw_table (`busbw_table`),
     calibration (`calibration_label`), baseline_steps, unpaired (no-op steps recorded without a pairing), errors
@@ -196,9 +202,14 @@ def live_view(live, profile=None, state: str = "running", why: str = "") -> dict
     if measured and not bw.empty:
         bw = bw[bw["step"].isin(measured)].reset_index(drop=True)
     bw_table = busbw_table(bw, profile, p)
+    last = float(f["step"]["time"].max()) if "time" in f["step"] and not f["step"].empty else math.nan
+    # the watcher's clock while it watches (`now`: this moment, or time.time() while running); a record shown after
+    # the fact (a replay): its last step's record (NaN: not recorded)
+    end = now if now is not None else time.time() if state == "running" else last
     return {
         "state": state,
         "why": why,
+        "elapsed_s": end - float(live.launched) if live.launched and end == end else None,
         "step": int(table["step"].max()) if not table.empty else -1,
         "steps": live.steps,
         "baseline_steps": live.baseline_steps,
@@ -218,20 +229,31 @@ def live_view(live, profile=None, state: str = "running", why: str = "") -> dict
 
 
 def text_line(view: dict) -> str:
-    """One compact line of the monitor for a terminal: step k of N, loss, T_step (ms, slowest rank, median of the
-    last 10 complete steps), communication share (%), exposed (ms, only with pairs), bus bandwidth (GB/s, with
-    its calibration or 'no calibration'), the straggler, and the state when it is not 'running'. `view` is what
+    """One compact line of the monitor for a terminal: the time since the launch, step k of N with its share,
+    loss, T_step (ms, slowest rank, median of the last 10 complete steps: which steps, said), communication share
+    (%, the same steps), exposed (ms, median of the last 10 pairs, only with pairs), bus bandwidth (GB/s, with its
+    calibration or 'no calibration'), the straggler, and the state when it is not 'running'. `view` is what
     `live_view` returns."""
-    done = f"{view['step'] + 1} steps" if view["step"] >= 0 else "no complete step yet"
-    t, parts = view["table"], [done + (f" of {view['steps']}" if view.get("steps") else "")]
+    n = view.get("steps")
+    done = view["step"] + 1
+    progress = f"{done} steps" + (f" of {n} ({done / n:.0%})" if n else "")
+    if done == 0:
+        progress = "no complete step yet" + (f" (0 of {n})" if n else "")
+    elapsed = view.get("elapsed_s")
+    t, parts = view["table"], ([f"{fmt_clock(elapsed)} elapsed"] if elapsed is not None else []) + [progress]
     if not t.empty:
+        last = t["step"].to_numpy()[-10:]
+        window = f"step {last[0]}" if len(last) == 1 else f"steps {last[0]}-{last[-1]}"
         parts.append(f"loss {t['loss'].iloc[-1]:.4g}")
-        parts.append(f"T_step {fmt_ms(recent(t['t_step']))} (slowest rank)")
+        parts.append(f"T_step {fmt_ms(recent(t['t_step']))} (slowest rank, median of {window})")
         share = recent(t["comm_share"])
         if share == share:
-            parts.append(f"comm {share:.0%} of T_step")
-    if not view["pairs"].empty:
-        parts.append(f"exposed {fmt_ms(recent(view['pairs']['exposed']))}")
+            parts.append(f"comm {share:.0%} of T_step ({window})")
+    pairs = view["pairs"]
+    if not pairs.empty:
+        k, e = min(len(pairs), 10), recent(pairs["exposed"])
+        of = f"median of the last {k} pair{'s' if k > 1 else ''}"
+        parts.append(f"exposed {fmt_ms(e)} ({of})" if e >= 0 else f"exposed: noise ({of} is {fmt_ms(e)}, below 0)")
     bw, table = view["busbw"], view["bw_table"]
     if not bw.empty and table["what"].str.startswith("bucket").all():  # one op: the median over every bucket
         parts.append(f"busbw {fmt_gbps(float(bw['busbw'].median()))} ({view['calibration']})")
@@ -244,3 +266,10 @@ def text_line(view: dict) -> str:
     if view["state"] != "running":
         parts.append(view["state"] + (f": {view['why']}" if view.get("why") else ""))
     return "dtlab watch: " + " | ".join(parts)
+
+
+def fmt_clock(seconds: float) -> str:
+    """Elapsed time as a clock reads it: '0:07', '12:03', '1:02:03'."""
+    s = max(0, int(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"

@@ -175,6 +175,7 @@ class Monitor:
         self.view: dict | None = None
         self.redraws, self._last, self.wait_s = 0, -float("inf"), self.every_s
         self.widget = None
+        self.watching = True  # a run watched as it runs: elapsed time on this clock (False: a record shown after)
         if self.mode == "widget":
             self._status = widgets.HTML(value="<b>dtlab monitor</b>: waiting for the ranks' first events")
             self._figure = LiveFigure(go.Figure(layout=dict(title="dtlab monitor: starting", height=300)))
@@ -191,7 +192,7 @@ class Monitor:
             return
         cpu = time.process_time()
         if self.live.poll() or self.view is None:
-            self._draw(live_view(self.live, self.profile))
+            self._draw(live_view(self.live, self.profile, now=time.time()))
         self.wait_s = max(self.every_s, BUDGET * (time.process_time() - cpu))
         self._last = now
 
@@ -199,7 +200,7 @@ class Monitor:
         """The run ended in `state` ('finished', 'failed', 'interrupted', ...) for reason `why`: read the rest
         (partial last lines counted as torn), draw the end state, and for a finished `run` show its breakdown."""
         self.live.close()
-        self._draw(live_view(self.live, self.profile, state, why))
+        self._draw(live_view(self.live, self.profile, state, why, time.time() if self.watching else None))
         table = run.breakdown_table() if run is not None else ""
         if self.mode == "text":
             print(table, file=self.out, flush=True) if table else None

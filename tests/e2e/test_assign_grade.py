@@ -266,6 +266,16 @@ def lab01_batch(dist, tmp_path_factory):
         shutil.copytree(rec, d)
         (d / name).write_text(json.dumps(nb))
         paths.append(str(d))
+    # the keys' student also handed in a pre-lab first: one prediction right (the tiny model's gradient bytes, typed
+    # as a number), one wrong, one left open; graded against the runs of the lab notebook beside it
+    pre = _nb(dist / "prelab" / "01_ddp_breakdown_prelab.ipynb")
+    for c in pre["cells"]:
+        c["source"] = (
+            "".join(c["source"])
+            .replace("my_bytes_guess = None", "my_bytes_guess = 4045448")
+            .replace("my_buckets_guess = None", "my_buckets_guess = 1000")
+        )
+    (root / "keys" / "01_ddp_breakdown_prelab.ipynb").write_text(json.dumps(pre))
     corrupt = root / "trudy"
     corrupt.mkdir()
     (corrupt / LAB01).write_text(json.dumps(student)[:4000])  # truncated mid-file
@@ -296,10 +306,24 @@ def test_a_corrupt_notebook_gets_error_rows_and_the_batch_goes_on(lab01_batch):
 
 
 def test_the_keys_get_full_marks_from_their_recorded_run(lab01_batch):
-    keys = lab01_batch["df"].query("student == 'keys'")
+    df = lab01_batch["df"].query("student == 'keys'")
+    keys = df[~df.question.str.endswith("(pre-lab)")]
     assert len(keys) == 3 and (keys.points == keys.max_points).all(), keys
     assert set(keys["mode"]) == {"replay"} and (keys["replayed"] == 1).all() and (keys["flags"] == "").all()
     assert not (lab01_batch["root"] / "runs").exists()  # nothing ran where dtlab grade was started
+
+
+def test_a_prelab_is_graded_against_the_runs_of_its_lab(dist, lab01_batch):
+    assert sorted(p.name for p in (dist / "prelab").glob("*.ipynb"))[:2] == [
+        "00_setup_check_prelab.ipynb",
+        "01_ddp_breakdown_prelab.ipynb",
+    ]
+    df = lab01_batch["df"].query("student == 'keys'").set_index("question")
+    pre = df[df.index.str.endswith("(pre-lab)")]
+    assert list(pre.index) == ["lab01.q1 (pre-lab)", "lab01.q2 (pre-lab)", "lab01.q3 (pre-lab)"]
+    assert pre.loc["lab01.q1 (pre-lab)", "points"] == 2 and pre.loc["lab01.q2 (pre-lab)", "points"] == 0
+    assert "not answered yet" in pre.loc["lab01.q3 (pre-lab)", "feedback"]
+    assert (pre["notebook"] == "01_ddp_breakdown.ipynb").all()  # graded with its lab, not alone
 
 
 @pytest.mark.parametrize("who", ["blank", "redefine", "records", "patched", "forged"])

@@ -368,3 +368,14 @@ def test_the_html_report_carries_the_intervals_and_the_noise_in_words(tmp_path):
     assert "[90% interval]" in html and "below this machine&#x27;s noise here: ±" in html
     assert "machine: busy during the steps" in html and "overlap within the noise" in html
     assert "<th>lo</th>" in html and "<th>hi</th>" in html
+
+
+def test_an_exposed_time_equal_to_the_time_in_flight_as_printed_is_no_overlap_not_a_finding():
+    """exposed 7.21 ms against 7.19 ms in flight: both print as 7.2 ms, so 'exposed (7.2 ms) is longer than ... (7.2
+    ms)' would compare two equal numbers; the overlap is none. Apart by more than the digits shown, it stays noise."""
+    from dtlab.results import breakdown
+
+    q, ov, unit, how, lo, hi = breakdown._overlap(0.00721, 0.00719, (math.nan, math.nan), "how", False)
+    assert (ov, lo, hi) == (0.0, 0.0, 0.0) and "none" in how and how.count("7.2") == 1
+    q, ov, unit, how, lo, hi = breakdown._overlap(0.0090, 0.0072, (math.nan, math.nan), "how", False)
+    assert math.isnan(ov) and "is longer than" in how

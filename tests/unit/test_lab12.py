@@ -156,8 +156,82 @@ def test_the_passages_fit_the_placement(where):
         "host_staged": {"device": "cuda", "backend": "gloo", "ranks_per_gpu": 2},
         "nccl": {"device": "cuda", "backend": "nccl", "ranks_per_gpu": 1},
     }[where]
-    for key in L.TEXTS:
+    for key in ("lab12.figures", "lab12.restart"):  # the lab's passages, kept with every lab's in course.wording
         body = L.text(key, placement)
         assert ("CPU figures" in body or "this CPU machine" in body) == (where == "cpu"), (key, where)
     with pytest.raises(KeyError):
         L.text("lab12.nothing", placement)
+
+
+def test_a_check_cell_shows_nothing_before_an_answer(capsys):
+    from dtlab.course.checks import answered
+
+    assert answered("the bill", None, 0.02) is False
+    assert capsys.readouterr().out == "answer first: the bill is shown here once your answers are set above\n"
+    assert answered("the plan", ...) is False and "once your answer is set" in capsys.readouterr().out
+    assert answered("the table", 2, 8) is True and capsys.readouterr().out == ""
+
+
+# ---- grades that survive a re-run: the run graded, named; its spread; answers as expressions ----------------
+
+FIXTURE_DDP = "tests/fixtures/run-v1-ddp"
+
+
+def test_question_1_is_graded_by_the_runs_own_spread_and_names_the_run():
+    import dtlab
+    from dtlab.course.verdicts import judge, tolerance
+
+    run = dtlab.load_run(FIXTURE_DDP)
+    t = run.summary().set_index("quantity").loc["T_step"]
+    spread = (t["hi"] - t["lo"]) / 2 / t["value"]
+    key = R._gpu_hours(run)
+    assert key.rel_tol == pytest.approx(max(spread, R.ROUNDING)) and key.rel_tol != 0.05
+    assert tolerance(key)[0] == pytest.approx(key.rel_tol * key.expected)
+    assert key.unit == "machine-hours"  # a CPU run: one machine billed, not a GPU
+    assert key.graded_on.startswith("the priced run run-v1-ddp (T_step ") and "90% interval" in key.graded_on
+    # an answer written as arithmetic on the printed inputs is recomputed from the graded run: right on any re-run
+    v = judge(key, "ceil(epoch_samples / samples_per_step) * t_step_s * devices / 3600")
+    assert v["ok"] is True and "with this run's values" in v["verdict"]
+    # a number typed from a run whose T_step was 9% longer: outside this run's spread when that is narrower
+    moved = judge(key, key.expected * 1.09)
+    assert moved["ok"] is (0.09 <= tolerance(key)[0] / key.expected)
+    # the unit said once, however the answer was written
+    assert "machine-hours machine-hours" not in judge(key, f"{key.expected} machine-hours")["verdict"]
+
+
+def test_the_grader_says_which_run_it_graded(monkeypatch, tmp_path):
+    import dtlab
+    from dtlab.course import grader
+
+    run = dtlab.load_run(FIXTURE_DDP)
+    monkeypatch.setattr(R, "sources", lambda rec: {"run": lambda: run, "profile": lambda: None, "crashed": lambda: run})
+    key = R._gpu_hours(run)
+    rows = grader.grade_answers(
+        R.LAB,
+        {"my_gpu_hours_per_epoch": {"value": key.expected}, "my_usd_per_epoch": {"value": 1e9}},
+        None,
+        str(tmp_path),
+    )
+    by = {r["question"]: r for r in rows}
+    assert (
+        by["lab12.q1"]["ok"] is True
+        and "graded against the priced run run-v1-ddp (T_step" in by["lab12.q1"]["feedback"]
+    )
+    assert by["lab12.q2"]["ok"] is False and "graded against the priced run run-v1-ddp" in by["lab12.q2"]["feedback"]
+
+
+def test_the_cost_ratio_beside_one_over_efficiency_shows_the_rounding():
+    sc = _scaling(False)
+    sc["steps"] = [50, 25, 13, 7]  # ceil(1,600 / (32 p)): 12.5 and 6.25 steps rounded up at 4 and 8 GPUs
+    sc["gpu_hours"] = sc["gpus"] * sc["steps"] * sc["t_step_s"] / 3600
+    sc["efficiency"] = sc["t_step_s"].iloc[0] / sc["t_step_s"]
+    lines = L.ratio_lines(sc)
+    # 2 GPUs: 2 x 25 x 0.06 / (50 x 0.05) = 1.2 = 0.06 / 0.05 exactly; 8 GPUs: 8 x 7 x 0.09 / 2.5 = 2.016 against 1.8
+    assert "2 GPU(s): 1.2 against 1.2 " in lines[2] and "8 GPU(s): 2.02 against 1.8 " in lines[4]
+
+
+def test_the_interruptions_expected_are_counted_on_the_interrupters_clock():
+    first, why = L.count_lines(40.0, 5.0, 3)
+    # 40 s of training at M = 5 s: a Poisson count of mean 8; P(N >= 3) = 1 - e^-8 (1 + 8 + 32) = 0.986
+    assert "expects 8 interruptions" in first and "99% of such runs stop after all 3" in first
+    assert "well above R" in why

@@ -211,11 +211,44 @@ def test_text_mode_prints_a_line_per_redraw_with_units(tmp_path):
     lines = out.getvalue().strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("dtlab watch: ") for line in lines)
     first = lines[0]
-    assert "6 steps of 6" in first and "T_step 80.0 ms (slowest rank)" in first
-    assert "comm 31% of T_step" in first  # 25 ms of 80 ms: rank 0's bucket is in flight 25 ms
+    assert "6 steps of 6 (100%)" in first and "T_step 80.0 ms (slowest rank, median of steps 0-5)" in first
+    assert "comm 31% of T_step (steps 0-5)" in first  # 25 ms of 80 ms: rank 0's bucket is in flight 25 ms
     assert "busbw" in first and "GB/s (no calibration)" in first
     assert "exposed" not in first  # no no-op baseline step: nothing to pair, no number
     assert lines[-1].endswith("finished")
+
+
+def test_every_text_line_says_the_time_since_launch_progress_and_each_figures_window(tmp_path):
+    """With the launch time recorded: elapsed on every line (now while running; the last step's record at the end),
+    progress as a share, the steps each median covers, the pairs the exposed time covers."""
+    run = _run_dir(tmp_path, steps=30)
+    doc = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**doc, "launch": {"time": 1000.0}}))
+    mon = Monitor(str(run), mode="text", every_s=0.001, out=io.StringIO())
+    mon.poll()  # nothing recorded yet
+    for r in (0, 1):
+        data = b"".join(_step(r, s, t_step=0.08, time=1010.0 + s) for s in range(12))
+        data += _line(kind="baseline_step", rank=r, step=12, t_fwd=0, t_bwd=0, t_opt=0, t_step=0.06, paired_step=11)
+        (run / "events" / f"rank{r}.jsonl").write_bytes(data)
+    mon._last = -float("inf")
+    mon.poll()
+    mon.watching = False  # shown after the fact, as a replay is: the record's own time
+    mon.finish("finished")
+    first, second, last = mon.out.getvalue().strip().splitlines()
+    assert "no complete step yet (0 of 30)" in first and " elapsed | " in first
+    assert "12 steps of 30 (40%)" in second and "median of steps 2-11" in second
+    assert "exposed 20.0 ms (median of the last 1 pair)" in second
+    assert last.startswith("dtlab watch: 0:21 elapsed | ")  # launch at 1000 s, the last step recorded at 1021 s
+
+
+def test_an_exposed_median_below_zero_is_said_to_be_noise(tmp_path):
+    run = _run_dir(tmp_path)
+    for r in (0, 1):
+        data = b"".join(_step(r, s, t_step=0.05) for s in range(3))
+        data += _line(kind="baseline_step", rank=r, step=3, t_fwd=0, t_bwd=0, t_opt=0, t_step=0.06, paired_step=2)
+        (run / "events" / f"rank{r}.jsonl").write_bytes(data)
+    line = text_line(live_view(_poll(run)))
+    assert "exposed: noise (median of the last 1 pair is -10.0 ms, below 0)" in line
 
 
 def test_monitor_reads_only_new_bytes_and_redraws_only_when_due(tmp_path):

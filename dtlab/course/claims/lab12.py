@@ -23,11 +23,10 @@ import pandas as pd
 from scipy.stats import beta as beta_dist
 from scipy.stats import poisson
 
-from dtlab.course import outputs
 from dtlab.course.claims import compare, spread
 from dtlab.course.claims.interrupts import count_line, interrupted_run, kill_plan  # noqa: F401
-from dtlab.course.wording import kind, lab_placement
-from dtlab.results.cost import billed_devices, epoch_samples, gpu_kind, samples_per_step
+from dtlab.course.wording import show, text  # noqa: F401 - the lab's passages (lab12.figures, lab12.restart)
+from dtlab.results.cost import billed_devices, cost, epoch_samples, gpu_kind, samples_per_step
 from dtlab.units import fmt_time
 
 CONFIDENCE = 0.90  # the model's band: the interval that holds the median of the measured costs 90% of the time
@@ -97,48 +96,67 @@ def scaling_view(scaling: pd.DataFrame) -> pd.DataFrame:
     return view
 
 
-# ---- text for the machine the student has ------------------------------------------------------------------
-
-TEXTS = {
-    "lab12.figures": {
-        "cpu": "**These are CPU figures, priced as if they were GPUs.** Your ranks run on CPU cores, and the bill "
-        "below prices the CPU machine at the price table's `CPU` row (the example table prices it like a GPU, "
-        "which no provider does): the arithmetic is the real one, the numbers are not a GPU's. Run the lab on a "
-        "GPU machine for real figures.",
-        "host_staged": "**Real GPU compute, host-staged communication.** Your ranks share one GPU and talk through "
-        "gloo, which copies every bucket through host memory: the compute is a GPU's, the all-reduce is far "
-        "slower than NCCL's. The bill prices the GPU the run used at the price table's row for its kind.",
-        "gpu": "**Real figures.** Your ranks ran with NCCL on GPUs: the bill prices the GPUs the run used at the "
-        "price table's row for their kind (an example price unless you set your own).",
-    },
-    "lab12.restart": {
-        "cpu": "On this CPU machine a restart takes a second or two: dtlab's warm agent keeps torch imported, and the "
-        "tiny checkpoint loads from a local disk. On a cloud GPU a spot restart means a new instance, an image, "
-        "the data and a checkpoint of gigabytes: minutes (exercise b tries R = 300 s).",
-        "gpu": "A restart here reuses this machine. A spot restart on a cloud means a new instance, an image, the "
-        "data and the checkpoint: minutes. Try R = 300 s in the plan below.",
-    },
-}
+# ---- what questions 3 and 4 need, and what the table shows after them ------------------------------------
 
 
-def text(key: str, placement=None) -> str:
-    """Passage `key` for `placement` (default: the lab's own; dtlab.course.wording.kind): its own kind, else 'gpu'
-    for every CUDA kind."""
-    if key not in TEXTS:
-        raise KeyError(f"no passage {key!r}; known: {sorted(TEXTS)}")
-    k = kind(lab_placement() if placement is None else placement)
-    entry = TEXTS[key]
-    for choice in (k, "gpu" if k != "cpu" else None):
-        if choice and choice in entry:
-            return entry[choice]
-    raise KeyError(f"passage {key!r} has no text for placement kind {k!r}")
+def scaling_inputs(run, profile, prices, samples) -> list[str]:
+    """What the cheapest and fastest GPU counts follow from, printed before they are asked: the measured step at
+    the run's own rank count, the model's T_step at 1 GPU (this run's compute, no all-reduce: the table's first
+    row), the gradient bytes each step all-reduces and DDP's bucket cap, the batch per GPU and the samples to price.
+    The counts themselves are the question: not here."""
+    t = run.summary().set_index("quantity").loc["T_step"]
+    one = cost(run, prices, profile=profile, gpu_counts=(1,), samples=samples).scaling
+    grad = int(sum(run.resolved.get("param_nbytes") or []))
+    per_gpu = int(run.config.batch_size) * int(run.config.ddp.accumulate)
+    return [
+        f"measured: T_step {fmt_time(t['value'])} at {run.nproc} ranks (90% interval {fmt_time(t['lo'])} .. "
+        f"{fmt_time(t['hi'])}; the run above)",
+        f"model: T_step {fmt_time(float(one['t_step_s'].iloc[0]))} at 1 GPU (this run's compute from its no-op "
+        "hook steps: forward + backward + optimizer, nothing to all-reduce)",
+        f"all-reduced per step and rank: {grad:,} B of gradients, in buckets of at most {run.config.ddp.bucket_mb:g} "
+        "MiB (at p GPUs each bucket costs the fitted all-reduce time at p)",
+        f"batch {per_gpu} samples per GPU per step: p GPUs take ceil(samples / ({per_gpu} p)) steps",
+    ]
 
 
-def show(key: str, placement=None) -> None:
-    """Display passage `key` as Markdown (printed outside IPython)."""
-    body = text(key, placement)
-    if not outputs.display_bundle({"text/markdown": body, "text/plain": body}):
-        print(body)
+def devices_line(inputs: dict, nproc: int) -> str:
+    """Where the bill and the scaling table count devices differently: the bill bills what the run held, the table
+    one device per rank."""
+    same = inputs["devices"] == nproc
+    return (
+        f"devices: the bill above billed {inputs['devices']} device(s) for this {nproc}-rank run "
+        f"({inputs['devices_how']}); the table bills p devices at p GPUs, one rank per GPU"
+        + ("" if same else f": its {nproc}-GPU row is this run moved to {nproc} GPUs of their own, not the bill above")
+    )
+
+
+def ratio_lines(scaling: pd.DataFrame) -> list[str]:
+    """cost(p) / cost(1) beside 1 / efficiency(p) for every count: equal when samples divide into whole steps at
+    both counts, apart by the rounding up of each count's steps (ceil(samples / (p x batch))) otherwise."""
+    one = scaling.iloc[0]
+    out = ["cost(p) / cost(1) against 1 / efficiency(p) (equal but for each count's steps rounded up):"]
+    for r in scaling.itertuples():
+        ratio = r.gpu_hours / one["gpu_hours"]
+        out.append(
+            f"  {int(r.gpus)} GPU(s): {ratio:.3g} against {1 / r.efficiency:.3g} ({int(r.steps):,} steps of "
+            f"{fmt_time(r.t_step_s)} against {int(one['steps']):,} at 1 GPU)"
+        )
+    return out
+
+
+def count_lines(work_s: float, mtbi_s: float, kills: int) -> list[str]:
+    """The interruptions expected on the interrupter's own clock (training time, not restarts): work / M, a Poisson
+    count, of which the run allows `kills`; and why the spot model's own count is not this one."""
+    n = work_s / mtbi_s
+    lo, hi = poisson_interval(n)
+    all_k = float(poisson.sf(kills - 1, n))
+    return [
+        f"on the interrupter's clock (training time only): {fmt_time(work_s)} of work at M = {fmt_time(mtbi_s)} "
+        f"expects {n:.3g} interruptions (Poisson: 90% of runs see {lo} to {hi}); the run allows {kills}, so "
+        f"{all_k:.0%} of such runs stop after all {kills}",
+        "  (the spot model's own count runs its clock through restarts and redone work too, which here take about "
+        "as long as M: it counts the same way only when M is well above R)",
+    ]
 
 
 # ---- what each interruption cost, from the records ---------------------------------------------------------

@@ -14,8 +14,11 @@ recording as missing, naming the fields that differ.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from dtlab.units import fmt_time
 
 LAB_MODULES = {
     "00_setup_check": "lab00",
@@ -45,6 +48,27 @@ class Question:
     var: str
     needs: tuple
     key: Callable
+
+
+def graded_run(run, what: str = "run") -> str:
+    """What a key was computed from, as the grader says it beside the grade: the run directory's name and its
+    T_step with the 90% interval (run.summary()), so a grade from a re-run names the run it graded."""
+    t = run.summary().set_index("quantity").loc["T_step"]
+    iv = f", 90% interval {fmt_time(t['lo'])} .. {fmt_time(t['hi'])}" if t["lo"] == t["lo"] else ""
+    return f"{what} {os.path.basename(str(run.path).rstrip('/'))} (T_step {fmt_time(t['value'])}{iv})"
+
+
+def t_step_spread(run) -> tuple[float, str]:
+    """(relative half-width of the run's T_step interval, its words): the tolerance of a key that scales with T_step,
+    from the run's own spread (run.summary()'s 90% interval of the median over measured steps)."""
+    t = run.summary().set_index("quantity").loc["T_step"]
+    if not (t["lo"] == t["lo"] and t["hi"] == t["hi"] and t["value"] > 0):
+        return 0.0, "the run recorded no interval of T_step"
+    rel = (float(t["hi"]) - float(t["lo"])) / 2 / float(t["value"])
+    return (
+        rel,
+        f"half the 90% interval of this run's T_step ({fmt_time(t['lo'])} .. {fmt_time(t['hi'])}) over its median",
+    )
 
 
 def lab_module(lab: str):

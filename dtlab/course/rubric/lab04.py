@@ -76,7 +76,7 @@ def _gathered(ddp, z3) -> Key:
         points=2,
         abs_tol=max(abs(got - model), 0.01 * got),
         unit="B",
-        tol_source=f"the error of 'P per gather' on this run (P = {p_bytes:,} B, "
+        tol_source="the error of 'P per gather' on this run (P the model's gradient bytes, gathered "
         f"{'twice' if regathers else 'once'}: padding and persistent parameters), at least 1%",
         hint="all-gather's nbytes is the gathered output (whole parameters), not one rank's shard",
         show_tol=False,

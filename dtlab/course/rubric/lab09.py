@@ -145,9 +145,10 @@ def _composed(runs) -> Key:
         "number",
         steps * t_step,
         points=2,
-        rel_tol=0.05,
+        rel_tol=0.01,
         unit="s",
-        tol_source=f"the {local} run's steps to target and the baseline's median T_step; 5% allows rounded inputs",
+        tol_source=f"the {local} run's steps to target (exact) and the baseline's median T_step (printed to 0.01 ms); "
+        "1% allows rounding them",
         hint=f"multiply the {local} run's steps to the target by the baseline's median T_step (in seconds)",
         ratio_hints={1e3: "T_step is in seconds in the data: you multiplied by milliseconds"},
     )

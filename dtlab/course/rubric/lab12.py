@@ -5,14 +5,15 @@ measured checkpoint cost."""
 from __future__ import annotations
 
 import math
+import os
 
 from dtlab.course.checks import tol_from_spread
-from dtlab.course.rubric import Question
+from dtlab.course.rubric import Question, graded_run, t_step_spread
 from dtlab.course.verdicts import Key
 from dtlab.model.cost import example_prices
 from dtlab.model.restarts import measured_costs
 from dtlab.model.spot import optimal_interval
-from dtlab.results.cost import cost, samples_per_step
+from dtlab.results.cost import billed_devices, cost, epoch_samples, hours_unit, samples_per_step
 
 LAB = "12_what_does_it_cost"
 TARGET = 0.9  # held-out accuracy
@@ -48,20 +49,45 @@ def sources(rec) -> dict:
     }
 
 
+#: the rounding of T_step as the lab prints it (3 significant digits: at most 0.5% of a value from 100 to 999)
+ROUNDING = 0.005
+
+
 def _epoch(run):
     return cost(run, example_prices()).row("epoch")
 
 
+def variables(run) -> dict:
+    """The bill's inputs by name, as the lab prints them (`bill_inputs`): an answer may be an expression of these
+    (t_step_s, samples_per_step, epoch_samples, devices, price), so a re-run recomputes it from its own run."""
+    t = run.summary().set_index("quantity").loc["T_step"]
+    return {
+        "t_step_s": float(t["value"]),
+        "samples_per_step": samples_per_step(run)[0],
+        "epoch_samples": epoch_samples(run)[0],
+        "devices": billed_devices(run)[0],
+        "price": cost(run, example_prices()).price.on_demand,
+    }
+
+
+def _t_step_tol(run) -> tuple[float, str]:
+    rel, words = t_step_spread(run)
+    return max(rel, ROUNDING), f"{words}, at least {ROUNDING:.1%} for T_step rounded to 3 digits"
+
+
 def _gpu_hours(run) -> Key:
     row = _epoch(run)
+    rel, words = _t_step_tol(run)
     return Key(
         "lab12.q1",
         "number",
         float(row["gpu_hours"]),
         points=2,
-        rel_tol=0.05,
-        unit="GPU-hours",
-        tol_source="the run's median T_step, its samples per step and the epoch's size; 5% allows rounded inputs",
+        rel_tol=rel,
+        unit=hours_unit(run),
+        tol_source=f"the epoch's steps x this run's median T_step x devices billed; {words}",
+        env=variables(run),
+        graded_on=graded_run(run, "the priced run"),
         hint="steps per epoch = ceil(epoch samples / samples per step); x T_step (s) x devices billed / 3600",
         ratio_hints={
             3600.0: "that is device-seconds: divide by 3600 for hours",
@@ -73,14 +99,17 @@ def _gpu_hours(run) -> Key:
 
 def _usd(run) -> Key:
     row = _epoch(run)
+    rel, words = _t_step_tol(run)
     return Key(
         "lab12.q2",
         "number",
         float(row["on_demand_usd"]),
-        rel_tol=0.05,
+        rel_tol=rel,
         unit="USD",
-        tol_source="GPU-hours per epoch x the example on-demand price; 5% allows rounded inputs",
-        hint="GPU-hours x the on-demand price per GPU-hour",
+        tol_source=f"device-hours per epoch x the example on-demand price; {words}",
+        env=variables(run),
+        graded_on=graded_run(run, "the priced run"),
+        hint="device-hours x the on-demand price per device-hour",
         ratio_hints={0.5: "that is the spot price: the question asks for on-demand"},
     )
 
@@ -119,7 +148,9 @@ def _choice(qid: str, run, profile, col: str, what: str) -> Key:
         tol_source="the what-if model's table from this lab's calibration and run; every count the fit's band "
         "cannot tell from the best counts as right (only the best when the band is unknown)",
         explanation=f"{what}: {int(best['gpus'])} GPU(s) ({col} {best[col]:.4g}); within the band: {right}",
-        hint="cost(p) / cost(1) = t_step(p) / t_step(1) = 1 / efficiency with a price per GPU-hour"
+        graded_on=graded_run(run, "the priced run") + " and this lab's all-reduce calibration",
+        hint="cost(p) / cost(1) = steps(p) p t_step(p) / (steps(1) t_step(1)): about t_step(p) / t_step(1) with a "
+        "price per GPU-hour"
         if col == "gpu_hours"
         else "wall time = steps(p) x t_step(p): more GPUs take fewer steps, each longer by its all-reduce",
     )
@@ -154,6 +185,9 @@ def _interval(crashed) -> Key:
         unit="s",
         tol_source="the optimum at each checkpoint's own save time: half their range over the median, at least 5% "
         "(Young's sqrt(2CM) is within it)",
+        env={"C": c, "M": MTBI_S},
+        graded_on=f"the crashed run {os.path.basename(str(crashed.path).rstrip('/'))} (C {c:.3g} s, the median of "
+        f"{len(saves)} saves)",
         hint=f"Young: sqrt(2 C M) with C the median save time (s) and M = {MTBI_S:g} s",
         ratio_hints={1 / math.sqrt(2.0): "sqrt(2 C M), not sqrt(C M)", 1 / 60.0: "the question asks for seconds"},
     )
