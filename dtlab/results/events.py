@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import zlib
 from dataclasses import dataclass, field
 
 INT, NUM, STR = "an integer", "a number", "a string"
@@ -142,6 +143,11 @@ class EventScan:
     events: list = field(default_factory=list)
     torn: list = field(default_factory=list)
     damage: list = field(default_factory=list)
+    nbytes: int = 0
+    """Bytes read, their CRC-32 (`crc32`) and lines (`lines`): what a columnar copy of the events is checked
+    against."""
+    crc32: int = 0
+    lines: int = 0
 
     def damaged(self, line: int, what: str) -> None:
         """Record that `line` was skipped because of `what`."""
@@ -199,7 +205,7 @@ def scan_events(path: str) -> EventScan:
     tail = RankTail(path)
     events = tail.read()
     events += tail.close()
-    return EventScan(path, events, tail.torn, tail.damage)
+    return EventScan(path, events, tail.torn, tail.damage, tail.offset, tail.crc32, tail.lines)
 
 
 class RankTail:
@@ -214,16 +220,17 @@ class RankTail:
     - a complete line that is not JSON is torn only when the next line is a restarted attempt's `start`; any other
       bad line is skipped and reported in `damage` (file, line number, what), as are events `check_event` refuses.
 
-    offset: bytes consumed; lines: complete lines seen. Complete lines are parsed in batches of up to `BATCH` as one
-    JSON array (one call into the decoder instead of one per line): a JSON string cannot hold a raw newline, so when
-    every line of a batch opens with `{`, closes with `}` and the array has one object per line, each object is
-    that line's; any other batch is read line by line. Either way the same events, torn lines and damage result."""
+    offset: bytes consumed, crc32: their CRC-32; lines: complete lines seen. Complete lines are parsed in batches of
+    up to `BATCH` as one JSON array (one call into the decoder instead of one per line): a JSON string cannot hold
+    a raw newline, so when every line of a batch opens with `{`, closes with `}` and the array has one object per
+    line, each object is that line's; any other batch is read line by line. Either way the same events, torn
+    lines and damage result."""
 
     BATCH = 4096
 
     def __init__(self, path: str):
         self.path, self.rank = path, file_rank(path)
-        self.offset, self.partial, self.lines = 0, b"", 0
+        self.offset, self.partial, self.lines, self.crc32 = 0, b"", 0, 0
         self.torn: list[int] = []
         self.damage: list[dict] = []
         self.attempt = 0
@@ -240,6 +247,7 @@ class RankTail:
         self.offset += len(data)
         if not data:
             return []
+        self.crc32 = zlib.crc32(data, self.crc32)
         *complete, self.partial = (self.partial + data).split(b"\n") if self.partial else data.split(b"\n")
         out: list[dict] = []
         for i in range(0, len(complete), self.BATCH):
