@@ -133,6 +133,9 @@ def make_run(path: str, steps: int, ranks: int, baseline_steps: int = 3, buckets
     return path
 
 
+CPU: list = []  # the CPU time (s, every thread of the process) of each `timed` call, in order
+
+
 def drop_copy(path: str) -> None:
     shutil.rmtree(os.path.join(path, "columns"), ignore_errors=True)
 
@@ -143,19 +146,22 @@ def timed(fn, repeats: int, before=None) -> float:
     if repeats == 0:  # one timed run, no untimed one first (a long run's load)
         if before:
             before()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
+        CPU.append(time.process_time() - c)
         return time.perf_counter() - t
     if before:
         before()
     fn()
-    out = []
+    out, cpu = [], []
     for _ in range(repeats):
         if before:
             before()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         out.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    CPU.append(statistics.median(cpu))
     return statistics.median(out)
 
 
@@ -204,13 +210,15 @@ def measure(what: str, path: str, repeats: int) -> dict:
     from dtlab.viz.report import write_report
 
     report = os.path.join(tempfile.mkdtemp(prefix="dtlab-report-"), "report.html")
-    return {
-        "summary": timed(run.summary, repeats),
-        "table": timed(run.breakdown_table, repeats),
-        "report": timed(lambda: write_report(run, report), repeats),
-        "chrome": timed(lambda: chrome_trace(run), repeats),
-        "cost": timed(lambda: cost(run), repeats),
+    readers = {
+        "summary": run.summary,
+        "table": run.breakdown_table,
+        "report": lambda: write_report(run, report),
+        "chrome": lambda: chrome_trace(run),
+        "cost": lambda: cost(run),
     }
+    skip = set(os.environ.get("DTLAB_BENCH_SKIP", "").split(","))
+    return {name: timed(fn, repeats) for name, fn in readers.items() if name not in skip}
 
 
 def child(what: str, path: str, repeats: int, code: str | None, mem_gib: float) -> dict:
@@ -244,7 +252,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", default=None, help="a folder holding an earlier dtlab, timed beside this one")
     ap.add_argument("--mem-gib", type=float, default=7.0, help="kill a reader holding more than this (GiB)")
-    ap.add_argument("--skip", default="", help="readers not to time: lines,copy,readers,monitor")
+    ap.add_argument("--skip", default="", help="readers not to time: lines,copy,readers,monitor,summary,chrome,...")
     ap.add_argument("--root", default=None, help="where the run directories are made (kept between calls)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--measure", default=None, help=argparse.SUPPRESS)
@@ -252,12 +260,16 @@ def main():
     a = ap.parse_args()
     if a.measure:
         out = measure(a.measure, a.path, a.repeats)
+        timings = [k for k in out if k not in ("copy_mb", "copy_write", "follow")]  # the ones `timed` took
+        out.update({f"{k}_cpu": c for k, c in zip(timings, CPU)})
         out["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(json.dumps(out))
         return
     root = a.root or tempfile.mkdtemp(prefix="dtlab-summary-cost-")
     rows, skip = [], set(a.skip.split(","))
+    os.environ["DTLAB_BENCH_SKIP"] = a.skip  # the readers' own names, for the children
     codes = [("after", None)] + ([("before", os.path.abspath(a.before))] if a.before else [])
+    codes = [c for c in codes if c[0] not in skip]  # --skip after: time the earlier dtlab alone
     for steps in (int(x) for x in a.steps.split(",")):
         for ranks in (int(x) for x in a.ranks.split(",")):
             path = os.path.join(root, f"s{steps}r{ranks}")
@@ -272,6 +284,11 @@ def main():
                 for code_name, code in codes:  # side by side, one reader at a time: both see the same load
                     if what in skip or (what == "copy" and code_name == "before"):
                         continue
+                    if code_name == "before" and (
+                        (what == "readers" and "lines_error" in found[code_name])
+                        or (what == "monitor" and repeats == 0)
+                    ):
+                        continue  # they load the run as its load did; the monitor's cost is shown up to 1M events
                     got = child(what, path, repeats, code, a.mem_gib)
                     found[code_name].update(
                         {f"{what}_{k}" if k in ("peak_gib", "error") else k: v for k, v in got.items()}
@@ -288,17 +305,21 @@ def main():
 
 #: the reader (child process) each column of the table comes from
 GROUP = {"load_lines": "lines", "load_copy": "copy", "summary": "readers", "redraw": "monitor"}
+GROUP.update({"load_lines_cpu": "lines", "load_copy_cpu": "copy", "summary_cpu": "readers"})
 
 
 def table(rows: list[dict]) -> str:
     """The figures as docs/benchmarks.md's table: microseconds an event for the loads, seconds for the rest."""
     cols = [
         ("load_lines", "lines us/ev", 1e6),
+        ("load_lines_cpu", "lines CPU us/ev", 1e6),
         ("load_copy", "copy us/ev", 1e6),
+        ("load_copy_cpu", "copy CPU us/ev", 1e6),
         ("lines_peak_gib", "peak GiB", 1),
         ("copy_write", "copy write s", 1),
         ("copy_mb", "copy MB", 1),
         ("summary", "summary s", 1),
+        ("summary_cpu", "summary CPU s", 1),
         ("table", "table s", 1),
         ("report", "report s", 1),
         ("chrome", "chrome s", 1),
@@ -315,7 +336,7 @@ def table(rows: list[dict]) -> str:
             v = r.get(key)
             if v is None:
                 cells.append(r.get(f"{GROUP.get(key, '')}_error", ""))
-            elif key in ("load_lines", "load_copy", "follow"):
+            elif key in ("load_lines", "load_copy", "follow", "load_lines_cpu", "load_copy_cpu"):
                 cells.append(f"{v / r['events'] * scale:.2f}")
             else:
                 cells.append(f"{v * scale:.3g}")
