@@ -12,8 +12,9 @@ at the speed of the disk) and index.json, which says what the copy was made from
 - `columns_version` (dtlab.results.upgrade.COLUMNS_VERSION), `config_version` and `built_by` (a digest of the
   source of the modules that build the frames): frames built by another form of the reader are rebuilt too, as
   every record made by an earlier dtlab is brought to the current form.
-- what is not a frame: the errors, DDP's logging data, the machine events, the warnings about damaged lines, and
-  how each rank's events end (for the run's state, which is read again from status.json at every load).
+- an empty frame's columns and their types (no file for it); and what is not a frame: the errors, DDP's logging
+  data, the machine events, the warnings about damaged lines, and how each rank's events end (for the run's
+  state, which is read again from status.json at every load).
 
 A frame the copy cannot hold exactly (a column Arrow cannot type, or one that does not come back the same) means
 no copy: that run is read from its lines each time.
@@ -88,6 +89,10 @@ def write_copy(run_dir: str, frames: dict, extras: dict, sources: list[dict]) ->
 
 
 def _write_frame(df: pd.DataFrame, path: str) -> dict:
+    if df.empty and not df.attrs:  # columns and their types only: no file (most frames of a DDP run are empty)
+        meta = {"rows": 0, "columns": [str(c) for c in df.columns], "dtypes": [str(t) for t in df.dtypes]}
+        if same_frame(df, _empty_frame(meta)):
+            return meta
     table = pa.Table.from_pandas(df, preserve_index=None)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as w:
@@ -101,6 +106,10 @@ def _write_frame(df: pd.DataFrame, path: str) -> dict:
     return {"file": os.path.basename(path), "bytes": len(data), "crc32": zlib.crc32(data), "rows": len(df)}
 
 
+def _empty_frame(meta: dict) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(meta["columns"], meta["dtypes"])})
+
+
 def _read_frame(data) -> pd.DataFrame:
     return pa.ipc.open_file(pa.py_buffer(data)).read_all().to_pandas()
 
@@ -108,6 +117,8 @@ def _read_frame(data) -> pd.DataFrame:
 def same_frame(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     """True when `b` is `a`: columns, index, dtypes, attrs and every value (None and NaN told apart)."""
     if not (a.columns.equals(b.columns) and a.index.equals(b.index) and a.attrs == b.attrs):
+        return False
+    if type(a.index) is not type(b.index) or a.index.dtype != b.index.dtype or a.columns.dtype != b.columns.dtype:
         return False
     if not a.dtypes.equals(b.dtypes):
         return False
@@ -146,6 +157,9 @@ def read_copy(run_dir: str) -> dict | None:
             return None
         frames = {}
         for name, meta in index["frames"].items():
+            if "file" not in meta:
+                frames[name] = _empty_frame(meta)
+                continue
             with open(os.path.join(folder, meta["file"]), "rb") as f:
                 data = f.read()
             if len(data) != meta["bytes"] or zlib.crc32(data) != meta["crc32"]:
