@@ -1,12 +1,25 @@
-"""What reading a run costs as it grows: load_run, summary() and the HTML report for runs of S steps x R ranks.
+"""What reading a run costs as it grows: every reader of a run of S steps x R ranks, before and after a change.
 
 The run directories are made, not run: every rank's events are those a DDP rank of the tiny model writes (a step
 with 7 buckets, DDP's stats for the sampled steps, the paired baseline steps, the machine events), with step
-times drawn from a seeded generator, so a 30,000-step, 8-rank run costs seconds to make and the figures measure
-the reader alone. Each figure is the median of `--repeats` timings in one process, after one untimed read.
-Not a test: it prints the figures docs/benchmarks.md quotes.
+times drawn from a seeded generator, so a 100,000-step, 8-rank run (6.4 million events) costs a minute to make and
+the figures measure the readers alone.
 
-    python benchmarks/summary_cost.py --steps 300,3000,30000 --ranks 2,4,8
+Each reader runs in a process of its own (so each peak memory is that reader's: the process's maximum resident
+set, imports included), killed if it holds more than `--mem-gib` GiB (the figure then says so):
+
+- `load_run` from the JSON lines (a run without its columnar copy: recorded before, or a damaged copy; this also
+  writes the copy, whose cost and size are given apart), then `load_run` from the copy;
+- `summary()`, `breakdown_table()`, the HTML report, the Chrome trace export and `dtlab.cost` of the loaded run;
+- the live monitor's redraw (dtlab.results.live_stats.live_view and the figure) once the follower has read the
+  whole run, and the follower's own read.
+
+`--before DIR` times the same readers with the dtlab found in DIR (a checkout of an earlier commit: `git archive
+COMMIT dtlab | tar -x -C DIR`) in the same session, so both columns share the machine's load. Times are the median
+of `--repeats` runs after one untimed one (one timed run alone from 1 million events up). Not a test: it prints the
+figures docs/benchmarks.md quotes.
+
+    python benchmarks/summary_cost.py --steps 300,30000,100000 --ranks 2,8 --before /tmp/before
 """
 
 from __future__ import annotations
@@ -15,7 +28,11 @@ import argparse
 import json
 import os
 import random
+import resource
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -116,60 +133,215 @@ def make_run(path: str, steps: int, ranks: int, baseline_steps: int = 3, buckets
     return path
 
 
-def timed(fn, repeats: int) -> float:
+CPU: list = []  # the CPU time (s, every thread of the process) of each `timed` call, in order
+
+
+def drop_copy(path: str) -> None:
+    shutil.rmtree(os.path.join(path, "columns"), ignore_errors=True)
+
+
+def timed(fn, repeats: int, before=None) -> float:
+    """The median of `repeats` timings of `fn()` after an untimed one (0: one timed run alone); `before()` runs
+    untimed before each."""
+    if repeats == 0:  # one timed run, no untimed one first (a long run's load)
+        if before:
+            before()
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        CPU.append(time.process_time() - c)
+        return time.perf_counter() - t
+    if before:
+        before()
     fn()
-    out = []
+    out, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        if before:
+            before()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         out.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    CPU.append(statistics.median(cpu))
     return statistics.median(out)
+
+
+def measure(what: str, path: str, repeats: int) -> dict:
+    """One reader, in this process (a child of `main`): {name: seconds, ...}."""
+    import warnings
+
+    from dtlab.results.run import load_run
+
+    warnings.simplefilter("ignore")
+    if what == "lines":
+        out = {"load_lines": timed(lambda: load_run(path), repeats, before=lambda: drop_copy(path))}
+        try:
+            from dtlab.results import columns
+        except ImportError:  # a dtlab before the columnar copy
+            return out
+        frames = {}
+        run = load_run(path)  # from the copy just written
+        from dtlab.results.run import COPIED
+
+        frames = {n: getattr(run, n) for n in COPIED}
+        index = json.load(open(os.path.join(path, "columns", "index.json")))
+        tmp = tempfile.mkdtemp(prefix="dtlab-copy-")
+        os.makedirs(os.path.join(tmp, "events"))
+        t = time.perf_counter()
+        columns.write_copy(tmp, frames, index["extras"], index["sources"])
+        out["copy_write"] = time.perf_counter() - t
+        out["copy_mb"] = sum(e.stat().st_size for e in os.scandir(os.path.join(tmp, "columns"))) / 1e6
+        shutil.rmtree(tmp)
+        return out
+    if what == "copy":
+        return {"load_copy": timed(lambda: load_run(path), repeats)}
+    if what == "monitor":
+        from dtlab.results.live import LiveRun
+        from dtlab.results.live_stats import live_view
+        from dtlab.viz.monitor import monitor_figure
+
+        live = LiveRun(path)
+        t = time.perf_counter()
+        live.close()
+        follow = time.perf_counter() - t
+        return {"follow": follow, "redraw": timed(lambda: monitor_figure(live_view(live, state="finished")), repeats)}
+    run = load_run(path)
+    from dtlab.results.chrome import chrome_trace
+    from dtlab.results.cost import cost
+    from dtlab.viz.report import write_report
+
+    report = os.path.join(tempfile.mkdtemp(prefix="dtlab-report-"), "report.html")
+    readers = {
+        "summary": run.summary,
+        "table": run.breakdown_table,
+        "report": lambda: write_report(run, report),
+        "chrome": lambda: chrome_trace(run),
+        "cost": lambda: cost(run),
+    }
+    skip = set(os.environ.get("DTLAB_BENCH_SKIP", "").split(","))
+    return {name: timed(fn, repeats) for name, fn in readers.items() if name not in skip}
+
+
+def child(what: str, path: str, repeats: int, code: str | None, mem_gib: float) -> dict:
+    """`measure` in a fresh process (with the dtlab in `code`, if given), killed past `mem_gib` GiB resident."""
+    env = dict(os.environ, PYTHONPATH=code) if code else dict(os.environ)
+    cmd = [sys.executable, os.path.abspath(__file__), "--measure", what, "--path", path, "--repeats", str(repeats)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+        except (OSError, StopIteration):
+            rss = 0
+        peak = max(peak, rss)
+        if rss > mem_gib * 2**30:
+            proc.kill()
+            proc.wait()
+            return {"error": f"over {mem_gib:g} GiB"}
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        return {"error": (err.strip().splitlines() or ["failed"])[-1][:120]}
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", default="300,3000,30000")
-    ap.add_argument("--ranks", default="2,4,8")
+    ap.add_argument("--ranks", default="2,8")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--report", action="store_true", help="also time the HTML report (plotly)")
+    ap.add_argument("--before", default=None, help="a folder holding an earlier dtlab, timed beside this one")
+    ap.add_argument("--mem-gib", type=float, default=7.0, help="kill a reader holding more than this (GiB)")
+    ap.add_argument("--skip", default="", help="readers not to time: lines,copy,readers,monitor,summary,chrome,...")
+    ap.add_argument("--root", default=None, help="where the run directories are made (kept between calls)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--measure", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--path", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    from dtlab.results.run import load_run
-
-    root = tempfile.mkdtemp(prefix="dtlab-summary-cost-")
-    rows = []
-    print(
-        f"{'steps':>6s} {'ranks':>5s} {'events':>8s} {'load_run s':>10s} {'summary s':>9s} {'table s':>7s}"
-        + (f" {'report s':>8s}" if a.report else "")
-    )
+    if a.measure:
+        out = measure(a.measure, a.path, a.repeats)
+        timings = [k for k in out if k not in ("copy_mb", "copy_write", "follow")]  # the ones `timed` took
+        out.update({f"{k}_cpu": c for k, c in zip(timings, CPU)})
+        out["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(json.dumps(out))
+        return
+    root = a.root or tempfile.mkdtemp(prefix="dtlab-summary-cost-")
+    rows, skip = [], set(a.skip.split(","))
+    os.environ["DTLAB_BENCH_SKIP"] = a.skip  # the readers' own names, for the children
+    codes = [("after", None)] + ([("before", os.path.abspath(a.before))] if a.before else [])
+    codes = [c for c in codes if c[0] not in skip]  # --skip after: time the earlier dtlab alone
     for steps in (int(x) for x in a.steps.split(",")):
         for ranks in (int(x) for x in a.ranks.split(",")):
-            path = make_run(os.path.join(root, f"s{steps}r{ranks}"), steps, ranks)
-            n = sum(1 for r in range(ranks) for _ in open(os.path.join(path, "events", f"rank{r}.jsonl")))
-            run = load_run(path)
-            row = {
-                "steps": steps,
-                "ranks": ranks,
-                "events": n,
-                "load_run_s": timed(lambda path=path: load_run(path), a.repeats),
-                "summary_s": timed(run.summary, a.repeats),
-                "table_s": timed(run.breakdown_table, a.repeats),
-            }
-            if a.report:
-                from dtlab.viz.report import write_report
-
-                row["report_s"] = timed(
-                    lambda run=run, path=path: write_report(run, os.path.join(path, "report.html")), a.repeats
-                )
-            rows.append(row)
-            print(
-                f"{steps:6d} {ranks:5d} {n:8d} {row['load_run_s']:10.3f} {row['summary_s']:9.3f} "
-                f"{row['table_s']:7.3f}" + (f" {row['report_s']:8.3f}" if a.report else ""),
-                flush=True,
-            )
+            path = os.path.join(root, f"s{steps}r{ranks}")
+            if not os.path.isfile(os.path.join(path, "events", f"rank{ranks - 1}.jsonl")):
+                shutil.rmtree(path, ignore_errors=True)
+                make_run(path, steps, ranks)
+            files = [os.path.join(path, "events", f"rank{r}.jsonl") for r in range(ranks)]
+            n = sum(open(p, "rb").read().count(b"\n") for p in files)
+            repeats = a.repeats if n < 1_000_000 else 0
+            found = {name: {"steps": steps, "ranks": ranks, "events": n, "code": name} for name, _ in codes}
+            for what in ("lines", "copy", "readers", "monitor"):
+                for code_name, code in codes:  # side by side, one reader at a time: both see the same load
+                    if what in skip or (what == "copy" and code_name == "before"):
+                        continue
+                    if code_name == "before" and (
+                        (what == "readers" and "lines_error" in found[code_name])
+                        or (what == "monitor" and repeats == 0)
+                    ):
+                        continue  # they load the run as its load did; the monitor's cost is shown up to 1M events
+                    got = child(what, path, repeats, code, a.mem_gib)
+                    found[code_name].update(
+                        {f"{what}_{k}" if k in ("peak_gib", "error") else k: v for k, v in got.items()}
+                    )
+            for row in found.values():
+                row["json_mb"] = sum(os.path.getsize(p) for p in files) / 1e6
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)
+    print(table(rows))
+
+
+#: the reader (child process) each column of the table comes from
+GROUP = {"load_lines": "lines", "load_copy": "copy", "summary": "readers", "redraw": "monitor"}
+GROUP.update({"load_lines_cpu": "lines", "load_copy_cpu": "copy", "summary_cpu": "readers"})
+
+
+def table(rows: list[dict]) -> str:
+    """The figures as docs/benchmarks.md's table: microseconds an event for the loads, seconds for the rest."""
+    cols = [
+        ("load_lines", "lines us/ev", 1e6),
+        ("load_lines_cpu", "lines CPU us/ev", 1e6),
+        ("load_copy", "copy us/ev", 1e6),
+        ("load_copy_cpu", "copy CPU us/ev", 1e6),
+        ("lines_peak_gib", "peak GiB", 1),
+        ("copy_write", "copy write s", 1),
+        ("copy_mb", "copy MB", 1),
+        ("summary", "summary s", 1),
+        ("summary_cpu", "summary CPU s", 1),
+        ("table", "table s", 1),
+        ("report", "report s", 1),
+        ("chrome", "chrome s", 1),
+        ("cost", "cost s", 1),
+        ("redraw", "redraw s", 1),
+        ("follow", "follow us/ev", 1e6),
+        ("monitor_peak_gib", "monitor GiB", 1),
+    ]
+    out = ["| steps x ranks | events | code | " + " | ".join(c[1] for c in cols) + " |"]
+    out.append("| --- " * (3 + len(cols)) + "|")
+    for r in rows:
+        cells = []
+        for key, _, scale in cols:
+            v = r.get(key)
+            if v is None:
+                cells.append(r.get(f"{GROUP.get(key, '')}_error", ""))
+            elif key in ("load_lines", "load_copy", "follow", "load_lines_cpu", "load_copy_cpu"):
+                cells.append(f"{v / r['events'] * scale:.2f}")
+            else:
+                cells.append(f"{v * scale:.3g}")
+        out.append(f"| {r['steps']:,} x {r['ranks']} | {r['events']:,} | {r['code']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

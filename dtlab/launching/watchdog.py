@@ -18,7 +18,7 @@ import time
 
 from dtlab.launching.failures import PROGRESS_KINDS, progress_of, stall_sentence
 from dtlab.launching.torchrun import file_size, kill_pid, proc_state, read_from
-from dtlab.results.events import check_event, parse_line
+from dtlab.results.events import RankTail
 
 # The watchdog's defaults (RunConfig.stall_s = None). Before its first step a rank imports torch, joins the
 # rendezvous, builds (or downloads) the model, tokenises its data and, under ZeRO-3, builds DeepSpeed's engine:
@@ -34,7 +34,7 @@ class RankFeed:
 
     def __init__(self, rank: int, path: str, now: float):
         self.rank, self.path = rank, path
-        self.offset, self.partial = 0, b""
+        self.tail = RankTail(path)  # the one follower of event files: damaged lines skipped as every reader does
         self.last_seen = now  # monotonic time of the last new event (launch time until the first)
         self.last: dict = {}  # the last event
         self.pid: int | None = None
@@ -46,19 +46,9 @@ class RankFeed:
         self.restarting = False  # its process died while restarts remain: torchrun is starting it again
 
     def read(self, now: float) -> list[dict]:
-        if not os.path.exists(self.path):
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = self.partial + f.read()
-            self.offset = f.tell()
-        *lines, self.partial = data.split(b"\n")
-        events = []
-        for line in lines:
-            ev, why = parse_line(line)
-            if why is not None or check_event(ev, self.rank) is not None:
-                continue  # damaged: skipped here as by every reader (dtlab.results.events); load_run reports it
-            events.append(ev)
+        """The rank's events completed since the last read (dtlab.results.events.RankTail), taken into account."""
+        events = self.tail.read()
+        for ev in events:
             kind = ev.get("kind")
             self.last = ev
             if kind == "start":

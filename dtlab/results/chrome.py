@@ -22,24 +22,23 @@ step start of any rank.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
 from dtlab.config.strategies import strategy_spec
-from dtlab.results.events import read_events
 
 COMPUTE_TID, LOST_TID, CKPT_TID, COMM_TID = 1, 2, 3, 10
 
 
-def _step_times(run_dir: str) -> dict[tuple[int, int, str], float]:
-    """(rank, step, kind) -> wall time written at the end of the step (seconds since the epoch)."""
-
+def _step_times(run) -> dict[tuple[int, int, str], float]:
+    """(rank, step, kind) -> wall time written at the end of the step (seconds since the epoch), from the run's
+    step frames (one timeline: a step redone after a restart has its last record's)."""
     out = {}
-    for p in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))):
-        for e in read_events(p):
-            if e.get("kind") in ("step", "baseline_step") and "time" in e:
-                out[(int(e["rank"]), int(e["step"]), e["kind"])] = float(e["time"])
+    for kind, df in (("step", run.steps), ("baseline_step", run.baseline_steps)):
+        if "time" in df.columns:
+            for rank, step, t in zip(df["rank"].tolist(), df["step"].tolist(), df["time"].tolist()):
+                if t == t and t is not None:
+                    out[(int(rank), int(step), kind)] = float(t)
     return out
 
 
@@ -71,7 +70,7 @@ def _ran(kind: str, r) -> float:
 
 def chrome_trace(run) -> dict:
     """The run as a Trace Event Format dict (see the module docstring); times in microseconds."""
-    stamps = _step_times(run.path)
+    stamps = _step_times(run)
     steps = [("step", r) for r in run.steps.itertuples()] + [
         ("baseline_step", r) for r in run.baseline_steps.itertuples()
     ]

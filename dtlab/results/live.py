@@ -2,16 +2,12 @@
 stopped, so a poll costs only the bytes written since. Pure (no torch, no widgets, no processes): the notebook's
 monitor (dtlab.viz.monitor) polls it; the numbers it shows come from dtlab.results.live_stats.
 
-What it promises, the same as the strict reader (dtlab.results.events.scan_events) once the run has ended:
-
-- a line is parsed only when its newline has arrived: the bytes after the last newline are kept as the file's
-  partial line, and joined with what the next read finds (a rank writes a line at a time, but a read may land
-  between its bytes);
-- at the end (`close()`), a partial line left over is a torn line: tolerated and counted (`torn`), never parsed;
-- a complete line that is not JSON is tolerated as torn only when the next line is a restarted attempt's `start`
-  (torchrun restarted the rank mid-write); any other bad line is skipped and reported in `damage`, with its line
-  number and what is wrong, exactly as scan_events reports it;
-- a rank file that appears late (a rank still importing torch) is picked up by the first poll that finds it.
+Each file is followed by dtlab.results.events.RankTail, the follower the strict reader (scan_events) reads
+through too, so a torn or damaged line means the same here as in `load_run` once the run has ended: a line is
+parsed only when its newline has arrived, a partial line left at `close()` is torn (tolerated, counted), a bad
+line is torn only when a restarted attempt's `start` follows it, and any other is skipped and reported in
+`damage`. A rank file that appears late (a rank still importing torch) is picked up by the first poll that finds
+it.
 
 `LiveRun(run_dir).poll()` reads every rank file's new lines and keeps the rows the monitor needs (steps, no-op
 baseline steps, buckets, collectives, errors, `done`); `frames()` gives them as DataFrames.
@@ -25,7 +21,7 @@ import os
 import pandas as pd
 
 from dtlab.config.strategies import strategy_spec
-from dtlab.results.events import check_event, file_rank, parse_line
+from dtlab.results.events import RankTail, file_rank
 from dtlab.results.run import recorded_config
 from dtlab.results.upgrade import upgrade
 from dtlab.runfiles import DamagedRun, read_json
@@ -37,84 +33,6 @@ KEEP = {
     "bucket": ("rank", "step", "bucket", "nbytes", "wire_bytes", "t_start", "t_end", "attempt"),
     "collective": ("rank", "step", "op", "nbytes", "phase", "t_start", "t_end", "attempt"),
 }
-
-
-class RankTail:
-    """One rank's event file, followed: `read()` returns the valid events completed since the last call.
-
-    offset: bytes consumed; partial: the bytes after the last newline (a line still being written); lines: complete
-    lines seen; torn: line numbers of tolerated torn lines; damage: one dict per skipped line (file, line, what)."""
-
-    def __init__(self, path: str):
-        self.path, self.rank = path, file_rank(path)
-        self.offset, self.partial, self.lines = 0, b"", 0
-        self.torn: list[int] = []
-        self.damage: list[dict] = []
-        self.attempt = 0
-        self._pending: tuple[int, str] | None = None  # an unparsable line: torn only if a restart follows it
-        self.closed = False
-
-    def read(self) -> list[dict]:
-        """The valid events whose lines were completed since the last read (none once `close()` was called)."""
-        if self.closed or not os.path.exists(self.path):
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        self.offset += len(data)
-        *complete, self.partial = (self.partial + data).split(b"\n")
-        out = []
-        for raw in complete:
-            self.lines += 1
-            ev = self._line(self.lines, raw)
-            if ev is not None:
-                out.append(ev)
-        return out
-
-    def _line(self, n: int, raw: bytes, last: bool = False) -> dict | None:
-        if not raw.strip():
-            if self._pending is None:
-                self._damaged(n, "an empty line")
-            return None
-        ev, why = parse_line(raw)
-        if self._pending is not None:
-            restarted = isinstance(ev, dict) and ev.get("kind") == "start" and _later(ev, self.attempt)
-            (self.torn.append(self._pending[0]) if restarted else self._damaged(*self._pending))
-            self._pending = None
-        if why is not None:
-            if last:  # the writer died mid-line
-                self.torn.append(n)
-            else:
-                self._pending = (n, f"{why}: a torn or corrupted line inside the file")
-            return None
-        bad = check_event(ev, self.rank)
-        if bad is not None:
-            self._damaged(n, bad)
-            return None
-        self.attempt = max(self.attempt, int(ev.get("attempt") or 0))
-        return ev
-
-    def _damaged(self, line: int, what: str) -> None:
-        self.damage.append({"file": self.path, "line": line, "what": what})
-
-    def close(self) -> list[dict]:
-        """The run has ended: read what is left; a partial last line is a torn line (tolerated, counted) and an
-        unparsable line that no restart followed is damage. Returns the last events."""
-        out = self.read()
-        if self.partial:  # a last line without its newline: an event if it parses, else torn
-            self.lines += 1
-            ev = self._line(self.lines, self.partial, last=True)
-            out += [ev] if ev is not None else []
-            self.partial = b""
-        if self._pending is not None:
-            self._damaged(*self._pending)
-            self._pending = None
-        self.closed = True
-        return out
-
-
-def _later(ev: dict, attempt: int) -> bool:
-    return isinstance(ev.get("attempt"), int) and ev["attempt"] > attempt
 
 
 class LiveRun:

@@ -42,12 +42,14 @@ from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.results.breakdown import per_step, summary, summary_lines, timing_method
 from dtlab.results.chrome import chrome_trace, write_chrome_trace
+from dtlab.results.columns import read_copy, write_copy
 from dtlab.results.convergence import convergence_lines, evals_frame, first_at, updates_frame
 from dtlab.results.crosscheck import crosscheck
 from dtlab.results.pipeline import bubble
 from dtlab.results.reference import check
 from dtlab.results.restarts import FRAMES, recovery, restart_lines
-from dtlab.results.status import read_run_dir, status_lines
+from dtlab.results.status import RunRecord, read_doc, read_run_dir, settle_status, status_lines
+from dtlab.results.upgrade import upgrade_event
 from dtlab.results.whatif import whatif
 from dtlab.runfiles import DamagedRun, RunDamageWarning
 from dtlab.units import fmt_mib
@@ -267,80 +269,151 @@ class Run:
 def load_run(path: str) -> Run:
     """Load a run directory (finished, failed or still running) into a `Run`, read strictly by dtlab.results.status:
     damage that can be skipped is a `RunDamageWarning` (also in `run.warnings`, line by line in `run.damage`);
-    a config.json that cannot be read, or a missing events/ folder, is a `DamagedRun` naming the file."""
-    rec = read_run_dir(path)
-    for w in rec.warnings:
+    a config.json that cannot be read, or a missing events/ folder, is a `DamagedRun` naming the file.
+
+    A run that has ended is read from its columnar copy when it has one that matches its lines
+    (dtlab.results.columns); otherwise from the lines, a rank file at a time, and the copy is written then."""
+    doc, version = read_doc(path)
+    copy = read_copy(path) if os.path.isdir(os.path.join(path, "events")) else None
+    if copy is not None:
+        run = _from_copy(path, doc, version, copy)
+    else:
+        run, extras = _from_lines(path)
+        if run.status.get("state") != "running":
+            write_copy(path, {name: getattr(run, name) for name in COPIED}, extras, extras.pop("sources"))
+    for w in run.warnings:
         warnings.warn(f"{path}: {w}", RunDamageWarning, stacklevel=2)
-    rows: dict[str, list] = {
-        k: []
-        for k in (
-            "step",
-            "baseline_step",
-            "bucket",
-            "collective",
-            "memory",
-            "error",
-            "ddp_stats",
-            "blocked",
-            "checkpoint",
-            "restart",
-            "start",
-            "microbatch",
-            "reference",
-            "eval",
-            "update",
-            "machine",
+    return run
+
+
+#: the Run attributes a columnar copy holds as frames
+COPIED = ("steps", "baseline_steps", "buckets", "collectives", "memory", "ddp_stats", "blocked", "ranks", "damage")
+COPIED += ("microbatches", "references", "evals", "updates", *FRAMES)
+#: event kinds load_run keeps: their rows become frames a rank file at a time (FRAMED) or stay lists
+FRAMED = ("step", "baseline_step", "bucket", "collective", "memory", "ddp_stats", "blocked", "start", "microbatch")
+FRAMED += ("reference",)
+LISTED = ("error", "checkpoint", "restart", "eval", "update", "machine")
+
+
+class _Mixed(Exception):
+    """A column whose type differs between rank files: the frame is built from every file's rows at once."""
+
+
+def _from_lines(path: str, by_file: bool = True) -> tuple[Run, dict]:
+    """(the Run read from the JSON lines, the rank files as read: file, bytes, lines, crc32). `by_file`: each rank
+    file's rows become frames before the next file is read (what a long run needs to fit in memory); a column
+    typed differently in two files reads the run again with every row kept until the end, as pandas types it."""
+    parts: dict[str, list] = {k: [] for k in FRAMED}
+    lists: dict[str, list] = {k: [] for k in (*LISTED, *FRAMES)}
+    ddp_logging, sources, scanned = {}, [], [0]
+
+    def take(rec, scan) -> None:
+        rows: dict[str, list] = {k: [] for k in (*FRAMED, *LISTED)}
+        for ev in scan.events:
+            ev = dict(upgrade_event(ev, rec.version))
+            kind = ev.pop("kind", None)
+            if kind in rows:
+                rows[kind].append(ev)
+            elif kind == "ddp_logging":
+                ddp_logging[ev.get("rank")] = ev.get("data", {})
+        # one timeline: what a restarted attempt redid is lost work (dtlab.results.restarts); a rank's own records
+        # decide it, so a file at a time gives what every file at once gives
+        rows, rows_rec = recovery(rows)
+        for k in FRAMED:
+            parts[k] += [pd.DataFrame(rows[k])] if by_file and rows[k] else rows[k]
+        for k in LISTED:
+            lists[k] += rows[k]
+        for k in FRAMES:
+            lists[k] += rows_rec[k]
+        sources.append(
+            {"file": os.path.basename(scan.path), "bytes": scan.nbytes, "lines": scan.lines, "crc32": scan.crc32}
         )
-    }
-    ddp_logging = {}
-    for ev in rec.events():
-        ev = dict(ev)
-        kind = ev.pop("kind", None)
-        if kind in rows:
-            rows[kind].append(ev)
-        elif kind == "ddp_logging":
-            ddp_logging[ev.get("rank")] = ev.get("data", {})
-    rows, rows_rec = recovery(
-        rows
-    )  # one timeline: what a restarted attempt redid is lost work (dtlab.results.restarts)
-    mem = _frame(rows["memory"], MEMORY_COLUMNS, sort=["rank"])
+        scanned[0] = len(rec.warnings)  # the warnings about damaged lines come first, the state's after
+
+    rec = read_run_dir(path, on_scan=take)
+    try:
+        built = {k: _concat(v) if by_file else pd.DataFrame(v) for k, v in parts.items()}
+    except _Mixed:
+        return _from_lines(path, by_file=False)
+    mem = _frame(built["memory"], MEMORY_COLUMNS, sort=["rank"])
     if not mem.empty:  # the last memory record per rank is the final one (with the peak)
         mem = mem.groupby("rank", as_index=False).last()
-    ranks = _frame(rows["start"], RANK_COLUMNS, sort=["rank"]).drop_duplicates("rank", keep="last")  # restarts
+    ranks = _frame(built["start"], RANK_COLUMNS, sort=["rank"]).drop_duplicates("rank", keep="last")  # restarts
     ranks["ended"] = ranks["rank"].map(rec.ended) if not ranks.empty else pd.Series(dtype=object)
-    return Run(
+    run = Run(
         path=path,
         config=recorded_config(rec.doc["config"], path),
         resolved=rec.doc.get("resolved", {}),
         status=rec.status,
         # `time`: the wall clock each rank stamped at a step's end (s since the epoch), one clock for the ranks of a
         # machine: with t_step it places the ranks' steps side by side (dtlab.model.prediction, the trace export)
-        steps=_frame(rows["step"], STEP_COLUMNS + ["time"]),
-        baseline_steps=_frame(rows["baseline_step"], STEP_COLUMNS + ["time"]),
-        buckets=_frame(rows["bucket"], BUCKET_COLUMNS, sort=["rank", "step", "t_ready"]),
-        collectives=_frame(rows["collective"], COLLECTIVE_COLUMNS, sort=["rank", "step", "t_start"]),
+        steps=_frame(built["step"], STEP_COLUMNS + ["time"]),
+        baseline_steps=_frame(built["baseline_step"], STEP_COLUMNS + ["time"]),
+        buckets=_frame(built["bucket"], BUCKET_COLUMNS, sort=["rank", "step", "t_ready"]),
+        collectives=_frame(built["collective"], COLLECTIVE_COLUMNS, sort=["rank", "step", "t_start"]),
         memory=mem,
-        errors=rows["error"],
+        errors=lists["error"],
         ddp_logging=ddp_logging,
-        ddp_stats=_frame(rows["ddp_stats"], ["rank", "step"]),
-        blocked=_frame(rows["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]),
+        ddp_stats=_frame(built["ddp_stats"], ["rank", "step"]),
+        blocked=_frame(built["blocked"], BLOCKED_COLUMNS, sort=["rank", "step", "t_start"]),
         ranks=ranks,
         warnings=list(rec.warnings),
-        damage=_frame(rec.damage(), DAMAGE_COLUMNS, sort=["file", "line"]),
-        microbatches=_frame(rows["microbatch"], MICROBATCH_COLUMNS, sort=["rank", "step", "t_start"]),
-        references=_frame(rows["reference"], REFERENCE_COLUMNS),
-        evals=evals_frame(rows["eval"]),
-        updates=updates_frame(rows["update"]),
-        machine=rows["machine"],
+        damage=_frame(pd.DataFrame(rec.damage()), DAMAGE_COLUMNS, sort=["file", "line"]),
+        microbatches=_frame(built["microbatch"], MICROBATCH_COLUMNS, sort=["rank", "step", "t_start"]),
+        references=_frame(built["reference"], REFERENCE_COLUMNS),
+        evals=evals_frame(lists["eval"]),
+        updates=updates_frame(lists["update"]),
+        machine=lists["machine"],
         **{
-            name: _frame(rows_rec[name], cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
+            name: _frame(pd.DataFrame(lists[name]), cols, sort=[c for c in ("attempt", "step", "rank") if c in cols])
             for name, cols in FRAMES.items()
         },
     )
+    extras = {
+        "errors": run.errors,
+        "ddp_logging": [[r, d] for r, d in ddp_logging.items()],
+        "machine": run.machine,
+        "scan_warnings": rec.warnings[: scanned[0]],
+        "ended": [[r, e] for r, e in rec.ended.items()],
+        "where": [[r, w] for r, w in rec.where.items()],
+        "sources": sources,
+    }
+    return run, extras
 
 
-def _frame(rows: list[dict], columns: list[str], sort: list[str] | None = None) -> pd.DataFrame:
-    df = pd.DataFrame(rows)
+def _concat(frames: list) -> pd.DataFrame:
+    """The rank files' frames of one kind as one, the frame pandas makes of all their rows: so each column must
+    have one type in every file that has it (a file without it gives NaN, as a row without the field does)."""
+    if len(frames) <= 1:
+        return frames[0] if frames else pd.DataFrame()
+    types: dict = {}
+    for df in frames:
+        for c, t in df.dtypes.items():
+            if types.setdefault(c, t) != t:
+                raise _Mixed(c)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _from_copy(path: str, doc: dict, version: int, copy: dict) -> Run:
+    """The Run from its columnar copy: frames as they were built from the lines, the state read again."""
+    ex = copy["extras"]
+    rec = RunRecord(path, doc, {}, warnings=list(ex["scan_warnings"]), version=version)
+    rec.ended, rec.where = dict(ex["ended"]), dict(ex["where"])
+    settle_status(rec)
+    return Run(
+        path=path,
+        config=recorded_config(doc["config"], path),
+        resolved=doc.get("resolved", {}),
+        status=rec.status,
+        errors=ex["errors"],
+        ddp_logging=dict(ex["ddp_logging"]),
+        machine=ex["machine"],
+        warnings=list(rec.warnings),
+        **copy["frames"],
+    )
+
+
+def _frame(df: pd.DataFrame, columns: list[str], sort: list[str] | None = None) -> pd.DataFrame:
     for c in columns:
         if c not in df.columns:
             df[c] = pd.Series(dtype=float)

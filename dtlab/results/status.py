@@ -92,6 +92,8 @@ class RunRecord:
     """rank -> 'done', 'error' or 'incomplete' (its final attempt's events end without either)."""
     version: int = 1
     """The config form the run was recorded in (`config_version`; 1 before it was recorded)."""
+    where: dict = field(default_factory=dict)
+    """rank -> where its final attempt's events end ('ends after step 41'), for a run cut short."""
 
     def events(self):
         """Every valid event of every rank file, file by file, in the current form (dtlab.results.upgrade)."""
@@ -121,9 +123,40 @@ def expected_ranks(doc: dict, key: str) -> int | None:
     return n * k if isinstance(n, int) and isinstance(k, int) else None
 
 
-def read_run_dir(path: str, key: str = "config") -> RunRecord:
+def read_run_dir(path: str, key: str = "config", on_scan=None) -> RunRecord:
     """Read run directory `path` strictly (see the module docstring). `key`: the object config.json must hold
-    ('config' for training runs, 'calibration' for sweeps)."""
+    ('config' for training runs, 'calibration' for sweeps). `on_scan(rec, scan)`: given each rank file's scan in turn,
+    whose events are then let go (`rec.events()` is empty): a long run's events need not all be in memory at once."""
+    doc, version = read_doc(path, key)
+    ev_dir = os.path.join(path, "events")
+    if not os.path.isdir(ev_dir):
+        raise DamagedRun(
+            ev_dir,
+            "the events folder is missing: it is created before config.json, so the run "
+            "directory was damaged (or copied without it); nothing the ranks recorded is left",
+        )
+    rec = RunRecord(path, doc, {}, version=version)
+    for p in event_files(path):
+        scan = scan_events(p)
+        rec.scans.append(scan)
+        if scan.damage:
+            rec.warnings.append(_damage_sentence(os.path.relpath(scan.path, path), scan))
+        r = file_rank(scan.path)
+        if r is not None:
+            final = final_attempt_events(scan.events)
+            kinds = {e.get("kind") for e in final}
+            rec.ended[r] = "error" if "error" in kinds else "done" if "done" in kinds else "incomplete"
+            rec.where[r] = _where(final)
+        if on_scan is not None:
+            on_scan(rec, scan)
+            scan.events = []
+    rec.status = _status(rec, key)
+    return rec
+
+
+def read_doc(path: str, key: str = "config") -> tuple[dict, int]:
+    """(config.json's document with its `key` object in the current form, the version it was recorded in); a
+    missing config.json is a FileNotFoundError, one that cannot be read or holds no `key` object a DamagedRun."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path} is not a dtlab run directory (no config.json)")
@@ -136,26 +169,22 @@ def read_run_dir(path: str, key: str = "config") -> RunRecord:
             + " (or a damaged one)",
         )
     try:
-        doc, version = upgrade_doc(doc, key)
+        return upgrade_doc(doc, key)
     except ValueError as e:
         raise DamagedRun(cfg_path, str(e)) from None
-    ev_dir = os.path.join(path, "events")
-    if not os.path.isdir(ev_dir):
-        raise DamagedRun(
-            ev_dir,
-            "the events folder is missing: it is created before config.json, so the run "
-            "directory was damaged (or copied without it); nothing the ranks recorded is left",
-        )
-    paths = sorted(
-        glob.glob(os.path.join(ev_dir, "rank*.jsonl")), key=lambda p: (file_rank(p) is None, file_rank(p) or 0)
+
+
+def event_files(path: str) -> list[str]:
+    """The rank files of run directory `path` (events/rank*.jsonl), in rank order."""
+    return sorted(
+        glob.glob(os.path.join(path, "events", "rank*.jsonl")), key=lambda p: (file_rank(p) is None, file_rank(p) or 0)
     )
-    rec = RunRecord(path, doc, {}, [scan_events(p) for p in paths], version=version)
-    for s in rec.scans:
-        if s.damage:
-            rec.warnings.append(_damage_sentence(os.path.relpath(s.path, path), s))
-    rec.ended = _ended(rec.scans)
+
+
+def settle_status(rec: RunRecord, key: str = "config") -> None:
+    """Set `rec.status` from status.json, the ranks' ends and whether the launcher still runs (a record whose
+    scans were read before: dtlab.results.columns)."""
     rec.status = _status(rec, key)
-    return rec
 
 
 def _damage_sentence(rel: str, scan: EventScan) -> str:
@@ -164,20 +193,8 @@ def _damage_sentence(rel: str, scan: EventScan) -> str:
     return f"{rel}: {len(scan.damage)} damaged line(s) skipped: {shown}{more}"
 
 
-def _ended(scans: list) -> dict:
-    out = {}
-    for s in scans:
-        r = file_rank(s.path)
-        kinds = {e.get("kind") for e in final_attempt_events(s.events)}
-        if r is not None:
-            out[r] = "error" if "error" in kinds else "done" if "done" in kinds else "incomplete"
-    return out
-
-
-def _where(scan: EventScan | None) -> str:
-    if scan is None:
-        return "has no event file"
-    steps = [e["step"] for e in final_attempt_events(scan.events) if e.get("kind") in ("step", "baseline_step")]
+def _where(final: list) -> str:
+    steps = [e["step"] for e in final if e.get("kind") in ("step", "baseline_step")]
     return f"ends after step {max(steps)}" if steps else "ends before its first step"
 
 
@@ -240,13 +257,15 @@ def _all_done(rec: RunRecord, key: str) -> bool:
 
 def _incomplete_sentence(rec: RunRecord, key: str) -> str:
     n = expected_ranks(rec.doc, key) or len(rec.ended)
-    by_rank = {file_rank(s.path): s for s in rec.scans}
     short = [r for r in range(n) if rec.ended.get(r) != "done"]
     done = [r for r in range(n) if rec.ended.get(r) == "done"]
-    peers = "; ".join(f"rank {r} {_where(by_rank.get(r))} with `done`" for r in done[:EXAMPLES])
+    peers = "; ".join(f"rank {r} {rec.where[r]} with `done`" for r in done[:EXAMPLES])
     return (
         "status.json says finished, but "
-        + "; ".join(f"rank {r} {_where(by_rank.get(r))}" + (" without `done`" if r in by_rank else "") for r in short)
+        + "; ".join(
+            f"rank {r} {rec.where[r]} without `done`" if r in rec.where else f"rank {r} has no event file"
+            for r in short
+        )
         + (f" (peers: {peers})" if peers else "")
         + ": its events are cut short or lost, so the run is marked incomplete"
     )

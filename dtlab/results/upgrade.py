@@ -28,6 +28,10 @@ Each step (`Step`) is named by what changed and takes the config and the event l
 
 A calibration's config carries no version: its events are read as version 1's, which changes nothing in a sweep
 that recorded `load`.
+
+A finished run's columnar copy (dtlab.results.columns) holds frames in the current form, built from the upgraded
+lines: it records `COLUMNS_VERSION` (the copy's own layout) and the CONFIG_VERSION it was built at, and a copy of
+another version is rebuilt from the lines, which stay the record of truth; nothing upgrades a copy.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dtlab.config.run import CONFIG_VERSION, RunConfig
+
+#: the layout of a run's columnar copy (dtlab.results.columns): one Arrow file per frame and an index
+COLUMNS_VERSION = 1
 
 #: what version 2 moved: flat name -> (group, field). The same pairs as dtlab.config.options.FLAT today, kept as
 #: their own copy on purpose: an upgrade step is a record of one past change, and must not move when FLAT gains an

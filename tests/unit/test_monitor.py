@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from dtlab.model.fit import AlphaBetaFit
-from dtlab.results.events import scan_events
-from dtlab.results.live import LiveRun, RankTail
+from dtlab.results.events import RankTail, scan_events
+from dtlab.results.live import LiveRun
 from dtlab.results.live_stats import busbw_rows, busbw_table, live_view, straggler, text_line
 from dtlab.viz.monitor import Monitor, monitor_figure, monitor_notes
 

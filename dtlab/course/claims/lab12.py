@@ -1,7 +1,7 @@
 """What lab 12 (what does it cost?) prints beside dtlab.cost and dtlab.spot_plan: what a bill is made of, a run
 interrupted at random moments, what each interruption cost, and the claim that the spot model prices it.
 
-Interruptions at random moments (`interrupted_run`, `count_line`) live in dtlab.course.claims.interrupts.
+Interruptions at random moments (`interrupted_run`, `count_line`) live in dtlab.launching.interrupts.
 
 What one interruption costs (`interruption_costs`, from the run's records alone): the wall time from the moment the
 state the group resumed from was reached (the end of that checkpoint's save, the restart that loaded it, or the start
@@ -24,8 +24,8 @@ from scipy.stats import beta as beta_dist
 from scipy.stats import poisson
 
 from dtlab.course.claims import compare, spread
-from dtlab.course.claims.interrupts import count_line, interrupted_run, kill_plan  # noqa: F401
 from dtlab.course.wording import show, text  # noqa: F401 - the lab's passages (lab12.figures, lab12.restart)
+from dtlab.launching.interrupts import count_line, interrupted_run, kill_plan  # noqa: F401
 from dtlab.results.cost import billed_devices, cost, epoch_samples, gpu_kind, samples_per_step
 from dtlab.units import fmt_time
 

@@ -10,7 +10,7 @@ restarts). torchrun restarts the group from the newest complete checkpoint (`max
 
 from __future__ import annotations
 
-import json
+import glob
 import os
 import signal
 import time
@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dtlab.launching.handle import launch
 from dtlab.launching.torchrun import is_rank_of
+from dtlab.results.events import RankTail, file_rank
 from dtlab.units import fmt_time
 
 
@@ -33,28 +35,19 @@ class Interrupter:
     ranks: list
     steps: int
     log: list = field(default_factory=list)
-    _offsets: dict = field(default_factory=dict)
+    _tails: dict = field(default_factory=dict)  # path -> its RankTail (dtlab.results.events)
     _trained_from: dict = field(default_factory=dict)  # attempt -> monotonic time its training was first seen
     _pids: dict = field(default_factory=dict)  # (attempt, rank) -> pid
     _last_step: dict = field(default_factory=dict)  # attempt -> last step recorded
 
     def _read(self) -> None:
-        """New complete lines of every rank's event file."""
-        folder = os.path.join(self.run_dir, "events")
-        if not os.path.isdir(folder):
-            return
-        for name in sorted(os.listdir(folder)):
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                f.seek(self._offsets.get(path, 0))
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            self._offsets[path] = self._offsets.get(path, 0) + end
-            for line in data[:end].splitlines():
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue  # a line torn by a kill
+        """New events of every rank's event file, each followed by a RankTail: the rules for torn and damaged
+        lines (a line torn by a kill, an event of the wrong schema or rank) every reader of event files applies."""
+        for path in sorted(glob.glob(os.path.join(self.run_dir, "events", "rank*.jsonl"))):
+            if file_rank(path) is not None and path not in self._tails:
+                self._tails[path] = RankTail(path)
+        for tail in self._tails.values():
+            for ev in tail.read():
                 self._see(ev)
 
     def _see(self, ev: dict) -> None:
@@ -132,8 +125,6 @@ def interrupted_run(cfg, kills: int, mean_gap_s: float, seed: int = 0, poll_s: f
     attempt trained a seeded exponential time of mean `mean_gap_s` seconds (see the module docstring). cfg needs
     checkpoint_every > 0 and max_restarts > kills. A kill due after the run's last steps never comes: `log` holds
     the kills that happened."""
-    from dtlab.launching.handle import launch
-
     if cfg.restarts.max_restarts <= kills or cfg.restarts.checkpoint_every < 1:
         raise ValueError(
             f"cfg: needs checkpoint_every >= 1 and max_restarts > kills = {kills} (torchrun restarts the group once "
