@@ -18,13 +18,22 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from dtlab.config.placement import device_count
 from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.launching import replay
 from dtlab.launching.failures import crashed_after_done, run_failure
 from dtlab.launching.nodes import NodeLaunch, NodeSpec, start_job, wait_for_nodes
-from dtlab.launching.torchrun import default_out, is_rank_of, kill_pid, rank_processes, release_lifeline, signal_group
+from dtlab.launching.torchrun import (
+    default_out,
+    is_rank_of,
+    rank_processes,
+    release_lifeline,
+    signal_group,
+    signal_process,
+)
 from dtlab.launching.watchdog import RankFeed, StallWatch
 from dtlab.results.events import read_events
 from dtlab.results.run import Run, load_run
@@ -150,8 +159,8 @@ class Handle(StallWatch):
     def _terminate(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:
             signal_group(self.proc.pid, signal.SIGTERM)
-            for pid in self.live_rank_pids():
-                kill_pid(pid, signal.SIGCONT)
+            for p in self.live_ranks():
+                signal_process(p, signal.SIGCONT)
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
@@ -160,12 +169,13 @@ class Handle(StallWatch):
         release_lifeline(self.proc)
         deadline = time.monotonic() + 10.0
         while True:  # the ranks die with torchrun (PDEATHSIG); make sure before returning
-            live = self.live_rank_pids()
-            if not live or time.monotonic() > deadline:
+            live = self.live_ranks()
+            left = deadline - time.monotonic()
+            if not live or left <= 0:
                 break
-            for pid in live:
-                kill_pid(pid, signal.SIGKILL)
-            time.sleep(0.02)
+            for p in live:
+                signal_process(p, signal.SIGKILL)
+            psutil.wait_procs(live, timeout=min(left, 1.0))
 
     def rank_pids(self) -> list[int]:
         """PIDs this node's ranks recorded in their start events."""
@@ -176,12 +186,22 @@ class Handle(StallWatch):
                 pids += [e["pid"] for e in read_events(p) if e.get("kind") == "start" and e.get("pid")]
         return pids
 
-    def live_rank_pids(self) -> list[int]:
-        """Rank processes of this run still alive: the recorded PIDs, plus any process started for this run
+    def live_ranks(self) -> list[psutil.Process]:
+        """Rank processes of this run still alive, as psutil processes (pid and start time, so a signal through one
+        never reaches a process that reused its pid): the recorded PIDs, plus any process started for this run
         directory that had not recorded itself yet (a rank still importing torch)."""
         slot = self.node.slot
-        pids = set(self.rank_pids()) | set(rank_processes(self.run_dir, slot))
-        return sorted(p for p in pids if is_rank_of(p, self.run_dir, slot))
+        found = {p.pid: p for p in rank_processes(self.run_dir, slot)}
+        for pid in set(self.rank_pids()) - set(found):
+            try:
+                found[pid] = psutil.Process(pid)
+            except psutil.Error:
+                continue
+        return [found[pid] for pid in sorted(found) if is_rank_of(pid, self.run_dir, slot)]
+
+    def live_rank_pids(self) -> list[int]:
+        """PIDs of `live_ranks`."""
+        return [p.pid for p in self.live_ranks()]
 
     # ---- waiting ----------------------------------------------------------------------------------------
     def wait(self, progress: bool = True, poll_s: float = 0.2, on_poll=None):

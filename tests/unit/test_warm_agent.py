@@ -1,5 +1,6 @@
 """The warm agent server's pure parts: which environments share a server, the opt-out's check, and the command line
-a forked agent writes over the server's argument memory (so /proc names its run directory as a cold agent's does)."""
+a forked agent writes over the server's argument memory (so its command line names its run directory as a cold
+agent's does)."""
 
 import os
 import subprocess
@@ -15,8 +16,8 @@ import sys
 from dtlab.launching.warmserver import set_cmdline
 ok = set_cmdline([sys.executable, "-c", "dtlab warm agent", "7", "/runs/r1", "-m", "dtlab.rank.worker", "/runs/r1"])
 too_long = set_cmdline(["x" * 100000])
-with open("/proc/self/cmdline", "rb") as f:
-    print(ok, too_long, f.read().rstrip(b"\\0").split(b"\\0"))
+import psutil
+print(ok, too_long, [a.encode() for a in psutil.Process().cmdline() if a])
 """
 
 
