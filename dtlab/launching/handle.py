@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import subprocess
@@ -38,6 +39,8 @@ from dtlab.launching.watchdog import RankFeed, StallWatch
 from dtlab.results.events import read_events
 from dtlab.results.run import Run, load_run
 from dtlab.runfiles import DiskFull, disk_sentence, dump_json, looks_full
+
+_LOG = logging.getLogger(__name__)
 
 _LIVE: set[Handle] = set()  # strong references: a handle dropped by the user must still be stopped at exit
 PEER_WAIT_S = 15.0  # how long a node waits for the other nodes' reports before naming a culprit or loading
@@ -108,10 +111,7 @@ class Handle(StallWatch):
                 ranks = [f.rank for f in self._feeds] if self.node.multi else list(range(self.nproc))
                 late = crashed_after_done(self.run_dir, ranks) if len(ranks) == self.nproc else None
                 if late:  # every rank recorded `done`: the results are whole, only the shutdown crashed
-                    print(
-                        f"dtlab: {late} Every rank had recorded `done`, so the run's results are complete.",
-                        file=sys.stderr,
-                    )
+                    _LOG.warning(f"dtlab: {late} Every rank had recorded `done`, so the run's results are complete.")
                     self._finish("finished", shutdown_crash=late)
                 else:
                     self._finish("failed")

@@ -36,12 +36,28 @@ RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.rank.harne
 
 
 def free_port() -> int:
-    """A TCP port free on loopback right now. Racy by nature (someone may take it before it is used): a
-    single-node launch never uses it (port 0 rendezvous); emulated nodes on loopback (dtlab.launching.emulate) must
-    agree on a port before any of them binds it, so they take one from here."""
+    """A TCP port free on loopback right now, released at once: racy (another process may take it before it is
+    used). dtlab's own launches hold theirs instead (`hold_port`); this is for tests and tools that need a number."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def hold_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a port the OS picked on `host`, held until it is closed: its port (`getsockname()[1]`) is
+    the rendezvous port of emulated nodes on loopback (dtlab.launching.emulate), which must agree on one before any
+    of them binds it. Bound without SO_REUSEADDR, so the OS gives it a port nobody holds, then marked SO_REUSEADDR,
+    so that torchrun's TCPStore (which sets it too) can bind and listen on the same port. While it is held the OS
+    never hands the port out (another launch's port-0 bind gets another), a bind naming it without SO_REUSEADDR
+    fails with EADDRINUSE, and once the store listens every other bind to it fails."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def unique_dir(parent: str, name: str) -> str:
