@@ -8,7 +8,9 @@ machine's counters), `dtlab.results.busy` turns the two into the CPU time other 
   ranks' own CPU time (every thread of theirs, `time.process_time`), per second of wall time: cores' worth;
 - CPU steal: time the hypervisor ran another guest while this one wanted the CPU (Linux >= 2.6.11 counts it; 0
   where the system does not), as a fraction of all CPU time;
-- the load average (runnable processes, averaged over 1, 5 and 15 minutes; the ranks count too).
+- the load average (runnable processes, averaged over 1, 5 and 15 minutes; the ranks count too);
+- the GPUs beside the CPUs (dtlab.config.nvml, where NVML can be read): each visible GPU's utilisation, memory and
+  the processes on it; at a snapshot after the first, each process's share of kernel time since the one before.
 
 The counters are kept in clock ticks, as Linux counts them (psutil's seconds times the tick rate): runs recorded
 before psutil read them compare with runs after. Where the system gives no CPU times the counters are None and
@@ -21,6 +23,8 @@ import os
 import time
 
 import psutil
+
+from dtlab.config.nvml import gpu_state
 
 BUSY_OTHER_CORES = 0.25
 """Other processes taking this many cores' worth of CPU on average make the machine busy: on a CPU run every
@@ -54,9 +58,13 @@ def load_average() -> list | None:
         return None
 
 
+_LAST_MACHINE: list[float] = []  # when this process last took a machine snapshot: the GPUs' samples start there
+
+
 def snapshot(machine: bool) -> dict:
     """What a rank records at the start and at the end of its steps: the wall clock, this process's CPU time (s),
-    and with `machine` the machine's CPU counters, clock ticks per second, core count and load average."""
+    and with `machine` the machine's CPU counters, clock ticks per second, core count, load average and GPUs (None
+    where NVML cannot be read; per-process kernel time since this process's previous machine snapshot)."""
     out = {"time": time.time(), "cpu_s": time.process_time()}
     if machine:
         out.update(
@@ -64,7 +72,9 @@ def snapshot(machine: bool) -> dict:
             ticks=_tick(),
             cores=os.cpu_count(),
             loadavg=load_average(),
+            gpus=gpu_state(since=_LAST_MACHINE[-1] if _LAST_MACHINE else None),
         )
+        _LAST_MACHINE.append(out["time"])
     return out
 
 
@@ -99,13 +109,14 @@ def is_busy(other_cores: float | None, steal: float | None) -> bool:
 
 def sample(seconds: float = 0.5) -> dict:
     """The machine right now, over `seconds` (this process sleeps meanwhile, so its own CPU time is ~0):
-    other_cores, steal, cores, loadavg and busy (True / False, None where the system gives no CPU times)."""
+    other_cores, steal, cores, loadavg, busy (True / False, None where the system gives no CPU times) and gpus (the
+    GPUs NVML sees at its end, None without a driver)."""
     a = snapshot(machine=True)
     time.sleep(seconds)
     b = snapshot(machine=True)
     f = between(a, b, own_cpu_s=b["cpu_s"] - a["cpu_s"])
     busy = is_busy(f["other_cores"], f["steal"]) if f["other_cores"] is not None else None
-    return {**f, "cores": b.get("cores"), "loadavg": b.get("loadavg"), "busy": busy}
+    return {**f, "cores": b.get("cores"), "loadavg": b.get("loadavg"), "busy": busy, "gpus": b.get("gpus")}
 
 
 def sample_words(s: dict) -> str:
