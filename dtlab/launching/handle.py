@@ -26,6 +26,7 @@ from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.launching import replay
 from dtlab.launching.failures import crashed_after_done, run_failure
+from dtlab.launching.gpulock import run_locks
 from dtlab.launching.nodes import NodeLaunch, NodeSpec, start_job, wait_for_nodes
 from dtlab.launching.torchrun import (
     default_out,
@@ -121,6 +122,8 @@ class Handle(StallWatch):
         self._state = state
         _LIVE.discard(self)
         release_lifeline(self.proc)
+        if getattr(self, "gpu_locks", None) is not None:  # the next run on these GPUs may start
+            self.gpu_locks.release()
         if (
             self.max_restarts
         ):  # how often torchrun restarted the group (dtlab.results.restarts), from every event written
@@ -294,13 +297,19 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
     cfg = cfg.replace(out=out) if cfg.out != out else cfg
     backend = cfg.resolved_backend()
     facts = {"time": time.time(), "python": sys.executable, "backend": backend, **launch_facts()}
-    nl, proc = start_job(cfg, "config", cfg.to_dict(), facts, "dtlab.rank.worker", backend == "gloo", node)
+    locks = run_locks(backend, cfg.nproc, device_count(), out)  # one run per GPU, when DTLAB_GPU_LOCK_DIR is set
+    try:
+        nl, proc = start_job(cfg, "config", cfg.to_dict(), facts, "dtlab.rank.worker", backend == "gloo", node)
+    except BaseException:
+        if locks is not None:
+            locks.release()
+        raise
     desc = f"{cfg.strategy} {cfg.model} x{cfg.nproc} ({backend})"
     if nl.multi:
         desc += f" node {nl.slot + 1} of {nl.nnodes}"
     spec = strategy_spec(cfg.strategy)  # an asynchronous server (rank 0) takes one update per worker step
     total = cfg.steps * (cfg.nproc * cfg.nnodes - spec.server_ranks) if spec.asynchronous else cfg.steps
-    return Handle(
+    h = Handle(
         nl.run_dir,
         proc,
         cfg.nproc,
@@ -311,6 +320,8 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
         node=nl,
         max_restarts=cfg.restarts.max_restarts,
     )
+    h.gpu_locks = locks
+    return h
 
 
 def launch_facts() -> dict:
