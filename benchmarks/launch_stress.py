@@ -7,7 +7,8 @@ launches of the tiny model one after another, the strategy and rank count drawn 
 first-step latency is the wall time from the `dtlab.launch` call until every rank's event file holds a step (the
 launcher's view, polled every 20 ms). A launch whose ranks have not all stepped within `--hang-s` seconds is a hang:
 every live rank is asked for its Python stacks (SIGUSR1: faulthandler writes them into its log), the run directory
-is copied to OUT/hangs/, and the run is stopped. A launch that fails otherwise is counted apart with its error.
+is copied to OUT/hangs/ with every thread's native stack of the agent and each rank (gdb, where installed), and the
+run is stopped. A launch that fails otherwise is counted apart with its error.
 
 The hog is one process spinning on the CPU at nice 10 (a student's busy notebook), for the whole stress.
 Not a test: it prints the figures docs/benchmarks.md quotes, and writes every launch as one JSON line to
@@ -92,6 +93,8 @@ def worker(index: int, out: str, deadline: float, hang_s: float, seed: int) -> N
             time.sleep(3)
             dest = os.path.join(out, "hangs", f"w{index}-{n}-{strategy}-{nproc}")
             shutil.copytree(h.run_dir, dest, dirs_exist_ok=True)
+            for pid in [h.proc.pid, *pids]:  # native stacks too, where gdb is installed: the lock a thread waits on
+                _native_stacks(pid, os.path.join(dest, f"native-{pid}.txt"))
             rec.update(hang=True, live_ranks=pids, saved=dest)
             h.stop(grace_s=5)
         else:
@@ -102,6 +105,24 @@ def worker(index: int, out: str, deadline: float, hang_s: float, seed: int) -> N
                 rec.update(state=e.state, error=str(e)[:500])
             shutil.rmtree(h.run_dir, ignore_errors=True)
         print(json.dumps(rec), flush=True)
+
+
+def _native_stacks(pid: int, path: str) -> None:
+    """Every thread's native stack of `pid` (gdb -batch), written to `path`; nothing where gdb is missing."""
+    if shutil.which("gdb") is None:
+        return
+    try:
+        cp = subprocess.run(
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        text = cp.stdout + cp.stderr
+    except subprocess.TimeoutExpired:
+        text = "gdb did not answer within 120 s"
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def _hog() -> subprocess.Popen:
