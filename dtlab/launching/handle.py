@@ -44,6 +44,11 @@ from dtlab.runfiles import DiskFull, disk_sentence, dump_json, looks_full
 _LOG = logging.getLogger(__name__)
 
 _LIVE: set[Handle] = set()  # strong references: a handle dropped by the user must still be stopped at exit
+TINY_STARTUP_S = 120.0
+"""Silence allowed to a rank of the tiny model before its first step (no download, nothing big to build): the
+slowest of 495 launches of every strategy at 2 to 4 ranks, side by side beside a CPU hog on 2 busy cores, took
+21.5 s from the launch call to every rank's first step (benchmarks/launch_stress.py). A rank silent longer is
+caught by the stall rule, with every rank's stacks, before a run's timeout (300 s for `tiny()`)."""
 PEER_WAIT_S = 15.0  # how long a node waits for the other nodes' reports before naming a culprit or loading
 
 
@@ -101,6 +106,14 @@ class Handle(StallWatch):
                 self._feeds.sort(key=lambda f: f.rank)
             else:
                 self._foreign.add(path)
+
+    def stall_threshold(self, stepping: bool) -> float:
+        """The watchdog's allowance (dtlab.launching.watchdog), with TINY_STARTUP_S before the first step of a run
+        of the tiny model."""
+        startup = getattr(self, "startup_s", None)
+        if not stepping and startup is not None:
+            return max(self.stall_s or 0.0, startup)
+        return super().stall_threshold(stepping)
 
     # ---- state ------------------------------------------------------------------------------------------
     def status(self) -> str:
@@ -321,6 +334,7 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
         max_restarts=cfg.restarts.max_restarts,
     )
     h.gpu_locks = locks
+    h.startup_s = TINY_STARTUP_S if cfg.model == "tiny" else None
     return h
 
 
