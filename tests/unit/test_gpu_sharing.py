@@ -168,3 +168,29 @@ def test_the_doctor_line_for_this_process_leaves_itself_out(monkeypatch):
     fake = FakeNVML({0: _gpu(0, {os.getpid(): 2**30})})
     monkeypatch.setattr(nvml, "nvml", fake)
     assert gpu_lines(nvml.gpu_state(), own_pids=[os.getpid()])[0].endswith("nobody else on it")
+
+
+def test_the_live_monitors_gpu_panel_shows_each_gpus_utilisation_and_memory_from_nvml(tmp_path, monkeypatch):
+    from dtlab.viz.monitor import Monitor, monitor_figure
+
+    from .test_monitor import _steady_run
+
+    table = {0: _gpu(0, {1: 2 * 2**30}, util=30), 1: _gpu(1, {2: 2**30}, util=80)}
+    monkeypatch.setattr(nvml, "nvml", FakeNVML(table))
+    mon = Monitor(str(_steady_run(tmp_path)), mode="widget", every_s=0.001)
+    mon.poll()
+    table[0].update(util=60, used=3 * 2**30)
+    mon.finish("finished")
+    gpus = mon.view["gpus"]
+    assert gpus["index"].tolist() == [0, 1, 0, 1] and gpus["util_pct"].tolist() == [30.0, 80.0, 60.0, 80.0]
+    fig = monitor_figure(mon.view)
+    titles = [a.text for a in fig.layout.annotations]
+    assert "GPU utilisation (%, NVML)" in titles and "GPU memory used (GiB, NVML)" in titles
+    util = {t.name: list(t.y) for t in fig.data if t.name.endswith("utilisation")}
+    mem = {t.name: list(t.y) for t in fig.data if t.name.endswith("memory")}
+    assert util == {"GPU 0 utilisation": [30.0, 60.0], "GPU 1 utilisation": [80.0, 80.0]}
+    assert mem["GPU 0 memory"] == pytest.approx([2.0, 3.0])
+    monkeypatch.setattr(nvml, "nvml", FakeNVML({}, driver=False))  # no driver: no GPU panel, no number
+    bare = Monitor(str(_steady_run(tmp_path / "b")), mode="widget", every_s=0.001)
+    bare.poll()
+    assert not any("GPU" in a.text for a in monitor_figure(bare.view).layout.annotations)
