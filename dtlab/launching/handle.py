@@ -47,8 +47,8 @@ _LIVE: set[Handle] = set()  # strong references: a handle dropped by the user mu
 TINY_STARTUP_S = 120.0
 """Silence allowed to a rank of the tiny model before its first step (no download, nothing big to build): the
 slowest of 1,666 launches of every strategy at 2 to 4 ranks, side by side beside a CPU hog on 2 busy cores, took
-33.6 s from the launch call to every rank's first step (benchmarks/launch_stress.py, docs/benchmarks.md). A rank silent longer is
-caught by the stall rule, with every rank's stacks, before a run's timeout (300 s for `tiny()`)."""
+33.6 s from the launch call to every rank's first step (benchmarks/launch_stress.py, docs/benchmarks.md). A rank
+silent longer is caught by the stall rule, with every rank's stacks, before a run's timeout (300 s for `tiny()`)."""
 PEER_WAIT_S = 15.0  # how long a node waits for the other nodes' reports before naming a culprit or loading
 
 
