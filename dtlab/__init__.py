@@ -6,11 +6,39 @@ docs/measurement.md.
 
 Names are imported on first use: a rank started as `python -m dtlab.rank.worker` must not pay for pandas, scipy
 and plotly before it has even set up its parent-death signal.
+
+Messages from the library (a run replayed, a shutdown that crashed after every rank finished, a GPU held by another
+run) go through `logging.getLogger("dtlab")`: silence them with its level (`logging.getLogger("dtlab").setLevel(
+logging.ERROR)`) or route them with a handler of your own. Until the program configures logging (the root logger
+has no handler), they are printed as before: information on stdout, warnings on stderr, the streams of the moment
+(a notebook cell's or the command line's).
 """
 
 import importlib
+import logging
+import sys
 
 __version__ = "0.1.0"
+
+
+class _Console(logging.Handler):
+    """Prints dtlab's messages while the program has configured no logging of its own (else the root's handlers
+    have them, through propagation): below WARNING on stdout, WARNING and above on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            return
+        try:
+            print(self.format(record), file=sys.stdout if record.levelno < logging.WARNING else sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - logging's own rule: a message that cannot be printed does not raise
+            self.handleError(record)
+
+
+_LOG = logging.getLogger("dtlab")
+if not any(isinstance(h, _Console) for h in _LOG.handlers):
+    _LOG.addHandler(_Console())
+if _LOG.level == logging.NOTSET:
+    _LOG.setLevel(logging.INFO)
 
 _WHERE = {
     "RunConfig": "config.run",

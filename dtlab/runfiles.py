@@ -20,6 +20,8 @@ import json
 import os
 from typing import Any
 
+import psutil
+
 from dtlab.units import fmt_bytes
 
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -41,12 +43,10 @@ def mount_of(path: str) -> tuple[str, str]:
         p = os.path.dirname(p)
     fstype = "?"
     try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 2 and parts[1].replace("\\040", " ") == p:
-                    fstype = parts[2]  # the last entry for a mount point is the one on top
-    except OSError:
+        for part in psutil.disk_partitions(all=True):
+            if part.mountpoint == p:
+                fstype = part.fstype  # the last entry for a mount point is the one on top
+    except (OSError, RuntimeError):
         pass
     return p, fstype
 

@@ -23,6 +23,7 @@ from dtlab.config.calibration import CalibConfig
 from dtlab.config.models import hub_reachable
 from dtlab.config.ncclib import ENV as NCCL_LIBRARY_ENV
 from dtlab.config.ncclib import ranks_library
+from dtlab.config.nvml import gpu_lines
 from dtlab.config.placement import TIMING, nccl_allows_shared_gpu, torch_nccl_header
 from dtlab.config.run import RunConfig
 from dtlab.course.sandbox import available
@@ -139,6 +140,7 @@ def facts(timeout_s: float = 120.0, check_hub: bool = True) -> dict:
         found = {"probe_error": f"probe did not answer within {timeout_s:g} s"}
     found["cpu_cores"] = os.cpu_count()
     found["machine_load"] = load
+    found["gpu_state"] = load.get("gpus")  # NVML's view (None without a driver): who else is on each GPU
     if check_hub:
         found["hub_reachable"] = hub_reachable()
         found["hub_offline_env"] = os.environ.get("HF_HUB_OFFLINE", "")
@@ -303,6 +305,8 @@ def report(f: dict) -> str:
             + ("" if f.get("cuda_build") is None else " (this torch is a CUDA build; no device or driver)")
         )
     lines += load_lines(f.get("machine_load"))
+    if f.get("gpu_state") is not None or gpus:
+        lines += ["  " + line for line in gpu_lines(f.get("gpu_state"))]
     lines.append(
         f"  backends: gloo {'yes' if f.get('gloo') else 'NO'}, nccl {'yes' if f.get('nccl_backend') else 'no'}"
     )

@@ -9,6 +9,7 @@ import os
 import sys
 import warnings
 
+import dtlab
 from dtlab.cli import nccltests
 from dtlab.cli.doctor import main as doctor_main
 from dtlab.cli.flags import RUN_ALIASES, add_arguments, add_calib_arguments, calib_from_args, from_args
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole `dtlab` parser. `run` and `calibrate` flags are generated from RunConfig and CalibConfig."""
 
     parser = _Parser(prog="dtlab", description=__doc__)
+    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--version", action="version", version=f"dtlab {dtlab.__version__} from {where}")
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     _run_parser(sub)
     s = sub.add_parser("show", help="print the breakdown of a finished (or partial) run")

@@ -1,4 +1,4 @@
-"""Which NCCL library the ranks load, and that library's own version. Pure: ctypes and /proc, no torch.
+"""Which NCCL library the ranks load, and that library's own version. Pure: ctypes and psutil, no torch.
 
 `torch.cuda.nccl.version()` is the NCCL *header* torch was compiled with: torch 2.11 reports (2, 28, 9) whatever
 libnccl.so.2 its process has loaded. The library's own version is `ncclGetVersion(int *)`, read here through
@@ -7,7 +7,8 @@ patch before (2804 is 2.8.4).
 
 - `library_version(path)`: the version of one libnccl file (ValueError naming the file when it is not one).
 - `loaded_library()`: the libnccl this process uses: the `ncclGetVersion` that global symbol lookup finds (a
-  preloaded library comes first there), else a libnccl mapped in /proc/self/maps (torch maps its own on import).
+  preloaded library comes first there), else a libnccl mapped into the process (its memory maps; torch maps its
+  own on import).
 - `ranks_library()`: the library the ranks will load: `DTLAB_NCCL_LIBRARY` (validated), else a libnccl named in
   LD_PRELOAD, else `loaded_library()`; None when there is none.
 - `preload_env(environ)`: what the launcher adds to NCCL ranks' environment when `DTLAB_NCCL_LIBRARY` is set
@@ -22,6 +23,8 @@ import ctypes
 import os
 import re
 from dataclasses import dataclass
+
+import psutil
 
 #: The environment variable naming the libnccl.so.2 the ranks must load (an NCCL newer than torch's own).
 ENV = "DTLAB_NCCL_LIBRARY"
@@ -109,22 +112,21 @@ def library_version(path: str) -> tuple[int, int, int]:
 
 
 def _maps() -> list[tuple[int, int, str]]:
-    """(start, end, file) of every file mapping of this process."""
+    """(start, end, file) of every file mapping of this process (psutil's memory maps, ungrouped)."""
     out = []
     try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].startswith("/"):
-                    lo, hi = parts[0].split("-")
-                    out.append((int(lo, 16), int(hi, 16), parts[5].strip()))
-    except OSError:
-        pass
+        maps = psutil.Process().memory_maps(grouped=False)
+    except (psutil.Error, OSError, AttributeError):  # AttributeError: a system psutil lists no maps for
+        return out
+    for m in maps:
+        if m.path.startswith("/") and "-" in getattr(m, "addr", ""):
+            lo, hi = m.addr.split("-")
+            out.append((int(lo, 16), int(hi, 16), m.path))
     return out
 
 
 def mapped_nccl() -> list[str]:
-    """The libnccl files this process has mapped (/proc/self/maps), in the order first seen."""
+    """The libnccl files this process has mapped, in the order first seen."""
     seen: list[str] = []
     for _, _, path in _maps():
         if os.path.basename(path).startswith("libnccl") and path not in seen:
@@ -135,7 +137,7 @@ def mapped_nccl() -> list[str]:
 def loaded_library() -> NcclLibrary | None:
     """The libnccl this process uses, or None: the file holding the `ncclGetVersion` that global symbol lookup finds
     (what torch's calls bind to; an LD_PRELOAD library precedes every other), else the first libnccl mapped in
-    /proc/self/maps that this module did not load itself to read a version."""
+    this process's memory maps that this module did not load itself to read a version."""
     fn = getattr(ctypes.CDLL(None), "ncclGetVersion", None)
     if fn is not None:
         addr = ctypes.cast(fn, ctypes.c_void_p).value or 0

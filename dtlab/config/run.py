@@ -157,7 +157,8 @@ class RunConfig(JobConfig):
     """Watchdog: seconds a rank may go without writing a new event once it has started stepping; past it the
     ranks' Python stacks are dumped into their logs, the run is stopped and RunFailed names the silent rank.
     None derives it from the run: max(60 s, 10 x the median step time seen so far). Before a rank's first
-    step (imports, rendezvous, model download and build, DeepSpeed setup) it gets max(stall_s, 600 s)."""
+    step (imports, rendezvous, model download and build, DeepSpeed setup) it gets max(stall_s, 600 s), and
+    max(stall_s, 120 s) with the tiny model, which downloads nothing."""
     dropout: float | None = None
     """Dropout probability of every dropout layer; None keeps the model's own (DistilBERT: 0.1, and 0.2 before
     the classifier). 0 makes a run comparable, step by step, with a single process (`checks.reference`)."""

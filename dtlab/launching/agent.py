@@ -24,10 +24,13 @@ import ctypes
 import importlib
 import os
 import signal
+import socket
 import sys
 import threading
 import time
-from multiprocessing import popen_fork
+from multiprocessing import connection, forkserver, popen_fork, popen_forkserver
+
+import psutil
 
 from dtlab.runfiles import dump_json
 
@@ -54,12 +57,17 @@ class _ExitWatch:
     """Every forked rank's end, seen by the agent without reaping it (torch's process context reaps): each rank
     writes 'RANK PID' to a pipe as it starts, and a thread per rank waits for that PID with WNOWAIT."""
 
-    def __init__(self):
+    def __init__(self, start: bool = True):
         self.r, self.w = os.pipe()
         self.ends: dict[int, dict] = {}  # pid -> {rank, pid, exitcode, signal, timestamp}
         self.pids: dict[int, int] = {}  # rank -> its latest pid (torchrun may restart the group)
         self.lock = threading.Lock()
-        threading.Thread(target=self._read, daemon=True).start()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start reading the ranks' reports (a thread: after the zygote has been forked, which must have none)."""
+        threading.Thread(target=self._read, daemon=True, name="dtlab-exit-watch").start()
 
     def started(self, rank: int) -> None:
         """Called in the forked rank."""
@@ -123,17 +131,18 @@ class _ExitWatch:
         waiting on that PID (without reaping) has run, which then finds nothing. A rank that torch's agent stopped
         while it was computing (SIGTERM after its peer died) was then missing from exits.json."""
 
-        original = popen_fork.Popen.poll
         watch, agent = self, os.getpid()
+        for cls in (popen_fork.Popen, popen_forkserver.Popen):  # forkserver: ranks forked by the zygote
+            original = cls.__dict__.get("poll", popen_fork.Popen.poll)
 
-        def poll(popen, flag=os.WNOHANG):
-            known = popen.returncode is not None
-            code = original(popen, flag)
-            if code is not None and not known and os.getpid() == agent:  # a rank inherits this, and a lock held at
-                watch.reaped(popen.pid, code)  # the fork stays held in the rank: only the agent records
-            return code
+            def poll(popen, flag=os.WNOHANG, _original=original):
+                known = popen.returncode is not None
+                code = _original(popen, flag)
+                if code is not None and not known and os.getpid() == agent:  # a rank inherits this, and a lock
+                    watch.reaped(popen.pid, code)  # held at the fork stays held in the rank: only the agent records
+                return code
 
-        popen_fork.Popen.poll = poll
+            cls.poll = poll
 
     def failures(self) -> dict[int, dict]:
         """rank -> end of the ranks of the latest attempt that exited non-zero or by a signal."""
@@ -222,15 +231,78 @@ def start_lifeline(fd: int, grace_s: float) -> None:
 
 def agent_main(argv: list[str]) -> None:
     """The agent process's main: argv = [LIFELINE_FD, EXITS_PATH, RDZV_PATH, *torchrun's arguments] (the shim's
-    arguments in dtlab.launching.torchrun; a warm server's forked agent gets the same)."""
+    arguments in dtlab.launching.torchrun; a warm server's forked agent gets the same). With forked ranks the agent
+    imports what they need and forks the zygote first, while it has no thread (the lifeline is one)."""
+    zygote = None
+    if "--start-method=fork" in argv[3:]:
+        zygote = start_zygote(argv[3:])
     start_lifeline(int(argv[0]), AGENT_GRACE_S)
-    run_agent(argv[1], argv[2], argv[3:])
+    run_agent(argv[1], argv[2], argv[3:], zygote)
 
 
-def run_agent(exits_path: str, rdzv_path: str, argv: list[str]) -> None:
-    """torchrun's `main(argv)`, with a function entry point when argv says --start-method=fork; writes what it knows
-    of each failed rank to `exits_path` and a failed rendezvous to `rdzv_path`."""
+def start_zygote(torchrun_argv: list[str]) -> dict:
+    """Import what the ranks import (`warm`), then fork the zygote: a child of this agent, forked while the agent
+    has one thread, that serves multiprocessing's forkserver protocol (`multiprocessing.forkserver.main`, run here
+    in a forked copy instead of a fresh interpreter, so it starts with everything imported). torch's elastic agent
+    then starts its ranks with the 'forkserver' method: each rank is forked by the zygote, which never starts a
+    thread, so no lock held by another thread (torch's store server, the exit watch, the lifeline) is copied into a
+    rank held. The zygote dies with the agent (PR_SET_PDEATHSIG, and its forkserver loop ends when the agent's end
+    of its pipe closes); its ranks die with it. Returns {pid, threads}: the zygote and the threads it had."""
     global _WATCH
+    from torch.distributed.run import parse_args  # here: the launcher imports this module and never pays for torch
+
+    args = parse_args(torchrun_argv)
+    warm(args.training_script, args.training_script_args)
+    _WATCH = _ExitWatch(start=False)  # its pipe is inherited by the zygote's ranks; its thread starts afterwards
+    threads = psutil.Process().num_threads()  # the operating system's count: C++ threads too (torch's, BLAS's)
+    fs = forkserver._forkserver
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    agent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the zygote
+        code = 1
+        try:
+            os.close(alive_w)
+            _die_with(agent)
+            _set_name("dtlab-zygote")
+            for sig in (signal.SIGTERM, signal.SIGHUP):  # a signal to the agent's group is the agent's to act on:
+                signal.signal(sig, signal.SIG_IGN)  # it stops the ranks, then its exit ends the zygote
+            forkserver.main(listener.fileno(), alive_r, [], None, None)
+            code = 0
+        except SystemExit as e:  # the forkserver loop ends so when the agent's end of the pipe closes
+            code = e.code if isinstance(e.code, int) else 0
+        finally:
+            os._exit(code)
+    os.close(alive_r)
+    listener.close()
+    fs._forkserver_address, fs._forkserver_alive_fd, fs._forkserver_pid = address, alive_w, pid
+    _WATCH.start()
+    print(
+        f"dtlab: ranks are forked by the zygote (pid {pid}), forked from this agent with {threads} thread(s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return {"pid": pid, "threads": threads}
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when `parent` ends (Linux's PR_SET_PDEATHSIG; elsewhere the forkserver loop's pipe)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it ended before the signal was armed
+        os._exit(1)
+
+
+def run_agent(exits_path: str, rdzv_path: str, argv: list[str], zygote: dict | None = None) -> None:
+    """torchrun's `main(argv)`, with a function entry point when argv says --start-method=fork (its ranks forked by
+    `zygote`, from start_zygote); writes what it knows of each failed rank to `exits_path` and a failed rendezvous
+    to `rdzv_path`."""
     # torch only here, in the agent process: the notebook and the CLI import this module and never pay for torch
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -242,10 +314,11 @@ def run_agent(exits_path: str, rdzv_path: str, argv: list[str]) -> None:
     fork = args.start_method == "fork"
     try:
         if fork:
-            warm(args.training_script, args.training_script_args)
-            _WATCH = _ExitWatch()
+            if zygote is None:
+                zygote = start_zygote(argv)
             _WATCH.watch_reaping()
             config, _, _ = config_from_args(args)
+            config.start_method = "forkserver"  # the zygote forks them (start_zygote)
             elastic_launch(config=config, entrypoint=forked_rank)(args.training_script, *args.training_script_args)
         else:
             torchrun(args)

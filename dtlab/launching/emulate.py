@@ -31,7 +31,7 @@ import sys
 import threading
 
 from dtlab.launching.nodes import NodeSpec
-from dtlab.launching.torchrun import free_port, unique_dir
+from dtlab.launching.torchrun import hold_port, unique_dir
 
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}  # tc's units are decimal, in bits per second
 _LIVE: set[Emulation] = set()
@@ -96,6 +96,7 @@ class Emulation:
         self.ifnames = [f"dtl{tag}v{k}" for k in range(nnodes)] if rate is not None else []
         self.addresses = [f"10.213.0.{k + 1}" for k in range(nnodes)] if rate is not None else []
         self._created: list[str] = []
+        self._ports: list = []  # loopback rendezvous ports held until close(): no other launch can take one
 
     # ---- the link -------------------------------------------------------------------------------------------
     def __enter__(self) -> Emulation:
@@ -148,7 +149,10 @@ class Emulation:
             )
 
     def close(self) -> None:
-        """Delete the namespaces (their veth ends go with them). Safe to call twice."""
+        """Delete the namespaces (their veth ends go with them) and release the held ports. Safe to call twice."""
+        for sock in self._ports:
+            sock.close()
+        self._ports = []
         for name in reversed(self._created):
             cmd = ["link", "del", name[5:]] if name.startswith("veth:") else ["netns", "del", name]
             subprocess.run(["ip", *cmd], capture_output=True)  # a veth already moved is gone with its namespace
@@ -188,7 +192,11 @@ class Emulation:
         """`cfg` (a RunConfig or CalibConfig) with nnodes, the rendezvous endpoint and a run directory filled in."""
         if self.rate is not None and not self._created:
             raise RuntimeError("the emulated link is not set up: use `with Emulation(...) as em:`")
-        endpoint = f"127.0.0.1:{free_port()}" if self.rate is None else f"{self.addresses[0]}:{STORE_PORT}"
+        if self.rate is None:
+            self._ports.append(hold_port())
+            endpoint = f"127.0.0.1:{self._ports[-1].getsockname()[1]}"
+        else:
+            endpoint = f"{self.addresses[0]}:{STORE_PORT}"
         out = cfg.out or unique_dir(os.path.dirname(default_dir) or ".", os.path.basename(default_dir))
         # gloo unless asked otherwise: the emulated link carries gloo's sockets only (NCCL between ranks of one
         # host takes shared memory or P2P, bypassing it), and the nodes' ranks share this machine's GPUs, which

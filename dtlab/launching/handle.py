@@ -12,25 +12,43 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import psutil
+
 from dtlab.config.placement import device_count
 from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.launching import replay
 from dtlab.launching.failures import crashed_after_done, run_failure
+from dtlab.launching.gpulock import run_locks
 from dtlab.launching.nodes import NodeLaunch, NodeSpec, start_job, wait_for_nodes
-from dtlab.launching.torchrun import default_out, is_rank_of, kill_pid, rank_processes, release_lifeline, signal_group
+from dtlab.launching.torchrun import (
+    default_out,
+    is_rank_of,
+    rank_processes,
+    release_lifeline,
+    signal_group,
+    signal_process,
+)
 from dtlab.launching.watchdog import RankFeed, StallWatch
 from dtlab.results.events import read_events
 from dtlab.results.run import Run, load_run
 from dtlab.runfiles import DiskFull, disk_sentence, dump_json, looks_full
 
+_LOG = logging.getLogger(__name__)
+
 _LIVE: set[Handle] = set()  # strong references: a handle dropped by the user must still be stopped at exit
+TINY_STARTUP_S = 120.0
+"""Silence allowed to a rank of the tiny model before its first step (no download, nothing big to build): the
+slowest of 1,666 launches of every strategy at 2 to 4 ranks, side by side beside a CPU hog on 2 busy cores, took
+33.6 s from the launch call to every rank's first step (benchmarks/launch_stress.py, docs/benchmarks.md). A rank
+silent longer is caught by the stall rule, with every rank's stacks, before a run's timeout (300 s for `tiny()`)."""
 PEER_WAIT_S = 15.0  # how long a node waits for the other nodes' reports before naming a culprit or loading
 
 
@@ -89,6 +107,14 @@ class Handle(StallWatch):
             else:
                 self._foreign.add(path)
 
+    def stall_threshold(self, stepping: bool) -> float:
+        """The watchdog's allowance (dtlab.launching.watchdog), with TINY_STARTUP_S before the first step of a run
+        of the tiny model."""
+        startup = getattr(self, "startup_s", None)
+        if not stepping and startup is not None:
+            return max(self.stall_s or 0.0, startup)
+        return super().stall_threshold(stepping)
+
     # ---- state ------------------------------------------------------------------------------------------
     def status(self) -> str:
         """'running', 'finished', 'failed', 'stalled', 'stopped', 'timeout' or 'interrupted'."""
@@ -99,10 +125,7 @@ class Handle(StallWatch):
                 ranks = [f.rank for f in self._feeds] if self.node.multi else list(range(self.nproc))
                 late = crashed_after_done(self.run_dir, ranks) if len(ranks) == self.nproc else None
                 if late:  # every rank recorded `done`: the results are whole, only the shutdown crashed
-                    print(
-                        f"dtlab: {late} Every rank had recorded `done`, so the run's results are complete.",
-                        file=sys.stderr,
-                    )
+                    _LOG.warning(f"dtlab: {late} Every rank had recorded `done`, so the run's results are complete.")
                     self._finish("finished", shutdown_crash=late)
                 else:
                     self._finish("failed")
@@ -112,6 +135,8 @@ class Handle(StallWatch):
         self._state = state
         _LIVE.discard(self)
         release_lifeline(self.proc)
+        if getattr(self, "gpu_locks", None) is not None:  # the next run on these GPUs may start
+            self.gpu_locks.release()
         if (
             self.max_restarts
         ):  # how often torchrun restarted the group (dtlab.results.restarts), from every event written
@@ -150,8 +175,8 @@ class Handle(StallWatch):
     def _terminate(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:
             signal_group(self.proc.pid, signal.SIGTERM)
-            for pid in self.live_rank_pids():
-                kill_pid(pid, signal.SIGCONT)
+            for p in self.live_ranks():
+                signal_process(p, signal.SIGCONT)
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
@@ -160,12 +185,13 @@ class Handle(StallWatch):
         release_lifeline(self.proc)
         deadline = time.monotonic() + 10.0
         while True:  # the ranks die with torchrun (PDEATHSIG); make sure before returning
-            live = self.live_rank_pids()
-            if not live or time.monotonic() > deadline:
+            live = self.live_ranks()
+            left = deadline - time.monotonic()
+            if not live or left <= 0:
                 break
-            for pid in live:
-                kill_pid(pid, signal.SIGKILL)
-            time.sleep(0.02)
+            for p in live:
+                signal_process(p, signal.SIGKILL)
+            psutil.wait_procs(live, timeout=min(left, 1.0))
 
     def rank_pids(self) -> list[int]:
         """PIDs this node's ranks recorded in their start events."""
@@ -176,12 +202,22 @@ class Handle(StallWatch):
                 pids += [e["pid"] for e in read_events(p) if e.get("kind") == "start" and e.get("pid")]
         return pids
 
-    def live_rank_pids(self) -> list[int]:
-        """Rank processes of this run still alive: the recorded PIDs, plus any process started for this run
+    def live_ranks(self) -> list[psutil.Process]:
+        """Rank processes of this run still alive, as psutil processes (pid and start time, so a signal through one
+        never reaches a process that reused its pid): the recorded PIDs, plus any process started for this run
         directory that had not recorded itself yet (a rank still importing torch)."""
         slot = self.node.slot
-        pids = set(self.rank_pids()) | set(rank_processes(self.run_dir, slot))
-        return sorted(p for p in pids if is_rank_of(p, self.run_dir, slot))
+        found = {p.pid: p for p in rank_processes(self.run_dir, slot)}
+        for pid in set(self.rank_pids()) - set(found):
+            try:
+                found[pid] = psutil.Process(pid)
+            except psutil.Error:
+                continue
+        return [found[pid] for pid in sorted(found) if is_rank_of(pid, self.run_dir, slot)]
+
+    def live_rank_pids(self) -> list[int]:
+        """PIDs of `live_ranks`."""
+        return [p.pid for p in self.live_ranks()]
 
     # ---- waiting ----------------------------------------------------------------------------------------
     def wait(self, progress: bool = True, poll_s: float = 0.2, on_poll=None):
@@ -274,13 +310,19 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
     cfg = cfg.replace(out=out) if cfg.out != out else cfg
     backend = cfg.resolved_backend()
     facts = {"time": time.time(), "python": sys.executable, "backend": backend, **launch_facts()}
-    nl, proc = start_job(cfg, "config", cfg.to_dict(), facts, "dtlab.rank.worker", backend == "gloo", node)
+    locks = run_locks(backend, cfg.nproc, device_count(), out)  # one run per GPU, when DTLAB_GPU_LOCK_DIR is set
+    try:
+        nl, proc = start_job(cfg, "config", cfg.to_dict(), facts, "dtlab.rank.worker", backend == "gloo", node)
+    except BaseException:
+        if locks is not None:
+            locks.release()
+        raise
     desc = f"{cfg.strategy} {cfg.model} x{cfg.nproc} ({backend})"
     if nl.multi:
         desc += f" node {nl.slot + 1} of {nl.nnodes}"
     spec = strategy_spec(cfg.strategy)  # an asynchronous server (rank 0) takes one update per worker step
     total = cfg.steps * (cfg.nproc * cfg.nnodes - spec.server_ranks) if spec.asynchronous else cfg.steps
-    return Handle(
+    h = Handle(
         nl.run_dir,
         proc,
         cfg.nproc,
@@ -291,6 +333,9 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
         node=nl,
         max_restarts=cfg.restarts.max_restarts,
     )
+    h.gpu_locks = locks
+    h.startup_s = TINY_STARTUP_S if cfg.model == "tiny" else None
+    return h
 
 
 def launch_facts() -> dict:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 
 from dtlab.results.status import recorded_status
 from dtlab.results.upgrade import upgrade_doc
+
+_LOG = logging.getLogger(__name__)
 
 ENV = "DTLAB_REPLAY"
 LOG_ENV = "DTLAB_REPLAY_LOG"  # set by `dtlab grade`: one JSON line per recording loaded or missing
@@ -207,7 +210,7 @@ class Replayed:
     def wait(self, progress: bool = True, poll_s: float = 0.2):
         """The recorded result (loaded from the run directory; nothing runs)."""
         if progress:
-            print(f"replayed from {self.run_dir} (recorded; not run again)")
+            _LOG.info(f"replayed from {self.run_dir} (recorded; not run again)")
         return self._loader(self.run_dir)
 
     def result(self):

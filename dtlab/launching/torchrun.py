@@ -7,8 +7,8 @@
   failed rank to RUN_DIR/exits.json (and a failed rendezvous to rendezvous.json); c10d rendezvous on
   127.0.0.1 port 0, or one node's part of a multi-node job (dtlab.launching.nodes: per-node file names, the
   shared endpoint, DTLAB_NODE_SLOT in the ranks' environment).
-- Processes: the ranks of a run found by their command line in /proc (forked ranks, which carry the agent's, by
-  their name too), their kernel state, signals to a PID or a
+- Processes: the ranks of a run found by their command line through psutil (forked ranks, which carry the agent's,
+  by their name too), their kernel state, signals to a PID or a
   process group, and small log readers (`file_size`, `read_from`, `last_lines`).
 """
 
@@ -21,25 +21,43 @@ import sys
 import time
 import uuid
 
+import psutil
+
 from dtlab.config.environment import ENV_SET, LAUNCH_DEFAULTS, set_default
 from dtlab.config.ncclib import PRELOADED, preload_env
 from dtlab.config.run import RunConfig
 from dtlab.launching.agent import RANK_COMM, start_method
 from dtlab.launching.warm import enabled as warm_enabled
 from dtlab.launching.warm import fork_agent
-from dtlab.results.liveness import identity
+from dtlab.results.liveness import identity, process_state
 from dtlab.runfiles import dump_json
 
 RANK_MODULES = ("dtlab.rank.worker", "dtlab.rank.calibration", "dtlab.rank.harness")
 
 
 def free_port() -> int:
-    """A TCP port free on loopback right now. Racy by nature (someone may take it before it is used): a
-    single-node launch never uses it (port 0 rendezvous); emulated nodes on loopback (dtlab.launching.emulate) must
-    agree on a port before any of them binds it, so they take one from here."""
+    """A TCP port free on loopback right now, released at once: racy (another process may take it before it is
+    used). dtlab's own launches hold theirs instead (`hold_port`); this is for tests and tools that need a number."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def hold_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a port the OS picked on `host`, held until it is closed: its port (`getsockname()[1]`) is
+    the rendezvous port of emulated nodes on loopback (dtlab.launching.emulate), which must agree on one before any
+    of them binds it. Bound without SO_REUSEADDR, so the OS gives it a port nobody holds, then marked SO_REUSEADDR,
+    so that torchrun's TCPStore (which sets it too) can bind and listen on the same port. While it is held the OS
+    never hands the port out (another launch's port-0 bind gets another), a bind naming it without SO_REUSEADDR
+    fails with EADDRINUSE, and once the store listens every other bind to it fails."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def unique_dir(parent: str, name: str) -> str:
@@ -222,20 +240,31 @@ def check_omp_threads(environ=os.environ) -> None:
 
 
 # ---- processes --------------------------------------------------------------------------------------------
-def _argv(pid: int) -> list[bytes]:
+def _process(pid: int) -> psutil.Process | None:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().rstrip(b"\0").split(b"\0")  # a warm agent's is NUL-padded (dtlab.launching.warm)
-    except OSError:
-        return []
+        return psutil.Process(pid)
+    except (psutil.Error, ValueError):
+        return None
 
 
-def _comm(pid: int) -> str:
+def _argv(p: psutil.Process) -> list[str]:
     try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+        return p.cmdline()  # a warm agent's is NUL-padded (dtlab.launching.warm): empty strings at its end
+    except (psutil.Error, OSError):
+        return []  # gone, a zombie, or not ours to read
+
+
+def _is_rank(p: psutil.Process, run_dir: str, slot: int | None) -> bool:
+    argv = _argv(p)  # a zombie has no command line: dead for our purposes
+    ok = os.path.abspath(run_dir) in argv and any(m in argv for m in RANK_MODULES) and p.pid != os.getpid()
+    try:
+        if ok and argv[1:2] == ["-c"]:  # torchrun's agent (our shim), or a rank forked from it (same command line)
+            ok = p.name() == RANK_COMM
+        if ok and slot is not None:
+            ok = p.environ().get("DTLAB_NODE_SLOT") == str(slot)
+    except (psutil.Error, OSError):
+        ok = False
+    return ok
 
 
 def is_rank_of(pid: int, run_dir: str, slot: int | None = None) -> bool:
@@ -243,41 +272,32 @@ def is_rank_of(pid: int, run_dir: str, slot: int | None = None) -> bool:
     itself (not merely a path that starts with it) and a dtlab rank module; a rank forked from torchrun's agent
     carries the agent's command line and is told from the agent by its name (RANK_COMM). Never a reused PID. With
     `slot`, only a rank of that node of a multi-node job (two emulated nodes share one machine's process table)."""
-    argv = _argv(pid)  # a zombie has an empty command line: dead for our purposes
-    ok = (
-        os.path.abspath(run_dir).encode() in argv
-        and any(m.encode() in argv for m in RANK_MODULES)
-        and pid != os.getpid()
-    )
-    if ok and argv[1:2] == [b"-c"]:  # torchrun's agent (our shim), or a rank forked from it (same command line)
-        ok = _comm(pid) == RANK_COMM
-    if ok and slot is not None:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                ok = f"DTLAB_NODE_SLOT={slot}".encode() in f.read().split(b"\0")
-        except OSError:
-            ok = False
-    return ok
+    p = _process(pid)
+    return p is not None and _is_rank(p, run_dir, slot)
 
 
-def rank_processes(run_dir: str, slot: int | None = None) -> list[int]:
-    """Every live rank process of `run_dir` (of node `slot` only, when given), found in /proc."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and is_rank_of(int(name), run_dir, slot):
-            pids.append(int(name))
-    return pids
+def rank_processes(run_dir: str, slot: int | None = None) -> list[psutil.Process]:
+    """Every live rank process of `run_dir` (of node `slot` only, when given), as psutil processes: each holds its
+    pid and start time, so a signal sent through it never reaches a process that reused the pid."""
+    return [p for p in psutil.process_iter() if _is_rank(p, run_dir, slot)]
+
+
+_STATES = {
+    psutil.STATUS_RUNNING: "R",
+    psutil.STATUS_SLEEPING: "S",
+    psutil.STATUS_DISK_SLEEP: "D",
+    psutil.STATUS_STOPPED: "T",
+    psutil.STATUS_TRACING_STOP: "t",
+    psutil.STATUS_ZOMBIE: "Z",
+    psutil.STATUS_DEAD: "X",
+    psutil.STATUS_IDLE: "I",
+}
 
 
 def proc_state(pid: int | None) -> str | None:
     """The kernel's one-letter state of a process (R, S, D, T stopped, Z zombie, ...), None if gone."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    state = process_state(pid)
+    return None if state is None else _STATES.get(state, state[:1].upper())
 
 
 def kill_pid(pid: int | None, sig: int) -> None:
@@ -286,6 +306,14 @@ def kill_pid(pid: int | None, sig: int) -> None:
     try:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
+        pass
+
+
+def signal_process(p: psutil.Process, sig: int) -> None:
+    """Send `sig` to `p` unless it has gone (psutil checks its start time first: a reused pid is left alone)."""
+    try:
+        p.send_signal(sig)
+    except (psutil.Error, PermissionError):
         pass
 
 

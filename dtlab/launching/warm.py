@@ -26,6 +26,7 @@ The server's own side (its imports, forking, the agent's setup) is dtlab.launchi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -36,6 +37,8 @@ import time
 
 from dtlab.launching.warmserver import MARKER
 from dtlab.results.liveness import alive, identity
+
+_LOG = logging.getLogger(__name__)
 
 #: DTLAB_WARM_AGENT: '1' (default) forks CPU jobs' agents from a warm server; '0' starts each one afresh.
 WARM_VALUES = ("0", "1")
@@ -208,10 +211,9 @@ class WarmProc:
         elif self._server.dead and not alive(self._ident):
             # the server died first (killed): nobody reaped the agent for us, so its status is unknown
             self.returncode = 1
-            print(
+            _LOG.warning(
                 f"dtlab: the warm agent server exited before torchrun's agent (pid {self.pid}); the agent is gone "
-                "and its exit status is unknown",
-                file=sys.stderr,
+                "and its exit status is unknown"
             )
 
     def wait(self, timeout: float | None = None) -> int:

@@ -5,7 +5,8 @@ umask, CPU set, environment and command line set as a cold agent's would be), an
 by its request. Ends at end of file on its socket: the launching process closed it or died.
 
 A forked agent's command line is written in place over the server's argument memory (whose size the server
-reserves at start), the way `setproctitle` does: /proc/PID/cmdline then names the run directory and rank module.
+reserves at start), the way `setproctitle` does: the process's command line (psutil's `cmdline()`, `ps`) then names
+the run directory and rank module.
 """
 
 from __future__ import annotations
@@ -26,19 +27,33 @@ from dtlab.launching import agent
 MARKER = "dtlab warm agent"  # a forked agent's `-c` argument (a cold agent's is the shim's source)
 
 
+_AREA: list[tuple[int, int]] = []  # found once: set_cmdline overwrites what finding it compares
+
+
 def _arg_area() -> tuple[int, int]:
-    """(address, length) of this process's argument memory (/proc/self/stat fields 48 and 49), (0, 0) if unknown."""
+    """(address, length) of this process's argument memory, (0, 0) if unknown. exec lays the argument strings out
+    and the environment's right after them (Linux and macOS alike), so the area ends where C's `environ` has its
+    first string; it is taken only when the bytes before that are this process's arguments (sys.orig_argv), each
+    NUL-terminated. Found at the first call and remembered."""
+    if not _AREA:
+        _AREA.append(_find_arg_area())
+    return _AREA[0]
+
+
+def _find_arg_area() -> tuple[int, int]:
+    want = b"".join(os.fsencode(a) + b"\0" for a in sys.orig_argv)
     try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])
-        return (start, end - start) if 0 < start < end else (0, 0)
-    except (OSError, ValueError, IndexError):
+        env = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
+        end = env[0] if env else None
+    except (OSError, ValueError, AttributeError):
         return 0, 0
+    if not end or end <= len(want) or ctypes.string_at(end - len(want), len(want)) != want:
+        return 0, 0
+    return end - len(want), len(want)
 
 
 def set_cmdline(args: list[str]) -> bool:
-    """Write `args` over this process's argument memory, NUL-padded, so /proc/PID/cmdline shows them. False
+    """Write `args` over this process's argument memory, NUL-padded, so its command line shows them. False
     (nothing written) when they do not fit."""
     start, size = _arg_area()
     data = b"\0".join(os.fsencode(a) for a in args) + b"\0"
@@ -74,6 +89,7 @@ def serve() -> None:
     """The server's main loop (its process runs `python -c _SERVE FD PLACEHOLDER`): import, say ready, then fork an
     agent per request and report every agent's exit status, until the launcher's end of the socket closes."""
     sock = socket.socket(fileno=int(sys.argv[1]))
+    _arg_area()  # before any import may set an environment variable (the area is found from C's environ)
     try:
         _imports()
         set_cmdline([sys.executable, "-c", "dtlab warm agent server (forks torchrun agents)"])

@@ -12,7 +12,9 @@ outside one) from the event files the ranks are already writing (docs/monitor.md
 The monitor runs in the notebook's process and only reads files the ranks write anyway: the ranks do no extra
 work for it. In JupyterLab the figure is a LiveFigure (plotly's JSON in an Output widget, shown again whole on
 every redraw: dtlab.viz.dashboard). A view carries no number the events do not: a panel whose source is absent
-(the compute stream's busy fraction, which no strategy records today) is left out.
+(the compute stream's busy fraction, which no strategy records today) is left out. The GPU panel is the one panel
+not read from the events: at each redraw the monitor asks NVML (dtlab.config.nvml, the source of the machine's GPU
+state) for each GPU's utilisation and memory; without a driver it is left out.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from IPython import get_ipython
 from IPython.display import display
 from plotly.subplots import make_subplots
 
+from dtlab.config.nvml import gpu_state
 from dtlab.results.live import LiveRun
 from dtlab.results.live_stats import live_view, text_line
 from dtlab.results.status import RunFailed
@@ -70,13 +73,19 @@ def monitor_title(view: dict) -> str:
 
 def monitor_figure(view: dict) -> go.Figure:
     """Loss, T_step per step (slowest rank, each rank's own time, T_comm, exposed where paired), the communication
-    share, and the bus bandwidth per bucket or collective against its calibration; a compute-busy panel only when
-    the events carry it. Milliseconds, percent and GB/s on the axes."""
+    share, and the bus bandwidth per bucket or collective against its calibration; each GPU's utilisation and
+    memory over the run's seconds when NVML was read (view['gpus']), and the compute stream's busy share when the
+    events carry it. Milliseconds, percent, GiB and GB/s on the axes."""
     t = view["table"]
     busy = not t.empty and t["compute_busy"].notna().any()
-    rows = 3 if busy else 2
+    gpus = view.get("gpus")
+    gpus = gpus if gpus is not None and not gpus.empty else None
+    rows = 3 if busy or gpus is not None else 2
     titles = ["loss (mean over ranks)", "step time (ms)", "communication share of T_step (%)", _bw_title(view)]
-    fig = make_subplots(rows=rows, cols=2, subplot_titles=titles + (["compute stream busy (%)"] if busy else []))
+    if rows == 3:
+        titles += ["GPU utilisation (%, NVML)" if gpus is not None else "compute stream busy (%)"]
+        titles += ["GPU memory used (GiB, NVML)"] if gpus is not None else []
+    fig = make_subplots(rows=rows, cols=2, subplot_titles=titles)
     x = t["step"].tolist()
     fig.add_trace(go.Scatter(x=x, y=t["loss"].tolist(), name="loss", mode="lines+markers"), 1, 1)
     fig.add_trace(_line(x, t["t_step"] * 1e3, "T_step (slowest rank)", "#222222"), 1, 2)
@@ -92,7 +101,9 @@ def monitor_figure(view: dict) -> go.Figure:
         fig.add_trace(go.Scatter(x=p["step"].tolist(), y=(p["exposed"] * 1e3).tolist(), name="exposed (paired)",
                                  mode="markers", marker=marker), 1, 2)  # fmt: skip
     _bandwidth(fig, view["bw_table"])
-    if busy:
+    if gpus is not None:
+        _gpu_panels(fig, gpus)
+    elif busy:
         fig.add_trace(_line(x, t["compute_busy"] * 100, "compute stream busy", COLORS["T_comp"]), 3, 1)
         fig.update_yaxes(title_text="%", row=3, col=1)
     for r, c, unit in ((1, 1, "loss"), (1, 2, "ms"), (2, 1, "%"), (2, 2, "GB/s")):
@@ -106,6 +117,22 @@ def monitor_figure(view: dict) -> go.Figure:
         legend=dict(orientation="h", yanchor="top", y=-0.1, x=0),
     )
     return fig
+
+
+def _gpu_panels(fig: go.Figure, gpus: pd.DataFrame) -> None:
+    for i, (index, g) in enumerate(gpus.groupby("index")):
+        color = RANK_COLORS[i % len(RANK_COLORS)]
+        fig.add_trace(_line(g["t_s"].tolist(), g["util_pct"], f"GPU {index} utilisation", color), 3, 1)
+        fig.add_trace(_line(g["t_s"].tolist(), g["memory_used_bytes"] / 2**30, f"GPU {index} memory", color), 3, 2)
+    fig.update_yaxes(title_text="%", rangemode="tozero", row=3, col=1)
+    fig.update_yaxes(title_text="GiB", rangemode="tozero", row=3, col=2)
+    fig.update_xaxes(title_text="s since the monitor started", row=3)
+
+
+def gpu_samples(samples: list, state: list | None, t_s: float) -> None:
+    """Append each GPU of `state` (dtlab.config.nvml.gpu_state) to `samples` as a row at `t_s` seconds."""
+    for g in state or []:
+        samples.append({"t_s": t_s, **{k: g[k] for k in ("index", "util_pct", "memory_used_bytes")}})
 
 
 def _line(x, y, name: str, color: str, dash: str = "solid") -> go.Scatter:
@@ -176,6 +203,8 @@ class Monitor:
         self.redraws, self._last, self.wait_s = 0, -float("inf"), self.every_s
         self.widget = None
         self.watching = True  # a run watched as it runs: elapsed time on this clock (False: a record shown after)
+        self.gpus: list[dict] = []  # NVML's samples, one row per GPU per redraw (the GPU panel)
+        self._t0 = time.monotonic()
         if self.mode == "widget":
             self._status = widgets.HTML(value="<b>dtlab monitor</b>: waiting for the ranks' first events")
             self._figure = LiveFigure(go.Figure(layout=dict(title="dtlab monitor: starting", height=300)))
@@ -208,6 +237,9 @@ class Monitor:
             self._end.value = f"<pre class='dtlab-monitor-breakdown'>{html.escape(table)}</pre>"
 
     def _draw(self, view: dict) -> None:
+        if self.mode == "widget":
+            gpu_samples(self.gpus, gpu_state(), time.monotonic() - self._t0)
+            view = {**view, "gpus": pd.DataFrame(self.gpus)}
         self.view, self.redraws = view, self.redraws + 1
         if self.mode == "text":
             print(text_line(view), file=self.out, flush=True)

@@ -97,3 +97,24 @@ def test_a_server_that_cannot_start_leaves_the_launch_to_a_cold_agent(tmp_path, 
         assert run.status["state"] == "finished" and start["warm_agent"] is False
     # the server that could not start is kept, marked unusable: the second launch did not start another
     assert sum(1 for k in warm._SERVERS if dict(k[2]).get("WARM_AGENT_TEST") == str(tmp_path)) == 1
+
+
+def test_ranks_are_forked_by_a_zygote_that_has_one_thread_and_dies_with_the_agent(tmp_path):
+    """Forking from a process with threads copies any lock another thread holds, held for good; the zygote is forked
+    from the agent before its first thread and starts none, and every rank is its child."""
+    h = dtlab.launch(dtlab.tiny(out=str(tmp_path / "z"), nproc=3, steps=100000, timeout_s=120.0))
+    ranks = _live_ranks(h, 3)
+    zygotes = {_ppid(p) for p in ranks}
+    assert len(zygotes) == 1
+    zygote = zygotes.pop()
+    assert _ppid(zygote) == h.proc.pid and not is_rank_of(zygote, h.run_dir)  # the agent's child, not a rank
+    assert len(os.listdir(f"/proc/{zygote}/task")) == 1  # one thread, while the agent has several
+    assert len(os.listdir(f"/proc/{h.proc.pid}/task")) > 1
+    with open(tmp_path / "z" / "logs" / "torchrun.log") as f:
+        assert f"ranks are forked by the zygote (pid {zygote}), forked from this agent with 1 thread(s)" in f.read()
+    os.kill(h.proc.pid, signal.SIGKILL)  # the agent killed outright: the zygote, then its ranks, die with it
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in [zygote, *ranks]):
+        assert time.monotonic() < deadline, [p for p in [zygote, *ranks] if _alive(p)]
+        time.sleep(0.05)
+    h.stop(grace_s=5.0)

@@ -14,8 +14,8 @@ import sys
 from dtlab.launching.warmserver import set_cmdline
 ok = set_cmdline([sys.executable, "-c", "dtlab warm agent", "7", "/runs/r1", "-m", "dtlab.rank.worker", "/runs/r1"])
 too_long = set_cmdline(["x" * 100000])
-with open("/proc/self/cmdline", "rb") as f:
-    print(ok, too_long, f.read().rstrip(b"\\0").split(b"\\0"))
+import psutil
+print(ok, too_long, [a.encode() for a in psutil.Process().cmdline() if a])
 """
 
 

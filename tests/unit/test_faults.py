@@ -80,3 +80,16 @@ def test_a_failure_after_a_baseline_step_names_the_training_step_it_followed():
     assert progress_of(ev) == "after step 1 and its baseline step 6"
     assert progress_of(ev[:1]) == "after step 1"
     assert progress_of([{"kind": "baseline_step", "step": 6}]) == "after baseline step 6"  # unpaired (older runs)
+
+
+def test_a_tiny_run_silent_before_its_first_step_is_a_stall_long_before_its_timeout():
+    from dtlab.launching.handle import TINY_STARTUP_S, Handle
+    from dtlab.launching.watchdog import STARTUP_ALLOWANCE_S
+
+    h = Handle.__new__(Handle)  # the watchdog's rule alone, no launch
+    h.stall_s, h._feeds, h.startup_s = None, [], TINY_STARTUP_S
+    assert h.stall_threshold(stepping=False) == TINY_STARTUP_S < dtlab.tiny().timeout_s
+    h.stall_s = 200.0  # a longer stall_s still wins
+    assert h.stall_threshold(stepping=False) == 200.0 and h.stall_threshold(stepping=True) == 200.0
+    h.stall_s, h.startup_s = None, None  # another model: imports, a download, DeepSpeed's setup
+    assert h.stall_threshold(stepping=False) == STARTUP_ALLOWANCE_S

@@ -1,0 +1,195 @@
+"""Launch stress: every strategy at 2 to 4 ranks, launched again and again from several processes at once (as
+notebooks on one node do), with a CPU hog beside them. Counts launches and hangs, and the time from the launch call
+to the first step.
+
+Each worker is its own Python process (a notebook kernel's stand-in, with its own warm agent server) running
+launches of the tiny model one after another, the strategy and rank count drawn from a seeded list. A launch's
+first-step latency is the wall time from the `dtlab.launch` call until every rank's event file holds a step (the
+launcher's view, polled every 20 ms). A launch whose ranks have not all stepped within `--hang-s` seconds is a hang:
+every live rank is asked for its Python stacks (SIGUSR1: faulthandler writes them into its log), the run directory
+is copied to OUT/hangs/ with every thread's native stack of the agent and each rank (gdb, where installed), and the
+run is stopped. A launch that fails otherwise is counted apart with its error.
+
+The hog is one process spinning on the CPU at nice 10 (a student's busy notebook), for the whole stress.
+Not a test: it prints the figures docs/benchmarks.md quotes, and writes every launch as one JSON line to
+OUT/launches.jsonl.
+
+    python benchmarks/launch_stress.py --workers 2 --minutes 30 --out /tmp/stress
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+SHAPES = [(s, n, {}) for s in ("ddp", "ps", "zero3", "fsdp2", "tp", "pp", "async") for n in (2, 3, 4)]
+SHAPES += [("tp", 4, {"dp_degree": 2}), ("pp", 4, {"dp_degree": 2})]  # the tiny model has 2 layers and 2 heads
+
+
+def _all_stepped(run_dir: str, nproc: int) -> bool:
+    for r in range(nproc):
+        path = os.path.join(run_dir, "events", f"rank{r}.jsonl")
+        try:
+            with open(path, "rb") as f:
+                text = f.read()
+        except OSError:
+            return False
+        if b'"kind": "step"' not in text and b'"kind": "update"' not in text and b'"kind": "baseline_step"' not in text:
+            return False
+    return True
+
+
+def _configs(seed: int):
+    """Valid (strategy, nproc) configs in a seeded order, forever."""
+    import dtlab
+
+    valid = []
+    for strategy, nproc, extra in SHAPES:
+        try:
+            dtlab.tiny(strategy=strategy, nproc=nproc, steps=2, **extra).validate()
+        except ValueError:
+            continue
+        valid.append((strategy, nproc, extra))
+    rng = random.Random(seed)
+    while True:
+        yield rng.choice(valid)
+
+
+def worker(index: int, out: str, deadline: float, hang_s: float, seed: int) -> None:
+    """One worker process: launch until the deadline, one JSON line per launch on stdout."""
+    import dtlab
+    from dtlab.results.status import RunFailed
+
+    runs = os.path.join(out, "runs", f"w{index}")
+    os.makedirs(runs, exist_ok=True)
+    for n, (strategy, nproc, extra) in enumerate(_configs(seed * 1000 + index)):
+        if time.time() > deadline:
+            return
+        cfg = dtlab.tiny(strategy=strategy, nproc=nproc, steps=2, timeout_s=hang_s + 120, out=f"{runs}/{n}", **extra)
+        rec = {"worker": index, "n": n, "strategy": strategy, "nproc": nproc, "t": time.time()}
+        t0 = time.monotonic()
+        h = dtlab.launch(cfg)
+        while not _all_stepped(h.run_dir, nproc) and h.status() == "running":
+            if time.monotonic() - t0 > hang_s:
+                break
+            time.sleep(0.02)
+        stepped = _all_stepped(h.run_dir, nproc)
+        rec["first_step_s"] = time.monotonic() - t0 if stepped else None
+        if not stepped and h.status() == "running":  # a hang before the first step
+            pids = h.live_rank_pids()
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+            time.sleep(3)
+            dest = os.path.join(out, "hangs", f"w{index}-{n}-{strategy}-{nproc}")
+            shutil.copytree(h.run_dir, dest, dirs_exist_ok=True)
+            for pid in [h.proc.pid, *pids]:  # native stacks too, where gdb is installed: the lock a thread waits on
+                _native_stacks(pid, os.path.join(dest, f"native-{pid}.txt"))
+            rec.update(hang=True, live_ranks=pids, saved=dest)
+            h.stop(grace_s=5)
+        else:
+            try:
+                h.wait(progress=False)
+                rec["state"] = "finished"
+            except RunFailed as e:
+                rec.update(state=e.state, error=str(e)[:500])
+            shutil.rmtree(h.run_dir, ignore_errors=True)
+        print(json.dumps(rec), flush=True)
+
+
+def _native_stacks(pid: int, path: str) -> None:
+    """Every thread's native stack of `pid` (gdb -batch), written to `path`; nothing where gdb is missing."""
+    if shutil.which("gdb") is None:
+        return
+    try:
+        cp = subprocess.run(
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        text = cp.stdout + cp.stderr
+    except subprocess.TimeoutExpired:
+        text = "gdb did not answer within 120 s"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _hog() -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", "import os\nos.nice(10)\nwhile True: pass"], stdout=subprocess.DEVNULL
+    )
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def summary(path: str) -> dict:
+    """Counts and first-step latencies (median, 95th percentile, s) of OUT/launches.jsonl, overall and by strategy."""
+    recs = [json.loads(line) for line in open(path) if line.strip()]
+    lat = [r["first_step_s"] for r in recs if r.get("first_step_s") is not None]
+    by = {}
+    for s in sorted({r["strategy"] for r in recs}):
+        xs = [r["first_step_s"] for r in recs if r["strategy"] == s and r.get("first_step_s") is not None]
+        by[s] = {"launches": sum(r["strategy"] == s for r in recs), "median_s": statistics.median(xs) if xs else None}
+    return {
+        "launches": len(recs),
+        "hangs": sum(bool(r.get("hang")) for r in recs),
+        "failed": sum(r.get("state") not in (None, "finished") for r in recs),
+        "first_step_median_s": statistics.median(lat) if lat else None,
+        "first_step_p95_s": _pct(lat, 0.95) if lat else None,
+        "by_strategy": by,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=2, help="launching processes at once")
+    ap.add_argument("--minutes", type=float, default=30.0, help="how long to keep launching")
+    ap.add_argument("--hang-s", type=float, default=120.0, help="no first step by then = a hang (s)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-hog", action="store_true", help="no CPU hog beside the launches")
+    ap.add_argument("--out", required=True, help="folder for launches.jsonl, hangs/ and runs/")
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--summary", action="store_true", help="only summarise OUT/launches.jsonl")
+    a = ap.parse_args()
+    if a.worker is not None:
+        worker(a.worker, a.out, a.deadline, a.hang_s, a.seed)
+        return
+    log = os.path.join(a.out, "launches.jsonl")
+    if a.summary:
+        print(json.dumps(summary(log), indent=2))
+        return
+    os.makedirs(a.out, exist_ok=True)
+    deadline = time.time() + a.minutes * 60
+    hog = None if a.no_hog else _hog()
+    cmd = [sys.executable, __file__, "--out", a.out, "--deadline", str(deadline), "--hang-s", str(a.hang_s)]
+    try:
+        with open(log, "a") as f:
+            procs = [
+                subprocess.Popen(cmd + ["--worker", str(i), "--seed", str(a.seed)], stdout=f) for i in range(a.workers)
+            ]
+            for p in procs:
+                p.wait()
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    print(json.dumps(summary(log), indent=2))
+
+
+if __name__ == "__main__":
+    main()
