@@ -14,6 +14,7 @@ import ast
 import contextlib
 import inspect
 import io
+import logging
 import os
 import textwrap
 import time
@@ -114,16 +115,33 @@ def launch_check(kind: str, fn, nproc: int, params: dict, out, timeout_s: float,
         unit="check",
         stall_s=stall_s,
     )
-    said = io.StringIO()
-    try:  # a progress bar draws on stderr: keep it there
+    said, logged = io.StringIO(), _Notes()
+    # the launcher's notes come through logging.getLogger("dtlab") (whoever handles it: our console printer, or the
+    # program's own logging) and anything else on stderr; a progress bar draws on stderr: keep it there
+    logging.getLogger("dtlab").addHandler(logged)
+    try:
         with contextlib.redirect_stderr(said) if not progress else contextlib.nullcontext():
-            return handle.wait(progress=progress), None, out, _notes(said)
+            return handle.wait(progress=progress), None, out, _notes(said, logged)
     except RunFailed as e:
-        return e.run or {}, e, out, _notes(said)
+        return e.run or {}, e, out, _notes(said, logged)
+    finally:
+        logging.getLogger("dtlab").removeHandler(logged)
 
 
-def _notes(said: io.StringIO) -> list:
-    return [" ".join(line.split()) for line in said.getvalue().splitlines() if line.strip()]
+class _Notes(logging.Handler):
+    """Keeps the warnings dtlab's launcher logs while an exercise's check waits."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _notes(said: io.StringIO, logged: _Notes) -> list:
+    lines = [" ".join(line.split()) for line in logged.lines + said.getvalue().splitlines() if line.strip()]
+    return list(dict.fromkeys(lines))  # a logged warning the console printer also wrote to stderr: once
 
 
 def _events(run_dir: str) -> dict:

@@ -25,7 +25,7 @@ def test_a_watched_run_prints_lines_then_its_breakdown(tmp_path, capsys):
     assert lines, out
     last = lines[-1]
     assert "8 steps of 8" in last and last.endswith("finished"), last
-    assert "T_step" in last and " ms (slowest rank)" in last and "% of T_step" in last
+    assert "T_step" in last and " ms (slowest rank, median of steps" in last and "% of T_step" in last
     assert "GB/s (no calibration)" in last and "exposed" in last  # 2 no-op baseline steps were paired
     breakdown = out.split(last, 1)[1]
     assert "T_step" in breakdown and "T_comm" in breakdown and "overlap" in breakdown  # run.summary()'s table
