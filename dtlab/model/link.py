@@ -130,7 +130,7 @@ class Link:
         stretch, s_how = stretch_from_profile(profile)
         st = ((profile.meta or {}).get("load") or {}).get("stretch") or {}
         meta = profile.meta or {}
-        where = meta.get("source") or meta.get("host") or "a calibration"
+        where = _where(meta.get("source")) or meta.get("host") or "a calibration"
         return cls(
             alpha=max(0.0, float(fit.alpha)),
             beta=float(fit.beta),
@@ -232,12 +232,50 @@ class TwoLevelLink:
         return self.replace(intra=a[0], inter=b[0]), self.replace(intra=a[1], inter=b[1])
 
     @classmethod
+    def from_node_counts(cls, one_node, nodes, op: str = "all_reduce") -> TwoLevelLink:
+        """Nodes of a real system from two outputs of the same collective (nccl-tests, or any Profile): `one_node`
+        timed inside one node, `nodes` timed on whole nodes of as many ranks each. Inside a node: `one_node`'s fit.
+        Across nodes: one ring over all ranks ('flat'), each step as slow as its slowest edge, the network edge
+        priced by `nodes`' own ring fit (alpha per step, beta per byte of the n/p a step moves), so at the rank
+        count `nodes` timed it gives that output's fit back; at other node counts it extrapolates."""
+        counts = []
+        for name, prof in (("one_node", one_node), ("nodes", nodes)):
+            meta = getattr(prof, "meta", None)
+            if meta is None or not getattr(prof, "fits", None):
+                raise ValueError(f"{name} must be a dtlab Profile (dtlab.public_nccl_tests, dtlab.load_nccl_tests)")
+            counts.append((int(meta.get("nnodes") or 1), int(meta.get("world_size") or 0)))
+        (n1, p1), (n2, p2) = counts
+        if n1 != 1 or p1 < 1:
+            raise ValueError(f"one_node must be timed on one node with its rank count known, got {n1} node(s)")
+        if n2 < 2 or p2 != n2 * p1:
+            raise ValueError(
+                f"nodes must be timed on 2 or more nodes of {p1} ranks each (one_node's count), "
+                f"got {p2} rank(s) on {n2} node(s)"
+            )
+        return cls(
+            intra=Link.from_profile(one_node, op),
+            inter=Link.from_profile(nodes, op),
+            gpus_per_node=p1,
+            algorithm="flat",
+        )
+
+    @classmethod
     def from_profiles(cls, intra, inter, gpus_per_node: int, op: str = "all_reduce", **kw) -> TwoLevelLink:
         """A TwoLevelLink from a profile measured inside a node and one across nodes (one rank per node), each
         through :meth:`Link.from_profile`; `kw`: algorithm, nics_per_node."""
         return cls(
             intra=Link.from_profile(intra, op), inter=Link.from_profile(inter, op), gpus_per_node=gpus_per_node, **kw
         )
+
+
+def _where(source) -> str | None:
+    """A profile's source in words: a string as is; a loaded nccl-tests output (a dict) as its system's name and
+    posted source URL, or its file."""
+    if not isinstance(source, dict):
+        return source or None
+    system = source.get("system") or {}
+    name = system.get("name") or source.get("file") or "an nccl-tests output"
+    return f"{name} (nccl-tests output, {system['source']})" if system.get("source") else f"{name} (nccl-tests output)"
 
 
 def as_link(value, op: str = "all_reduce") -> Link | TwoLevelLink:

@@ -224,3 +224,34 @@ def test_whatif_table_is_the_runs_whatif_at_each_setting():
         assert (row.t_step, row.t_comp, row.exposed) == (w.t_step, w.t_comp, w.exposed)
         assert row.t_step_lo <= row.t_step <= row.t_step_hi
     assert any(u.startswith("compute:") for u in df.attrs["used"]) and "fitted intervals" in df.attrs["band"]
+
+
+def test_a_run_priced_on_a_shipped_8_gpu_box_and_two_such_nodes():
+    """The lab's path: the run's compute, one 8-GPU NVSwitch box's all-reduce (a shipped nccl-tests output), then
+    two such nodes over the network (the shipped 2-node output), each fitted over DDP's bucket sizes."""
+    sizes = dict(min_bytes=4 * MIB, max_bytes=128 * MIB)
+    box = dtlab.public_nccl_tests("aws-p5-1x8-h100-nvswitch", **sizes)
+    pair = dtlab.public_nccl_tests("aws-p5-2x8-h100-efa", **sizes)
+    link = TwoLevelLink.from_node_counts(box, pair)
+    assert link.gpus_per_node == 8 and link.algorithm == "flat"
+    # at the rank count the 2-node output timed, the link gives that output's own fit back
+    assert link.time("all_reduce", 25 * MIB, 16) == pytest.approx(
+        Link.from_profile(pair).time("all_reduce", 25 * MIB, 16)
+    )
+    assert link.time("all_reduce", 25 * MIB, 8) == pytest.approx(Link.from_profile(box).time("all_reduce", 25 * MIB, 8))
+    run = fake_run()
+    one = run.whatif(link, nproc=8, nodes=1, bucket_mb=25.0)
+    two = run.whatif(link, nproc=8, nodes=2, bucket_mb=25.0)
+    assert (one.setting["ranks"], two.setting["ranks"]) == (8, 16)
+    assert two.t_comm > one.t_comm > 0  # the network is the slower level
+    assert two.t_comp == pytest.approx(one.t_comp)  # a device per rank: compute does not change with the count
+    for w in (one, two):
+        assert w.lo["t_comm"] <= w.t_comm <= w.hi["t_comm"]  # both outputs' fits have intervals: a band
+        assert any("shared CPU cores" in n for n in w.not_used) and any("measured wait" in n for n in w.not_used)
+    text = "\n".join(two.used)
+    assert "aws-p5-2x8-h100-efa (nccl-tests output, https://github.com/aws-samples/" in text
+    assert "4,194,304..134,217,728 B" in text  # the sizes the fit saw
+    with pytest.raises(ValueError, match="one_node must be timed on one node"):
+        TwoLevelLink.from_node_counts(pair, box)
+    with pytest.raises(ValueError, match="nodes must be timed on 2 or more nodes of 4 ranks"):
+        TwoLevelLink.from_node_counts(dtlab.public_nccl_tests("sheffield-a100-sxm4-1x4"), pair)
