@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dtlab.config.convergence import eval_due, eval_samples_for
+from dtlab.config.convergence import eval_due
 from dtlab.rank.data import load_heldout
 
 EVAL_BATCH = 256
@@ -52,14 +52,18 @@ class TrainClock:
 class Evaluator:
     """Evaluates on one rank; on the others `active` is False and `run` does nothing but return."""
 
-    def __init__(self, cfg, tokenizer, train_source: str, device, active: bool):
-        self.every, self.total, self.active = cfg.evaluation.every, cfg.steps, active and cfg.evaluation.every > 0
+    def __init__(
+        self, evaluation, tokenizer, train_source: str, device, active: bool, *, total_steps, seq_len: int, samples
+    ):
+        """`evaluation`: the run's evaluation group (`every`); `total_steps`: the run's optimizer steps (the last
+        evaluation follows the last one); `samples`: held-out sentences per evaluation, as the caller settled them
+        (dtlab.config.convergence.eval_samples_for; None: all)."""
+        self.every, self.total, self.active = evaluation.every, total_steps, active and evaluation.every > 0
         self.facts: dict = {}
         if not self.active:
             return
-        n = eval_samples_for(cfg, device.type)
-        sents, labels, src = load_heldout(train_source, n)
-        enc = tokenizer(sents, padding="max_length", truncation=True, max_length=cfg.seq_len, return_tensors="pt")
+        sents, labels, src = load_heldout(train_source, samples)
+        enc = tokenizer(sents, padding="max_length", truncation=True, max_length=seq_len, return_tensors="pt")
         self.ids, self.mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         self.labels = torch.tensor(labels, dtype=torch.long, device=device)
         self.facts = {
@@ -67,7 +71,7 @@ class Evaluator:
                 "source": src,
                 "sentences": len(sents),
                 "positive": sum(labels) / len(labels),
-                "every": cfg.evaluation.every,
+                "every": evaluation.every,
                 "batch": EVAL_BATCH,
             }
         }

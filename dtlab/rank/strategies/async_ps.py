@@ -35,6 +35,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from dtlab.config.convergence import eval_samples_for
 from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
 from dtlab.rank.evaluation import Evaluator, TrainClock
@@ -107,7 +108,16 @@ class AsyncServer(_AsyncRank):
         """The replica, the evaluator, and the facts rank 0 records."""
         setup = super().setup()
         cfg = self.ctx.cfg
-        self.evaluator = Evaluator(cfg, self.tokenizer, self.facts["data_source"], self.device, active=True)
+        self.evaluator = Evaluator(
+            cfg.evaluation,
+            self.tokenizer,
+            self.facts["data_source"],
+            self.device,
+            active=True,
+            total_steps=cfg.steps,
+            seq_len=cfg.seq_len,
+            samples=eval_samples_for(cfg, self.device.type),
+        )
         setup.resolved = {
             **self.facts,
             **self.evaluator.facts,

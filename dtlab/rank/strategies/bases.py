@@ -29,6 +29,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from dtlab.config.convergence import eval_samples_for
 from dtlab.config.parallel import layout
 from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
@@ -92,7 +93,16 @@ class DataParallel(Strategy):
         self.register_hook()
         self.optim = Optimizer(rep.lr, self.ddp.parameters(), cfg.optimizer_impl)  # AdamW, lr scaled, warmed up
         self.opt = self.optim.opt
-        self.evaluator = Evaluator(cfg, rep.tokenizer, rep.facts["data_source"], device, active=rank == 0)
+        self.evaluator = Evaluator(
+            cfg.evaluation,
+            rep.tokenizer,
+            rep.facts["data_source"],
+            device,
+            active=rank == 0,
+            total_steps=cfg.steps,
+            seq_len=cfg.seq_len,
+            samples=eval_samples_for(cfg, device.type),
+        )
         facts = {
             **rep.facts,
             "straggler": self.straggler.plan,
