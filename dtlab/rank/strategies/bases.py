@@ -118,7 +118,9 @@ class DataParallel(Strategy):
     def start(self) -> int:
         """Resume from a checkpoint when a group was restarted, evaluate before the first step; the first step."""
         ctx = self.ctx
-        self.ckpt = Checkpointer(ctx.cfg, ctx.run_dir, ctx.rank, ctx.world, self.device, ctx.writer)
+        self.ckpt = Checkpointer(
+            ctx.cfg.restarts, ctx.cfg.steps, ctx.run_dir, ctx.rank, ctx.world, self.device, ctx.writer
+        )
         first = self.ckpt.resume(self.ddp, self.opt)  # 0, or where a group restarted by torchrun goes on
         self.optim.resume_at(first)
         if first == 0:
