@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dtlab.config.convergence import LrPlan
+from dtlab.config.convergence import LrPlan, eval_samples_for
 from dtlab.config.run import RunConfig
 from dtlab.rank.data import apply_dropout, build_model, load_sentences
 from dtlab.rank.lifecycle import setup_distributed
@@ -54,6 +54,7 @@ class Replica:
     every_shard: list | None
     facts: dict
     lr: LrPlan
+    eval_samples: int | None  # held-out sentences per evaluation (None: all), settled with the learning rate
 
 
 def build_replica(
@@ -72,6 +73,7 @@ def build_replica(
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
     lr = settle_lr(cfg, built)  # explicit, or the default for these weights; scaled and warmed up (config.convergence)
+    eval_samples = eval_samples_for(cfg, device.type)
     apply_dropout(built.model, cfg.dropout)
     # training steps only: a baseline step reuses the batch of the training step it is paired with, so the data (and
     # the losses) of a run do not depend on how many baseline steps it has
@@ -92,4 +94,4 @@ def build_replica(
         "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
     }
     every = [made[s] for s in range(shards)] if every_shard else None
-    return Replica(device, backend, built.model, built.tokenizer, made.get(shard, []), every, facts, lr)
+    return Replica(device, backend, built.model, built.tokenizer, made.get(shard, []), every, facts, lr, eval_samples)

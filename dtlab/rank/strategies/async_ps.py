@@ -35,7 +35,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from dtlab.config.convergence import eval_samples_for
 from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
 from dtlab.rank.evaluation import Evaluator, TrainClock
@@ -86,7 +85,7 @@ class _AsyncRank(Strategy):
         self.group = dist.new_group(backend="gloo") if rep.backend != "gloo" else None  # host messages, any source
         self.model = rep.model.to(rep.device)
         self.model.train()
-        self.tokenizer, self.lr = rep.tokenizer, rep.lr
+        self.tokenizer, self.lr, self.eval_samples = rep.tokenizer, rep.lr, rep.eval_samples
         return Setup(rep.device, rep.backend, self.facts, self.facts)
 
     def memory(self, final: bool) -> dict | None:
@@ -116,7 +115,7 @@ class AsyncServer(_AsyncRank):
             active=True,
             total_steps=cfg.steps,
             seq_len=cfg.seq_len,
-            samples=eval_samples_for(cfg, self.device.type),
+            samples=self.eval_samples,
         )
         setup.resolved = {
             **self.facts,

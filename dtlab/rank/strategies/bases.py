@@ -29,7 +29,6 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from dtlab.config.convergence import eval_samples_for
 from dtlab.config.parallel import layout
 from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
@@ -101,7 +100,7 @@ class DataParallel(Strategy):
             active=rank == 0,
             total_steps=cfg.steps,
             seq_len=cfg.seq_len,
-            samples=eval_samples_for(cfg, device.type),
+            samples=rep.eval_samples,
         )
         facts = {
             **rep.facts,
