@@ -72,7 +72,13 @@ class DataParallel(Strategy):
         """Build the replica, wrap it, the recorder, optimizer and evaluator; the facts rank 0 records."""
         cfg, rank, world = self.ctx.cfg, self.ctx.rank, self.ctx.world
         rep = build_replica(
-            cfg, rank, world, shards=world, shard=rank, nccl_timing=bool(cfg.record and self.nccl_timing)
+            cfg,
+            rank,
+            world,
+            shards=world,
+            shard=rank,
+            nccl_timing=bool(cfg.record and self.nccl_timing),
+            heldout=rank == 0 and cfg.evaluation.every > 0,
         )
         device, backend = rep.device, rep.backend
         self.device, self.batches = device, rep.batches
@@ -95,12 +101,11 @@ class DataParallel(Strategy):
         self.evaluator = Evaluator(
             cfg.evaluation,
             rep.tokenizer,
-            rep.facts["data_source"],
+            rep.heldout,
             device,
             active=rank == 0,
             total_steps=cfg.steps,
             seq_len=cfg.seq_len,
-            samples=rep.eval_samples,
         )
         facts = {
             **rep.facts,
