@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dtlab.config.convergence import LrPlan
+from dtlab.config.convergence import LrPlan, eval_samples_for
 from dtlab.config.run import RunConfig
-from dtlab.rank.data import apply_dropout, build_model, load_sentences
+from dtlab.rank.data import apply_dropout, build_model, load_heldout, load_sentences
 from dtlab.rank.lifecycle import setup_distributed
 from dtlab.rank.optim import settle_lr
 
@@ -54,6 +54,7 @@ class Replica:
     every_shard: list | None
     facts: dict
     lr: LrPlan
+    heldout: tuple | None  # (sentences, labels, source) of the held-out split an evaluating rank uses, else None
 
 
 def build_replica(
@@ -64,20 +65,25 @@ def build_replica(
     shard: int | None,
     every_shard: bool = False,
     nccl_timing: bool = False,
+    heldout: bool = False,
 ) -> Replica:
     """Process group, model, learning rate, dropout and the batches of share `shard` of `shards` (None: no batches,
     for a rank that trains on none). `every_shard`: also every share's batches (the reference trains on the global
-    batch). `nccl_timing`: switch on NCCL's own per-collective timing, for a run that reads it."""
+    batch). `nccl_timing`: switch on NCCL's own per-collective timing, for a run that reads it. `heldout`: also load the
+    held-out split that goes with the data (as many sentences as config.convergence.eval_samples_for settles), for
+    the rank that evaluates."""
     device, backend = setup_distributed(cfg, rank, world, nccl_timing=nccl_timing)
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
     lr = settle_lr(cfg, built)  # explicit, or the default for these weights; scaled and warmed up (config.convergence)
+    eval_samples = eval_samples_for(cfg, device.type)  # held-out sentences per evaluation (None: all)
     apply_dropout(built.model, cfg.dropout)
     # training steps only: a baseline step reuses the batch of the training step it is paired with, so the data (and
     # the losses) of a run do not depend on how many baseline steps it has
     sentences, labels, data_src = load_sentences(
         cfg.data, cfg.steps * cfg.ddp.accumulate * cfg.batch_size * shards, cfg.seed
     )
+    held = load_heldout(data_src, eval_samples) if heldout else None
     wanted = range(shards) if every_shard else [] if shard is None else [shard]
     made = {s: make_batches(cfg, built.tokenizer, sentences, labels, s, shards, device) for s in wanted}
     params = list(built.model.parameters())
@@ -92,4 +98,4 @@ def build_replica(
         "param_nbytes": [p.numel() * p.element_size() for p in params if p.requires_grad],
     }
     every = [made[s] for s in range(shards)] if every_shard else None
-    return Replica(device, backend, built.model, built.tokenizer, made.get(shard, []), every, facts, lr)
+    return Replica(device, backend, built.model, built.tokenizer, made.get(shard, []), every, facts, lr, held)

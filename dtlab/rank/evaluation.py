@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dtlab.config.convergence import eval_due, eval_samples_for
-from dtlab.rank.data import load_heldout
+from dtlab.config.convergence import eval_due
 
 EVAL_BATCH = 256
 
@@ -52,14 +51,18 @@ class TrainClock:
 class Evaluator:
     """Evaluates on one rank; on the others `active` is False and `run` does nothing but return."""
 
-    def __init__(self, cfg, tokenizer, train_source: str, device, active: bool):
-        self.every, self.total, self.active = cfg.evaluation.every, cfg.steps, active and cfg.evaluation.every > 0
+    def __init__(self, evaluation, tokenizer, heldout, device, active: bool, *, total_steps: int, seq_len: int):
+        """`evaluation`: the run's evaluation group (`every`); `heldout`: (sentences, labels, source) of the held-out
+        split (dtlab.rank.build.build_replica loads it; None on a rank that does not evaluate); `total_steps`: the
+        run's optimizer steps (the last evaluation follows the last one)."""
+        self.every, self.total, self.active = evaluation.every, total_steps, active and evaluation.every > 0
         self.facts: dict = {}
         if not self.active:
             return
-        n = eval_samples_for(cfg, device.type)
-        sents, labels, src = load_heldout(train_source, n)
-        enc = tokenizer(sents, padding="max_length", truncation=True, max_length=cfg.seq_len, return_tensors="pt")
+        if heldout is None:
+            raise ValueError("heldout: the evaluating rank needs the held-out split (build_replica(heldout=True))")
+        sents, labels, src = heldout
+        enc = tokenizer(sents, padding="max_length", truncation=True, max_length=seq_len, return_tensors="pt")
         self.ids, self.mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         self.labels = torch.tensor(labels, dtype=torch.long, device=device)
         self.facts = {
@@ -67,7 +70,7 @@ class Evaluator:
                 "source": src,
                 "sentences": len(sents),
                 "positive": sum(labels) / len(labels),
-                "every": cfg.evaluation.every,
+                "every": evaluation.every,
                 "batch": EVAL_BATCH,
             }
         }

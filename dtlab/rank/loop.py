@@ -228,7 +228,7 @@ def run(strategy: Strategy) -> None:
     loop = Loop(strategy, setup.device)
     loop.snapshot("start")
     order = strategy.order(first)
-    profiler = StepProfiler(ctx.cfg, ctx.run_dir, ctx.rank, setup.device, order)
+    profiler = StepProfiler(ctx.cfg.ddp.profile, ctx.cfg.warmup, ctx.run_dir, ctx.rank, setup.device, order)
     for step, paired in order:
         profiler.begin(step, paired)  # cfg.ddp.profile: one ProfilerStep per step (dtlab.rank.profiling)
         if strategy.inject_faults:

@@ -20,15 +20,17 @@ import torch.profiler as tp
 
 class StepProfiler:
     """Wraps torch.profiler for a rank's step loop: `begin(step, paired)` at the top of every iteration,
-    `finish()` after the loop. Does nothing when `cfg.ddp.profile` is False."""
+    `finish()` after the loop. Does nothing when `profile` is False."""
 
-    def __init__(self, cfg, run_dir: str, rank: int, device, order):
-        self.active = bool(cfg.ddp.profile)
+    def __init__(self, profile: bool, warmup: int, run_dir: str, rank: int, device, order):
+        """`profile`: record at all (the run's `profile`); `warmup`: the run's warm-up steps, which are not
+        recorded; `order`: the loop's (step, paired) iterations (dtlab.config.baseline.run_order)."""
+        self.active = bool(profile)
         self.i = 0
         if not self.active:
             return
         order = list(order)
-        measured = [i for i, (step, paired) in enumerate(order) if paired is None and step >= cfg.warmup]
+        measured = [i for i, (step, paired) in enumerate(order) if paired is None and step >= warmup]
         first = measured[0] if measured else 0
         self.folder = os.path.join(run_dir, "profiler")
         os.makedirs(self.folder, exist_ok=True)

@@ -58,11 +58,13 @@ def _retire(path: str) -> None:
 
 
 class Checkpointer:
-    """Saves every `cfg.restarts.checkpoint_every` training steps, and resumes a restarted rank from the newest
+    """Saves every `restarts.checkpoint_every` training steps, and resumes a restarted rank from the newest
     checkpoint."""
 
-    def __init__(self, cfg, run_dir: str, rank: int, world: int, device, writer):
-        self.every, self.steps = cfg.restarts.checkpoint_every, cfg.steps
+    def __init__(self, restarts, total_steps: int, run_dir: str, rank: int, world: int, device, writer):
+        """`restarts`: the run's restarts group (`checkpoint_every`; 0: never); `total_steps`: its training steps
+        (no checkpoint after the last)."""
+        self.every, self.steps = restarts.checkpoint_every, total_steps
         self.root = os.path.join(run_dir, "checkpoints")
         self.rank, self.world, self.device, self.writer = rank, world, device, writer
         self.attempt = current_attempt()

@@ -165,7 +165,7 @@ def build(seed):
     return model, torch.optim.AdamW(model.parameters(), lr=0.1)
 
 model, opt = build(0)
-ck = Checkpointer(cfg, tmp, 0, 1, torch.device("cpu"), writer)
+ck = Checkpointer(cfg.restarts, cfg.steps, tmp, 0, 1, torch.device("cpu"), writer)
 for step in range(cfg.steps):
     model(torch.ones(2, 4)).sum().backward()
     opt.step()
@@ -180,7 +180,7 @@ os.makedirs(f"{tmp}/checkpoints/.tmp-step-9-a0")  # a save the killed attempt le
 os.environ["TORCHELASTIC_RESTART_COUNT"] = "1"
 model2, opt2 = build(1)  # other weights, empty optimizer, other RNG state
 writer2 = EventWriter(f"{tmp}/events.jsonl", attempt=1)
-first = Checkpointer(cfg, tmp, 0, 1, torch.device("cpu"), writer2).resume(model2, opt2)
+first = Checkpointer(cfg.restarts, cfg.steps, tmp, 0, 1, torch.device("cpu"), writer2).resume(model2, opt2)
 print(json.dumps({"after": sorted(after), "left": sorted(os.listdir(f"{tmp}/checkpoints")), "first": first,
                   "params": all(torch.equal(a, b) for a, b in zip(params, model2.parameters())),
                   "moments": all(torch.equal(a, opt2.state[p]["exp_avg_sq"])

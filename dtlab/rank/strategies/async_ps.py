@@ -73,7 +73,14 @@ class _AsyncRank(Strategy):
         """Build the replica (the global batch cut into one share per worker) and the message group."""
         cfg, rank, world = self.ctx.cfg, self.ctx.rank, self.ctx.world
         workers = world - 1  # the global batch is cut into one share per worker; the server reads none
-        rep = build_replica(cfg, rank, world, shards=workers, shard=rank - 1 if rank else None)
+        rep = build_replica(
+            cfg,
+            rank,
+            world,
+            shards=workers,
+            shard=rank - 1 if rank else None,
+            heldout=rank == 0 and cfg.evaluation.every > 0,
+        )
         self.device, self.batches = rep.device, rep.batches
         nparams = rep.facts["num_parameters"]
         self.facts = {
@@ -85,7 +92,7 @@ class _AsyncRank(Strategy):
         self.group = dist.new_group(backend="gloo") if rep.backend != "gloo" else None  # host messages, any source
         self.model = rep.model.to(rep.device)
         self.model.train()
-        self.tokenizer, self.lr = rep.tokenizer, rep.lr
+        self.tokenizer, self.lr, self.heldout = rep.tokenizer, rep.lr, rep.heldout
         return Setup(rep.device, rep.backend, self.facts, self.facts)
 
     def memory(self, final: bool) -> dict | None:
@@ -107,7 +114,15 @@ class AsyncServer(_AsyncRank):
         """The replica, the evaluator, and the facts rank 0 records."""
         setup = super().setup()
         cfg = self.ctx.cfg
-        self.evaluator = Evaluator(cfg, self.tokenizer, self.facts["data_source"], self.device, active=True)
+        self.evaluator = Evaluator(
+            cfg.evaluation,
+            self.tokenizer,
+            self.heldout,
+            self.device,
+            active=True,
+            total_steps=cfg.steps,
+            seq_len=cfg.seq_len,
+        )
         setup.resolved = {
             **self.facts,
             **self.evaluator.facts,

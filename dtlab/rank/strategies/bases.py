@@ -72,7 +72,13 @@ class DataParallel(Strategy):
         """Build the replica, wrap it, the recorder, optimizer and evaluator; the facts rank 0 records."""
         cfg, rank, world = self.ctx.cfg, self.ctx.rank, self.ctx.world
         rep = build_replica(
-            cfg, rank, world, shards=world, shard=rank, nccl_timing=bool(cfg.record and self.nccl_timing)
+            cfg,
+            rank,
+            world,
+            shards=world,
+            shard=rank,
+            nccl_timing=bool(cfg.record and self.nccl_timing),
+            heldout=rank == 0 and cfg.evaluation.every > 0,
         )
         device, backend = rep.device, rep.backend
         self.device, self.batches = device, rep.batches
@@ -92,7 +98,15 @@ class DataParallel(Strategy):
         self.register_hook()
         self.optim = Optimizer(rep.lr, self.ddp.parameters(), cfg.optimizer_impl)  # AdamW, lr scaled, warmed up
         self.opt = self.optim.opt
-        self.evaluator = Evaluator(cfg, rep.tokenizer, rep.facts["data_source"], device, active=rank == 0)
+        self.evaluator = Evaluator(
+            cfg.evaluation,
+            rep.tokenizer,
+            rep.heldout,
+            device,
+            active=rank == 0,
+            total_steps=cfg.steps,
+            seq_len=cfg.seq_len,
+        )
         facts = {
             **rep.facts,
             "straggler": self.straggler.plan,
@@ -108,7 +122,9 @@ class DataParallel(Strategy):
     def start(self) -> int:
         """Resume from a checkpoint when a group was restarted, evaluate before the first step; the first step."""
         ctx = self.ctx
-        self.ckpt = Checkpointer(ctx.cfg, ctx.run_dir, ctx.rank, ctx.world, self.device, ctx.writer)
+        self.ckpt = Checkpointer(
+            ctx.cfg.restarts, ctx.cfg.steps, ctx.run_dir, ctx.rank, ctx.world, self.device, ctx.writer
+        )
         first = self.ckpt.resume(self.ddp, self.opt)  # 0, or where a group restarted by torchrun goes on
         self.optim.resume_at(first)
         if first == 0:
