@@ -18,7 +18,6 @@ from nbconvert import HTMLExporter
 
 LAB = "03_buckets_and_gpu_count.ipynb"
 PLOTLY = "application/vnd.plotly.v1+json"
-STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def _figure_outputs(nb) -> list[dict]:
@@ -63,21 +62,6 @@ def test_lab03_exported_to_html_without_widget_state_shows_every_figure(lab, tmp
     assert drawn >= expected, f"{drawn} figures drawn in the HTML for {expected} in the outputs"
     assert html.count("* plotly.js v") == 1, "plotly.js must be in the page once, inline (no network)"
     (tmp_path / "lab03.html").write_text(html)
-
-
-def test_lab03_with_widget_state_keeps_each_figures_html_in_the_state(lab):
-    state = lab.nb.metadata.get("widgets", {}).get(STATE, {}).get("state", {})
-    if not state:
-        pytest.skip("this run saved no widget state (JupyterLab without 'save widget state'): the test above covers it")
-    outputs = [
-        o
-        for model in state.values()
-        if model.get("model_name") == "OutputModel"
-        for o in model.get("state", {}).get("outputs", [])
-        if PLOTLY in o.get("data", {})
-    ]
-    assert outputs, "no figure inside the saved widgets"
-    assert all("text/html" in o["data"] and "Plotly.newPlot(" in o["data"]["text/html"] for o in outputs)
 
 
 def test_lab03_exported_html_draws_in_chromium_offline_and_prints_to_pdf(lab, tmp_path):
