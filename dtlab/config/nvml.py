@@ -137,7 +137,9 @@ def owner(pid: int) -> str:
     user's process on some systems, or one in another pid namespace)."""
     try:
         p = psutil.Process(pid)
-        cmd = " ".join(p.cmdline())[:80] or p.name()
+        argv = p.cmdline()
+        # the program's name, not its folder: a long interpreter path would push the script off the line
+        cmd = " ".join([os.path.basename(argv[0]), *argv[1:]] if argv else [])[:80] or p.name()
         return f"{p.username()}: {cmd} (pid {pid})"
     except (psutil.Error, OSError):
         return f"pid {pid}"
