@@ -10,7 +10,10 @@ nccl-tests interleaves them. What each version prints, all read here:
 - `-o avg` (redop `avg`), `-c 0` (`N/A` in the check column);
 - lines prefixed by the launcher: `[1,0]<stdout>:` (Open MPI's --tag-output), `0: ` (srun --label);
 - the device lines (`#  Rank  0 Group  0 Pid 6899 on HOST device  0 [0000:04:00] NVIDIA H100 80GB HBM3`):
-  GPU model, host per rank, rank count, nodes (distinct hosts);
+  GPU model, host per rank, rank count, nodes (distinct hosts); a listing cut short in the posting (`...`, or the
+  last rank alone) gives the rank count from its highest rank, and the node count only when `nodes=` is given;
+- a table whose runs of spaces were collapsed to one (a web page's text), and launcher messages between the lines
+  (`[host:pid] 15 more processes have sent help message ...`, skipped and counted);
 - the header (`nThread 1 nGpus 8 minBytes 8 maxBytes ... step: 2(factor)`), the version line (2.17+), the
   `Collective test starting: all_reduce_perf` line, and the footer (`# Out of bounds values`, `# Avg bus
   bandwidth`).
@@ -136,11 +139,16 @@ def parse_nccl_tests(path_or_text, op: str | None = None, nproc: int | None = No
         if len(ranks) != seen_p:
             nproc_from = f"device lines (ranks listed: {len(ranks)} of {seen_p})"
         hosts = {d["host"] for d in devices}
-        if nodes is not None and len(ranks) == seen_p and nodes != len(hosts):
-            raise ValueError(f"nodes={nodes} contradicts the device lines, which name {len(hosts)} host(s)")
         complete = len(ranks) == seen_p
-        nodes_from = "device lines (distinct hosts)" if complete or nodes is None else "given"
-        nodes = len(hosts) if nodes is None else nodes
+        if nodes is not None and (nodes < len(hosts) or (complete and nodes != len(hosts))):
+            listed = "" if complete else f" in the {len(ranks)} of {seen_p} ranks they list"
+            raise ValueError(f"nodes={nodes} contradicts the device lines, which name {len(hosts)} host(s){listed}")
+        if complete:
+            nodes, nodes_from = len(hosts), "device lines (distinct hosts)"
+        elif nodes is not None:
+            nodes_from = "given"
+        else:  # a listing cut short ('...') names some hosts only: the node count is not told by it
+            nodes_from = f"not told: the device lines list {len(ranks)} of {seen_p} ranks; pass nodes="
     else:
         nproc_from = "given" if nproc is not None else None
         nodes_from = "given" if nodes is not None else None
