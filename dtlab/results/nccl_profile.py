@@ -85,6 +85,7 @@ def load_nccl_tests(
         "out_of_bounds": table.out_of_bounds,
         "header": table.header,
         "skipped_lines": table.skipped_lines,
+        "zero_byte_rows": table.zero_rows,
         **({"system": dict(system)} if system else {}),
     }
     meta = {

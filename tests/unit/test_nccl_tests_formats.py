@@ -121,3 +121,30 @@ def test_a_real_cluster_at_64_gpus_reads_with_its_eight_hosts():
     # the posted 8 MiB row: out-of-place 1272.4 us, in-place 321.4 us, both kept as posted
     row = t.rows.set_index("size").loc[8388608]
     assert (row["time_us"], row["ip_time_us"]) == (1272.4, 321.4)
+
+
+#: a row of 0 bytes as nccl-tests prints it, out-of-place and in-place
+ZERO_ROW = "           0             0     float     sum      -1     0.16    0.00    0.00       0" + (
+    "     0.13    0.00    0.00       0"
+)
+
+
+def test_zero_byte_rows_before_the_first_size_are_set_aside_and_counted():
+    # reduce_scatter_perf -b 8 on 16 ranks: sizes below 16 x 4 B print as rows of 0 bytes, 0 elements
+    lines = cluster_table(op="reduce_scatter").splitlines()
+    first = next(i for i, x in enumerate(lines) if x.strip().startswith("1048576"))
+    lines[first:first] = [ZERO_ROW] * 4
+    t = parse_nccl_tests("\n".join(lines) + "\n")
+    assert (t.zero_rows, len(t.rows), t.op, t.nproc) == (4, 11, "reduce_scatter", 16)
+    assert "size / 16" in t.op_from and t.rows["size"].min() == 2**20
+    prof = dtlab.load_nccl_tests("\n".join(lines) + "\n")
+    assert prof.meta["source"]["zero_byte_rows"] == 4 and (prof.samples["nbytes"] > 0).all()
+
+
+def test_a_zero_byte_row_after_a_sized_one_is_refused_naming_its_line():
+    lines = cluster_table(op="reduce_scatter").splitlines()
+    at = next(i for i, x in enumerate(lines, start=1) if x.strip().startswith("2097152"))
+    lines.insert(at, ZERO_ROW)  # after the 2 MiB row: line at + 1
+    with pytest.raises(NcclTestsDamaged, match=rf"line {at + 1}: size 0 B does not follow 2,097,152 B") as err:
+        parse_nccl_tests("\n".join(lines) + "\n")
+    assert err.value.line == at + 1
