@@ -25,7 +25,9 @@ def add_parser(sub) -> None:
     p.add_argument("file", nargs="?", help="an nccl-tests output file, or the name of a shipped one (--list)")
     p.add_argument("--op", choices=OPS, default=None, help="the collective, when the output cannot tell it")
     p.add_argument("--nproc", type=int, default=None, help="rank count, for output without device lines")
-    p.add_argument("--nodes", type=int, default=None, help="node count, for output without device lines")
+    p.add_argument(
+        "--nodes", type=int, default=None, help="node count, for output without device lines or with some ranks' only"
+    )
     p.add_argument("--min-bytes", type=int, default=None, help="fit only sizes >= this (bytes)")
     p.add_argument("--list", action="store_true", help="list the public nccl-tests outputs shipped with dtlab")
 
@@ -35,7 +37,9 @@ def main(args) -> int:
     if args.list:
         listing = public_nccl_tests()
         for r in listing.itertuples():
-            print(f"{r.name:<32} {r.gpus:>3} GPUs {r.nodes} node(s)  {r.interconnect}\n{'':<34}{r.source}")
+            print(
+                f"{r.name:<32} {r.op:<14} {r.gpus:>3} GPUs {r.nodes:>2} node(s)  {r.interconnect}\n{'':<34}{r.source}"
+            )
         return 0
     if not args.file:
         raise ValueError("file: give an nccl-tests output file, or a shipped output's name (dtlab nccl-tests --list)")

@@ -85,6 +85,7 @@ def load_nccl_tests(
         "out_of_bounds": table.out_of_bounds,
         "header": table.header,
         "skipped_lines": table.skipped_lines,
+        "zero_byte_rows": table.zero_rows,
         **({"system": dict(system)} if system else {}),
     }
     meta = {
@@ -124,7 +125,8 @@ def _sources() -> dict:
 
 
 def public_nccl_tests(name: str | None = None, **kwargs):
-    """The public nccl-tests outputs shipped with dtlab. Without a name: a DataFrame, one row per output (name,
+    """The public nccl-tests outputs shipped with dtlab: 2 to 128 GPUs on 1 to 32 nodes, all-reduces and one
+    all-gather, each with where it was posted (sources.json). Without a name: a DataFrame, one row per output (name,
     op, system, gpu, gpus, nodes, interconnect, source URL, posted, nccl-tests and NCCL versions, licence, path).
     With a name: that output loaded by load_nccl_tests (keyword arguments passed on), its provenance in
     meta['source']['system']."""

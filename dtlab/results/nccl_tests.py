@@ -8,9 +8,14 @@ nccl-tests interleaves them. What each version prints, all read here:
 - the oldest tables: `size count type redop time algbw busbw error` (all_gather without `redop`);
 - from nccl-tests 2.10: `size count type redop root time algbw busbw #wrong`, both out-of-place and in-place;
 - `-o avg` (redop `avg`), `-c 0` (`N/A` in the check column);
+- rows of 0 bytes before the first sized one (all_gather and reduce_scatter at `-b` below ranks x type size):
+  checked like any row, then set aside and counted (`zero_rows`); a 0-byte row after a sized one is refused;
 - lines prefixed by the launcher: `[1,0]<stdout>:` (Open MPI's --tag-output), `0: ` (srun --label);
 - the device lines (`#  Rank  0 Group  0 Pid 6899 on HOST device  0 [0000:04:00] NVIDIA H100 80GB HBM3`):
-  GPU model, host per rank, rank count, nodes (distinct hosts);
+  GPU model, host per rank, rank count, nodes (distinct hosts); a listing cut short in the posting (`...`, or the
+  last rank alone) gives the rank count from its highest rank, and the node count only when `nodes=` is given;
+- a table whose runs of spaces were collapsed to one (a web page's text), and launcher messages between the lines
+  (`[host:pid] 15 more processes have sent help message ...`, skipped and counted);
 - the header (`nThread 1 nGpus 8 minBytes 8 maxBytes ... step: 2(factor)`), the version line (2.17+), the
   `Collective test starting: all_reduce_perf` line, and the footer (`# Out of bounds values`, `# Avg bus
   bandwidth`).
@@ -68,7 +73,8 @@ class NcclTestsTable:
     """One nccl-tests output, read: `rows` (size, count, type, redop, root, time_us, algbw, busbw, check,
     ip_time_us, ip_algbw, ip_busbw, ip_check, line: times in microseconds, bandwidths in GB/s = 10^9 B/s as
     printed), `op` and how it was told (`op_from`), `nproc` and `nodes` and how they were told, the devices
-    (rank, host, device, bus id, model), versions, the header's fields, the footer's figures."""
+    (rank, host, device, bus id, model), versions, the header's fields, the footer's figures, the lines skipped
+    and the 0-byte rows set aside."""
 
     source: str
     rows: pd.DataFrame
@@ -84,6 +90,7 @@ class NcclTestsTable:
     avg_busbw: float | None = None
     out_of_bounds: str | None = None
     skipped_lines: int = 0
+    zero_rows: int = 0
 
     @property
     def hosts(self) -> list[str]:
@@ -136,11 +143,16 @@ def parse_nccl_tests(path_or_text, op: str | None = None, nproc: int | None = No
         if len(ranks) != seen_p:
             nproc_from = f"device lines (ranks listed: {len(ranks)} of {seen_p})"
         hosts = {d["host"] for d in devices}
-        if nodes is not None and len(ranks) == seen_p and nodes != len(hosts):
-            raise ValueError(f"nodes={nodes} contradicts the device lines, which name {len(hosts)} host(s)")
         complete = len(ranks) == seen_p
-        nodes_from = "device lines (distinct hosts)" if complete or nodes is None else "given"
-        nodes = len(hosts) if nodes is None else nodes
+        if nodes is not None and (nodes < len(hosts) or (complete and nodes != len(hosts))):
+            listed = "" if complete else f" in the {len(ranks)} of {seen_p} ranks they list"
+            raise ValueError(f"nodes={nodes} contradicts the device lines, which name {len(hosts)} host(s){listed}")
+        if complete:
+            nodes, nodes_from = len(hosts), "device lines (distinct hosts)"
+        elif nodes is not None:
+            nodes_from = "given"
+        else:  # a listing cut short ('...') names some hosts only: the node count is not told by it
+            nodes_from = f"not told: the device lines list {len(ranks)} of {seen_p} ranks; pass nodes="
     else:
         nproc_from = "given" if nproc is not None else None
         nodes_from = "given" if nodes is not None else None
@@ -162,13 +174,14 @@ def parse_nccl_tests(path_or_text, op: str | None = None, nproc: int | None = No
         avg_busbw=st["avg_busbw"],
         out_of_bounds=st["bounds"],
         skipped_lines=st["skipped"],
+        zero_rows=st["zero_rows"],
     )
 
 
 def _scan(text: str, source: str) -> dict:
     """One pass over the lines: rows (checked one by one), device lines, header, versions, footer."""
     st = {"rows": [], "devices": [], "versions": {}, "header": {}, "avg_busbw": None, "bounds": None}
-    st.update(named_op=None, skipped=0)
+    st.update(named_op=None, skipped=0, zero_rows=0)
     layout, table_at, footer_at, last = None, None, None, 0
     for i, raw in enumerate(text.splitlines(), start=1):
         line = _PREFIX.sub("", raw, count=1).rstrip()
@@ -206,22 +219,7 @@ def _scan(text: str, source: str) -> dict:
         elif body.split()[0].isdigit():
             if footer_at is not None:
                 raise NcclTestsDamaged(f"{source}: line {i}: a row after the footer (line {footer_at}): {body!r}", i)
-            row = _row(body, layout, source, i)
-            prev = st["rows"][-1] if st["rows"] else None
-            if prev and (row["type"], row["redop"]) != (prev["type"], prev["redop"]):
-                raise NcclTestsDamaged(
-                    f"{source}: line {i}: type {row['type']} / redop {row['redop']} after {prev['type']} / "
-                    f"{prev['redop']} (line {prev['line']}): one type and one reduction per table (nccl-tests "
-                    "-d all or -o all prints several): pass them one at a time",
-                    i,
-                )
-            if prev and row["size"] <= prev["size"]:
-                raise NcclTestsDamaged(
-                    f"{source}: line {i}: size {row['size']:,} B does not follow {st['rows'][-1]['size']:,} B "
-                    f"(line {st['rows'][-1]['line']}): sizes must increase",
-                    i,
-                )
-            st["rows"].append(row)
+            _append_row(st, _row(body, layout, source, i), source, i)
         elif not body.startswith("#"):
             st["skipped"] += 1  # not nccl-tests' own (NCCL's INFO lines, a prompt): skipped, and counted
     if not st["rows"]:
@@ -243,6 +241,29 @@ def _scan(text: str, source: str) -> dict:
             )
     st["table_line"] = table_at
     return st
+
+
+def _append_row(st: dict, row: dict, source: str, i: int) -> None:
+    """Add a checked row to the scan: one type and reduction per table, sizes increasing; rows of 0 bytes before
+    the first sized one (-b below ranks x type size, where nccl-tests times 0 bytes) are set aside and counted."""
+    if row["size"] == 0 and row["count"] == 0 and not st["rows"]:
+        st["zero_rows"] += 1
+        return
+    prev = st["rows"][-1] if st["rows"] else None
+    if prev and (row["type"], row["redop"]) != (prev["type"], prev["redop"]):
+        raise NcclTestsDamaged(
+            f"{source}: line {i}: type {row['type']} / redop {row['redop']} after {prev['type']} / "
+            f"{prev['redop']} (line {prev['line']}): one type and one reduction per table (nccl-tests "
+            "-d all or -o all prints several): pass them one at a time",
+            i,
+        )
+    if prev and row["size"] <= prev["size"]:
+        raise NcclTestsDamaged(
+            f"{source}: line {i}: size {row['size']:,} B does not follow {prev['size']:,} B (line {prev['line']}): "
+            "sizes must increase",
+            i,
+        )
+    st["rows"].append(row)
 
 
 def _layout(names: list[str], source: str, i: int) -> list[str]:
