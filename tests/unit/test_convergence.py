@@ -43,7 +43,7 @@ def test_the_rank_optimizer_uses_the_lr_the_rule_claims():
     from dtlab.rank.optim import Optimizer
 
     cfg = dtlab.tiny(batch_size=8, nproc=2, lr=1e-3, lr_scaling="sqrt", warmup_steps=3)
-    plan = lr_plan(cfg, pretrained=None)
+    plan = lr_plan(cfg, pretrained=None, asynchronous=False)
     p = torch.nn.Parameter(torch.zeros(2))
     opt = Optimizer(plan, [p])
     seen = []
