@@ -95,18 +95,6 @@ def test_the_rank_settles_cfg_lr_before_its_optimizer_exists():
     assert opt.lr == pytest.approx(7e-4 * 2 / 3)  # the first of 3 warmup steps
 
 
-def test_build_model_says_whether_its_weights_are_pretrained(tmp_path):
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
-
-    from dtlab.config.models import TINY_ARCH
-    from dtlab.rank.data import build_model
-
-    assert build_model("tiny", "random", None, 0).pretrained is False
-    DistilBertForSequenceClassification(DistilBertConfig(num_labels=2, **TINY_ARCH)).save_pretrained(tmp_path)
-    loaded = build_model("distilbert", "auto", str(tmp_path), 0)
-    assert loaded.pretrained is True and loaded.model_source.startswith("pretrained")
-
-
 def _run_dir(tmp_path, resolved_lr, config_lr=None):
     steps = [
         {"kind": "step", "rank": 0, "step": s, "t_fwd": 0.01, "t_bwd": 0.02, "t_opt": 0.01, "t_step": 0.04, "loss": 0.7}
