@@ -60,11 +60,12 @@ def main(argv=None) -> int:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
+    from dtlab.rank.marks import Marks
     from dtlab.rank.recorder import BucketRecorder
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     bucket = _Bucket(torch.ones(args.numel))
-    rec = BucketRecorder(1, torch.device("cpu"), backend="gloo")
+    rec = BucketRecorder(1, Marks(torch.device("cpu"), "gloo"))
     rec.begin_step(time.perf_counter())
 
     def recording_issue_only():

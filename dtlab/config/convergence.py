@@ -146,7 +146,7 @@ def weights_known(cfg) -> bool | None:
 def resolve_lr(cfg, pretrained: bool | None = None) -> dict:
     """The run's base learning rate (before `lr_scaling` and the warmup) and why: {"value", "source"}. An explicit
     `cfg.lr` wins; otherwise `default_lr` for the weights: `pretrained` as the rank found them once the model was
-    built (dtlab.rank.optim.settle_lr), or None: as the config decides (`weights_known`), and a ValueError where
+    built (`settle_lr`), or None: as the config decides (`weights_known`), and a ValueError where
     only the rank can tell (model_source 'auto'; read `run.lr` or `run.resolved["lr"]` of a run)."""
     if cfg.lr is not None:
         return {"value": cfg.lr, "source": "set explicitly (RunConfig.lr, --lr)"}
@@ -170,9 +170,12 @@ def update_batch(cfg) -> int:
     """Samples behind one optimizer update: the global batch of a synchronous step (batch_size x accumulate x
     every rank), one rank's batch under local SGD (each rank updates on its own gradient), one worker's batch
     for the asynchronous server (one update per pushed gradient)."""
-    spec = strategy_spec(cfg.strategy)
+    return _update_batch(cfg, strategy_spec(cfg.strategy).asynchronous)
+
+
+def _update_batch(cfg, asynchronous: bool) -> int:
     per_rank = cfg.batch_size * cfg.ddp.accumulate
-    if spec.asynchronous or cfg.sync.local_sgd:
+    if asynchronous or cfg.sync.local_sgd:
         return per_rank
     return per_rank * cfg.nproc * getattr(cfg, "nnodes", 1)
 
@@ -212,7 +215,7 @@ def lr_at(cfg, step: int) -> float:
 
 def lr_rule_text(cfg) -> str:
     """The rule in words, with this run's numbers (recorded in config.json)."""
-    return _rule_text(cfg, base_lr(cfg), peak_lr(cfg))
+    return _rule_text(cfg.lr_schedule, base_lr(cfg), update_batch(cfg), _base_batch(cfg))
 
 
 @dataclass(frozen=True)
@@ -226,21 +229,37 @@ class LrPlan:
     warmup_steps: int
     rule: str
 
+    def factor(self, step: int) -> float:
+        """The fraction of `peak` optimizer step `step` uses (`warmup_factor`): what torch's LambdaLR asks."""
+        return warmup_factor(step, self.warmup_steps)
 
-def lr_plan(cfg, pretrained: bool | None) -> LrPlan:
+
+def lr_plan(cfg, pretrained: bool | None, asynchronous: bool) -> LrPlan:
     """The run's learning rate for weights that are `pretrained` or not (`resolve_lr`), scaled (`peak_lr`) and
-    warmed up as `cfg.lr_schedule` says: every number the rank's optimizer and config.json need, at once."""
+    warmed up as `cfg.lr_schedule` says: every number the rank's optimizer and config.json need, at once.
+    `asynchronous`: the strategy's spec says so (one update per worker's gradient, `update_batch`)."""
     rec = resolve_lr(cfg, pretrained)
-    peak = rec["value"] * lr_multiplier(cfg.lr_schedule.scaling, update_batch(cfg) / _base_batch(cfg))
-    return LrPlan(rec["value"], rec["source"], peak, cfg.lr_schedule.warmup_steps, _rule_text(cfg, rec["value"], peak))
+    batch, base = _update_batch(cfg, asynchronous), _base_batch(cfg)
+    peak = rec["value"] * lr_multiplier(cfg.lr_schedule.scaling, batch / base)
+    rule = _rule_text(cfg.lr_schedule, rec["value"], batch, base)
+    return LrPlan(rec["value"], rec["source"], peak, cfg.lr_schedule.warmup_steps, rule)
 
 
-def _rule_text(cfg, base_value: float, peak: float) -> str:
-    sched, base = cfg.lr_schedule, _base_batch(cfg)
-    k = update_batch(cfg) / base
+def settle_lr(cfg, pretrained: bool | None, asynchronous: bool) -> LrPlan:
+    """A rank's `lr_plan` once its model is built (weights `pretrained` or not; `asynchronous`: the strategy's spec
+    says so), with `cfg.lr` set on the rank's config to the base rate, as validate() does for the other auto fields,
+    so the reference reads the rate the run trains at. Every optimizer of the rank is built from the plan."""
+    plan = lr_plan(cfg, pretrained, asynchronous)
+    cfg.lr = plan.value
+    return plan
+
+
+def _rule_text(sched, base_value: float, batch: int, base: int) -> str:
+    k = batch / base
+    peak = base_value * lr_multiplier(sched.scaling, k)
     text = (
         f"lr {base_value:g} x {lr_multiplier(sched.scaling, k):.4g} ({sched.scaling}, k = update batch "
-        f"{update_batch(cfg)} / base batch {base} = {k:.4g}) = {peak:.4g}"
+        f"{batch} / base batch {base} = {k:.4g}) = {peak:.4g}"
     )
     if sched.warmup_steps:
         n = sched.warmup_steps
@@ -252,6 +271,11 @@ def eval_due(steps_done: int, every: int, total: int) -> bool:
     """Whether a run evaluates after `steps_done` optimizer steps: before the first (0), every `every`, and
     after the last (`total`)."""
     return bool(every) and (steps_done == 0 or steps_done % every == 0 or steps_done == total)
+
+
+def eval_steps(every: int, total: int) -> frozenset[int]:
+    """Every count of optimizer steps after which a run evaluates (`eval_due`), for a run of `total` steps."""
+    return frozenset(s for s in range(total + 1) if eval_due(s, every, total))
 
 
 def eval_samples_for(cfg, device_type: str) -> int | None:

@@ -6,7 +6,8 @@ lever, and read as `cfg.GROUP.FIELD` (`cfg.parallel.microbatches`):
 
 | group         | class              | validated in                | read by (rank side)                           |
 | ------------- | ------------------ | --------------------------- | --------------------------------------------- |
-| `ddp`         | DDPConfig          | dtlab.config.ddp            | strategies 'ddp', 'ps', local SGD, the loop   |
+| `ddp`         | DDPConfig          | dtlab.config.ddp            | strategies 'ddp', 'ps', local SGD             |
+| `measurement` | MeasurementConfig  | dtlab.config.measurement    | the loop (rank.loop), rank.profiling          |
 | `stragglers`  | StragglersConfig   | dtlab.config.stragglers     | rank.stragglers                               |
 | `checks`      | ChecksConfig       | dtlab.config.parallel       | strategies.bases, rank.reference              |
 | `parallel`    | ParallelConfig     | dtlab.config.parallel       | strategies 'tp' and 'pp', strategies.bases    |
@@ -30,8 +31,8 @@ import dataclasses
 FLAT: dict[str, tuple[str, str]] = {
     "bucket_mb": ("ddp", "bucket_mb"),
     "accumulate": ("ddp", "accumulate"),
-    "baseline_steps": ("ddp", "baseline_steps"),
-    "profile": ("ddp", "profile"),
+    "baseline_steps": ("measurement", "baseline_steps"),
+    "profile": ("measurement", "profile"),
     "straggler": ("stragglers", "slow"),
     "reference": ("checks", "reference"),
     "dp_degree": ("parallel", "dp_degree"),

@@ -37,10 +37,11 @@ def check_run(cfg, spec: StrategySpec, placed) -> None:
 
 def measurement(cfg, spec, placed) -> None:
     """The no-op baseline and the profiler follow the DDP loop's steps."""
-    if cfg.ddp.baseline_steps and not spec.compute_baseline:
-        raise refuse(spec, "baseline_steps", cfg.ddp.baseline_steps, "the no-op comm hook baseline")
-    if cfg.ddp.profile and not spec.profiles:
-        raise refuse(spec, "profile", cfg.ddp.profile, "the profiler's schedule follows the DDP loop's steps")
+    m = cfg.measurement
+    if m.baseline_steps and not spec.compute_baseline:
+        raise refuse(spec, "baseline_steps", m.baseline_steps, "the no-op comm hook baseline")
+    if m.profile and not spec.profiles:
+        raise refuse(spec, "profile", m.profile, "the profiler's schedule follows the DDP loop's steps")
 
 
 def levers(cfg, spec, placed) -> None:

@@ -19,6 +19,7 @@ from dtlab.config.convergence import EvaluationConfig, LrScheduleConfig, SyncCon
 from dtlab.config.datafile import check_data_file
 from dtlab.config.ddp import DDPConfig
 from dtlab.config.job import JobConfig
+from dtlab.config.measurement import MeasurementConfig
 from dtlab.config.options import FLAT, nest
 from dtlab.config.parallel import ChecksConfig, ParallelConfig
 from dtlab.config.placement import BACKENDS, DEVICES, device_count, machine_gpus, plan
@@ -34,9 +35,10 @@ DATA_SOURCES = ("auto", "glue", "offline")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")  # torch.optim.AdamW's implementations
 #: The form a run records (config.json's "config" holds it as `config_version`): 2 = the option groups, 3 = memory
 #: events name the optimizer state's bytes opt_bytes, as steps name its time t_opt, 4 = the options only DDP's loop,
-#: the straggler rule and the reference check read in their groups (ddp, stragglers, checks). Records of an earlier
-#: form are brought to this one by dtlab.results.upgrade.
-CONFIG_VERSION = 4
+#: the straggler rule and the reference check read in their groups (ddp, stragglers, checks), 5 = what every strategy's
+#: loop measures beside training (baseline_steps, profile) in `measurement`, out of `ddp`. Records of an earlier form
+#: are brought to this one by dtlab.results.upgrade.
+CONFIG_VERSION = 5
 
 
 @dataclass(kw_only=True)
@@ -176,7 +178,9 @@ class RunConfig(JobConfig):
     sync: SyncConfig = field(default_factory=SyncConfig)
     """Synchronising less than every step: local_sgd, max_staleness, staleness_policy (dtlab.config.convergence)."""
     ddp: DDPConfig = field(default_factory=DDPConfig)
-    """DDP's loop: bucket_mb, accumulate, baseline_steps, profile (dtlab.config.ddp)."""
+    """DDP's loop: bucket_mb, accumulate (dtlab.config.ddp)."""
+    measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
+    """What the loop measures beside training: baseline_steps, profile (dtlab.config.measurement)."""
     stragglers: StragglersConfig = field(default_factory=StragglersConfig)
     """Slowed ranks: slow (flat name straggler; dtlab.config.stragglers)."""
     checks: ChecksConfig = field(default_factory=ChecksConfig)
@@ -198,8 +202,8 @@ class RunConfig(JobConfig):
         """Check every field; raise ValueError naming the field and what is allowed. Returns self.
 
         `cuda_device_count` and `nccl_version` default to this machine's (asked without initialising CUDA). The
-        "auto" fields (nproc, ddp.baseline_steps: None) are resolved here; `lr` None stays None, as it depends on the
-        weights the rank loads (dtlab.config.convergence.resolve_lr)."""
+        "auto" fields (nproc, measurement.baseline_steps: None) are resolved here; `lr` None stays None, as it
+        depends on the weights the rank loads (dtlab.config.convergence.resolve_lr)."""
         choice("strategy", self.strategy, tuple(STRATEGIES))
         spec = strategy_spec(self.strategy)  # looked up once: every rule below reads this spec
         self._resolve_auto(cuda_device_count, spec)
@@ -265,8 +269,8 @@ class RunConfig(JobConfig):
     def _resolve_auto(self, cuda_device_count: int | None = None, spec=None) -> None:
         if self.nproc is None:
             self.nproc = max(2, cuda_device_count if cuda_device_count is not None else device_count())
-        if self.ddp.baseline_steps is None:
-            self.ddp.baseline_steps = (
+        if self.measurement.baseline_steps is None:
+            self.measurement.baseline_steps = (
                 auto_baseline_steps(self.steps, self.warmup)
                 if (spec or strategy_spec(self.strategy)).compute_baseline
                 else 0
@@ -317,6 +321,7 @@ class RunConfig(JobConfig):
 #: RunConfig's option groups: field name -> dataclass (dtlab.config.options has their flat names)
 GROUPS = {
     "ddp": DDPConfig,
+    "measurement": MeasurementConfig,
     "stragglers": StragglersConfig,
     "checks": ChecksConfig,
     "parallel": ParallelConfig,

@@ -94,8 +94,9 @@ def run_problems(run, want: dict | None = None, defaults: dict | None = None) ->
         if got != steps:
             problems.append(f"rank {r} recorded steps {sorted(got)}, the config asks {sorted(steps)}")
         n_base = int((run.baseline_steps["rank"] == r).sum()) if not run.baseline_steps.empty else 0
-        if strategy_spec(cfg.strategy).compute_baseline and n_base != int(cfg.ddp.baseline_steps or 0):
-            problems.append(f"rank {r} recorded {n_base} baseline steps, the config asks {cfg.ddp.baseline_steps}")
+        asked = cfg.measurement.baseline_steps
+        if strategy_spec(cfg.strategy).compute_baseline and n_base != int(asked or 0):
+            problems.append(f"rank {r} recorded {n_base} baseline steps, the config asks {asked}")
     problems += _byte_problems(run)
     problems += _timing_problems(run)
     problems += _time_order(run.path, run.status.get("started") or None)

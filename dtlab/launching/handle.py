@@ -326,7 +326,7 @@ def launch(config: RunConfig, node: NodeSpec | None = None) -> Handle:
         nl.run_dir,
         proc,
         cfg.nproc,
-        total + cfg.ddp.baseline_steps,
+        total + cfg.measurement.baseline_steps,
         cfg.timeout_s,
         desc,
         stall_s=cfg.stall_s,

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dtlab.config.convergence import LrPlan, eval_samples_for
+from dtlab.config.convergence import LrPlan, eval_samples_for, settle_lr
 from dtlab.config.run import RunConfig
 from dtlab.rank.data import apply_dropout, build_model, load_heldout, load_sentences
 from dtlab.rank.lifecycle import setup_distributed
-from dtlab.rank.optim import settle_lr
 
 
 def make_batches(cfg: RunConfig, tokenizer, sentences, labels, rank: int, world: int, device):
@@ -58,24 +57,25 @@ class Replica:
 
 
 def build_replica(
-    cfg: RunConfig,
-    rank: int,
-    world: int,
+    ctx,
     shards: int,
     shard: int | None,
     every_shard: bool = False,
     nccl_timing: bool = False,
     heldout: bool = False,
 ) -> Replica:
-    """Process group, model, learning rate, dropout and the batches of share `shard` of `shards` (None: no batches,
-    for a rank that trains on none). `every_shard`: also every share's batches (the reference trains on the global
+    """Process group (where `ctx.placed` says), model, learning rate, dropout and the batches of share `shard` of
+    `shards` (None: no batches, for a rank that trains on none), for rank `ctx.rank` of the run `ctx.cfg`
+    (dtlab.rank.loop.RankContext). `every_shard`: also every share's batches (the reference trains on the global
     batch). `nccl_timing`: switch on NCCL's own per-collective timing, for a run that reads it. `heldout`: also load the
     held-out split that goes with the data (as many sentences as config.convergence.eval_samples_for settles), for
     the rank that evaluates."""
-    device, backend = setup_distributed(cfg, rank, world, nccl_timing=nccl_timing)
+    cfg = ctx.cfg
+    device, backend = setup_distributed(ctx.placed, ctx.rank, ctx.world, cfg.deterministic, nccl_timing)
     torch.manual_seed(cfg.seed)
     built = build_model(cfg.model, cfg.model_source, cfg.model_path, cfg.seed)
-    lr = settle_lr(cfg, built)  # explicit, or the default for these weights; scaled and warmed up (config.convergence)
+    # explicit, or the default for these weights; scaled and warmed up (config.convergence)
+    lr = settle_lr(cfg, built.pretrained, ctx.spec.asynchronous)
     eval_samples = eval_samples_for(cfg, device.type)  # held-out sentences per evaluation (None: all)
     apply_dropout(built.model, cfg.dropout)
     # training steps only: a baseline step reuses the batch of the training step it is paired with, so the data (and

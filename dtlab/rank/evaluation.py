@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dtlab.config.convergence import eval_due
+from dtlab.config.convergence import eval_steps
 
 EVAL_BATCH = 256
 
@@ -54,8 +54,10 @@ class Evaluator:
     def __init__(self, evaluation, tokenizer, heldout, device, active: bool, *, total_steps: int, seq_len: int):
         """`evaluation`: the run's evaluation group (`every`); `heldout`: (sentences, labels, source) of the held-out
         split (dtlab.rank.build.build_replica loads it; None on a rank that does not evaluate); `total_steps`: the
-        run's optimizer steps (the last evaluation follows the last one)."""
+        run's optimizer steps (the last evaluation follows the last one). `at`: the step counts after which the run
+        evaluates (every rank knows them: they meet at a barrier there)."""
         self.every, self.total, self.active = evaluation.every, total_steps, active and evaluation.every > 0
+        self.at = eval_steps(evaluation.every, total_steps)
         self.facts: dict = {}
         if not self.active:
             return
@@ -76,7 +78,8 @@ class Evaluator:
         }
 
     def due(self, steps_done: int) -> bool:
-        return self.active and eval_due(steps_done, self.every, self.total)
+        """Whether this rank evaluates after `steps_done` optimizer steps."""
+        return self.active and steps_done in self.at
 
     def evaluate(self, model) -> tuple[float, float, float]:
         """(accuracy, mean cross-entropy, seconds) of `model` on the held-out split; its mode is restored."""
@@ -126,7 +129,7 @@ def eval_pause(evaluator: Evaluator, model, steps_done: int, clock: TrainClock, 
     """Between synchronous steps: the evaluating rank evaluates when due, then every rank meets at a barrier, so
     no rank's step clock runs while it evaluates (the next step starts together, as it would without it). The
     whole pause is left out of the evaluating rank's training time."""
-    if not eval_due(steps_done, evaluator.every, evaluator.total):
+    if steps_done not in evaluator.at:
         return
     t0 = time.perf_counter()
     rec = evaluator.run(model, steps_done, clock, writer, rank)  # excludes its own evaluation time

@@ -113,26 +113,26 @@ def read_config(run_dir: str) -> dict:
         return json.load(f)
 
 
-def setup_distributed(cfg: RunConfig, rank: int, world: int, nccl_timing: bool = False):
-    """Initialise the process group where `cfg.placement()` says (backend, device, GPU sharing); returns
-    (device, backend). With `nccl_timing`, for runs that read it, NCCL's own per-collective timing is switched on
-    (TORCH_NCCL_ENABLE_TIMING, unless the user set it) so dtlab's events can be checked against it. Variables are
-    only set where unset (dtlab.config.environment), and the run records which were set."""
+def setup_distributed(placed, rank: int, world: int, deterministic: bool = False, nccl_timing: bool = False):
+    """Initialise the process group where the run's placement `placed` (dtlab.config.placement.Placement, resolved
+    once at the rank's entry) says: backend, device, GPU sharing; returns (device, backend). `deterministic`: the
+    run's `deterministic` (make_deterministic). With `nccl_timing`, for runs that read it, NCCL's own per-collective
+    timing is switched on (TORCH_NCCL_ENABLE_TIMING, unless the user set it) so dtlab's events can be checked against
+    it. Variables are only set where unset (dtlab.config.environment), and the run records which were set."""
     import torch
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    placed = cfg.placement()
+    store = _attempt_store(world)  # torchrun's store, which no variable set below changes
     for k, v in placed.env.items():  # read by NCCL when the communicator is created, i.e. below
         set_default(os.environ, k, v)
-    if getattr(cfg, "deterministic", False):
+    if deterministic:
         make_deterministic()
     if placed.device == "cuda":
         device = torch.device("cuda", placed.device_index(local_rank))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    store = _attempt_store(world)
     if placed.backend == "nccl":
         if nccl_timing:  # work._get_duration(): NCCL's start-to-end, read by dtlab.rank.recorder
             set_default(os.environ, "TORCH_NCCL_ENABLE_TIMING", "1")
@@ -182,9 +182,10 @@ def _attempt_store(world: int) -> dict:
     }
 
 
-def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, facts: dict, world: int) -> None:
-    """Rank 0 adds what was resolved at run time to config.json (versions, devices) and the rank's `facts` (where the
-    model and data came from, the strategy's layout and expected traffic, how times were taken)."""
+def record_resolved(run_dir: str, cfg: RunConfig, placed, device, facts: dict, world: int) -> None:
+    """Rank 0 adds what was resolved at run time to config.json (the placement `placed`, versions, devices) and the
+    rank's `facts` (where the model and data came from, the strategy's layout and expected traffic, how times were
+    taken)."""
     import torch
     import transformers
 
@@ -198,9 +199,10 @@ def record_resolved(run_dir: str, cfg: RunConfig, backend: str, device, facts: d
         else [platform.processor() or platform.machine()]
     )
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks on this node (nodes share no cores)
+    backend = placed.backend
     doc["resolved"] = {
         "backend": backend,
-        "placement": cfg.placement().to_dict(),
+        "placement": placed.to_dict(),
         "world_size": world,
         "device_type": device.type,
         "devices": devices,

@@ -29,7 +29,9 @@ import torch.distributed as dist
 
 from dtlab.config.baseline import run_order
 from dtlab.config.busy import snapshot
+from dtlab.config.placement import Placement
 from dtlab.config.run import RunConfig
+from dtlab.config.strategies import StrategySpec
 from dtlab.rank.evaluation import TrainClock
 from dtlab.rank.lifecycle import maybe_inject_fault, record_resolved
 from dtlab.rank.profiling import StepProfiler
@@ -38,14 +40,18 @@ from dtlab.rank.recorder import Mark, peak_memory
 
 @dataclass
 class RankContext:
-    """Where a strategy runs: the run's config and directory, this rank, the world size, the event writer, and
-    the rank's training time (evaluations and baseline steps left out; dtlab.rank.evaluation)."""
+    """Where a strategy runs: the run's config and directory, this rank, the world size, the event writer, the
+    placement and the strategy's spec, both resolved once at the rank's entry (dtlab.config.placement.Placement:
+    backend, device, GPU sharing; dtlab.config.strategies.StrategySpec), and the rank's training time (evaluations
+    and baseline steps left out; dtlab.rank.evaluation)."""
 
     cfg: RunConfig
     run_dir: str
     rank: int
     world: int
     writer: object
+    placed: Placement
+    spec: StrategySpec
     train_clock: TrainClock = field(default_factory=TrainClock)
 
 
@@ -97,7 +103,7 @@ class Strategy:
         """Build the model (process group, wrapping or splitting, optimizer) and state the facts."""
         raise NotImplementedError
 
-    def start(self) -> int:
+    def before_steps(self) -> int:
         """After `ready`, before the steps (resume from a checkpoint, the first evaluation, seal the marks);
         returns the first training step."""
         return 0
@@ -105,7 +111,7 @@ class Strategy:
     def order(self, first: int) -> list[tuple[int, int | None]]:
         """The steps this rank runs: (step, None) for a training step, (step, paired step) for a baseline step."""
         cfg = self.ctx.cfg
-        baseline = cfg.ddp.baseline_steps if self.noop_baseline else 0
+        baseline = cfg.measurement.baseline_steps if self.noop_baseline else 0
         return run_order(cfg.steps, cfg.warmup, baseline, first)
 
     def step(self, step: int, paired: int | None) -> Step:
@@ -222,15 +228,15 @@ def run(strategy: Strategy) -> None:
     ctx = strategy.ctx
     setup = strategy.setup()
     if ctx.rank == 0:
-        record_resolved(ctx.run_dir, ctx.cfg, setup.backend, setup.device, setup.resolved, ctx.world)
+        record_resolved(ctx.run_dir, ctx.cfg, ctx.placed, setup.device, setup.resolved, ctx.world)
     ctx.writer.write("ready", rank=ctx.rank, time=time.time(), **setup.ready)
-    first = strategy.start()
+    first = strategy.before_steps()
     loop = Loop(strategy, setup.device)
     loop.snapshot("start")
     order = strategy.order(first)
-    profiler = StepProfiler(ctx.cfg.ddp.profile, ctx.cfg.warmup, ctx.run_dir, ctx.rank, setup.device, order)
+    profiler = StepProfiler(ctx.cfg.measurement.profile, ctx.cfg.warmup, ctx.run_dir, ctx.rank, setup.device, order)
     for step, paired in order:
-        profiler.begin(step, paired)  # cfg.ddp.profile: one ProfilerStep per step (dtlab.rank.profiling)
+        profiler.begin(step, paired)  # cfg.measurement.profile: one ProfilerStep per step (dtlab.rank.profiling)
         if strategy.inject_faults:
             maybe_inject_fault(ctx.rank, step)
         loop.one(step, paired)

@@ -4,27 +4,17 @@ by the rule of dtlab.config.convergence (`lr_scaling`, `base_batch`, `warmup_ste
 The scheduler steps once after each optimizer step (torch's order: `opt.step()` then `sched.step()`), so optimizer
 step s uses `dtlab.config.convergence.lr_at(cfg, s)`; each step event records the lr it used (`lr`).
 
-The rate is settled once the model is built (`settle_lr`): an explicit `cfg.lr`, else the default for the weights
-the rank got, scaled and warmed up by the rule (dtlab.config.convergence.lr_plan); every optimizer is built from
-that plan (`Optimizer(replica.lr, params, cfg.optimizer_impl)`).
+The rate is settled once the model is built (dtlab.config.convergence.settle_lr): an explicit `cfg.lr`, else the
+default for the weights the rank got, scaled and warmed up by the rule (dtlab.config.convergence.lr_plan); every
+optimizer is built from that plan (`Optimizer(replica.lr, params, cfg.optimizer_impl)`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from dtlab.config.convergence import LrPlan, lr_plan, warmup_factor
+from dtlab.config.convergence import LrPlan
 from dtlab.rank.compat import adamw_kwargs, param_groups_by_kind
-
-
-def settle_lr(cfg, built) -> LrPlan:
-    """Resolve the learning rate for the model `built` (dtlab.rank.data.Built: pretrained weights or random ones)
-    once (dtlab.config.convergence.lr_plan) and set `cfg.lr` on this rank's config, as validate() does for the other
-    auto fields, so the reference reads the rate the run trains at. Returns the plan every optimizer is built from.
-    Call it right after build_model, before any optimizer exists."""
-    plan = lr_plan(cfg, built.pretrained)
-    cfg.lr = plan.value
-    return plan
 
 
 class Optimizer:
@@ -32,8 +22,7 @@ class Optimizer:
 
     def __init__(self, plan: LrPlan, params, impl: str = "auto"):
         self.opt = adamw(params, plan.peak, impl)
-        warm = plan.warmup_steps
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: warmup_factor(s, warm))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, plan.factor)
 
     @property
     def lr(self) -> float:

@@ -48,13 +48,15 @@ class StepProfiler:
             record_shapes=True,
             on_trace_ready=lambda p: p.export_chrome_trace(self.path),
         )
-        self.prof.start()
 
     def begin(self, step: int, paired) -> None:
-        """Start the profiler's next step (ProfilerStep#i is the i-th iteration of the loop)."""
+        """Start the profiler's next step (ProfilerStep#i is the i-th iteration of the loop); the profiler itself
+        starts with the first."""
         if self.active:
             if self.i:
                 self.prof.step()
+            else:
+                self.prof.start()
             self.i += 1
 
     def finish(self) -> None:

@@ -104,11 +104,9 @@ class Mark(Enum):
 class StepClock:
     """Marks points within a step (`Mark`) and returns seconds from the step start for each, on the rank's marks
     (dtlab.rank.marks): wall clock on CPU, CUDA events on the current (compute) stream on GPU, read once per step.
-    `marks` is the rank's `Marks`; without one, the default for `device` is made."""
+    `marks` is the rank's `Marks` (dtlab.rank.marks.rank_marks), which knows the device and the path."""
 
-    def __init__(self, device: torch.device, marks=None):
-        if marks is None:
-            marks = Marks(device, "nccl" if device.type == "cuda" else "gloo")
+    def __init__(self, marks: Marks):
         self.marks = marks
         self.cuda = marks.cuda
         self._marks: list[tuple[Mark | tuple[Mark, int], object]] = []
@@ -171,16 +169,11 @@ class BucketRecorder:
     `t_<name>`).
     """
 
-    def __init__(
-        self, world_size: int, device: torch.device, codec=None, transport=None, backend: str | None = None, marks=None
-    ):
+    def __init__(self, world_size: int, marks: Marks, codec=None, transport=None):
         self.world = world_size
         self.codec = codec  # dtlab.rank.compression.Codec, or None for the plain fp32 all-reduce
         # how a divided bucket is reduced: DDP's all-reduce, or a strategy's own (dtlab.rank.strategies.ps)
         self.transport = transport if transport is not None else AllReduceTransport()
-        if marks is None:
-            marks = Marks(device, backend or ("nccl" if device.type == "cuda" else "gloo"))
-            marks.prepare()
         self.marks = marks
         self.cuda = marks.cuda
         self.mode = "allreduce"

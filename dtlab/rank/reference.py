@@ -6,7 +6,7 @@ tensor-parallel or FSDP2 shard through its full tensor, a pipeline stage its own
 `grad_agreement` is the check: the ratio <g, r> / <r, r> (1 when the gradients agree; the world size when the
 ranks summed instead of averaging, as FSDP2 was reported to do on gloo,
 github.com/pytorch/pytorch/issues/162338), the relative error |g - r| / |r| and the largest absolute difference.
-dtlab.results.reference turns the records into an outcome.
+dtlab.results.reference reads the records back: how the run agrees with one process.
 """
 
 from __future__ import annotations

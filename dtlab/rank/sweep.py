@@ -22,10 +22,11 @@ from dtlab.rank.marks import Marks
 def sweep(cfg: CalibConfig, run_dir: str, rank: int, world: int, writer) -> None:
     """Time every configured collective on this rank and write its `sample` events (and the load's events)."""
     rc = RunConfig(nproc=cfg.nproc, backend=cfg.backend)
-    device, backend = setup_distributed(rc, rank, world)
+    placed = rc.placement()  # resolved once: the process group and the record read the same
+    device, backend = setup_distributed(placed, rank, world)
     timer = BlockTimer(writer, rank, device, cfg.batch)
     if rank == 0:
-        record_resolved(run_dir, rc, backend, device, _facts(backend, timer.cuda, timer.k_calls), world)
+        record_resolved(run_dir, rc, placed, device, _facts(backend, timer.cuda, timer.k_calls), world)
     warm = torch.ones(1 << 20, device=device)
     for _ in range(3):  # connections and buffers are set up lazily: pay for that before any timed size
         dist.all_reduce(warm)

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from dtlab.config.ncclib import check_preloaded
+from dtlab.config.placement import Placement
 from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.rank.lifecycle import exit_rank, rank_main, read_config
@@ -22,14 +23,15 @@ def _train(run_dir: str, rank: int, world: int, writer) -> None:
     lib = check_preloaded()  # NCCL ranks given DTLAB_NCCL_LIBRARY: this rank loaded it, or stops here
     if lib is not None:
         print(f"rank {rank}: NCCL library {lib.path}: {lib.text} (ncclGetVersion {lib.code}), preloaded", flush=True)
-    train(cfg, run_dir, rank, world, writer)
+    train(cfg, cfg.placement(), run_dir, rank, world, writer)
 
 
-def train(cfg: RunConfig, run_dir: str, rank: int, world: int, writer) -> None:
-    """One rank of the run `cfg`: the strategy class its spec names, on the one training loop."""
+def train(cfg: RunConfig, placed: Placement, run_dir: str, rank: int, world: int, writer) -> None:
+    """One rank of the run `cfg`, placed as `placed` (resolved once, at the rank's entry, and handed down): the
+    strategy class its spec names, on the one training loop."""
     spec = strategy_spec(cfg.strategy)
     strategy = getattr(importlib.import_module(spec.module), spec.rank_class)
-    run(strategy.for_rank(RankContext(cfg, run_dir, rank, world, writer)))
+    run(strategy.for_rank(RankContext(cfg, run_dir, rank, world, writer, placed, spec)))
 
 
 def entry(argv: list[str]) -> int:

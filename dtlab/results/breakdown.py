@@ -35,6 +35,14 @@ from dtlab.units import fmt_ms
 
 PER_STEP_COLUMNS = ["step", "t_step", "t_comm", "t_comp_est"]
 SUMMARY_COLUMNS = ["quantity", "value", "unit", "how", "lo", "hi"]
+#: a collective in flight, whatever recorded it (a DDP bucket, a ZeRO-3 or split strategy's collective)
+INTERVAL_COLUMNS = ["rank", "step", "t_start", "t_end"]
+
+
+def comm_intervals(*frames: pd.DataFrame) -> pd.DataFrame:
+    """The INTERVAL_COLUMNS of every row of `frames` (buckets, collectives), in one frame (empty: the columns)."""
+    parts = [f[INTERVAL_COLUMNS] for f in frames if not f.empty]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=INTERVAL_COLUMNS)
 
 
 def union_lengths(intervals: pd.DataFrame) -> pd.Series:

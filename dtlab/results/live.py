@@ -68,7 +68,7 @@ class LiveRun:
         self.nproc = cfg.nproc * cfg.nnodes if cfg is not None and cfg.nproc else None
         self.steps = cfg.steps if cfg is not None else None
         self.warmup = cfg.warmup if cfg is not None else 0
-        self.baseline_steps = int(cfg.ddp.baseline_steps or 0) if cfg is not None else 0
+        self.baseline_steps = int(cfg.measurement.baseline_steps or 0) if cfg is not None else 0
         self.bucket_op = bucket_op
 
     def poll(self) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.model import costmodel
-from dtlab.results.breakdown import union_lengths
+from dtlab.results.breakdown import comm_intervals, union_lengths
 from dtlab.results.recorded import bus_bandwidth
 from dtlab.results.stragglers import rank_waits
 from dtlab.units import fmt_gbps, fmt_ms
@@ -191,8 +191,7 @@ def live_view(live, profile=None, state: str = "running", why: str = "", now: fl
     calibration (`calibration_label`), baseline_steps, unpaired (no-op steps recorded without a pairing), errors
     ({rank: {error, step}}), torn and damaged (lines so far), nproc."""
     f, p = live.frames(), live.nproc
-    parts = [f[k][["rank", "step", "t_start", "t_end"]] for k in ("bucket", "collective") if not f[k].empty]
-    comm = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["rank", "step", "t_start", "t_end"])
+    comm = comm_intervals(f["bucket"], f["collective"])
     table = step_table(f["step"], comm, p)
     ranks = rank_times(f["step"], f["bucket"], p)
     measured = [s for s in table["step"] if s >= live.warmup]

@@ -1,6 +1,6 @@
 """Is a parallel run the same training as one process? A run with `reference=True` trained, on every rank, an
 unparallelised copy of the model on each step's global batch (dtlab.rank.reference); this module reads the
-records back and gives the outcome. Pure.
+records back and says how the two agree (`agreement`). Pure.
 
 Per step: the run's loss (the mean over the ranks that hold one: every rank of a tensor-parallel replica, the
 last stage of a pipeline, every FSDP2 rank for its own share of the batch, whose mean is the global batch's
@@ -8,7 +8,7 @@ loss) beside the copy's, and per rank the gradient ratio <g, r> / <r, r> and rel
 
 Tolerances (float32, different summation orders; measured here with AdamW over a few steps: losses within
 1e-7 relative, gradients within 5e-6): LOSS_RTOL on the loss, GRAD_TOL on |ratio - 1| and on the relative error.
-The outcome names the known failure: a ratio near the number of ranks averaging the gradient is gradients summed
+The agreement names the known failure: a ratio near the number of ranks averaging the gradient is gradients summed
 instead of averaged (reported for FSDP2 on gloo, github.com/pytorch/pytorch/issues/162338).
 """
 
@@ -25,17 +25,19 @@ GRAD_TOL = 1e-4
 
 @dataclass
 class ReferenceCheck:
-    """`outcome`: 'equal', 'summed' or 'differs'; `why` in words; `steps`: one row per step (loss, ref_loss,
-    loss_rel_diff, grad_ratio_min / _max over ranks, grad_rel_err_max); `world` the ranks averaging a gradient."""
+    """`agreement` with the single process: 'equal', 'summed' or 'differs'; `why` in words; `steps`: one row per step
+    (loss, ref_loss, loss_rel_diff, grad_ratio_min / _max over ranks, grad_rel_err_max); `world` the ranks averaging
+    a gradient."""
 
-    outcome: str
+    agreement: str
     why: str
     steps: pd.DataFrame
     world: int
 
     @property
     def ok(self) -> bool:
-        return self.outcome == "equal"
+        """The run trained as one process would."""
+        return self.agreement == "equal"
 
 
 def step_table(references: pd.DataFrame) -> pd.DataFrame:
@@ -62,7 +64,7 @@ def step_table(references: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def outcome(table: pd.DataFrame, world: int, loss_rtol: float = LOSS_RTOL, grad_tol: float = GRAD_TOL):
+def agreement(table: pd.DataFrame, world: int, loss_rtol: float = LOSS_RTOL, grad_tol: float = GRAD_TOL):
     """('equal' | 'summed' | 'differs', why) for a `step_table`; `world`: the ranks that average each gradient
     (the data-parallel degree)."""
     lo, hi = float(table["grad_ratio_min"].min()), float(table["grad_ratio_max"].max())
@@ -102,5 +104,5 @@ def check(run, loss_rtol: float = LOSS_RTOL, grad_tol: float = GRAD_TOL) -> Refe
     """The run's `ReferenceCheck` (ValueError when it was run without reference)."""
     table = step_table(run.references)
     world = int(run.resolved.get("layout", {}).get("dp", run.nproc))
-    v, why = outcome(table, world, loss_rtol, grad_tol)
+    v, why = agreement(table, world, loss_rtol, grad_tol)
     return ReferenceCheck(v, why, table, world)

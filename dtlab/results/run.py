@@ -40,7 +40,7 @@ import pandas as pd
 from dtlab.config.placement import TIMING_METHODS
 from dtlab.config.run import RunConfig
 from dtlab.config.strategies import strategy_spec
-from dtlab.results.breakdown import per_step, summary, summary_lines, timing_method
+from dtlab.results.breakdown import comm_intervals, per_step, summary, summary_lines, timing_method
 from dtlab.results.chrome import chrome_trace, write_chrome_trace
 from dtlab.results.columns import read_copy, write_copy
 from dtlab.results.convergence import convergence_lines, evals_frame, first_at, updates_frame
@@ -190,12 +190,7 @@ class Run:
 
     def comm_intervals(self) -> pd.DataFrame:
         """rank, step, t_start, t_end of every recorded collective (DDP buckets or ZeRO-3 collectives)."""
-        frames = [df[["rank", "step", "t_start", "t_end"]] for df in (self.buckets, self.collectives) if not df.empty]
-        return (
-            pd.concat(frames, ignore_index=True).dropna()
-            if frames
-            else pd.DataFrame(columns=["rank", "step", "t_start", "t_end"])
-        )
+        return comm_intervals(self.buckets, self.collectives).dropna()
 
     def summary(self) -> pd.DataFrame:
         """Medians over measured steps of T_step, T_comp, T_comm, exposed communication and overlap, each with its

@@ -26,6 +26,10 @@ Each step (`Step`) is named by what changed and takes the config and the event l
   moved into `ddp`, the straggler rule (`straggler`) into `stragglers.slow`, the reference check (`reference`)
   into `checks.reference` (`DDP_GROUPS_V4`); the events did not change.
 
+- 4 -> 5, `measurement_group`: what the one training loop measures beside training for every strategy
+  (`ddp.baseline_steps`, `ddp.profile`) moved out of DDP's group into `measurement` (`MEASUREMENT_V5`); the values
+  and the events did not change.
+
 A calibration's config carries no version: its events are read as version 1's, which changes nothing in a sweep
 that recorded `load`.
 
@@ -130,11 +134,28 @@ def ddp_groups(config: dict) -> dict:
     return _into_groups(config, DDP_GROUPS_V4)
 
 
+#: what version 5 moved, as it moved it: field of `ddp` -> field of `measurement`
+MEASUREMENT_V5 = {"baseline_steps": "baseline_steps", "profile": "profile"}
+
+
+def measurement_group(config: dict) -> dict:
+    """Version 4 -> 5 of a config: the loop's baseline steps and profiler moved from `ddp` into `measurement`."""
+    ddp = config.get("ddp")
+    if not isinstance(ddp, dict) or not set(MEASUREMENT_V5) & set(ddp):
+        return config
+    moved = {new: ddp[old] for old, new in MEASUREMENT_V5.items() if old in ddp}
+    out = dict(config)
+    out["ddp"] = {k: v for k, v in ddp.items() if k not in MEASUREMENT_V5}
+    out["measurement"] = {**out.get("measurement", {}), **moved}
+    return out
+
+
 #: STEPS[v - 1] takes a record of version v to version v + 1
 STEPS = (
     Step("option_groups", config=option_groups, event=fields_before_groups),
     Step("opt_bytes", event=opt_bytes),
     Step("ddp_groups", config=ddp_groups),
+    Step("measurement_group", config=measurement_group),
 )
 
 

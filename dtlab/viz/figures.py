@@ -151,8 +151,15 @@ def _add_step_phases(fig: go.Figure, row, b: pd.DataFrame) -> None:
         ("waiting for all-reduces", bwd_end - wait, wait, COLORS["wait"]),
         ("optimizer", bwd_end, row["t_opt"], COLORS["opt"]),
     ]
+    add_phase_bar(fig, phases, optional=("injected delay", "waiting for all-reduces"))
+
+
+def add_phase_bar(fig: go.Figure, phases, digits: int = 1, optional=()) -> None:
+    """The row 'compute' of a step timeline: one horizontal bar per phase (name, start s, duration s, color), drawn in
+    ms from the step start, its hover text with `digits` decimals. A phase named in `optional` is left out when it
+    lasted no time (a delay that was not injected, a wait that did not happen)."""
     for name, start, dur, color in phases:
-        if dur <= 0 and name in ("injected delay", "waiting for all-reduces"):
+        if dur <= 0 and name in optional:
             continue
         fig.add_trace(
             go.Bar(
@@ -162,7 +169,7 @@ def _add_step_phases(fig: go.Figure, row, b: pd.DataFrame) -> None:
                 orientation="h",
                 name=name,
                 marker_color=color,
-                hovertemplate=f"{name}: %{{x:.1f}} ms<extra></extra>",
+                hovertemplate=f"{name}: %{{x:.{digits}f}} ms<extra></extra>",
             )
         )
 

@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dtlab.units import MIB, fmt_mib
-from dtlab.viz.figures import COLORS, set_title
+from dtlab.viz.figures import COLORS, add_phase_bar, set_title
 
 
 def predicted_breakdown_figure(
@@ -123,23 +123,13 @@ def _add_measured_markers(fig: go.Figure, measured: pd.DataFrame) -> None:
 def _add_compute_row(fig: go.Figure, t_fwd: float, t_bwd: float, exposed: float, t_opt: float) -> None:
     """Row 'compute' of the bucket queue: forward, backward, the wait for exposed communication, optimizer."""
     bwd_end = t_fwd + t_bwd
-    for name, s, d, color in (
+    phases = (
         ("forward", 0.0, t_fwd, COLORS["fwd"]),
         ("backward", t_fwd, t_bwd, COLORS["bwd"]),
         ("exposed comm (wait)", bwd_end, exposed, COLORS["exposed"]),
         ("optimizer", bwd_end + exposed, t_opt, COLORS["opt"]),
-    ):
-        fig.add_trace(
-            go.Bar(
-                y=["compute"],
-                x=[d * 1e3],
-                base=[s * 1e3],
-                orientation="h",
-                name=name,
-                marker_color=color,
-                hovertemplate=f"{name}: %{{x:.2f}} ms<extra></extra>",
-            )
-        )
+    )
+    add_phase_bar(fig, phases, digits=2)
 
 
 def whatif_timeline_figure(result: dict, height: int | None = None) -> go.Figure:

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dtlab.model.parallel import bubble_fraction
-from dtlab.viz.figures import COLORS, set_title
+from dtlab.viz.figures import COLORS, add_phase_bar, set_title
 
 
 def _step(run, step):
@@ -32,22 +32,12 @@ def tp_timeline(run, rank: int = 0, step: int | None = None) -> go.Figure:
         return set_title(go.Figure(), f"no step {step} recorded on rank {rank}")
     row = st.iloc[0]
     fig = go.Figure()
-    for name, start, dur, color in (
+    phases = (
         ("forward", 0.0, row["t_fwd"], COLORS["fwd"]),
         ("backward", row["t_fwd"], row["t_bwd"], COLORS["bwd"]),
         ("optimizer", row["t_fwd"] + row["t_bwd"], row["t_opt"], COLORS["opt"]),
-    ):
-        fig.add_trace(
-            go.Bar(
-                y=["compute"],
-                x=[dur * 1e3],
-                base=[start * 1e3],
-                orientation="h",
-                name=name,
-                marker_color=color,
-                hovertemplate=f"{name}: %{{x:.1f}} ms<extra></extra>",
-            )
-        )
+    )
+    add_phase_bar(fig, phases)
     c = run.collectives
     c = c[(c["rank"] == rank) & (c["step"] == step)].sort_values("t_start")
     labels = [

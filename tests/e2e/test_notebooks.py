@@ -139,7 +139,7 @@ def lab10(run, text):
     """A tensor-parallel run that trains like one process, three pipeline runs with their bubbles, 1F1B holding P
     micro-batches, the planner against the runs."""
     assert "blocks: run.resolved['n_layers'] = 2; layout {'dp': 1, 'tp': 2, 'pp': 1}" in text
-    assert "outcome: equal: every step's loss within" in text
+    assert "agreement with one process: equal: every step's loss within" in text
     assert "1f1b, M = 4: micro-batches held at once per stage: {0: 2, 1: 1}" in text
     assert "gpipe, M = 4: micro-batches held at once per stage: {0: 4, 1: 4}" in text
     assert "compute: measured: every stage's forwards and backwards" in text and "interconnect: this machine" in text

@@ -35,7 +35,8 @@ def test_bucket_events_are_ordered(tiny_run):
 def test_steps_baseline_and_metadata(tiny_run):
     run = tiny_run
     assert run.status["state"] == "finished"
-    assert len(run.steps) == 2 * run.config.steps and len(run.baseline_steps) == 2 * run.config.ddp.baseline_steps
+    assert len(run.steps) == 2 * run.config.steps
+    assert len(run.baseline_steps) == 2 * run.config.measurement.baseline_steps
     for col in ("t_fwd", "t_bwd", "t_opt", "t_step"):
         assert (run.steps[col] > 0).all()
     # t_step is checked against a clock it was not computed from: the wall time between the step events a rank
@@ -45,7 +46,7 @@ def test_steps_baseline_and_metadata(tiny_run):
         ev = [json.loads(line) for line in open(os.path.join(run.path, "events", f"rank{r}.jsonl"))]
         st = [e for e in ev if e["kind"] in ("step", "baseline_step")]
         # baseline steps interleaved, each right after the training step it is paired with (dtlab.config.baseline)
-        order = run_order(run.config.steps, run.config.warmup, run.config.ddp.baseline_steps)
+        order = run_order(run.config.steps, run.config.warmup, run.config.measurement.baseline_steps)
         assert [(e["step"], e.get("paired_step")) for e in st] == order
         assert [e["step"] for e in st if e["kind"] == "baseline_step"] == [s for s, p in order if p is not None]
         for prev, cur in zip(st, st[1:]):

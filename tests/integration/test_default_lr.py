@@ -42,3 +42,16 @@ def test_the_plain_tiny_command_learns_at_the_default_lr(tmp_path):
     assert list(ev["step"]) == [0, 50, 100, 150, 200]
     assert ev["accuracy"].iloc[0] < 0.6  # before training: about the majority class
     assert ev["accuracy"].iloc[-1] >= 0.85, ev[["step", "accuracy"]].to_dict("records")
+
+
+# builds and saves models through transformers' DistilBERT classes: about 5 CPU-seconds of imports in a test process
+def test_build_model_says_whether_its_weights_are_pretrained(tmp_path):
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    from dtlab.config.models import TINY_ARCH
+    from dtlab.rank.data import build_model
+
+    assert build_model("tiny", "random", None, 0).pretrained is False
+    DistilBertForSequenceClassification(DistilBertConfig(num_labels=2, **TINY_ARCH)).save_pretrained(tmp_path)
+    loaded = build_model("distilbert", "auto", str(tmp_path), 0)
+    assert loaded.pretrained is True and loaded.model_source.startswith("pretrained")

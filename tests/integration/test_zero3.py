@@ -1,6 +1,8 @@
 """Real 2-process DeepSpeed ZeRO-3 run of the tiny model on CPU/gloo: every byte accounted for, memory
 against DDP, and ZeRO-specific bad input refused before launch."""
 
+import ast
+import inspect
 import os
 
 import pytest
@@ -183,3 +185,29 @@ def test_zero3_trace_matches_the_run(z3):
     xs = check_trace(z3, z3.to_chrome_trace())
     ops = {e["args"]["op"] for e in xs if e["cat"] == "communication"}
     assert {"all_gather", "reduce_scatter"} <= ops
+
+
+# DeepSpeed's own source, read where the recorder wraps it: importing deepspeed costs a test process about 2
+# CPU-seconds, so this check lives here, not in the fast tier
+def _group_index(method: str) -> int:
+    """Position of `group` in DeepSpeed's TorchBackend method (after self), read from its source."""
+    import importlib
+
+    dst = importlib.import_module("deepspeed.comm.torch")  # `import deepspeed.comm.torch` binds torch itself
+    tree = ast.parse(inspect.getsource(dst))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "TorchBackend":
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == method:
+                    return [a.arg for a in fn.args.args][1:].index("group")
+    raise LookupError(method)
+
+
+def test_group_sits_just_before_async_op_in_every_wrapped_method():
+    """The recorder reads a collective's group at async_op's index - 1 (one owned end stream per group)."""
+    pytest.importorskip("deepspeed")
+    from dtlab.rank.strategies.zero3.comm import _METHODS
+
+    for method, (_, _, async_spec) in _METHODS.items():
+        if async_spec is not None:
+            assert _group_index(method) == async_spec[0] - 1, method

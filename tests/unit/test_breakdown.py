@@ -106,8 +106,9 @@ def test_the_default_is_one_baseline_step_per_measured_step_within_3_to_8():
     import dtlab
 
     assert [auto_baseline_steps(s, w) for s, w in ((8, 2), (4, 1), (2, 1), (3000, 2), (10, 2))] == [6, 3, 3, 8, 8]
-    assert dtlab.RunConfig(steps=8).validate(cuda_device_count=0).ddp.baseline_steps == 6  # the README's main job
-    assert dtlab.RunConfig(strategy="zero3", steps=8).validate(cuda_device_count=0).ddp.baseline_steps == 0
+    main_job = dtlab.RunConfig(steps=8).validate(cuda_device_count=0)  # the README's main job
+    assert main_job.measurement.baseline_steps == 6
+    assert dtlab.RunConfig(strategy="zero3", steps=8).validate(cuda_device_count=0).measurement.baseline_steps == 0
 
 
 def test_run_order_interleaves_numbers_baselines_after_the_steps_and_resumes_without_them():

@@ -9,7 +9,18 @@ import re
 import pytest
 
 import dtlab
-from dtlab.config.convergence import eval_due, lr_at, lr_multiplier, lr_plan, peak_lr, update_batch, warmup_factor
+from dtlab.config.convergence import (
+    eval_due,
+    eval_steps,
+    lr_at,
+    lr_multiplier,
+    lr_plan,
+    lr_rule_text,
+    peak_lr,
+    update_batch,
+    warmup_factor,
+)
+from dtlab.config.strategies import strategy_spec
 from dtlab.model import costmodel
 from dtlab.model.convergence import Lever, crossover_bandwidth, first_to_target, step_time, time_to_target
 from dtlab.rank.staleness import Book
@@ -43,7 +54,7 @@ def test_the_rank_optimizer_uses_the_lr_the_rule_claims():
     from dtlab.rank.optim import Optimizer
 
     cfg = dtlab.tiny(batch_size=8, nproc=2, lr=1e-3, lr_scaling="sqrt", warmup_steps=3)
-    plan = lr_plan(cfg, pretrained=None)
+    plan = lr_plan(cfg, pretrained=None, asynchronous=False)
     p = torch.nn.Parameter(torch.zeros(2))
     opt = Optimizer(plan, [p])
     seen = []
@@ -61,6 +72,18 @@ def test_the_rank_optimizer_uses_the_lr_the_rule_claims():
 def test_evaluations_are_due_before_the_first_step_every_n_and_after_the_last():
     assert [s for s in range(12) if eval_due(s, 5, 11)] == [0, 5, 10, 11]
     assert not any(eval_due(s, 0, 11) for s in range(12))
+    assert eval_steps(5, 11) == {0, 5, 10, 11} and eval_steps(0, 11) == set()  # what the evaluator holds once
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "async"])
+def test_the_ranks_plan_from_the_specs_flag_is_the_configs_rule(strategy):
+    """A rank settles its lr from the spec it was handed (its `asynchronous` flag), not by looking the strategy up:
+    the same peak, schedule and words as the config's own rule, for a synchronous and an asynchronous run."""
+    cfg = dtlab.tiny(strategy=strategy, nproc=3, batch_size=8, lr=1e-3, lr_scaling="linear", warmup_steps=2)
+    plan = lr_plan(cfg, None, strategy_spec(strategy).asynchronous)
+    assert plan.peak == pytest.approx(peak_lr(cfg)) and plan.rule == lr_rule_text(cfg)
+    assert [plan.peak * plan.factor(s) for s in range(3)] == pytest.approx([lr_at(cfg, s) for s in range(3)])
+    assert plan.peak == pytest.approx(1e-3 * (1 if strategy == "async" else 3))  # one worker's batch, or all three
 
 
 # ---- the generated data -----------------------------------------------------------------------------------------

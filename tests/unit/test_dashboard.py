@@ -229,6 +229,36 @@ def test_whatif_timeline_figure():
     assert_units(fig)
 
 
+def test_the_phase_bar_is_drawn_by_one_function():
+    """Every step timeline's row 'compute' (measured, predicted, tensor-parallel) is `add_phase_bar`'s: bars in ms
+    from the step start, an optional phase left out when it lasted no time."""
+    from dtlab.viz.figures import add_phase_bar
+
+    fig = go.Figure()
+    phases = [("forward", 0.0, 0.01, "#111"), ("injected delay", 0.01, 0.0, "#222"), ("backward", 0.01, 0.02, "#333")]
+    add_phase_bar(fig, phases, digits=2, optional=("injected delay",))
+    assert [t.name for t in fig.data] == ["forward", "backward"]
+    assert (fig.data[1].base[0], fig.data[1].x[0]) == pytest.approx((10.0, 20.0))
+    assert fig.data[1].hovertemplate == "backward: %{x:.2f} ms<extra></extra>" and list(fig.data[1].y) == ["compute"]
+    add_phase_bar(fig, phases)  # not optional: a phase of no time is drawn
+    assert [t.name for t in fig.data[2:]] == ["forward", "injected delay", "backward"]
+    r = wi.whatif(0.01, 0.02, 0.003, wi.distilbert_param_nbytes()[::-1], 25, 8, LINK)
+    drawn = [t for t in mf.whatif_timeline_figure(r).data if list(t.y) == ["compute"]]
+    want = go.Figure()
+    end = r["t_fwd"] + r["t_bwd_comp"]
+    add_phase_bar(
+        want,
+        [
+            ("forward", 0.0, r["t_fwd"], mf.COLORS["fwd"]),
+            ("backward", r["t_fwd"], r["t_bwd_comp"], mf.COLORS["bwd"]),
+            ("exposed comm (wait)", end, r["exposed"], mf.COLORS["exposed"]),
+            ("optimizer", end + r["exposed"], r["t_opt"], mf.COLORS["opt"]),
+        ],
+        digits=2,
+    )
+    assert [t.to_plotly_json() for t in drawn] == [t.to_plotly_json() for t in want.data]
+
+
 def test_explorer_defaults_and_slider_updates():
     from dtlab.viz.dashboard import explorer
 

@@ -73,42 +73,26 @@ def test_lr_is_auto_by_default_and_refused_by_name():
             dtlab.tiny(lr=bad).validate()
 
 
-class _Built:
-    def __init__(self, pretrained):
-        self.pretrained = pretrained
-
-
 def test_the_rank_settles_cfg_lr_before_its_optimizer_exists():
     import torch
 
-    from dtlab.rank.optim import Optimizer, settle_lr
+    from dtlab.config.convergence import settle_lr
+    from dtlab.rank.optim import Optimizer
 
     cfg = dtlab.tiny(model="distilbert", model_source="auto")
-    plan = settle_lr(cfg, _Built(pretrained=True))
+    plan = settle_lr(cfg, pretrained=True, asynchronous=False)
     assert cfg.lr == FINE_TUNING_LR and {"value": plan.value, "source": plan.source} == default_lr("distilbert", True)
     cfg = dtlab.tiny(model="distilbert", model_source="auto")
-    plan = settle_lr(cfg, _Built(pretrained=False))
+    plan = settle_lr(cfg, pretrained=False, asynchronous=False)
     assert plan.value == cfg.lr == RANDOM_INIT_LR["distilbert"][0]
     assert plan.peak == lr_at(cfg, plan.warmup_steps) and plan.rule == lr_rule_text(cfg)  # the rule's own numbers
     opt = Optimizer(plan, [torch.nn.Parameter(torch.zeros(2))])
     assert opt.lr == RANDOM_INIT_LR["distilbert"][0]
     cfg = dtlab.tiny(lr=7e-4, lr_scaling="linear", warmup_steps=3)
-    plan = settle_lr(cfg, _Built(pretrained=True))
+    plan = settle_lr(cfg, pretrained=True, asynchronous=False)
     assert plan.value == cfg.lr == 7e-4 and plan.peak == lr_at(cfg, 3) == 7e-4 * 2 and plan.rule == lr_rule_text(cfg)
     opt = Optimizer(plan, [torch.nn.Parameter(torch.zeros(2))])
     assert opt.lr == pytest.approx(7e-4 * 2 / 3)  # the first of 3 warmup steps
-
-
-def test_build_model_says_whether_its_weights_are_pretrained(tmp_path):
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
-
-    from dtlab.config.models import TINY_ARCH
-    from dtlab.rank.data import build_model
-
-    assert build_model("tiny", "random", None, 0).pretrained is False
-    DistilBertForSequenceClassification(DistilBertConfig(num_labels=2, **TINY_ARCH)).save_pretrained(tmp_path)
-    loaded = build_model("distilbert", "auto", str(tmp_path), 0)
-    assert loaded.pretrained is True and loaded.model_source.startswith("pretrained")
 
 
 def _run_dir(tmp_path, resolved_lr, config_lr=None):

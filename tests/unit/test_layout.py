@@ -261,14 +261,6 @@ def test_cli_defaults_are_the_config_defaults(command, cls):
         assert args[name] == default, f"`dtlab {command}` --{name}: {args[name]!r} != config default {default!r}"
 
 
-def test_python_m_dtlab_works():
-    import subprocess
-    import sys
-
-    cp = subprocess.run([sys.executable, "-m", "dtlab", "--help"], capture_output=True, text=True, timeout=60)
-    assert cp.returncode == 0 and "run" in cp.stdout and "doctor" in cp.stdout and "trace" in cp.stdout
-
-
 @pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
 def test_no_module_over_450_lines(path):
     n = len(path.read_text().splitlines())

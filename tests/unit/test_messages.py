@@ -1,13 +1,9 @@
 """The library's messages go through logging.getLogger("dtlab"): printed as before while the program configures no
 logging (information on stdout, warnings on stderr), silenced by the logger's level, routed to the program's own
-handlers once it has some; and `dtlab --version` names the release and where it was imported from."""
+handlers once it has some (`dtlab --version`: tests/integration/test_entry_point.py)."""
 
 import logging
-import os
-import subprocess
-import sys
 
-import dtlab
 from dtlab.launching.replay import Replayed
 
 
@@ -35,10 +31,3 @@ def test_a_program_with_its_own_logging_gets_the_messages_once_through_its_handl
         ("dtlab.launching.replay", "INFO", "replayed from /runs/r1 (recorded; not run again)")
     ]
     assert capsys.readouterr() == ("", "")  # not printed a second time
-
-
-def test_dtlab_version_names_the_release_and_the_package():
-    out = subprocess.run(
-        [sys.executable, "-m", "dtlab", "--version"], capture_output=True, text=True, check=True, timeout=120
-    ).stdout
-    assert out.strip() == f"dtlab {dtlab.__version__} from {os.path.dirname(os.path.abspath(dtlab.__file__))}"

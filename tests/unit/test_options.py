@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import dtlab
+from dtlab.config.baseline import run_order
 from dtlab.config.compression import CompressionConfig
 from dtlab.config.convergence import EvaluationConfig, LrScheduleConfig, SyncConfig
 from dtlab.config.options import FLAT, nest
@@ -85,7 +86,7 @@ def test_each_group_is_validated_by_its_owner_naming_the_option(kw, match):
 def test_to_dict_is_nested_with_its_version_and_round_trips():
     cfg = tiny(microbatches=2, strategy="pp", comm_hook="none", eval_samples=16)
     d = cfg.to_dict()
-    assert d["config_version"] == CONFIG_VERSION == 4
+    assert d["config_version"] == CONFIG_VERSION == 5
     assert d["parallel"] == {"dp_degree": 1, "microbatches": 2, "schedule": "gpipe"}
     assert not set(FLAT) & set(d), "no flat option in the written form"
     assert RunConfig.from_dict(json.loads(json.dumps(d))) == cfg
@@ -158,7 +159,8 @@ def test_a_run_recorded_before_the_groups_loads(tmp_path):
     assert doc["lr_schedule"] == {"scaling": "sqrt", "base_batch": 8, "warmup_steps": 1}
     assert run.config.restarts.checkpoint_every == 2
     flat = json.loads((OLD_RUN / "config.json").read_text())["config"]  # version 1: every option at the top
-    assert run.config.ddp.bucket_mb == flat["bucket_mb"] and run.config.ddp.baseline_steps == flat["baseline_steps"]
+    assert run.config.ddp.bucket_mb == flat["bucket_mb"]
+    assert run.config.measurement.baseline_steps == flat["baseline_steps"]
     assert run.config.stragglers.slow == flat["straggler"] and run.config.checks.reference is False
     assert not set(FLAT) & set(doc)
     assert run.config.compression.hook == "fp16" and run.config.lr_schedule.warmup_steps == 1
@@ -202,13 +204,53 @@ def test_version_3_moves_ddps_options_the_straggler_and_the_reference_into_their
     v3 = {"config_version": 3, "strategy": "ddp", "bucket_mb": 5.0, "accumulate": 2, "baseline_steps": 3}
     v3 |= {"profile": True, "straggler": "1:2.0", "reference": False, "parallel": {"microbatches": 1}}
     up = upgrade(v3)
-    assert up["ddp"] == {"bucket_mb": 5.0, "accumulate": 2, "baseline_steps": 3, "profile": True}
+    assert up["ddp"] == {"bucket_mb": 5.0, "accumulate": 2}
+    assert up["measurement"] == {"baseline_steps": 3, "profile": True}
     assert up["stragglers"] == {"slow": "1:2.0"} and up["checks"] == {"reference": False}
     assert not {"bucket_mb", "accumulate", "baseline_steps", "profile", "straggler", "reference"} & set(up)
     cfg = RunConfig.from_dict(up)
     assert (cfg.ddp.bucket_mb, cfg.ddp.accumulate, cfg.stragglers.slow) == (5.0, 2, "1:2.0")
 
 
+#: a tiny DDP run's config as dtlab recorded it at version 4: the baseline steps and the profiler in DDP's group
+V4_CONFIG = {
+    "config_version": 4,
+    **{"strategy": "ddp", "model": "tiny", "nproc": 2, "steps": 6, "warmup": 1, "batch_size": 4, "seq_len": 32},
+    **{"model_source": "random", "data": "offline", "device": "cpu"},
+    "ddp": {"bucket_mb": 1.0, "accumulate": 1, "baseline_steps": 4, "profile": True},
+    "stragglers": {"slow": None},
+    "checks": {"reference": False},
+}
+
+
+def test_a_version_4_config_loads_with_its_baseline_and_profiler_in_the_measurement_group():
+    up = upgrade(V4_CONFIG)
+    assert up["config_version"] == CONFIG_VERSION
+    assert up["ddp"] == {"bucket_mb": 1.0, "accumulate": 1}
+    assert up["measurement"] == {"baseline_steps": 4, "profile": True}
+    cfg = RunConfig.from_dict(up).validate(cuda_device_count=0)
+    # it means what it meant: the same run as today's flat spelling of the same options, the same run order
+    flat = {k: v for k, v in V4_CONFIG.items() if k not in ("config_version", "ddp", "stragglers", "checks")}
+    today = RunConfig.from_dict({**flat, "bucket_mb": 1.0, "baseline_steps": 4, "profile": True})
+    assert cfg == today.validate(cuda_device_count=0)
+    assert run_order(cfg.steps, cfg.warmup, cfg.measurement.baseline_steps) == run_order(6, 1, 4)
+    assert upgrade(up) == up  # the current form is left as it is
+
+
+def test_a_run_recorded_at_version_4_loads(tmp_path):
+    path = shutil.copytree(OLD_RUN, tmp_path / "run")
+    doc = json.loads((path / "config.json").read_text())
+    flat = doc["config"]
+    doc["config"] = {**upgrade(flat), "config_version": 4}  # the same run, written as version 4 wrote it
+    doc["config"]["ddp"] = {**doc["config"]["ddp"], **doc["config"].pop("measurement")}
+    (path / "config.json").write_text(json.dumps(doc))
+    run = dtlab.load_run(str(path))
+    assert run.status["state"] == "finished" and not run.warnings
+    assert run.config.measurement.baseline_steps == flat["baseline_steps"] and len(run.baseline_steps)
+    assert run.config.to_dict() == upgrade(flat)
+
+
 def test_the_shipped_gpu_runs_load_in_todays_form():
     run = dtlab.recorded_run("h200-ddp").run
-    assert run.config.ddp.bucket_mb == 25 and run.config.ddp.baseline_steps == 3 and run.config.stragglers.slow is None
+    assert run.config.ddp.bucket_mb == 25 and run.config.measurement.baseline_steps == 3
+    assert run.config.stragglers.slow is None

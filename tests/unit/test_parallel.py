@@ -245,12 +245,12 @@ def test_the_single_process_check_catches_summed_gradients(summed):
     rec = grad_agreement(zip(got, ref))
     assert rec["params_compared"] == 4
     table = pd.DataFrame([{"rank": r, "step": 0, "loss": 0.69, "ref_loss": 0.69, **rec} for r in range(2)])
-    outcome, why = reference.outcome(reference.step_table(table), world=2)
+    agreed, why = reference.agreement(reference.step_table(table), world=2)
     if summed:
-        assert rec["grad_ratio"] == pytest.approx(2.0) and outcome == "summed", why
+        assert rec["grad_ratio"] == pytest.approx(2.0) and agreed == "summed", why
         assert "summed over the ranks instead of averaged" in why and "162338" in why
     else:
-        assert rec["grad_ratio"] == pytest.approx(1.0) and rec["grad_rel_err"] < 1e-6 and outcome == "equal", why
+        assert rec["grad_ratio"] == pytest.approx(1.0) and rec["grad_rel_err"] < 1e-6 and agreed == "equal", why
 
 
 def test_the_single_process_check_names_a_loss_or_gradient_that_differs():
@@ -263,11 +263,11 @@ def test_the_single_process_check_names_a_loss_or_gradient_that_differs():
         "grad_rel_err": 1e-7,
         "grad_max_abs_diff": 0.0,
     }
-    ok = reference.outcome(reference.step_table(pd.DataFrame([base])), world=2)
+    ok = reference.agreement(reference.step_table(pd.DataFrame([base])), world=2)
     assert ok[0] == "equal"
-    off = reference.outcome(reference.step_table(pd.DataFrame([dict(base, grad_ratio=1.01, grad_rel_err=0.01)])), 2)
+    off = reference.agreement(reference.step_table(pd.DataFrame([dict(base, grad_ratio=1.01, grad_rel_err=0.01)])), 2)
     assert off[0] == "differs" and "gradient ratio 1.01" in off[1]
-    loss = reference.outcome(reference.step_table(pd.DataFrame([dict(base, loss=0.7)])), world=2)
+    loss = reference.agreement(reference.step_table(pd.DataFrame([dict(base, loss=0.7)])), world=2)
     assert loss[0] == "differs" and "loss 0.7" in loss[1]
     pipe = pd.DataFrame([dict(base, loss=None), dict(base, rank=1)])  # a pipeline: only the last stage has a loss
     assert reference.step_table(pipe).loc[0, "loss"] == pytest.approx(0.69)

@@ -9,6 +9,7 @@ import dtlab
 from dtlab.config.placement import plan
 from dtlab.config.run import RunConfig
 from dtlab.rank import recorder as rec_mod
+from dtlab.rank.marks import Marks
 
 
 @pytest.mark.parametrize(
@@ -131,7 +132,7 @@ def test_hook_divides_before_ready_and_issues_at_ready(monkeypatch):
     dtlab's sits between two all-reduces on the channel), the collective sees the averaged buffer, t_start is
     the ready mark, and t_end comes from the completion callback."""
     log = []
-    r = rec_mod.BucketRecorder(world_size=4, device=torch.device("cpu"))
+    r = rec_mod.BucketRecorder(world_size=4, marks=Marks(torch.device("cpu"), "gloo"))
     r.begin_step(100.0)
     bucket = _FakeBucket([4.0, 8.0, 12.0])
     clock = iter([101.0, 102.5])
@@ -170,7 +171,7 @@ def test_hook_divides_before_ready_and_issues_at_ready(monkeypatch):
 def test_baseline_hook_is_the_recording_hook_minus_the_collective(monkeypatch):
     """The no-op baseline pays what the measured hook pays besides communication (division, ready mark,
     callback with its end mark), so T_step - T_comp does not count the hook's own cost as exposed."""
-    r = rec_mod.BucketRecorder(world_size=2, device=torch.device("cpu"))
+    r = rec_mod.BucketRecorder(world_size=2, marks=Marks(torch.device("cpu"), "gloo"))
     r.mode = "noop"
     marks = []
     monkeypatch.setattr(r, "_mark", lambda: marks.append("mark") or float(len(marks)))
@@ -335,7 +336,7 @@ def test_ddp_hook_on_gloo_cuda_times_buckets_on_the_ranks_gpu(monkeypatch):
     clock, calls = Clock(0.0), []
     m, cuda = _marks("gloo", torch.device("cuda", 1), clock, calls)
     cuda.set_device(1)
-    r = rec_mod.BucketRecorder(world_size=2, device=torch.device("cuda", 1), marks=m)
+    r = rec_mod.BucketRecorder(world_size=2, marks=m)
     start = cuda.Event()
     start.record()  # the step clock's first mark, on the compute stream of cuda:1
     r.begin_step(start)

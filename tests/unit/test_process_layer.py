@@ -8,7 +8,6 @@ these tests show that dtlab reaches the system only through psutil, not that psu
 
 import ast
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from dtlab.launching.agent import RANK_COMM
 from dtlab.launching.torchrun import is_rank_of, proc_state, rank_processes
 from dtlab.results.liveness import alive, identity, running_state
 from dtlab.runfiles import mount_of
+
+from .source_tree import ROOT, modules
 
 _EVENTS = {"open", "os.listdir", "os.scandir", "os.readlink"}
 _HIDDEN: dict = {"on": False, "tried": []}
@@ -171,10 +172,9 @@ def _proc_paths(tree):
 
 
 def test_no_dtlab_module_reads_proc_directly():
-    root = pathlib.Path(__file__).resolve().parents[2]
     found = []
-    for path in sorted((root / "dtlab").rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
+    for path, tree in modules():  # the package parsed once per test process, shared with the style checks
+        rel = path.relative_to(ROOT).as_posix()
         if rel not in _ALLOWED:
-            found += [f"{rel}:{line}: {text}" for line, text in _proc_paths(ast.parse(path.read_text()))]
+            found += [f"{rel}:{line}: {text}" for line, text in _proc_paths(tree)]
     assert found == [], "read processes and the machine through psutil instead:\n" + "\n".join(found)

@@ -60,7 +60,8 @@ def _transport_rank(rank, world, store, out, sizes):
 def test_ps_bad_combinations_refused_by_name(changes, needle):
     with pytest.raises(ValueError, match=needle):
         dtlab.tiny(**changes).validate(cuda_device_count=0)
-    assert dtlab.tiny(strategy="ps").validate(cuda_device_count=0).ddp.baseline_steps == 3  # the no-op baseline works
+    ps = dtlab.tiny(strategy="ps").validate(cuda_device_count=0)
+    assert ps.measurement.baseline_steps == 3  # the no-op baseline works
 
 
 def test_calibration_group_sizes_checked_and_sizes_rounded_for_every_group():

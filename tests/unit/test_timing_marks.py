@@ -20,7 +20,7 @@ from fake_cuda import FakeCudaFuture, FakeStream, FakeTorch, TickClock, make_own
 from dtlab.config.environment import ENV_SET, env_record, set_default
 from dtlab.rank.collectives import CommRecorder
 from dtlab.rank.marks import Marks
-from dtlab.rank.strategies import pp
+from dtlab.rank.strategies import pp_p2p as pp
 
 
 class Writer:
@@ -67,44 +67,17 @@ class Op:
         self.group = types.SimpleNamespace(group_name="0")
 
 
-@pytest.mark.parametrize("desc", ["fwd_send_bwd_recv", "bwd_send_fwd_recv"])
-def test_a_batch_coalesced_into_one_work_ends_every_send_and_receive(monkeypatch, desc):
-    """torch's own helpers, with batch_isend_irecv returning one Work for the two ops (NCCL coalesces; gloo does
-    not, which is why a CPU run never showed it): both records end, with their bytes, on the device's clock, and the
-    wait is one blocked interval."""
-    from torch.distributed.pipelining import schedules as sch
-
-    monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops: [OneWork()])
-    marks, _ = _fake_marks()
-    writer = Writer()
-    rec = CommRecorder(writer, 0, marks)
-    p2p = pp.P2PRecorder(sch._batch_p2p, sch._wait_batch_p2p)
-    monkeypatch.setitem(pp._ACTIVE, "recorder", rec)
-    rec.begin(0, marks.now())
-    works = p2p.batch_p2p([Op(dist.isend, 8), Op(dist.irecv, 16)], desc=desc)
-    assert len(works) == 1
-    p2p.wait_p2p(works)
-    rec.flush()
-    done = writer.of("collective")
-    assert sorted(f["nbytes"] for f in done) == [32, 64]
-    assert all(f["t_end"] is not None and f["t_end"] > f["t_start"] for f in done)
-    assert all(float(f["t_end"]).is_integer() for f in done)  # the device's ticks, not the host's clock
-    # the one wait blocked for both: one interval, named for each record it ended
-    assert len({(b["t_start"], b["t_end"]) for b in writer.of("blocked")}) == 1 and len(writer.of("blocked")) == 2
-    assert not p2p.open
-
-
 def test_a_helper_that_returns_one_work_instead_of_a_list_is_recorded():
     marks, _ = _fake_marks()
     writer = Writer()
     rec = CommRecorder(writer, 0, marks)
     p2p = pp.P2PRecorder(lambda ops, desc=None: OneWork(), lambda work: work.wait())
-    pp._ACTIVE["recorder"] = rec
+    pp.ACTIVE["recorder"] = rec
     try:
         p2p.wait_p2p(p2p.batch_p2p([Op(dist.isend, 4), Op(dist.irecv, 4)], desc="fwd_send_bwd_recv"))
         rec.flush()
     finally:
-        pp._ACTIVE["recorder"] = None
+        pp.ACTIVE["recorder"] = None
     assert [f["t_end"] is not None for f in writer.of("collective")] == [True, True]
 
 
@@ -125,7 +98,7 @@ def test_a_helper_that_calls_itself_through_the_module_is_recorded_once(monkeypa
     rec = CommRecorder(writer, 0, marks)
     p2p = pp.P2PRecorder(batch_p2p, lambda works: [w.wait() for w in works])
     mod._batch_p2p = p2p.batch_p2p
-    monkeypatch.setitem(pp._ACTIVE, "recorder", rec)
+    monkeypatch.setitem(pp.ACTIVE, "recorder", rec)
     p2p.wait_p2p(mod._batch_p2p([Op(dist.isend, 4), Op(dist.irecv, 8)], desc="fwd_send_bwd_recv"))
     rec.flush()
     assert sorted(f["nbytes"] for f in writer.of("collective")) == [16, 32]
@@ -154,7 +127,7 @@ def test_step_clock_and_timeline_read_the_device_clock():
     from dtlab.rank.recorder import Mark, StepClock
 
     marks, cuda = _fake_marks()
-    clock = StepClock(torch.device("cpu"), marks)
+    clock = StepClock(marks)
     clock.mark(Mark.START)
     clock.mark(Mark.FWD)
     clock.mark(Mark.OPT)
@@ -168,7 +141,7 @@ def test_a_mark_is_typed_and_a_misspelt_one_is_refused():
     from dtlab.rank.recorder import Mark, StepClock
 
     marks, _ = _fake_marks()
-    clock = StepClock(torch.device("cpu"), marks)
+    clock = StepClock(marks)
     with pytest.raises(TypeError, match=r"one of Mark.START, .*Mark.OPT.*got 'fwd'"):
         clock.mark("fwd")
     for m in (Mark.START, (Mark.FWD, 0), (Mark.BWD, 0), (Mark.FWD, 1), (Mark.BWD, 1), Mark.OPTIM, Mark.OPT):

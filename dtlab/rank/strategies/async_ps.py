@@ -74,9 +74,7 @@ class _AsyncRank(Strategy):
         cfg, rank, world = self.ctx.cfg, self.ctx.rank, self.ctx.world
         workers = world - 1  # the global batch is cut into one share per worker; the server reads none
         rep = build_replica(
-            cfg,
-            rank,
-            world,
+            self.ctx,
             shards=workers,
             shard=rank - 1 if rank else None,
             heldout=rank == 0 and cfg.evaluation.every > 0,
@@ -151,7 +149,7 @@ class AsyncWorker(_AsyncRank):
 
     """Ranks 1 .. p-1: compute a gradient, push it, pull the parameters back."""
 
-    def start(self) -> int:
+    def before_steps(self) -> int:
         """The message buffers, and the initial parameters from the server (before the first step, not timed)."""
         self.params = params = [p for p in self.model.parameters()]
         n = sum(p.numel() for p in params)

@@ -30,7 +30,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from dtlab.config.parallel import layout
-from dtlab.config.run import RunConfig
 from dtlab.rank.build import build_replica
 from dtlab.rank.collectives import CommRecorder
 from dtlab.rank.compression import Codec
@@ -72,9 +71,7 @@ class DataParallel(Strategy):
         """Build the replica, wrap it, the recorder, optimizer and evaluator; the facts rank 0 records."""
         cfg, rank, world = self.ctx.cfg, self.ctx.rank, self.ctx.world
         rep = build_replica(
-            cfg,
-            rank,
-            world,
+            self.ctx,
             shards=world,
             shard=rank,
             nccl_timing=bool(cfg.record and self.nccl_timing),
@@ -94,7 +91,9 @@ class DataParallel(Strategy):
                 comp.hook, comp.powersgd_rank, comp.powersgd_start_iter, cfg.seed, serialize=backend == "gloo"
             )
         transport = self.transport(device, backend)
-        self.recorder = BucketRecorder(world, device, codec, transport, backend=backend, marks=self.marks)
+        self.recorder = BucketRecorder(world, self.marks, codec, transport)
+        self.clock = StepClock(self.marks)
+        recorded = recorder_facts(self.recorder)
         self.register_hook()
         self.optim = Optimizer(rep.lr, self.ddp.parameters(), cfg.optimizer_impl)  # AdamW, lr scaled, warmed up
         self.opt = self.optim.opt
@@ -110,7 +109,7 @@ class DataParallel(Strategy):
         facts = {
             **rep.facts,
             "straggler": self.straggler.plan,
-            **recorder_facts(self.recorder),
+            **recorded,
             **self.evaluator.facts,
             "lr_rule": rep.lr.rule,
         }
@@ -119,7 +118,7 @@ class DataParallel(Strategy):
     def register_hook(self) -> None:
         """Install the recording comm hook where the model has one (DDP)."""
 
-    def start(self) -> int:
+    def before_steps(self) -> int:
         """Resume from a checkpoint when a group was restarted, evaluate before the first step; the first step."""
         ctx = self.ctx
         self.ckpt = Checkpointer(
@@ -129,7 +128,6 @@ class DataParallel(Strategy):
         self.optim.resume_at(first)
         if first == 0:
             eval_pause(self.evaluator, self.model, 0, ctx.train_clock, ctx.writer, ctx.rank)
-        self.clock = StepClock(self.device, self.marks)
         self.marks.seal()
         return first
 
@@ -225,12 +223,14 @@ class SplitReplica:
     facts: dict
 
 
-def split_replica(cfg: RunConfig, rank: int, world: int) -> SplitReplica:
-    """The replica (dtlab.rank.build: process group, model, this replica's batches), the mesh and the reference."""
+def split_replica(ctx) -> SplitReplica:
+    """The replica of rank `ctx.rank` (dtlab.rank.build: process group, model, this replica's batches), the mesh and
+    the reference."""
+    cfg, rank, world = ctx.cfg, ctx.rank, ctx.world
     deg = layout(cfg)
     dp = deg["dp"]
     dp_rank = rank // (world // dp)
-    rep = build_replica(cfg, rank, world, shards=dp, shard=dp_rank, every_shard=cfg.checks.reference)
+    rep = build_replica(ctx, shards=dp, shard=dp_rank, every_shard=cfg.checks.reference)
     spec_axis = "tp" if deg["tp"] > 1 else "pp" if deg["pp"] > 1 else None
     mesh = None
     if spec_axis is not None:
@@ -330,7 +330,7 @@ class SplitStrategy(Strategy):
     def setup(self) -> Setup:
         """Build the replica, its marks and recorder, and split it."""
         ctx = self.ctx
-        replica = self.replica = split_replica(ctx.cfg, ctx.rank, ctx.world)
+        replica = self.replica = split_replica(ctx)
         self.marks = rank_marks(replica.device, replica.backend)
         self.rec = CommRecorder(ctx.writer, ctx.rank, self.marks)
         facts = self.split(replica)
@@ -338,9 +338,9 @@ class SplitStrategy(Strategy):
         ready = {**self.ready_fields(), **{k: v for k, v in replica.facts.items() if k != "param_nbytes"}}
         return Setup(replica.device, replica.backend, resolved, ready)
 
-    def start(self) -> int:
+    def before_steps(self) -> int:
         """The step clock; no stream is made after this."""
-        self.clock = StepClock(self.replica.device, self.marks)
+        self.clock = StepClock(self.marks)
         self.marks.seal()
         return 0
 

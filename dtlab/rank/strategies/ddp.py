@@ -43,7 +43,7 @@ class DDPStrategy(DataParallel):
     def register_hook(self) -> None:
         """The recording hook, when buckets are recorded or a baseline needs it to switch to no-op."""
         cfg = self.ctx.cfg
-        if cfg.record or cfg.ddp.baseline_steps:
+        if cfg.record or cfg.measurement.baseline_steps:
             self.ddp.register_comm_hook(None, self.recorder.hook)
 
     def accumulating(self, no_sync: bool):

@@ -63,10 +63,10 @@ class Zero3(Strategy):
     def setup(self) -> Setup:
         """Build, initialize DeepSpeed with the recorder installed (its collectives written with step -1)."""
         cfg, rank, world = self.ctx.cfg, self.ctx.rank, self.ctx.world
-        deepspeed = import_deepspeed(cfg.placement().device)  # DeepSpeed's accelerator follows the device
+        deepspeed = import_deepspeed(self.ctx.placed.device)  # DeepSpeed's accelerator follows the device
         # the replica's process group suits DeepSpeed: init_distributed finds torch.distributed initialised and only
         # builds its backend object around it (for nccl it binds device_id just as DeepSpeed would).
-        rep = build_replica(cfg, rank, world, shards=world, shard=rank)
+        rep = build_replica(self.ctx, shards=world, shard=rank)
         device, backend = rep.device, rep.backend
         self.device, self.batches = device, rep.batches
         local_rank = remap_local_rank(device)  # before DeepSpeed reads LOCAL_RANK (engine, partitioning)
@@ -110,10 +110,10 @@ class Zero3(Strategy):
         self.expected_opt = facts["expected_allgather_bytes_optimizer"]
         return Setup(device, backend, facts, facts)
 
-    def start(self) -> int:
+    def before_steps(self) -> int:
         """The step clock; no stream is made after this."""
         self.params = list(self.engine.module.parameters())
-        self.clock = StepClock(self.device, self.marks)
+        self.clock = StepClock(self.marks)
         self.marks.seal()
         return 0
 
