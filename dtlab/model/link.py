@@ -26,6 +26,7 @@ import numpy as np
 from dtlab.model import costmodel
 from dtlab.model import hierarchy as hi
 from dtlab.model.sharing import stretch_from_profile
+from dtlab.units import fmt_bytes
 
 #: Message size (bytes) at which a profile's loaded / idle all-reduce ratio is read: DDP's default bucket cap.
 CONTENTION_AT_BYTES = 25 * 2**20
@@ -222,7 +223,7 @@ class Link:
         regimes = regimes if len(regimes) > 1 else ()
         r_how = (
             f"regimes: {len(regimes)} size regimes of the piecewise fit ("
-            + ", ".join(f"{r.min_bytes / 2**20:.3g}..{r.max_bytes / 2**20:.3g} MiB" for r in regimes)
+            + ", ".join(f"{fmt_bytes(r.min_bytes)}..{fmt_bytes(r.max_bytes)}" for r in regimes)
             + "), each size priced by its own"
             if regimes
             else "regimes: one line over every size (" + ("one regime fitted)" if piecewise else "piecewise=False)")
