@@ -160,9 +160,7 @@ def main():
             t_comp=t_comp,
             nbytes=main_runs["baseline (DDP)"].resolved["grad_bytes"],
             nproc=2,
-            alpha=fit.alpha,
-            beta=fit.beta,
-            form=fit.form,
+            link=prof,
             t_apply=comp["t_opt"],
         )
         table["measured s"] = [main_runs[k].time_to(a.target) for k in table["label"]]

@@ -22,6 +22,7 @@ import pandas as pd
 import dtlab
 from dtlab.cli.flags import parse_bytes
 from dtlab.model.fit import fit_alpha_beta
+from dtlab.model.link import Link
 from dtlab.model.ps import forms_table
 
 
@@ -44,7 +45,7 @@ def collectives(out: str, nprocs: list, sizes: list, iters: int) -> tuple:
     med = s.groupby(["nproc", "nbytes", "op"])["seconds"].median().unstack("op")
     med["ps_over_ring"] = med["ps"] / med["all_reduce"]
     med = med.reset_index()
-    forms = forms_table(0.0, 1.0, 1.0, med["nproc"].to_numpy())
+    forms = forms_table(Link(alpha=0.0, beta=1.0), 1.0, med["nproc"].to_numpy())
     for c in ("ps_over_ring_server", "ps_over_ring_gloo", "ps_over_ring_nccl"):
         med[c.replace("ps_over_ring_", "form_")] = forms[c].to_numpy()
     med["oversubscribed"] = med["nproc"] > (cores or 10**6)

@@ -7,8 +7,9 @@ depends on the machine, so the composition predicts it for machines never run on
 
     time to target (lever) = steps to target (lever, measured here) x T_step (lever; alpha, beta, p, T_comp)
 
-Step-time forms, `form` 'ring' or 'textbook' for the all-reduce (dtlab.model.costmodel), all collectives
-exposed (no overlap: an upper bound that DDP's bucket overlap lowers, dtlab.model.whatif):
+Step-time forms on one link (dtlab.model.link.Link: alpha, beta and the all-reduce's form, 'ring' or 'textbook',
+dtlab.model.costmodel), all collectives exposed (no overlap: an upper bound that DDP's bucket overlap lowers,
+dtlab.model.whatif):
 
 - synchronous ('sync', the baseline): T_comp + T_allreduce(n, p);
 - local SGD with period H ('local_sgd'): T_comp + T_allreduce(n, p) / H (one average of all n parameter bytes
@@ -34,8 +35,8 @@ import numpy as np
 import pandas as pd
 
 from dtlab.config.strategies import strategy_spec
-from dtlab.model import costmodel
 from dtlab.model.compression import compression_from_run
+from dtlab.model.link import one_level
 
 KINDS = ("sync", "local_sgd", "compressed", "async")
 ASSUMPTION = (
@@ -76,18 +77,18 @@ def step_time(
     t_comp: float,
     nbytes: float,
     nproc: int,
-    alpha: float,
-    beta: float,
-    form: str = "ring",
+    link,
     t_apply: float = 0.0,
 ) -> float:
     """Predicted seconds per optimizer step (per applied update for 'async') of `lever` (see the module's
     docstring): t_comp the compute of one step (s), nbytes the gradient bytes, nproc p (the workers for 'async'),
-    alpha (s), beta (s/B), t_apply the server's optimizer step (s, 'async' only)."""
+    link a Link or a Profile (alpha s, beta s/B and the all-reduce's form), t_apply the server's optimizer step (s,
+    'async' only)."""
+    lk = one_level(link)
     if lever.kind == "async":
-        msg = alpha + beta * nbytes  # one message of n bytes each way per gradient
+        msg = lk.alpha + lk.beta * nbytes  # one message of n bytes each way per gradient
         return float(max((t_comp + 2 * msg) / max(1, nproc), 2 * msg + t_apply))
-    ar = float(costmodel.collective_time("all_reduce", form, alpha, beta, nbytes * lever.ratio, nproc))
+    ar = float(lk.time("all_reduce", nbytes * lever.ratio, nproc))
     if lever.kind == "local_sgd":
         return float(t_comp + ar / lever.period)
     if lever.kind == "compressed":
@@ -101,16 +102,16 @@ def time_to_target(
     t_comp: float,
     nbytes: float,
     nproc: int,
-    alpha: float,
-    beta: float,
-    form: str = "ring",
+    link,
     t_apply: float = 0.0,
 ) -> pd.DataFrame:
-    """One row per lever: label, kind, steps (measured), t_step (predicted s), time (steps x t_step, s; NaN when
-    the lever never reached the target), rank (1 = first to the target)."""
+    """One row per lever: label, kind, steps (measured), t_step (predicted s on `link`, a Link or a Profile: see
+    :func:`step_time`), time (steps x t_step, s; NaN when the lever never reached the target), rank (1 = first to
+    the target)."""
     rows = []
+    lk = one_level(link)
     for lv in levers:
-        t = step_time(lv, t_comp=t_comp, nbytes=nbytes, nproc=nproc, alpha=alpha, beta=beta, form=form, t_apply=t_apply)
+        t = step_time(lv, t_comp=t_comp, nbytes=nbytes, nproc=nproc, link=lk, t_apply=t_apply)
         rows.append(
             {
                 "label": lv.label,
@@ -138,22 +139,21 @@ def crossover_bandwidth(
     t_comp: float,
     nbytes: float,
     nproc: int,
-    alpha: float,
-    form: str = "ring",
+    link,
     t_apply: float = 0.0,
     lo_gbs: float = 1e-3,
     hi_gbs: float = 1e4,
 ) -> float | None:
-    """The link bandwidth (GB/s, 1/beta) at which `lever` and `reference` reach the target at the same time, found by
-    bisection on a log scale between lo_gbs and hi_gbs: below it the lever that moves fewer bytes wins, above it the
-    one that needs fewer steps. None when they do not cross in that range (or one never reaches the target)."""
+    """The link bandwidth (GB/s, 1/beta) at which `lever` and `reference` reach the target at the same time on
+    `link` (a Link or a Profile) with its bandwidth changed, its alpha and form kept, found by bisection on a log
+    scale between lo_gbs and hi_gbs: below it the lever that moves fewer bytes wins, above it the one that needs
+    fewer steps. None when they do not cross in that range (or one never reaches the target)."""
     if lever.steps is None or reference.steps is None:
         return None
+    lk = one_level(link)
 
     def gap(gbs: float) -> float:
-        kw = dict(
-            t_comp=t_comp, nbytes=nbytes, nproc=nproc, alpha=alpha, beta=1.0 / (gbs * 1e9), form=form, t_apply=t_apply
-        )
+        kw = dict(t_comp=t_comp, nbytes=nbytes, nproc=nproc, link=lk.replace(beta=1.0 / (gbs * 1e9)), t_apply=t_apply)
         return lever.steps * step_time(lever, **kw) - reference.steps * step_time(reference, **kw)
 
     a, b = math.log(lo_gbs), math.log(hi_gbs)

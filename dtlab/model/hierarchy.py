@@ -104,21 +104,16 @@ def network_bytes_per_node(algorithm: str, nbytes, nodes: int, gpus_per_node: in
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
-def crossover_bytes(
-    alpha_intra,
-    beta_intra,
-    alpha_inter,
-    beta_inter,
-    nodes: int,
-    gpus_per_node: int,
-    nics_per_node: int = 1,
-    lo: float = 1.0,
-    hi: float = 2.0**40,
-):
-    """The message size (bytes) where the faster of flat and hierarchical changes, or None when one of them
-    is at least as fast at every size in [lo, hi] (found on a log grid, then bisected)."""
+def crossover_bytes(link, nodes: int, lo: float = 1.0, hi: float = 2.0**40):
+    """The message size (bytes) where the faster of flat and hierarchical changes on `link` (a
+    dtlab.model.link.TwoLevelLink: its two levels' alpha and beta, gpus_per_node and nics_per_node; its own
+    algorithm is not used: both are compared) with `nodes` nodes, or None when one of them is at least as fast at
+    every size in [lo, hi] (found on a log grid, then bisected)."""
+    if not all(hasattr(link, k) for k in ("intra", "inter", "gpus_per_node", "nics_per_node")):
+        raise ValueError(f"link must be a TwoLevelLink (dtlab.model.link), got {type(link).__name__}")
+    gpus_per_node, nics_per_node = link.gpus_per_node, link.nics_per_node
     grid = np.logspace(np.log2(lo), np.log2(hi), 400, base=2.0)
-    args = (alpha_intra, beta_intra, alpha_inter, beta_inter)
+    args = (link.intra.alpha, link.intra.beta, link.inter.alpha, link.inter.beta)
 
     def diff(n):
         return hierarchical_allreduce(*args, n, nodes, gpus_per_node, nics_per_node) - flat_ring_allreduce(

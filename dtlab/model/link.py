@@ -5,7 +5,9 @@ costs (contention, stretch), for the what-if step (dtlab.model.whatif) and every
   2(p-1)/p n beta for an all-reduce; 'textbook': the course's alpha(p-1) + beta n/p), their intervals where fitted,
   contention (loaded / idle all-reduce time while backward runs beside it, >= 1) and stretch (backward seconds lost
   per second of communication in flight, >= 0). Made by hand, or from a calibrated Profile, whatever its source
-  (:meth:`Link.from_profile`).
+  (:meth:`Link.from_profile`). From a Profile fitted piecewise it keeps the size regimes (:class:`Regime`): NCCL
+  switches protocol and algorithm with message size, and one line fitted over every size misses the middle sizes
+  (on the AWS p5 outputs shipped with dtlab, by 20-43 % at 1-32 MiB), so each size is priced by its own regime.
 - :class:`TwoLevelLink`: nodes of `gpus_per_node` ranks, an intra-node Link and an inter-node Link, priced flat or
   hierarchically (dtlab.model.hierarchy).
 
@@ -24,6 +26,7 @@ import numpy as np
 from dtlab.model import costmodel
 from dtlab.model import hierarchy as hi
 from dtlab.model.sharing import stretch_from_profile
+from dtlab.units import fmt_bytes
 
 #: Message size (bytes) at which a profile's loaded / idle all-reduce ratio is read: DDP's default bucket cap.
 CONTENTION_AT_BYTES = 25 * 2**20
@@ -52,6 +55,40 @@ def _interval(name: str, value, what: str) -> tuple[float, float] | None:
     return lo, hi_
 
 
+#: Where a Link's figures come from: by hand, a calibration dtlab ran (dtlab.calibrate, dtlab.load_profile), or a
+#: cluster's nccl-tests output (dtlab.load_nccl_tests, dtlab.public_nccl_tests): collectives timed alone there.
+ORIGINS = ("hand", "calibration", "nccl-tests")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Regime:
+    """One size regime of a piecewise fit (dtlab.model.fit.fit_piecewise): alpha (s) and beta (s/B) fitted on
+    messages of min_bytes..max_bytes (bytes), with their (low, high) intervals where fitted."""
+
+    min_bytes: float
+    max_bytes: float
+    alpha: float
+    beta: float
+    alpha_ci: tuple[float, float] | None = None
+    beta_ci: tuple[float, float] | None = None
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "min_bytes", _number("min_bytes", self.min_bytes, "bytes", minimum=0))
+        set_(self, "max_bytes", _number("max_bytes", self.max_bytes, "bytes", minimum=self.min_bytes))
+        set_(self, "alpha", _number("alpha", self.alpha, "seconds per latency step", minimum=0))
+        set_(self, "beta", _number("beta", self.beta, "seconds per byte", minimum=0))
+        set_(self, "alpha_ci", _interval("alpha_ci", self.alpha_ci, "seconds"))
+        set_(self, "beta_ci", _interval("beta_ci", self.beta_ci, "seconds per byte"))
+
+    def end(self, side: int) -> Regime:
+        """This regime at its intervals' low (side 0) or high (side 1) ends (at least 0); itself without them."""
+        if self.alpha_ci is None or self.beta_ci is None:
+            return self
+        a, b = max(0.0, self.alpha_ci[side]), max(0.0, self.beta_ci[side])
+        return dataclasses.replace(self, alpha=a, beta=b)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Link:
     """One level's alpha-beta price of a collective, and what sharing the machine costs compute beside it.
@@ -62,7 +99,11 @@ class Link:
     contention: how many times longer an all-reduce takes beside backward compute than idle (>= 1; 1: none);
     stretch: backward seconds lost per second of communication in flight beside it (>= 0; 0: none), with
     stretch_ci its (low, high) interval where fitted; source: where the figures come from, in words; how: one line
-    per field saying measured, fitted or assumed (what :func:`dtlab.results.whatif.whatif` reports)."""
+    per field saying measured, fitted or assumed (what :func:`dtlab.results.whatif.whatif` reports); origin: one of
+    :data:`ORIGINS`; regimes: the size regimes of a piecewise fit, ascending (empty: alpha and beta price every
+    size). A size is priced by the regime it falls in, boundaries at the geometric midpoint between neighbouring
+    regimes (as Profile.predict does); alpha and beta stay the one line over every size. A copy with alpha or beta
+    changed drops the regimes: it is then the one line given."""
 
     alpha: float
     beta: float
@@ -74,6 +115,8 @@ class Link:
     stretch_ci: tuple[float, float] | None = None
     source: str = "given by hand"
     how: tuple[str, ...] = ()
+    origin: str = "hand"
+    regimes: tuple[Regime, ...] = ()
 
     def __post_init__(self):
         set_ = object.__setattr__  # frozen: normalise the numbers once, here
@@ -89,14 +132,39 @@ class Link:
         if not isinstance(self.source, str):
             raise ValueError(f"source must be a string saying where the figures come from, got {self.source!r}")
         set_(self, "how", tuple(str(h) for h in self.how))
+        if self.origin not in ORIGINS:
+            raise ValueError(f"origin must be one of {ORIGINS}, got {self.origin!r}")
+        regs = tuple(self.regimes) if isinstance(self.regimes, (tuple, list)) else None
+        if regs is None or not all(isinstance(r, Regime) for r in regs):
+            raise ValueError(f"regimes must be a tuple of Regime (dtlab.model.link.Regime), got {self.regimes!r}")
+        if any(a.max_bytes > b.min_bytes for a, b in zip(regs, regs[1:])):
+            raise ValueError("regimes must be ascending and apart: each one's max_bytes <= the next one's min_bytes")
+        set_(self, "regimes", regs)
+
+    def constants(self, nbytes):
+        """(alpha, beta) that price `nbytes` (bytes; scalar or array): the regime each size falls in, or the one
+        line alpha, beta without regimes."""
+        if not self.regimes:
+            return self.alpha, self.beta
+        n = np.asarray(nbytes, dtype=float)
+        edges = [math.sqrt(a.max_bytes * b.min_bytes) for a, b in zip(self.regimes, self.regimes[1:])]
+        idx = np.searchsorted(edges, n, side="right")
+        alphas = np.array([r.alpha for r in self.regimes])[idx]
+        betas = np.array([r.beta for r in self.regimes])[idx]
+        return (float(alphas), float(betas)) if np.ndim(n) == 0 else (alphas, betas)
 
     def time(self, op: str, nbytes, nproc):
         """Seconds of collective `op` ('all_reduce', 'reduce_scatter', 'all_gather', 'ps') of `nbytes` bytes on
-        `nproc` ranks, idle (no compute beside it): dtlab.model.costmodel.collective_time in this link's form."""
-        return costmodel.collective_time(op, self.form, self.alpha, self.beta, nbytes, nproc)
+        `nproc` ranks, idle (no compute beside it): dtlab.model.costmodel.collective_time in this link's form, each
+        size at its regime's alpha and beta (:meth:`constants`)."""
+        alpha, beta = self.constants(nbytes)
+        return costmodel.collective_time(op, self.form, alpha, beta, nbytes, nproc)
 
     def replace(self, **changes) -> Link:
-        """A copy with `changes` (field=value), validated like a new Link."""
+        """A copy with `changes` (field=value), validated like a new Link; a new alpha or beta without regimes
+        drops the regimes (the copy is the one line given)."""
+        if ("alpha" in changes or "beta" in changes) and "regimes" not in changes:
+            changes["regimes"] = ()
         return dataclasses.replace(self, **changes)
 
     def bounds(self) -> tuple[Link, Link] | None:
@@ -104,17 +172,23 @@ class Link:
         0) and high ends, stretch at its interval's ends where it has one; None without alpha and beta intervals."""
         if self.alpha_ci is None or self.beta_ci is None:
             return None
-        s_lo, s_hi = self.stretch_ci or (self.stretch, self.stretch)
-        fast = self.replace(alpha=max(0.0, self.alpha_ci[0]), beta=max(0.0, self.beta_ci[0]), stretch=max(0, s_lo))
-        slow = self.replace(alpha=max(0.0, self.alpha_ci[1]), beta=max(0.0, self.beta_ci[1]), stretch=max(0, s_hi))
-        return fast, slow
+        s_ci = self.stretch_ci or (self.stretch, self.stretch)
+
+        def end(side):  # every regime at the same end of its own interval
+            a, b = max(0.0, self.alpha_ci[side]), max(0.0, self.beta_ci[side])
+            regimes = tuple(r.end(side) for r in self.regimes)
+            return dataclasses.replace(self, alpha=a, beta=b, stretch=max(0, s_ci[side]), regimes=regimes)
+
+        return end(0), end(1)
 
     @classmethod
-    def from_profile(cls, profile, op: str = "all_reduce", nproc: int | None = None) -> Link:
-        """The Link of `profile`'s `op` fit (a Profile from dtlab.calibrate, dtlab.load_profile or any other
-        source): its alpha, beta, form and intervals; where the profile was also timed under load
-        (calibrate(..., load='backward')), the contention (loaded / idle all-reduce at 25 MiB, at p = `nproc` or
-        the largest p timed, at least 1) and the stretch it measured; otherwise 1 and 0, and `how` says so."""
+    def from_profile(cls, profile, op: str = "all_reduce", nproc: int | None = None, piecewise: bool = True) -> Link:
+        """The Link of `profile`'s `op` fit (a Profile from dtlab.calibrate, dtlab.load_profile, an nccl-tests
+        output or any other source): its alpha, beta, form and intervals, and with `piecewise` (default) the size
+        regimes of its piecewise fit where it has more than one (each size priced by its own); where the profile
+        was also timed under load (calibrate(..., load='backward')), the contention (loaded / idle all-reduce at 25
+        MiB, at p = `nproc` or the largest p timed, at least 1) and the stretch it measured; otherwise 1 and 0, and
+        `how` says why: an nccl-tests output times collectives alone, with nothing beside them to share with."""
         fits = getattr(profile, "fits", None)
         if fits is None:
             raise ValueError(f"profile must be a dtlab Profile (dtlab.load_profile), got {type(profile).__name__}")
@@ -131,6 +205,29 @@ class Link:
         st = ((profile.meta or {}).get("load") or {}).get("stretch") or {}
         meta = profile.meta or {}
         where = _where(meta.get("source")) or meta.get("host") or "a calibration"
+        public = isinstance(meta.get("source"), dict) and meta["source"].get("format") == "nccl-tests"
+        if public:  # not missing: an nccl-tests output never has compute beside its collectives
+            c_how = s_how = "none in an nccl-tests output (each collective timed alone, nothing beside it): 1 and 0"
+        segs = list((getattr(profile, "segments", None) or {}).get(op) or []) if piecewise else []
+        regimes = tuple(
+            Regime(
+                min_bytes=s.min_bytes,
+                max_bytes=s.max_bytes,
+                alpha=max(0.0, float(s.alpha)),
+                beta=max(0.0, float(s.beta)),
+                alpha_ci=ci(s.alpha_ci),
+                beta_ci=ci(s.beta_ci),
+            )
+            for s in segs
+        )
+        regimes = regimes if len(regimes) > 1 else ()
+        r_how = (
+            f"regimes: {len(regimes)} size regimes of the piecewise fit ("
+            + ", ".join(f"{fmt_bytes(r.min_bytes)}..{fmt_bytes(r.max_bytes)}" for r in regimes)
+            + "), each size priced by its own"
+            if regimes
+            else "regimes: one line over every size (" + ("one regime fitted)" if piecewise else "piecewise=False)")
+        )
         return cls(
             alpha=max(0.0, float(fit.alpha)),
             beta=float(fit.beta),
@@ -145,9 +242,12 @@ class Link:
             how=(
                 f"alpha, beta: fitted ({fit.confidence:.0%} intervals)"
                 + (", a negative alpha clipped to 0" if fit.alpha < 0 else ""),
+                r_how,
                 f"contention: {c_how}",
                 f"stretch: {s_how}",
             ),
+            origin="nccl-tests" if public else "calibration",
+            regimes=regimes,
         )
 
 
@@ -186,6 +286,11 @@ class TwoLevelLink:
         return self.intra.contention
 
     @property
+    def origin(self) -> str:
+        """The levels' origin (:data:`ORIGINS`) where they share one, else 'mixed'."""
+        return self.intra.origin if self.intra.origin == self.inter.origin else "mixed"
+
+    @property
     def stretch(self) -> float:
         return self.intra.stretch
 
@@ -215,7 +320,7 @@ class TwoLevelLink:
         if op != "all_reduce":
             raise ValueError(f"op must be 'all_reduce' for a two-level link across nodes, got {op!r}")
         n = self.nodes(nproc)
-        levels = (self.intra.alpha, self.intra.beta, self.inter.alpha, self.inter.beta)
+        levels = (*self.intra.constants(nbytes), *self.inter.constants(nbytes))  # each level's regime per size
         return hi.two_level_time(self.algorithm, *levels, nbytes, n, self.gpus_per_node, self.nics_per_node)
 
     def replace(self, **changes) -> TwoLevelLink:
@@ -288,6 +393,18 @@ def as_link(value, op: str = "all_reduce") -> Link | TwoLevelLink:
     raise ValueError(
         f"link must be a dtlab Profile, a Link or a TwoLevelLink (dtlab.model.link), got {type(value).__name__}"
     )
+
+
+def one_level(value, op: str = "all_reduce", name: str = "link") -> Link:
+    """A Link as given, or the Link of a Profile (:meth:`Link.from_profile`): one level's alpha, beta and form. A
+    ValueError naming `name` for a TwoLevelLink (two levels have no single alpha and beta) or anything else."""
+    if isinstance(value, TwoLevelLink):
+        raise ValueError(
+            f"{name} must be one level (a Link or a Profile), got a TwoLevelLink: pass its .intra or .inter Link"
+        )
+    if isinstance(value, Link) or (hasattr(value, "fits") and hasattr(value, "predict")):
+        return as_link(value, op)
+    raise ValueError(f"{name} must be a Link (dtlab.model.link.Link) or a dtlab Profile, got {type(value).__name__}")
 
 
 def contention_from_profile(profile, nbytes: float, nproc: int | None = None) -> tuple[float, str]:

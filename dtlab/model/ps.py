@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from dtlab.model import costmodel
+from dtlab.model.link import one_level
 
 FORMS = (
     "ring all-reduce",
@@ -51,8 +52,9 @@ def _log2ceil(p: np.ndarray) -> np.ndarray:
     return np.ceil(np.log2(np.maximum(p, 1.0)))
 
 
-def ps_gloo(alpha, beta, nbytes, nproc):
-    """PS as torch's gloo backend runs it, in seconds: reduce to rank 0 then broadcast from it.
+def ps_gloo(link, nbytes, nproc):
+    """PS as torch's gloo backend runs it, in seconds: reduce to rank 0 then broadcast from it, on `link` (a Link
+    or a Profile: its alpha, s, and beta, s/B).
 
     gloo's reduce: a ring reduce-scatter, (p-1) alpha + (p-1)/p n beta, then the p-1 reduced chunks gathered
     into the root, alpha + (p-1)/p n beta (the root's link takes them one after another); gloo's broadcast: a
@@ -60,30 +62,35 @@ def ps_gloo(alpha, beta, nbytes, nproc):
     L = ceil(log2 p); 0 for p = 1. Sources: facebookincubator/gloo gloo/reduce.cc, gloo/broadcast.cc; torch's
     ProcessGroupGloo calls gloo::reduce and gloo::broadcast for CPU tensors.
     """
+    lk = one_level(link)
     p = costmodel.check_nproc(nproc)
     n = costmodel.check_nbytes(nbytes)
     L = _log2ceil(p)
-    t = (p + L) * np.asarray(alpha, dtype=float) + (2 * (p - 1) / p + L) * n * np.asarray(beta, dtype=float)
+    t = (p + L) * lk.alpha + (2 * (p - 1) / p + L) * n * lk.beta
     return costmodel.scalar_or_array(np.where(p > 1, t, 0.0))
 
 
-def ps_nccl(alpha, beta, nbytes, nproc):
-    """PS as NCCL runs it (large messages), in seconds: 2(p-1) alpha + 2 n beta.
+def ps_nccl(link, nbytes, nproc):
+    """PS as NCCL runs it (large messages), in seconds: 2(p-1) alpha + 2 n beta, on `link` (a Link or a Profile).
 
     NCCL's reduce and broadcast are pipelined rings: each costs about (p-1) alpha + n beta once the pipeline is
     full (nccl-tests, doc/PERFORMANCE.md: busbw = algbw for both). Not measured here (no GPU on the CI
     machine). 0 for p = 1.
     """
+    lk = one_level(link)
     p = costmodel.check_nproc(nproc)
     n = costmodel.check_nbytes(nbytes)
-    t = 2 * (p - 1) * np.asarray(alpha, dtype=float) + 2 * n * np.asarray(beta, dtype=float)
+    t = 2 * (p - 1) * lk.alpha + 2 * n * lk.beta
     return costmodel.scalar_or_array(np.where(p > 1, t, 0.0))
 
 
-def forms_table(alpha: float, beta: float, nbytes, nproc) -> pd.DataFrame:
-    """Every form of this module for each (nbytes, p): one row per pair, columns nbytes (B), nproc, one
-    column of seconds per entry of FORMS, and `ps_over_ring_*` ratios (textbook over textbook, server over
-    ring, gloo over ring, NCCL over ring)."""
+def forms_table(link, nbytes, nproc) -> pd.DataFrame:
+    """Every form of this module for each (nbytes, p), all with `link`'s alpha and beta (a Link or a Profile; its
+    own form is not used: each column is one form): one row per pair, columns nbytes (B), nproc, one column of
+    seconds per entry of FORMS, and `ps_over_ring_*` ratios (textbook over textbook, server over ring, gloo over
+    ring, NCCL over ring)."""
+    lk = one_level(link)
+    alpha, beta = lk.alpha, lk.beta
     n, p = np.broadcast_arrays(
         np.atleast_1d(np.asarray(nbytes, dtype=float)), np.atleast_1d(np.asarray(nproc, dtype=float))
     )
@@ -93,8 +100,8 @@ def forms_table(alpha: float, beta: float, nbytes, nproc) -> pd.DataFrame:
         "ring all-reduce (textbook)": costmodel.textbook_allreduce(alpha, beta, n, p),
         "ps per worker (textbook)": costmodel.parameter_server(alpha, beta, n, p),
         "ps at the server link": costmodel.ps_server(alpha, beta, n, p),
-        "ps as gloo runs it": ps_gloo(alpha, beta, n, p),
-        "ps as NCCL runs it": ps_nccl(alpha, beta, n, p),
+        "ps as gloo runs it": ps_gloo(lk, n, p),
+        "ps as NCCL runs it": ps_nccl(lk, n, p),
     }
     df = pd.DataFrame(
         {"nbytes": n.astype(int), "nproc": p.astype(int), **{k: np.asarray(v, dtype=float) for k, v in cols.items()}}

@@ -18,7 +18,9 @@ What a run gives the step model (dtlab.model.whatif.whatif):
 The run's cores, load and wait describe the machine it ran on, so they are used only where the link was measured
 there too (a Profile calibrated on the run's host with its backend; `here=True` says so of a Link). Elsewhere the
 prediction is of the run's per-rank compute on a device of its own per rank, priced on that link: the inputs list
-says which.
+says which. A public nccl-tests output (dtlab.public_nccl_tests) is such a link by nature: another system's
+collectives, each timed alone, so it never has contention, stretch or this machine's wait, and the lines say what it
+is rather than list those as missing. A link from a piecewise fit prices each bucket by its size's regime.
 
 Band: the link's interval of alpha and beta (and stretch, where fitted) pushed through the same step, or none,
 saying why. Units: seconds, bytes, MiB for bucket caps.
@@ -43,12 +45,13 @@ QUANTITIES = (("t_step", "T_step"), ("t_comp", "T_comp"), ("t_comm", "T_comm"), 
 class WhatIf:
     """`run.whatif(...)`'s answer: the predicted DDP step and what it stands on.
 
-    t_step, t_comp, t_comm, exposed: seconds (the definitions every lab uses: exposed = T_step - T_comp);
-    lo, hi: {quantity: seconds} at the band's fast and slow ends (empty without a band); band: how the band was
-    made, or why there is none; setting: bucket_mb (MiB), nproc (ranks per node), nodes, ranks, ratio;
-    used: one line per input taken from the run or the link, with where it comes from; not_used: one line per
-    input it could not use, with why; link: the Link or TwoLevelLink priced; detail: dtlab.model.whatif.whatif's
-    dict (bucket layout, ready times, durations, stretch_s...)."""
+        t_step, t_comp, t_comm, exposed: seconds (the definitions every lab uses: exposed = T_step - T_comp);
+        lo, hi: {quantity: seconds} at the band's fast and slow ends (empty without a band); band: how the band was
+        made, or why there is none; setting: bucket_mb (MiB), nproc (ranks per node), nodes, ranks, ratio, here (whether
+    the link was taken as measured on the run's machine);
+        used: one line per input taken from the run or the link, with where it comes from; not_used: one line per
+        input it could not use, with why; link: the Link or TwoLevelLink priced; detail: dtlab.model.whatif.whatif's
+        dict (bucket layout, ready times, durations, stretch_s...)."""
 
     t_step: float
     t_comp: float
@@ -123,10 +126,13 @@ def _ratio(run, compression, used: list, not_used: list) -> tuple[float, float]:
     return r, float(measured["encode_s_per_byte"])
 
 
-def _here(run, given, here) -> tuple[bool, str]:
-    """(was the link measured where the run ran, why): a Profile of the run's host and backend; `here` overrides."""
+def _here(run, given, lk, here) -> tuple[bool, str]:
+    """(was the link measured where the run ran, why): a Profile of the run's host and backend; `here` overrides;
+    a public nccl-tests output never was."""
     if here is not None:
         return bool(here), "as given (here=)"
+    if lk.origin == "nccl-tests":
+        return False, "a public nccl-tests output: another system's collectives, each timed alone"
     meta = getattr(given, "meta", None)
     if meta is None:
         return False, "a Link says nothing of where it was measured (pass here=True if on the run's machine)"
@@ -167,6 +173,11 @@ def _inputs(run, given, link, here: bool, why_here: str, nproc_total: int) -> tu
         if not alone:
             not_used.append("a rank's compute alone: the link's calibration timed no pass alone; the fair share")
         kw["cpu"] = cpu
+    elif link.origin == "nccl-tests" and not here:
+        used.append(
+            "compute on a device of its own per rank, independent of the rank count: the link is another system's "
+            "(the run's shared CPU cores, load and measured wait describe this machine, so they do not carry over)"
+        )
     elif cpu is not None:
         not_used.append(
             f"the run's shared CPU cores and load: the link is not the run's machine ({why_here}); "
@@ -177,7 +188,7 @@ def _inputs(run, given, link, here: bool, why_here: str, nproc_total: int) -> tu
         w = wi.measured_wait(run, link, compute)
         kw["wait"] = w["wait"]
         (used if w["pairs"] else not_used).append(f"measured wait: {w['wait'] * 1e3:.3g} ms ({w['source']})")
-    else:
+    elif link.origin != "nccl-tests":  # a public link: said once, with the cores, above
         not_used.append(f"measured wait: it belongs to the run's own transport ({why_here})")
     return dict(kw, compute=compute, link=link), used, not_used
 
@@ -248,10 +259,11 @@ def whatif(
             f"nproc must equal the two-level link's gpus_per_node ({lk.gpus_per_node}) across nodes, got {per_node}"
         )
     total = per_node * n_nodes
-    same, why_here = _here(run, link, here)
+    same, why_here = _here(run, link, lk, here)
     kw, used, not_used = _inputs(run, link, lk, same, why_here, total)
     ratio, encode = _ratio(run, compression, used, not_used)
-    used.append(f"link: {lk.source}")
+    public = " (a public nccl-tests output: the collective as that system measured it, alone)"
+    used.append(f"link: {lk.source}" + (public if lk.origin == "nccl-tests" else ""))
     used += [f"link {h}" for h in lk.how]
     if n_nodes > 1 and isinstance(lk, Link):
         not_used.append("a second level: one Link prices every hop alike across nodes (a TwoLevelLink has both)")
@@ -272,7 +284,14 @@ def whatif(
         lo = {k: min(fast[k], slow[k]) for k, _ in QUANTITIES}
         hi = {k: max(fast[k], slow[k]) for k, _ in QUANTITIES}
         band = "the link's fitted intervals of alpha and beta (and stretch, where fitted) pushed through the step"
-    setting = {"bucket_mb": float(cap), "nproc": per_node, "nodes": n_nodes, "ranks": total, "ratio": ratio}
+    setting = {
+        "bucket_mb": float(cap),
+        "nproc": per_node,
+        "nodes": n_nodes,
+        "ranks": total,
+        "ratio": ratio,
+        "here": same,
+    }
     return WhatIf(
         t_step=float(r["t_step"]),
         t_comp=float(r["t_comp"]),

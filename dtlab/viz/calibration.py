@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dtlab.model import costmodel
+from dtlab.model.link import one_level
 from dtlab.units import fmt_bytes
 from dtlab.viz.figures import COLORS, set_title
 
@@ -379,14 +380,17 @@ def _calibration_notes(fig, profile, ops: list[str]) -> int:
 # ------------------------------------------------------------------ textbook vs ring
 
 
-def forms_figure(alpha, beta, nbytes, nproc_values) -> go.Figure:
+def forms_figure(link, nbytes, nproc_values) -> go.Figure:
     """Textbook vs ring all-reduce time (ms) against GPU count for one message size, side by side.
 
-    alpha: seconds; beta: seconds per byte; nbytes: message size in bytes; nproc_values: GPU counts p.
+    link: a Link or a Profile (its all_reduce fit), whose alpha (s) and beta (s/B) both panels use (its own form is
+    not used: each panel is one form); nbytes: message size in bytes; nproc_values: GPU counts p.
     Left panel: textbook alpha (p-1) + beta n / p; right panel: ring 2(p-1) alpha + 2(p-1)/p n beta. Each
     panel shows the latency term, the bandwidth term and their sum, with the other form's total in grey
     for reference, on a shared time axis.
     """
+    lk = one_level(link)
+    alpha, beta = lk.alpha, lk.beta
     p = np.array(sorted({int(x) for x in nproc_values}), dtype=float)
     if p.size == 0 or p.min() < 1:
         raise ValueError(f"nproc_values must be integers >= 1 (GPU counts), got {nproc_values!r}")

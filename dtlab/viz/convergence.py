@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dtlab.model.convergence import ASSUMPTION, crossover_bandwidth, first_to_target, time_to_target
+from dtlab.model.link import one_level
 from dtlab.viz.figures import set_title
 from dtlab.viz.livefigure import FigureBox, LiveFigure
 
@@ -115,17 +116,18 @@ class ConvergenceExplorer(FigureBox):
         t_comp: float,
         nbytes: float,
         nproc: int,
-        alpha: float,
-        beta: float,
+        link,
         target: float,
         t_apply: float = 0.0,
-        form: str = "ring",
         source: str = "",
     ):
-        self.levers, self.target, self.form, self.source = list(levers), target, form, source
+        self.link = one_level(link)
+        if not self.link.beta > 0:
+            raise ValueError(f"link: beta must be > 0 s/B for the bandwidth slider (1/beta), got {self.link.beta!r}")
+        self.levers, self.target, self.source = list(levers), target, source or f"Link: {self.link.source}."
         self.fixed = dict(t_comp=t_comp, nbytes=nbytes, t_apply=t_apply)
         style, layout = {"description_width": "150px"}, widgets.Layout(width="480px")
-        gbs = 1.0 / beta / 1e9
+        alpha, gbs = self.link.alpha, 1.0 / self.link.beta / 1e9
         self.sliders = {
             "bandwidth_gbs": widgets.FloatLogSlider(
                 value=gbs,
@@ -160,33 +162,31 @@ class ConvergenceExplorer(FigureBox):
         super().__init__(children=[widgets.VBox(list(self.sliders.values())), self.label, self.figure])
 
     def params(self) -> dict:
+        """The model's inputs at the sliders: t_comp, nbytes, t_apply, nproc and the link (the given link's form,
+        alpha and beta as the sliders show them)."""
         v = {k: s.value for k, s in self.sliders.items()}
-        return dict(
-            self.fixed,
-            nproc=int(v["nproc"]),
-            alpha=v["alpha_us"] * 1e-6,
-            beta=1.0 / (v["bandwidth_gbs"] * 1e9),
-            form=self.form,
-        )
+        link = self.link.replace(alpha=v["alpha_us"] * 1e-6, beta=1.0 / (v["bandwidth_gbs"] * 1e9))
+        return dict(self.fixed, nproc=int(v["nproc"]), link=link)
 
     def _model(self) -> pd.DataFrame:
         return time_to_target(self.levers, **self.params())
 
     def _fig(self) -> go.Figure:
         p = self.params()
+        lk = p["link"]
         return time_to_target_figure(
             self.table,
             f"Predicted time to {self.target:g}: p = {p['nproc']}, "
-            f"α = {p['alpha'] * 1e6:.3g} µs, 1/β = {1 / p['beta'] / 1e9:.3g} GB/s",
+            f"α = {lk.alpha * 1e6:.3g} µs, 1/β = {1 / lk.beta / 1e9:.3g} GB/s",
         )
 
     def _label(self) -> None:
         p = self.params()
         first = first_to_target(self.table)
         base = next((lv for lv in self.levers if lv.kind == "sync"), None)
-        kw = {k: v for k, v in p.items() if k != "beta"}
+        kw, lk = dict(p), p["link"]
         lines = [
-            f"<b>First to {self.target:g}</b> at 1/β = {1 / p['beta'] / 1e9:.3g} GB/s, α = {p['alpha'] * 1e6:.3g} µs, "
+            f"<b>First to {self.target:g}</b> at 1/β = {1 / lk.beta / 1e9:.3g} GB/s, α = {lk.alpha * 1e6:.3g} µs, "
             f"p = {p['nproc']}: <b>{first or 'none of them'}</b> (the model: measured steps x predicted T_step)."
         ]
         for lv in self.levers:
@@ -196,7 +196,7 @@ class ConvergenceExplorer(FigureBox):
             if x is None:
                 finding = "no crossover between 0.001 and 10,000 GB/s"
             else:  # which side wins: look just below the crossover
-                below = time_to_target([lv, base], **dict(kw, beta=1.0 / (x / 10 * 1e9)))["time"]
+                below = time_to_target([lv, base], **dict(kw, link=lk.replace(beta=1.0 / (x / 10 * 1e9))))["time"]
                 wins_below = below.iloc[0] < below.iloc[1]
                 finding = (
                     f"beats {base.label} {'below' if wins_below else 'above'} {x:.3g} GB/s, stops paying "
@@ -218,26 +218,16 @@ def convergence_explorer(
     t_comp: float,
     nbytes: float,
     nproc: int,
-    alpha: float,
-    beta: float,
+    link,
     target: float,
     t_apply: float = 0.0,
-    form: str = "ring",
     source: str = "",
 ) -> ConvergenceExplorer:
     """Sliders over the time-to-target model (dtlab.model.convergence) for `levers` (Lever objects with their
-    measured steps to `target`): the link's bandwidth 1/β (GB/s) and latency α, and the ranks p, start at the
-    values given (a calibration of this machine, say so in `source`). T_comp, the gradient bytes and the server's
-    update time stay fixed. Display it as a cell's last expression."""
+    measured steps to `target`): the link's bandwidth 1/β (GB/s) and latency α, and the ranks p, start at `link`'s
+    (a Link or a Profile: a calibration of this machine; its form is kept; `source` says where it comes from,
+    default the link's own source). T_comp, the gradient bytes and the server's update time stay fixed. Display it
+    as a cell's last expression."""
     return ConvergenceExplorer(
-        levers,
-        t_comp=t_comp,
-        nbytes=nbytes,
-        nproc=nproc,
-        alpha=alpha,
-        beta=beta,
-        target=target,
-        t_apply=t_apply,
-        form=form,
-        source=source,
+        levers, t_comp=t_comp, nbytes=nbytes, nproc=nproc, link=link, target=target, t_apply=t_apply, source=source
     )

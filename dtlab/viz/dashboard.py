@@ -125,7 +125,9 @@ class Explorer(FigureBox):
       redraw_times   every redraw's seconds, oldest first (the first is the warm-up redraw at build time)
     """
 
-    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None):
+    def __init__(
+        self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None, run=None
+    ):
         self.state = st = ExplorerState(
             profile=profile,
             compute=compute,
@@ -133,6 +135,7 @@ class Explorer(FigureBox):
             param_nbytes=param_nbytes,
             compression=compression,
             tp_shape=tp_shape,
+            run=run,
         )
         self.sliders = _controls(st)
         self._source_label = widgets.HTML()
@@ -261,7 +264,9 @@ class Explorer(FigureBox):
         self._source_label.value = self.state.source_html(self.values())
 
 
-def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None) -> Explorer:
+def explorer(
+    profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None, run=None
+) -> Explorer:
     """Build the interactive DDP step explorer (display it as the last expression of a cell).
 
     profile: a :class:`dtlab.model.profile.Profile`; alpha/beta start from its all_reduce fit (and its form),
@@ -284,6 +289,11 @@ def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compr
 
     tp_shape: what the TP-degree control's all-reduces carry: n_layers, hidden, n_heads, tokens (batch x sequence
     length per rank) and source; default DistilBERT at 32 x 128 tokens, labelled as assumed.
+    run: a measured DDP run (instead of compute and param_nbytes): every prediction is then the run's own what-if
+    (``run.whatif`` at the setting, :func:`dtlab.results.whatif.whatif_table` for the bars), with its compute,
+    readiness, gradient sizes, compression and, where the profile was calibrated on its machine, cores, load and
+    wait; the profile's own Link (its size regimes, contention and stretch) while alpha, beta, form and contention
+    show what it fitted. At a TP degree above 1 the run's inputs go through the step model directly.
 
     Controls: GPU count, TP degree t (Megatron tensor parallelism inside each of p // t replicas:
     :func:`dtlab.model.whatif.whatif`'s `tp`), bucket size (MiB), alpha (µs), bandwidth 1/beta (GB/s), compression r
@@ -299,4 +309,5 @@ def explorer(profile=None, compute=None, measured=None, param_nbytes=None, compr
         param_nbytes=param_nbytes,
         compression=compression,
         tp_shape=tp_shape,
+        run=run,
     )

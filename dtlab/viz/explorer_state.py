@@ -18,6 +18,7 @@ import pandas as pd
 from dtlab.model import buckets as bk
 from dtlab.model import sharing
 from dtlab.model import whatif as wi
+from dtlab.model.compression import compression_from_run
 from dtlab.model.link import Link, contention_from_profile
 from dtlab.units import fmt_bytes
 from dtlab.viz.controls import (
@@ -28,6 +29,7 @@ from dtlab.viz.controls import (
     clip_to_range,
     compression_setting,
 )
+from dtlab.viz.explorer_run import RunInputs
 from dtlab.viz.loggrid import on_log_grid
 
 #: Defaults when no profile is given: plausible for one NVLink/InfiniBand-class ring, *not calibrated*.
@@ -170,7 +172,18 @@ class ExplorerState:
     control changes).
     """
 
-    def __init__(self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None):
+    def __init__(
+        self, profile=None, compute=None, measured=None, param_nbytes=None, compression=None, tp_shape=None, run=None
+    ):
+        # ---- a run: its compute, gradient sizes and compression, and every prediction its own what-if
+        self.run = None if run is None else RunInputs(run, profile)
+        if self.run is not None:
+            given = [k for k, v in (("compute", compute), ("param_nbytes", param_nbytes)) if v is not None]
+            if given:
+                raise ValueError(f"{' and '.join(given)}: come from the run when run= is given; pass one or the other")
+            compute, param_nbytes = self.run.compute, self.run.sizes
+            if compression is None and self.run.run.config.compression.hook not in (None, "none"):
+                compression = compression_from_run(self.run.run)
         # ---- tensor parallelism: the blocks and activations its all-reduces carry (the TP-degree control)
         self.tp_shape = _checked_tp_shape(tp_shape)
         self.tp_options = [t for t in range(1, 65) if self.tp_shape["n_heads"] % t == 0]
@@ -183,6 +196,7 @@ class ExplorerState:
         # ---- compute per rank, gradient sizes in ready order, the measured sweep to overlay
         self.compute = _checked_compute(compute)
         self.sizes, sizes_source = _gradient_sizes(param_nbytes)
+        sizes_source = self.run.sizes_source if self.run is not None else sizes_source
         self.measured = _measured_rows(measured)
 
         # ---- the GPU count starts at the largest p the profile measured (where it is calibrated)
@@ -416,10 +430,15 @@ class ExplorerState:
     # ------------------------------------------------------------ the model
     def model(self, values: dict) -> tuple[dict, pd.DataFrame]:
         """(:func:`dtlab.model.whatif.whatif` of the current setting, :func:`dtlab.model.whatif.whatif_sweep`
-        over the breakdown's configurations)."""
+        over the breakdown's configurations); given a run, both are its own what-if (run.whatif, whatif_table:
+        :mod:`dtlab.viz.explorer_run`) but at a TP degree above 1, which run.whatif does not model."""
         p = self.params(values)
         c = self.compute
         link = self.link(p)
+        if self.run is not None and p["tp"] <= 1:  # the run's own what-if (run.whatif has no tensor parallelism)
+            unmoved = not self.moved("alpha", values) and not self.moved("beta", values) and p["form"] == self.form0
+            unmoved = unmoved and abs(p["contention"] - self.contention0) < CONTENTION_STEP / 2
+            return self.run.model(self.run.link(p, unmoved), p, self.configs(p, values["sweep"]))
         # a run's readiness (compute_from_run's ready_curve) where the compute came from one: the run's what-if's
         kw = dict(encode_s_per_byte=p["encode_s_per_byte"], tp=self.tp(p), ready_curve=c.get("ready_curve"))
         args = (c["t_fwd"], c["t_bwd_comp"], c["t_opt"], self.sizes)

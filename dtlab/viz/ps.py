@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dtlab.model import ps as psmodel
+from dtlab.model.link import Link
 from dtlab.viz.figures import set_title
 
 STRATEGY_COLORS = {"ddp": "#4C78A8", "ps": "#E45756", "zero3": "#54A24B"}
@@ -137,7 +138,7 @@ def ps_shapes_figure(
             col=2,
         )
     grid = np.arange(min(ps_), max(ps_) + 1)
-    forms = psmodel.forms_table(0.0, 1.0, 1.0, grid)
+    forms = psmodel.forms_table(Link(alpha=0.0, beta=1.0), 1.0, grid)  # ratios: the bandwidth terms alone
     for col, name, dash in (
         ("ps_over_ring_server", "form: textbook / server link (p)", "dash"),
         ("ps_over_ring_gloo", "form: gloo's algorithms", "dot"),

@@ -62,19 +62,11 @@ def levels_table(
     """Flat vs hierarchical at one setting: one row per algorithm with the predicted DDP step (t_step, t_comm,
     exposed, t_comp in seconds, n_buckets) for `compute` (per-rank seconds t_fwd, t_bwd_comp, t_opt) and
     gradient sizes `param_nbytes` (ready order), and the network bytes per node per step (B)."""
-    lv = _check(levels)
-    args = (lv["alpha_intra"], lv["beta_intra"], lv["alpha_inter"], lv["beta_inter"])
     compute = compute or default_compute()
     sizes = list(param_nbytes) if param_nbytes is not None else wi.distilbert_param_nbytes()[::-1]
     rows = []
     for alg in hi.ALGORITHMS:
-        link = TwoLevelLink(
-            intra=Link(alpha=args[0], beta=args[1], source="intra-node level"),
-            inter=Link(alpha=args[2], beta=args[3], source="inter-node level"),
-            gpus_per_node=gpus_per_node,
-            algorithm=alg,
-            nics_per_node=nics_per_node,
-        )
+        link = levels_link(levels, gpus_per_node, nics_per_node, alg)
         r = wi.whatif(
             compute["t_fwd"], compute["t_bwd_comp"], compute["t_opt"], sizes, bucket_mb, nodes * gpus_per_node, link
         )
@@ -92,6 +84,19 @@ def levels_table(
             }
         )
     return pd.DataFrame(rows)
+
+
+def levels_link(levels: dict, gpus_per_node: int, nics_per_node: int = 1, algorithm: str = "hierarchical"):
+    """The levels (alpha_intra, beta_intra, alpha_inter, beta_inter: s, s/B) as one TwoLevelLink of nodes of
+    `gpus_per_node` ranks with `nics_per_node` network links, priced by `algorithm`."""
+    lv = _check(levels)
+    return TwoLevelLink(
+        intra=Link(alpha=lv["alpha_intra"], beta=lv["beta_intra"], source="intra-node level"),
+        inter=Link(alpha=lv["alpha_inter"], beta=lv["beta_inter"], source="inter-node level"),
+        gpus_per_node=gpus_per_node,
+        algorithm=algorithm,
+        nics_per_node=nics_per_node,
+    )
 
 
 def default_compute() -> dict:
@@ -128,7 +133,7 @@ def two_level_figure(
             1,
             1,
         )
-    x = hi.crossover_bytes(*args, nodes, gpus_per_node, nics_per_node, lo=SIZES[0], hi=SIZES[-1])
+    x = hi.crossover_bytes(levels_link(lv, gpus_per_node, nics_per_node), nodes, lo=SIZES[0], hi=SIZES[-1])
     if x is not None:  # the label sits inside the plot, at its foot: above it is the subplot's title
         fig.add_vline(x=x / 2**20, line=dict(color="#555", dash="dot"), row=1, col=1)
         fig.add_annotation(

@@ -23,6 +23,7 @@ from dtlab.config.convergence import (
 from dtlab.config.strategies import strategy_spec
 from dtlab.model import costmodel
 from dtlab.model.convergence import Lever, crossover_bandwidth, first_to_target, step_time, time_to_target
+from dtlab.model.link import Link, TwoLevelLink
 from dtlab.rank.staleness import Book
 
 # ---- the learning-rate rule -------------------------------------------------------------------------------------
@@ -211,7 +212,8 @@ def test_book_refuses_bad_settings():
 
 # ---- time to accuracy -------------------------------------------------------------------------------------------
 
-KW = dict(t_comp=0.1, nbytes=4e8, nproc=2, alpha=1e-4, beta=1e-9)
+LINK = Link(alpha=1e-4, beta=1e-9)
+KW = dict(t_comp=0.1, nbytes=4e8, nproc=2, link=LINK)
 
 
 def test_step_time_forms_by_hand():
@@ -236,20 +238,31 @@ def test_time_to_target_is_steps_times_the_step_and_names_the_first():
     assert t.loc["baseline", "time"] == pytest.approx(50 * t.loc["baseline", "t_step"])
     assert math.isnan(t.loc["never", "time"])
     assert first_to_target(t.reset_index()) == "local 4"  # 0.4 s of all-reduce per step saved
-    fast = time_to_target(levers, **{**KW, "beta": 1e-13})  # a fast link: fewer steps win
+    fast = time_to_target(levers, **{**KW, "link": LINK.replace(beta=1e-13)})  # a fast link: fewer steps win
     assert first_to_target(fast) == "baseline"
 
 
 def test_crossover_bandwidth_is_where_the_two_times_meet():
     base, local = Lever("baseline", "sync", 50), Lever("local", "local_sgd", 60, period=4)
-    kw = {k: v for k, v in KW.items() if k != "beta"}
+    kw = dict(KW)
     gbs = crossover_bandwidth(local, base, **kw)
     assert gbs is not None and 0.01 < gbs < 100
-    at = dict(kw, beta=1 / (gbs * 1e9))
+    at = dict(kw, link=LINK.replace(beta=1 / (gbs * 1e9)))
     assert 60 * step_time(local, **at) == pytest.approx(50 * step_time(base, **at), rel=1e-6)
-    slower = dict(kw, beta=1 / (gbs / 2 * 1e9))
+    slower = dict(kw, link=LINK.replace(beta=1 / (gbs / 2 * 1e9)))
     assert 60 * step_time(local, **slower) < 50 * step_time(base, **slower)  # below it, fewer bytes win
     assert crossover_bandwidth(Lever("x", "sync", None), base, **kw) is None
+    # the link's form is kept: the textbook all-reduce moves less, so the crossover is at a lower bandwidth
+    book = crossover_bandwidth(local, base, **dict(kw, link=LINK.replace(form="textbook")))
+    assert book is not None and book < gbs
+
+
+def test_time_to_target_takes_one_link_and_names_the_field():
+    with pytest.raises(ValueError, match=r"^link must be a Link"):
+        step_time(Lever("b", "sync", 10), t_comp=0.1, nbytes=4e8, nproc=2, link=(1e-4, 1e-9))
+    two = TwoLevelLink(intra=LINK, inter=LINK, gpus_per_node=2)
+    with pytest.raises(ValueError, match=r"^link must be one level"):
+        time_to_target([Lever("b", "sync", 10)], t_comp=0.1, nbytes=4e8, nproc=2, link=two)
 
 
 def test_lever_refuses_nonsense():
@@ -438,9 +451,7 @@ def test_explorer_moves_redraw_the_bars_and_name_the_crossover():
         Lever("local", "local_sgd", 60, period=4),
         Lever("never", "compressed", None, ratio=0.1),
     ]
-    ex = convergence_explorer(
-        levers, t_comp=0.1, nbytes=4e8, nproc=2, alpha=1e-4, beta=1e-9, target=0.9, source="synthetic"
-    )
+    ex = convergence_explorer(levers, t_comp=0.1, nbytes=4e8, nproc=2, link=LINK, target=0.9, source="synthetic")
     before_label, before_y = ex.label.value, list(ex.figure.data[0].y)
     assert "local (60 steps against 50): beats baseline below" in before_label and "synthetic" in before_label
     ex.sliders["bandwidth_gbs"].value = 1000.0  # a fast link: the fewest steps win

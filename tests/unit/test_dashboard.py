@@ -190,7 +190,7 @@ def test_calibration_figure_draws_the_samples_and_the_fit_in_their_rows():
 
 
 def test_forms_figure():
-    fig = cp.forms_figure(ALPHA, BETA, 25 * 2**20, [1, 2, 4, 8, 64])
+    fig = cp.forms_figure(LINK, 25 * 2**20, [1, 2, 4, 8, 64])
     names = [t.name for t in fig.data]
     assert {"textbook total", "ring total", "ring bandwidth term", "textbook latency term"} <= set(names)
     ring = next(t for t in fig.data if t.name == "ring total")

@@ -12,6 +12,7 @@ from dtlab.model.hierarchy import (
     network_bytes_per_node,
     two_level_time,
 )
+from dtlab.model.link import Link, TwoLevelLink
 
 A_I, B_I, A_E, B_E = 5e-6, 1 / 100e9, 30e-6, 1 / 12.5e9  # NVLink-ish inside, 100 Gbit/s-ish between nodes
 
@@ -59,7 +60,7 @@ def test_crossover_when_both_links_are_equally_fast():
     # equal bandwidth inside and between nodes: hierarchy's fewer network latency steps win small messages;
     # its three phases run one after the other while the flat ring pipelines every edge, so large ones lose
     a_i, b_i, a_e, b_e = 2e-6, 1 / 10e9, 20e-6, 1 / 10e9
-    x = crossover_bytes(a_i, b_i, a_e, b_e, 2, 4)
+    x = crossover_bytes(_two(a_i, b_i, a_e, b_e, 4), 2)
     assert x is not None
     below, above = x / 4, x * 4
     assert two_level_time("hierarchical", a_i, b_i, a_e, b_e, below, 2, 4) < two_level_time(
@@ -68,7 +69,13 @@ def test_crossover_when_both_links_are_equally_fast():
     assert two_level_time("hierarchical", a_i, b_i, a_e, b_e, above, 2, 4) > two_level_time(
         "flat", a_i, b_i, a_e, b_e, above, 2, 4
     )
-    assert crossover_bytes(A_I, B_I, A_E, B_E, 2, 8) is None  # fast inside: hierarchy never loses
+    assert crossover_bytes(_two(A_I, B_I, A_E, B_E, 8), 2) is None  # fast inside: hierarchy never loses
+    with pytest.raises(ValueError, match=r"^link must be a TwoLevelLink"):
+        crossover_bytes(Link(alpha=A_I, beta=B_I), 2)
+
+
+def _two(a_i, b_i, a_e, b_e, gpus_per_node):
+    return TwoLevelLink(intra=Link(alpha=a_i, beta=b_i), inter=Link(alpha=a_e, beta=b_e), gpus_per_node=gpus_per_node)
 
 
 @pytest.mark.parametrize("kw", [dict(nodes=0), dict(gpus_per_node=1.5), dict(nodes=True)])

@@ -12,6 +12,7 @@ import pytest
 from dtlab.course.claims import consistent
 from dtlab.course.claims import lab12 as L
 from dtlab.course.rubric import lab12 as R
+from dtlab.model.link import Link
 
 
 def _run():
@@ -235,3 +236,39 @@ def test_the_interruptions_expected_are_counted_on_the_interrupters_clock():
     # 40 s of training at M = 5 s: a Poisson count of mean 8; P(N >= 3) = 1 - e^-8 (1 + 8 + 32) = 0.986
     assert "expects 8 interruptions" in first and "99% of such runs stop after all 3" in first
     assert "well above R" in why
+
+
+def test_question_6_prices_the_runs_buckets_on_the_p5_outputs_and_the_table_gives_the_key():
+    import dtlab
+    from dtlab.course.verdicts import judge
+
+    run = dtlab.load_run(FIXTURE_DDP)
+    key, link = R._real(run), R.real_link()
+    b = L.real_buckets(run, link, R.REAL_NODES)
+    ratio = run.whatif(link, nproc=8, nodes=2).setting["ratio"]  # this recorded run compressed with fp16: 0.5
+    assert ratio == 0.5 and b["nbytes"].sum() == pytest.approx(ratio * sum(run.resolved["param_nbytes"]), abs=1)
+    pair = Link.from_profile(dtlab.public_nccl_tests(R.REAL_PAIR))
+    network = 1e6 * float(np.sum(pair.time("all_reduce", b["nbytes"].to_numpy(dtype=float), 16)))
+    p = R.REAL_NODES * link.gpus_per_node
+    # the question's formula on the table's values is the key: one flat ring of 16, each step its slower edge
+    by_hand = 1e6 * sum(
+        2
+        * (p - 1)
+        * max(
+            r.intra_alpha_us * 1e-6 + r.nbytes / p / (r.intra_gbs * 1e9),
+            r.inter_alpha_us * 1e-6 + r.nbytes / p / (r.inter_gbs * 1e9),
+        )
+        for r in b.itertuples()
+    )
+    assert key.expected == pytest.approx(by_hand, rel=1e-9) and key.unit == "us" and key.points == 2
+    assert key.expected >= network * (1 - 1e-12)  # never faster than the 2-node output's own ring at 16 ranks
+    assert R.PRINTED <= key.rel_tol <= 0.5
+    assert judge(key, by_hand)["ok"] and not judge(key, 2 * by_hand)["ok"]
+    half = judge(key, by_hand / 2)
+    assert not half["ok"] and "2(p-1) steps" in half["verdict"]
+    # each bucket in its own regime: the 2-node output's one line over every size would price it otherwise
+    line = R.real_allreduce_s(run, R.real_link().replace(inter=link.inter.replace(alpha=link.inter.alpha)), 2)[0]
+    assert line * 1e6 != pytest.approx(key.expected, rel=1e-3)
+    assert "milliseconds" in judge(key, by_hand / 1e3)["verdict"]
+    text = "\n".join(L.real_lines(run, link, R.REAL_NODES))
+    assert "aws-p5-2x8-h100-efa (nccl-tests output, https://" in text and "regime" in text

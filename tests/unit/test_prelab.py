@@ -12,12 +12,12 @@ LAB12 = "labs/12_what_does_it_cost.ipynb"
 def test_a_prelab_holds_the_prediction_cells_alone(tmp_path):
     out = tmp_path / "12_what_does_it_cost_prelab.ipynb"
     asked = prelab.make(LAB12, str(out))
-    assert asked == ["lab12.q1", "lab12.q2", "lab12.q3", "lab12.q4", "lab12.q5"]
+    assert asked == ["lab12.q1", "lab12.q2", "lab12.q3", "lab12.q4", "lab12.q5", "lab12.q6"]
     nb = json.loads(out.read_text())
     code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    assert len(code) == 3 and all(line.split("=")[0].strip().startswith("my_") for c in code for line in c.splitlines())
+    assert len(code) == 4 and all(line.split("=")[0].strip().startswith("my_") for c in code for line in c.splitlines())
     assert "dtlab.run" not in json.dumps(nb) and "check(" not in json.dumps(nb)  # nothing that runs or checks
-    assert sum("**Predict.**" in "".join(c["source"]) for c in nb["cells"]) == 3  # each question's own text
+    assert sum("**Predict.**" in "".join(c["source"]) for c in nb["cells"]) == 4  # each question's own text
     assert prelab.prelab_of(str(out)) == "12_what_does_it_cost" and prelab.prelab_of(LAB12) is None
 
 

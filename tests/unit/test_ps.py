@@ -13,6 +13,7 @@ import pytest
 import dtlab
 from dtlab.model import costmodel as cm
 from dtlab.model import ps as psmodel
+from dtlab.model.link import Link, TwoLevelLink
 
 # ---- the transport alone: 2 and 3 real gloo ranks, many buckets issued back to back -------------------------
 
@@ -86,12 +87,26 @@ def test_ps_forms_per_worker_and_at_the_server():
         # in both families the bandwidth term is p times the same family's all-reduce term
         assert cm.parameter_server(0, b, n, p) / cm.textbook_allreduce(0, b, n, p) == pytest.approx(p)
         assert cm.ps_server(0, b, n, p) / cm.ring_allreduce(0, b, n, p) == pytest.approx(p)
-    t = psmodel.forms_table(0.0, b, n, [2, 3, 4, 8])
+    t = psmodel.forms_table(Link(alpha=0.0, beta=b), n, [2, 3, 4, 8])
     # gloo: ring reduce-scatter + gather + binomial broadcast; (2(p-1)/p + ceil(log2 p)) / (2(p-1)/p)
     assert np.allclose(t["ps_over_ring_gloo"], [2.0, 2.5, 1 + 2 / 1.5, 1 + 3 / 1.75])
     assert np.allclose(t["ps_over_ring_nccl"], [2.0, 1.5, 4 / 3, 8 / 7])  # pipelined rings: p / (p-1)
-    assert cm.ps_server(a, b, n, 1) == 0.0 and psmodel.ps_gloo(a, b, n, 1) == 0.0
+    assert cm.ps_server(a, b, n, 1) == 0.0 and psmodel.ps_gloo(Link(alpha=a, beta=b), n, 1) == 0.0
     assert cm.busbw("ps", n, cm.ps_server(0.0, b, n, 4), 4) == pytest.approx(1 / b)
+    # the implementations' forms price one link: (p + L) alpha + (2(p-1)/p + L) n beta, 2(p-1) alpha + 2 n beta
+    link = Link(alpha=a, beta=b)
+    assert psmodel.ps_gloo(link, n, 4) == pytest.approx(6 * a + (1.5 + 2) * n * b)
+    assert psmodel.ps_nccl(link, n, 4) == pytest.approx(6 * a + 2 * n * b)
+    assert t["ring all-reduce"].iloc[0] == pytest.approx(link.time("all_reduce", n, 2) - 2 * a)  # alpha 0 in t
+
+
+def test_ps_forms_take_one_level_and_name_the_field():
+    link = Link(alpha=1e-5, beta=1e-9)
+    two = TwoLevelLink(intra=link, inter=link, gpus_per_node=4)
+    with pytest.raises(ValueError, match=r"^link must be one level .* TwoLevelLink"):
+        psmodel.forms_table(two, 1e6, [2, 4])
+    with pytest.raises(ValueError, match=r"^link must be a Link .* got float"):
+        psmodel.ps_nccl(1e-5, 1e6, 4)
 
 
 def test_ps_figures_mark_oversubscribed_points():

@@ -57,7 +57,7 @@ def test_the_run_what_if_at_its_own_setting_uses_everything_it_measured():
     run, prof = fake_run(), hand_profile(alpha=20e-6, beta=1e-9)
     got = run.whatif(prof)
     assert isinstance(got, dtlab.WhatIf) and dtlab.whatif(run, prof).t_step == got.t_step  # one implementation
-    assert got.setting == {"bucket_mb": 25.0, "nproc": 2, "nodes": 1, "ranks": 2, "ratio": 1.0}
+    assert got.setting == {"bucket_mb": 25.0, "nproc": 2, "nodes": 1, "ranks": 2, "ratio": 1.0, "here": True}
     used = "\n".join(got.used)
     for what in ("compute: forward 1000 ms", "no-op comm hook baseline", "bucket readiness", "cores: 2 ranks shared 2"):
         assert what in used, what
@@ -247,7 +247,11 @@ def test_a_run_priced_on_a_shipped_8_gpu_box_and_two_such_nodes():
     assert two.t_comp == pytest.approx(one.t_comp)  # a device per rank: compute does not change with the count
     for w in (one, two):
         assert w.lo["t_comm"] <= w.t_comm <= w.hi["t_comm"]  # both outputs' fits have intervals: a band
-        assert any("shared CPU cores" in n for n in w.not_used) and any("measured wait" in n for n in w.not_used)
+        # a public output is another system's collectives timed alone: said once, as what it is, not as missing
+        used, not_used = "\n".join(w.used), "\n".join(w.not_used)
+        assert "the link is another system's" in used and "a public nccl-tests output" in used
+        assert "shared CPU cores" not in not_used and "measured wait" not in not_used and not w.setting["here"]
+        assert "contention: none in an nccl-tests output" in used and "no loaded calibration" not in used
     text = "\n".join(two.used)
     assert "aws-p5-2x8-h100-efa (nccl-tests output, https://github.com/aws-samples/" in text
     assert "4,194,304..134,217,728 B" in text  # the sizes the fit saw
@@ -255,3 +259,28 @@ def test_a_run_priced_on_a_shipped_8_gpu_box_and_two_such_nodes():
         TwoLevelLink.from_node_counts(pair, box)
     with pytest.raises(ValueError, match="nodes must be timed on 2 or more nodes of 4 ranks"):
         TwoLevelLink.from_node_counts(dtlab.public_nccl_tests("sheffield-a100-sxm4-1x4"), pair)
+
+
+def test_the_explorer_given_a_run_shows_the_runs_own_whatif():
+    """The explorer does not assemble the step from parts: at every setting its figures are run.whatif's, with the
+    run's cores and measured wait where the profile was calibrated on the run's machine (here: host vm, gloo)."""
+    from dtlab.viz.dashboard import explorer
+
+    run, prof = fake_run(), hand_profile(alpha=20e-6, beta=1e-9)
+    ex = explorer(profile=prof, run=run)
+    p = ex.params()
+    want = run.whatif(prof, nproc=p["nproc"], bucket_mb=p["bucket_mb"], nodes=1, compression=1.0)
+    assert want.setting["here"] and ex.state.run.here
+    assert ex.result["t_step"] == pytest.approx(want.t_step, rel=1e-12) and ex.result["wait"] == want.detail["wait"]
+    row = ex.sweep.set_index("label").loc[wi.config_label(p["nproc"], p["bucket_mb"])]
+    assert row["t_step"] == pytest.approx(want.t_step, rel=1e-12)
+    assert "no-op comm hook baseline of fake-run" in ex.children[0].value  # the run's compute, named
+    # a moved slider: a Link of the values shown, still priced through the run's what-if (cores and wait included)
+    ex.sliders["nproc"].value, ex.sliders["bandwidth_gbs"].value = 4, 0.05
+    p = ex.params()
+    link = Link(alpha=p["alpha"], beta=p["beta"], form=p["form"], contention=p["contention"])
+    moved = run.whatif(link, nproc=4, bucket_mb=p["bucket_mb"], nodes=1, compression=1.0, here=True)
+    fitted = run.whatif(prof, nproc=4, bucket_mb=p["bucket_mb"], nodes=1, compression=1.0)
+    assert ex.result["t_step"] == pytest.approx(moved.t_step, rel=1e-12) and moved.t_step > fitted.t_step
+    with pytest.raises(ValueError, match=r"^compute: come from the run"):
+        explorer(profile=prof, run=run, compute={"t_fwd": 0.1, "t_bwd_comp": 0.2, "t_opt": 0.01})

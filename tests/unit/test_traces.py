@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from dtlab.model.link import Link
 from dtlab.results.kineto import TraceDamaged, load_trace, public_trace
 from dtlab.results.kineto.synthetic import write_synthetic
 
-ALPHA, BETA = 20e-6, 1 / 50e9
+ALPHA, BETA = 35e-6, 1 / 40e9  # not the generator's default link: the fit must give back the link given
 SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 
 
@@ -24,8 +25,7 @@ def test_fit_recovers_known_alpha_beta_from_every_rank(tmp_path, layout, prefix,
         tmp_path,
         nproc=4,
         sizes=SIZES,
-        alpha=ALPHA,
-        beta=BETA,
+        link=Link(alpha=ALPHA, beta=BETA),
         delays=[0, 1e-3, 3e-4, 2e-3],
         offsets=[0, 0.5, -0.2, 1.7],
         layout=layout,

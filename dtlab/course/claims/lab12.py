@@ -27,7 +27,7 @@ from dtlab.course.claims import compare, spread
 from dtlab.course.wording import show, text  # noqa: F401 - the lab's passages (lab12.figures, lab12.restart)
 from dtlab.launching.interrupts import count_line, interrupted_run, kill_plan  # noqa: F401
 from dtlab.results.cost import billed_devices, cost, epoch_samples, gpu_kind, samples_per_step
-from dtlab.units import fmt_time
+from dtlab.units import fmt_bytes, fmt_time
 
 CONFIDENCE = 0.90  # the model's band: the interval that holds the median of the measured costs 90% of the time
 
@@ -336,3 +336,50 @@ def poisson_interval(mean: float, confidence: float = CONFIDENCE) -> tuple[int, 
     """The central `confidence` interval of a Poisson count with this mean (interruptions in a run)."""
     tail = (1 - confidence) / 2
     return int(poisson.ppf(tail, mean)), int(poisson.ppf(1 - tail, mean))
+
+
+# ---- section 5: the run on a real system's link (question 6) -------------------------------------------------
+
+
+def real_buckets(run, link, nodes: int) -> pd.DataFrame:
+    """What question 6 is computed from, before it is asked: the run's DDP buckets at its own cap, each as the bytes
+    its all-reduce moves (nbytes: the bucket's gradient bytes x the run's bytes on the wire per gradient byte, 1
+    without compression), in the order they are all-reduced, and, for each, the alpha (us) and bandwidth 1/beta
+    (GB/s) of both levels of `link` (a TwoLevelLink) at that size: the regime of each level's piecewise fit the
+    bucket falls in. No time: that is the question."""
+    w = run.whatif(link, nproc=link.gpus_per_node, nodes=nodes)
+    nbytes = w.setting["ratio"] * np.asarray(w.detail["bucket_nbytes"], dtype=float)
+    a_in, b_in = link.intra.constants(nbytes)
+    a_out, b_out = link.inter.constants(nbytes)
+    return pd.DataFrame(
+        {
+            "bucket": range(len(nbytes)),
+            "nbytes": np.round(nbytes).astype(int),
+            "intra_alpha_us": np.asarray(a_in, dtype=float) * 1e6 * np.ones_like(nbytes),
+            "intra_gbs": 1e-9 / (np.asarray(b_in, dtype=float) * np.ones_like(nbytes)),
+            "inter_alpha_us": np.asarray(a_out, dtype=float) * 1e6 * np.ones_like(nbytes),
+            "inter_gbs": 1e-9 / (np.asarray(b_out, dtype=float) * np.ones_like(nbytes)),
+        }
+    )
+
+
+def real_lines(run, link, nodes: int) -> list[str]:
+    """Where question 6's inputs come from: the run's gradients and cap, each level's source and its size regimes
+    (alpha in us, 1/beta in GB/s), the ranks priced. No time: that is the question."""
+    grad = int(sum(run.resolved.get("param_nbytes") or []))
+    ratio = run.whatif(link, nproc=link.gpus_per_node, nodes=nodes).setting["ratio"]
+    out = [
+        f"the run: {grad:,} B of gradients per step, DDP buckets of at most {run.config.ddp.bucket_mb:g} MiB "
+        f"({run.path}); the table below lists the bytes each bucket's all-reduce moves"
+        + (f" (x {ratio:.3g}, its compression's bytes on the wire)" if ratio != 1 else ""),
+        f"priced on {nodes} node(s) x {link.gpus_per_node} GPUs = {nodes * link.gpus_per_node} ranks, one ring over "
+        "all of them, each step as slow as its slowest edge (TwoLevelLink, algorithm 'flat')",
+    ]
+    for name, lk in (("inside a node", link.intra), ("between nodes", link.inter)):
+        out.append(f"{name}: {lk.source}")
+        regs = lk.regimes or ()
+        for r in regs or (lk,):
+            bw = f"{1e-9 / r.beta:.3g} GB/s" if r.beta > 0 else "unlimited"
+            sizes = f"regime {fmt_bytes(r.min_bytes)}..{fmt_bytes(r.max_bytes)}" if regs else "one line"
+            out.append(f"  {sizes}: alpha {r.alpha * 1e6:.3g} us, 1/beta {bw}")
+    return out

@@ -8,6 +8,7 @@ from dtlab.course.claims.lab09 import steps_or_more
 from dtlab.course.rubric import Question
 from dtlab.course.verdicts import Key
 from dtlab.model.convergence import first_to_target, lever_from_run, time_to_target
+from dtlab.model.link import Link
 from dtlab.model.whatif import compute_from_run
 from dtlab.results.convergence import bytes_per_step
 
@@ -194,8 +195,7 @@ def _other_machine(runs) -> Key:
         t_comp=m["t_comp"],
         nbytes=m["nbytes"],
         nproc=OTHER["nproc"],
-        alpha=OTHER["alpha"],
-        beta=1 / (OTHER["bandwidth_gbs"] * 1e9),
+        link=Link(alpha=OTHER["alpha"], beta=1 / (OTHER["bandwidth_gbs"] * 1e9)),
         t_apply=m["t_apply"],
     )
     first = first_to_target(table) or "none of them"
@@ -207,7 +207,7 @@ def _other_machine(runs) -> Key:
         choices=LABELS + ("none of them",),
         tol_source="derived: dtlab.model.convergence.time_to_target with this lab's measured steps and T_comp",
         explanation=f"the model's times: {', '.join(f'{r.label} {r.time:.3g} s' for r in table.itertuples())}",
-        hint="time_to_target(levers, t_comp=..., nbytes=..., nproc=8, alpha=50e-6, beta=1 / 0.125e9)",
+        hint="time_to_target(levers, t_comp=..., nbytes=..., nproc=8, link=dtlab.Link(alpha=50e-6, beta=1 / 0.125e9))",
     )
 
 

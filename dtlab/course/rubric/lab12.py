@@ -1,19 +1,25 @@
 """Lab 12 (what does it cost?): GPU-hours and USD of one epoch from a run's T_step, the cheapest and the fastest GPU
-count to the target accuracy from the what-if model, and the best checkpoint interval for spot instances from a
-measured checkpoint cost."""
+count to the target accuracy from the what-if model, the best checkpoint interval for spot instances from a
+measured checkpoint cost, and the all-reduce time of the run's buckets on a real system's link (two AWS p5 nodes,
+from their public nccl-tests outputs)."""
 
 from __future__ import annotations
 
 import math
 import os
 
+import numpy as np
+
 from dtlab.course.checks import tol_from_spread
 from dtlab.course.rubric import Question, graded_run, t_step_spread
-from dtlab.course.verdicts import Key
+from dtlab.course.verdicts import MAX_REL_TOL, Key
 from dtlab.model.cost import example_prices
+from dtlab.model.link import TwoLevelLink
 from dtlab.model.restarts import measured_costs
 from dtlab.model.spot import optimal_interval
 from dtlab.results.cost import billed_devices, cost, epoch_samples, hours_unit, samples_per_step
+from dtlab.results.nccl_profile import public_nccl_tests
+from dtlab.results.whatif import whatif
 
 LAB = "12_what_does_it_cost"
 TARGET = 0.9  # held-out accuracy
@@ -193,10 +199,65 @@ def _interval(crashed) -> Key:
     )
 
 
+#: Section 5's real system: one AWS p5 box (8 H100 on NVSwitch) and two such boxes over EFA (public nccl-tests
+#: outputs shipped with dtlab, each fitted over all its sizes, piecewise), and the nodes question 6 prices.
+REAL_BOX, REAL_PAIR, REAL_NODES = "aws-p5-1x8-h100-nvswitch", "aws-p5-2x8-h100-efa", 2
+#: Question 6's answer is computed from the table's alpha and 1/beta, printed to 3 significant digits: each at most
+#: 0.5% off, so a sum of their terms at most about 1%.
+PRINTED = 0.01
+
+
+def real_link() -> TwoLevelLink:
+    """The link section 5 builds: TwoLevelLink.from_node_counts of the two public p5 outputs."""
+    return TwoLevelLink.from_node_counts(public_nccl_tests(REAL_BOX), public_nccl_tests(REAL_PAIR))
+
+
+def real_allreduce_s(run, link: TwoLevelLink, nodes: int) -> tuple[float, float, float]:
+    """(seconds, low, high): the all-reduces of one step's DDP buckets (the run's own layout at its cap, from
+    run.whatif, each its bytes on the wire) on `link` at `nodes` nodes of link.gpus_per_node ranks, summed: the
+    time the link spends all-reducing per step. The band: the same sum at the ends of the link's fitted intervals
+    (NaN without)."""
+    w = whatif(run, link, nproc=link.gpus_per_node, nodes=nodes)
+    sizes = w.setting["ratio"] * np.asarray(w.detail["bucket_nbytes"], dtype=float)
+    p = nodes * link.gpus_per_node
+
+    def total(lk):
+        return float(np.sum(lk.time("all_reduce", sizes, p)))
+
+    ends = link.bounds()
+    lo, hi = (math.nan, math.nan) if ends is None else sorted((total(ends[0]), total(ends[1])))
+    return total(link), lo, hi
+
+
+def _real(run) -> Key:
+    t, lo, hi = real_allreduce_s(run, real_link(), REAL_NODES)
+    band = max(hi - t, t - lo) / t if t > 0 and math.isfinite(lo) else 0.0
+    return Key(
+        "lab12.q6",
+        "number",
+        t * 1e6,
+        points=2,
+        rel_tol=min(MAX_REL_TOL, max(band, PRINTED)),
+        unit="us",
+        tol_source="the band of the p5 outputs' fits (their 95% intervals of alpha and beta pushed through the same "
+        f"sum), at least {PRINTED:.0%} for alpha and 1/beta printed to 3 digits",
+        graded_on=graded_run(run, "the priced run")
+        + f"'s buckets, on the public nccl-tests outputs {REAL_BOX} and {REAL_PAIR}",
+        hint="per bucket of n bytes on p = 16 ranks: 2(p-1) max(intra alpha + n/p intra beta, inter alpha + n/p "
+        "inter beta), with beta = 1 / bandwidth and each bucket's own regime; summed over the buckets",
+        ratio_hints={
+            1e-6: "that is seconds: the question asks for microseconds",
+            1e-3: "that is milliseconds: the question asks for microseconds",
+            0.5: "a ring all-reduce takes 2(p-1) steps: a reduce-scatter, then an all-gather",
+        },
+    )
+
+
 QUESTIONS = (
     Question("lab12.q1", 2, "my_gpu_hours_per_epoch", ("run",), _gpu_hours),
     Question("lab12.q2", 1, "my_usd_per_epoch", ("run",), _usd),
     Question("lab12.q3", 1, "my_cheapest_gpus", ("run", "profile"), _cheapest),
     Question("lab12.q4", 1, "my_fastest_gpus", ("run", "profile"), _fastest),
     Question("lab12.q5", 2, "my_best_interval_s", ("crashed",), _interval),
+    Question("lab12.q6", 2, "my_allreduce_us_two_nodes", ("run",), _real),
 )

@@ -2,7 +2,8 @@
 
 `write_synthetic(folder, ...)` writes one trace per rank of a data-parallel job: per step, a compute kernel, then
 one all-reduce per size in `sizes`, each rank arriving `delays[r]` late and every rank's kernel ending when the
-last one has arrived plus the ring all-reduce's time 2(p-1) alpha + 2(p-1)/p n beta. Each rank's clock is off by
+last one has arrived plus the all-reduce's time on `link` (default :data:`LINK`: the ring's 2(p-1) alpha + 2(p-1)/p n
+beta at alpha 20 us, 1/beta 50 GB/s). Each rank's clock is off by
 `offsets[r]` (s). `layout='new'` puts the metadata on the kernel's arguments; `'old'` names every kernel
 ncclKernel_SendRecv_..._int8_t and puts it on an `nccl:all_reduce` annotation around the launch, found through
 the correlation id. Times are written as integers (`int_ts`) or floats. Pure.
@@ -14,10 +15,10 @@ import gzip
 import json
 import os
 
+from dtlab.model.link import Link, one_level
 
-def ring_allreduce_s(nbytes: int, p: int, alpha: float, beta: float) -> float:
-    """2(p-1) alpha + 2(p-1)/p n beta (s)."""
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
+#: The link the synthetic all-reduces take by default: an NVLink-class ring, alpha 20 us, 1/beta 50 GB/s.
+LINK = Link(alpha=20e-6, beta=1 / 50e9, source="synthetic traces' default: alpha 20 us, 1/beta 50 GB/s, ring")
 
 
 def _x(cat, name, pid, tid, ts, dur, args) -> dict:
@@ -25,11 +26,15 @@ def _x(cat, name, pid, tid, ts, dur, args) -> dict:
     return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
-def _events(rank, p, steps, sizes, alpha, beta, delays, offset, compute_s, layout, prefix, int_ts, pad):
+def _events(rank, p, steps, sizes, link, delays, offset, compute_s, layout, prefix, int_ts, pad):
     """Yield one rank's events (dicts), times in microseconds on the rank's own clock."""
     corr = 0
     t = 1_000_000.0  # s -> us below; the job starts 1 s into the clock
-    step_s = compute_s + sum(ring_allreduce_s(n, p, alpha, beta) + max(delays) + 50e-6 for n in sizes) + 200e-6
+
+    def allreduce_s(n):
+        return float(link.time("all_reduce", n, p))
+
+    step_s = compute_s + sum(allreduce_s(n) + max(delays) + 50e-6 for n in sizes) + 200e-6
     conv = (lambda x: round(x)) if int_ts else (lambda x: round(x, 3))
 
     def us(s):
@@ -52,7 +57,7 @@ def _events(rank, p, steps, sizes, alpha, beta, delays, offset, compute_s, layou
         t = s0 + 10e-6 + compute_s
         for k, n in enumerate(sizes):
             arrive = t + delays[rank]
-            end = t + max(delays) + ring_allreduce_s(n, p, alpha, beta)
+            end = t + max(delays) + allreduce_s(n)
             corr += 1
             meta = {
                 "Collective name": "allreduce",
@@ -95,8 +100,7 @@ def write_synthetic(
     nproc: int = 2,
     steps: int = 3,
     sizes=(1 << 20, 4 << 20, 16 << 20),
-    alpha: float = 20e-6,
-    beta: float = 1 / 50e9,
+    link: Link = LINK,
     delays=None,
     offsets=None,
     compute_s: float = 2e-3,
@@ -107,9 +111,11 @@ def write_synthetic(
     gz: bool = False,
     pad: str = "",
 ) -> list[str]:
-    """Write one trace per rank into `folder` (rank{r}.json or .json.gz) and return the paths. `delays[r]`: how
-    late rank r arrives at every collective (s); `offsets[r]`: its clock's offset (s); `pad`: a string added to
-    every compute kernel's arguments (to make big files for the benchmark)."""
+    """Write one trace per rank into `folder` (rank{r}.json or .json.gz) and return the paths. `link`: a Link (or a
+    Profile) whose all-reduce prices every collective (alpha, beta, form); `delays[r]`: how late rank r arrives at
+    every collective (s); `offsets[r]`: its clock's offset (s); `pad`: a string added to every compute kernel's
+    arguments (to make big files for the benchmark)."""
+    link = one_level(link)
     os.makedirs(folder, exist_ok=True)
     delays = list(delays) if delays is not None else [0.0] * nproc
     offsets = list(offsets) if offsets is not None else [0.0] * nproc
@@ -123,7 +129,7 @@ def write_synthetic(
             f.write(json.dumps(head)[:-1] + ',\n  "traceEvents": [\n')
             first = True
             for e in _events(
-                r, nproc, steps, list(sizes), alpha, beta, delays, offsets[r], compute_s, layout, prefix, int_ts, pad
+                r, nproc, steps, list(sizes), link, delays, offsets[r], compute_s, layout, prefix, int_ts, pad
             ):
                 f.write(("" if first else ",\n") + "  " + json.dumps(e))
                 first = False
