@@ -138,22 +138,36 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def summary(path: str) -> dict:
-    """Counts and first-step latencies (median, 95th percentile, s) of OUT/launches.jsonl, overall and by strategy."""
-    recs = [json.loads(line) for line in open(path) if line.strip()]
+def _figures(recs: list[dict]) -> dict:
     lat = [r["first_step_s"] for r in recs if r.get("first_step_s") is not None]
-    by = {}
-    for s in sorted({r["strategy"] for r in recs}):
-        xs = [r["first_step_s"] for r in recs if r["strategy"] == s and r.get("first_step_s") is not None]
-        by[s] = {"launches": sum(r["strategy"] == s for r in recs), "median_s": statistics.median(xs) if xs else None}
     return {
         "launches": len(recs),
         "hangs": sum(bool(r.get("hang")) for r in recs),
         "failed": sum(r.get("state") not in (None, "finished") for r in recs),
         "first_step_median_s": statistics.median(lat) if lat else None,
         "first_step_p95_s": _pct(lat, 0.95) if lat else None,
-        "by_strategy": by,
+        "first_step_max_s": max(lat) if lat else None,
     }
+
+
+def summary(*paths: str) -> dict:
+    """Counts and first-step latencies (median, 95th percentile, slowest, s) of OUT/launches.jsonl files, overall,
+    by strategy and by strategy and rank count; the states and errors of failed launches."""
+    recs = [json.loads(line) for path in paths for line in open(path) if line.strip()]
+    out = _figures(recs)
+    out["by_strategy"] = {
+        s: _figures([r for r in recs if r["strategy"] == s]) for s in sorted({r["strategy"] for r in recs})
+    }
+    shapes = sorted({(r["strategy"], r["nproc"]) for r in recs})
+    out["by_shape"] = {
+        f"{s} {n}": _figures([r for r in recs if (r["strategy"], r["nproc"]) == (s, n)]) for s, n in shapes
+    }
+    out["failures"] = [
+        {k: r.get(k) for k in ("strategy", "nproc", "state", "error")}
+        for r in recs
+        if r.get("state") not in (None, "finished")
+    ]
+    return out
 
 
 # ---- what starting the ranks costs, one piece at a time ---------------------------------------------------------
@@ -270,7 +284,12 @@ def main() -> None:
     ap.add_argument("--hang-s", type=float, default=120.0, help="no first step by then = a hang (s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-hog", action="store_true", help="no CPU hog beside the launches")
-    ap.add_argument("--out", required=True, help="folder for launches.jsonl, hangs/ and runs/")
+    ap.add_argument(
+        "--out",
+        required=True,
+        action="append",
+        help="folder for launches.jsonl, hangs/ and runs/ (--summary: one or more, summarised together)",
+    )
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--summary", action="store_true", help="only summarise OUT/launches.jsonl")
@@ -281,13 +300,14 @@ def main() -> None:
         os.makedirs(a.out, exist_ok=True)
         print(json.dumps(start_cost(a.start_cost, a.nproc, a.out), indent=2))
         return
+    if a.summary:
+        print(json.dumps(summary(*(os.path.join(o, "launches.jsonl") for o in a.out)), indent=2))
+        return
+    a.out = a.out[-1]
     if a.worker is not None:
         worker(a.worker, a.out, a.deadline, a.hang_s, a.seed)
         return
     log = os.path.join(a.out, "launches.jsonl")
-    if a.summary:
-        print(json.dumps(summary(log), indent=2))
-        return
     os.makedirs(a.out, exist_ok=True)
     deadline = time.time() + a.minutes * 60
     hog = None if a.no_hog else _hog()
