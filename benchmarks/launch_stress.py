@@ -139,7 +139,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _figures(recs: list[dict]) -> dict:
-    lat = [r["first_step_s"] for r in recs if r.get("first_step_s") is not None]
+    # latencies leave out each worker's first launch, which also started its warm agent server (its imports)
+    lat = [r["first_step_s"] for r in recs if r.get("first_step_s") is not None and r.get("n") != 0]
     return {
         "launches": len(recs),
         "hangs": sum(bool(r.get("hang")) for r in recs),
@@ -151,8 +152,9 @@ def _figures(recs: list[dict]) -> dict:
 
 
 def summary(*paths: str) -> dict:
-    """Counts and first-step latencies (median, 95th percentile, slowest, s) of OUT/launches.jsonl files, overall,
-    by strategy and by strategy and rank count; the states and errors of failed launches."""
+    """Counts and first-step latencies (median, 95th percentile, slowest, s; a worker's first launch, which started
+    its warm agent server too, counted but not timed) of OUT/launches.jsonl files, overall, by strategy and by
+    strategy and rank count; the states and errors of failed launches."""
     recs = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     out = _figures(recs)
     out["by_strategy"] = {
@@ -296,14 +298,14 @@ def main() -> None:
     ap.add_argument("--start-cost", type=int, default=0, metavar="ROUNDS", help="only time starting ranks, each way")
     ap.add_argument("--nproc", type=int, default=4, help="ranks per start in --start-cost")
     a = ap.parse_args()
-    if a.start_cost:
-        os.makedirs(a.out, exist_ok=True)
-        print(json.dumps(start_cost(a.start_cost, a.nproc, a.out), indent=2))
-        return
     if a.summary:
         print(json.dumps(summary(*(os.path.join(o, "launches.jsonl") for o in a.out)), indent=2))
         return
     a.out = a.out[-1]
+    if a.start_cost:
+        os.makedirs(a.out, exist_ok=True)
+        print(json.dumps(start_cost(a.start_cost, a.nproc, a.out), indent=2))
+        return
     if a.worker is not None:
         worker(a.worker, a.out, a.deadline, a.hang_s, a.seed)
         return
