@@ -255,6 +255,21 @@ def start_zygote(torchrun_argv: list[str]) -> dict:
     warm(args.training_script, args.training_script_args)
     _WATCH = _ExitWatch(start=False)  # its pipe is inherited by the zygote's ranks; its thread starts afterwards
     threads = psutil.Process().num_threads()  # the operating system's count: C++ threads too (torch's, BLAS's)
+    pid = fork_zygote()
+    _WATCH.start()
+    print(
+        f"dtlab: ranks are forked by the zygote (pid {pid}), forked from this agent with {threads} thread(s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return {"pid": pid, "threads": threads}
+
+
+def fork_zygote() -> int:
+    """Fork the zygote from this process (which must have no thread but the calling one) and make it the server of
+    multiprocessing's 'forkserver' start method here: a later `Process.start()` of that method asks it to fork.
+    Returns its pid. It runs `multiprocessing.forkserver.main`, ignores SIGTERM and SIGHUP, and ends with this
+    process (PR_SET_PDEATHSIG, and its loop ends when this process's end of its pipe closes)."""
     fs = forkserver._forkserver
     listener = socket.socket(socket.AF_UNIX)
     address = connection.arbitrary_address("AF_UNIX")
@@ -280,13 +295,7 @@ def start_zygote(torchrun_argv: list[str]) -> dict:
     os.close(alive_r)
     listener.close()
     fs._forkserver_address, fs._forkserver_alive_fd, fs._forkserver_pid = address, alive_w, pid
-    _WATCH.start()
-    print(
-        f"dtlab: ranks are forked by the zygote (pid {pid}), forked from this agent with {threads} thread(s)",
-        file=sys.stderr,
-        flush=True,
-    )
-    return {"pid": pid, "threads": threads}
+    return pid
 
 
 def _die_with(parent: int) -> None:

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import traceback
+from multiprocessing import resource_tracker
 
 from dtlab.launching import agent
 
@@ -92,6 +93,7 @@ def serve() -> None:
     _arg_area()  # before any import may set an environment variable (the area is found from C's environ)
     try:
         _imports()
+        resource_tracker.ensure_running()  # one for every agent it forks (see agent.fork_zygote), not one each
         set_cmdline([sys.executable, "-c", "dtlab warm agent server (forks torchrun agents)"])
         _send(sock, {"ready": True, "capacity": _arg_area()[1]})
     except BaseException:  # noqa: BLE001 - reported to the launcher, which then starts the agent cold
@@ -151,7 +153,8 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        _send(sock, {"exit": _REQ_OF.pop(pid, None), "pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        if pid in _REQ_OF:  # an agent; not the resource tracker, which no launch asked for
+            _send(sock, {"exit": _REQ_OF.pop(pid), "pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
 
 
 def _become_agent(req: dict, fds: list[int], sock: socket.socket, wake: tuple[int, int]) -> None:

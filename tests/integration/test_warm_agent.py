@@ -7,6 +7,8 @@ import os
 import signal
 import time
 
+import psutil
+
 import dtlab
 from dtlab.launching.torchrun import is_rank_of
 
@@ -110,6 +112,10 @@ def test_ranks_are_forked_by_a_zygote_that_has_one_thread_and_dies_with_the_agen
     assert _ppid(zygote) == h.proc.pid and not is_rank_of(zygote, h.run_dir)  # the agent's child, not a rank
     assert len(os.listdir(f"/proc/{zygote}/task")) == 1  # one thread, while the agent has several
     assert len(os.listdir(f"/proc/{h.proc.pid}/task")) > 1
+    # the forkserver's resource tracker is the warm server's, started once: the agent started none of its own
+    assert [c.pid for c in psutil.Process(h.proc.pid).children()] == [zygote]
+    trackers = [c for c in psutil.Process(_ppid(h.proc.pid)).children() if "resource_tracker" in " ".join(c.cmdline())]
+    assert len(trackers) == 1, trackers
     with open(tmp_path / "z" / "logs" / "torchrun.log") as f:
         assert f"ranks are forked by the zygote (pid {zygote}), forked from this agent with 1 thread(s)" in f.read()
     os.kill(h.proc.pid, signal.SIGKILL)  # the agent killed outright: the zygote, then its ranks, die with it
