@@ -191,11 +191,11 @@ class Run:
     def comm_intervals(self) -> pd.DataFrame:
         """rank, step, t_start, t_end of every recorded collective (DDP buckets or ZeRO-3 collectives)."""
         frames = [df[["rank", "step", "t_start", "t_end"]] for df in (self.buckets, self.collectives) if not df.empty]
-        return (
-            pd.concat(frames, ignore_index=True).dropna()
-            if frames
-            else pd.DataFrame(columns=["rank", "step", "t_start", "t_end"])
-        )
+        if not frames:
+            return pd.DataFrame(columns=["rank", "step", "t_start", "t_end"])
+        # one frame (a DDP run's buckets): its own columns, numbered from 0 as a concatenation numbers them
+        one = frames[0].reset_index(drop=True) if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        return one.dropna()
 
     def summary(self) -> pd.DataFrame:
         """Medians over measured steps of T_step, T_comp, T_comm, exposed communication and overlap, each with its
