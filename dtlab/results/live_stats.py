@@ -265,13 +265,17 @@ def settles(live) -> bool:
 
 
 SETTLED = ("step", "bucket", "collective")
+SETTLE_ROWS = 2000
+"""Step records (steps x ranks) a redraw lets settle at once: fewer are computed with the newest steps, so a short
+run's view costs what one computation of all its rows does."""
 
 
 def derived(live) -> tuple:
     """`from_frames`, kept between redraws. A step is settled once every rank has recorded a later step: a rank
     writes its events in order, so no row of a settled step is still to come, and its rows of the step table, the
-    ranks' times and the bus bandwidth are computed once, when it settles, then kept (`live.view_cache`); each
-    redraw computes only the steps not settled yet. Bus bandwidth rows come in the order their steps settled."""
+    ranks' times and the bus bandwidth are computed once, when it settles (SETTLE_ROWS records at a time), then kept
+    (`live.view_cache`); each redraw computes only the steps not settled yet. Bus bandwidth rows come in the order
+    their steps settled."""
     c = live.view_cache
     if c is None:
         c = live.view_cache = {"used": dict.fromkeys(SETTLED, 0), "pool": {}, "kept": None, "early": [], "last": []}
@@ -283,7 +287,7 @@ def derived(live) -> tuple:
             pool[k] = append_rows(([pool[k]] if k in pool else []) + [n.drop(columns="attempt") for n in new], _cols(k))
     bound = min(live.last_step.get(r, -1) for r in range(live.nproc))
     done = {k: pool[k]["step"].to_numpy(dtype=float) < bound for k in SETTLED}
-    if any(d.any() for d in done.values()):
+    if done["step"].sum() >= SETTLE_ROWS:
         old = {k: pool[k][done[k]] for k in SETTLED}
         got = _derive(old["step"], old["bucket"], old["collective"], live, split=True)
         c["kept"] = got[:3] if c["kept"] is None else tuple(_joined([a, b]) for a, b in zip(c["kept"], got[:3]))

@@ -405,10 +405,13 @@ def _same_view(a: dict, b: dict) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_redraw_keeps_settled_steps_and_shows_what_a_full_recount_shows(tmp_path, seed):
+def test_a_redraw_keeps_settled_steps_and_shows_what_a_full_recount_shows(tmp_path, seed, monkeypatch):
     """Written in random pieces, with a redraw after each: every view is the one computed from all rows again,
     and the steps every rank has passed are derived once (kept, not recomputed). Fails for a cache that keeps a
     step before its last bucket arrived, or that loses or doubles rows."""
+    from dtlab.results import live_stats
+
+    monkeypatch.setattr(live_stats, "SETTLE_ROWS", 1 + seed)  # settle as soon as a step (or two, three) can
     run = _run_dir(tmp_path, nproc=3, steps=24)
     cfg = json.loads((run / "config.json").read_text())
     cfg["config"]["warmup"] = 2
