@@ -310,9 +310,8 @@ def _from_lines(path: str, by_file: bool = True) -> tuple[Run, dict]:
 
     def take(rec, scan) -> None:
         rows: dict[str, list] = {k: [] for k in (*FRAMED, *LISTED)}
-        old = rec.version < CONFIG_VERSION  # events of an earlier form are brought to the current one
-        for ev in scan.events:  # the scan's own dicts: read_run_dir lets them go once this returns
-            ev = dict(upgrade_event(ev, rec.version)) if old else ev
+        for ev in scan.events:  # the scan's own dicts (let go once this returns), upgraded when of an earlier form
+            ev = dict(upgrade_event(ev, rec.version)) if rec.version < CONFIG_VERSION else ev
             kind = ev.pop("kind", None)
             if kind in rows:
                 rows[kind].append(ev)
