@@ -11,8 +11,8 @@ set, imports included), killed if it holds more than `--mem-gib` GiB (the figure
 - `load_run` from the JSON lines (a run without its columnar copy: recorded before, or a damaged copy; this also
   writes the copy, whose cost and size are given apart), then `load_run` from the copy;
 - `summary()`, `breakdown_table()`, the HTML report, the Chrome trace export and `dtlab.cost` of the loaded run;
-- the live monitor's redraw (dtlab.results.live_stats.live_view and the figure) once the follower has read the
-  whole run, and the follower's own read.
+- the live monitor once the follower has read the whole run: its first view (every step derived), a later view
+  and a redraw (the view and the figure: what each redraw costs while it follows a run), and the follower's read.
 
 `--before DIR` times the same readers with the dtlab found in DIR (a checkout of an earlier commit: `git archive
 COMMIT dtlab | tar -x -C DIR`) in the same session, so both columns share the machine's load. Times are the median
@@ -200,10 +200,15 @@ def measure(what: str, path: str, repeats: int) -> dict:
         from dtlab.viz.monitor import monitor_figure
 
         live = LiveRun(path)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         live.close()
-        follow = time.perf_counter() - t
-        return {"follow": follow, "redraw": timed(lambda: monitor_figure(live_view(live, state="finished")), repeats)}
+        out = {"follow": time.perf_counter() - t, "follow_cpu": time.process_time() - c}
+        # the first view derives every step read so far (a monitor opened on a long run); a later one, what each
+        # redraw costs once the monitor has followed the run (an earlier dtlab derives everything every time)
+        out["first_view"] = timed(lambda: live_view(live, state="finished"), 0)
+        out["view"] = timed(lambda: live_view(live, state="finished"), repeats)
+        out["redraw"] = timed(lambda: monitor_figure(live_view(live, state="finished")), repeats)
+        return out
     run = load_run(path)
     from dtlab.results.chrome import chrome_trace
     from dtlab.results.cost import cost
@@ -260,7 +265,7 @@ def main():
     a = ap.parse_args()
     if a.measure:
         out = measure(a.measure, a.path, a.repeats)
-        timings = [k for k in out if k not in ("copy_mb", "copy_write", "follow")]  # the ones `timed` took
+        timings = [k for k in out if k not in ("copy_mb", "copy_write", "follow", "follow_cpu")]  # `timed` took these
         out.update({f"{k}_cpu": c for k, c in zip(timings, CPU)})
         out["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(json.dumps(out))
@@ -304,7 +309,7 @@ def main():
 
 
 #: the reader (child process) each column of the table comes from
-GROUP = {"load_lines": "lines", "load_copy": "copy", "summary": "readers", "redraw": "monitor"}
+GROUP = {"load_lines": "lines", "load_copy": "copy", "summary": "readers", "redraw": "monitor", "view": "monitor"}
 GROUP.update({"load_lines_cpu": "lines", "load_copy_cpu": "copy", "summary_cpu": "readers"})
 
 
@@ -324,8 +329,13 @@ def table(rows: list[dict]) -> str:
         ("report", "report s", 1),
         ("chrome", "chrome s", 1),
         ("cost", "cost s", 1),
+        ("first_view_cpu", "first view CPU s", 1),
+        ("view_cpu", "view CPU s", 1),
         ("redraw", "redraw s", 1),
+        ("redraw_cpu", "redraw CPU s", 1),
+        ("chrome_cpu", "chrome CPU s", 1),
         ("follow", "follow us/ev", 1e6),
+        ("follow_cpu", "follow CPU us/ev", 1e6),
         ("monitor_peak_gib", "monitor GiB", 1),
     ]
     out = ["| steps x ranks | events | code | " + " | ".join(c[1] for c in cols) + " |"]
@@ -336,7 +346,7 @@ def table(rows: list[dict]) -> str:
             v = r.get(key)
             if v is None:
                 cells.append(r.get(f"{GROUP.get(key, '')}_error", ""))
-            elif key in ("load_lines", "load_copy", "follow", "load_lines_cpu", "load_copy_cpu"):
+            elif key in ("load_lines", "load_copy", "follow", "load_lines_cpu", "load_copy_cpu", "follow_cpu"):
                 cells.append(f"{v / r['events'] * scale:.2f}")
             else:
                 cells.append(f"{v * scale:.3g}")

@@ -42,18 +42,29 @@ INTERVAL_COLUMNS = ["rank", "step", "t_start", "t_end"]
 def comm_intervals(*frames: pd.DataFrame) -> pd.DataFrame:
     """The INTERVAL_COLUMNS of every row of `frames` (buckets, collectives), in one frame (empty: the columns)."""
     parts = [f[INTERVAL_COLUMNS] for f in frames if not f.empty]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=INTERVAL_COLUMNS)
+    if not parts:
+        return pd.DataFrame(columns=INTERVAL_COLUMNS)
+    # one frame (a DDP run's buckets): its own columns, numbered from 0 as a concatenation numbers them
+    return parts[0].reset_index(drop=True) if len(parts) == 1 else pd.concat(parts, ignore_index=True)
 
 
 def union_lengths(intervals: pd.DataFrame) -> pd.Series:
     """Length of the union of the [t_start, t_end] rows of each (rank, step), concurrent intervals counted once
     (dtlab.intervals.union_length, on whole columns): a Series indexed by (rank, step)."""
+    rank, step, total = union_arrays(intervals)
+    return pd.Series(total, index=pd.MultiIndex.from_arrays([rank, step], names=["rank", "step"]))
+
+
+def union_arrays(intervals: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`union_lengths` as arrays (rank, step, length), one entry per (rank, step) in that order. Rows already in
+    (rank, step, t_start) order, as load_run keeps a DDP run's buckets, are read as they are; others are sorted."""
     if intervals.empty:
-        return pd.Series(dtype=float, index=pd.MultiIndex.from_arrays([[], []], names=["rank", "step"]))
+        return np.array([]), np.array([]), np.array([], dtype=float)
     rank, step = intervals["rank"].to_numpy(), intervals["step"].to_numpy()
     start, end = intervals["t_start"].to_numpy(dtype=float), intervals["t_end"].to_numpy(dtype=float)
-    order = np.lexsort((end, start, step, rank))
-    rank, step, start, end = rank[order], step[order], start[order], end[order]
+    if not in_order(rank, step, start):
+        order = np.lexsort((end, start, step, rank))
+        rank, step, start, end = rank[order], step[order], start[order], end[order]
     first = np.ones(len(rank), dtype=bool)
     first[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
     group = np.cumsum(first) - 1
@@ -66,7 +77,43 @@ def union_lengths(intervals: pd.DataFrame) -> pd.Series:
     length = np.maximum.reduceat(end, heads) - start[heads]
     g0 = np.flatnonzero(first)
     total = np.add.reduceat(length, np.searchsorted(heads, g0))
-    return pd.Series(total, index=pd.MultiIndex.from_arrays([rank[g0], step[g0]], names=["rank", "step"]))
+    return rank[g0], step[g0], total
+
+
+def in_order(rank: np.ndarray, step: np.ndarray, start: np.ndarray | None = None) -> bool:
+    """True when the rows are in (rank, step) order (and, with `start`, by start within each (rank, step)), with
+    numeric keys and no NaN among them: what a lexsort would leave as it is, up to ties (a union's length and a
+    group's maximum do not depend on the order of ties)."""
+    if len(rank) < 2:
+        return True
+    if rank.dtype.kind not in "iuf" or step.dtype.kind not in "iuf":
+        return False
+    dr, ds = np.diff(rank), np.diff(step)
+    ok = (dr > 0) | ((dr == 0) & (ds >= 0))
+    if start is not None:
+        ok &= (dr != 0) | (ds != 0) | (np.diff(start) >= 0)
+    return bool(ok.all())
+
+
+def group_max(frame: pd.DataFrame, column: str, rank, step) -> np.ndarray:
+    """The largest `column` value (NaN skipped) of `frame`'s rows of each (rank[i], step[i]) pair; NaN where the
+    frame has no row of that pair. `frame.groupby(["rank", "step"])[column].max()` looked up pair by pair, read
+    in one pass over a frame in (rank, step) order (load_run's buckets)."""
+    rank, step = np.asarray(rank), np.asarray(step)
+    r, s = frame["rank"].to_numpy(), frame["step"].to_numpy()
+    ints = all(a.dtype.kind in "iu" for a in (r, s, rank, step))
+    if not ints or not in_order(r, s):
+        ready = frame.groupby(["rank", "step"])[column].max()
+        return ready.reindex(pd.MultiIndex.from_arrays([rank, step])).to_numpy(dtype=float)
+    first = np.ones(len(r), dtype=bool)
+    first[1:] = (r[1:] != r[:-1]) | (s[1:] != s[:-1])
+    heads = np.flatnonzero(first)
+    top = np.fmax.reduceat(frame[column].to_numpy(dtype=float), heads)
+    lo = min(int(s.min()), int(step.min()) if step.size else 0)
+    span = max(int(s.max()), int(step.max()) if step.size else 0) - lo + 1
+    have, want = r[heads].astype(np.int64) * span + (s[heads] - lo), rank.astype(np.int64) * span + (step - lo)
+    pos = np.minimum(np.searchsorted(have, want), len(have) - 1)
+    return np.where(have[pos] == want, top[pos], np.nan)
 
 
 def per_step(run) -> pd.DataFrame:
@@ -82,13 +129,12 @@ def per_step(run) -> pd.DataFrame:
     if comm.empty:
         t_comm = np.zeros(len(slow))
     else:
-        lengths = union_lengths(comm).groupby(level="step").max()
+        _, step, total = union_arrays(comm)
+        lengths = pd.Series(total).groupby(step).max()
         t_comm = slow["step"].map(lengths).fillna(0.0).to_numpy(dtype=float)
     compute_end = (slow["t_fwd"] + slow["t_bwd"]).to_numpy(dtype=float)
     if not run.buckets.empty:
-        ready = run.buckets.groupby(["rank", "step"])["t_ready"].max()
-        key = pd.MultiIndex.from_arrays([slow["rank"], slow["step"]])
-        found = ready.reindex(key).to_numpy(dtype=float)
+        found = group_max(run.buckets, "t_ready", slow["rank"].to_numpy(), slow["step"].to_numpy())
         compute_end = np.where(np.isnan(found), compute_end, found)
     out = pd.DataFrame(
         {

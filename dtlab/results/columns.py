@@ -43,13 +43,22 @@ BUILDERS = ("events", "run", "restarts", "convergence", "upgrade", "status", "co
 
 
 def built_by() -> str:
-    """A digest of the source of the modules that build a run's frames (BUILDERS)."""
-    h = hashlib.sha256()
+    """A digest of the source of the modules that build a run's frames (BUILDERS), read again only when one of
+    those files has changed (its size or modification time)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in BUILDERS:
-        with open(os.path.join(here, f"{name}.py"), "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()[:16]
+    paths = [os.path.join(here, f"{name}.py") for name in BUILDERS]
+    key = tuple((st.st_size, st.st_mtime_ns) for st in map(os.stat, paths))
+    if _DIGEST.get("key") != key:
+        h = hashlib.sha256()
+        for path in paths:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        _DIGEST.update(key=key, digest=h.hexdigest()[:16])
+    return _DIGEST["digest"]
+
+
+_DIGEST: dict = {}  # built_by's last digest and the files' sizes and times it was made from
+_EMPTY_OK: set = set()  # the empty frames' forms (columns, types, index) already seen to come back from their meta
 
 
 def file_check(path: str) -> tuple[int, int]:
@@ -91,7 +100,9 @@ def write_copy(run_dir: str, frames: dict, extras: dict, sources: list[dict]) ->
 def _write_frame(df: pd.DataFrame, path: str) -> dict:
     if df.empty and not df.attrs:  # columns and their types only: no file (most frames of a DDP run are empty)
         meta = {"rows": 0, "columns": [str(c) for c in df.columns], "dtypes": [str(t) for t in df.dtypes]}
-        if same_frame(df, _empty_frame(meta)):
+        form = (tuple(map(repr, df.columns)), tuple(map(repr, df.dtypes)), repr(df.index), repr(df.columns.dtype))
+        if form in _EMPTY_OK or same_frame(df, _empty_frame(meta)):
+            _EMPTY_OK.add(form)
             return meta
     table = pa.Table.from_pandas(df, preserve_index=None)
     sink = pa.BufferOutputStream()

@@ -10,7 +10,9 @@ line is torn only when a restarted attempt's `start` follows it, and any other i
 it.
 
 `LiveRun(run_dir).poll()` reads every rank file's new lines and keeps the rows the monitor needs (steps, no-op
-baseline steps, buckets, collectives, errors, `done`); `frames()` gives them as DataFrames.
+baseline steps, buckets, collectives, errors, `done`); `frames()` gives them as DataFrames. The rows each poll
+brings become one small frame per kind (`chunks`), appended to what came before: a redraw of a long run builds
+nothing again from the rows it has already seen (dtlab.results.live_stats keeps what it derived from them).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ KEEP = {
 class LiveRun:
     """Every rank file of run directory `run_dir`, followed (see the module docstring).
 
-    After each `poll()`: `rows` (kind -> list of dicts with the fields in KEEP), `errors` ({rank: {error, step}}:
+    After each `poll()`: `chunks` (kind -> list of DataFrames, one per poll that brought rows of that kind, columns
+    as in KEEP), `restarted` (True once a restarted attempt's `start` was read), `redone` (the kinds of which a
+    rank recorded a step again, or out of order), `errors` ({rank: {error, step}}:
     the ranks that recorded an `error` event and the last step each recorded), `done` (ranks that recorded `done`),
     `last_step` ({rank: the last step it recorded}), and from config.json: `nproc` (the world size), `steps`,
     `warmup`, `baseline_steps`, `bucket_op` (the op that prices one DDP bucket; None when the strategy records
@@ -47,7 +51,12 @@ class LiveRun:
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
         self.tails: dict[str, RankTail] = {}
-        self.rows: dict[str, list[dict]] = {k: [] for k in KEEP}
+        self.chunks: dict[str, list[pd.DataFrame]] = {k: [] for k in KEEP}
+        self._merged: dict[str, tuple[int, pd.DataFrame]] = {}  # kind -> (chunks merged, their frame)
+        self._top: dict[tuple[str, int], int] = {}  # (kind, rank) -> the highest step read
+        self.restarted = False
+        self.redone: set[str] = set()
+        self.view_cache = None  # what dtlab.results.live_stats.live_view keeps between redraws
         self.errors: dict[int, dict] = {}
         self.done: set[int] = set()
         self.last_step: dict[int, int] = {}
@@ -86,10 +95,16 @@ class LiveRun:
         return sum(self._take(tail.close()) for tail in self.tails.values())
 
     def _take(self, events: list[dict]) -> int:
+        rows: dict[str, list] = {k: [] for k in KEEP}
         for ev in events:
             kind, rank = ev["kind"], ev.get("rank")
             if kind in KEEP:
-                self.rows[kind].append({k: ev.get(k) for k in KEEP[kind]})
+                rows[kind].append(tuple(ev.get(k) for k in KEEP[kind]))
+                if kind in ("step", "baseline_step"):
+                    top = self._top.get((kind, rank))
+                    if top is not None and not ev["step"] > top:
+                        self.redone.add(kind)  # frames() keeps the last record of a (rank, step)
+                    self._top[(kind, rank)] = ev["step"] if top is None else max(top, ev["step"])
             if kind == "step":
                 self.last_step[rank] = ev["step"]
             elif kind == "error":
@@ -99,6 +114,10 @@ class LiveRun:
             elif kind == "start" and int(ev.get("attempt") or 0) > 0:  # torchrun restarted the group
                 self.errors.pop(rank, None)
                 self.done.discard(rank)
+                self.restarted = True
+        for kind, got in rows.items():
+            if got:
+                self.chunks[kind].append(pd.DataFrame.from_records(got, columns=list(KEEP[kind])))
         return len(events)
 
     @property
@@ -114,10 +133,32 @@ class LiveRun:
     def frames(self) -> dict[str, pd.DataFrame]:
         """{kind: DataFrame} of the rows kept so far (columns as in KEEP, minus `attempt`); a step redone after a
         restart keeps its last record."""
-        out = {}
-        for kind, cols in KEEP.items():
-            df = pd.DataFrame(self.rows[kind], columns=list(cols))
-            if kind in ("step", "baseline_step") and not df.empty:
-                df = df.drop_duplicates(["rank", "step"], keep="last")
-            out[kind] = df.drop(columns="attempt").reset_index(drop=True)
-        return out
+        return {kind: self.frame(kind) for kind in KEEP}
+
+    def frame(self, kind: str) -> pd.DataFrame:
+        """One kind's rows so far as `frames()` gives them: the chunks not merged yet are appended to the frame
+        merged at the last call."""
+        done, df = self._merged.get(kind, (0, None))
+        new = self.chunks[kind][done:]
+        if new or df is None:
+            df = append_rows([df, *new] if df is not None else new, list(KEEP[kind]))
+            self._merged[kind] = (len(self.chunks[kind]), df)
+        if kind in self.redone and not df.empty:
+            df = df.drop_duplicates(["rank", "step"], keep="last")
+        return df.drop(columns="attempt").reset_index(drop=True)
+
+
+def append_rows(frames: list, columns: list[str]) -> pd.DataFrame:
+    """The frames (pieces of one kind's rows, in order) as one, each column typed as pandas types the rows read
+    all at once: a column typed alike in every piece is joined as it is, any other is typed again from its
+    values (a field null in one piece and a number in the next is a float column with NaN, as in one frame)."""
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    if len(frames) == 1:
+        return frames[0]
+    out = pd.concat(frames, ignore_index=True)
+    for c in columns:
+        if len({str(f[c].dtype) for f in frames}) > 1:
+            out[c] = pd.Series([v for f in frames for v in f[c].tolist()], dtype=None)
+    return out

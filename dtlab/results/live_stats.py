@@ -31,6 +31,7 @@ import pandas as pd
 
 from dtlab.model import costmodel
 from dtlab.results.breakdown import comm_intervals, union_lengths
+from dtlab.results.live import KEEP, append_rows
 from dtlab.results.recorded import bus_bandwidth
 from dtlab.results.stragglers import rank_waits
 from dtlab.units import fmt_gbps, fmt_ms
@@ -189,19 +190,13 @@ def live_view(live, profile=None, state: str = "running", why: str = "", now: fl
     steps (the run's step count), table (`step_table`), pairs (`exposed_pairs`), ranks (`rank_times`), straggler,
     busbw (`busbw_rows` of the measured steps, steps >= warmup once there are any), bw_table (`busbw_table`),
     calibration (`calibration_label`), baseline_steps, unpaired (no-op steps recorded without a pairing), errors
-    ({rank: {error, step}}), torn and damaged (lines so far), nproc."""
-    f, p = live.frames(), live.nproc
-    comm = comm_intervals(f["bucket"], f["collective"])
-    table = step_table(f["step"], comm, p)
-    ranks = rank_times(f["step"], f["bucket"], p)
-    measured = [s for s in table["step"] if s >= live.warmup]
-    rows = [busbw_rows(f["bucket"], p, live.bucket_op)] if live.bucket_op else []
-    rows.append(busbw_rows(f["collective"].dropna(subset=["step"]), p))
-    bw = pd.concat([r for r in rows if not r.empty], ignore_index=True) if any(not r.empty for r in rows) else rows[0]
-    if measured and not bw.empty:
-        bw = bw[bw["step"].isin(measured)].reset_index(drop=True)
+    ({rank: {error, step}}), torn and damaged (lines so far), nproc. What it derives from steps every rank has
+    passed is kept for the next view (`derived`): a redraw of a long run computes only its newest steps."""
+    p = live.nproc
+    table, ranks, bw, last = derived(live) if settles(live) else from_frames(live)
+    measured = not table.empty and bool((table["step"] >= live.warmup).any())
     bw_table = busbw_table(bw, profile, p)
-    last = float(f["step"]["time"].max()) if "time" in f["step"] and not f["step"].empty else math.nan
+    baseline = live.frame("baseline_step")
     # the watcher's clock while it watches (`now`: this moment, or time.time() while running); a record shown after
     # the fact (a replay): its last step's record (NaN: not recorded)
     end = now if now is not None else time.time() if state == "running" else last
@@ -212,12 +207,12 @@ def live_view(live, profile=None, state: str = "running", why: str = "", now: fl
         "step": int(table["step"].max()) if not table.empty else -1,
         "steps": live.steps,
         "baseline_steps": live.baseline_steps,
-        "unpaired": int(f["baseline_step"]["paired_step"].isna().sum()),
+        "unpaired": int(baseline["paired_step"].isna().sum()),
         "nproc": p,
         "table": table,
-        "pairs": exposed_pairs(f["baseline_step"], table, p),
+        "pairs": exposed_pairs(baseline, table, p),
         "ranks": ranks,
-        "straggler": straggler(ranks[ranks["step"].isin(measured)] if measured else ranks),
+        "straggler": straggler(ranks[ranks["step"] >= live.warmup] if measured else ranks),
         "busbw": bw,
         "bw_table": bw_table,
         "calibration": calibration_label(profile, bw_table),
@@ -225,6 +220,94 @@ def live_view(live, profile=None, state: str = "running", why: str = "", now: fl
         "torn": live.torn,
         "damaged": len(live.damage),
     }
+
+
+def from_frames(live) -> tuple:
+    """(table, ranks, busbw rows, the last step's wall time) from every row `live` has read: what `derived` gives,
+    computed again from the start (a restarted run, a step recorded twice, an unknown world size)."""
+    f = live.frames()
+    table, ranks, bw, _ = _derive(f["step"], f["bucket"], f["collective"], live, split=False)
+    measured = set(table["step"][table["step"] >= live.warmup])
+    if measured and not bw.empty:
+        bw = bw[bw["step"].isin(measured)].reset_index(drop=True)
+    last = float(f["step"]["time"].max()) if not f["step"].empty else math.nan
+    return table, ranks, bw, last
+
+
+def _derive(steps, buckets, collectives, live, split: bool) -> tuple:
+    """(step_table, rank_times, busbw rows, other busbw rows) of these rows; `split`: the busbw rows of the table's
+    steps >= warmup first, the others (warm-up or incomplete steps) last; else all first, none last."""
+    p = live.nproc
+    comm = comm_intervals(buckets, collectives)
+    table = step_table(steps, comm, p)
+    ranks = rank_times(steps, buckets, p)
+    rows = [busbw_rows(buckets, p, live.bucket_op)] if live.bucket_op else []
+    rows.append(busbw_rows(collectives.dropna(subset=["step"]), p))
+    bw = _joined(rows)
+    if not split or bw.empty:
+        return table, ranks, bw, bw.iloc[:0]
+    inside = bw["step"].isin(set(table["step"][table["step"] >= live.warmup])).to_numpy()
+    return table, ranks, bw[inside].reset_index(drop=True), bw[~inside].reset_index(drop=True)
+
+
+def _joined(frames: list) -> pd.DataFrame:
+    """The non-empty frames, one after another (the first frame, empty, when all are)."""
+    full = [f for f in frames if not f.empty]
+    return pd.concat(full, ignore_index=True) if len(full) > 1 else (full[0] if full else frames[0])
+
+
+def settles(live) -> bool:
+    """True when a redraw may keep what it derived from settled steps (`derived`): the world size is known, no
+    attempt was restarted and no rank recorded a step twice (each would make an old step's rows change), and
+    `live.view_cache` is not False (False: every redraw computes everything again)."""
+    return bool(live.nproc) and not live.restarted and not live.redone and live.view_cache is not False
+
+
+SETTLED = ("step", "bucket", "collective")
+SETTLE_ROWS = 2000
+"""Step records (steps x ranks) a redraw lets settle at once: fewer are computed with the newest steps, so a short
+run's view costs what one computation of all its rows does."""
+
+
+def derived(live) -> tuple:
+    """`from_frames`, kept between redraws. A step is settled once every rank has recorded a later step: a rank
+    writes its events in order, so no row of a settled step is still to come, and its rows of the step table, the
+    ranks' times and the bus bandwidth are computed once, when it settles (SETTLE_ROWS records at a time), then kept
+    (`live.view_cache`); each redraw computes only the steps not settled yet. Bus bandwidth rows come in the order
+    their steps settled."""
+    c = live.view_cache
+    if c is None:
+        c = live.view_cache = {"used": dict.fromkeys(SETTLED, 0), "pool": {}, "kept": None, "early": [], "last": []}
+    pool = c["pool"]
+    for k in SETTLED:
+        new = live.chunks[k][c["used"][k] :]
+        c["used"][k] = len(live.chunks[k])
+        if new or k not in pool:
+            pool[k] = append_rows(([pool[k]] if k in pool else []) + [n.drop(columns="attempt") for n in new], _cols(k))
+    bound = min(live.last_step.get(r, -1) for r in range(live.nproc))
+    done = {k: pool[k]["step"].to_numpy(dtype=float) < bound for k in SETTLED}
+    if done["step"].sum() >= SETTLE_ROWS:
+        old = {k: pool[k][done[k]] for k in SETTLED}
+        got = _derive(old["step"], old["bucket"], old["collective"], live, split=True)
+        c["kept"] = got[:3] if c["kept"] is None else tuple(_joined([a, b]) for a, b in zip(c["kept"], got[:3]))
+        c["early"].append(got[3])
+        c["last"].append(float(old["step"]["time"].max()) if not old["step"].empty else math.nan)
+        for k in SETTLED:
+            pool[k] = pool[k][~done[k]].reset_index(drop=True)
+    tail = _derive(pool["step"], pool["bucket"], pool["collective"], live, split=False)
+    kept = c["kept"] or tuple(t.iloc[:0] for t in tail[:3])
+    table, ranks = _joined([kept[0], tail[0]]), _joined([kept[1], tail[1]])
+    measured = set(tail[0]["step"][tail[0]["step"] >= live.warmup])
+    if measured or (not kept[0].empty and bool((kept[0]["step"] >= live.warmup).any())):  # only measured steps' rows
+        bw = _joined([kept[2], tail[2][tail[2]["step"].isin(measured)].reset_index(drop=True)])
+    else:
+        bw = _joined([*c["early"], tail[2]])
+    times = [*c["last"], float(pool["step"]["time"].max()) if not pool["step"].empty else math.nan]
+    return table, ranks, bw, max((t for t in times if t == t), default=math.nan)
+
+
+def _cols(kind: str) -> list[str]:
+    return [c for c in KEEP[kind] if c != "attempt"]
 
 
 def text_line(view: dict) -> str:

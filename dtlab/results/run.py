@@ -35,10 +35,11 @@ import os
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from dtlab.config.placement import TIMING_METHODS
-from dtlab.config.run import RunConfig
+from dtlab.config.run import CONFIG_VERSION, RunConfig
 from dtlab.config.strategies import strategy_spec
 from dtlab.results.breakdown import comm_intervals, per_step, summary, summary_lines, timing_method
 from dtlab.results.chrome import chrome_trace, write_chrome_trace
@@ -304,8 +305,8 @@ def _from_lines(path: str, by_file: bool = True) -> tuple[Run, dict]:
 
     def take(rec, scan) -> None:
         rows: dict[str, list] = {k: [] for k in (*FRAMED, *LISTED)}
-        for ev in scan.events:
-            ev = dict(upgrade_event(ev, rec.version))
+        for ev in scan.events:  # the scan's own dicts (let go once this returns), upgraded when of an earlier form
+            ev = dict(upgrade_event(ev, rec.version)) if rec.version < CONFIG_VERSION else ev
             kind = ev.pop("kind", None)
             if kind in rows:
                 rows[kind].append(ev)
@@ -409,13 +410,25 @@ def _from_copy(path: str, doc: dict, version: int, copy: dict) -> Run:
 
 
 def _frame(df: pd.DataFrame, columns: list[str], sort: list[str] | None = None) -> pd.DataFrame:
-    for c in columns:
-        if c not in df.columns:
-            df[c] = pd.Series(dtype=float)
+    if df.empty and not len(df.columns):  # no event of this kind (most frames of a run): made once, then copied
+        key = (tuple(columns), repr(df.index))
+        if key not in _EMPTY:
+            _EMPTY[key] = _shaped(df, columns, sort)
+        return _EMPTY[key].copy()
+    return _shaped(df, columns, sort)
+
+
+def _shaped(df: pd.DataFrame, columns: list[str], sort: list[str] | None) -> pd.DataFrame:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:  # float columns of NaN, added at once (one by one cost a run's first load a tenth of its time)
+        df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
     df = df[columns + [c for c in df.columns if c not in columns and c != "time"]]
     if not df.empty:
         df = df.sort_values(sort or ["rank", "step"], kind="stable").reset_index(drop=True)
     return df
+
+
+_EMPTY: dict = {}  # _frame of a kind with no rows, by its columns
 
 
 def recorded_config(doc: dict, path: str) -> RunConfig:

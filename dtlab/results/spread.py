@@ -56,18 +56,69 @@ def resample_index(n: int, block: int, rng: np.random.Generator, resamples: int 
     return (starts[:, :, None] + np.arange(block)).reshape(resamples, k * block)[:, :n]
 
 
+WINDOW = 8.0
+"""Half-width of the band of ranks around the middle that `medians` looks in, in units of sqrt(n) (a resample
+median's rank strays from n/2 by about sqrt(n)/2 a standard deviation: 8 sqrt(n) is 16 of them)."""
+WINDOWED = 2000
+"""Values from which `medians` counts within the band instead of partitioning each resample."""
+
+
 def medians(values, idx: np.ndarray) -> np.ndarray:
-    """The median of each resample (one per row of `idx`); NaN for no values. One partition per row (the upper
-    middle value; for an even count the lower one is the largest value left of it): numpy's median partitions
-    around both, which took twice as long on 3,000-step runs."""
+    """The median of each resample (one per row of `idx`); NaN for no values. For an even count, the mean of the
+    two middle values. Exactly what one partition per row gives (numpy's median partitions around both middle
+    values, which took twice as long on 3,000-step runs); from WINDOWED values, found by counting instead (`_counted`),
+    three times faster at 100,000."""
     v = np.asarray(values, dtype=float)
     if v.size == 0:
         return np.full(idx.shape[0], np.nan)
+    if idx.shape[1] >= WINDOWED:
+        return _counted(v, idx)
+    return _partitioned(v, idx)
+
+
+def _partitioned(v: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """One partition per row: the upper middle value, and for an even count the largest value left of it."""
     x = v[idx]
     n = x.shape[1]
     k = n // 2
     x.partition(k, axis=1)
     return x[:, k] if n % 2 else (x[:, k] + x[:, :k].max(axis=1)) / 2
+
+
+def _counted(v: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The middle values of each resample from their ranks among the sorted values: each resample's draws below a
+    band of ranks around the middle are counted, those inside it are counted rank by rank, and the middle one is
+    read off the running count. A resample whose middle falls outside the band (never seen, but possible) is
+    partitioned as `_partitioned` does. Ties and NaN (sorted last, as a partition puts them) give the same values."""
+    b, n = idx.shape
+    order = np.argsort(v, kind="stable")
+    ranked = v[order]
+    rank = np.empty(n, dtype=np.int32)
+    rank[order] = np.arange(n, dtype=np.int32)
+    k = n // 2
+    half = int(WINDOW * math.sqrt(n)) + 2
+    lo = max(k - 1 - half, 0)
+    width = min(k + half + 1, n) - lo
+    d = rank[idx]
+    d -= lo  # the band is 0 <= d < width
+    below = (d < 0).sum(axis=1)
+    rows, cols = np.nonzero(d.view(np.uint32) < width)
+    cum = np.cumsum(np.bincount(rows * width + d[rows, cols], minlength=b * width).reshape(b, width), axis=1)
+
+    def middle(j: int) -> tuple[np.ndarray, np.ndarray]:
+        t = j - below  # the j-th value of the resample is the t-th inside the band
+        found = (t >= 0) & (t < cum[:, -1])
+        at = np.minimum((cum <= t[:, None]).sum(axis=1), width - 1)
+        return ranked[lo + at], found
+
+    out, found = middle(k)
+    if not n % 2:
+        left, also = middle(k - 1)
+        out, found = (out + left) / 2, found & also
+    if not found.all():
+        missed = np.flatnonzero(~found)
+        out[missed] = _partitioned(v, idx[missed])
+    return out
 
 
 def interval(replicates, level: float = LEVEL) -> tuple[float, float]:
@@ -87,7 +138,8 @@ def median_bounds(values, level: float = LEVEL) -> tuple[float, float]:
     1 - 2 P(Bin(n, 1/2) <= k) is at least `level`; with too few values for that (4 or fewer at 90%), their range.
     A bootstrap interval of the median is too narrow for a handful of values (its resamples take only the few
     middle ones); the breakdown shows the wider of the two."""
-    v = np.sort(np.asarray([x for x in np.asarray(values, dtype=float).ravel() if math.isfinite(x)]))
+    v = np.asarray(values, dtype=float).ravel()
+    v = np.sort(v[np.isfinite(v)])
     n = v.size
     if n == 0:
         return math.nan, math.nan

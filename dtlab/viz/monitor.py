@@ -24,6 +24,7 @@ import sys
 import time
 
 import ipywidgets as widgets
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from IPython import get_ipython
@@ -86,12 +87,12 @@ def monitor_figure(view: dict) -> go.Figure:
         titles += ["GPU utilisation (%, NVML)" if gpus is not None else "compute stream busy (%)"]
         titles += ["GPU memory used (GiB, NVML)"] if gpus is not None else []
     fig = make_subplots(rows=rows, cols=2, subplot_titles=titles)
-    x = t["step"].tolist()
-    fig.add_trace(go.Scatter(x=x, y=t["loss"].tolist(), name="loss", mode="lines+markers"), 1, 1)
+    x = t["step"].to_numpy()  # arrays, not lists: plotly checks a list value by value (seconds at 100,000 steps)
+    fig.add_trace(go.Scatter(x=x, y=_values(t["loss"]), name="loss", mode="lines+markers"), 1, 1)
     fig.add_trace(_line(x, t["t_step"] * 1e3, "T_step (slowest rank)", "#222222"), 1, 2)
     for i, (rank, g) in enumerate(view["ranks"].groupby("rank")):
         color = RANK_COLORS[i % len(RANK_COLORS)]
-        fig.add_trace(_line(g["step"].tolist(), g["own_s"] * 1e3, f"rank {rank} own time", color, "dot"), 1, 2)
+        fig.add_trace(_line(g["step"].to_numpy(), g["own_s"] * 1e3, f"rank {rank} own time", color, "dot"), 1, 2)
     if t["t_comm"].notna().any():
         fig.add_trace(_line(x, t["t_comm"] * 1e3, "T_comm", COLORS["T_comm"]), 1, 2)
         fig.add_trace(_line(x, t["comm_share"] * 100, "T_comm / T_step", COLORS["T_comm"]), 2, 1)
@@ -136,8 +137,12 @@ def gpu_samples(samples: list, state: list | None, t_s: float) -> None:
 
 
 def _line(x, y, name: str, color: str, dash: str = "solid") -> go.Scatter:
-    y = pd.Series(y).tolist()
-    return go.Scatter(x=list(x), y=y, name=name, mode="lines+markers", line=dict(color=color, dash=dash))
+    return go.Scatter(x=np.asarray(x), y=_values(y), name=name, mode="lines+markers", line=dict(color=color, dash=dash))
+
+
+def _values(y) -> np.ndarray:
+    """A column as floats (a missing value is NaN: a gap in the line, as None was)."""
+    return pd.to_numeric(pd.Series(y), errors="coerce").to_numpy(dtype=float)
 
 
 def _bw_title(view: dict) -> str:

@@ -13,7 +13,7 @@ import pytest
 from dtlab.config.baseline import auto_baseline_steps, baseline_pairs, run_order
 from dtlab.config.busy import between, is_busy
 from dtlab.intervals import union_length
-from dtlab.results.breakdown import per_step, union_lengths
+from dtlab.results.breakdown import group_max, per_step, union_lengths
 from dtlab.results.run import load_run
 from dtlab.results.spread import block_for, interval, median_bounds, medians, resample_index, resamples_for
 
@@ -135,6 +135,27 @@ def test_union_lengths_match_the_one_definition_on_random_intervals():
         got = union_lengths(df)
         for (r, s), g in df.groupby(["rank", "step"]):
             assert got[(r, s)] == pytest.approx(union_length(zip(g["t_start"], g["t_end"])))
+
+
+def test_rows_already_in_order_give_the_sorted_path_s_unions_and_maxima_exactly():
+    """A frame in (rank, step, t_start) order, as load_run keeps buckets, is read without sorting: the same
+    lengths and group maxima, bit for bit, as the same rows shuffled (which are sorted first), ties and gaps and
+    NaN included. Fails for a fast path that trusts an order the rows do not have."""
+    rng = np.random.default_rng(4)
+    for trial in range(40):
+        n = int(rng.integers(2, 60))
+        df = pd.DataFrame({"rank": rng.integers(0, 3, n), "step": rng.integers(0, 5, n)})
+        df["t_start"] = rng.choice([0.0, 0.5, 1.0], n) if trial % 2 else rng.random(n)  # ties, or none
+        df["t_end"] = df["t_start"] + rng.random(n) * rng.choice([0.01, 2.0])
+        df["t_ready"] = np.where(rng.random(n) < 0.2, np.nan, rng.random(n))
+        ordered = df.sort_values(["rank", "step", "t_start"], kind="stable").reset_index(drop=True)
+        shuffled = df.sample(frac=1.0, random_state=trial).reset_index(drop=True)
+        a, b = union_lengths(ordered), union_lengths(shuffled)
+        assert a.index.equals(b.index) and np.array_equal(a.to_numpy(), b.to_numpy())
+        ask_r, ask_s = rng.integers(0, 4, 9), rng.integers(0, 6, 9)  # pairs with rows and pairs without
+        want = df.groupby(["rank", "step"])["t_ready"].max().reindex(pd.MultiIndex.from_arrays([ask_r, ask_s]))
+        for frame in (ordered, shuffled):
+            assert np.array_equal(group_max(frame, "t_ready", ask_r, ask_s), want.to_numpy(), equal_nan=True)
 
 
 def test_per_step_takes_the_slowest_rank_and_the_longest_union(tmp_path):
@@ -259,6 +280,24 @@ def test_bootstrap_helpers():
     assert all(math.isnan(x) for x in interval([]))
     assert block_for(100, busy=False) == 1 and block_for(100, busy=True) == 10
     assert resamples_for(3000) == 1000 and resamples_for(30000) == 200 and resamples_for(6000) == 500
+
+
+@pytest.mark.parametrize("n", [2000, 2001, 4096])
+def test_medians_counted_in_a_band_are_the_partitions_medians_exactly(n, monkeypatch):
+    """From WINDOWED values the resample medians are counted, not partitioned: the same floats bit for bit on
+    ties, NaN, blocks and both parities, and with a band too narrow for most resamples (each falls back)."""
+    from dtlab.results import spread
+
+    rng = np.random.default_rng(n)
+    v = np.round(rng.normal(1.0, 0.1, n), 2)  # many ties
+    v[:3] = np.nan
+    for block in (1, block_for(n, True)):
+        idx = resample_index(n, block, np.random.default_rng(1), resamples=40)
+        want = spread._partitioned(v, idx)
+        assert np.array_equal(medians(v, idx), want, equal_nan=True)
+        monkeypatch.setattr(spread, "WINDOW", 0.0)  # a band of a few ranks: the resamples fall back
+        assert np.array_equal(medians(v, idx), want, equal_nan=True)
+        monkeypatch.undo()
 
 
 def test_a_busy_machine_widens_the_intervals_of_drifting_steps():

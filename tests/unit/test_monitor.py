@@ -259,7 +259,7 @@ def test_monitor_reads_only_new_bytes_and_redraws_only_when_due(tmp_path):
     with open(run / "events" / "rank0.jsonl", "ab") as f:
         f.write(_step(0, 6))
     mon.poll()  # within every_s: nothing read, nothing drawn
-    assert mon.redraws == 1 and len(mon.live.rows["step"]) == 12
+    assert mon.redraws == 1 and len(mon.live.frame("step")) == 12
 
 
 def test_the_figure_shows_only_what_the_events_carry(tmp_path):
@@ -367,3 +367,82 @@ def test_a_costly_redraw_stretches_the_wait(tmp_path, monkeypatch):
     mon = Monitor(str(_steady_run(tmp_path)), mode="text", every_s=0.001, out=io.StringIO())
     mon.poll()
     assert mon.redraws == 1 and mon.wait_s == pytest.approx(vm.BUDGET * 0.1)
+
+
+def _busy_run_lines(r: int, steps: int, seed: int) -> bytes:
+    """Rank r of a 3-rank DDP run with warm-up, paired no-op steps, uneven buckets, an op with fields some events
+    lack (wire_bytes, loss): every column the monitor derives from."""
+    rng = random.Random(seed * 10 + r)
+    out = _line(kind="start", rank=r, pid=10 + r)
+    for s in range(steps):
+        extra = {"compute_busy": rng.random()} if s % 3 else {}
+        out += _step(r, s, t_step=0.05 + 0.02 * rng.random(), loss=None if s == 1 else 0.7 - 0.01 * s, **extra)
+        t = 0.01
+        for b in range(1 + s % 3):
+            dur = 0.01 * rng.random()
+            wire = {"wire_bytes": 2_000_000} if s % 2 else {}
+            out += _bucket(r, s, t, t + dur, bucket=b, **wire)
+            t += 0.5 * dur  # overlapping intervals: their union, not their sum
+        if s % 4 == 3:
+            out += _line(kind="baseline_step", rank=r, step=100 + s, t_fwd=0, t_bwd=0, t_opt=0, t_step=0.04,
+                         paired_step=s)  # fmt: skip
+    return out + _line(kind="done", rank=r)
+
+
+def _same_view(a: dict, b: dict) -> None:
+    for key in ("table", "ranks", "pairs", "bw_table"):
+        pd.testing.assert_frame_equal(a[key], b[key], check_dtype=False)
+    order = ["step", "rank", "bucket"]
+    pd.testing.assert_frame_equal(  # the bus bandwidth rows come in the order their steps settled
+        a["busbw"].sort_values(order).reset_index(drop=True), b["busbw"].sort_values(order).reset_index(drop=True)
+    )
+    assert (a["straggler"], a["step"], a["unpaired"], a["elapsed_s"]) == (
+        b["straggler"],
+        b["step"],
+        b["unpaired"],
+        b["elapsed_s"],
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_redraw_keeps_settled_steps_and_shows_what_a_full_recount_shows(tmp_path, seed, monkeypatch):
+    """Written in random pieces, with a redraw after each: every view is the one computed from all rows again,
+    and the steps every rank has passed are derived once (kept, not recomputed). Fails for a cache that keeps a
+    step before its last bucket arrived, or that loses or doubles rows."""
+    from dtlab.results import live_stats
+
+    monkeypatch.setattr(live_stats, "SETTLE_ROWS", 1 + seed)  # settle as soon as a step (or two, three) can
+    run = _run_dir(tmp_path, nproc=3, steps=24)
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["config"]["warmup"] = 2
+    (run / "config.json").write_text(json.dumps(cfg))
+    data = {r: _busy_run_lines(r, 24, seed) for r in range(3)}
+    rng, at = random.Random(seed), dict.fromkeys(data, 0)
+    live, full = LiveRun(str(run)), LiveRun(str(run))
+    full.view_cache = False  # computes everything again at every redraw
+    while any(at[r] < len(data[r]) for r in data):
+        r = rng.choice([r for r in data if at[r] < len(data[r])])
+        n = rng.randint(1, 900)
+        with open(run / "events" / f"rank{r}.jsonl", "ab") as f:
+            f.write(data[r][at[r] : at[r] + n])
+        at[r] += n
+        live.poll()
+        full.poll()
+        _same_view(live_view(live, state="finished"), live_view(full, state="finished"))
+    live.close(), full.close()
+    _same_view(live_view(live, state="finished"), live_view(full, state="finished"))
+    kept = live.view_cache["kept"][0]
+    assert kept["step"].tolist() == list(range(23))  # every step but the last was settled and kept
+    assert len(live.view_cache["pool"]["bucket"]) == 3 * (1 + 23 % 3)  # only the last step's rows are left
+
+
+def test_a_restarted_run_is_counted_again_from_all_its_rows(tmp_path):
+    run = _run_dir(tmp_path)
+    for r in (0, 1):
+        data = b"".join(_step(r, s) + _bucket(r, s, 0.01, 0.02) for s in range(4))
+        data += _line(kind="start", rank=r, pid=5, attempt=1) + _step(r, 2, t_step=0.09, attempt=1)
+        (run / "events" / f"rank{r}.jsonl").write_bytes(data)
+    live = _poll(run)
+    view = live_view(live)
+    assert live.restarted and live.view_cache is None  # nothing kept: step 2's record changed
+    assert view["table"]["t_step"].tolist() == [0.05, 0.05, 0.09, 0.05]  # the redone step's last record
