@@ -422,7 +422,7 @@ def test_a_redraw_keeps_settled_steps_and_shows_what_a_full_recount_shows(tmp_pa
     full.view_cache = False  # computes everything again at every redraw
     while any(at[r] < len(data[r]) for r in data):
         r = rng.choice([r for r in data if at[r] < len(data[r])])
-        n = rng.randint(1, 900)
+        n = rng.randint(1, 2400)  # pieces that tear lines as a writer can
         with open(run / "events" / f"rank{r}.jsonl", "ab") as f:
             f.write(data[r][at[r] : at[r] + n])
         at[r] += n
