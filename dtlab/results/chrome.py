@@ -69,7 +69,25 @@ def _ran(kind: str, r) -> float:
 
 
 def chrome_trace(run) -> dict:
-    """The run as a Trace Event Format dict (see the module docstring); times in microseconds."""
+    """The run as a Trace Event Format dict (see the module docstring); times in microseconds. For a long run,
+    `write_chrome_trace` writes the same JSON without holding every event at once."""
+    return {"traceEvents": list(_events(run)), "displayTimeUnit": "ms", "otherData": _other_data(run)}
+
+
+def _other_data(run) -> dict:
+    """The trace's otherData: the run, its strategy, backend, placement and how its clock was read."""
+    return {
+        "run": os.path.abspath(run.path),
+        "strategy": run.config.strategy,
+        "backend": run.resolved.get("backend"),
+        "placement": run.resolved.get("placement", {}).get("label"),
+        "clock": "step starts from each rank's wall clock at step end minus t_step; "
+        "slices inside a step from the step's own clock",
+    }
+
+
+def _events(run):
+    """Every trace event of the run, one at a time, in the order the trace lists them."""
     stamps = _step_times(run)
     steps = [("step", r) for r in run.steps.itertuples()] + [
         ("baseline_step", r) for r in run.baseline_steps.itertuples()
@@ -79,47 +97,32 @@ def chrome_trace(run) -> dict:
         t_end = stamps.get((int(r.rank), int(r.step), kind))
         if t_end is not None:
             starts[(int(r.rank), int(r.step))] = t_end - _ran(kind, r)
+    del stamps
     t0 = min(starts.values()) if starts else 0.0
     us = lambda s: round(s * 1e6, 3)  # noqa: E731
-    strategy = run.config.strategy
-    spec = strategy_spec(strategy)
-    ev: list[dict] = []
+    spec = strategy_spec(run.config.strategy)
     for rank in sorted({int(r.rank) for _, r in steps}):
-        ev.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-        ev.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-        ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": COMPUTE_TID, "args": {"name": "compute"}})
-    ev += _compute_events(steps, starts, t0, us)
-    comm_ev, lanes_used = _comm_events(run, spec, starts, t0, us)
-    ev += comm_ev
-    ev += _recovery_events(run, t0, us)
+        yield {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}}
+        yield {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}
+        yield {"ph": "M", "name": "thread_name", "pid": rank, "tid": COMPUTE_TID, "args": {"name": "compute"}}
+    yield from _compute_events(steps, starts, t0, us)
+    lanes_used: dict[int, int] = {}
+    yield from _comm_events(run, spec, starts, t0, us, lanes_used)
+    yield from _recovery_events(run, t0, us)
     for rank, n in lanes_used.items():
         for lane in range(n):
-            ev.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": rank,
-                    "tid": COMM_TID + lane,
-                    "args": {"name": "communication" + (f" {lane + 1}" if lane else "")},
-                }
-            )
-    return {
-        "traceEvents": ev,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "run": os.path.abspath(run.path),
-            "strategy": strategy,
-            "backend": run.resolved.get("backend"),
-            "placement": run.resolved.get("placement", {}).get("label"),
-            "clock": "step starts from each rank's wall clock at step end minus t_step; "
-            "slices inside a step from the step's own clock",
-        },
-    }
+            yield {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": rank,
+                "tid": COMM_TID + lane,
+                "args": {"name": "communication" + (f" {lane + 1}" if lane else "")},
+            }
 
 
-def _compute_events(steps: list, starts: dict, t0: float, us) -> list[dict]:
-    """One slice per step on its rank's compute track, with its forward, backward and optimizer inside."""
-    ev: list[dict] = []
+def _compute_events(steps: list, starts: dict, t0: float, us):
+    """One slice per step on its rank's compute track, with its forward, backward and optimizer inside (yielded
+    one at a time)."""
     for kind, r in steps:
         key = (int(r.rank), int(r.step))
         if key not in starts:
@@ -127,7 +130,7 @@ def _compute_events(steps: list, starts: dict, t0: float, us) -> list[dict]:
         base = starts[key] - t0
         baseline = kind == "baseline_step"
         common = {"pid": key[0], "tid": COMPUTE_TID, "ph": "X"}
-        ev.append(
+        yield (
             {
                 **common,
                 "name": f"step {key[1]}" + (" (no-op baseline)" if baseline else ""),
@@ -145,7 +148,7 @@ def _compute_events(steps: list, starts: dict, t0: float, us) -> list[dict]:
         t = base
         t_opt = r.t_opt if _ran(kind, r) == r.t_step else 0.0  # a paired baseline step ran no optimizer
         for name, dur in (("forward", r.t_fwd), ("backward", r.t_bwd), ("optimizer", t_opt)):
-            ev.append(
+            yield (
                 {
                     **common,
                     "name": name,
@@ -156,15 +159,12 @@ def _compute_events(steps: list, starts: dict, t0: float, us) -> list[dict]:
                 }
             )
             t += dur
-    return ev
 
 
-def _comm_events(run, spec, starts: dict, t0: float, us) -> tuple[list[dict], dict[int, int]]:
-    """One slice per bucket or collective, on as many communication lanes per rank as overlap needs: (events,
-    {rank: lanes used})."""
-    ev: list[dict] = []
+def _comm_events(run, spec, starts: dict, t0: float, us, lanes_used: dict):
+    """One slice per bucket or collective, on as many communication lanes per rank as overlap needs (yielded one
+    at a time); `lanes_used` gets {rank: lanes used} as they are."""
     comm = run.buckets if not run.buckets.empty else run.collectives
-    lanes_used: dict[int, int] = {}
     if not comm.empty:
         comm = comm.dropna(subset=["t_start", "t_end"])
         for rank, g in comm.groupby("rank"):
@@ -183,7 +183,7 @@ def _comm_events(run, spec, starts: dict, t0: float, us) -> tuple[list[dict], di
                     )
                 else:
                     name, args = f"{r.op} ({r.phase})", {"op": r.op, "phase": r.phase, "fn": getattr(r, "fn", None)}
-                ev.append(
+                yield (
                     {
                         "ph": "X",
                         "pid": int(rank),
@@ -195,7 +195,6 @@ def _comm_events(run, spec, starts: dict, t0: float, us) -> tuple[list[dict], di
                         "args": {**args, "step": int(r.step), "nbytes": int(r.nbytes)},
                     }
                 )
-    return ev, lanes_used
 
 
 def _recovery_events(run, t0: float, us) -> list[dict]:
@@ -260,9 +259,18 @@ def _recovery_events(run, t0: float, us) -> list[dict]:
 
 
 def write_chrome_trace(run, path: str) -> str:
-    """Write `chrome_trace(run)` as JSON to `path`; returns the path. Open it in ui.perfetto.dev or
+    """Write `chrome_trace(run)` as JSON to `path`, the same bytes as `json.dump` of it, an event at a time (a long
+    run's millions of events are never all in memory); returns the path. Open it in ui.perfetto.dev or
     chrome://tracing."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        json.dump(chrome_trace(run), f)
+        f.write('{"traceEvents": [')
+        chunk: list[str] = []
+        for i, e in enumerate(_events(run)):
+            chunk.append(json.dumps(e) if i == 0 else ", " + json.dumps(e))
+            if len(chunk) >= 4096:
+                f.write("".join(chunk))
+                chunk.clear()
+        f.write("".join(chunk))
+        f.write('], "displayTimeUnit": "ms", "otherData": ' + json.dumps(_other_data(run)) + "}")
     return path
