@@ -210,16 +210,17 @@ def measure(what: str, path: str, repeats: int) -> dict:
         out["redraw"] = timed(lambda: monitor_figure(live_view(live, state="finished")), repeats)
         return out
     run = load_run(path)
-    from dtlab.results.chrome import chrome_trace
+    from dtlab.results.chrome import write_chrome_trace
     from dtlab.results.cost import cost
     from dtlab.viz.report import write_report
 
     report = os.path.join(tempfile.mkdtemp(prefix="dtlab-report-"), "report.html")
+    trace = os.path.join(os.path.dirname(report), "trace.json")  # what `dtlab trace` and run.to_chrome_trace(path) do
     readers = {
         "summary": run.summary,
         "table": run.breakdown_table,
         "report": lambda: write_report(run, report),
-        "chrome": lambda: chrome_trace(run),
+        "chrome": lambda: os.remove(write_chrome_trace(run, trace)),  # the file written, then let go
         "cost": lambda: cost(run),
     }
     skip = set(os.environ.get("DTLAB_BENCH_SKIP", "").split(","))
