@@ -108,7 +108,8 @@ def test_run_whatif_on_a_real_run_names_what_it_used(profile, tiny_run):
     """The documented what-if call on a real 2-rank run and a loaded calibration of the same host: a breakdown in
     seconds with its band, and the inputs it used named (every one this run and profile measured)."""
     w = tiny_run.whatif(profile)
-    assert w.setting == {"bucket_mb": 0.05, "nproc": 2, "nodes": 1, "ranks": 2, "ratio": 1.0}
+    # here: the profile was calibrated on the run's own host, so its cores, load and wait are the run's
+    assert w.setting == {"bucket_mb": 0.05, "nproc": 2, "nodes": 1, "ranks": 2, "ratio": 1.0, "here": True}
     assert w.t_step > 0 and w.t_comm > 0 and w.t_step == pytest.approx(w.t_comp + w.exposed)
     assert w.lo["t_step"] <= w.t_step <= w.hi["t_step"]
     used = "\n".join(w.used)
