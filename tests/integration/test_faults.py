@@ -32,7 +32,7 @@ DRILLS = {  # name: DTLAB_FAULT. Launched together, so they also drill simultane
 
 #: where a rank frozen at its injected fault can be: the injection itself, or the step code just after it (the DDP
 #: strategy's loop and step, the recorder's step clock, the marks it takes), as the stack's top frame prints it
-STEP_CODE = r"maybe_inject_fault|(loop|data_parallel|data|ddp|recorder|marks)\.py:\d+ in \w+"
+STEP_CODE = r"maybe_inject_fault|(loop|bases|data_parallel|data|ddp|recorder|marks)\.py:\d+ in \w+"
 
 
 def _alive(pid):
@@ -128,7 +128,7 @@ def test_frozen_rank_is_caught_by_the_watchdog_with_its_stack(drills):
     # the stack of the frozen rank really landed in its log (SIGUSR1 then SIGCONT), and the waiting peer's too
     log1 = open(os.path.join(h.run_dir, "logs", "rank1.log")).read()
     assert "(most recent call first)" in log1 and re.search(
-        r"in maybe_inject_fault|(ddp|recorder|marks)\.py\", line \d+ in \w+", log1
+        r"in maybe_inject_fault|(loop|bases|data|ddp|recorder|marks)\.py\", line \d+ in \w+", log1
     )
     assert "(most recent call first)" in open(os.path.join(h.run_dir, "logs", "rank0.log")).read()
     assert [c["rank"] for c in e.consequences] == [0] and "waiting" in e.consequences[0]["how"]
