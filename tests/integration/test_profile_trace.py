@@ -1,6 +1,6 @@
 """profile=True: a real 2-rank gloo DDP run records one profiler trace per rank, and dtlab.load_trace on it agrees
 with the run's own records: every bucket's all-reduce with its exact bytes, each step's all-reduce time, paired with the
-records' own, within a factor of 1.5 (median)."""
+records' own, within a factor of 2 (median)."""
 
 import subprocess
 import sys
@@ -31,9 +31,11 @@ def test_profiler_trace_of_a_run_agrees_with_its_records(tmp_path):
     assert baseline and ar[ar["step"].isin(baseline)].empty  # the no-op hook's steps all-reduce nothing
     # the same all-reduces on two clocks, step by step: the bucket records' hook-to-done intervals and the
     # profiler's op spans. Paired, so a busy machine slows both alike (a band from the run's own spread is as
-    # narrow as its few steps happen to be); a wrong unit or a shifted clock puts the ratio far from 1
+    # narrow as its few steps happen to be); a wrong unit or a shifted clock puts the ratio far from 1 (a unit: 1000x).
+    # The profiler's own spans stretch more than the hook's under load: median 0.99 here alone, 1.53 with torch
+    # 2.11 beside another test leg on the same 2 cores (ratios 0.99 to 1.72, all-reduces of 7 to 12 ms)
     ratios = sorted(tt / tr for tr, tt in zip(t_run, t_trace) if tr > 0)
-    assert len(ratios) == len(t_run) and 2 / 3 <= ratios[len(ratios) // 2] <= 1.5, (ratios, t_run, t_trace)
+    assert len(ratios) == len(t_run) and 0.5 <= ratios[len(ratios) // 2] <= 2.0, (ratios, t_run, t_trace)
 
     cp = subprocess.run(
         [sys.executable, "-m", "dtlab", "trace", run.path], capture_output=True, text=True, timeout=120, check=False
