@@ -8,6 +8,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from dtlab.config import busy, nvml
@@ -95,6 +96,16 @@ def _gpu(i, procs, util=50, sm=None):
 def other():
     """Another user's process standing in for a second student's run (a sleeping python)."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "train.py"])
+    # Popen returns before the child's exec is done: until then /proc shows no command line (or the parent's), and
+    # the label under test would read "python". Wait (at most 30 s) until the kernel shows the new program's.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if "train.py" in psutil.Process(p.pid).cmdline():
+                break
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
     yield p.pid
     p.kill()
     p.wait()
