@@ -8,7 +8,7 @@ lever, and read as `cfg.GROUP.FIELD` (`cfg.parallel.microbatches`):
 | ------------- | ------------------ | --------------------------- | --------------------------------------------- |
 | `ddp`         | DDPConfig          | dtlab.config.ddp            | strategies 'ddp', 'ps', local SGD             |
 | `measurement` | MeasurementConfig  | dtlab.config.measurement    | the loop (rank.loop), rank.profiling          |
-| `stragglers`  | StragglersConfig   | dtlab.config.stragglers     | rank.stragglers                               |
+| `stragglers`  | StragglersConfig   | dtlab.config.stragglers     | rank.strategies.bases (Straggler)             |
 | `checks`      | ChecksConfig       | dtlab.config.parallel       | strategies.bases, rank.reference              |
 | `parallel`    | ParallelConfig     | dtlab.config.parallel       | strategies 'tp' and 'pp', strategies.bases    |
 | `compression` | CompressionConfig  | dtlab.config.compression    | strategy 'ddp', rank.compression              |

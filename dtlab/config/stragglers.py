@@ -66,7 +66,7 @@ class Straggle:
 @dataclass(kw_only=True)
 class StragglersConfig:
     """Slowed ranks (`RunConfig.stragglers`; flat name straggler): read by the strategies whose spec says
-    `stragglers` (their rank loop injects the delay, dtlab.rank.stragglers)."""
+    `stragglers` (their rank loop injects the delay, dtlab.rank.strategies.bases.Straggler)."""
 
     slow: str | None = None
     """Which ranks are slowed and how: 'RANK:FACTOR' (compute x FACTOR) or 'RANK:+MSms', comma-separated

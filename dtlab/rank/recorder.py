@@ -20,6 +20,7 @@ from enum import Enum
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from dtlab.config.placement import TIMING
 from dtlab.rank.marks import Marks
@@ -325,6 +326,27 @@ def tensor_bytes(tensors) -> int:
 def optimizer_state_bytes(optimizer) -> int:
     """Bytes of every tensor in an optimizer's state (e.g. AdamW's exp_avg and exp_avg_sq)."""
     return tensor_bytes(v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v))
+
+
+def local_tensor(t):
+    """This rank's part of `t`: a DTensor's local shard, any other tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def local_bytes(tensors) -> int:
+    """Bytes of this rank's part of each tensor (a DTensor's local shard; None skipped)."""
+    return int(sum(local_tensor(t).numel() * local_tensor(t).element_size() for t in tensors if t is not None))
+
+
+def held_bytes(params, opt) -> dict:
+    """What this rank holds: its parameters, gradients and optimizer state (local shards)."""
+    params = list(params)
+    state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+    return {
+        "params_bytes": local_bytes(params),
+        "grads_bytes": local_bytes(p.grad for p in params),
+        "opt_bytes": local_bytes(state),
+    }
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:

@@ -8,7 +8,7 @@ import dtlab
 from dtlab.cli.main import main as cli_main
 from dtlab.config.run import tiny
 from dtlab.config.stragglers import Straggle, parse_straggler
-from dtlab.rank.stragglers import Straggler, ddp_compute_s
+from dtlab.rank.strategies.bases import Straggler, ddp_compute_s
 from dtlab.results.stragglers import (
     bucket_waits,
     rank_waits,

@@ -3,11 +3,16 @@ replica per rank (DDP, 'ps', local SGD: dtlab.rank.strategies.ddp and .ps), and 
 over its ranks or sharded ('tp', 'pp', 'fsdp2').
 
 `DataParallel`: one replica per rank on its share of the global batch, trained with AdamW and its lr rule
-(dtlab.rank.optim), with the injected straggler delay (dtlab.rank.stragglers), checkpoints (dtlab.rank.restarts),
+(dtlab.rank.optim), with the injected straggler delay (`Straggler`, below), checkpoints (dtlab.rank.restarts),
 evaluations between steps (dtlab.rank.evaluation), a bucket recorder whose no-op mode is the compute baseline
 (dtlab.rank.recorder), and the machine's snapshots around the steps. A step runs `accumulate` micro-batches (only the
 last one communicates) and marks (FWD, k) and (BWD, k) for each, so the loop sums the forwards; a subclass says how
 the model is wrapped and what it records beside the buckets.
+
+`Straggler`: the delay that `RunConfig.stragglers.slow` asks of this rank (dtlab.config.stragglers has the spec and
+the rule). `DataParallel.step` calls `begin_step()` at the step start and `pause()` after the last forward, before
+its backward, and writes the seconds slept as the step's `straggle_s`; `after_step` hands `observe(step,
+compute_s)` the step's compute without the delay. On a rank that is not slowed every call costs nothing.
 
 `SplitStrategy`: the replica (dtlab.rank.build) with this replica's batches, the DeviceMesh of a 2-D layout, the
 data-parallel gradient average between replicas, the timed step, the bytes a rank holds, and the single-process
@@ -20,16 +25,18 @@ global batch); 'fsdp2' is data parallel over all ranks.
 from __future__ import annotations
 
 import copy
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 
 from dtlab.config.parallel import layout
+from dtlab.config.stragglers import HISTORY_STEPS, parse_straggler, straggler_plan
 from dtlab.rank.build import build_replica
 from dtlab.rank.collectives import CommRecorder
 from dtlab.rank.compression import Codec
@@ -37,10 +44,75 @@ from dtlab.rank.evaluation import Evaluator, eval_pause
 from dtlab.rank.loop import Setup, Step, Strategy
 from dtlab.rank.marks import rank_marks
 from dtlab.rank.optim import Optimizer
-from dtlab.rank.recorder import BucketRecorder, Mark, StepClock, optimizer_state_bytes, recorder_facts, tensor_bytes
+from dtlab.rank.recorder import (
+    BucketRecorder,
+    Mark,
+    StepClock,
+    held_bytes,
+    local_tensor,
+    optimizer_state_bytes,
+    recorder_facts,
+    tensor_bytes,
+)
 from dtlab.rank.reference import Reference
 from dtlab.rank.restarts import Checkpointer
-from dtlab.rank.stragglers import Straggler, ddp_compute_s
+
+
+class Straggler:
+    """One rank's injected delay per step (s): fixed, or (FACTOR - 1) x the rank's own recent compute. `plan` is
+    what config.json records of the whole run's stragglers (dtlab.config.stragglers.straggler_plan)."""
+
+    def __init__(self, spec: str | None, rank: int, world: int):
+        self.entry = parse_straggler(spec, world).get(rank) if spec else None
+        self.plan = straggler_plan(spec, world)
+        self._history: deque[float] = deque(maxlen=HISTORY_STEPS)
+        self._t0 = 0.0
+
+    @property
+    def active(self) -> bool:
+        """True when this rank is slowed."""
+        return self.entry is not None
+
+    def begin_step(self) -> None:
+        """Mark the step start (wall clock, s): the FACTOR rule's fallback measures the forward from here."""
+        if self.active:
+            self._t0 = time.perf_counter()
+
+    def delay_s(self, so_far_s: float) -> float:
+        """The delay to inject now (s), given the seconds this step has run so far (its forward)."""
+        if self.entry is None:
+            return 0.0
+        if self.entry.delay_ms is not None:
+            return self.entry.delay_ms / 1e3
+        compute = statistics.median(self._history) if self._history else 3.0 * so_far_s
+        return (self.entry.factor - 1.0) * compute
+
+    def pause(self, device=None) -> float:
+        """Sleep this step's delay; returns the seconds actually slept (wall clock), 0.0 on other ranks. On a CUDA
+        `device` the queued forward finishes first, so the GPU idles for the whole delay."""
+        if self.entry is None:
+            return 0.0
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        d = self.delay_s(t - self._t0)
+        if d > 0:
+            time.sleep(d)
+        return time.perf_counter() - t if d > 0 else 0.0
+
+    def observe(self, step: int, compute_s: float | None) -> None:
+        """Remember this step's compute (s, the delay excluded) for the FACTOR rule; step 0 (allocation, DDP's
+        first-iteration bucket) and steps without a measurement (None) are skipped."""
+        if self.entry is not None and step >= 1 and compute_s is not None and compute_s > 0:
+            self._history.append(float(compute_s))
+
+
+def ddp_compute_s(buckets: list[dict], t_opt: float, straggle_s: float) -> float | None:
+    """A DDP step's compute on this rank without the injected delay (s): until its last bucket was ready
+    (forward + backward compute, every bucket being issued asynchronously) plus the optimizer, minus the
+    delay. None when no bucket was recorded (no-op baseline steps)."""
+    ready = [b["t_ready"] for b in buckets if b.get("t_ready") is not None]
+    return max(ready) + t_opt - straggle_s if ready else None
 
 
 class DataParallel(Strategy):
@@ -70,6 +142,7 @@ class DataParallel(Strategy):
     def setup(self) -> Setup:
         """Build the replica, wrap it, the recorder, optimizer and evaluator; the facts rank 0 records."""
         cfg, rank, world = self.ctx.cfg, self.ctx.rank, self.ctx.world
+        self.straggler = Straggler(cfg.stragglers.slow, rank, world)
         rep = build_replica(
             self.ctx,
             shards=world,
@@ -80,7 +153,6 @@ class DataParallel(Strategy):
         device, backend = rep.device, rep.backend
         self.device, self.batches = device, rep.batches
         self.marks = rank_marks(device, backend)  # every clock of this rank: steps, buckets, local SGD's average
-        self.straggler = Straggler(cfg.stragglers.slow, rank, world, device)
         self.model = model = rep.model.to(device)
         model.train()
         self.ddp = self.wrap(model, device)
@@ -159,7 +231,7 @@ class DataParallel(Strategy):
                 out = self.ddp(**batch)
                 clock.mark(Mark.FWD, k)
                 if k == k_last:  # every bucket this rank issues is late by the delay (see dtlab.config.stragglers)
-                    slept = self.straggler.pause()
+                    slept = self.straggler.pause(self.device)
                 # DDP's hook fires per bucket in the last backward, which returns once all buckets are reduced
                 (out.loss / cfg.ddp.accumulate if cfg.ddp.accumulate > 1 else out.loss).backward()
                 clock.mark(Mark.BWD, k)
@@ -255,7 +327,7 @@ def dp_sync(params, mesh, recorder) -> None:
     gradient flattened into one buffer, then / dp. A no-op with one replica."""
     if mesh is None or mesh.size(0) == 1:
         return
-    grads = [_local(p.grad) for p in params if p.grad is not None]
+    grads = [local_tensor(p.grad) for p in params if p.grad is not None]
     flat = _flatten_dense_tensors(grads)
     group, n = mesh.get_group("dp"), mesh.size(0)
     recorder.record_call(
@@ -265,26 +337,6 @@ def dp_sync(params, mesh, recorder) -> None:
     with torch.no_grad():
         for g, new in zip(grads, _unflatten_dense_tensors(flat, grads)):
             g.copy_(new)
-
-
-def _local(t):
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def local_bytes(tensors) -> int:
-    """Bytes of this rank's part of each tensor (a DTensor's local shard; None skipped)."""
-    return int(sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None))
-
-
-def held_bytes(params, opt) -> dict:
-    """What this rank holds: its parameters, gradients and optimizer state (local shards)."""
-    params = list(params)
-    state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
-    return {
-        "params_bytes": local_bytes(params),
-        "grads_bytes": local_bytes(p.grad for p in params),
-        "opt_bytes": local_bytes(state),
-    }
 
 
 def check_reference(ref, step: int, named_params, writer, rank: int, loss) -> None:

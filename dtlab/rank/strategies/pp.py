@@ -34,8 +34,8 @@ from dtlab.config.parallel import split_layers
 from dtlab.config.run import RunConfig
 from dtlab.rank.loop import Step
 from dtlab.rank.optim import adamw
-from dtlab.rank.recorder import Mark
-from dtlab.rank.strategies.bases import SplitStrategy, local_bytes
+from dtlab.rank.recorder import Mark, local_bytes
+from dtlab.rank.strategies.bases import SplitStrategy
 from dtlab.rank.strategies.pp_p2p import ACTIVE, install_p2p_recording
 from dtlab.rank.strategies.stages import make_stage, stage_param_names
 

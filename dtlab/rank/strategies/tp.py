@@ -32,8 +32,8 @@ from torch.distributed.tensor.parallel import (
 from dtlab.rank.collectives import FuncolMode, LayerTracker
 from dtlab.rank.loop import Step
 from dtlab.rank.optim import adamw
-from dtlab.rank.recorder import Mark
-from dtlab.rank.strategies.bases import SplitStrategy, local_bytes
+from dtlab.rank.recorder import Mark, local_bytes
+from dtlab.rank.strategies.bases import SplitStrategy
 
 
 def megatron_plan() -> dict:
