@@ -439,9 +439,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the tiny model: a smoke test of the script")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="the what-if check's cells only: 2 ranks at every cap")
-    ap.add_argument("--steps", type=int, default=4, help="steps per run, the first a warm-up")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run, the first a warm-up (4; --check 8)")
     ap.add_argument("--baseline", type=int, default=2, help="no-op hook steps per grid run (measured T_comp)")
-    ap.add_argument("--base-baseline", type=int, default=4, help="no-op hook steps of the base run")
+    ap.add_argument("--base-baseline", type=int, default=None, help="no-op hook steps of the base run (4; --check 8)")
     ap.add_argument("--base-cap", type=float, default=None, help="the base run's cap, MiB (25; quick 0.05)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=64)
@@ -460,6 +460,10 @@ def main() -> int:
     )
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    # the check compares single runs: 7 measured steps each (not 3) so that one run's median is not its noise
+    # (3 steps of one run spread by 8% on the 2-core machine; see docs/benchmarks.md, the what-if check)
+    a.steps = a.steps or (8 if a.check else 4)
+    a.base_baseline = a.base_baseline or (8 if a.check else 4)
     a.model = "tiny" if a.quick else "distilbert"
     if a.quick:
         a.batch_size, a.seq_len = 4, 32
