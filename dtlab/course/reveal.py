@@ -9,13 +9,16 @@ section, a check's reveal after an answer) are not. A number with a unit is read
 are of one kind (`57.2 ms` is 0.0572 for a key in s, `3.9 MB` 3.9e6 for a key in B, `$0.12` for a key in USD) and
 skipped otherwise; a number without one is read as written when it has at least BARE_DIGITS significant digits
 (a table's `66.72`), and counts within BARE_REL of the key at most, so that the counts and other columns around a
-question ("64 samples", a compute time beside a wait) do not pass for readings of its key.
+question ("64 samples", a compute time beside a wait) do not pass for readings of its key. A key that is an exact
+count (a whole number of steps, tolerance under 1) is read only from a number written whole: a table's ratio of
+`1.00` is not 1 step.
 
 The keys come from the lab's rubric (dtlab.course.rubric) applied to the runs the notebook recorded, as the grader
-computes them (dtlab.course.recordings): `number_keys(lab, root)`. `python -m dtlab.course.reveal keys --lab LAB
---root DIR --out KEYS.json` computes them in a process of its own, the way `dtlab grade` does, so a check of a
-lab needs no key in the process that reads the notebook; `python -m dtlab.course.reveal scan NB --lab LAB --root
-DIR` does both and prints each finding.
+computes them (dtlab.course.recordings): `number_keys(lab, root)`, with the inputs a question gives by design (its
+rubric's `given`: a prediction from a formula shows the formula's inputs). `python -m dtlab.course.reveal keys
+--lab LAB --root DIR --out KEYS.json` computes them in a process of its own, the way `dtlab grade` does, so a
+check of a lab needs no key in the process that reads the notebook; `python -m dtlab.course.reveal scan NB --lab
+LAB --root DIR` does both and prints each finding.
 """
 
 from __future__ import annotations
@@ -62,14 +65,26 @@ BARE_REL = 0.02
 
 def numbers_in(text: str) -> list[dict]:
     """Every number in `text`: {value (as written, sign and exponent applied), shown, kind and factor of its unit
-    (None for none; USD for a leading $), digits (significant digits as written)}."""
+    (None for none; USD for a leading $), digits (significant digits as written), half (half a unit in its last
+    written place, in its written unit: how far from the value it stands for a printed number can be)}."""
     out = []
     for m in NUMBER.finditer(text):
         raw = float(m["num"].replace(",", "") + (m["exp"] or ""))
         kind, factor = UNITS.get("USD" if m["usd"] else m["unit"] or "", (None, 1.0))
         digits = len(m["num"].replace(",", "").replace(".", "").lstrip("0")) or 1
+        decimals = len(m["num"].partition(".")[2])
+        half = 0.5 * 10.0 ** (int(m["exp"][1:]) - decimals if m["exp"] else -decimals)
         value = -raw if m["sign"] in ("-", "−") else raw
-        out.append({"value": value, "shown": m.group(0).strip(), "kind": kind, "factor": factor, "digits": digits})
+        out.append(
+            {
+                "value": value,
+                "shown": m.group(0).strip(),
+                "kind": kind,
+                "factor": factor,
+                "digits": digits,
+                "half": half,
+            }
+        )
     return out
 
 
@@ -112,11 +127,21 @@ def check_cells(nb, qid: str) -> list[int]:
     return [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and pat.search(_source(c))]
 
 
+def is_given(number: dict, value: float, unit: str, given) -> bool:
+    """Whether `number` (of numbers_in; `value`, its reading in the key's `unit`) is one of the question's `given`
+    inputs (in the key's unit) as printed: within half a unit of its last written place."""
+    _, key_factor = UNITS.get(unit, (None, 1.0))
+    half = number["half"] * (number["factor"] / key_factor if number["kind"] is not None else 1.0)
+    return any(abs(value - float(g)) <= half * (1 + 1e-9) for g in given)
+
+
 def scan(nb, keys: dict, skip_checks=()) -> list[dict]:
     """Findings in the executed notebook `nb` (a dict or NotebookNode) for `keys` {qid: {"var", "expected",
     "tol"}} (tol: the absolute tolerance): one {qid, cell, where, shown, key, tol} per number within tol of its
-    key, above the answer cell or in a check cell of the question. `skip_checks`: qids answered in this
-    notebook, whose check cells may show what a right answer earns."""
+    key, above the answer cell or in a check cell of the question. A key's optional "given" (values in its unit:
+    the inputs a prediction is asked to use, shown by design) exempts a number that prints one of them: when the
+    model is right its input lies near the measured key, and that is the lesson, not a reveal. `skip_checks`:
+    qids answered in this notebook, whose check cells may show what a right answer earns."""
     found = []
     for qid, k in keys.items():
         ans = answer_cell(nb, k["var"])
@@ -126,11 +151,16 @@ def scan(nb, keys: dict, skip_checks=()) -> list[dict]:
         if qid not in skip_checks:
             places += [(i, "in its check cell") for i in check_cells(nb, qid) if i > ans]
         exp, tol = float(k["expected"]), float(k["tol"])
+        exact_count = exp.is_integer() and tol < 1 and k.get("unit", "") not in UNITS
         for i, where in places:
             for number in numbers_in(cell_text(nb["cells"][i])):
                 value = reading(number, k.get("unit", ""))
                 within = tol if number["kind"] is not None else min(tol, BARE_REL * abs(exp))
-                if value is not None and value != 0 and abs(value - exp) <= within:
+                if value is None or value == 0 or abs(value - exp) > within:
+                    continue
+                if number["kind"] is None and exact_count and number["half"] < 0.5:
+                    continue  # a count is written whole: "1.00" is a ratio or a time, not 1 step
+                if not is_given(number, value, k.get("unit", ""), k.get("given", ())):
                     found.append(
                         {"qid": qid, "cell": i, "where": where, "shown": number["shown"], "key": exp, "tol": tol}
                     )
@@ -159,6 +189,8 @@ def number_keys(lab: str, root: str, replay_mode: bool = False) -> dict:
                 "tol": verdicts.tolerance(key)[0],
                 "unit": key.unit,
             }
+            if q.given is not None:
+                out[q.qid]["given"] = [float(v) for v in q.given(**{n: srcs[n]() for n in q.given_needs})]
     return {"keys": out, "problems": problems}
 
 

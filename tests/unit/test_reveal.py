@@ -79,3 +79,34 @@ def test_answer_and_check_cells_are_found_by_their_source():
     assert answer_cell(nb, "my_gpu_hours") == 2 and check_cells(nb, "lab12.q1") == [3]
     with pytest.raises(ValueError, match="my_missing"):
         scan(nb, {"lab00.q1": {"var": "my_missing", "expected": 1.0, "tol": 0.0}})
+
+
+def test_an_input_the_question_gives_is_no_reveal_when_the_model_was_right():
+    # lab 6 asks for rank 0's wait growth from the reference table: (2 - 1) x rank 1's compute. When the straggler
+    # run measures a growth within 2% of that input, the input is printed near the key by design.
+    table = "rank compute (ms) wait (ms)\n0  32.0  0.412\n1  30.5  0\n"
+    given = {"lab06.q1": {"var": "my_t", "expected": 30.71, "tol": 15.4, "unit": "ms", "given": [31.98, 30.46, 0.412]}}
+    nb = _nb(("ref", table), ("my_t = None", ""))
+    assert scan(nb, given) == []
+    # the same table without the question's inputs named: rank 1's compute is found, as before
+    bare = {q: {k: v for k, v in d.items() if k != "given"} for q, d in given.items()}
+    assert [f["shown"] for f in scan(nb, bare)] == ["30.5"]
+    # a number near the key that does not print a given (the straggler run's growth, 30.7) is still found, and so
+    # is a given printed more finely than its value allows (30.46 shown as 30.7: not that input)
+    leak = _nb(("ref", table + "growth 30.7 ms\n"), ("my_t = None", ""))
+    assert [f["shown"] for f in scan(leak, given)] == ["30.7 ms"]
+    # a given in the key's unit exempts a number written in another unit of its kind only within that number's
+    # printed precision: 0.0305 s stands for 30.45 to 30.55 ms and prints 30.46 ms; 0.0307 s does not
+    assert scan(_nb(("ref", "rank 1: 0.0305 s"), ("my_t = None", "")), given) == []
+    assert [f["shown"] for f in scan(_nb(("ref", "rank 1: 0.0307 s"), ("my_t = None", "")), given)] == ["0.0307 s"]
+
+
+def test_an_exact_count_is_read_only_from_a_whole_number():
+    # lab 6 asks how many steps are redone (exact, 1 step); a ratio table above it printed 1.00
+    count = {"lab06.q4": {"var": "my_n", "expected": 1.0, "tol": 0.0, "unit": "steps"}}
+    assert scan(_nb(("x", "PS / ring (ratio)\n2  1.00  1.33"), ("my_n = None", "")), count) == []
+    # a count of 120 steps printed whole (3 digits) is a reading of a key of 120; 120.0 is not
+    many = {"lab06.q4": {"var": "my_n", "expected": 120.0, "tol": 0.0, "unit": "steps"}}
+    assert [f["shown"] for f in scan(_nb(("x", "redone: 120 of 400; mean 120.0"), ("my_n = None", "")), many)] == [
+        "120"
+    ]

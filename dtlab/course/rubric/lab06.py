@@ -49,6 +49,13 @@ def _growth(ref, slow) -> Key:
     )
 
 
+def _reference_table(ref) -> list[float]:
+    """What the lab prints of the reference run above the question, in ms: each rank's compute and wait per step,
+    the inputs of the prediction ((2 - 1) x rank 1's compute), not readings of the straggler run's outcome."""
+    w = wait_summary(run_waits(ref))
+    return [1e3 * float(v) for v in (*w["t_comp_s"], *w["wait_s"])]
+
+
 def _example(*_) -> Key:
     seed = sync_step_model(list(EXAMPLE_S))
     return Key(
@@ -94,7 +101,7 @@ def _redone(crashed) -> Key:
 
 
 QUESTIONS = (
-    Question("lab06.q1", 2, "my_wait_growth_ms", ("ref", "slow"), _growth),
+    Question("lab06.q1", 2, "my_wait_growth_ms", ("ref", "slow"), _growth, _reference_table, ("ref",)),
     Question("lab06.q2", 1, "my_seed_wait_ms", (), _example),
     Question("lab06.q3", 2, "my_server_bytes", (), _server),
     Question("lab06.q4", 1, "my_steps_redone", ("crashed",), _redone),
