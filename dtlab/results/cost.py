@@ -282,7 +282,9 @@ def cost(
             f"prices must be a PriceTable (dtlab.example_prices() or your own), got {type(prices).__name__}"
         )
     price = prices.price(gpu) if gpu is not None else prices.price(gpu_kind(run, prices))
-    n_dev, _, dev_how = billed_devices(run)
+    n_dev, device, dev_how = billed_devices(run)
+    if device == "cpu" and price.kind != "CPU":  # a CPU run priced as GPUs: say so, the step time stays the CPU's
+        dev_how = f"{dev_how}, each priced as one {price.kind} (the step time is this CPU run's, not a {price.kind}'s)"
     if gpus is not None:
         if isinstance(gpus, bool) or not isinstance(gpus, (int, np.integer)) or gpus < 1:
             raise ValueError(f"gpus must be a whole number >= 1 (devices billed), got {gpus!r}")

@@ -301,6 +301,10 @@ def test_a_cpu_fixture_run_to_a_target_it_did_and_did_not_reach():
     assert any("pass profile=" in n for n in c.notes)
     t = run.summary().set_index("quantity").loc["T_step", "value"]
     assert c.row("step")["gpu_hours"] == pytest.approx(8 * t / 3600)  # 8 devices billed, as given
+    # priced as a GPU, a CPU run's bill says what it counted: the machine, at the GPU's price, not a GPU's speed
+    h100 = cost(run, gpu="H100").notes[0]
+    assert h100.startswith("billed: 1 CPU machine(s), one per node, each priced as one H100") and "CPU run's" in h100
+    assert "priced as" not in cost(run).notes[0]
     reached = cost(run, target_accuracy=0.5).row("to accuracy")
     assert reached["steps"] == 0 and reached["wall_s"] == 0.0  # the first evaluation, before any step, reads 0.5
 
