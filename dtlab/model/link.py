@@ -230,7 +230,7 @@ class Link:
         )
         return cls(
             alpha=max(0.0, float(fit.alpha)),
-            beta=float(fit.beta),
+            beta=max(0.0, float(fit.beta)),
             form=fit.form,
             alpha_ci=ci(fit.alpha_ci),
             beta_ci=ci(fit.beta_ci),
@@ -241,7 +241,13 @@ class Link:
             f"{fit.min_bytes:,}..{fit.max_bytes:,} B)",
             how=(
                 f"alpha, beta: fitted ({fit.confidence:.0%} intervals)"
-                + (", a negative alpha clipped to 0" if fit.alpha < 0 else ""),
+                + (", a negative alpha clipped to 0" if fit.alpha < 0 else "")
+                + (
+                    ", a negative beta clipped to 0 (noise larger than the bandwidth term over the sizes timed: "
+                    "time larger sizes)"
+                    if fit.beta < 0
+                    else ""
+                ),
                 r_how,
                 f"contention: {c_how}",
                 f"stretch: {s_how}",

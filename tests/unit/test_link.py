@@ -82,6 +82,15 @@ def test_from_profile_takes_the_fit_and_says_what_it_could_not_measure():
         Link.from_profile({"alpha": 1})
 
 
+def test_a_fits_negative_beta_is_clipped_to_zero_and_said():
+    # small sizes on a loaded machine: the noise outweighs the bandwidth term and the fitted line falls with size
+    prof = hand_profile(alpha=1e-3, beta=-1e-12)
+    assert prof.fits["all_reduce"].beta < 0
+    link = Link.from_profile(prof)
+    assert link.beta == 0.0 and link.alpha > 0 and any("a negative beta clipped to 0" in h for h in link.how)
+    assert not any("clipped" in h for h in Link.from_profile(hand_profile()).how)
+
+
 def test_from_profile_carries_a_loaded_calibrations_contention_and_stretch():
     stretch = {"per_second": 0.3, "lo": 0.2, "hi": 0.4, "passes": 8, "idle_passes": 4}
     prof = hand_profile(loaded=(60e-6, 3e-9), meta={"load": {"model": "tiny", "stretch": stretch}})
