@@ -15,7 +15,7 @@ count (a whole number of steps, tolerance under 1) is read only from a number wr
 
 The keys come from the lab's rubric (dtlab.course.rubric) applied to the runs the notebook recorded, as the grader
 computes them (dtlab.course.recordings): `number_keys(lab, root)`, with the inputs a question gives by design (its
-rubric's `given`: a prediction from a formula shows the formula's inputs). `python -m dtlab.course.reveal keys
+rubric's `given`: a prediction's inputs, another quantity of the key's unit). `python -m dtlab.course.reveal keys
 --lab LAB --root DIR --out KEYS.json` computes them in a process of its own, the way `dtlab grade` does, so a
 check of a lab needs no key in the process that reads the notebook; `python -m dtlab.course.reveal scan NB --lab
 LAB --root DIR` does both and prints each finding.
@@ -138,9 +138,10 @@ def is_given(number: dict, value: float, unit: str, given) -> bool:
 def scan(nb, keys: dict, skip_checks=()) -> list[dict]:
     """Findings in the executed notebook `nb` (a dict or NotebookNode) for `keys` {qid: {"var", "expected",
     "tol"}} (tol: the absolute tolerance): one {qid, cell, where, shown, key, tol} per number within tol of its
-    key, above the answer cell or in a check cell of the question. A key's optional "given" (values in its unit:
-    the inputs a prediction is asked to use, shown by design) exempts a number that prints one of them: when the
-    model is right its input lies near the measured key, and that is the lesson, not a reveal. `skip_checks`:
+    key, above the answer cell or in a check cell of the question. A key's optional "given" (values in its unit,
+    shown by design: the inputs a prediction is asked to use, or another quantity the key does not come from)
+    exempts a number that prints one of them: when the model is right its input lies near the measured key, and
+    that is the lesson, not a reveal. `skip_checks`:
     qids answered in this notebook, whose check cells may show what a right answer earns."""
     found = []
     for qid, k in keys.items():

@@ -41,10 +41,11 @@ LAB_MODULES = {
 class Question:
     """A graded question: `qid`, `points`, the answer variable `var` (`my_*`), the sources its key needs (names
     of `key`'s arguments; the autograder also offers `answer`, the student's value, and `scratch`, a directory
-    for runs of its own) and `key(**sources) -> Key`. A prediction asked of a formula shows the formula's inputs
-    above the question by design: `given(**sources)` (of the sources in `given_needs`, recorded before the answer
-    cell) returns those inputs as the lab prints them, in the key's unit, so that the scan for a key shown before
-    its question (dtlab.course.reveal) does not take an input for the measured outcome when the model was right."""
+    for runs of its own) and `key(**sources) -> Key`. A lab shows some numbers above a question by design that are
+    no reading of its key: a prediction's inputs (near the measured key when the model was right), or another
+    quantity of the key's unit that the key does not come from. `given(**sources)` (of the sources in
+    `given_needs`, recorded before the answer cell) returns those numbers in the key's unit, so that the scan for
+    a key shown before its question (dtlab.course.reveal) does not take one of them for the key."""
 
     qid: str
     points: int
