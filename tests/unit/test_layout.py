@@ -13,6 +13,9 @@ import pytest
 
 from .source_tree import modules
 
+#: these checks walk the parsed package (tests/unit/source_tree.py): one worker parses it for all of them
+pytestmark = pytest.mark.xdist_group("source-tree")
+
 PKG = pathlib.Path(__file__).resolve().parents[2] / "dtlab"
 
 

@@ -412,17 +412,18 @@ def test_a_redraw_keeps_settled_steps_and_shows_what_a_full_recount_shows(tmp_pa
     from dtlab.results import live_stats
 
     monkeypatch.setattr(live_stats, "SETTLE_ROWS", 1 + seed)  # settle as soon as a step (or two, three) can
-    run = _run_dir(tmp_path, nproc=3, steps=24)
+    steps = 12
+    run = _run_dir(tmp_path, nproc=3, steps=steps)
     cfg = json.loads((run / "config.json").read_text())
     cfg["config"]["warmup"] = 2
     (run / "config.json").write_text(json.dumps(cfg))
-    data = {r: _busy_run_lines(r, 24, seed) for r in range(3)}
+    data = {r: _busy_run_lines(r, steps, seed) for r in range(3)}
     rng, at = random.Random(seed), dict.fromkeys(data, 0)
     live, full = LiveRun(str(run)), LiveRun(str(run))
     full.view_cache = False  # computes everything again at every redraw
     while any(at[r] < len(data[r]) for r in data):
         r = rng.choice([r for r in data if at[r] < len(data[r])])
-        n = rng.randint(1, 2400)  # pieces that tear lines as a writer can
+        n = rng.randint(1, 4000)  # pieces that tear lines as a writer can
         with open(run / "events" / f"rank{r}.jsonl", "ab") as f:
             f.write(data[r][at[r] : at[r] + n])
         at[r] += n
@@ -432,8 +433,8 @@ def test_a_redraw_keeps_settled_steps_and_shows_what_a_full_recount_shows(tmp_pa
     live.close(), full.close()
     _same_view(live_view(live, state="finished"), live_view(full, state="finished"))
     kept = live.view_cache["kept"][0]
-    assert kept["step"].tolist() == list(range(23))  # every step but the last was settled and kept
-    assert len(live.view_cache["pool"]["bucket"]) == 3 * (1 + 23 % 3)  # only the last step's rows are left
+    assert kept["step"].tolist() == list(range(steps - 1))  # every step but the last was settled and kept
+    assert len(live.view_cache["pool"]["bucket"]) == 3 * (1 + (steps - 1) % 3)  # only the last step's rows left
 
 
 def test_a_restarted_run_is_counted_again_from_all_its_rows(tmp_path):

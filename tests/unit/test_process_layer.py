@@ -25,6 +25,9 @@ from dtlab.runfiles import mount_of
 
 from .source_tree import ROOT, modules
 
+#: these checks walk the parsed package (tests/unit/source_tree.py): one worker parses it for all of them
+pytestmark = pytest.mark.xdist_group("source-tree")
+
 _EVENTS = {"open", "os.listdir", "os.scandir", "os.readlink"}
 _HIDDEN: dict = {"on": False, "tried": []}
 

@@ -11,6 +11,9 @@ import pytest
 
 from .source_tree import functions, modules
 
+#: these checks walk the parsed package (tests/unit/source_tree.py): one worker parses it for all of them
+pytestmark = pytest.mark.xdist_group("source-tree")
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TREE = ["dtlab", "tests", "tools", "benchmarks"]
 MAX_FUNCTION_LINES = 80
