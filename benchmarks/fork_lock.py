@@ -37,16 +37,15 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from datetime import timedelta
 
 import psutil
 import torch.distributed as dist
+from launch_stress import native_stacks  # benchmarks/ is this script's folder: on sys.path
 
 from dtlab.launching.agent import fork_zygote
 
@@ -102,22 +101,6 @@ def _child(host: str, port: int, timeout_s: float) -> None:
         os._exit(code)
 
 
-def _stacks(pid: int) -> str:
-    text = f"== pid {pid}\n"
-    if shutil.which("gdb"):
-        try:
-            cp = subprocess.run(
-                ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            text += cp.stdout + cp.stderr
-        except subprocess.TimeoutExpired:
-            text += "gdb did not answer within 120 s\n"
-    return text
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--via", choices=("fork", "zygote"), default="fork", help="who forks the children")
@@ -163,11 +146,11 @@ def main() -> None:
                 counts["stuck"] += 1
                 os.kill(p.pid, signal.SIGUSR1)
                 time.sleep(1)
-                child = _stacks(p.pid)
+                child = native_stacks(p.pid)
                 if "get_locked_global" in child:  # glibc's resolver configuration lock (resolv/resolv_conf.c)
                     counts["on_resolver_lock"] = counts.get("on_resolver_lock", 0) + 1
                 with open(os.path.join(a.out, f"stuck-{counts['stuck']}.txt"), "w") as f:
-                    f.write(child + _stacks(os.getpid()))
+                    f.write(child + native_stacks(os.getpid()))
                 p.kill()
                 p.join()
             else:

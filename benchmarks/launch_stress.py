@@ -96,7 +96,8 @@ def worker(index: int, out: str, deadline: float, hang_s: float, seed: int) -> N
             dest = os.path.join(out, "hangs", f"w{index}-{n}-{strategy}-{nproc}")
             shutil.copytree(h.run_dir, dest, dirs_exist_ok=True)
             for pid in [h.proc.pid, *pids]:  # native stacks too, where gdb is installed: the lock a thread waits on
-                _native_stacks(pid, os.path.join(dest, f"native-{pid}.txt"))
+                with open(os.path.join(dest, f"native-{pid}.txt"), "w") as f:
+                    f.write(native_stacks(pid))
             rec.update(hang=True, live_ranks=pids, saved=dest)
             h.stop(grace_s=5)
         else:
@@ -109,10 +110,12 @@ def worker(index: int, out: str, deadline: float, hang_s: float, seed: int) -> N
         print(json.dumps(rec), flush=True)
 
 
-def _native_stacks(pid: int, path: str) -> None:
-    """Every thread's native stack of `pid` (gdb -batch), written to `path`; nothing where gdb is missing."""
+def native_stacks(pid: int) -> str:
+    """Every thread's native stack of `pid` (gdb -batch) as text, under a "== pid" header; the header alone where
+    gdb is missing (benchmarks/fork_lock.py uses it too)."""
+    text = f"== pid {pid}\n"
     if shutil.which("gdb") is None:
-        return
+        return text
     try:
         cp = subprocess.run(
             ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
@@ -120,11 +123,9 @@ def _native_stacks(pid: int, path: str) -> None:
             text=True,
             timeout=120,
         )
-        text = cp.stdout + cp.stderr
+        return text + cp.stdout + cp.stderr
     except subprocess.TimeoutExpired:
-        text = "gdb did not answer within 120 s"
-    with open(path, "w") as f:
-        f.write(text)
+        return text + "gdb did not answer within 120 s\n"
 
 
 def _hog() -> subprocess.Popen:
