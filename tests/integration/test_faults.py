@@ -35,6 +35,22 @@ DRILLS = {  # name: DTLAB_FAULT. Launched together, so they also drill simultane
 STEP_CODE = r"maybe_inject_fault|(loop|bases|data_parallel|data|ddp|recorder|marks)\.py:\d+ in \w+"
 
 
+def _loop_lines() -> set[int]:
+    """The lines of dtlab/rank/loop.py's `run` where a rank stands between the injection and its step: the
+    injection's call and the step's, the only lines of `run` a frozen rank's innermost dtlab frame may name."""
+    src = open(os.path.join(os.path.dirname(dtlab.__file__), "rank", "loop.py")).read().splitlines()
+    lines = {i + 1 for i, ln in enumerate(src) if "maybe_inject_fault(ctx.rank, step)" in ln or "loop.one(" in ln}
+    assert len(lines) == 2, lines
+    return lines
+
+
+def _innermost_dtlab_frame(first: str) -> str:
+    """The innermost dtlab frame of a stalled rank's message ("stack top: X" or "stack top: X (in dtlab: Y)")."""
+    m = re.search(r"stack top: (\S+:\d+ in [\w<>]+)(?: \(in dtlab: (\S+:\d+ in \w+)\))?", first)
+    assert m, first
+    return m[2] or m[1]
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -122,6 +138,13 @@ def test_frozen_rank_is_caught_by_the_watchdog_with_its_stack(drills):
     # the rank loop's own (dtlab.rank.loop), the DDP step's (strategies/bases.py, ddp.py), the batch it
     # takes (dtlab.rank.data) or the step clock's marks they call
     assert "after step 1" in first and re.search(STEP_CODE, first)
+    # and not merely the rank loop, which is in every stack: its innermost dtlab frame is the injection, the step
+    # code below it, or `run` itself only at the injection's line or the step's
+    where = _innermost_dtlab_frame(first)
+    if where.startswith("loop.py:") and where.endswith(" in run"):
+        assert int(where.split(":")[1].split()[0]) in _loop_lines(), where
+    else:
+        assert re.fullmatch(STEP_CODE.replace("maybe_inject_fault", r"lifecycle\.py:\d+ in maybe_inject_fault"), where)
     assert e.silent_s[1] >= STALL_S
     # caught in seconds: stall_s, then at most STACK_WAIT_S for the stacks and the stop
     assert STALL_S <= waited < STALL_S + 12
