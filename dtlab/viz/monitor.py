@@ -44,6 +44,9 @@ EVERY_S = 2.0  # seconds between redraws (and text lines) while new events arriv
 #: a redraw waits at least this many times its own CPU cost after the last one: a long run, whose redraws grow with
 #: its steps, never takes more than 1 / BUDGET (5 %) of a core from the notebook (and from ranks that share it)
 BUDGET = 20
+#: a per-step line longer than this many steps is drawn thinned: each bin of consecutive steps by its smallest and
+#: largest value, in step order (a spike survives; a browser draws 900,000 points of a 100,000-step run slowly)
+MAX_POINTS = 4000
 RANK_COLORS = (
     "#4C78A8",
     "#54A24B",
@@ -88,7 +91,7 @@ def monitor_figure(view: dict) -> go.Figure:
         titles += ["GPU memory used (GiB, NVML)"] if gpus is not None else []
     fig = make_subplots(rows=rows, cols=2, subplot_titles=titles)
     x = t["step"].to_numpy()  # arrays, not lists: plotly checks a list value by value (seconds at 100,000 steps)
-    fig.add_trace(go.Scatter(x=x, y=_values(t["loss"]), name="loss", mode="lines+markers"), 1, 1)
+    fig.add_trace(_line(x, t["loss"], "loss", None), 1, 1)
     fig.add_trace(_line(x, t["t_step"] * 1e3, "T_step (slowest rank)", "#222222"), 1, 2)
     for i, (rank, g) in enumerate(view["ranks"].groupby("rank")):
         color = RANK_COLORS[i % len(RANK_COLORS)]
@@ -123,8 +126,9 @@ def monitor_figure(view: dict) -> go.Figure:
 def _gpu_panels(fig: go.Figure, gpus: pd.DataFrame) -> None:
     for i, (index, g) in enumerate(gpus.groupby("index")):
         color = RANK_COLORS[i % len(RANK_COLORS)]
-        fig.add_trace(_line(g["t_s"].tolist(), g["util_pct"], f"GPU {index} utilisation", color), 3, 1)
-        fig.add_trace(_line(g["t_s"].tolist(), g["memory_used_bytes"] / 2**30, f"GPU {index} memory", color), 3, 2)
+        t_s = g["t_s"].to_numpy()
+        fig.add_trace(_line(t_s, g["util_pct"], f"GPU {index} utilisation", color, per="samples"), 3, 1)
+        fig.add_trace(_line(t_s, g["memory_used_bytes"] / 2**30, f"GPU {index} memory", color, per="samples"), 3, 2)
     fig.update_yaxes(title_text="%", rangemode="tozero", row=3, col=1)
     fig.update_yaxes(title_text="GiB", rangemode="tozero", row=3, col=2)
     fig.update_xaxes(title_text="s since the monitor started", row=3)
@@ -136,8 +140,37 @@ def gpu_samples(samples: list, state: list | None, t_s: float) -> None:
         samples.append({"t_s": t_s, **{k: g[k] for k in ("index", "util_pct", "memory_used_bytes")}})
 
 
-def _line(x, y, name: str, color: str, dash: str = "solid") -> go.Scatter:
-    return go.Scatter(x=np.asarray(x), y=_values(y), name=name, mode="lines+markers", line=dict(color=color, dash=dash))
+def _line(x, y, name: str, color: str | None, dash: str = "solid", per: str = "steps") -> go.Scatter:
+    """One line over steps (or NVML's `per`="samples"); over MAX_POINTS of them thinned (`thin`), drawn without
+    markers, its name saying so."""
+    x, y, k = thin(np.asarray(x), _values(y))
+    name, mode = (f"{name} (min and max of each {k} {per})", "lines") if k > 1 else (name, "lines+markers")
+    return go.Scatter(x=x, y=y, name=name, mode=mode, line=dict(color=color, dash=dash))
+
+
+def thin(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray, int]:
+    """(x, y, k): the points as given (k = 1) when there are at most `max_points`, else each bin of k consecutive
+    points (k the smallest that makes at most max_points / 2 bins) drawn by its smallest and its largest y, in the
+    order they came; a bin without a value is one NaN point (a gap in the line, as a missing value is)."""
+    n = len(x)
+    if n <= max_points:
+        return x, y, 1
+    k = -(-n // (max_points // 2))
+    bins = -(-n // k)
+    pad = bins * k - n
+    yb = np.concatenate([y, np.full(pad, np.nan)]).reshape(bins, k)
+    xb = np.concatenate([x.astype(float), np.full(pad, np.nan)]).reshape(bins, k)
+    empty = np.isnan(yb).all(axis=1)
+    lo = np.where(np.isnan(yb), np.inf, yb).argmin(axis=1)
+    hi = np.where(np.isnan(yb), -np.inf, yb).argmax(axis=1)
+    first, second = np.minimum(lo, hi), np.maximum(lo, hi)
+    rows = np.arange(bins)
+    xs = np.stack([xb[rows, first], xb[rows, second]], axis=1)
+    ys = np.stack([yb[rows, first], yb[rows, second]], axis=1)
+    ys[empty] = np.nan
+    same = first == second  # one point in the bin (or one value): drawn once
+    keep = np.stack([np.ones(bins, bool), ~same], axis=1)
+    return xs[keep], ys[keep], k
 
 
 def _values(y) -> np.ndarray:

@@ -5,6 +5,7 @@ import io
 import json
 import random
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -12,7 +13,7 @@ from dtlab.model.fit import AlphaBetaFit
 from dtlab.results.events import RankTail, scan_events
 from dtlab.results.live import LiveRun
 from dtlab.results.live_stats import busbw_rows, busbw_table, live_view, straggler, text_line
-from dtlab.viz.monitor import Monitor, monitor_figure, monitor_notes
+from dtlab.viz.monitor import MAX_POINTS, Monitor, monitor_figure, monitor_notes, thin
 
 
 def _line(**ev) -> bytes:
@@ -279,6 +280,39 @@ def test_the_figure_shows_only_what_the_events_carry(tmp_path):
     busy = monitor_figure(live_view(_poll(_steady_run(tmp_path / "b", busy=True))))
     assert any("compute stream busy (%)" == a.text for a in busy.layout.annotations)
     assert [t.y for t in busy.data if t.name == "compute stream busy"][0] == pytest.approx((50.0,) * 6)
+
+
+def test_a_long_runs_lines_are_thinned_to_each_bins_min_and_max_and_say_so():
+    """100,000 steps: each per-step line at most MAX_POINTS points, a one-step spike and a gap still drawn, the
+    points in step order, the name saying how it was thinned; a short run's lines are drawn whole."""
+    n = 100_000
+    x = np.arange(n)
+    y = 40.0 + np.sin(x / 700.0)
+    y[54_321], y[10_000:10_200] = 400.0, np.nan  # a straggling step, and steps not yet recorded
+    tx, ty, k = thin(x, y)
+    assert k == 50 and len(tx) <= MAX_POINTS and np.all(np.diff(tx) > 0)
+    assert np.nanmax(ty) == 400.0 and tx[np.nanargmax(ty)] == 54_321 and np.nanmin(ty) == pytest.approx(39.0, abs=1e-4)
+    assert np.isnan(ty[(tx >= 10_050) & (tx < 10_150)]).all() and np.isnan(ty).sum() == 4  # 4 empty bins: a gap
+    short = np.arange(10.0)
+    assert thin(short, short * 2)[2] == 1 and thin(short, short * 2)[1].tolist() == (short * 2).tolist()
+    view = {
+        "table": pd.DataFrame(
+            {"step": x, "loss": 0.7, "t_step": y / 1e3, "t_comm": np.nan, "comm_share": np.nan, "compute_busy": np.nan}
+        ),
+        "ranks": pd.DataFrame({"step": x, "rank": 0, "own_s": y / 1e3}),
+        "pairs": pd.DataFrame(columns=["step", "exposed"]),
+        "bw_table": pd.DataFrame(),
+        "state": "running",
+        "step": n - 1,
+        "steps": n,
+        "nproc": 1,
+        "straggler": None,
+        "calibration": "no calibration",
+    }
+    fig = monitor_figure(view)
+    assert all(len(t.x) <= MAX_POINTS for t in fig.data)
+    names = [t.name for t in fig.data]
+    assert "T_step (slowest rank) (min and max of each 50 steps)" in names and max(fig.data[1].y) == 400.0
 
 
 def _poll(run) -> LiveRun:
