@@ -40,7 +40,16 @@ SIZES = np.logspace(10, 31, 64, base=2.0)  # 1 KiB .. 2 GiB
 ALG_COLORS = {"flat": COLORS["T_comm"], "hierarchical": COLORS["T_comp"]}
 
 
-def _check(levels: dict) -> dict:
+def _check(levels) -> dict:
+    """The levels as a dict (alpha_intra, beta_intra, alpha_inter, beta_inter: s, s/B; source), checked: given as
+    a dict, or as a TwoLevelLink (dtlab.model.link), whose GPUs and network links per node come with it."""
+    if isinstance(levels, TwoLevelLink):
+        return _from_link(levels)
+    if not isinstance(levels, dict):
+        raise ValueError(
+            f"levels must be a TwoLevelLink (dtlab.model.link) or a dict of alpha_intra, beta_intra, alpha_inter "
+            f"and beta_inter, got {type(levels).__name__}"
+        )
     out = dict(levels)
     for k in ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter"):
         v = out.get(k)
@@ -48,6 +57,24 @@ def _check(levels: dict) -> dict:
             raise ValueError(f"levels[{k!r}] must be a finite number >= 0 (alpha in s, beta in s/B), got {v!r}")
     out.setdefault("source", "given by the caller")
     return out
+
+
+def _from_link(link: TwoLevelLink) -> dict:
+    """A TwoLevelLink's levels as the explorer's dict: each Link's one-line alpha and beta (a Link's size regimes
+    and its contention are not used here, and the source says so), its GPUs and network links per node."""
+    kept = [
+        f"{name}: {lk.source}" + ("; its size regimes not used here (one line)" if lk.regimes else "")
+        for name, lk in (("intra", link.intra), ("inter", link.inter))
+    ]
+    return {
+        "alpha_intra": link.intra.alpha,
+        "beta_intra": link.intra.beta,
+        "alpha_inter": link.inter.alpha,
+        "beta_inter": link.inter.beta,
+        "source": "; ".join(kept),
+        "gpus_per_node": link.gpus_per_node,
+        "nics_per_node": link.nics_per_node,
+    }
 
 
 def levels_table(
@@ -183,10 +210,12 @@ def two_level_figure(
     return fig
 
 
-def two_level_explorer(levels: dict | None = None, compute=None, param_nbytes=None):
-    """The two-level explorer widget (display it as a cell's last expression). levels: alpha_intra,
-    beta_intra, alpha_inter, beta_inter (s, s/B) and source; default :data:`ASSUMED_LEVELS`, labelled as
-    assumed. compute / param_nbytes as for :func:`dtlab.viz.dashboard.explorer`.
+def two_level_explorer(levels: dict | TwoLevelLink | None = None, compute=None, param_nbytes=None):
+    """The two-level explorer widget (display it as a cell's last expression). levels: a TwoLevelLink
+    (dtlab.model.link: e.g. `TwoLevelLink.from_node_counts` of two nccl-tests outputs; its GPUs and network links
+    per node start the sliders), or a dict of alpha_intra, beta_intra, alpha_inter, beta_inter (s, s/B) and
+    source; default :data:`ASSUMED_LEVELS`, labelled as assumed. compute / param_nbytes as for
+    :func:`dtlab.viz.dashboard.explorer`.
 
     A log slider cannot show 0: an alpha of 0 (a fit clipped at zero) starts the slider at its lowest value,
     and the model keeps using 0 until the slider is moved (the label says so). The bucket slider spans only
@@ -259,10 +288,15 @@ def _sliders(lv: dict, brange) -> dict:
     s = {
         "nodes": widgets.IntSlider(value=2, min=1, max=64, description="nodes", style=style, layout=layout()),
         "gpus_per_node": widgets.IntSlider(
-            value=8, min=1, max=16, description="GPUs per node", style=style, layout=layout()
+            value=lv.get("gpus_per_node", 8), min=1, max=16, description="GPUs per node", style=style, layout=layout()
         ),
         "nics_per_node": widgets.IntSlider(
-            value=1, min=1, max=16, description="network links per node", style=style, layout=layout()
+            value=lv.get("nics_per_node", 1),
+            min=1,
+            max=16,
+            description="network links per node",
+            style=style,
+            layout=layout(),
         ),
         "alpha_intra_us": log(lv["alpha_intra"] * 1e6, -1, 4, "intra α (µs)"),
         "bw_intra_gbs": log(1 / lv["beta_intra"] / 1e9, -2, 3, "intra 1/β (GB/s)"),

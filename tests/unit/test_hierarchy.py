@@ -151,6 +151,22 @@ def test_two_level_explorer_starts_with_a_zero_alpha_without_breaking():
     assert box.sliders["alpha_inter_us"].value == pytest.approx(0.1) and "clipped" in box.children[0].value
 
 
+def test_two_level_explorer_takes_a_two_level_link_of_public_outputs():
+    from dtlab.results.nccl_profile import public_nccl_tests
+
+    link = TwoLevelLink.from_node_counts(
+        public_nccl_tests("aws-p5-1x8-h100-nvswitch"), public_nccl_tests("aws-p5-2x8-h100-efa")
+    )
+    box = two_level_explorer(link, compute=COMPUTE, param_nbytes=SIZES)
+    assert box.sliders["gpus_per_node"].value == link.gpus_per_node == 8
+    assert box.sliders["nics_per_node"].value == link.nics_per_node
+    now = box.levels()[0]
+    assert (now["alpha_intra"], now["beta_inter"]) == (link.intra.alpha, link.inter.beta)  # not a slider's rounding
+    assert "aws-p5-1x8-h100-nvswitch" in box.children[0].value and "intra:" in box.children[0].value
+    with pytest.raises(ValueError, match="levels must be a TwoLevelLink"):
+        two_level_explorer(link.intra, compute=COMPUTE, param_nbytes=SIZES)
+
+
 def test_levels_from_profiles_fall_back_to_an_estimate_when_the_fit_is_unusable():
     import pandas as pd
 
