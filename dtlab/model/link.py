@@ -25,7 +25,7 @@ import numpy as np
 
 from dtlab.model import costmodel
 from dtlab.model import hierarchy as hi
-from dtlab.model.sharing import stretch_from_profile
+from dtlab.model.sharing import contention_from_profile, stretch_from_profile
 from dtlab.units import fmt_bytes
 
 #: Message size (bytes) at which a profile's loaded / idle all-reduce ratio is read: DDP's default bucket cap.
@@ -228,9 +228,12 @@ class Link:
             if regimes
             else "regimes: one line over every size (" + ("one regime fitted)" if piecewise else "piecewise=False)")
         )
+        alpha, beta, b_how = max(0.0, float(fit.alpha)), float(fit.beta), ""
+        if not beta > 0:  # a short, noisy sweep: the line falls with size; price bytes from the largest size instead
+            alpha, beta, b_how = _through_largest(profile, op, fit.form, alpha)
         return cls(
-            alpha=max(0.0, float(fit.alpha)),
-            beta=max(0.0, float(fit.beta)),
+            alpha=alpha,
+            beta=beta,
             form=fit.form,
             alpha_ci=ci(fit.alpha_ci),
             beta_ci=ci(fit.beta_ci),
@@ -242,12 +245,7 @@ class Link:
             how=(
                 f"alpha, beta: fitted ({fit.confidence:.0%} intervals)"
                 + (", a negative alpha clipped to 0" if fit.alpha < 0 else "")
-                + (
-                    ", a negative beta clipped to 0 (noise larger than the bandwidth term over the sizes timed: "
-                    "time larger sizes)"
-                    if fit.beta < 0
-                    else ""
-                ),
+                + b_how,
                 r_how,
                 f"contention: {c_how}",
                 f"stretch: {s_how}",
@@ -379,6 +377,33 @@ class TwoLevelLink:
         )
 
 
+def _through_largest(profile, op: str, form: str, alpha: float) -> tuple[float, float, str]:
+    """(alpha s, beta s/B, how) when a fit's beta is not above 0: a line through the largest size's median time (at
+    the most ranks timed there) that keeps the fitted `alpha` when that size took longer than alpha's terms, else
+    starts at 0, so that no size is priced as free."""
+    s = profile.samples[profile.samples["op"] == op]
+    if "load" in s.columns:
+        s = s[s["load"].fillna("idle") == "idle"]  # what the fit was made of: the idle timings
+    n = float(s["nbytes"].max())
+    big = s[s["nbytes"] == n]
+    p = int(big["nproc"].max())
+    t = float(big[big["nproc"] == p]["seconds"].median())
+    per_beta = float(costmodel.collective_time(op, form, 0.0, 1.0, n, p))
+    left = t - float(costmodel.collective_time(op, form, alpha, 0.0, n, p))
+    if left <= 0:
+        alpha, left = 0.0, t
+    return (
+        alpha,
+        left / per_beta,
+        (
+            f", the fitted beta ({profile.fits[op].beta:.3g} s/B) not above 0 (noise larger than the bandwidth term "
+            f"over the sizes timed): beta from the {n / 2**20:.3g} MiB median at p = {p}"
+            + (" and alpha 0" if alpha == 0 else ", through the fitted alpha")
+            + "; time larger sizes"
+        ),
+    )
+
+
 def _where(source) -> str | None:
     """A profile's source in words: a string as is; a loaded nccl-tests output (a dict) as its system's name and
     posted source URL, or its file."""
@@ -411,21 +436,3 @@ def one_level(value, op: str = "all_reduce", name: str = "link") -> Link:
     if isinstance(value, Link) or (hasattr(value, "fits") and hasattr(value, "predict")):
         return as_link(value, op)
     raise ValueError(f"{name} must be a Link (dtlab.model.link.Link) or a dtlab Profile, got {type(value).__name__}")
-
-
-def contention_from_profile(profile, nbytes: float, nproc: int | None = None) -> tuple[float, str]:
-    """(factor, where it comes from): how many times longer an all-reduce of `nbytes` took beside a replayed
-    backward pass than idle in `profile` (its loaded and idle fits, at p = `nproc` or the largest p timed), at
-    least 1; (1.0, why not) for a profile without a loaded fit."""
-    if profile is None or not profile.has_load("all_reduce"):
-        return 1.0, "none assumed: no loaded calibration (dtlab.calibrate(..., load='backward') measures it)"
-    timed = profile.samples["nproc"] if "nproc" in profile.samples.columns else []
-    p = int(nproc or (max(timed) if len(timed) else 2))
-    idle = float(profile.predict("all_reduce", nbytes, p))
-    loaded = float(profile.predict("all_reduce", nbytes, p, load="backward"))
-    factor = max(1.0, loaded / idle) if idle > 0 else 1.0
-    model = profile.meta.get("load", {}).get("model", "a model")
-    return factor, (
-        f"measured: loaded / idle all-reduce fit at {nbytes / 2**20:.3g} MiB, p = {p}, this profile "
-        f"(beside {model}'s backward pass)"
-    )

@@ -5,7 +5,9 @@
   (:func:`stretched_backward`);
 - compute slowed by the other ranks' compute on shared CPU cores: the fair share of the cores, and where a loaded
   calibration timed a rank's backward pass alone beside all ranks' together (:func:`fit_alone`), that measured
-  ratio, which also holds the caches and memory bandwidth the ranks share (:func:`cpu_share_scale`).
+  ratio, which also holds the caches and memory bandwidth the ranks share (:func:`cpu_share_scale`);
+- communication slowed by compute beside it: how many times longer a loaded calibration's all-reduce took than its
+  idle one (:func:`contention_from_profile`, a Link's contention).
 
 Communication beside compute:
 
@@ -197,3 +199,21 @@ def cpu_share_scale(nproc: int, cpu: dict | None) -> float:
         return 1.0 if p == 1 else fair(p) / fair(k) / float(alone["ratio"])
 
     return slowdown(int(nproc)) / slowdown(p0)
+
+
+def contention_from_profile(profile, nbytes: float, nproc: int | None = None) -> tuple[float, str]:
+    """(factor, where it comes from): how many times longer an all-reduce of `nbytes` took beside a replayed
+    backward pass than idle in `profile` (its loaded and idle fits, at p = `nproc` or the largest p timed), at
+    least 1; (1.0, why not) for a profile without a loaded fit."""
+    if profile is None or not profile.has_load("all_reduce"):
+        return 1.0, "none assumed: no loaded calibration (dtlab.calibrate(..., load='backward') measures it)"
+    timed = profile.samples["nproc"] if "nproc" in profile.samples.columns else []
+    p = int(nproc or (max(timed) if len(timed) else 2))
+    idle = float(profile.predict("all_reduce", nbytes, p))
+    loaded = float(profile.predict("all_reduce", nbytes, p, load="backward"))
+    factor = max(1.0, loaded / idle) if idle > 0 else 1.0
+    model = profile.meta.get("load", {}).get("model", "a model")
+    return factor, (
+        f"measured: loaded / idle all-reduce fit at {nbytes / 2**20:.3g} MiB, p = {p}, this profile "
+        f"(beside {model}'s backward pass)"
+    )

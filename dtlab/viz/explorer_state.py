@@ -19,7 +19,8 @@ from dtlab.model import buckets as bk
 from dtlab.model import sharing
 from dtlab.model import whatif as wi
 from dtlab.model.compression import compression_from_run
-from dtlab.model.link import Link, contention_from_profile
+from dtlab.model.link import Link
+from dtlab.model.sharing import contention_from_profile
 from dtlab.units import fmt_bytes
 from dtlab.viz.controls import (
     R_STEP,

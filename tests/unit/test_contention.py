@@ -167,7 +167,8 @@ def test_samples_without_a_load_column_are_idle_and_give_no_loaded_fit():
 
 
 def test_the_explorer_starts_at_the_measured_contention_and_says_where_it_comes_from():
-    from dtlab.model.link import Link, contention_from_profile
+    from dtlab.model.link import Link
+    from dtlab.model.sharing import contention_from_profile
     from dtlab.model.whatif import whatif
     from dtlab.viz.explorer_state import ExplorerState
 

@@ -82,13 +82,17 @@ def test_from_profile_takes_the_fit_and_says_what_it_could_not_measure():
         Link.from_profile({"alpha": 1})
 
 
-def test_a_fits_negative_beta_is_clipped_to_zero_and_said():
-    # small sizes on a loaded machine: the noise outweighs the bandwidth term and the fitted line falls with size
+def test_a_fits_beta_below_zero_gives_a_line_through_the_largest_size():
+    # small sizes on a loaded machine: the noise outweighs the bandwidth term and the fitted line falls with size;
+    # no size may then be priced as free (a beta of 0), nor may the Link be refused
     prof = hand_profile(alpha=1e-3, beta=-1e-12)
     assert prof.fits["all_reduce"].beta < 0
     link = Link.from_profile(prof)
-    assert link.beta == 0.0 and link.alpha > 0 and any("a negative beta clipped to 0" in h for h in link.how)
-    assert not any("clipped" in h for h in Link.from_profile(hand_profile()).how)
+    s = prof.samples
+    n = s["nbytes"].max()
+    assert link.beta > 0 and link.time("all_reduce", n, 2) == pytest.approx(s[s["nbytes"] == n]["seconds"].median())
+    assert any("not above 0" in h and "MiB median at p = 2" in h for h in link.how)
+    assert not any("not above 0" in h for h in Link.from_profile(hand_profile()).how)
 
 
 def test_from_profile_carries_a_loaded_calibrations_contention_and_stretch():
