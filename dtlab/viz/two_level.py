@@ -61,7 +61,8 @@ def _check(levels) -> dict:
 
 def _from_link(link: TwoLevelLink) -> dict:
     """A TwoLevelLink's levels as the explorer's dict: each Link's one-line alpha and beta (a Link's size regimes
-    and its contention are not used here, and the source says so), its GPUs and network links per node."""
+    are not used here, and the source says so; nor are its contention and stretch, which price compute beside the
+    collectives), its GPUs and network links per node."""
     kept = [
         f"{name}: {lk.source}" + ("; its size regimes not used here (one line)" if lk.regimes else "")
         for name, lk in (("intra", link.intra), ("inter", link.inter))
@@ -299,9 +300,9 @@ def _sliders(lv: dict, brange) -> dict:
             layout=layout(),
         ),
         "alpha_intra_us": log(lv["alpha_intra"] * 1e6, -1, 4, "intra α (µs)"),
-        "bw_intra_gbs": log(1 / lv["beta_intra"] / 1e9, -2, 3, "intra 1/β (GB/s)"),
+        "bw_intra_gbs": log(_gbs(lv["beta_intra"], 3), -2, 3, "intra 1/β (GB/s)"),
         "alpha_inter_us": log(lv["alpha_inter"] * 1e6, -1, 4, "inter α (µs)"),
-        "bw_inter_gbs": log(1 / lv["beta_inter"] / 1e9, -3, 3, "inter 1/β (GB/s)"),
+        "bw_inter_gbs": log(_gbs(lv["beta_inter"], 3), -3, 3, "inter 1/β (GB/s)"),
         "bucket_mb": log(
             clip_to_range(25.0, brange), *(brange or (-7.0, 10.0)), "bucket size (MiB)", base=2, step=0.05
         ),
@@ -309,6 +310,12 @@ def _sliders(lv: dict, brange) -> dict:
     if brange is None:
         s["bucket_mb"].layout = widgets.Layout(width="480px", display="none")
     return s
+
+
+def _gbs(beta: float, top: float) -> float:
+    """A level's bandwidth (GB/s) for its slider: 1 / beta, or the slider's top (10**top) for a beta of 0, which a
+    log slider cannot show (free bytes: the label says the model keeps 0 until the slider moves)."""
+    return 1 / beta / 1e9 if beta > 0 else 10.0**top
 
 
 def _levels_now(lv: dict, s: dict, start: dict, v: dict) -> dict:
@@ -337,6 +344,12 @@ def _label_html(lv: dict, s: dict, compute: dict, sizes: list, brange, levels_no
             lines.append(
                 f"<b>{name} = 0 µs</b> in the model (the level given above); the slider's lowest value, "
                 f"{s[key + '_us'].value:.3g} µs, stands for it until you move it"
+            )
+    for key, name, slider in (("beta_intra", "intra β", "bw_intra_gbs"), ("beta_inter", "inter β", "bw_inter_gbs")):
+        if levels_now[key] == 0:
+            lines.append(
+                f"<b>{name} = 0</b> in the model (bytes cost nothing: the level given above); the slider's highest "
+                f"value, {s[slider].value:.4g} GB/s, stands for it until you move it"
             )
     lines.append(
         f"<b>compute per rank</b>: fwd {compute['t_fwd'] * 1e3:.3g} ms, bwd "

@@ -165,6 +165,11 @@ def test_two_level_explorer_takes_a_two_level_link_of_public_outputs():
     assert "aws-p5-1x8-h100-nvswitch" in box.children[0].value and "intra:" in box.children[0].value
     with pytest.raises(ValueError, match="levels must be a TwoLevelLink"):
         two_level_explorer(link.intra, compute=COMPUTE, param_nbytes=SIZES)
+    # a level whose bytes cost nothing (beta 0, which a Link allows) starts at its slider's top, said in the label
+    free = link.replace(inter=link.inter.replace(beta=0.0))
+    box = two_level_explorer(free, compute=COMPUTE, param_nbytes=SIZES)
+    assert box.sliders["bw_inter_gbs"].value == pytest.approx(1000.0) and box.levels()[0]["beta_inter"] == 0.0
+    assert "inter β = 0" in box.children[0].value
 
 
 def test_levels_from_profiles_fall_back_to_an_estimate_when_the_fit_is_unusable():
