@@ -283,12 +283,12 @@ def cost(
         )
     price = prices.price(gpu) if gpu is not None else prices.price(gpu_kind(run, prices))
     n_dev, device, dev_how = billed_devices(run)
-    if device == "cpu" and price.kind != "CPU":  # a CPU run priced as GPUs: say so, the step time stays the CPU's
-        dev_how = f"{dev_how}, each priced as one {price.kind} (the step time is this CPU run's, not a {price.kind}'s)"
     if gpus is not None:
         if isinstance(gpus, bool) or not isinstance(gpus, (int, np.integer)) or gpus < 1:
             raise ValueError(f"gpus must be a whole number >= 1 (devices billed), got {gpus!r}")
         n_dev, dev_how = int(gpus), f"{int(gpus)} device(s), as given"
+    if device == "cpu" and price.kind.strip().lower() != "cpu":  # a CPU run priced as GPUs: its step time is the CPU's
+        dev_how = f"{dev_how}, each priced as one {price.kind} (the step time is this CPU run's, not a {price.kind}'s)"
     if target_accuracy is not None and (
         isinstance(target_accuracy, bool)
         or not isinstance(target_accuracy, (int, float))

@@ -305,6 +305,8 @@ def test_a_cpu_fixture_run_to_a_target_it_did_and_did_not_reach():
     h100 = cost(run, gpu="H100").notes[0]
     assert h100.startswith("billed: 1 CPU machine(s), one per node, each priced as one H100") and "CPU run's" in h100
     assert "priced as" not in cost(run).notes[0]
+    eight = cost(run, gpu="H100", gpus=8).notes[0]  # the devices given: still a CPU run's step time, said so
+    assert eight.startswith("billed: 8 device(s), as given, each priced as one H100")
     reached = cost(run, target_accuracy=0.5).row("to accuracy")
     assert reached["steps"] == 0 and reached["wall_s"] == 0.0  # the first evaluation, before any step, reads 0.5
 
