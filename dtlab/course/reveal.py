@@ -10,7 +10,7 @@ are of one kind (`57.2 ms` is 0.0572 for a key in s, `3.9 MB` 3.9e6 for a key in
 skipped otherwise; a number without one is read as written when it has at least BARE_DIGITS significant digits
 (a table's `66.72`), and counts within BARE_REL of the key at most, so that the counts and other columns around a
 question ("64 samples", a compute time beside a wait) do not pass for readings of its key. A key that is an exact
-count (a whole number of steps, tolerance under 1) is read only from a number written whole: a table's ratio of
+count (a whole number of steps, no tolerance) is read only from a number written whole: a table's ratio of
 `1.00` is not 1 step.
 
 The keys come from the lab's rubric (dtlab.course.rubric) applied to the runs the notebook recorded, as the grader
@@ -152,7 +152,7 @@ def scan(nb, keys: dict, skip_checks=()) -> list[dict]:
         if qid not in skip_checks:
             places += [(i, "in its check cell") for i in check_cells(nb, qid) if i > ans]
         exp, tol = float(k["expected"]), float(k["tol"])
-        exact_count = exp.is_integer() and tol < 1 and k.get("unit", "") not in UNITS
+        exact_count = exp.is_integer() and tol == 0 and k.get("unit", "") not in UNITS
         for i, where in places:
             for number in numbers_in(cell_text(nb["cells"][i])):
                 value = reading(number, k.get("unit", ""))
@@ -180,6 +180,7 @@ def number_keys(lab: str, root: str, replay_mode: bool = False) -> dict:
             continue  # an exercise: the key is the student's own code run again
         try:
             key = rubric.key(q.qid, **{n: srcs[n]() for n in q.needs})
+            given = [float(v) for v in q.given(**{n: srcs[n]() for n in q.given_needs})] if q.given else None
         except Exception as e:  # noqa: BLE001 - a key that cannot be computed is reported, not raised
             problems[q.qid] = f"{type(e).__name__}: {e}"
             continue
@@ -190,8 +191,8 @@ def number_keys(lab: str, root: str, replay_mode: bool = False) -> dict:
                 "tol": verdicts.tolerance(key)[0],
                 "unit": key.unit,
             }
-            if q.given is not None:
-                out[q.qid]["given"] = [float(v) for v in q.given(**{n: srcs[n]() for n in q.given_needs})]
+            if given is not None:
+                out[q.qid]["given"] = given
     return {"keys": out, "problems": problems}
 
 

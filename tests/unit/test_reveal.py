@@ -105,6 +105,9 @@ def test_an_exact_count_is_read_only_from_a_whole_number():
     # lab 6 asks how many steps are redone (exact, 1 step); a ratio table above it printed 1.00
     count = {"lab06.q4": {"var": "my_n", "expected": 1.0, "tol": 0.0, "unit": "steps"}}
     assert scan(_nb(("x", "PS / ring (ratio)\n2  1.00  1.33"), ("my_n = None", "")), count) == []
+    # a ratio key of 2 with a tolerance (lab 8's speed-up) is no count: a printed 2.00 is a reading of it
+    ratio = {"lab08.q1": {"var": "my_n", "expected": 2.0, "tol": 0.02, "unit": ""}}
+    assert [f["shown"] for f in scan(_nb(("x", "ratio 2.00"), ("my_n = None", "")), ratio)] == ["2.00"]
     # a count of 120 steps printed whole (3 digits) is a reading of a key of 120; 120.0 is not
     many = {"lab06.q4": {"var": "my_n", "expected": 120.0, "tol": 0.0, "unit": "steps"}}
     assert [f["shown"] for f in scan(_nb(("x", "redone: 120 of 400; mean 120.0"), ("my_n = None", "")), many)] == [
