@@ -153,6 +153,8 @@ def thin(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np
     points (k the smallest that makes at most max_points / 2 bins) drawn by its smallest and its largest y, in the
     order they came; a bin without a value is one NaN point (a gap in the line, as a missing value is)."""
     n = len(x)
+    if max_points < 2:
+        raise ValueError(f"max_points must be at least 2 (a bin's min and max), got {max_points!r}")
     if n <= max_points:
         return x, y, 1
     k = -(-n // (max_points // 2))
@@ -160,14 +162,12 @@ def thin(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np
     pad = bins * k - n
     yb = np.concatenate([y, np.full(pad, np.nan)]).reshape(bins, k)
     xb = np.concatenate([x.astype(float), np.full(pad, np.nan)]).reshape(bins, k)
-    empty = np.isnan(yb).all(axis=1)
     lo = np.where(np.isnan(yb), np.inf, yb).argmin(axis=1)
     hi = np.where(np.isnan(yb), -np.inf, yb).argmax(axis=1)
     first, second = np.minimum(lo, hi), np.maximum(lo, hi)
     rows = np.arange(bins)
     xs = np.stack([xb[rows, first], xb[rows, second]], axis=1)
-    ys = np.stack([yb[rows, first], yb[rows, second]], axis=1)
-    ys[empty] = np.nan
+    ys = np.stack([yb[rows, first], yb[rows, second]], axis=1)  # an empty bin: NaN at its first step
     same = first == second  # one point in the bin (or one value): drawn once
     keep = np.stack([np.ones(bins, bool), ~same], axis=1)
     return xs[keep], ys[keep], k

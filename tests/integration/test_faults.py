@@ -46,7 +46,7 @@ def _loop_lines() -> set[int]:
 
 def _innermost_dtlab_frame(first: str) -> str:
     """The innermost dtlab frame of a stalled rank's message ("stack top: X" or "stack top: X (in dtlab: Y)")."""
-    m = re.search(r"stack top: (\S+:\d+ in [\w<>]+)(?: \(in dtlab: (\S+:\d+ in \w+)\))?", first)
+    m = re.search(r"stack top: (\S+:\d+ in [\w<>]+)(?: \(in dtlab: (\S+:\d+ in [\w<>]+)\))?", first)
     assert m, first
     return m[2] or m[1]
 

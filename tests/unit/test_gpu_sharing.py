@@ -99,12 +99,15 @@ def other():
     # Popen returns before the child's exec is done: until then /proc shows no command line (or the parent's), and
     # the label under test would read "python". Wait (at most 30 s) until the kernel shows the new program's.
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    while True:
         try:
             if "train.py" in psutil.Process(p.pid).cmdline():
                 break
         except psutil.Error:
             pass
+        if time.monotonic() > deadline:
+            p.kill()
+            pytest.fail(f"the stand-in process {p.pid} showed no 'train.py' in its command line within 30 s")
         time.sleep(0.01)
     yield p.pid
     p.kill()

@@ -293,6 +293,8 @@ def test_a_long_runs_lines_are_thinned_to_each_bins_min_and_max_and_say_so():
     assert k == 50 and len(tx) <= MAX_POINTS and np.all(np.diff(tx) > 0)
     assert np.nanmax(ty) == 400.0 and tx[np.nanargmax(ty)] == 54_321 and np.nanmin(ty) == pytest.approx(39.0, abs=1e-4)
     assert np.isnan(ty[(tx >= 10_050) & (tx < 10_150)]).all() and np.isnan(ty).sum() == 4  # 4 empty bins: a gap
+    px, py, pk = thin(np.arange(n + 1), np.append(y, 41.0))  # a last bin padded out: no padding drawn
+    assert pk == 51 and not np.isnan(px).any() and px[-1] == n and len(px) <= MAX_POINTS
     short = np.arange(10.0)
     assert thin(short, short * 2)[2] == 1 and thin(short, short * 2)[1].tolist() == (short * 2).tolist()
     view = {
