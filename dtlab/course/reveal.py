@@ -141,8 +141,8 @@ def scan(nb, keys: dict, skip_checks=()) -> list[dict]:
     key, above the answer cell or in a check cell of the question. A key's optional "given" (values in its unit,
     shown by design: the inputs a prediction is asked to use, or another quantity the key does not come from)
     exempts a number that prints one of them: when the model is right its input lies near the measured key, and
-    that is the lesson, not a reveal. `skip_checks`:
-    qids answered in this notebook, whose check cells may show what a right answer earns."""
+    that is the lesson, not a reveal. `skip_checks`: qids answered in this notebook, whose check cells may show
+    what a right answer earns."""
     found = []
     for qid, k in keys.items():
         ans = answer_cell(nb, k["var"])

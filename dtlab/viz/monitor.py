@@ -45,7 +45,7 @@ EVERY_S = 2.0  # seconds between redraws (and text lines) while new events arriv
 #: its steps, never takes more than 1 / BUDGET (5 %) of a core from the notebook (and from ranks that share it)
 BUDGET = 20
 #: a per-step line longer than this many steps is drawn thinned: each bin of consecutive steps by its smallest and
-#: largest value, in step order (a spike survives; a browser draws 900,000 points of a 100,000-step run slowly)
+#: largest value, in step order (a spike survives; every step of every line of a 100,000-step run is slow to draw)
 MAX_POINTS = 4000
 RANK_COLORS = (
     "#4C78A8",
@@ -144,7 +144,9 @@ def _line(x, y, name: str, color: str | None, dash: str = "solid", per: str = "s
     """One line over steps (or NVML's `per`="samples"); over MAX_POINTS of them thinned (`thin`), drawn without
     markers, its name saying so."""
     x, y, k = thin(np.asarray(x), _values(y))
-    name, mode = (f"{name} (min and max of each {k} {per})", "lines") if k > 1 else (name, "lines+markers")
+    how = f"min and max of each {k} {per}"
+    thinned = f"{name[:-1]}; {how})" if name.endswith(")") else f"{name} ({how})"  # one pair of brackets
+    name, mode = (thinned, "lines") if k > 1 else (name, "lines+markers")
     return go.Scatter(x=x, y=y, name=name, mode=mode, line=dict(color=color, dash=dash))
 
 

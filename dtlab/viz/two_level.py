@@ -38,6 +38,7 @@ ASSUMED_LEVELS = {
 }
 SIZES = np.logspace(10, 31, 64, base=2.0)  # 1 KiB .. 2 GiB
 ALG_COLORS = {"flat": COLORS["T_comm"], "hierarchical": COLORS["T_comp"]}
+BW_TOP = 3  # the bandwidth sliders' top: 10**3 GB/s
 
 
 def _check(levels) -> dict:
@@ -300,9 +301,9 @@ def _sliders(lv: dict, brange) -> dict:
             layout=layout(),
         ),
         "alpha_intra_us": log(lv["alpha_intra"] * 1e6, -1, 4, "intra α (µs)"),
-        "bw_intra_gbs": log(_gbs(lv["beta_intra"], 3), -2, 3, "intra 1/β (GB/s)"),
+        "bw_intra_gbs": log(_gbs(lv["beta_intra"]), -2, BW_TOP, "intra 1/β (GB/s)"),
         "alpha_inter_us": log(lv["alpha_inter"] * 1e6, -1, 4, "inter α (µs)"),
-        "bw_inter_gbs": log(_gbs(lv["beta_inter"], 3), -3, 3, "inter 1/β (GB/s)"),
+        "bw_inter_gbs": log(_gbs(lv["beta_inter"]), -3, BW_TOP, "inter 1/β (GB/s)"),
         "bucket_mb": log(
             clip_to_range(25.0, brange), *(brange or (-7.0, 10.0)), "bucket size (MiB)", base=2, step=0.05
         ),
@@ -312,10 +313,10 @@ def _sliders(lv: dict, brange) -> dict:
     return s
 
 
-def _gbs(beta: float, top: float) -> float:
-    """A level's bandwidth (GB/s) for its slider: 1 / beta, or the slider's top (10**top) for a beta of 0, which a
+def _gbs(beta: float) -> float:
+    """A level's bandwidth (GB/s) for its slider: 1 / beta, or the slider's top (10**BW_TOP) for a beta of 0, which a
     log slider cannot show (free bytes: the label says the model keeps 0 until the slider moves)."""
-    return 1 / beta / 1e9 if beta > 0 else 10.0**top
+    return 1 / beta / 1e9 if beta > 0 else 10.0**BW_TOP
 
 
 def _levels_now(lv: dict, s: dict, start: dict, v: dict) -> dict:

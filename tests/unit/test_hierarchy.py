@@ -1,6 +1,8 @@
 """The two-level model reduces to the single-level ring where it must, and hierarchy wins or loses where the
 forms say it should."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -159,7 +161,9 @@ def test_two_level_explorer_takes_a_two_level_link_of_public_outputs():
     )
     box = two_level_explorer(link, compute=COMPUTE, param_nbytes=SIZES)
     assert box.sliders["gpus_per_node"].value == link.gpus_per_node == 8
-    assert box.sliders["nics_per_node"].value == link.nics_per_node
+    other = dataclasses.replace(link, gpus_per_node=4, nics_per_node=4)  # not the sliders' defaults (8 and 1)
+    moved = two_level_explorer(other, compute=COMPUTE, param_nbytes=SIZES).sliders
+    assert (moved["gpus_per_node"].value, moved["nics_per_node"].value) == (4, 4)
     now = box.levels()[0]
     assert (now["alpha_intra"], now["beta_inter"]) == (link.intra.alpha, link.inter.beta)  # not a slider's rounding
     assert "aws-p5-1x8-h100-nvswitch" in box.children[0].value and "intra:" in box.children[0].value

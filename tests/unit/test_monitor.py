@@ -314,7 +314,7 @@ def test_a_long_runs_lines_are_thinned_to_each_bins_min_and_max_and_say_so():
     fig = monitor_figure(view)
     assert all(len(t.x) <= MAX_POINTS for t in fig.data)
     names = [t.name for t in fig.data]
-    assert "T_step (slowest rank) (min and max of each 50 steps)" in names and max(fig.data[1].y) == 400.0
+    assert "T_step (slowest rank; min and max of each 50 steps)" in names and max(fig.data[1].y) == 400.0
 
 
 def _poll(run) -> LiveRun:
